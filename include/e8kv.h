@@ -1,0 +1,163 @@
+/* e8kv: E8 lattice compression of transformer key/value caches.
+ *
+ * The stable public API: version, errors, codecs (fixed-rate vector formats with random access per
+ * vector), and the KV cache. Most users need only this header.
+ *
+ * Conventions (zstd style):
+ *  - destination before source, each followed by its capacity or size;
+ *  - fallible functions return size_t: a count, or an error code tested with e8kv_is_error() and named
+ *    with e8kv_error_name(); constructors return NULL and, when `err` is not NULL, store the reason;
+ *  - the library never prints and never exits; diagnostics go through e8kv_set_log_callback().
+ *
+ * Thread-safety: a codec is immutable after creation; its encode/decode functions may be called from any
+ * number of threads at once. A cache is not internally locked: calls that modify one cache
+ * (append, truncate, clear) must not run concurrently with any other call on the same cache;
+ * e8kv_cache_attend on the same cache from several threads is allowed when nothing modifies it.
+ */
+#ifndef E8KV_H
+#define E8KV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define E8KV_VERSION_MAJOR 0
+#define E8KV_VERSION_MINOR 1
+#define E8KV_VERSION_PATCH 0
+#define E8KV_VERSION_NUMBER (E8KV_VERSION_MAJOR * 10000 + E8KV_VERSION_MINOR * 100 + E8KV_VERSION_PATCH)
+
+unsigned e8kv_version_number(void);
+const char *e8kv_version_string(void);
+
+/* ---------------------------------------------------------------- errors */
+
+/* Error values are pinned: never renumber, only append. */
+typedef enum {
+    E8KV_ERROR_NO_ERROR = 0,
+    E8KV_ERROR_GENERIC = 1,
+    E8KV_ERROR_BAD_ARGUMENT = 2,     /* NULL pointer, zero count, inconsistent sizes */
+    E8KV_ERROR_HEAD_DIM = 3,         /* head_dim not supported by the format (E8: multiple of 8) */
+    E8KV_ERROR_RATE = 4,             /* bits per value out of the format's range */
+    E8KV_ERROR_DST_TOO_SMALL = 5,    /* destination capacity too small */
+    E8KV_ERROR_NONFINITE = 6,        /* NaN or Inf in an input vector */
+    E8KV_ERROR_OUT_OF_MEMORY = 7,
+    E8KV_ERROR_CORRUPTED = 8,        /* bytes do not form a valid object */
+    E8KV_ERROR_TRUNCATED = 9,        /* input ends early */
+    E8KV_ERROR_VERSION = 10,         /* unsupported format version */
+    E8KV_ERROR_CHECKSUM = 11,        /* checksum mismatch */
+    E8KV_ERROR_SPEC = 12,            /* unparsable or impossible format spec string */
+    E8KV_ERROR_CONTEXT_FULL = 13,    /* append past the cache's maximum context */
+    E8KV_ERROR_DIMENSION = 14,       /* dimensions disagree (layer, head count, position) */
+    E8KV_ERROR_RANGE = 15,           /* finite value too large for the format's scale field */
+    E8KV_ERROR_IO = 16,              /* file could not be opened, read or written */
+    E8KV_ERROR_UNSUPPORTED = 17,     /* valid but not implemented (tensor type, architecture) */
+    E8KV_ERROR_SRC_SIZE = 18,        /* source size does not match what the call needs */
+    E8KV_ERROR_MAX_CODE = 64
+} e8kv_error_code;
+
+/* 1 when `code` (a size_t returned by a fallible function) is an error. */
+unsigned e8kv_is_error(size_t code);
+/* The error enum value of `code` (E8KV_ERROR_NO_ERROR when it is not an error). */
+e8kv_error_code e8kv_get_error_code(size_t code);
+/* A stable, human-readable name, e.g. "head_dim not supported by this format". */
+const char *e8kv_error_name(size_t code);
+const char *e8kv_error_code_name(e8kv_error_code code);
+
+/* Optional log sink; level 0 = error, 1 = warning, 2 = info, 3 = debug. NULL restores silence. */
+typedef void (*e8kv_log_fn)(int level, const char *msg, void *user);
+void e8kv_set_log_callback(e8kv_log_fn fn, void *user);
+
+/* ---------------------------------------------------------------- codecs
+ *
+ * A codec turns one head vector of `head_dim` floats into a fixed number of bytes (side information
+ * included) and back. Vectors are independent: encoding n vectors writes n * e8kv_codec_vector_bytes()
+ * bytes, and vector i can be decoded from its own bytes alone (random access per token).
+ *
+ * Spec strings (stable; used by scripts):
+ *   f32, f16            plain storage
+ *   q8_0, q4_0          llama.cpp block formats (32 values + fp16 scale): 8.5 and 4.5 bits/value
+ *   q8_0h, q4_0h        the same after the seeded random-sign Hadamard rotation
+ *   lloyd:B             rotation + fp16 norm + Lloyd-Max scalar levels for the rotated coordinates, B=2,3,4
+ *   e8:B                the default fixed-rate E8 code at B bits/value before side info, B=2,3,4
+ *   e8ball:B            ball-shaped E8 codebook (16-bit index per 8 values), residual Voronoi stage for B=3,4
+ *   e8nest:B[:q=R]      nested-lattice (Voronoi) E8 code with per-vector scale and clamp; R = q_range
+ *   d4nest:B[:q=R]      the same with the D4 lattice (head_dim multiple of 4)
+ * Options are appended with ':' (e.g. "e8nest:4:q=3.5"). See doc/format.md for every byte.
+ */
+typedef struct e8kv_codec e8kv_codec;
+
+#define E8KV_MAX_HEAD_DIM 512
+
+e8kv_codec *e8kv_codec_create(const char *spec, size_t head_dim, uint64_t seed, size_t *err);
+void e8kv_codec_free(e8kv_codec *codec);
+
+const char *e8kv_codec_spec(const e8kv_codec *codec);
+size_t e8kv_codec_head_dim(const e8kv_codec *codec);
+/* Bytes of one encoded vector, side information included. */
+size_t e8kv_codec_vector_bytes(const e8kv_codec *codec);
+/* 8 * vector_bytes / head_dim: every byte counted. */
+double e8kv_codec_bits_per_value(const e8kv_codec *codec);
+/* 1 when the codec applies the Hadamard rotation before quantizing. */
+int e8kv_codec_is_rotated(const e8kv_codec *codec);
+
+/* Encode n_vec vectors (n_vec * head_dim floats, row-major). Returns bytes written.
+ * NaN/Inf anywhere in src: E8KV_ERROR_NONFINITE and nothing written. Zero vectors decode to zeros. */
+size_t e8kv_codec_encode(const e8kv_codec *codec, void *dst, size_t dst_capacity, const float *src,
+                         size_t n_vec);
+/* Decode n_vec vectors from exactly n_vec * vector_bytes bytes. Returns floats written. */
+size_t e8kv_codec_decode(const e8kv_codec *codec, float *dst, size_t dst_capacity, const void *src,
+                         size_t src_size, size_t n_vec);
+/* Decode without undoing the rotation (the rotated domain the attention kernels work in). For codecs
+ * that do not rotate this equals e8kv_codec_decode. */
+size_t e8kv_codec_decode_rotated(const e8kv_codec *codec, float *dst, size_t dst_capacity, const void *src,
+                                 size_t src_size, size_t n_vec);
+/* Apply the codec's rotation (forward or inverse) in place to n_vec vectors; identity if not rotated. */
+size_t e8kv_codec_rotate(const e8kv_codec *codec, float *x, size_t n_vec, int inverse);
+
+/* ---------------------------------------------------------------- KV cache
+ *
+ * Per layer and KV head, keys and values of up to n_ctx tokens stored through a codec.
+ */
+typedef struct e8kv_cache e8kv_cache;
+
+typedef struct {
+    size_t n_layer;
+    size_t n_head_kv;
+    size_t head_dim;
+    size_t n_ctx;        /* maximum number of tokens */
+    const char *spec;    /* codec spec for K and V, or "k=SPEC,v=SPEC" */
+    uint64_t seed;       /* rotation seed */
+} e8kv_cache_params;
+
+e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err);
+void e8kv_cache_free(e8kv_cache *cache);
+
+/* Store K and V of n_tok consecutive tokens starting at position cache->n_tokens, for one layer.
+ * k, v: (n_tok, n_head_kv * head_dim). Positions must be appended in order within each layer.
+ * Returns the layer's token count after the call. */
+size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const float *v, size_t n_tok);
+
+/* Causal attention for n_tok query tokens at positions pos0 .. pos0 + n_tok - 1 against the layer's
+ * stored tokens: query i sees positions 0 .. pos0 + i, which must already be stored.
+ * q: (n_tok, n_head * head_dim); out: same shape. n_head must be a multiple of n_head_kv (GQA).
+ * Scores are scaled by 1/sqrt(head_dim). Returns floats written. */
+size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, size_t layer, const float *q,
+                         size_t n_head, size_t n_tok, size_t pos0);
+
+/* Tokens stored in `layer`. */
+size_t e8kv_cache_n_tokens(const e8kv_cache *cache, size_t layer);
+/* Keep only positions [0, n_keep) in every layer. */
+size_t e8kv_cache_truncate(e8kv_cache *cache, size_t n_keep);
+void e8kv_cache_clear(e8kv_cache *cache);
+/* Bytes the cache has allocated for its storage (real, not nominal). */
+size_t e8kv_cache_bytes(const e8kv_cache *cache);
+/* Bits per value of the K and V formats, all side information counted. */
+double e8kv_cache_bits_per_value(const e8kv_cache *cache);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* E8KV_H */

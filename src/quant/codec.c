@@ -1,0 +1,203 @@
+/* The public codec API: spec parsing, the family registry, rotation, NaN/Inf screening and the plain
+ * f32/f16 formats. Quantizers themselves live one per file (see codec.h). */
+#include "codec.h"
+
+#include "../common/fp16.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct {
+    const char *family;
+    int rotate;
+    size_t (*init)(e8kv_codec_t *codec, const e8kv_spec *spec);
+} family_entry;
+
+/* e8:B is the default fixed-rate E8 code: the ball-shaped codebook (plus its Voronoi residual stage at
+ * 3 and 4 bits), the design with the best measured fixed-rate SNR (BENCHMARKS.md). */
+static const family_entry k_families[] = {
+    {"f32", 0, e8kv_quant_init_plain},    {"f16", 0, e8kv_quant_init_plain},
+    {"q8_0", 0, e8kv_quant_init_q8_0},    {"q8_0h", 1, e8kv_quant_init_q8_0},
+    {"q4_0", 0, e8kv_quant_init_q4_0},    {"q4_0h", 1, e8kv_quant_init_q4_0},
+    {"lloyd", 1, e8kv_quant_init_lloyd},  {"e8", 1, e8kv_quant_init_e8ball},
+    {"e8ball", 1, e8kv_quant_init_e8ball}, {"e8nest", 1, e8kv_quant_init_e8nest},
+    {"d4nest", 1, e8kv_quant_init_d4nest},
+};
+
+size_t e8kv_spec_parse(e8kv_spec *out, const char *spec) {
+    memset(out, 0, sizeof *out);
+    if (!spec || !spec[0] || strlen(spec) >= 64) return E8KV_ERR(SPEC);
+    char buf[64];
+    memcpy(buf, spec, strlen(spec) + 1);
+    char *save = NULL;
+    char *tok = strtok_r(buf, ":", &save);
+    if (!tok || strlen(tok) >= sizeof out->family) return E8KV_ERR(SPEC);
+    memcpy(out->family, tok, strlen(tok) + 1);
+    int first = 1;
+    while ((tok = strtok_r(NULL, ":", &save)) != NULL) {
+        char *end = NULL;
+        if (first && tok[0] >= '0' && tok[0] <= '9') {
+            const long b = strtol(tok, &end, 10);
+            if (*end || b <= 0 || b > 16) return E8KV_ERR(SPEC);
+            out->bits = (int)b;
+        } else if (strncmp(tok, "q=", 2) == 0) {
+            const float q = strtof(tok + 2, &end);
+            if (*end || !(q > 0.0f) || q > 1e6f) return E8KV_ERR(SPEC);
+            out->q_range = q;
+        } else {
+            return E8KV_ERR(SPEC);
+        }
+        first = 0;
+    }
+    return 0;
+}
+
+static size_t fail(size_t *err, size_t code) {
+    if (err) *err = code;
+    return code;
+}
+
+e8kv_codec *e8kv_codec_create(const char *spec_str, size_t head_dim, uint64_t seed, size_t *err) {
+    e8kv_spec spec;
+    if (e8kv_is_error(e8kv_spec_parse(&spec, spec_str))) {
+        fail(err, E8KV_ERR(SPEC));
+        return NULL;
+    }
+    const family_entry *fam = NULL;
+    for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
+        if (strcmp(k_families[i].family, spec.family) == 0) fam = &k_families[i];
+    if (!fam) {
+        fail(err, E8KV_ERR(SPEC));
+        return NULL;
+    }
+    if (head_dim == 0 || head_dim > E8KV_MAX_HEAD_DIM) {
+        fail(err, E8KV_ERR(HEAD_DIM));
+        return NULL;
+    }
+    e8kv_codec_t *c = calloc(1, sizeof *c);
+    if (!c) {
+        fail(err, E8KV_ERR(OUT_OF_MEMORY));
+        return NULL;
+    }
+    snprintf(c->spec, sizeof c->spec, "%s", spec_str);
+    c->head_dim = head_dim;
+    c->bits = spec.bits;
+    c->q_range = spec.q_range;
+    c->seed = seed;
+    c->rotate = fam->rotate;
+    size_t r = 0;
+    if (c->rotate) r = e8kv_rot_init(&c->rot, head_dim, seed);
+    if (!e8kv_is_error(r)) r = fam->init(c, &spec);
+    if (e8kv_is_error(r)) {
+        fail(err, r);
+        e8kv_codec_free(c);
+        return NULL;
+    }
+    assert(c->ops && c->vector_bytes > 0);
+    if (err) *err = 0;
+    return c;
+}
+
+void e8kv_codec_free(e8kv_codec *codec) {
+    if (!codec) return;
+    if (codec->ops && codec->ops->destroy) codec->ops->destroy(codec);
+    free(codec);
+}
+
+const char *e8kv_codec_spec(const e8kv_codec *codec) { return codec ? codec->spec : ""; }
+size_t e8kv_codec_head_dim(const e8kv_codec *codec) { return codec ? codec->head_dim : 0; }
+size_t e8kv_codec_vector_bytes(const e8kv_codec *codec) { return codec ? codec->vector_bytes : 0; }
+int e8kv_codec_is_rotated(const e8kv_codec *codec) { return codec ? codec->rotate : 0; }
+
+double e8kv_codec_bits_per_value(const e8kv_codec *codec) {
+    if (!codec) return 0.0;
+    return 8.0 * (double)codec->vector_bytes / (double)codec->head_dim;
+}
+
+size_t e8kv_codec_encode(const e8kv_codec *codec, void *dst, size_t dst_capacity, const float *src,
+                         size_t n_vec) {
+    if (!codec || (!dst && n_vec) || (!src && n_vec)) return E8KV_ERR(BAD_ARGUMENT);
+    const size_t d = codec->head_dim, vb = codec->vector_bytes;
+    if (n_vec > SIZE_MAX / vb || dst_capacity < n_vec * vb) return E8KV_ERR(DST_TOO_SMALL);
+    /* screen everything first so a rejected call writes nothing */
+    if (!e8kv_all_finite(src, n_vec * d)) return E8KV_ERR(NONFINITE);
+    float tmp[E8KV_MAX_HEAD_DIM];
+    uint8_t *const out = dst;
+    for (size_t v = 0; v < n_vec; v++) {
+        memcpy(tmp, src + v * d, d * sizeof(float));
+        if (codec->rotate) e8kv_rot_forward(&codec->rot, tmp, 1);
+        const size_t r = codec->ops->encode(codec, out + v * vb, tmp);
+        if (e8kv_is_error(r)) {
+            memset(out, 0, v * vb); /* all or nothing */
+            return r;
+        }
+    }
+    return n_vec * vb;
+}
+
+static size_t decode_impl(const e8kv_codec *codec, float *dst, size_t dst_capacity, const void *src,
+                          size_t src_size, size_t n_vec, int unrotate) {
+    if (!codec || (!dst && n_vec) || (!src && n_vec)) return E8KV_ERR(BAD_ARGUMENT);
+    const size_t d = codec->head_dim, vb = codec->vector_bytes;
+    if (n_vec > SIZE_MAX / vb || src_size != n_vec * vb) return E8KV_ERR(SRC_SIZE);
+    if (dst_capacity < n_vec * d) return E8KV_ERR(DST_TOO_SMALL);
+    const uint8_t *const in = src;
+    for (size_t v = 0; v < n_vec; v++) {
+        codec->ops->decode(codec, dst + v * d, in + v * vb);
+        if (unrotate && codec->rotate) e8kv_rot_inverse(&codec->rot, dst + v * d, 1);
+    }
+    return n_vec * d;
+}
+
+size_t e8kv_codec_decode(const e8kv_codec *codec, float *dst, size_t dst_capacity, const void *src,
+                         size_t src_size, size_t n_vec) {
+    return decode_impl(codec, dst, dst_capacity, src, src_size, n_vec, 1);
+}
+
+size_t e8kv_codec_decode_rotated(const e8kv_codec *codec, float *dst, size_t dst_capacity, const void *src,
+                                 size_t src_size, size_t n_vec) {
+    return decode_impl(codec, dst, dst_capacity, src, src_size, n_vec, 0);
+}
+
+size_t e8kv_codec_rotate(const e8kv_codec *codec, float *x, size_t n_vec, int inverse) {
+    if (!codec || (!x && n_vec)) return E8KV_ERR(BAD_ARGUMENT);
+    if (codec->rotate) {
+        if (inverse)
+            e8kv_rot_inverse(&codec->rot, x, n_vec);
+        else
+            e8kv_rot_forward(&codec->rot, x, n_vec);
+    }
+    return n_vec * codec->head_dim;
+}
+
+/* ---- plain formats: f32 (little-endian IEEE) and f16 (binary16, round to nearest even) ---- */
+
+static size_t f32_encode(const e8kv_codec_t *c, uint8_t *restrict dst, const float *restrict x) {
+    for (size_t i = 0; i < c->head_dim; i++) e8kv_store_lef32(dst + 4 * i, x[i]);
+    return 0;
+}
+static void f32_decode(const e8kv_codec_t *c, float *restrict y, const uint8_t *restrict src) {
+    for (size_t i = 0; i < c->head_dim; i++) y[i] = e8kv_load_lef32(src + 4 * i);
+}
+static size_t f16_encode(const e8kv_codec_t *c, uint8_t *restrict dst, const float *restrict x) {
+    for (size_t i = 0; i < c->head_dim; i++)
+        if (fabsf(x[i]) >= 65520.0f) return E8KV_ERR(RANGE);
+    for (size_t i = 0; i < c->head_dim; i++) e8kv_store_le16(dst + 2 * i, e8kv_fp32_to_fp16(x[i]));
+    return 0;
+}
+static void f16_decode(const e8kv_codec_t *c, float *restrict y, const uint8_t *restrict src) {
+    for (size_t i = 0; i < c->head_dim; i++) y[i] = e8kv_fp16_to_fp32(e8kv_load_le16(src + 2 * i));
+}
+
+static const e8kv_quant_ops k_f32_ops = {f32_encode, f32_decode, NULL};
+static const e8kv_quant_ops k_f16_ops = {f16_encode, f16_decode, NULL};
+
+size_t e8kv_quant_init_plain(e8kv_codec_t *codec, const e8kv_spec *spec) {
+    if (spec->bits || spec->q_range > 0.0f) return E8KV_ERR(SPEC);
+    const int is_f32 = strcmp(spec->family, "f32") == 0;
+    codec->ops = is_f32 ? &k_f32_ops : &k_f16_ops;
+    codec->vector_bytes = codec->head_dim * (is_f32 ? 4 : 2);
+    codec->bits = is_f32 ? 32 : 16;
+    return 0;
+}

@@ -1,0 +1,60 @@
+/* The internal quantizer interface behind the public codec API.
+ *
+ * A codec is: an optional rotation (transform/fwht.h) followed by one quantizer that maps one rotated
+ * head vector to a fixed number of bytes and back. Each quantizer lives in its own file and provides an
+ * init function that validates the parameters, fills `ops`, `vector_bytes` and its private `state`.
+ * Codec objects are immutable after init, so encode/decode are thread-safe; scratch lives on the stack
+ * (head_dim <= E8KV_MAX_HEAD_DIM). */
+#ifndef E8KV_CODEC_H
+#define E8KV_CODEC_H
+
+#include "../common/common.h"
+#include "../transform/fwht.h"
+
+struct e8kv_codec;
+
+typedef struct {
+    /* Encode one finite vector of head_dim floats (already rotated when the codec rotates) into exactly
+     * vector_bytes bytes. Returns 0 or an error (e.g. E8KV_ERROR_RANGE). */
+    size_t (*encode)(const struct e8kv_codec *codec, uint8_t *restrict dst, const float *restrict x);
+    /* Decode one vector (still in the rotated domain). Pure function of the bytes; never fails. */
+    void (*decode)(const struct e8kv_codec *codec, float *restrict y, const uint8_t *restrict src);
+    /* Release `state` (may be NULL). */
+    void (*destroy)(struct e8kv_codec *codec);
+} e8kv_quant_ops;
+
+/* Parsed spec: "family[:bits][:key=value]..." */
+typedef struct {
+    char family[16];
+    int bits;        /* 0 when absent */
+    float q_range;   /* 0 when absent */
+} e8kv_spec;
+
+struct e8kv_codec {
+    char spec[64];
+    size_t head_dim;
+    size_t vector_bytes;
+    int bits;
+    float q_range;
+    int rotate;
+    e8kv_rot rot;
+    uint64_t seed;
+    const e8kv_quant_ops *ops;
+    void *state;
+};
+
+typedef struct e8kv_codec e8kv_codec_t;
+
+/* Quantizer constructors, one per file. Each validates head_dim and bits and returns 0 or an error. */
+size_t e8kv_quant_init_plain(e8kv_codec_t *codec, const e8kv_spec *spec);   /* f32, f16        (codec.c) */
+size_t e8kv_quant_init_q8_0(e8kv_codec_t *codec, const e8kv_spec *spec);    /* q8_0, q8_0h     (scalar.c) */
+size_t e8kv_quant_init_q4_0(e8kv_codec_t *codec, const e8kv_spec *spec);    /* q4_0, q4_0h     (scalar.c) */
+size_t e8kv_quant_init_lloyd(e8kv_codec_t *codec, const e8kv_spec *spec);   /* lloyd:B         (lloyd.c) */
+size_t e8kv_quant_init_e8ball(e8kv_codec_t *codec, const e8kv_spec *spec);  /* e8ball:B, e8:B  (e8_ball.c) */
+size_t e8kv_quant_init_e8nest(e8kv_codec_t *codec, const e8kv_spec *spec);  /* e8nest:B        (nested.c) */
+size_t e8kv_quant_init_d4nest(e8kv_codec_t *codec, const e8kv_spec *spec);  /* d4nest:B        (nested.c) */
+
+/* Parse a spec string; returns 0 or E8KV_ERROR_SPEC. */
+size_t e8kv_spec_parse(e8kv_spec *out, const char *spec);
+
+#endif
