@@ -1,11 +1,19 @@
-/* Placeholder until the codec benchmark lands. */
+/* `e8kv bench <what>`: dispatch to the benchmark families. */
+#include "bench.h"
 #include "cli.h"
 
 #include <stdio.h>
+#include <string.h>
 
 int e8kv_cmd_bench(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "e8kv bench: not built yet\n");
-    return 1;
+    if (argc < 2 || !strcmp(argv[1], "--help")) {
+        fprintf(argc < 2 ? stderr : stdout,
+                "usage: e8kv bench codec [options]   rate-distortion and speed of every codec\n"
+                "       e8kv bench attn  [options]   decode attention over the KV cache\n");
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "codec")) return e8kv_bench_codec(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "attn")) return e8kv_bench_attn(argc - 1, argv + 1);
+    fprintf(stderr, "e8kv bench: unknown benchmark '%s'\n", argv[1]);
+    return 2;
 }

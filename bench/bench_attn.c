@@ -1,0 +1,10 @@
+/* Placeholder until this subcommand lands. */
+#include "bench.h"
+
+#include <stdio.h>
+
+int e8kv_bench_attn(int argc, char **argv) {
+    (void)argc;
+    fprintf(stderr, "e8kv %s: not built yet\n", argv[0]);
+    return 1;
+}
