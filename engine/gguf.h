@@ -40,11 +40,19 @@ size_t e8kv_gguf_open(e8kv_gguf **out, const char *path);
 size_t e8kv_gguf_open_buffer(e8kv_gguf **out, const void *data, size_t n_bytes);
 void e8kv_gguf_close(e8kv_gguf *g);
 
-/* Metadata: index of key or -1. */
+/* Header facts: format version (2 or 3), tensor data alignment, byte offset of the data section. */
+uint32_t e8kv_gguf_version(const e8kv_gguf *g);
+size_t e8kv_gguf_alignment(const e8kv_gguf *g);
+size_t e8kv_gguf_data_offset(const e8kv_gguf *g);
+
+/* Metadata: index of key or -1. Keys can be enumerated: idx in [0, n_kv), key NUL-terminated. */
 long e8kv_gguf_find(const e8kv_gguf *g, const char *key);
+size_t e8kv_gguf_n_kv(const e8kv_gguf *g);
+const char *e8kv_gguf_kv_key(const e8kv_gguf *g, long idx);
 e8kv_gguf_type e8kv_gguf_kv_type(const e8kv_gguf *g, long idx);
-/* Scalar getters convert any integer/float/bool type; return 0 on success or an error (missing key,
- * wrong type). */
+/* Scalar getters convert any integer/float/bool type; return 0 on success or an error: missing key
+ * E8KV_ERROR_BAD_ARGUMENT, wrong value type E8KV_ERROR_CORRUPTED, value not representable (negative or
+ * fractional for u64) E8KV_ERROR_RANGE. Array element index past the end: E8KV_ERROR_BAD_ARGUMENT. */
 size_t e8kv_gguf_get_u64(const e8kv_gguf *g, const char *key, uint64_t *out);
 size_t e8kv_gguf_get_f32(const e8kv_gguf *g, const char *key, float *out);
 size_t e8kv_gguf_get_bool(const e8kv_gguf *g, const char *key, int *out);
@@ -62,5 +70,9 @@ const e8kv_gguf_tensor *e8kv_gguf_tensor_at(const e8kv_gguf *g, size_t i);
 const e8kv_gguf_tensor *e8kv_gguf_find_tensor(const e8kv_gguf *g, const char *name);
 /* Dequantize a whole tensor to float (n_elements floats). Unknown type: E8KV_ERROR_UNSUPPORTED. */
 size_t e8kv_gguf_tensor_to_f32(float *dst, size_t dst_capacity, const e8kv_gguf_tensor *t);
+/* Dequantize rows [row0, row0 + n_rows) of a tensor (a row is ne[0] values): n_rows * ne[0] floats.
+ * Rows out of range: E8KV_ERROR_BAD_ARGUMENT. */
+size_t e8kv_gguf_tensor_rows_to_f32(float *dst, size_t dst_capacity, const e8kv_gguf_tensor *t, uint64_t row0,
+                                    uint64_t n_rows);
 
 #endif
