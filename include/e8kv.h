@@ -119,7 +119,26 @@ size_t e8kv_codec_rotate(const e8kv_codec *codec, float *x, size_t n_vec, int in
 
 /* ---------------------------------------------------------------- KV cache
  *
- * Per layer and KV head, keys and values of up to n_ctx tokens stored through a codec.
+ * Per layer and KV head, keys and values of up to n_ctx tokens stored through codecs, in pages of a fixed
+ * number of tokens allocated on first use. Attention reads the codes directly (one vector at a time, in
+ * the codec's rotated domain; the query is rotated once instead), never a decoded copy of the context.
+ *
+ * Cache spec grammar (params.spec): comma-separated items, later items override earlier ones.
+ *   SPEC                 a codec spec (see above) for both K and V, e.g. "e8:4", "f16", "e8nest:4:q=3.5"
+ *   k=SPEC, v=SPEC       the K or the V format; kv=SPEC sets both
+ *   layersA-B=SPEC       both formats for layers A..B (inclusive); "layerA=SPEC" for one layer;
+ *   layersA-B.k=SPEC     ... or only K (".v" only V). Example: "k=e8:4,v=e8:3,layers0-1=f16"
+ *   window=W             the newest W tokens stay exact (f32): a page is encoded once all its tokens are
+ *                        older than the window (so up to W + page - 1 tokens are exact); 0 = off (default)
+ *   sink=S               the first S positions stay exact forever (attention sinks); 0 = off (default)
+ *   page=P               tokens per page (default 64)
+ *   rope=pre|post        keys arrive before RoPE (pre: stored un-rotated, RoPE applied to each decoded
+ *                        key at attention time with params.rope_theta / rope_neox) or after it (post,
+ *                        default: keys are stored as given and q must carry RoPE too)
+ *   near-lossless, balanced, aggressive
+ *                        presets, expanded in place (see e8kv_cache_preset_spec()).
+ * A spec the grammar or a codec rejects is E8KV_ERROR_SPEC (a codec may also answer HEAD_DIM, RATE or
+ * UNSUPPORTED).
  */
 typedef struct e8kv_cache e8kv_cache;
 
@@ -128,8 +147,13 @@ typedef struct {
     size_t n_head_kv;
     size_t head_dim;
     size_t n_ctx;        /* maximum number of tokens */
-    const char *spec;    /* codec spec for K and V, or "k=SPEC,v=SPEC" */
+    const char *spec;    /* cache spec, see the grammar above */
     uint64_t seed;       /* rotation seed */
+    /* optional (0 = default) */
+    size_t n_threads;    /* threads e8kv_cache_attend may use (spread over KV heads); 0 or 1 = caller's */
+    float rope_theta;    /* RoPE base frequency, needed with rope=pre (e.g. 10000, 100000, 500000) */
+    int rope_neox;       /* RoPE layout with rope=pre: 0 = interleaved pairs (x[2i], x[2i+1]),
+                            1 = split halves (x[i], x[i + head_dim/2]; NeoX / Llama HF layout) */
 } e8kv_cache_params;
 
 e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err);
@@ -137,7 +161,8 @@ void e8kv_cache_free(e8kv_cache *cache);
 
 /* Store K and V of n_tok consecutive tokens starting at position cache->n_tokens, for one layer.
  * k, v: (n_tok, n_head_kv * head_dim). Positions must be appended in order within each layer.
- * Returns the layer's token count after the call. */
+ * Returns the layer's token count after the call. A rejected call (any error, NaN/Inf included) leaves
+ * the cache unchanged. */
 size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const float *v, size_t n_tok);
 
 /* Causal attention for n_tok query tokens at positions pos0 .. pos0 + n_tok - 1 against the layer's
@@ -149,13 +174,22 @@ size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, siz
 
 /* Tokens stored in `layer`. */
 size_t e8kv_cache_n_tokens(const e8kv_cache *cache, size_t layer);
-/* Keep only positions [0, n_keep) in every layer. */
+/* Keep only positions [0, n_keep) in every layer; returns the largest token count left in a layer.
+ * Tokens already encoded stay encoded even if they fall back inside the window. */
 size_t e8kv_cache_truncate(e8kv_cache *cache, size_t n_keep);
 void e8kv_cache_clear(e8kv_cache *cache);
-/* Bytes the cache has allocated for its storage (real, not nominal). */
+/* Bytes the cache has allocated for its storage (real, not nominal): every live page (at the aligned
+ * size the allocator reserves) plus e8kv_cache_fixed_bytes(). */
 size_t e8kv_cache_bytes(const e8kv_cache *cache);
-/* Bits per value of the K and V formats, all side information counted. */
+/* The part of e8kv_cache_bytes() that does not grow with tokens: page tables, sink buffers, structs. */
+size_t e8kv_cache_fixed_bytes(const e8kv_cache *cache);
+/* Tokens per page. */
+size_t e8kv_cache_page_tokens(const e8kv_cache *cache);
+/* Bits per value of the K and V formats, all side information counted (mean over layers and K/V;
+ * exact window/sink tokens not included). */
 double e8kv_cache_bits_per_value(const e8kv_cache *cache);
+/* The spec a preset name expands to, or NULL for an unknown name. */
+const char *e8kv_cache_preset_spec(const char *name);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,193 @@
+/* Causal GQA attention straight from the cache's pages.
+ *
+ * Per KV head: the query heads of its group are scaled by 1/sqrt(head_dim) and rotated once with the K
+ * codec's Hadamard rotation (orthonormal, so q·k is unchanged); keys and values are decoded one tile at a
+ * time into a small stack buffer, in their codecs' rotated domains, and every query of the group consumes
+ * the tile (each KV vector decoded once per query chunk, not once per query head). Softmax is online
+ * (running max m and sum l, Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"),
+ * so no score matrix exists at any context length. The V accumulator lives in V's rotated domain and
+ * is un-rotated once per query head at the end. Work is split over KV heads across threads. */
+#include "kvcache.h"
+
+#include "../common/cpu.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+/* Stack budget per worker: one K tile, one V tile and one chunk of rotated queries, 32 KiB each. */
+#define TILE_FLOATS 8192
+#define TILE_MAX_TOKENS 64
+#define QCHUNK_MAX 64
+
+static void rope_apply(const e8kv_cache *c, float *x, size_t pos) {
+    const size_t half = c->head_dim / 2;
+    for (size_t i = 0; i < half; i++) {
+        const float a = (float)pos * c->rope_inv_freq[i];
+        const float cs = cosf(a), sn = sinf(a);
+        const size_t i0 = c->rope_neox ? i : 2 * i, i1 = c->rope_neox ? i + half : 2 * i + 1;
+        const float x0 = x[i0], x1 = x[i1];
+        x[i0] = x0 * cs - x1 * sn;
+        x[i1] = x0 * sn + x1 * cs;
+    }
+}
+
+void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head, int is_k, size_t p0, size_t n,
+                            float *restrict dst) {
+    const kv_format *f = is_k ? &L->k : &L->v;
+    const kv_page *tab = (is_k ? L->k_pages : L->v_pages) + head * c->n_page_max;
+    const float *sink = is_k ? L->k_sink : L->v_sink;
+    const e8kv_codec_t *codec = f->codec;
+    const size_t d = c->head_dim, P = c->page_tokens, vb = f->vector_bytes;
+    const int rope = is_k && c->rope_pre;
+    for (size_t t = 0; t < n; t++) {
+        const size_t pos = p0 + t;
+        float *y = dst + t * d;
+        const float *exact = NULL;
+        const kv_page *pg = NULL;
+        if (pos < c->n_sink) {
+            exact = sink + (head * c->n_sink + pos) * d;
+        } else {
+            pg = &tab[pos / P];
+            assert(pg->data);
+            if (pg->raw) exact = (const float *)(const void *)pg->data + (pos % P) * d;
+        }
+        if (exact) {
+            memcpy(y, exact, d * sizeof(float));
+            if (f->rotated) e8kv_rot_forward(&codec->rot, y, 1);
+        } else {
+            codec->ops->decode(codec, y, pg->data + (pos % P) * vb);
+            /* decode leaves the codec's rotated domain; K with rope=pre needs the original one */
+            if (!f->rotated && codec->rotate) e8kv_rot_inverse(&codec->rot, y, 1);
+        }
+        if (rope) rope_apply(c, y, pos);
+    }
+}
+
+void e8kv_attn_tile_ref(const float *restrict q, const float *restrict K, const float *restrict V, size_t n,
+                        size_t d, float *restrict m, float *restrict l, float *restrict acc) {
+    float s[TILE_MAX_TOKENS];
+    assert(n <= TILE_MAX_TOKENS);
+    float m_new = *m;
+    for (size_t j = 0; j < n; j++) {
+        float dot = 0.0f;
+        for (size_t i = 0; i < d; i++) dot += q[i] * K[j * d + i];
+        s[j] = dot;
+        if (dot > m_new) m_new = dot;
+    }
+    const float corr = expf(*m - m_new); /* *m = -inf on the first tile: corr = 0 */
+    float sum = *l * corr;
+    for (size_t i = 0; i < d; i++) acc[i] *= corr;
+    for (size_t j = 0; j < n; j++) {
+        const float p = expf(s[j] - m_new);
+        sum += p;
+        for (size_t i = 0; i < d; i++) acc[i] += p * V[j * d + i];
+    }
+    *m = m_new;
+    *l = sum;
+}
+
+typedef void (*tile_fn)(const float *restrict, const float *restrict, const float *restrict, size_t, size_t,
+                        float *restrict, float *restrict, float *restrict);
+
+typedef struct {
+    const e8kv_cache *c;
+    const kv_layer *L;
+    float *out;
+    const float *q;
+    size_t n_head, group, n_tok, pos0;
+    size_t h_begin, h_end; /* KV heads of this worker */
+    tile_fn tile;
+} attend_job;
+
+static void attend_head(const attend_job *job, size_t h) {
+    const e8kv_cache *c = job->c;
+    const kv_layer *L = job->L;
+    const size_t d = c->head_dim, g = job->group, row = job->n_head * d;
+    const size_t n_q = job->n_tok * g;
+    size_t tt = TILE_FLOATS / d;
+    if (tt > TILE_MAX_TOKENS) tt = TILE_MAX_TOKENS;
+    size_t qc = TILE_FLOATS / d;
+    if (qc > QCHUNK_MAX) qc = QCHUNK_MAX;
+    float kt[TILE_FLOATS], vt[TILE_FLOATS], qr[TILE_FLOATS];
+    float m[QCHUNK_MAX], l[QCHUNK_MAX];
+    const float scale = 1.0f / sqrtf((float)d);
+    for (size_t a = 0; a < n_q; a += qc) {
+        const size_t b = a + qc < n_q ? a + qc : n_q;
+        for (size_t qi = a; qi < b; qi++) {
+            const size_t t = qi / g, hq = h * g + qi % g;
+            float *qv = qr + (qi - a) * d;
+            const float *src = job->q + t * row + hq * d;
+            for (size_t i = 0; i < d; i++) qv[i] = src[i] * scale;
+            if (L->k.rotated) e8kv_rot_forward(&L->k.codec->rot, qv, 1);
+            memset(job->out + t * row + hq * d, 0, d * sizeof(float));
+            m[qi - a] = -INFINITY;
+            l[qi - a] = 0.0f;
+        }
+        const size_t n_keys = job->pos0 + (b - 1) / g + 1; /* the chunk's last query sees this many */
+        for (size_t p = 0; p < n_keys; p += tt) {
+            const size_t n = p + tt < n_keys ? tt : n_keys - p;
+            e8kv_cache_read_tokens(c, L, h, 1, p, n, kt);
+            e8kv_cache_read_tokens(c, L, h, 0, p, n, vt);
+            for (size_t qi = a; qi < b; qi++) {
+                const size_t t = qi / g, hq = h * g + qi % g;
+                const size_t lim = job->pos0 + t + 1; /* causal: positions < lim */
+                if (lim <= p) continue;
+                const size_t nv = lim - p < n ? lim - p : n;
+                job->tile(qr + (qi - a) * d, kt, vt, nv, d, &m[qi - a], &l[qi - a], job->out + t * row + hq * d);
+            }
+        }
+        for (size_t qi = a; qi < b; qi++) {
+            const size_t t = qi / g, hq = h * g + qi % g;
+            float *o = job->out + t * row + hq * d;
+            const float inv = 1.0f / l[qi - a]; /* l >= 1: the max term contributes e^0 */
+            for (size_t i = 0; i < d; i++) o[i] *= inv;
+            if (L->v.rotated) e8kv_rot_inverse(&L->v.codec->rot, o, 1);
+        }
+    }
+}
+
+static void *attend_worker(void *arg) {
+    const attend_job *job = arg;
+    for (size_t h = job->h_begin; h < job->h_end; h++) attend_head(job, h);
+    return NULL;
+}
+
+#define MAX_THREADS 64
+
+size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, size_t layer, const float *q,
+                         size_t n_head, size_t n_tok, size_t pos0) {
+    if (!cache || !out || !q || n_tok == 0) return E8KV_ERR(BAD_ARGUMENT);
+    if (layer >= cache->n_layer || n_head == 0 || n_head % cache->n_head_kv) return E8KV_ERR(DIMENSION);
+    const kv_layer *L = &cache->layers[layer];
+    if (pos0 > L->n_tokens || n_tok > L->n_tokens - pos0) return E8KV_ERR(DIMENSION);
+    const size_t n_out = n_tok * n_head * cache->head_dim;
+    if (out_capacity < n_out) return E8KV_ERR(DST_TOO_SMALL);
+
+    attend_job base = {cache, L, out, q, n_head, n_head / cache->n_head_kv, n_tok, pos0, 0, cache->n_head_kv,
+                       e8kv_cpu_has_avx2() ? e8kv_attn_tile_avx2 : e8kv_attn_tile_ref};
+    size_t n_thr = cache->n_threads < cache->n_head_kv ? cache->n_threads : cache->n_head_kv;
+    if (n_thr > MAX_THREADS) n_thr = MAX_THREADS;
+    if (n_thr <= 1) {
+        attend_worker(&base);
+        return n_out;
+    }
+    attend_job jobs[MAX_THREADS];
+    pthread_t tid[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    for (size_t i = 0; i < n_thr; i++) {
+        jobs[i] = base;
+        jobs[i].h_begin = cache->n_head_kv * i / n_thr;
+        jobs[i].h_end = cache->n_head_kv * (i + 1) / n_thr;
+    }
+    /* the caller's thread takes the first share; a thread that fails to start runs inline */
+    for (size_t i = 1; i < n_thr; i++) started[i] = pthread_create(&tid[i], NULL, attend_worker, &jobs[i]) == 0;
+    attend_worker(&jobs[0]);
+    for (size_t i = 1; i < n_thr; i++) {
+        if (started[i])
+            pthread_join(tid[i], NULL);
+        else
+            attend_worker(&jobs[i]);
+    }
+    return n_out;
+}

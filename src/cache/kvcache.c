@@ -1,0 +1,463 @@
+/* The KV cache store behind the public e8kv_cache_* API: the spec grammar (include/e8kv.h), codec set
+ * per layer, paged storage with honest byte accounting, append with all-or-nothing semantics, the
+ * full-precision window and sink tokens, truncate and clear. Reads live in attention.c. */
+#include "kvcache.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ---------------------------------------------------------------- spec grammar */
+
+#define MAX_SPEC_LEN 512
+#define MAX_LAYER_RULES 32
+
+typedef struct {
+    size_t first, last;      /* layer range, inclusive */
+    int which;               /* 1 = K, 2 = V, 3 = both */
+    char codec[64];
+} layer_rule;
+
+typedef struct {
+    char k[64], v[64];
+    size_t window, sink, page;
+    int rope_pre;
+    layer_rule rules[MAX_LAYER_RULES];
+    size_t n_rules;
+} cache_config;
+
+typedef struct {
+    const char *name, *spec;
+} preset;
+
+/* Presets (stable names; the specs behind them may be retuned as measurements improve). */
+static const preset k_presets[] = {
+    {"near-lossless", "k=e8:4,v=e8:4,window=128,sink=4"},
+    {"balanced", "k=e8:4,v=e8:3,window=64,sink=4"},
+    {"aggressive", "k=e8:3,v=e8:2,window=32,sink=4"},
+};
+
+static int copy_codec_spec(char dst[64], const char *src, size_t len) {
+    if (len == 0 || len >= 64) return 0;
+    memcpy(dst, src, len);
+    dst[len] = 0;
+    return 1;
+}
+
+static int parse_size(const char *s, size_t len, size_t *out) {
+    if (len == 0 || len > 12) return 0;
+    size_t v = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (!isdigit((unsigned char)s[i])) return 0;
+        v = v * 10 + (size_t)(s[i] - '0');
+    }
+    *out = v;
+    return 1;
+}
+
+static size_t parse_item(cache_config *cfg, const char *it, size_t len, int depth);
+
+static size_t parse_list(cache_config *cfg, const char *spec, int depth) {
+    const size_t n = strlen(spec);
+    if (n == 0 || n >= MAX_SPEC_LEN) return E8KV_ERR(SPEC);
+    size_t start = 0;
+    for (size_t i = 0; i <= n; i++) {
+        if (i == n || spec[i] == ',') {
+            E8KV_RETURN_IF_ERROR(parse_item(cfg, spec + start, i - start, depth));
+            start = i + 1;
+        }
+    }
+    return 0;
+}
+
+static size_t parse_item(cache_config *cfg, const char *it, size_t len, int depth) {
+    if (len == 0) return E8KV_ERR(SPEC);
+    for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++)
+        if (strlen(k_presets[i].name) == len && !memcmp(k_presets[i].name, it, len)) {
+            if (depth > 0) return E8KV_ERR(SPEC);
+            return parse_list(cfg, k_presets[i].spec, depth + 1);
+        }
+    const char *eq = memchr(it, '=', len);
+    const size_t klen = eq ? (size_t)(eq - it) : 0;
+    const char *val = eq ? eq + 1 : NULL;
+    const size_t vlen = eq ? len - klen - 1 : 0;
+    /* a bare codec spec (its own options use ':' and may contain '=' after a ':') */
+    if (!eq || memchr(it, ':', klen)) {
+        if (!copy_codec_spec(cfg->k, it, len)) return E8KV_ERR(SPEC);
+        memcpy(cfg->v, cfg->k, sizeof cfg->v);
+        return 0;
+    }
+#define KEY_IS(s) (klen == strlen(s) && !memcmp(it, s, klen))
+    if (KEY_IS("k")) return copy_codec_spec(cfg->k, val, vlen) ? 0 : E8KV_ERR(SPEC);
+    if (KEY_IS("v")) return copy_codec_spec(cfg->v, val, vlen) ? 0 : E8KV_ERR(SPEC);
+    if (KEY_IS("kv")) {
+        if (!copy_codec_spec(cfg->k, val, vlen)) return E8KV_ERR(SPEC);
+        memcpy(cfg->v, cfg->k, sizeof cfg->v);
+        return 0;
+    }
+    if (KEY_IS("window")) return parse_size(val, vlen, &cfg->window) ? 0 : E8KV_ERR(SPEC);
+    if (KEY_IS("sink")) return parse_size(val, vlen, &cfg->sink) ? 0 : E8KV_ERR(SPEC);
+    if (KEY_IS("page")) {
+        if (!parse_size(val, vlen, &cfg->page) || cfg->page == 0 || cfg->page > 65536) return E8KV_ERR(SPEC);
+        return 0;
+    }
+    if (KEY_IS("rope")) {
+        if (vlen == 3 && !memcmp(val, "pre", 3)) cfg->rope_pre = 1;
+        else if (vlen == 4 && !memcmp(val, "post", 4)) cfg->rope_pre = 0;
+        else return E8KV_ERR(SPEC);
+        return 0;
+    }
+#undef KEY_IS
+    /* layersA[-B][.k|.v]=CODEC  (also "layerA") */
+    size_t p = 0;
+    if (klen > 6 && !memcmp(it, "layers", 6)) p = 6;
+    else if (klen > 5 && !memcmp(it, "layer", 5)) p = 5;
+    else return E8KV_ERR(SPEC);
+    if (cfg->n_rules >= MAX_LAYER_RULES) return E8KV_ERR(SPEC);
+    layer_rule *r = &cfg->rules[cfg->n_rules];
+    size_t q = p;
+    while (q < klen && isdigit((unsigned char)it[q])) q++;
+    if (!parse_size(it + p, q - p, &r->first)) return E8KV_ERR(SPEC);
+    r->last = r->first;
+    if (q < klen && it[q] == '-') {
+        const size_t s = ++q;
+        while (q < klen && isdigit((unsigned char)it[q])) q++;
+        if (!parse_size(it + s, q - s, &r->last) || r->last < r->first) return E8KV_ERR(SPEC);
+    }
+    r->which = 3;
+    if (q + 2 == klen && it[q] == '.' && it[q + 1] == 'k') r->which = 1;
+    else if (q + 2 == klen && it[q] == '.' && it[q + 1] == 'v') r->which = 2;
+    else if (q != klen) return E8KV_ERR(SPEC);
+    if (!copy_codec_spec(r->codec, val, vlen)) return E8KV_ERR(SPEC);
+    cfg->n_rules++;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- create / free */
+
+static size_t get_codec(e8kv_cache *c, const char *spec, uint64_t seed, const e8kv_codec **out) {
+    for (size_t i = 0; i < c->n_codecs; i++)
+        if (!strcmp(e8kv_codec_spec(c->codecs[i]), spec)) {
+            *out = c->codecs[i];
+            return 0;
+        }
+    if (c->n_codecs >= E8KV_CACHE_MAX_CODECS) return E8KV_ERR(SPEC);
+    size_t err = 0;
+    e8kv_codec *codec = e8kv_codec_create(spec, c->head_dim, seed, &err);
+    if (!codec) return e8kv_is_error(err) ? err : E8KV_ERR(SPEC);
+    c->codecs[c->n_codecs++] = codec;
+    *out = codec;
+    return 0;
+}
+
+static void set_format(kv_format *f, const e8kv_codec *codec, int rope_pre_key) {
+    f->codec = codec;
+    f->vector_bytes = e8kv_codec_vector_bytes(codec);
+    f->rotated = e8kv_codec_is_rotated(codec) && !rope_pre_key;
+}
+
+static size_t fail_create(e8kv_cache *c, size_t *err, size_t code) {
+    e8kv_cache_free(c);
+    if (err) *err = code;
+    return code;
+}
+
+e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
+    if (err) *err = 0;
+    if (!params || !params->spec || !params->n_layer || !params->n_head_kv || !params->n_ctx) {
+        if (err) *err = E8KV_ERR(BAD_ARGUMENT);
+        return NULL;
+    }
+    if (params->head_dim == 0 || params->head_dim > E8KV_MAX_HEAD_DIM) {
+        if (err) *err = E8KV_ERR(HEAD_DIM);
+        return NULL;
+    }
+    cache_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    size_t r = parse_list(&cfg, params->spec, 0);
+    if (e8kv_is_error(r) || !cfg.k[0] || !cfg.v[0]) {
+        if (err) *err = E8KV_ERR(SPEC);
+        return NULL;
+    }
+    for (size_t i = 0; i < cfg.n_rules; i++)
+        if (cfg.rules[i].last >= params->n_layer) {
+            if (err) *err = E8KV_ERR(SPEC);
+            return NULL;
+        }
+    if (cfg.rope_pre && (!(params->rope_theta > 0.0f) || params->head_dim % 2)) {
+        if (err) *err = E8KV_ERR(SPEC);
+        return NULL;
+    }
+    if (params->n_layer > SIZE_MAX / 2 / sizeof(kv_layer) || params->n_head_kv > 4096) {
+        if (err) *err = E8KV_ERR(BAD_ARGUMENT);
+        return NULL;
+    }
+
+    e8kv_cache *c = calloc(1, sizeof *c);
+    if (!c) {
+        if (err) *err = E8KV_ERR(OUT_OF_MEMORY);
+        return NULL;
+    }
+    c->n_layer = params->n_layer;
+    c->n_head_kv = params->n_head_kv;
+    c->head_dim = params->head_dim;
+    c->n_ctx = params->n_ctx;
+    c->page_tokens = cfg.page ? cfg.page : E8KV_CACHE_DEFAULT_PAGE;
+    c->n_page_max = (c->n_ctx + c->page_tokens - 1) / c->page_tokens;
+    c->window = cfg.window;
+    c->n_sink = cfg.sink < c->n_ctx ? cfg.sink : c->n_ctx;
+    c->n_threads = params->n_threads ? params->n_threads : 1;
+    c->rope_pre = cfg.rope_pre;
+    c->rope_theta = params->rope_theta;
+    c->rope_neox = params->rope_neox ? 1 : 0;
+    for (size_t i = 0; i < c->head_dim / 2 && c->rope_pre; i++)
+        c->rope_inv_freq[i] = (float)pow((double)c->rope_theta, -2.0 * (double)i / (double)c->head_dim);
+    c->layers = calloc(c->n_layer, sizeof *c->layers);
+    if (!c->layers) {
+        fail_create(c, err, E8KV_ERR(OUT_OF_MEMORY));
+        return NULL;
+    }
+    c->fixed_bytes = sizeof *c + c->n_layer * sizeof *c->layers;
+    const size_t n_tab = c->n_head_kv * c->n_page_max;
+    for (size_t l = 0; l < c->n_layer; l++) {
+        kv_layer *L = &c->layers[l];
+        const char *ks = cfg.k, *vs = cfg.v;
+        for (size_t i = 0; i < cfg.n_rules; i++) /* later rules win */
+            if (l >= cfg.rules[i].first && l <= cfg.rules[i].last) {
+                if (cfg.rules[i].which & 1) ks = cfg.rules[i].codec;
+                if (cfg.rules[i].which & 2) vs = cfg.rules[i].codec;
+            }
+        const e8kv_codec *kc = NULL, *vc = NULL;
+        r = get_codec(c, ks, params->seed, &kc);
+        if (!e8kv_is_error(r)) r = get_codec(c, vs, params->seed, &vc);
+        if (e8kv_is_error(r)) {
+            fail_create(c, err, r);
+            return NULL;
+        }
+        set_format(&L->k, kc, c->rope_pre);
+        set_format(&L->v, vc, 0);
+        L->k_pages = calloc(n_tab, sizeof *L->k_pages);
+        L->v_pages = calloc(n_tab, sizeof *L->v_pages);
+        if (!L->k_pages || !L->v_pages) {
+            fail_create(c, err, E8KV_ERR(OUT_OF_MEMORY));
+            return NULL;
+        }
+        c->fixed_bytes += 2 * n_tab * sizeof(kv_page);
+        if (c->n_sink) {
+            const size_t n = c->n_head_kv * c->n_sink * c->head_dim;
+            L->k_sink = calloc(n, sizeof(float));
+            L->v_sink = calloc(n, sizeof(float));
+            if (!L->k_sink || !L->v_sink) {
+                fail_create(c, err, E8KV_ERR(OUT_OF_MEMORY));
+                return NULL;
+            }
+            c->fixed_bytes += 2 * n * sizeof(float);
+        }
+    }
+    return c;
+}
+
+static void free_page(e8kv_cache *c, const kv_format *f, kv_page *pg) {
+    if (!pg->data) return;
+    c->page_bytes_alloc -= e8kv_aligned_size(kv_page_bytes(c, f, pg->raw));
+    e8kv_free_aligned(pg->data);
+    pg->data = NULL;
+    pg->raw = 0;
+}
+
+/* Free every page whose first position is >= n_keep, in every head of both streams of L. */
+static void free_pages_from(e8kv_cache *c, kv_layer *L, size_t n_keep) {
+    const size_t first = (n_keep + c->page_tokens - 1) / c->page_tokens;
+    for (size_t h = 0; h < c->n_head_kv; h++)
+        for (size_t i = first; i < c->n_page_max; i++) {
+            free_page(c, &L->k, &L->k_pages[h * c->n_page_max + i]);
+            free_page(c, &L->v, &L->v_pages[h * c->n_page_max + i]);
+        }
+}
+
+void e8kv_cache_free(e8kv_cache *cache) {
+    if (!cache) return;
+    if (cache->layers) {
+        for (size_t l = 0; l < cache->n_layer; l++) {
+            kv_layer *L = &cache->layers[l];
+            if (L->k_pages && L->v_pages) free_pages_from(cache, L, 0);
+            free(L->k_pages);
+            free(L->v_pages);
+            free(L->k_sink);
+            free(L->v_sink);
+        }
+        free(cache->layers);
+    }
+    for (size_t i = 0; i < cache->n_codecs; i++) e8kv_codec_free(cache->codecs[i]);
+    free(cache);
+}
+
+/* ---------------------------------------------------------------- append */
+
+/* A raw page that the window has left behind, encoded into a fresh buffer not yet swapped in. */
+typedef struct {
+    kv_page *page;
+    const kv_format *fmt;
+    uint8_t *coded;
+} pending_conv;
+
+/* Encode one stream (K or V) of one head for tokens [n0, n1). Pages first touched here are allocated
+ * (raw when a window is configured); rollback is the caller's free_pages_from(n0). */
+static size_t append_stream(e8kv_cache *c, const kv_format *f, kv_page *tab, float *sink,
+                            const float *src, size_t stride, size_t n0, size_t n1) {
+    const size_t d = c->head_dim, P = c->page_tokens;
+    for (size_t pos = n0; pos < n1; pos++) {
+        const float *x = src + (pos - n0) * stride;
+        if (pos < c->n_sink) {
+            memcpy(sink + pos * d, x, d * sizeof(float));
+            continue;
+        }
+        kv_page *pg = &tab[pos / P];
+        if (!pg->data) {
+            const int raw = c->window > 0;
+            const size_t nb = kv_page_bytes(c, f, raw);
+            pg->data = e8kv_calloc_aligned(nb);
+            if (!pg->data) return E8KV_ERR(OUT_OF_MEMORY);
+            pg->raw = (uint8_t)raw;
+            c->page_bytes_alloc += e8kv_aligned_size(nb);
+        }
+        const size_t slot = pos % P;
+        if (pg->raw) {
+            memcpy((float *)(void *)pg->data + slot * d, x, d * sizeof(float));
+        } else {
+            const size_t vb = f->vector_bytes;
+            E8KV_RETURN_IF_ERROR(e8kv_codec_encode(f->codec, pg->data + slot * vb, vb, x, 1));
+        }
+    }
+    return 0;
+}
+
+/* Encode raw pages of one stream whose last position is older than the window at n_tokens = n. */
+static size_t convert_stream(e8kv_cache *c, const kv_format *f, kv_page *tab, size_t n0, size_t n,
+                             pending_conv *pend, size_t *n_pend, size_t cap) {
+    const size_t P = c->page_tokens, d = c->head_dim;
+    if (n < c->window) return 0;
+    const size_t n_old = n - c->window; /* positions < n_old are outside the window */
+    /* pages already outside the window at n0 were converted by earlier calls (truncate only shrinks) */
+    const size_t i0 = n0 >= c->window ? (n0 - c->window) / P : 0;
+    for (size_t i = i0; (i + 1) * P <= n_old; i++) {
+        kv_page *pg = &tab[i];
+        if (!pg->data || !pg->raw) continue;
+        const size_t nb = kv_page_bytes(c, f, 0);
+        uint8_t *coded = e8kv_calloc_aligned(nb);
+        if (!coded) return E8KV_ERR(OUT_OF_MEMORY);
+        if (*n_pend >= cap) { /* cannot happen: bounded by the pages an append can complete */
+            e8kv_free_aligned(coded);
+            return E8KV_ERR(GENERIC);
+        }
+        pend[(*n_pend)++] = (pending_conv){pg, f, coded};
+        const float *raw = (const float *)(const void *)pg->data;
+        for (size_t s = 0; s < P; s++) {
+            if (i * P + s < c->n_sink) continue;
+            const size_t vb = f->vector_bytes;
+            E8KV_RETURN_IF_ERROR(e8kv_codec_encode(f->codec, coded + s * vb, vb, raw + s * d, 1));
+        }
+    }
+    return 0;
+}
+
+size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const float *v, size_t n_tok) {
+    if (!cache || !k || !v || n_tok == 0) return E8KV_ERR(BAD_ARGUMENT);
+    if (layer >= cache->n_layer) return E8KV_ERR(DIMENSION);
+    kv_layer *L = &cache->layers[layer];
+    const size_t n0 = L->n_tokens;
+    if (n_tok > cache->n_ctx - n0) return E8KV_ERR(CONTEXT_FULL);
+    const size_t d = cache->head_dim, stride = cache->n_head_kv * d;
+    /* screen everything first: a rejected call changes nothing */
+    if (!e8kv_all_finite(k, n_tok * stride) || !e8kv_all_finite(v, n_tok * stride))
+        return E8KV_ERR(NONFINITE);
+    const size_t n1 = n0 + n_tok;
+    const size_t M = cache->n_page_max;
+    size_t r = 0;
+    for (size_t h = 0; h < cache->n_head_kv && !e8kv_is_error(r); h++) {
+        float *ks = L->k_sink ? L->k_sink + h * cache->n_sink * d : NULL;
+        float *vs = L->v_sink ? L->v_sink + h * cache->n_sink * d : NULL;
+        r = append_stream(cache, &L->k, L->k_pages + h * M, ks, k + h * d, stride, n0, n1);
+        if (!e8kv_is_error(r))
+            r = append_stream(cache, &L->v, L->v_pages + h * M, vs, v + h * d, stride, n0, n1);
+    }
+    pending_conv *pend = NULL;
+    size_t n_pend = 0;
+    if (!e8kv_is_error(r) && cache->window > 0) {
+        /* pages that leave the window in this call: at most n_tok / P + 1 per stream and head */
+        const size_t cap = 2 * cache->n_head_kv * (n_tok / cache->page_tokens + 2);
+        pend = malloc(cap * sizeof *pend);
+        if (!pend) r = E8KV_ERR(OUT_OF_MEMORY);
+        for (size_t h = 0; h < cache->n_head_kv && !e8kv_is_error(r); h++) {
+            r = convert_stream(cache, &L->k, L->k_pages + h * M, n0, n1, pend, &n_pend, cap);
+            if (!e8kv_is_error(r)) r = convert_stream(cache, &L->v, L->v_pages + h * M, n0, n1, pend, &n_pend, cap);
+        }
+    }
+    if (e8kv_is_error(r)) {
+        for (size_t i = 0; i < n_pend; i++) e8kv_free_aligned(pend[i].coded);
+        free(pend);
+        free_pages_from(cache, L, n0);
+        return r;
+    }
+    for (size_t i = 0; i < n_pend; i++) {
+        free_page(cache, pend[i].fmt, pend[i].page);
+        pend[i].page->data = pend[i].coded;
+        pend[i].page->raw = 0;
+        cache->page_bytes_alloc += e8kv_aligned_size(kv_page_bytes(cache, pend[i].fmt, 0));
+    }
+    free(pend);
+    L->n_tokens = n1;
+    return n1;
+}
+
+/* ---------------------------------------------------------------- queries and maintenance */
+
+size_t e8kv_cache_n_tokens(const e8kv_cache *cache, size_t layer) {
+    if (!cache) return E8KV_ERR(BAD_ARGUMENT);
+    if (layer >= cache->n_layer) return E8KV_ERR(DIMENSION);
+    return cache->layers[layer].n_tokens;
+}
+
+size_t e8kv_cache_truncate(e8kv_cache *cache, size_t n_keep) {
+    if (!cache) return E8KV_ERR(BAD_ARGUMENT);
+    size_t n_max = 0;
+    for (size_t l = 0; l < cache->n_layer; l++) {
+        kv_layer *L = &cache->layers[l];
+        if (n_keep < L->n_tokens) {
+            L->n_tokens = n_keep;
+            free_pages_from(cache, L, n_keep);
+        }
+        if (L->n_tokens > n_max) n_max = L->n_tokens;
+    }
+    return n_max;
+}
+
+void e8kv_cache_clear(e8kv_cache *cache) {
+    if (cache) e8kv_cache_truncate(cache, 0);
+}
+
+size_t e8kv_cache_bytes(const e8kv_cache *cache) {
+    if (!cache) return 0;
+    return cache->page_bytes_alloc + cache->fixed_bytes;
+}
+
+size_t e8kv_cache_fixed_bytes(const e8kv_cache *cache) { return cache ? cache->fixed_bytes : 0; }
+
+double e8kv_cache_bits_per_value(const e8kv_cache *cache) {
+    if (!cache) return 0.0;
+    double s = 0.0;
+    for (size_t l = 0; l < cache->n_layer; l++)
+        s += e8kv_codec_bits_per_value(cache->layers[l].k.codec) +
+             e8kv_codec_bits_per_value(cache->layers[l].v.codec);
+    return s / (2.0 * (double)cache->n_layer);
+}
+
+size_t e8kv_cache_page_tokens(const e8kv_cache *cache) { return cache ? cache->page_tokens : 0; }
+
+const char *e8kv_cache_preset_spec(const char *name) {
+    if (!name) return NULL;
+    for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++)
+        if (!strcmp(k_presets[i].name, name)) return k_presets[i].spec;
+    return NULL;
+}

@@ -1,0 +1,75 @@
+/* Internal layout of the KV cache shared by kvcache.c (store, spec grammar) and attention.c (reads).
+ *
+ * Storage, per layer, per KV head, separately for K and V: a table of n_page_max page pointers. A page
+ * holds page_tokens consecutive token vectors of one stream, contiguous, each exactly vector_bytes of
+ * the stream's codec (codes and side information together, as the codec lays them out). Pages are
+ * allocated on first write and freed by truncate/clear, so e8kv_cache_bytes() tracks what really lives.
+ *
+ * A page is "raw" (the original f32 vectors) while any of its tokens is inside the full-precision recent
+ * window; once the window has moved past its last token it is encoded in place of the raw copy.
+ * Attention-sink positions (< n_sink) are kept exact (original f32) in a small side buffer per head;
+ * their slots in the coded pages are unused. */
+#ifndef E8KV_KVCACHE_H
+#define E8KV_KVCACHE_H
+
+#include "../quant/codec.h"
+
+#define E8KV_CACHE_DEFAULT_PAGE 64
+#define E8KV_CACHE_MAX_CODECS 64
+
+typedef struct {
+    uint8_t *data;   /* NULL when not allocated */
+    uint8_t raw;     /* 1: original f32 vectors (page_tokens * head_dim floats); 0: codec bytes */
+} kv_page;
+
+typedef struct {
+    const e8kv_codec *codec; /* owned by the cache's codec list */
+    size_t vector_bytes;
+    int rotated;             /* reads happen in the codec's rotated domain */
+} kv_format;
+
+typedef struct {
+    kv_format k, v;
+    size_t n_tokens;
+    kv_page *k_pages;  /* (n_head_kv, n_page_max) */
+    kv_page *v_pages;  /* (n_head_kv, n_page_max) */
+    float *k_sink;     /* (n_head_kv, n_sink, head_dim), original f32; NULL when n_sink == 0 */
+    float *v_sink;
+} kv_layer;
+
+struct e8kv_cache {
+    size_t n_layer, n_head_kv, head_dim, n_ctx;
+    size_t page_tokens, n_page_max;
+    size_t window;     /* newest tokens kept exact */
+    size_t n_sink;     /* first positions kept exact */
+    size_t n_threads;  /* attention worker threads (1 = caller's thread only) */
+    int rope_pre;      /* keys stored before RoPE: attention applies RoPE to decoded keys */
+    float rope_theta;
+    int rope_neox;     /* 1: split halves (NeoX/llama.cpp NEOX), 0: interleaved pairs */
+    float rope_inv_freq[E8KV_MAX_HEAD_DIM / 2]; /* theta^(-2i/head_dim) */
+    kv_layer *layers;
+    e8kv_codec *codecs[E8KV_CACHE_MAX_CODECS]; /* unique codecs, owned */
+    size_t n_codecs;
+    size_t page_bytes_alloc; /* bytes of every live page allocation (aligned sizes) */
+    size_t fixed_bytes;      /* page tables, layer array, sink buffers, the struct itself */
+};
+
+/* Bytes of one page of `fmt` (raw pages hold f32). */
+static inline size_t kv_page_bytes(const struct e8kv_cache *c, const kv_format *fmt, int raw) {
+    return c->page_tokens * (raw ? c->head_dim * sizeof(float) : fmt->vector_bytes);
+}
+
+/* Attention tile update (online softmax) for one query against n keys/values of one tile:
+ * s_j = q·k_j (q already scaled), m' = max(m, max_j s_j), acc = acc·e^(m-m') + sum_j e^(s_j-m') v_j,
+ * l likewise. K, V: (n, d). Reference and AVX2 twins (attention_avx2.c). */
+void e8kv_attn_tile_ref(const float *restrict q, const float *restrict K, const float *restrict V, size_t n,
+                        size_t d, float *restrict m, float *restrict l, float *restrict acc);
+void e8kv_attn_tile_avx2(const float *restrict q, const float *restrict K, const float *restrict V, size_t n,
+                         size_t d, float *restrict m, float *restrict l, float *restrict acc);
+
+/* Decode tokens [p0, p0 + n) of one stream (K when is_k) of one head into dst (n, head_dim), in the
+ * domain attention works in for that stream (see attention.c). */
+void e8kv_cache_read_tokens(const struct e8kv_cache *c, const kv_layer *L, size_t head, int is_k, size_t p0,
+                            size_t n, float *restrict dst);
+
+#endif
