@@ -1,7 +1,8 @@
 /* AVX2 twin of e8kv_fwht_ref: the three butterfly stages inside each 8-float register are done with
- * shuffles, the remaining stages with full-register adds. Same operation order per output as the
- * reference up to float associativity of the in-register stages; tested against the twin with a
- * tolerance. Compiled with -mavx2 -mfma; only called when the CPU has them. */
+ * shuffles, the remaining stages with full-register adds. Every output of every stage is the same single
+ * IEEE operation as in the reference (a + b, or fma(b, -1, a) = a - b rounded once), in the same stage
+ * order, so the twins are bit-exact; tests/test_fwht.c checks that. Compiled with -mavx2 -mfma; only
+ * called when the CPU has them. */
 #include "fwht.h"
 
 #if defined(__AVX2__)
