@@ -303,11 +303,227 @@ static void test_truncate_clear(void **state) {
     e8kv_cache_free(c2);
 }
 
+/* Window, sinks and per-layer formats: position p of layer l is exact when p < sink or its page still
+ * holds a token inside the window at n tokens ((p / P + 1) * P > n - W), and otherwise what the codec
+ * reconstructs. Checked against naive attention over exactly that mix. */
+static void check_mix(const char *spec, const char *codec, size_t W, size_t S, size_t P, int layer1_exact) {
+    const shape s = {2, 1, 3, 32, 500};
+    const size_t n = 333, row = s.d;
+    size_t err = 0;
+    e8kv_cache *c = make_cache(&s, spec, 1, &err);
+    if (!c && e8kv_get_error_code(err) == E8KV_ERROR_UNSUPPORTED) return;
+    if (!c) fail_msg("%s: %s", spec, e8kv_error_name(err));
+    assert_int_equal(e8kv_cache_page_tokens(c), P);
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 17);
+    float *K[2], *V[2], *Km[2], *Vm[2];
+    for (size_t l = 0; l < 2; l++) {
+        K[l] = rand_vec(&rng, n * row, 1.0);
+        V[l] = rand_vec(&rng, n * row, 1.0);
+        Km[l] = codec_roundtrip(codec, s.d, 1234, K[l], n);
+        Vm[l] = codec_roundtrip(codec, s.d, 1234, V[l], n);
+        for (size_t p = 0; p < n; p++) {
+            const int exact = (l == 1 && layer1_exact) || p < S || (W > 0 && (p / P + 1) * P + W > n);
+            if (!exact) continue;
+            memcpy(Km[l] + p * row, K[l] + p * row, row * sizeof(float));
+            memcpy(Vm[l] + p * row, V[l] + p * row, row * sizeof(float));
+        }
+    }
+    fill(c, &s, K, V, n);
+    const size_t nt = 4, pos0 = n - nt, n_out = nt * s.n_head * s.d;
+    float *q = rand_vec(&rng, n_out, 2.0), *out = malloc(n_out * sizeof(float));
+    double *ref = malloc(n_out * sizeof(double));
+    for (size_t l = 0; l < 2; l++) {
+        assert_int_equal(e8kv_cache_attend(c, out, n_out, l, q, s.n_head, nt, pos0), n_out);
+        naive_attend(&s, Km[l], Vm[l], q, nt, pos0, ref);
+        const double e = max_abs_diff(out, ref, n_out);
+        if (e > 2e-5) fail_msg("%s layer %zu: max |diff| %g", spec, l, e);
+    }
+    /* the mix really differs from the all-coded cache, so the check above has teeth */
+    if (W || S) {
+        float *Kc = codec_roundtrip(codec, s.d, 1234, K[0], n), *Vc = codec_roundtrip(codec, s.d, 1234, V[0], n);
+        naive_attend(&s, Kc, Vc, q, nt, pos0, ref);
+        assert_int_equal(e8kv_cache_attend(c, out, n_out, 0, q, s.n_head, nt, pos0), n_out);
+        assert_true(max_abs_diff(out, ref, n_out) > 1e-4);
+        free(Kc);
+        free(Vc);
+    }
+    for (size_t l = 0; l < 2; l++) {
+        free(K[l]);
+        free(V[l]);
+        free(Km[l]);
+        free(Vm[l]);
+    }
+    free(q);
+    free(out);
+    free(ref);
+    e8kv_cache_free(c);
+}
+
+static void test_window_sink_layers(void **state) {
+    (void)state;
+    check_mix("q4_0", "q4_0", 0, 0, 64, 0);
+    check_mix("q4_0,window=40,page=16", "q4_0", 40, 0, 16, 0);
+    check_mix("q4_0h,sink=5", "q4_0h", 0, 5, 64, 0);
+    check_mix("q4_0h,window=64,sink=3,page=32,layers1=f32", "q4_0h", 64, 3, 32, 1);
+    check_mix("kv=q8_0,layer1=f32,window=1", "q8_0", 1, 0, 64, 1);
+}
+
+/* rope=pre: keys go in before RoPE and the cache applies it at attention time; the result must equal
+ * attention over keys with RoPE applied up front (computed here in double). */
+static void rope_ref(float *x, size_t d, size_t pos, double theta, int neox) {
+    for (size_t i = 0; i < d / 2; i++) {
+        const double a = (double)pos * pow(theta, -2.0 * (double)i / (double)d);
+        const size_t i0 = neox ? i : 2 * i, i1 = neox ? i + d / 2 : 2 * i + 1;
+        const double x0 = x[i0], x1 = x[i1];
+        x[i0] = (float)(x0 * cos(a) - x1 * sin(a));
+        x[i1] = (float)(x0 * sin(a) + x1 * cos(a));
+    }
+}
+
+static void test_rope_pre(void **state) {
+    (void)state;
+    const shape s = {1, 2, 4, 64, 300};
+    const size_t n = 150, row = s.n_head_kv * s.d;
+    for (int neox = 0; neox < 2; neox++)
+        for (int coded = 0; coded < 2; coded++) {
+            e8kv_cache_params p = {0};
+            p.n_layer = 1;
+            p.n_head_kv = s.n_head_kv;
+            p.head_dim = s.d;
+            p.n_ctx = s.n_ctx;
+            p.spec = coded ? "q8_0h,rope=pre,sink=2" : "f32,rope=pre";
+            p.seed = 1234;
+            p.rope_theta = 10000.0f;
+            p.rope_neox = neox;
+            size_t err = 0;
+            e8kv_cache *c = e8kv_cache_create(&p, &err);
+            assert_non_null(c);
+            e8kv_rng rng;
+            e8kv_rng_seed(&rng, 3);
+            float *K = rand_vec(&rng, n * row, 1.0), *V = rand_vec(&rng, n * row, 1.0);
+            float *Kr = coded ? codec_roundtrip("q8_0h", s.d, 1234, K, n * s.n_head_kv) : malloc(n * row * 4);
+            if (!coded) memcpy(Kr, K, n * row * sizeof(float));
+            float *Vr = coded ? codec_roundtrip("q8_0h", s.d, 1234, V, n * s.n_head_kv) : malloc(n * row * 4);
+            if (!coded) memcpy(Vr, V, n * row * sizeof(float));
+            if (coded) { /* sinks are exact */
+                memcpy(Kr, K, 2 * row * sizeof(float));
+                memcpy(Vr, V, 2 * row * sizeof(float));
+            }
+            for (size_t t = 0; t < n; t++)
+                for (size_t h = 0; h < s.n_head_kv; h++) rope_ref(Kr + t * row + h * s.d, s.d, t, 10000.0, neox);
+            assert_int_equal(e8kv_cache_append(c, 0, K, V, n), n);
+            const size_t nt = 3, n_out = nt * s.n_head * s.d;
+            float *q = rand_vec(&rng, n_out, 2.0), *out = malloc(n_out * sizeof(float));
+            double *ref = malloc(n_out * sizeof(double));
+            assert_int_equal(e8kv_cache_attend(c, out, n_out, 0, q, s.n_head, nt, n - nt), n_out);
+            naive_attend(&s, Kr, Vr, q, nt, n - nt, ref);
+            const double e = max_abs_diff(out, ref, n_out);
+            if (e > 1e-4) fail_msg("rope=pre neox=%d coded=%d: max |diff| %g", neox, coded, e);
+            free(K);
+            free(V);
+            free(Kr);
+            free(Vr);
+            free(q);
+            free(out);
+            free(ref);
+            e8kv_cache_free(c);
+        }
+}
+
+/* e8kv_cache_bytes() is the real allocation: pages at the allocator's aligned size plus the stated fixed
+ * overhead; for full pages it is the nominal bits_per_value cost within 1%. */
+static void test_bytes_accounting(void **state) {
+    (void)state;
+    static const char *specs[] = {"f32", "f16", "q8_0", "q4_0", "k=f16,v=q4_0", "e8:4", "e8:3"};
+    const shape s = {3, 2, 2, 64, 4096};
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 8);
+    const size_t n = 1024, row = s.n_head_kv * s.d;
+    float *K = rand_vec(&rng, n * row, 1.0);
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        size_t err = 0;
+        e8kv_cache *c = make_cache(&s, specs[i], 1, &err);
+        if (!c && e8kv_get_error_code(err) == E8KV_ERROR_UNSUPPORTED) continue;
+        assert_non_null(c);
+        const size_t fixed = e8kv_cache_fixed_bytes(c);
+        assert_int_equal(e8kv_cache_bytes(c), fixed);
+        for (size_t l = 0; l < s.n_layer; l++) assert_int_equal(e8kv_cache_append(c, l, K, K, n), n);
+        const double nominal = e8kv_cache_bits_per_value(c) / 8.0 * (double)(2 * s.n_layer * n * row);
+        const double got = (double)(e8kv_cache_bytes(c) - fixed);
+        print_message("  %-14s %.3f bits/value: %zu bytes (%zu fixed), nominal %.0f\n", specs[i],
+                      e8kv_cache_bits_per_value(c), e8kv_cache_bytes(c), fixed, nominal);
+        assert_true(got >= nominal);
+        assert_true(got <= nominal * 1.01);
+        /* fixed overhead is small and stated: page tables + structs */
+        assert_true(fixed < 4096 + 2 * s.n_layer * s.n_head_kv * (s.n_ctx / 64) * 16);
+        /* one more token opens one page per layer, head and stream */
+        const size_t b0 = e8kv_cache_bytes(c);
+        assert_int_equal(e8kv_cache_append(c, 0, K, K, 1), n + 1);
+        assert_true(e8kv_cache_bytes(c) > b0);
+        e8kv_cache_truncate(c, n);
+        assert_int_equal(e8kv_cache_bytes(c), b0);
+        e8kv_cache_free(c);
+    }
+    free(K);
+}
+
+static void test_presets(void **state) {
+    (void)state;
+    static const char *names[] = {"near-lossless", "balanced", "aggressive"};
+    const shape s = {2, 1, 1, 64, 100};
+    for (size_t i = 0; i < 3; i++) {
+        const char *spec = e8kv_cache_preset_spec(names[i]);
+        assert_non_null(spec);
+        size_t e1 = 0, e2 = 0;
+        e8kv_cache *a = make_cache(&s, names[i], 1, &e1), *b = make_cache(&s, spec, 1, &e2);
+        assert_int_equal(e1, e2); /* the name behaves exactly as its expansion */
+        if (a) assert_true(e8kv_cache_bits_per_value(a) == e8kv_cache_bits_per_value(b));
+        e8kv_cache_free(a);
+        e8kv_cache_free(b);
+    }
+    assert_null(e8kv_cache_preset_spec("fast"));
+    size_t err = 0;
+    assert_null(make_cache(&s, "balanced,balanced2", 1, &err));
+    assert_int_equal(e8kv_get_error_code(err), E8KV_ERROR_SPEC);
+}
+
+/* AVX2 tile kernel against the reference: same online-softmax state within float tolerance. */
+static void test_tile_avx2_vs_ref(void **state) {
+    (void)state;
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 11);
+    static const size_t dims[] = {8, 16, 24, 64, 128, 256};
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+        const size_t d = dims[di];
+        for (size_t n = 1; n <= 64; n += 9) {
+            float *q = rand_vec(&rng, d, 0.5), *K = rand_vec(&rng, n * d, 1.0), *V = rand_vec(&rng, n * d, 1.0);
+            float *a1 = rand_vec(&rng, d, 1.0), *a2 = malloc(d * sizeof(float));
+            memcpy(a2, a1, d * sizeof(float));
+            float m1 = 0.3f, m2 = 0.3f, l1 = 2.0f, l2 = 2.0f;
+            e8kv_attn_tile_ref(q, K, V, n, d, &m1, &l1, a1);
+            e8kv_attn_tile_avx2(q, K, V, n, d, &m2, &l2, a2);
+            /* dot products of d terms: rounding differences ~ d * eps * |q||k| */
+            assert_float_equal(m1, m2, 1e-5 * (double)d);
+            assert_float_equal(l1, l2, 1e-5 * fabs(l1) * (double)d);
+            for (size_t i = 0; i < d; i++) assert_float_equal(a1[i], a2[i], 1e-5 * (1.0 + fabs(a1[i])) * (double)d);
+            free(q);
+            free(K);
+            free(V);
+            free(a1);
+            free(a2);
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f32_exact),       cmocka_unit_test(test_f16_and_mixed),
         cmocka_unit_test(test_compressed_specs), cmocka_unit_test(test_causal_mask),
         cmocka_unit_test(test_bad_input),       cmocka_unit_test(test_truncate_clear),
+        cmocka_unit_test(test_window_sink_layers), cmocka_unit_test(test_rope_pre),
+        cmocka_unit_test(test_bytes_accounting), cmocka_unit_test(test_presets),
+        cmocka_unit_test(test_tile_avx2_vs_ref),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
