@@ -39,7 +39,8 @@ size_t e8kv_spec_parse(e8kv_spec *out, const char *spec) {
         char *end = NULL;
         if (first && tok[0] >= '0' && tok[0] <= '9') {
             const long b = strtol(tok, &end, 10);
-            if (*end || b <= 0 || b > 16) return E8KV_ERR(SPEC);
+            if (*end) return E8KV_ERR(SPEC);
+            if (b <= 0 || b > 16) return E8KV_ERR(RATE); /* a number, but no format has that rate */
             out->bits = (int)b;
         } else if (strncmp(tok, "q=", 2) == 0) {
             const float q = strtof(tok + 2, &end);
@@ -60,7 +61,13 @@ static size_t fail(size_t *err, size_t code) {
 
 e8kv_codec *e8kv_codec_create(const char *spec_str, size_t head_dim, uint64_t seed, size_t *err) {
     e8kv_spec spec;
-    if (e8kv_is_error(e8kv_spec_parse(&spec, spec_str))) {
+    if (!spec_str) {
+        fail(err, E8KV_ERR(BAD_ARGUMENT));
+        return NULL;
+    }
+    /* a bad rate is E8KV_ERROR_RATE only for a known family; anything else unparsable is SPEC */
+    const size_t parsed = e8kv_spec_parse(&spec, spec_str);
+    if (e8kv_is_error(parsed) && e8kv_get_error_code(parsed) != E8KV_ERROR_RATE) {
         fail(err, E8KV_ERR(SPEC));
         return NULL;
     }
@@ -69,6 +76,10 @@ e8kv_codec *e8kv_codec_create(const char *spec_str, size_t head_dim, uint64_t se
         if (strcmp(k_families[i].family, spec.family) == 0) fam = &k_families[i];
     if (!fam) {
         fail(err, E8KV_ERR(SPEC));
+        return NULL;
+    }
+    if (e8kv_is_error(parsed)) {
+        fail(err, parsed);
         return NULL;
     }
     if (head_dim == 0 || head_dim > E8KV_MAX_HEAD_DIM) {

@@ -54,7 +54,7 @@ size_t e8kv_quant_init_e8ball(e8kv_codec_t *codec, const e8kv_spec *spec);  /* e
 size_t e8kv_quant_init_e8nest(e8kv_codec_t *codec, const e8kv_spec *spec);  /* e8nest:B        (nested.c) */
 size_t e8kv_quant_init_d4nest(e8kv_codec_t *codec, const e8kv_spec *spec);  /* d4nest:B        (nested.c) */
 
-/* Parse a spec string; returns 0 or E8KV_ERROR_SPEC. */
+/* Parse a spec string; returns 0, E8KV_ERROR_SPEC, or E8KV_ERROR_RATE for a rate outside 1..16. */
 size_t e8kv_spec_parse(e8kv_spec *out, const char *spec);
 
 #endif
