@@ -317,7 +317,7 @@ static size_t parse(e8kv_gguf *g) {
         return r;
     }
 
-    /* data section: header end rounded up to the alignment (cannot overflow: both < 2^31 * file) */
+    /* data section: header end rounded up to the alignment (no overflow: header_end <= size, pad < 2^30) */
     const size_t header_end = c.pos;
     const size_t pad = (g->alignment - header_end % g->alignment) % g->alignment;
     g->data_offset = header_end + pad;
@@ -331,18 +331,19 @@ static size_t parse(e8kv_gguf *g) {
         if (off % g->alignment != 0) r = ERR(CORRUPTED);
         else if (known ? off != expect : off < expect) r = ERR(CORRUPTED);
         if (e8kv_is_error(r)) break;
-        if (t->n_bytes == 0) { /* unknown type: next tensor only needs to come later */
-            known = 0;
-            expect = off;
-            continue;
-        }
-        /* the file must hold [data_offset + off, + n_bytes) */
+        /* the file must hold [data_offset + off, + n_bytes); an unknown type holds at least one byte */
         const uint64_t avail = g->size > g->data_offset ? g->size - g->data_offset : 0;
-        if (off > avail || t->n_bytes > avail - off) {
+        const uint64_t need = t->n_bytes ? t->n_bytes : 1;
+        if (off > avail || need > avail - off) {
             /* a consistent layout that runs past the end is a short file; an offset beyond the end
              * after an unknown-size tensor cannot be told from a wild one */
             r = known ? ERR(TRUNCATED) : ERR(CORRUPTED);
             break;
+        }
+        if (t->n_bytes == 0) { /* unknown type: the next tensor only has to come later */
+            known = 0;
+            expect = off + 1; /* off < avail: no overflow */
+            continue;
         }
         t->data = g->base + g->data_offset + off;
         const uint64_t end = off + t->n_bytes; /* <= avail: no overflow */
