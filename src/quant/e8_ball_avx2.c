@@ -1,0 +1,121 @@
+/* AVX2 twins of the e8ball encoder and decoder (bit-exact against e8_ball.c's _ref path; the
+ * tests compare them). One 8-value block is one __m256i of fixed-point coordinates, so the E8 closest
+ * point (voronoi.h rules: ties toward +inf, parity fix on the first largest error, D8 wins equal
+ * distances) runs in a handful of lane operations. Rare paths (overload) call the shared scalar code. */
+#include "voronoi.h"
+
+#include "../common/fp16.h"
+
+#include <immintrin.h>
+
+static inline __m256i hmax_epi32(__m256i v) {
+    v = _mm256_max_epi32(v, _mm256_permute2x128_si256(v, v, 0x01));
+    v = _mm256_max_epi32(v, _mm256_shuffle_epi32(v, 0x4E));
+    return _mm256_max_epi32(v, _mm256_shuffle_epi32(v, 0xB1));
+}
+static inline int32_t hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* D8 closest point of X / 2^FX; returns the integer point, *dist the squared distance (fits int32:
+ * every residual is at most 1.5·2^FX in magnitude, 8·(1.5·2^13)^2 < 2^31). */
+static inline __m256i d8_nearest(__m256i X, int32_t *dist) {
+    const __m256i half = _mm256_set1_epi32(E8KV_FX_HALF);
+    __m256i r = _mm256_srai_epi32(_mm256_add_epi32(X, half), E8KV_FX_BITS);
+    __m256i e = _mm256_sub_epi32(X, _mm256_slli_epi32(r, E8KV_FX_BITS));
+    const int odd = __builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_slli_epi32(r, 31)))) & 1;
+    if (odd) {
+        const __m256i ae = _mm256_abs_epi32(e);
+        const __m256i mx = hmax_epi32(ae);
+        const int w = __builtin_ctz((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(ae, mx))));
+        const __m256i onehot = _mm256_cmpeq_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(w));
+        const __m256i delta = _mm256_or_si256(_mm256_srai_epi32(e, 31), _mm256_set1_epi32(1)); /* ±1 */
+        r = _mm256_add_epi32(r, _mm256_and_si256(onehot, delta));
+        e = _mm256_sub_epi32(X, _mm256_slli_epi32(r, E8KV_FX_BITS));
+    }
+    *dist = hsum_epi32(_mm256_mullo_epi32(e, e));
+    return r;
+}
+
+static inline __m256i e8_nearest(__m256i X) {
+    int32_t da, db;
+    const __m256i a = d8_nearest(X, &da);
+    const __m256i b = d8_nearest(_mm256_sub_epi32(X, _mm256_set1_epi32(E8KV_FX_HALF)), &db);
+    if (da <= db) return _mm256_add_epi32(a, a);
+    return _mm256_add_epi32(_mm256_add_epi32(b, b), _mm256_set1_epi32(1));
+}
+
+void e8kv_e8_nearest_fx_avx2(int32_t y2[8], const int32_t X[8]) {
+    _mm256_storeu_si256((__m256i *)y2, e8_nearest(_mm256_loadu_si256((const __m256i *)X)));
+}
+
+size_t e8kv_e8ball_encode_avx2(const e8kv_codec_t *codec, uint8_t *restrict dst, const float *restrict x) {
+    const int bits = codec->bits;
+    const unsigned log2_m = (unsigned)bits - 2;
+    const size_t d = codec->head_dim, bb = (size_t)bits;
+    uint16_t h;
+    E8KV_RETURN_IF_ERROR(e8kv_ball_scale(&h, x, d, bits));
+    e8kv_store_le16(dst, h);
+    uint8_t *p = dst + 2;
+    const float s = e8kv_fp16_to_fp32(h);
+    if (s == 0.0f) {
+        memset(p, 0, d / 8 * bb);
+        return 0;
+    }
+    const __m256 k = _mm256_set1_ps((float)E8KV_FX_ONE / s);
+    const __m256 lim = _mm256_set1_ps(E8KV_FX_LIMIT), nlim = _mm256_set1_ps(-E8KV_FX_LIMIT);
+    const int8_t *const res = log2_m ? e8kv_ball_residual_table(log2_m) : NULL;
+    for (size_t b = 0; b < d; b += 8, p += bb) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + b), k);
+        v = _mm256_max_ps(_mm256_min_ps(v, lim), nlim);
+        const __m256i X = _mm256_cvtps_epi32(v);
+        int32_t Xa[8], y2[8], c2[8];
+        _mm256_storeu_si256((__m256i *)Xa, X);
+        if (log2_m == 0) {
+            _mm256_storeu_si256((__m256i *)y2, e8_nearest(X));
+            e8kv_store_le16(p, (uint16_t)e8kv_ball_encode_block_q(c2, Xa, y2));
+            continue;
+        }
+        const __m256i yv = e8_nearest(_mm256_slli_epi32(X, (int)log2_m));
+        _mm256_storeu_si256((__m256i *)y2, yv);
+        const uint32_t dg = e8kv_e8_digits(y2, log2_m);
+        const __m256i r = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(res + 8 * dg)));
+        /* exact: y − r ∈ m·E8 */
+        _mm256_storeu_si256((__m256i *)c2, _mm256_srai_epi32(_mm256_sub_epi32(yv, r), (int)log2_m));
+        const int32_t idx = e8kv_ball_index(c2);
+        const uint32_t packed = idx >= 0 ? (uint32_t)idx | (dg << 16) : e8kv_ball_residual_overload(Xa, log2_m);
+        e8kv_store_le16(p, (uint16_t)packed);
+        if (log2_m == 1)
+            p[2] = (uint8_t)(packed >> 16);
+        else
+            e8kv_store_le16(p + 2, (uint16_t)(packed >> 16));
+    }
+    return 0;
+}
+
+void e8kv_e8ball_decode_avx2(const e8kv_codec_t *codec, float *restrict y, const uint8_t *restrict src) {
+    const int bits = codec->bits;
+    const unsigned log2_m = (unsigned)bits - 2;
+    const size_t d = codec->head_dim, bb = (size_t)bits;
+    const __m256 k = _mm256_set1_ps(e8kv_fp16_to_fp32(e8kv_load_le16(src)) / (float)(2 << log2_m));
+    const uint8_t *p = src + 2;
+    const int8_t *const ball = e8kv_ball_table();
+    if (log2_m == 0) {
+        for (size_t b = 0; b < d; b += 8, p += bb) {
+            const __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(ball + 8 * (size_t)e8kv_load_le16(p))));
+            _mm256_storeu_ps(y + b, _mm256_mul_ps(_mm256_cvtepi32_ps(c), k));
+        }
+        return;
+    }
+    const int8_t *const res = e8kv_ball_residual_table(log2_m);
+    for (size_t b = 0; b < d; b += 8, p += bb) {
+        const uint32_t dg = log2_m == 1 ? p[2] : e8kv_load_le16(p + 2);
+        const __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(ball + 8 * (size_t)e8kv_load_le16(p))));
+        const __m256i r = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(res + 8 * (size_t)dg)));
+        const __m256i v = _mm256_add_epi32(_mm256_slli_epi32(c, (int)log2_m), r);
+        _mm256_storeu_ps(y + b, _mm256_mul_ps(_mm256_cvtepi32_ps(v), k));
+    }
+}
