@@ -1,10 +1,253 @@
-/* Placeholder until this subcommand lands. */
+/* e8kv tokenize: print the token ids of a text with a GGUF model's tokenizer or a llama2.c tokenizer.bin.
+ * Ids go to stdout, one per line; with -0 every NUL-separated part of the input is tokenized on its own
+ * and printed as one line of space-separated ids (how tests/py_tokenizer.py checks many strings in one
+ * run). The token count and speed go to stderr. */
 #include "cli.h"
+#include "e8kv.h"
+#include "gguf.h"
+#include "tokenizer.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define DEFAULT_MODEL_NAME "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: e8kv tokenize [-m MODEL.gguf | --llama2c-tokenizer TOK.bin [--vocab-size N]]\n"
+            "                     (-f FILE | -p TEXT) [options]\n\n"
+            "  -m MODEL.gguf          tokenizer of a GGUF model (only its metadata is read); default\n"
+            "                         $E8KV_MODEL, else $E8KV_CACHE_DIR or ~/.cache/e8kv/" DEFAULT_MODEL_NAME "\n"
+            "  --llama2c-tokenizer F  llama2.c tokenizer.bin (SentencePiece BPE with scores)\n"
+            "  --vocab-size N         tokens in that file (must match it; default: all it holds)\n"
+            "  -f FILE                text to tokenize (UTF-8; '-' reads stdin)\n"
+            "  -p TEXT                text given on the command line\n"
+            "  --no-bos / --bos       never / always prepend BOS (default: the vocabulary's own setting;\n"
+            "                         SmolLM2: none, llama2.c: BOS)\n"
+            "  -0                     the input holds NUL-separated texts: one output line per text,\n"
+            "                         ids separated by spaces\n"
+            "  --pieces               print 'id<TAB>piece' per token (piece bytes C-escaped)\n\n"
+            "Output: token ids on stdout, one per line; count and tokens/s on stderr.\n");
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static char *read_all(const char *path, size_t *n_bytes) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        if (n == cap) {
+            char *nb = realloc(buf, 2 * cap);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        const size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) {
+            if (ferror(f)) {
+                free(buf);
+                buf = NULL;
+            }
+            break;
+        }
+    }
+    if (f != stdin) fclose(f);
+    *n_bytes = n;
+    return buf;
+}
+
+static void print_piece(const e8kv_tokenizer *t, int32_t id) {
+    const char *p;
+    const size_t n = e8kv_tokenizer_piece(t, id, &p);
+    printf("%d\t", (int)id);
+    if (e8kv_is_error(n)) {
+        printf("?\n");
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const unsigned char c = (unsigned char)p[i];
+        if (c == '\\') printf("\\\\");
+        else if (c == '\n') printf("\\n");
+        else if (c == '\t') printf("\\t");
+        else if (c < 32 || c == 127) printf("\\x%02x", c);
+        else putchar(c);
+    }
+    putchar('\n');
+}
+
+/* Tokenize one text into *ids (grown as needed). Returns the count or an error. */
+static size_t encode(const e8kv_tokenizer *t, int32_t **ids, size_t *cap, const char *text, size_t n,
+                     int add_bos) {
+    for (;;) {
+        const size_t r = e8kv_tokenizer_encode(t, *ids, *cap, text, n, add_bos);
+        if (e8kv_is_error(r) || r <= *cap) return r;
+        int32_t *nb = realloc(*ids, r * sizeof *nb);
+        if (!nb) return (size_t) - (ptrdiff_t)E8KV_ERROR_OUT_OF_MEMORY;
+        *ids = nb;
+        *cap = r;
+    }
+}
 
 int e8kv_cmd_tokenize(int argc, char **argv) {
-    (void)argc;
-    fprintf(stderr, "e8kv %s: not built yet\n", argv[0]);
-    return 1;
+    const char *model = NULL, *l2c = NULL, *file = NULL, *prompt = NULL;
+    size_t vocab_size = 0;
+    int add_bos = -1, nul_split = 0, pieces = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const int has = i + 1 < argc;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "-m") && has) {
+            model = argv[++i];
+        } else if (!strcmp(a, "--llama2c-tokenizer") && has) {
+            l2c = argv[++i];
+        } else if (!strcmp(a, "--vocab-size") && has) {
+            char *end = NULL;
+            const long long v = strtoll(argv[++i], &end, 10);
+            if (!end || *end || v <= 0) {
+                fprintf(stderr, "e8kv tokenize: bad --vocab-size '%s'\n", argv[i]);
+                return 2;
+            }
+            vocab_size = (size_t)v;
+        } else if (!strcmp(a, "-f") && has) {
+            file = argv[++i];
+        } else if (!strcmp(a, "-p") && has) {
+            prompt = argv[++i];
+        } else if (!strcmp(a, "--no-bos")) {
+            add_bos = 0;
+        } else if (!strcmp(a, "--bos")) {
+            add_bos = 1;
+        } else if (!strcmp(a, "-0")) {
+            nul_split = 1;
+        } else if (!strcmp(a, "--pieces")) {
+            pieces = 1;
+        } else {
+            fprintf(stderr, "e8kv tokenize: unknown or incomplete option '%s'\n\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if ((!file) == (!prompt) || (model && l2c)) {
+        fprintf(stderr, "e8kv tokenize: give exactly one of -f / -p, and at most one of -m / --llama2c-tokenizer\n\n");
+        usage(stderr);
+        return 2;
+    }
+
+    /* the tokenizer */
+    const double t_load = now_s();
+    e8kv_tokenizer *tok = NULL;
+    e8kv_gguf *g = NULL;
+    size_t r;
+    char path[4096];
+    if (l2c) {
+        r = e8kv_tokenizer_from_llama2c(&tok, l2c, vocab_size);
+        snprintf(path, sizeof path, "%s", l2c);
+    } else {
+        if (model) {
+            snprintf(path, sizeof path, "%s", model);
+        } else if (getenv("E8KV_MODEL") && getenv("E8KV_MODEL")[0]) {
+            snprintf(path, sizeof path, "%s", getenv("E8KV_MODEL"));
+        } else if (getenv("E8KV_CACHE_DIR") && getenv("E8KV_CACHE_DIR")[0]) {
+            snprintf(path, sizeof path, "%s/%s", getenv("E8KV_CACHE_DIR"), DEFAULT_MODEL_NAME);
+        } else {
+            const char *home = getenv("HOME");
+            snprintf(path, sizeof path, "%s/.cache/e8kv/%s", home ? home : ".", DEFAULT_MODEL_NAME);
+        }
+        FILE *probe = fopen(path, "rb");
+        if (!probe) {
+            if (model) {
+                fprintf(stderr, "e8kv tokenize: cannot open model '%s'\n", path);
+            } else {
+                fprintf(stderr,
+                        "e8kv tokenize: no model given and the default model is missing (%s).\n"
+                        "      Run scripts/fetch_model.sh to download it, or pass -m MODEL.gguf.\n",
+                        path);
+            }
+            return 1;
+        }
+        fclose(probe);
+        r = e8kv_gguf_open(&g, path);
+        if (!e8kv_is_error(r)) r = e8kv_tokenizer_from_gguf(&tok, g);
+    }
+    if (e8kv_is_error(r)) {
+        fprintf(stderr, "e8kv tokenize: cannot load the tokenizer of '%s': %s\n", path, e8kv_error_name(r));
+        e8kv_gguf_close(g);
+        return 1;
+    }
+    const double load_s = now_s() - t_load;
+
+    /* the text */
+    size_t n_text = 0;
+    char *text = NULL;
+    if (file) {
+        text = read_all(file, &n_text);
+        if (!text) {
+            fprintf(stderr, "e8kv tokenize: cannot read '%s'\n", file);
+            e8kv_tokenizer_free(tok);
+            e8kv_gguf_close(g);
+            return 1;
+        }
+    } else {
+        n_text = strlen(prompt);
+        text = malloc(n_text + 1);
+        if (text) memcpy(text, prompt, n_text + 1);
+    }
+
+    int status = 0;
+    int32_t *ids = NULL;
+    size_t cap = 0, total = 0, n_texts = 0;
+    double enc_s = 0;
+    for (size_t start = 0; text && start <= n_text;) {
+        size_t end = n_text;
+        if (nul_split) {
+            const char *z = memchr(text + start, 0, n_text - start);
+            if (z) end = (size_t)(z - text);
+        }
+        const double t0 = now_s();
+        r = encode(tok, &ids, &cap, text + start, end - start, add_bos);
+        enc_s += now_s() - t0;
+        if (e8kv_is_error(r)) {
+            fprintf(stderr, "e8kv tokenize: %s\n", e8kv_error_name(r));
+            status = 1;
+            break;
+        }
+        for (size_t i = 0; i < r; i++) {
+            if (pieces) print_piece(tok, ids[i]);
+            else if (nul_split) printf(i ? " %d" : "%d", (int)ids[i]);
+            else printf("%d\n", (int)ids[i]);
+        }
+        if (nul_split && !pieces) putchar('\n');
+        total += r;
+        n_texts++;
+        if (!nul_split || end == n_text) break;
+        start = end + 1;
+    }
+    if (!text) {
+        fprintf(stderr, "e8kv tokenize: out of memory\n");
+        status = 1;
+    }
+    if (!status)
+        fprintf(stderr, "e8kv tokenize: %zu tokens from %zu bytes (%zu text%s) in %.3f s = %.0f tokens/s "
+                "(tokenizer load %.3f s)\n",
+                total, n_text, n_texts, n_texts == 1 ? "" : "s", enc_s, enc_s > 0 ? (double)total / enc_s : 0.0,
+                load_s);
+    free(ids);
+    free(text);
+    e8kv_tokenizer_free(tok);
+    e8kv_gguf_close(g);
+    return status;
 }
