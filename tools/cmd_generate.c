@@ -1,11 +1,213 @@
-/* Placeholder until the engine lands. */
+/* e8kv generate: streaming text generation through a compressed KV cache (greedy at --temp 0).
+ * --tokens IDS and --dump-logits FILE expose the raw forward pass for the independent numpy reference
+ * (tests/py_forward_ref.py): FILE receives the logits of every prompt token, f32 little-endian,
+ * (n_prompt, vocab) row-major, no header. */
 #include "cli.h"
+#include "e8kv.h"
+#include "model.h"
+#include "sampler.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: e8kv generate [-m MODEL] -p PROMPT [options]\n\n"
+            "  -m MODEL          GGUF or llama2.c checkpoint (default: $E8KV_MODEL or the fetched SmolLM2)\n"
+            "  -p PROMPT         prompt text (may be empty: generation starts from BOS)\n"
+            "  -n N              tokens to generate (default 128; 0 = only run the prompt)\n"
+            "  --kv SPEC         KV-cache format (default f32), e.g. q4_0h, e8:3, k=q8_0,v=e8:3\n"
+            "  --temp T          temperature (default 0 = greedy)\n"
+            "  --top-p P         nucleus sampling threshold (default 0.9)\n"
+            "  --seed S          sampling seed (default: time)\n"
+            "  --ctx N           context length (default: prompt + N, at most the model's)\n"
+            "  --threads N       threads (default: number of CPUs)\n"
+            "  --tokens IDS      comma-separated token ids instead of -p (no BOS added)\n"
+            "  --dump-logits F   write the prompt tokens' logits to F (f32, (n_prompt, vocab))\n");
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void print_piece(const e8kv_model *m, int32_t id) {
+    const char *piece = NULL;
+    const size_t n = e8kv_tokenizer_piece(m->tokenizer, id, &piece);
+    if (!e8kv_is_error(n) && n) fwrite(piece, 1, n, stdout);
+    fflush(stdout);
+}
 
 int e8kv_cmd_generate(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "e8kv generate: not built yet\n");
-    return 1;
+    const char *model_arg = NULL, *prompt = NULL, *kv = "f32", *tokens_arg = NULL, *dump = NULL;
+    long n_gen = 128;
+    size_t n_ctx_arg = 0;
+    float temp = 0.0f, top_p = 0.9f;
+    uint64_t seed = (uint64_t)time(NULL);
+    int n_threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const int has = i + 1 < argc;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (has && !strcmp(a, "-m")) {
+            model_arg = argv[++i];
+        } else if (has && !strcmp(a, "-p")) {
+            prompt = argv[++i];
+        } else if (has && !strcmp(a, "-n")) {
+            n_gen = atol(argv[++i]);
+        } else if (has && !strcmp(a, "--kv")) {
+            kv = argv[++i];
+        } else if (has && !strcmp(a, "--temp")) {
+            temp = strtof(argv[++i], NULL);
+        } else if (has && !strcmp(a, "--top-p")) {
+            top_p = strtof(argv[++i], NULL);
+        } else if (has && !strcmp(a, "--seed")) {
+            seed = strtoull(argv[++i], NULL, 10);
+        } else if (has && !strcmp(a, "--ctx")) {
+            n_ctx_arg = strtoul(argv[++i], NULL, 10);
+        } else if (has && !strcmp(a, "--threads")) {
+            n_threads = atoi(argv[++i]);
+        } else if (has && !strcmp(a, "--tokens")) {
+            tokens_arg = argv[++i];
+        } else if (has && !strcmp(a, "--dump-logits")) {
+            dump = argv[++i];
+        } else {
+            fprintf(stderr, "e8kv generate: unknown or incomplete option '%s'\n\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (n_gen < 0 || (!prompt && !tokens_arg)) {
+        usage(stderr);
+        return 2;
+    }
+    char path[4096];
+    if (model_arg) {
+        snprintf(path, sizeof path, "%s", model_arg);
+    } else if (e8kv_is_error(e8kv_model_default_path(path, sizeof path)) || access(path, R_OK) != 0) {
+        fprintf(stderr,
+                "e8kv: no model given and the default model is missing (%s).\n"
+                "      Run scripts/fetch_model.sh to download it (about 93 MB), or pass -m MODEL.\n",
+                path);
+        return 1;
+    }
+    char msg[512];
+    e8kv_model *m = NULL;
+    size_t r = e8kv_model_load(&m, path, msg, sizeof msg);
+    if (e8kv_is_error(r)) {
+        fprintf(stderr, "e8kv: cannot load model: %s [%s]\n", msg, e8kv_error_name(r));
+        return 1;
+    }
+    const e8kv_model_config *cfg = &m->cfg;
+    int rc = 1;
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    e8kv_context *ctx = NULL;
+    e8kv_sampler smp = {0};
+    size_t n_prompt = 0;
+    if (tokens_arg) {
+        ids = malloc((strlen(tokens_arg) / 2 + 2) * sizeof *ids);
+        if (!ids) goto out;
+        for (const char *s = tokens_arg; *s;) {
+            char *end;
+            const long v = strtol(s, &end, 10);
+            if (end == s || v < 0 || (size_t)v >= cfg->vocab_size) {
+                fprintf(stderr, "e8kv generate: bad token id in --tokens at '%s'\n", s);
+                goto out;
+            }
+            ids[n_prompt++] = (int32_t)v;
+            s = *end == ',' ? end + 1 : end;
+        }
+    } else {
+        if (!m->tokenizer) {
+            fprintf(stderr, "e8kv generate: the model has no tokenizer (use --tokens)\n");
+            goto out;
+        }
+        const size_t len = strlen(prompt), cap = len + 16;
+        ids = malloc(cap * sizeof *ids);
+        if (!ids) goto out;
+        n_prompt = e8kv_tokenizer_encode(m->tokenizer, ids, cap, prompt, len, -1);
+        if (e8kv_is_error(n_prompt) || n_prompt > cap) {
+            fprintf(stderr, "e8kv generate: tokenization failed\n");
+            goto out;
+        }
+        if (n_prompt == 0) ids[n_prompt++] = e8kv_tokenizer_bos(m->tokenizer); /* start from BOS */
+    }
+    if (n_prompt == 0) {
+        fprintf(stderr, "e8kv generate: empty prompt\n");
+        goto out;
+    }
+    size_t n_ctx = n_ctx_arg ? n_ctx_arg : n_prompt + (size_t)n_gen;
+    if (!n_ctx_arg && cfg->n_ctx_train && n_ctx > cfg->n_ctx_train) n_ctx = cfg->n_ctx_train;
+    if (n_prompt > n_ctx) {
+        fprintf(stderr, "e8kv generate: the prompt (%zu tokens) does not fit the context (%zu)\n", n_prompt, n_ctx);
+        goto out;
+    }
+    const e8kv_context_params cp = {.n_ctx = n_ctx, .n_batch = 512, .kv_spec = kv, .seed = 0, .n_threads = n_threads};
+    ctx = e8kv_context_create(m, &cp, &r);
+    if (!ctx) {
+        fprintf(stderr, "e8kv generate: cannot create a context with --kv %s, ctx %zu: %s\n", kv, n_ctx,
+                e8kv_error_name(r));
+        goto out;
+    }
+    r = e8kv_sampler_init(&smp, cfg->vocab_size, temp, top_p, seed);
+    if (e8kv_is_error(r)) {
+        fprintf(stderr, "e8kv generate: bad sampling options (--temp >= 0, 0 < --top-p <= 1)\n");
+        goto out;
+    }
+    const size_t n_rows = dump ? n_prompt : 1;
+    logits = malloc(n_rows * cfg->vocab_size * sizeof *logits);
+    if (!logits) goto out;
+    if (prompt) fputs(prompt, stdout);
+    fflush(stdout);
+    double t0 = now_s();
+    r = e8kv_context_eval(ctx, logits, n_rows * cfg->vocab_size, ids, n_prompt, n_prompt - n_rows);
+    const double t_prompt = now_s() - t0;
+    if (e8kv_is_error(r)) {
+        fprintf(stderr, "\ne8kv generate: forward pass failed: %s\n", e8kv_error_name(r));
+        goto out;
+    }
+    if (dump) {
+        FILE *f = fopen(dump, "wb");
+        const int ok = f && fwrite(logits, sizeof(float), n_rows * cfg->vocab_size, f) == n_rows * cfg->vocab_size;
+        if (!f || fclose(f) != 0 || !ok) {
+            fprintf(stderr, "e8kv generate: cannot write %s\n", dump);
+            goto out;
+        }
+    }
+    const float *last = logits + (n_rows - 1) * cfg->vocab_size;
+    const int32_t eos = m->tokenizer ? e8kv_tokenizer_eos(m->tokenizer) : -1;
+    long n_done = 0;
+    t0 = now_s();
+    for (; n_done < n_gen && e8kv_context_pos(ctx) < n_ctx; n_done++) {
+        const int32_t next = e8kv_sampler_sample(&smp, last);
+        if (next == eos) break;
+        if (m->tokenizer) print_piece(m, next);
+        else printf("%d ", next);
+        r = e8kv_context_eval(ctx, logits, cfg->vocab_size, &next, 1, 0);
+        if (e8kv_is_error(r)) {
+            fprintf(stderr, "\ne8kv generate: forward pass failed: %s\n", e8kv_error_name(r));
+            goto out;
+        }
+        last = logits;
+    }
+    const double t_gen = now_s() - t0;
+    printf("\n");
+    fprintf(stderr, "e8kv generate: --kv %s: prompt %zu tokens at %.1f tok/s, generated %ld tokens at %.1f tok/s\n",
+            kv, n_prompt, t_prompt > 0 ? (double)n_prompt / t_prompt : 0.0, n_done,
+            t_gen > 0 ? (double)n_done / t_gen : 0.0);
+    rc = 0;
+out:
+    e8kv_sampler_free(&smp);
+    e8kv_context_free(ctx);
+    free(logits);
+    free(ids);
+    e8kv_model_free(m);
+    return rc;
 }

@@ -1,11 +1,339 @@
-/* Placeholder until the engine lands. */
+/* e8kv ppl: perplexity, KL divergence and top-1 agreement of KV-cache formats against the f32 cache, by
+ * llama.cpp's llama-perplexity protocol (engine/ppl.h). One row per format; --json: one object per line. */
 #include "cli.h"
+#include "e8kv.h"
+#include "model.h"
+#include "ppl.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: e8kv ppl [-m MODEL] -f TEXT [options]\n\n"
+            "  -m MODEL          GGUF (llama, mistral, qwen2) or llama2.c checkpoint; default $E8KV_MODEL or\n"
+            "                    ~/.cache/e8kv/" E8KV_DEFAULT_MODEL_NAME " (scripts/fetch_model.sh)\n"
+            "  -f TEXT           UTF-8 text file, tokenized once (e.g. wikitext-2-raw/wiki.test.raw)\n"
+            "  --ctx N           tokens per chunk (default 512); the second half of each chunk is scored\n"
+            "  --chunks N        evaluate the first N chunks only (default: all)\n"
+            "  --kv SPEC[,SPEC]  KV formats to compare with the f32 baseline (default f32), e.g.\n"
+            "                    f16,q8_0,q4_0,q4_0h,e8:4,e8:3,e8:2\n"
+            "  --kv-k SPEC --kv-v SPEC   one format with different keys and values\n"
+            "  --threads N       threads (default: number of CPUs)\n"
+            "  --seed S          rotation seed of the caches (default 0)\n"
+            "  --json            one JSON object per format instead of the table\n"
+            "  --dump-kv FILE    write the f32 run's K (after RoPE) and V of the first chunk (doc/format.md, 1)\n");
+}
+
+/* Model path: -m, else the default; a clear message when the default has not been fetched. */
+static e8kv_model *load_model(const char *arg) {
+    char path[4096];
+    if (arg) {
+        snprintf(path, sizeof path, "%s", arg);
+    } else if (e8kv_is_error(e8kv_model_default_path(path, sizeof path)) || access(path, R_OK) != 0) {
+        fprintf(stderr,
+                "e8kv: no model given and the default model is missing (%s).\n"
+                "      Run scripts/fetch_model.sh to download it (about 93 MB), or pass -m MODEL.\n",
+                path);
+        return NULL;
+    }
+    char msg[512];
+    e8kv_model *m = NULL;
+    const size_t r = e8kv_model_load(&m, path, msg, sizeof msg);
+    if (e8kv_is_error(r)) {
+        fprintf(stderr, "e8kv: cannot load model: %s [%s]\n", msg, e8kv_error_name(r));
+        return NULL;
+    }
+    return m;
+}
+
+/* --dump-kv: the first chunk's K and V per layer, collected then written in (layer, K tokens, V tokens)
+ * order as doc/format.md section 1 specifies. */
+typedef struct {
+    float *buf; /* (n_layer, 2, n_ctx, kv_dim) */
+    size_t n_ctx, kv_dim, n_tok;
+} kv_dump;
+
+static void dump_hook(void *user, size_t layer, const float *k, const float *v, size_t n_tok, size_t pos0) {
+    kv_dump *d = user;
+    if (pos0 + n_tok > d->n_ctx) return;
+    float *base = d->buf + layer * 2 * d->n_ctx * d->kv_dim;
+    memcpy(base + pos0 * d->kv_dim, k, n_tok * d->kv_dim * sizeof(float));
+    memcpy(base + (d->n_ctx + pos0) * d->kv_dim, v, n_tok * d->kv_dim * sizeof(float));
+    if (pos0 + n_tok > d->n_tok) d->n_tok = pos0 + n_tok;
+}
+
+static void put32(unsigned char *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static int write_dump(const char *path, const kv_dump *d, const e8kv_model_config *cfg) {
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        fprintf(stderr, "e8kv ppl: cannot write %s\n", path);
+        return 1;
+    }
+    const uint64_t n_vec = (uint64_t)cfg->n_layer * 2 * d->n_tok * cfg->n_head_kv;
+    unsigned char h[40] = {'E', '8', 'K', 'V', 'D', 'U', 'M', 'P'};
+    put32(h + 8, 1);
+    put32(h + 12, (uint32_t)cfg->head_dim);
+    put32(h + 16, (uint32_t)n_vec);
+    put32(h + 20, (uint32_t)(n_vec >> 32));
+    put32(h + 24, 3); /* keys and values present; keys after RoPE */
+    put32(h + 28, (uint32_t)cfg->n_layer);
+    put32(h + 32, (uint32_t)cfg->n_head_kv);
+    int ok = fwrite(h, 1, sizeof h, f) == sizeof h;
+    /* little-endian f32 on every target we build for */
+    for (size_t l = 0; l < cfg->n_layer && ok; l++) {
+        const float *base = d->buf + l * 2 * d->n_ctx * d->kv_dim;
+        ok = fwrite(base, sizeof(float), d->n_tok * d->kv_dim, f) == d->n_tok * d->kv_dim &&
+             fwrite(base + d->n_ctx * d->kv_dim, sizeof(float), d->n_tok * d->kv_dim, f) == d->n_tok * d->kv_dim;
+    }
+    ok = (fclose(f) == 0) && ok;
+    if (!ok) fprintf(stderr, "e8kv ppl: write error on %s\n", path);
+    else fprintf(stderr, "e8kv ppl: wrote %llu vectors of %zu floats to %s\n", (unsigned long long)n_vec,
+                 cfg->head_dim, path);
+    return ok ? 0 : 1;
+}
+
+typedef struct {
+    const e8kv_ppl_result *baseline;
+} progress_state;
+
+static void progress(void *user, size_t chunk, size_t n_chunk, const e8kv_ppl_result *res, size_t n_res) {
+    const progress_state *ps = user;
+    fprintf(stderr, "[%zu/%zu] PPL f32 %.4f", chunk + 1, n_chunk, ps->baseline->ppl);
+    for (size_t i = 0; i < n_res; i++) {
+        if (res[i].status || !strcmp(res[i].spec, "f32")) continue;
+        fprintf(stderr, " | %s %.4f", res[i].spec, res[i].ppl);
+    }
+    fprintf(stderr, "  (%.1f tok/s f32)\n", ps->baseline->tokens_per_s);
+}
+
+static int read_file(const char *path, char **out, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        len += fread(buf + len, 1, cap - len, f);
+        if (len < cap) break;
+        char *nb = realloc(buf, cap *= 2);
+        if (!nb) free(buf);
+        buf = nb;
+    }
+    const int ok = buf && !ferror(f);
+    fclose(f);
+    if (!ok) {
+        free(buf);
+        return 0;
+    }
+    *out = buf;
+    *n = len;
+    return 1;
+}
 
 int e8kv_cmd_ppl(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "e8kv ppl: not built yet\n");
-    return 1;
+    const char *model_path = NULL, *text_path = NULL, *kv = NULL, *kv_k = NULL, *kv_v = NULL, *dump = NULL;
+    size_t n_ctx = 512, n_chunks = 0;
+    int n_threads = 0, json = 0;
+    uint64_t seed = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const int has = i + 1 < argc;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else if (has && !strcmp(a, "-m")) {
+            model_path = argv[++i];
+        } else if (has && !strcmp(a, "-f")) {
+            text_path = argv[++i];
+        } else if (has && !strcmp(a, "--ctx")) {
+            n_ctx = strtoul(argv[++i], NULL, 10);
+        } else if (has && !strcmp(a, "--chunks")) {
+            n_chunks = strtoul(argv[++i], NULL, 10);
+        } else if (has && !strcmp(a, "--kv")) {
+            kv = argv[++i];
+        } else if (has && !strcmp(a, "--kv-k")) {
+            kv_k = argv[++i];
+        } else if (has && !strcmp(a, "--kv-v")) {
+            kv_v = argv[++i];
+        } else if (has && !strcmp(a, "--threads")) {
+            n_threads = atoi(argv[++i]);
+        } else if (has && !strcmp(a, "--seed")) {
+            seed = strtoull(argv[++i], NULL, 10);
+        } else if (has && !strcmp(a, "--dump-kv")) {
+            dump = argv[++i];
+        } else {
+            fprintf(stderr, "e8kv ppl: unknown or incomplete option '%s'\n\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!text_path) {
+        fprintf(stderr, "e8kv ppl: -f TEXT is required\n\n");
+        usage(stderr);
+        return 2;
+    }
+    if ((kv_k == NULL) != (kv_v == NULL)) {
+        fprintf(stderr, "e8kv ppl: --kv-k and --kv-v go together\n");
+        return 2;
+    }
+    /* format list: --kv entries split on ',' (a "k=A,v=B" pair stays one format), then --kv-k/--kv-v */
+    char list[2048];
+    const char *specs[E8KV_PPL_MAX_SPECS];
+    size_t n_specs = 0;
+    snprintf(list, sizeof list, "%s", kv ? kv : (kv_k ? "" : "f32"));
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (!strncmp(tok, "k=", 2) && save && !strncmp(save, "v=", 2)) {
+            tok[strlen(tok)] = ','; /* rejoin with the v= part */
+            strtok_r(NULL, ",", &save);
+        }
+        if (n_specs == E8KV_PPL_MAX_SPECS) {
+            fprintf(stderr, "e8kv ppl: at most %d formats\n", E8KV_PPL_MAX_SPECS);
+            return 2;
+        }
+        specs[n_specs++] = tok;
+    }
+    char kv_pair[512];
+    if (kv_k) {
+        snprintf(kv_pair, sizeof kv_pair, "k=%s,v=%s", kv_k, kv_v);
+        if (n_specs < E8KV_PPL_MAX_SPECS) specs[n_specs++] = kv_pair;
+    }
+    if (n_specs == 0) {
+        fprintf(stderr, "e8kv ppl: no KV format given\n");
+        return 2;
+    }
+
+    char *text = NULL;
+    size_t n_bytes = 0;
+    if (!read_file(text_path, &text, &n_bytes)) {
+        fprintf(stderr, "e8kv ppl: cannot read %s\n", text_path);
+        return 1;
+    }
+    if (n_bytes == 0) {
+        fprintf(stderr, "e8kv ppl: %s is empty [%s]\n", text_path, e8kv_error_code_name(E8KV_ERROR_SRC_SIZE));
+        free(text);
+        return 1;
+    }
+    e8kv_model *m = load_model(model_path);
+    if (!m) {
+        free(text);
+        return 1;
+    }
+    int rc = 1;
+    int32_t *ids = NULL;
+    kv_dump kd = {0};
+    e8kv_ppl_result *res = calloc(n_specs, sizeof *res);
+    if (!m->tokenizer) {
+        fprintf(stderr, "e8kv ppl: the model has no tokenizer\n");
+        goto out;
+    }
+    if (n_ctx > m->cfg.n_ctx_train) {
+        fprintf(stderr, "e8kv ppl: --ctx %zu is larger than the model's context (%zu) [%s]\n", n_ctx,
+                m->cfg.n_ctx_train, e8kv_error_code_name(E8KV_ERROR_CONTEXT_FULL));
+        goto out;
+    }
+    /* tokenize once, as llama.cpp: BOS in front when the vocabulary adds it */
+    size_t cap = n_bytes + 16, n_tok;
+    ids = malloc(cap * sizeof *ids);
+    n_tok = ids ? e8kv_tokenizer_encode(m->tokenizer, ids, cap, text, n_bytes, -1) : 0;
+    if (!e8kv_is_error(n_tok) && n_tok > cap) {
+        free(ids);
+        cap = n_tok;
+        ids = malloc(cap * sizeof *ids);
+        n_tok = ids ? e8kv_tokenizer_encode(m->tokenizer, ids, cap, text, n_bytes, -1) : 0;
+    }
+    if (!ids || e8kv_is_error(n_tok)) {
+        fprintf(stderr, "e8kv ppl: tokenization failed: %s\n", ids ? e8kv_error_name(n_tok) : "out of memory");
+        goto out;
+    }
+    if (n_tok < n_ctx) {
+        fprintf(stderr, "e8kv ppl: the text has %zu tokens, fewer than one chunk of %zu [%s]\n", n_tok, n_ctx,
+                e8kv_error_code_name(E8KV_ERROR_SRC_SIZE));
+        goto out;
+    }
+    const e8kv_model_config *cfg = &m->cfg;
+    if (dump) {
+        kd.n_ctx = n_ctx;
+        kd.kv_dim = cfg->n_head_kv * cfg->head_dim;
+        kd.buf = malloc(cfg->n_layer * 2 * n_ctx * kd.kv_dim * sizeof(float));
+        if (!kd.buf) {
+            fprintf(stderr, "e8kv ppl: out of memory for --dump-kv\n");
+            goto out;
+        }
+    }
+    const size_t n_chunk_all = n_tok / n_ctx;
+    const size_t n_chunk = n_chunks && n_chunks < n_chunk_all ? n_chunks : n_chunk_all;
+    const int threads = n_threads > 0 ? n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    fprintf(stderr, "e8kv ppl: %s (%s, %zu layers, dim %zu, %zu/%zu heads, head_dim %zu), %zu tokens, "
+                    "%zu chunks of %zu, %d threads\n",
+            model_path ? model_path : "default model", cfg->arch, cfg->n_layer, cfg->dim, cfg->n_head,
+            cfg->n_head_kv, cfg->head_dim, n_tok, n_chunk, n_ctx, threads);
+    e8kv_ppl_result baseline = {0};
+    progress_state ps = {&baseline};
+    const e8kv_ppl_params pp = {.n_ctx = n_ctx,
+                                .n_chunks = n_chunks,
+                                .n_threads = threads,
+                                .seed = seed,
+                                .specs = specs,
+                                .n_specs = n_specs,
+                                .progress = progress,
+                                .progress_user = &ps,
+                                .dump_hook = dump ? dump_hook : NULL,
+                                .dump_user = &kd,
+                                .baseline = &baseline};
+    const size_t r = e8kv_ppl_run(m, ids, n_tok, &pp, res);
+    if (e8kv_is_error(r)) {
+        fprintf(stderr, "e8kv ppl: %s\n", e8kv_error_name(r));
+        goto out;
+    }
+    if (json) {
+        for (size_t i = 0; i < n_specs; i++) {
+            const e8kv_ppl_result *x = &res[i];
+            printf("{\"model\":\"%s\",\"arch\":\"%s\",\"spec\":\"%s\",\"available\":%s", model_path ? model_path : "default",
+                   cfg->arch, x->spec, x->status ? "false" : "true");
+            if (x->status) {
+                printf(",\"error\":\"%s\"}\n", e8kv_error_name(x->status));
+                continue;
+            }
+            printf(",\"ctx\":%zu,\"chunks\":%zu,\"tokens_scored\":%zu,\"threads\":%d,\"ppl\":%.6f,\"ppl_se\":%.6f,"
+                   "\"ppl_f32\":%.6f,\"kld\":%.8f,\"kld_se\":%.8f,\"top1\":%.6f,\"top1_se\":%.6f,"
+                   "\"bits_per_value\":%.4f,\"kv_bytes\":%zu,\"tokens_per_s\":%.2f}\n",
+                   n_ctx, r, x->count, threads, x->ppl, x->ppl_se, baseline.ppl, x->kld, x->kld_se, x->top1,
+                   x->top1_se, x->bits_per_value, x->kv_bytes, x->tokens_per_s);
+        }
+    } else {
+        printf("\nctx %zu, %zu chunks, %zu scored tokens per format; f32 baseline PPL %.4f +/- %.5f\n", n_ctx, r,
+               baseline.count, baseline.ppl, baseline.ppl_se);
+        printf("%-16s %8s %11s %20s %8s %24s %16s %8s\n", "format", "bits/val", "KV MiB", "PPL", "dPPL",
+               "KLD (nats)", "top-1 %", "tok/s");
+        for (size_t i = 0; i < n_specs; i++) {
+            const e8kv_ppl_result *x = &res[i];
+            if (x->status) {
+                printf("%-16s unavailable: %s\n", x->spec, e8kv_error_name(x->status));
+                continue;
+            }
+            char ppl[32], kld[32], top[32];
+            snprintf(ppl, sizeof ppl, "%.4f +/- %.4f", x->ppl, x->ppl_se);
+            snprintf(kld, sizeof kld, "%.6f +/- %.6f", x->kld, x->kld_se);
+            snprintf(top, sizeof top, "%.2f +/- %.2f", 100.0 * x->top1, 100.0 * x->top1_se);
+            printf("%-16s %8.3f %11.3f %20s %+7.3f%% %24s %16s %8.1f\n", x->spec, x->bits_per_value,
+                   (double)x->kv_bytes / (1024.0 * 1024.0), ppl, 100.0 * (x->ppl / baseline.ppl - 1.0), kld, top,
+                   x->tokens_per_s);
+        }
+    }
+    rc = 0;
+    if (dump && write_dump(dump, &kd, cfg)) rc = 1;
+out:
+    free(kd.buf);
+    free(res);
+    free(ids);
+    free(text);
+    e8kv_model_free(m);
+    return rc;
 }

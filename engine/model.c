@@ -1,0 +1,636 @@
+/* Llama-family forward pass over a compressed KV cache, and the GGUF model loader.
+ *
+ * Read top to bottom like llama2.c's run.c, with batches: for n_tok tokens x (n_tok, dim),
+ *   per layer:  h = RMSNorm(x) * w_attn_norm
+ *               q, k, v = h Wq^T (+bq), h Wk^T (+bk), h Wv^T (+bv)       (cblas_sgemm)
+ *               q, k = RoPE(q, k) at their positions                       (interleaved or split-half)
+ *               cache <- (k, v)                                            (through the cache's codec)
+ *               a = softmax(q K^T / sqrt(head_dim)) V over the cache       (e8kv_cache_attend, GQA)
+ *               x += a Wo^T
+ *               h = RMSNorm(x) * w_ffn_norm
+ *               x += (silu(h Wgate^T) * (h Wup^T)) Wdown^T                 (SwiGLU)
+ *   logits = RMSNorm(x) * w_out_norm  Wout^T                               (Wout = token_embd when tied)
+ * References: llama2.c run.c (Karpathy), llama.cpp's llama graph and its GGUF tensor names. */
+#include "model.h"
+
+#include "gguf.h"
+
+#include <assert.h>
+#include <cblas.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define ERR(name) ((size_t) - (ptrdiff_t)E8KV_ERROR_##name)
+
+
+static void set_msg(char *msg, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void set_msg(char *msg, size_t cap, const char *fmt, ...) {
+    if (!msg || cap == 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, cap, fmt, ap);
+    va_end(ap);
+}
+
+void e8kv_model_free(e8kv_model *m) {
+    if (!m) return;
+    e8kv_model_storage *o = m->owned;
+    if (o) {
+        free(o->arena);
+        e8kv_gguf_close(o->gguf);
+        free(o);
+    }
+    e8kv_tokenizer_free(m->tokenizer);
+    free(m->layers);
+    free(m);
+}
+
+/* ---------------------------------------------------------------- GGUF loader */
+
+/* Dequantize tensor `name` into dst after checking its shape is (rows, cols) with ne[0] = cols. */
+static size_t load_tensor(float *dst, const e8kv_gguf *g, const char *name, size_t rows, size_t cols,
+                          char *msg, size_t cap) {
+    const e8kv_gguf_tensor *t = e8kv_gguf_find_tensor(g, name);
+    if (!t) {
+        set_msg(msg, cap, "tensor '%s' missing", name);
+        return ERR(CORRUPTED);
+    }
+    if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1) {
+        set_msg(msg, cap, "tensor '%s' has shape [%llu, %llu, %llu, %llu], expected [%zu, %zu]", name,
+                (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
+                (unsigned long long)t->ne[3], cols, rows);
+        return ERR(DIMENSION);
+    }
+    const size_t r = e8kv_gguf_tensor_to_f32(dst, rows * cols, t);
+    if (e8kv_is_error(r)) {
+        set_msg(msg, cap, "tensor '%s' (ggml type %u): %s", name, (unsigned)t->type, e8kv_error_name(r));
+        return r;
+    }
+    return 0;
+}
+
+static size_t get_u64(const e8kv_gguf *g, const char *arch, const char *suffix, size_t *out, char *msg,
+                      size_t cap) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    uint64_t v = 0;
+    if (e8kv_is_error(e8kv_gguf_get_u64(g, key, &v)) || v == 0 || v > (1u << 30)) {
+        set_msg(msg, cap, "metadata key '%s' missing or invalid", key);
+        return ERR(CORRUPTED);
+    }
+    *out = (size_t)v;
+    return 0;
+}
+
+static size_t load_gguf_model(e8kv_model *m, e8kv_gguf *g, char *msg, size_t cap) {
+    e8kv_model_config *cfg = &m->cfg;
+    const char *s = NULL;
+    size_t len = 0;
+    if (e8kv_is_error(e8kv_gguf_get_str(g, "general.architecture", &s, &len))) {
+        set_msg(msg, cap, "metadata key 'general.architecture' missing");
+        return ERR(CORRUPTED);
+    }
+    if (len >= sizeof cfg->arch) len = sizeof cfg->arch - 1;
+    memcpy(cfg->arch, s, len);
+    cfg->arch[len] = 0;
+    if (!strcmp(cfg->arch, "llama") || !strcmp(cfg->arch, "mistral")) {
+        /* llama.cpp's converter permutes Wq/Wk back to Meta's interleaved-pair RoPE layout */
+        cfg->rope_layout = E8KV_ROPE_INTERLEAVED;
+    } else if (!strcmp(cfg->arch, "qwen2")) {
+        cfg->rope_layout = E8KV_ROPE_SPLIT_HALF;
+    } else {
+        set_msg(msg, cap, "unsupported architecture '%s' (supported: llama, mistral, qwen2)", cfg->arch);
+        return ERR(UNSUPPORTED);
+    }
+    const char *a = cfg->arch;
+    size_t r;
+    if (e8kv_is_error(r = get_u64(g, a, "block_count", &cfg->n_layer, msg, cap))) return r;
+    if (e8kv_is_error(r = get_u64(g, a, "embedding_length", &cfg->dim, msg, cap))) return r;
+    if (e8kv_is_error(r = get_u64(g, a, "feed_forward_length", &cfg->hidden_dim, msg, cap))) return r;
+    if (e8kv_is_error(r = get_u64(g, a, "attention.head_count", &cfg->n_head, msg, cap))) return r;
+    if (e8kv_is_error(r = get_u64(g, a, "context_length", &cfg->n_ctx_train, msg, cap))) return r;
+    char key[128];
+    uint64_t u = 0;
+    snprintf(key, sizeof key, "%s.attention.head_count_kv", a);
+    cfg->n_head_kv = e8kv_is_error(e8kv_gguf_get_u64(g, key, &u)) ? cfg->n_head : (size_t)u;
+    if (cfg->n_head_kv == 0 || cfg->n_head % cfg->n_head_kv || cfg->dim % cfg->n_head) {
+        set_msg(msg, cap, "head counts %zu/%zu do not divide dim %zu", cfg->n_head, cfg->n_head_kv, cfg->dim);
+        return ERR(DIMENSION);
+    }
+    cfg->head_dim = cfg->dim / cfg->n_head;
+    snprintf(key, sizeof key, "%s.attention.key_length", a);
+    if (!e8kv_is_error(e8kv_gguf_get_u64(g, key, &u)) && u != cfg->head_dim) {
+        set_msg(msg, cap, "key_length %llu != dim / n_head = %zu (unsupported)", (unsigned long long)u,
+                cfg->head_dim);
+        return ERR(UNSUPPORTED);
+    }
+    if (cfg->head_dim % 2) {
+        set_msg(msg, cap, "odd head_dim %zu", cfg->head_dim);
+        return ERR(DIMENSION);
+    }
+    snprintf(key, sizeof key, "%s.rope.freq_base", a);
+    if (e8kv_is_error(e8kv_gguf_get_f32(g, key, &cfg->rope_theta))) cfg->rope_theta = 10000.0f;
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
+    if (e8kv_is_error(e8kv_gguf_get_f32(g, key, &cfg->norm_eps))) {
+        set_msg(msg, cap, "metadata key '%s' missing", key);
+        return ERR(CORRUPTED);
+    }
+    if (!(cfg->rope_theta > 0.0f) || !(cfg->norm_eps >= 0.0f) || !isfinite(cfg->norm_eps) ||
+        !isfinite(cfg->rope_theta)) {
+        set_msg(msg, cap, "invalid rope.freq_base or rms epsilon");
+        return ERR(CORRUPTED);
+    }
+    e8kv_gguf_type et;
+    uint64_t n_vocab = 0;
+    if (e8kv_is_error(e8kv_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n_vocab)) || n_vocab == 0 ||
+        n_vocab > (1u << 24)) {
+        set_msg(msg, cap, "token list 'tokenizer.ggml.tokens' missing or invalid");
+        return ERR(CORRUPTED);
+    }
+    cfg->vocab_size = (size_t)n_vocab;
+    int add_bos = 0;
+    if (e8kv_is_error(e8kv_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &add_bos))) {
+        /* llama.cpp's default: SentencePiece vocabularies add BOS, GPT-2 BPE ones do not */
+        add_bos = !e8kv_is_error(e8kv_gguf_get_str(g, "tokenizer.ggml.model", &s, &len)) && len == 5 &&
+                  !memcmp(s, "llama", 5);
+    }
+    cfg->add_bos = add_bos != 0;
+
+    const size_t dim = cfg->dim, q_dim = cfg->n_head * cfg->head_dim;
+    const size_t kv_dim = cfg->n_head_kv * cfg->head_dim, hid = cfg->hidden_dim, nv = cfg->vocab_size;
+    const int tied = e8kv_gguf_find_tensor(g, "output.weight") == NULL;
+    const int bias = e8kv_gguf_find_tensor(g, "blk.0.attn_q.bias") != NULL;
+    const size_t per_layer = 2 * dim + q_dim * dim + 2 * kv_dim * dim + dim * q_dim + 3 * hid * dim +
+                             (bias ? q_dim + 2 * kv_dim : 0);
+    const size_t n_float = nv * dim * (tied ? 1 : 2) + dim + cfg->n_layer * per_layer;
+    e8kv_model_storage *o = m->owned;
+    o->arena = malloc(n_float * sizeof(float));
+    m->layers = calloc(cfg->n_layer, sizeof *m->layers);
+    if (!o->arena || !m->layers) {
+        set_msg(msg, cap, "out of memory for %zu MB of weights", n_float * 4 >> 20);
+        return ERR(OUT_OF_MEMORY);
+    }
+    float *p = o->arena;
+#define TAKE(n) (p += (n), p - (n))
+    m->tok_embd = TAKE(nv * dim);
+    m->out_norm = TAKE(dim);
+    m->output = tied ? m->tok_embd : TAKE(nv * dim);
+    if (e8kv_is_error(r = load_tensor(m->tok_embd, g, "token_embd.weight", nv, dim, msg, cap))) return r;
+    if (e8kv_is_error(r = load_tensor(m->out_norm, g, "output_norm.weight", 1, dim, msg, cap))) return r;
+    if (!tied && e8kv_is_error(r = load_tensor(m->output, g, "output.weight", nv, dim, msg, cap))) return r;
+    for (size_t l = 0; l < cfg->n_layer; l++) {
+        e8kv_layer_weights *w = &m->layers[l];
+        struct {
+            float **dst;
+            const char *name;
+            size_t rows, cols;
+        } spec[] = {
+            {&w->attn_norm, "attn_norm.weight", 1, dim},   {&w->wq, "attn_q.weight", q_dim, dim},
+            {&w->wk, "attn_k.weight", kv_dim, dim},        {&w->wv, "attn_v.weight", kv_dim, dim},
+            {&w->wo, "attn_output.weight", dim, q_dim},    {&w->ffn_norm, "ffn_norm.weight", 1, dim},
+            {&w->w_gate, "ffn_gate.weight", hid, dim},     {&w->w_up, "ffn_up.weight", hid, dim},
+            {&w->w_down, "ffn_down.weight", dim, hid},     {&w->bq, "attn_q.bias", 1, q_dim},
+            {&w->bk, "attn_k.bias", 1, kv_dim},            {&w->bv, "attn_v.bias", 1, kv_dim},
+        };
+        const size_t n_spec = sizeof spec / sizeof spec[0] - (bias ? 0 : 3);
+        for (size_t i = 0; i < n_spec; i++) {
+            char name[96];
+            snprintf(name, sizeof name, "blk.%zu.%s", l, spec[i].name);
+            *spec[i].dst = TAKE(spec[i].rows * spec[i].cols);
+            if (e8kv_is_error(r = load_tensor(*spec[i].dst, g, name, spec[i].rows, spec[i].cols, msg, cap)))
+                return r;
+        }
+    }
+#undef TAKE
+    assert(p == o->arena + n_float);
+    if (e8kv_is_error(r = e8kv_tokenizer_from_gguf(&m->tokenizer, g))) {
+        set_msg(msg, cap, "tokenizer: %s", e8kv_error_name(r));
+        return r;
+    }
+    return 0;
+}
+
+size_t e8kv_model_load_gguf(e8kv_model **out, const char *path, char *msg, size_t msg_capacity) {
+    if (!out || !path) return ERR(BAD_ARGUMENT);
+    *out = NULL;
+    set_msg(msg, msg_capacity, "ok");
+    e8kv_model *m = calloc(1, sizeof *m);
+    e8kv_model_storage *o = calloc(1, sizeof *o);
+    if (!m || !o) {
+        free(m);
+        free(o);
+        return ERR(OUT_OF_MEMORY);
+    }
+    m->owned = o;
+    size_t r = e8kv_gguf_open(&o->gguf, path);
+    if (e8kv_is_error(r)) {
+        set_msg(msg, msg_capacity, "%s: %s", path, e8kv_error_name(r));
+    } else {
+        r = load_gguf_model(m, o->gguf, msg, msg_capacity);
+    }
+    if (e8kv_is_error(r)) {
+        e8kv_model_free(m);
+        return r;
+    }
+    /* the weights are floats now and the tokenizer holds copies: the mapping can go */
+    e8kv_gguf_close(o->gguf);
+    o->gguf = NULL;
+    *out = m;
+    return 0;
+}
+
+size_t e8kv_model_load(e8kv_model **out, const char *path, char *msg, size_t msg_capacity) {
+    if (!out || !path) return ERR(BAD_ARGUMENT);
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        set_msg(msg, msg_capacity, "%s: cannot open", path);
+        return ERR(IO);
+    }
+    char magic[4] = {0};
+    const size_t n = fread(magic, 1, 4, f);
+    fclose(f);
+    if (n == 4 && !memcmp(magic, "GGUF", 4)) return e8kv_model_load_gguf(out, path, msg, msg_capacity);
+    /* llama.2c checkpoint: look for its tokenizer next to it */
+    char tok[4096];
+    const char *slash = strrchr(path, '/');
+    const int dir_len = slash ? (int)(slash - path + 1) : 0;
+    static const char *const names[] = {"tok512.bin", "tokenizer.bin"};
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(tok, sizeof tok, "%.*s%s", dir_len, path, names[i]);
+        FILE *t = fopen(tok, "rb");
+        if (t) {
+            fclose(t);
+            return e8kv_model_load_llama2c(out, path, tok, msg, msg_capacity);
+        }
+    }
+    return e8kv_model_load_llama2c(out, path, NULL, msg, msg_capacity);
+}
+
+size_t e8kv_model_default_path(char *dst, size_t capacity) {
+    const char *env = getenv("E8KV_MODEL");
+    int n;
+    if (env && *env) {
+        n = snprintf(dst, capacity, "%s", env);
+    } else {
+        const char *dir = getenv("E8KV_CACHE_DIR");
+        const char *home = getenv("HOME");
+        if (dir && *dir) {
+            n = snprintf(dst, capacity, "%s/%s", dir, E8KV_DEFAULT_MODEL_NAME);
+        } else {
+            n = snprintf(dst, capacity, "%s/.cache/e8kv/%s", home ? home : ".", E8KV_DEFAULT_MODEL_NAME);
+        }
+    }
+    if (n < 0 || (size_t)n >= capacity) return ERR(DST_TOO_SMALL);
+    return (size_t)n;
+}
+
+/* ---------------------------------------------------------------- threads
+ * A tiny fork-join helper: fn(arg, t) for t = 0 .. n_threads - 1, thread 0 being the caller. Used for
+ * the attention (split over query tokens) and the element-wise SwiGLU; the matrix products are
+ * threaded by OpenBLAS itself. */
+typedef void (*task_fn)(void *arg, int t);
+typedef struct {
+    task_fn fn;
+    void *arg;
+    int t;
+} task;
+
+static void *task_main(void *p) {
+    const task *tk = p;
+    tk->fn(tk->arg, tk->t);
+    return NULL;
+}
+
+static void fork_join(int n_threads, task_fn fn, void *arg) {
+    enum { MAX_THREADS = 64 };
+    pthread_t th[MAX_THREADS];
+    task tk[MAX_THREADS];
+    int started[MAX_THREADS] = {0};
+    if (n_threads > MAX_THREADS) n_threads = MAX_THREADS;
+    for (int t = 1; t < n_threads; t++) {
+        tk[t] = (task){fn, arg, t};
+        started[t] = pthread_create(&th[t], NULL, task_main, &tk[t]) == 0;
+        if (!started[t]) fn(arg, t); /* no thread: do its share here */
+    }
+    fn(arg, 0);
+    for (int t = 1; t < n_threads; t++)
+        if (started[t]) pthread_join(th[t], NULL);
+}
+
+/* ---------------------------------------------------------------- context */
+struct e8kv_context {
+    const e8kv_model *m;
+    e8kv_cache *cache;
+    size_t n_ctx, n_batch, pos;
+    int n_threads;
+    e8kv_kv_hook kv_hook;
+    void *kv_hook_user;
+    float *rope_cos, *rope_sin; /* (n_ctx, head_dim / 2) */
+    /* scratch, (n_batch, ...) each */
+    float *x;   /* (n_batch, dim) residual stream */
+    float *xb;  /* (n_batch, dim) normalized */
+    float *q;   /* (n_batch, n_head * head_dim) */
+    float *k;   /* (n_batch, n_head_kv * head_dim) */
+    float *v;   /* (n_batch, n_head_kv * head_dim) */
+    float *att; /* (n_batch, n_head * head_dim) */
+    float *hb;  /* (n_batch, hidden_dim) */
+    float *hb2; /* (n_batch, hidden_dim) */
+};
+
+void e8kv_context_free(e8kv_context *c) {
+    if (!c) return;
+    e8kv_cache_free(c->cache);
+    free(c->rope_cos);
+    free(c->rope_sin);
+    free(c->x);
+    free(c->xb);
+    free(c->q);
+    free(c->k);
+    free(c->v);
+    free(c->att);
+    free(c->hb);
+    free(c->hb2);
+    free(c);
+}
+
+static float *falloc(size_t n) {
+    void *p = NULL;
+    return posix_memalign(&p, 64, n * sizeof(float) + 64) ? NULL : p;
+}
+
+e8kv_context *e8kv_context_create(const e8kv_model *m, const e8kv_context_params *p, size_t *err) {
+    size_t dummy;
+    if (!err) err = &dummy;
+    *err = 0;
+    if (!m || !p || p->n_ctx == 0) {
+        *err = ERR(BAD_ARGUMENT);
+        return NULL;
+    }
+    const e8kv_model_config *cfg = &m->cfg;
+    if (cfg->n_ctx_train && p->n_ctx > cfg->n_ctx_train) {
+        *err = ERR(CONTEXT_FULL);
+        return NULL;
+    }
+    e8kv_context *c = calloc(1, sizeof *c);
+    if (!c) {
+        *err = ERR(OUT_OF_MEMORY);
+        return NULL;
+    }
+    c->m = m;
+    c->n_ctx = p->n_ctx;
+    c->n_batch = p->n_batch ? (p->n_batch < p->n_ctx ? p->n_batch : p->n_ctx) : p->n_ctx;
+    c->n_threads = p->n_threads > 0 ? p->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (c->n_threads < 1) c->n_threads = 1;
+    c->kv_hook = p->kv_hook;
+    c->kv_hook_user = p->kv_hook_user;
+    const e8kv_cache_params cp = {.n_layer = cfg->n_layer,
+                                  .n_head_kv = cfg->n_head_kv,
+                                  .head_dim = cfg->head_dim,
+                                  .n_ctx = p->n_ctx,
+                                  .spec = p->kv_spec ? p->kv_spec : "f32",
+                                  .seed = p->seed};
+    c->cache = e8kv_cache_create(&cp, err);
+    if (!c->cache) {
+        if (!e8kv_is_error(*err)) *err = ERR(GENERIC);
+        e8kv_context_free(c);
+        return NULL;
+    }
+    const size_t B = c->n_batch, hd = cfg->head_dim, half = hd / 2;
+    const size_t q_dim = cfg->n_head * hd, kv_dim = cfg->n_head_kv * hd;
+    c->rope_cos = falloc(p->n_ctx * half);
+    c->rope_sin = falloc(p->n_ctx * half);
+    c->x = falloc(B * cfg->dim);
+    c->xb = falloc(B * cfg->dim);
+    c->q = falloc(B * q_dim);
+    c->k = falloc(B * kv_dim);
+    c->v = falloc(B * kv_dim);
+    c->att = falloc(B * q_dim);
+    c->hb = falloc(B * cfg->hidden_dim);
+    c->hb2 = falloc(B * cfg->hidden_dim);
+    if (!c->rope_cos || !c->rope_sin || !c->x || !c->xb || !c->q || !c->k || !c->v || !c->att || !c->hb ||
+        !c->hb2) {
+        e8kv_context_free(c);
+        *err = ERR(OUT_OF_MEMORY);
+        return NULL;
+    }
+    /* RoPE: pair i turns by pos * theta^(-2i / head_dim) */
+    for (size_t pos = 0; pos < p->n_ctx; pos++) {
+        for (size_t i = 0; i < half; i++) {
+            const double freq = pow((double)cfg->rope_theta, -2.0 * (double)i / (double)hd);
+            const double ang = (double)pos * freq;
+            c->rope_cos[pos * half + i] = (float)cos(ang);
+            c->rope_sin[pos * half + i] = (float)sin(ang);
+        }
+    }
+    openblas_set_num_threads(c->n_threads);
+    return c;
+}
+
+void e8kv_context_reset(e8kv_context *c) {
+    if (!c) return;
+    e8kv_cache_clear(c->cache);
+    c->pos = 0;
+}
+
+size_t e8kv_context_pos(const e8kv_context *c) { return c ? c->pos : 0; }
+const e8kv_cache *e8kv_context_cache(const e8kv_context *c) { return c ? c->cache : NULL; }
+
+/* ---------------------------------------------------------------- kernels */
+
+/* out = x / sqrt(mean(x^2) + eps) * w, for each of n rows of dim. */
+static void rmsnorm(float *restrict out, const float *restrict x, const float *restrict w, size_t n,
+                    size_t dim, float eps) {
+    for (size_t r = 0; r < n; r++) {
+        const float *xr = x + r * dim;
+        float *o = out + r * dim;
+        double ss = 0.0;
+        for (size_t i = 0; i < dim; i++) ss += (double)xr[i] * xr[i];
+        const float scale = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
+        for (size_t i = 0; i < dim; i++) o[i] = xr[i] * scale * w[i];
+    }
+}
+
+/* y (n, n_out) = x (n, n_in) W^T (+ beta * y), W (n_out, n_in) row-major. */
+static void matmul(float *y, const float *x, const float *w, size_t n, size_t n_out, size_t n_in, float beta) {
+    if (n == 1) {
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)n_out, (int)n_in, 1.0f, w, (int)n_in, x, 1, beta, y, 1);
+    } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)n_out, (int)n_in, 1.0f, x, (int)n_in,
+                    w, (int)n_in, beta, y, (int)n_out);
+    }
+}
+
+static void add_bias(float *y, const float *b, size_t n, size_t n_out) {
+    if (!b) return;
+    for (size_t r = 0; r < n; r++)
+        for (size_t i = 0; i < n_out; i++) y[r * n_out + i] += b[i];
+}
+
+/* Rotate n rows of n_heads head vectors; row r is at position pos0 + r. */
+static void rope(const e8kv_context *c, float *x, size_t n, size_t n_heads, size_t pos0) {
+    const size_t hd = c->m->cfg.head_dim, half = hd / 2;
+    const int split = c->m->cfg.rope_layout == E8KV_ROPE_SPLIT_HALF;
+    for (size_t r = 0; r < n; r++) {
+        const float *cs = c->rope_cos + (pos0 + r) * half, *sn = c->rope_sin + (pos0 + r) * half;
+        for (size_t h = 0; h < n_heads; h++) {
+            float *v = x + (r * n_heads + h) * hd;
+            for (size_t i = 0; i < half; i++) {
+                const size_t i0 = split ? i : 2 * i, i1 = split ? i + half : 2 * i + 1;
+                const float a = v[i0], b = v[i1];
+                v[i0] = a * cs[i] - b * sn[i];
+                v[i1] = a * sn[i] + b * cs[i];
+            }
+        }
+    }
+}
+
+typedef struct {
+    e8kv_context *c;
+    size_t layer, n, pos0;
+    size_t bounds[65];
+    size_t result[64];
+} attend_job;
+
+static void attend_task(void *arg, int t) {
+    attend_job *j = arg;
+    const e8kv_model_config *cfg = &j->c->m->cfg;
+    const size_t q_dim = cfg->n_head * cfg->head_dim;
+    const size_t t0 = j->bounds[t], t1 = j->bounds[t + 1];
+    j->result[t] = 0;
+    if (t1 <= t0) return;
+    const size_t r = e8kv_cache_attend(j->c->cache, j->c->att + t0 * q_dim, (t1 - t0) * q_dim, j->layer,
+                                       j->c->q + t0 * q_dim, cfg->n_head, t1 - t0, j->pos0 + t0);
+    j->result[t] = e8kv_is_error(r) ? r : 0;
+}
+
+/* Causal attention of the batch's n queries, split across threads so that each gets about the same
+ * number of (query, key) pairs: query i costs pos0 + i + 1. */
+static size_t attend(e8kv_context *c, size_t layer, size_t n, size_t pos0) {
+    attend_job j = {.c = c, .layer = layer, .n = n, .pos0 = pos0};
+    int nt = c->n_threads;
+    if (nt > 64) nt = 64;
+    if ((size_t)nt > n) nt = (int)n;
+    if (nt < 1) nt = 1;
+    const double total = (double)n * (double)pos0 + (double)n * (double)(n + 1) / 2.0;
+    j.bounds[0] = 0;
+    size_t i = 0;
+    double acc = 0.0;
+    for (int t = 1; t < nt; t++) {
+        const double target = total * t / nt;
+        while (i < n && acc + (double)(pos0 + i + 1) <= target) acc += (double)(pos0 + i + 1), i++;
+        j.bounds[t] = i;
+    }
+    j.bounds[nt] = n;
+    if (nt == 1) {
+        attend_task(&j, 0);
+    } else {
+        fork_join(nt, attend_task, &j);
+    }
+    for (int t = 0; t < nt; t++)
+        if (j.result[t]) return j.result[t];
+    return 0;
+}
+
+typedef struct {
+    float *hb;
+    const float *hb2;
+    size_t n, n_threads;
+} swiglu_job;
+
+static void swiglu_task(void *arg, int t) {
+    const swiglu_job *j = arg;
+    const size_t i0 = j->n * (size_t)t / j->n_threads, i1 = j->n * (size_t)(t + 1) / j->n_threads;
+    for (size_t i = i0; i < i1; i++) {
+        const float g = j->hb[i];
+        j->hb[i] = g / (1.0f + expf(-g)) * j->hb2[i];
+    }
+}
+
+/* hb = silu(hb) * hb2, element-wise over n values. */
+static void swiglu(const e8kv_context *c, float *hb, const float *hb2, size_t n) {
+    swiglu_job j = {hb, hb2, n, (size_t)c->n_threads};
+    if (n < 16384 || c->n_threads == 1) {
+        j.n_threads = 1;
+        swiglu_task(&j, 0);
+    } else {
+        fork_join(c->n_threads, swiglu_task, &j);
+    }
+}
+
+/* ---------------------------------------------------------------- forward */
+
+/* One batch of n <= n_batch tokens at positions c->pos ...; logits of rows >= logits_from. */
+static size_t forward_batch(e8kv_context *c, float *logits, const int32_t *tokens, size_t n, size_t logits_from) {
+    const e8kv_model *m = c->m;
+    const e8kv_model_config *cfg = &m->cfg;
+    const size_t dim = cfg->dim, hd = cfg->head_dim, hid = cfg->hidden_dim;
+    const size_t q_dim = cfg->n_head * hd, kv_dim = cfg->n_head_kv * hd;
+    const size_t pos0 = c->pos;
+
+    for (size_t r = 0; r < n; r++) memcpy(c->x + r * dim, m->tok_embd + (size_t)tokens[r] * dim, dim * sizeof(float));
+
+    for (size_t l = 0; l < cfg->n_layer; l++) {
+        const e8kv_layer_weights *w = &m->layers[l];
+        /* attention */
+        rmsnorm(c->xb, c->x, w->attn_norm, n, dim, cfg->norm_eps);
+        matmul(c->q, c->xb, w->wq, n, q_dim, dim, 0.0f);
+        matmul(c->k, c->xb, w->wk, n, kv_dim, dim, 0.0f);
+        matmul(c->v, c->xb, w->wv, n, kv_dim, dim, 0.0f);
+        add_bias(c->q, w->bq, n, q_dim);
+        add_bias(c->k, w->bk, n, kv_dim);
+        add_bias(c->v, w->bv, n, kv_dim);
+        rope(c, c->q, n, cfg->n_head, pos0);
+        rope(c, c->k, n, cfg->n_head_kv, pos0);
+        if (c->kv_hook) c->kv_hook(c->kv_hook_user, l, c->k, c->v, n, pos0);
+        /* K/V go through the codec before any attention reads them, this batch's own tokens included */
+        const size_t na = e8kv_cache_append(c->cache, l, c->k, c->v, n);
+        if (e8kv_is_error(na)) return na;
+        const size_t ra = attend(c, l, n, pos0);
+        if (e8kv_is_error(ra)) return ra;
+        matmul(c->x, c->att, w->wo, n, dim, q_dim, 1.0f); /* x += att Wo^T */
+        /* feed-forward */
+        rmsnorm(c->xb, c->x, w->ffn_norm, n, dim, cfg->norm_eps);
+        matmul(c->hb, c->xb, w->w_gate, n, hid, dim, 0.0f);
+        matmul(c->hb2, c->xb, w->w_up, n, hid, dim, 0.0f);
+        swiglu(c, c->hb, c->hb2, n * hid);
+        matmul(c->x, c->hb, w->w_down, n, dim, hid, 1.0f); /* x += ffn */
+    }
+    if (logits_from < n) {
+        const size_t nl = n - logits_from;
+        rmsnorm(c->xb, c->x + logits_from * dim, m->out_norm, nl, dim, cfg->norm_eps);
+        matmul(logits, c->xb, m->output, nl, cfg->vocab_size, dim, 0.0f);
+    }
+    c->pos += n;
+    return 0;
+}
+
+size_t e8kv_context_eval(e8kv_context *c, float *logits, size_t logits_capacity, const int32_t *tokens,
+                         size_t n_tok, size_t logits_from) {
+    if (!c || (!tokens && n_tok) || logits_from > n_tok) return ERR(BAD_ARGUMENT);
+    const size_t nv = c->m->cfg.vocab_size;
+    if (logits_from < n_tok && (!logits || logits_capacity / nv < n_tok - logits_from)) return ERR(DST_TOO_SMALL);
+    if (n_tok > c->n_ctx - c->pos) return ERR(CONTEXT_FULL);
+    for (size_t i = 0; i < n_tok; i++)
+        if (tokens[i] < 0 || (size_t)tokens[i] >= nv) return ERR(BAD_ARGUMENT);
+    const size_t pos_start = c->pos;
+    for (size_t done = 0; done < n_tok;) {
+        const size_t n = n_tok - done < c->n_batch ? n_tok - done : c->n_batch;
+        /* rows of this batch that want logits, and where they land in the caller's buffer */
+        const size_t from = logits_from > done ? (logits_from - done < n ? logits_from - done : n) : 0;
+        float *dst = from < n ? logits + (done + from - logits_from) * nv : NULL;
+        const size_t r = forward_batch(c, dst, tokens + done, n, from);
+        if (e8kv_is_error(r)) {
+            e8kv_cache_truncate(c->cache, pos_start); /* drop this call's K/V */
+            c->pos = pos_start;
+            return r;
+        }
+        done += n;
+    }
+    return c->pos;
+}

@@ -1,0 +1,179 @@
+/* The perplexity harness (see ppl.h), matching llama.cpp's tools/perplexity: chunking, BOS handling,
+ * second-half scoring, PPL = exp(mean NLL) with std error ppl * sqrt((E[nll^2] - E[nll]^2) / (n - 1)),
+ * and its KL-divergence statistics (mean KLD and its std error; "same top p" = top-1 agreement). */
+#include "ppl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define ERR(name) ((size_t) - (ptrdiff_t)E8KV_ERROR_##name)
+
+size_t e8kv_log_softmax(float *dst, const float *logits, size_t n) {
+    size_t best = 0;
+    for (size_t i = 1; i < n; i++)
+        if (logits[i] > logits[best]) best = i;
+    const float mx = logits[best];
+    double sum = 0.0;
+    for (size_t i = 0; i < n; i++) sum += exp((double)(logits[i] - mx));
+    const float lse = mx + (float)log(sum);
+    for (size_t i = 0; i < n; i++) dst[i] = logits[i] - lse;
+    return best;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void derive(e8kv_ppl_result *r, size_t n_eval_tokens) {
+    const double n = (double)r->count;
+    if (r->count == 0) return;
+    const double mean = r->sum_nll / n, var = r->sum_nll2 / n - mean * mean;
+    r->ppl = exp(mean);
+    r->ppl_se = var > 0.0 && r->count > 1 ? sqrt(var / (n - 1.0)) * r->ppl : 0.0;
+    r->kld = r->sum_kld / n;
+    const double kvar = r->sum_kld2 / n - r->kld * r->kld;
+    r->kld_se = kvar > 0.0 && r->count > 1 ? sqrt(kvar / (n - 1.0)) : 0.0;
+    r->top1 = (double)r->n_same_top1 / n;
+    r->top1_se = r->count > 1 ? sqrt(r->top1 * (1.0 - r->top1) / (n - 1.0)) : 0.0;
+    r->tokens_per_s = r->seconds > 0.0 ? (double)n_eval_tokens / r->seconds : 0.0;
+}
+
+typedef struct {
+    e8kv_kv_hook fn;
+    void *user;
+    int active;
+} dump_gate;
+
+static void dump_trampoline(void *user, size_t layer, const float *k, const float *v, size_t n_tok, size_t pos0) {
+    const dump_gate *g = user;
+    if (g->active) g->fn(g->user, layer, k, v, n_tok, pos0);
+}
+
+size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens, const e8kv_ppl_params *p,
+                    e8kv_ppl_result *results) {
+    if (!m || !p || !results || !p->specs || p->n_specs == 0 || p->n_specs > E8KV_PPL_MAX_SPECS)
+        return ERR(BAD_ARGUMENT);
+    const size_t n_ctx = p->n_ctx;
+    if (n_ctx < 4 || n_ctx % 2) return ERR(BAD_ARGUMENT);
+    if (!tokens || n_tokens == 0) return ERR(SRC_SIZE);
+    if (m->cfg.n_ctx_train && n_ctx > m->cfg.n_ctx_train) return ERR(CONTEXT_FULL);
+    const size_t n_chunk_max = n_tokens / n_ctx;
+    if (n_chunk_max == 0) return ERR(SRC_SIZE);
+    const size_t n_chunk = p->n_chunks && p->n_chunks < n_chunk_max ? p->n_chunks : n_chunk_max;
+    const size_t nv = m->cfg.vocab_size, first = n_ctx / 2, n_rows = n_ctx - first, n_scored = n_ctx - 1 - first;
+    const int32_t bos = m->tokenizer ? e8kv_tokenizer_bos(m->tokenizer) : 1;
+
+    memset(results, 0, p->n_specs * sizeof *results);
+    for (size_t i = 0; i < p->n_specs; i++) {
+        strncpy(results[i].spec, p->specs[i] ? p->specs[i] : "", sizeof results[i].spec - 1);
+        if (!p->specs[i]) results[i].status = ERR(SPEC);
+    }
+
+    size_t ret = 0;
+    dump_gate gate = {p->dump_hook, p->dump_user, 1};
+    e8kv_context_params cp = {.n_ctx = n_ctx, .n_batch = n_ctx, .kv_spec = "f32", .seed = p->seed,
+                              .n_threads = p->n_threads,
+                              .kv_hook = p->dump_hook ? dump_trampoline : NULL, .kv_hook_user = &gate};
+    e8kv_context *base = e8kv_context_create(m, &cp, &ret);
+    e8kv_context *ctx[E8KV_PPL_MAX_SPECS] = {0};
+    cp.kv_hook = NULL;
+    for (size_t i = 0; i < p->n_specs && base; i++) {
+        if (results[i].status || !strcmp(results[i].spec, "f32")) continue;
+        cp.kv_spec = results[i].spec;
+        size_t err = 0;
+        ctx[i] = e8kv_context_create(m, &cp, &err);
+        if (!ctx[i]) results[i].status = e8kv_is_error(err) ? err : ERR(GENERIC);
+    }
+    int32_t *chunk = malloc(n_ctx * sizeof *chunk);
+    float *logits = malloc(n_rows * nv * sizeof *logits);
+    float *base_lsm = malloc(n_scored * nv * sizeof *base_lsm); /* (n_scored, vocab) */
+    float *lsm = malloc(nv * sizeof *lsm);
+    size_t *base_top = malloc(n_scored * sizeof *base_top);
+    e8kv_ppl_result b = {0};
+    snprintf(b.spec, sizeof b.spec, "f32");
+    if (!base) goto done;
+    if (!chunk || !logits || !base_lsm || !lsm || !base_top) {
+        ret = ERR(OUT_OF_MEMORY);
+        goto done;
+    }
+
+    for (size_t c = 0; c < n_chunk; c++) {
+        memcpy(chunk, tokens + c * n_ctx, n_ctx * sizeof *chunk);
+        if (m->cfg.add_bos) chunk[0] = bos;
+        const int32_t *target = tokens + c * n_ctx + first + 1; /* the text's own tokens, never BOS */
+
+        /* baseline */
+        e8kv_context_reset(base);
+        double t0 = now_s();
+        ret = e8kv_context_eval(base, logits, n_rows * nv, chunk, n_ctx, first);
+        b.seconds += now_s() - t0;
+        gate.active = 0;
+        if (e8kv_is_error(ret)) goto done;
+        b.kv_bytes = e8kv_cache_bytes(e8kv_context_cache(base));
+        b.bits_per_value = e8kv_cache_bits_per_value(e8kv_context_cache(base));
+        for (size_t j = 0; j < n_scored; j++) {
+            float *row = base_lsm + j * nv;
+            base_top[j] = e8kv_log_softmax(row, logits + j * nv, nv);
+            const double nll = -(double)row[target[j]];
+            b.sum_nll += nll;
+            b.sum_nll2 += nll * nll;
+        }
+        b.count += n_scored;
+        b.n_same_top1 += n_scored;
+        derive(&b, (c + 1) * n_ctx);
+
+        /* each format on the same chunk */
+        for (size_t i = 0; i < p->n_specs; i++) {
+            e8kv_ppl_result *r = &results[i];
+            if (r->status) continue;
+            if (!ctx[i]) { /* "f32": the baseline itself */
+                char spec[sizeof r->spec];
+                memcpy(spec, r->spec, sizeof spec);
+                *r = b;
+                memcpy(r->spec, spec, sizeof spec);
+                continue;
+            }
+            e8kv_context_reset(ctx[i]);
+            t0 = now_s();
+            const size_t e = e8kv_context_eval(ctx[i], logits, n_rows * nv, chunk, n_ctx, first);
+            r->seconds += now_s() - t0;
+            if (e8kv_is_error(e)) { /* e.g. a codec's RANGE error: report it, keep the others going */
+                r->status = e;
+                continue;
+            }
+            r->kv_bytes = e8kv_cache_bytes(e8kv_context_cache(ctx[i]));
+            r->bits_per_value = e8kv_cache_bits_per_value(e8kv_context_cache(ctx[i]));
+            for (size_t j = 0; j < n_scored; j++) {
+                const float *brow = base_lsm + j * nv;
+                const size_t top = e8kv_log_softmax(lsm, logits + j * nv, nv);
+                const double nll = -(double)lsm[target[j]];
+                double kld = 0.0;
+                for (size_t k = 0; k < nv; k++) kld += (double)expf(brow[k]) * (double)(brow[k] - lsm[k]);
+                r->sum_nll += nll;
+                r->sum_nll2 += nll * nll;
+                r->sum_kld += kld;
+                r->sum_kld2 += kld * kld;
+                r->n_same_top1 += top == base_top[j];
+            }
+            r->count += n_scored;
+            derive(r, (c + 1) * n_ctx);
+        }
+        if (p->baseline) *p->baseline = b;
+        if (p->progress) p->progress(p->progress_user, c, n_chunk, results, p->n_specs);
+    }
+    ret = n_chunk;
+done:
+    for (size_t i = 0; i < p->n_specs; i++) e8kv_context_free(ctx[i]);
+    e8kv_context_free(base);
+    free(chunk);
+    free(logits);
+    free(base_lsm);
+    free(lsm);
+    free(base_top);
+    return ret;
+}

@@ -1,0 +1,62 @@
+/* Perplexity, KL divergence and top-1 agreement of KV-cache formats, by llama.cpp's llama-perplexity
+ * protocol: the text is tokenized once and cut into chunks of n_ctx tokens; each chunk is evaluated from
+ * an empty cache (its first token replaced by BOS when the vocabulary adds BOS) and only the second half
+ * is scored: the logits at positions n_ctx/2 .. n_ctx-2 predict tokens n_ctx/2+1 .. n_ctx-1.
+ * Every chunk runs first with an f32 cache (the baseline); its log-softmax over the scored positions is
+ * kept and each requested format is then run on the same chunk and compared with it. */
+#ifndef E8KV_PPL_H
+#define E8KV_PPL_H
+
+#include "model.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define E8KV_PPL_MAX_SPECS 32
+
+typedef struct {
+    char spec[96];
+    size_t status;          /* 0, or the error that made the format unavailable (context creation) */
+    size_t count;           /* scored tokens so far */
+    double sum_nll, sum_nll2;
+    double sum_kld, sum_kld2;
+    size_t n_same_top1;
+    double seconds;         /* wall time of this format's forward passes */
+    /* derived by e8kv_ppl_finish (also kept current after each chunk) */
+    double ppl, ppl_se;     /* exp(mean NLL), and its std error as llama.cpp: ppl * sd(NLL)/sqrt(n-1) */
+    double kld, kld_se;     /* mean KL(base || this) in nats per token, and its std error */
+    double top1, top1_se;   /* fraction of positions whose argmax equals the baseline's */
+    double bits_per_value;  /* e8kv_cache_bits_per_value */
+    size_t kv_bytes;        /* e8kv_cache_bytes with the cache holding a full chunk of n_ctx tokens */
+    double tokens_per_s;    /* chunk tokens evaluated per second of forward passes */
+} e8kv_ppl_result;
+
+typedef void (*e8kv_ppl_progress)(void *user, size_t chunk, size_t n_chunk, const e8kv_ppl_result *res,
+                                  size_t n_res);
+
+typedef struct {
+    size_t n_ctx;                /* chunk length, even, >= 4 */
+    size_t n_chunks;             /* 0 = every complete chunk of the text */
+    int n_threads;               /* 0 = number of online CPUs */
+    uint64_t seed;               /* rotation seed of the caches */
+    const char *const *specs;    /* formats to compare with the f32 baseline; "f32" reuses the baseline */
+    size_t n_specs;              /* 1 .. E8KV_PPL_MAX_SPECS */
+    e8kv_ppl_progress progress;  /* optional: called after each chunk */
+    void *progress_user;
+    e8kv_kv_hook dump_hook;      /* optional: receives the baseline's K/V of the first chunk */
+    void *dump_user;
+    e8kv_ppl_result *baseline;   /* optional: receives the f32 baseline's own figures */
+} e8kv_ppl_params;
+
+/* Runs the whole protocol; results[i] belongs to specs[i] (a format whose context cannot be created is
+ * skipped with results[i].status set and the run goes on). Returns the number of chunks evaluated or an
+ * error: E8KV_ERROR_BAD_ARGUMENT (n_ctx odd or < 4, no specs), E8KV_ERROR_SRC_SIZE (fewer tokens than
+ * one chunk, empty text), E8KV_ERROR_CONTEXT_FULL (n_ctx above the model's training context),
+ * E8KV_ERROR_OUT_OF_MEMORY, or a forward-pass error. */
+size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens, const e8kv_ppl_params *p,
+                    e8kv_ppl_result *results);
+
+/* Log-softmax of one row of n logits (double accumulation); returns the index of the largest logit. */
+size_t e8kv_log_softmax(float *dst, const float *logits, size_t n);
+
+#endif
