@@ -5,6 +5,7 @@
 #include "test_util.h"
 
 #include "cache/kvcache.h"
+#include "common/cpu.h"
 #include "common/rng.h"
 
 #include <math.h>
@@ -516,6 +517,59 @@ static void test_tile_avx2_vs_ref(void **state) {
     }
 }
 
+/* Fused page readers (AVX2) against the codec's own decode, bit-exact, and whole attention with the
+ * fused path against the reference path (codec decode + reference tile kernel). */
+static void test_fused_readers(void **state) {
+    (void)state;
+    if (!e8kv_cpu_has_avx2()) skip();
+    static const char *specs[] = {"f32", "f16", "e8:2", "e8:3", "e8:4", "e8ball:3", "q4_0"};
+    const shape s = {1, 2, 6, 64, 300};
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 21);
+    const size_t n = 200, row = s.n_head_kv * s.d;
+    float *K = rand_vec(&rng, n * row, 1.0), *V = rand_vec(&rng, n * row, 3.0);
+    float *a = malloc(n * s.d * sizeof(float)), *b = malloc(n * s.d * sizeof(float));
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        size_t err = 0;
+        e8kv_cache *c = make_cache(&s, specs[i], 1, &err);
+        if (!c && e8kv_get_error_code(err) == E8KV_ERROR_UNSUPPORTED) continue;
+        assert_non_null(c);
+        assert_int_equal(e8kv_cache_append(c, 0, K, V, n), n);
+        const kv_layer *L = &c->layers[0];
+        if (!strcmp(specs[i], "q4_0")) assert_int_equal(L->k.fast, KV_FAST_NONE);
+        else assert_int_not_equal(L->k.fast, KV_FAST_NONE);
+        for (int is_k = 0; is_k < 2; is_k++)
+            for (size_t h = 0; h < s.n_head_kv; h++) {
+                c->use_avx2 = 1;
+                e8kv_cache_read_tokens(c, L, h, is_k, 3, n - 3, a);
+                /* independent: the public codec decode of the page bytes */
+                const kv_format *f = is_k ? &L->k : &L->v;
+                const kv_page *tab = (is_k ? L->k_pages : L->v_pages) + h * c->n_page_max;
+                for (size_t p = 3; p < n; p++) {
+                    const size_t P = c->page_tokens, vb = f->vector_bytes;
+                    assert_int_equal(e8kv_codec_decode_rotated(f->codec, b + (p - 3) * s.d, s.d,
+                                                               tab[p / P].data + (p % P) * vb, vb, 1), s.d);
+                }
+                assert_memory_equal(a, b, (n - 3) * s.d * sizeof(float));
+            }
+        const size_t nt = 5, n_out = nt * s.n_head * s.d;
+        float *q = rand_vec(&rng, n_out, 2.0), *o1 = malloc(n_out * 4), *o2 = malloc(n_out * 4);
+        c->use_avx2 = 1;
+        assert_int_equal(e8kv_cache_attend(c, o1, n_out, 0, q, s.n_head, nt, n - nt), n_out);
+        c->use_avx2 = 0;
+        assert_int_equal(e8kv_cache_attend(c, o2, n_out, 0, q, s.n_head, nt, n - nt), n_out);
+        for (size_t j = 0; j < n_out; j++) assert_float_equal(o1[j], o2[j], 1e-5 * (1.0 + fabs(o2[j])));
+        free(q);
+        free(o1);
+        free(o2);
+        e8kv_cache_free(c);
+    }
+    free(K);
+    free(V);
+    free(a);
+    free(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f32_exact),       cmocka_unit_test(test_f16_and_mixed),
@@ -523,7 +577,7 @@ int main(void) {
         cmocka_unit_test(test_bad_input),       cmocka_unit_test(test_truncate_clear),
         cmocka_unit_test(test_window_sink_layers), cmocka_unit_test(test_rope_pre),
         cmocka_unit_test(test_bytes_accounting), cmocka_unit_test(test_presets),
-        cmocka_unit_test(test_tile_avx2_vs_ref),
+        cmocka_unit_test(test_tile_avx2_vs_ref), cmocka_unit_test(test_fused_readers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -32,6 +32,22 @@ static void rope_apply(const e8kv_cache *c, float *x, size_t pos) {
     }
 }
 
+/* The fused reader of a run of n coded vectors of one page, when the format has one; 0 otherwise. */
+static int read_fast(const e8kv_cache *c, const kv_format *f, float *restrict dst, const uint8_t *src, size_t n) {
+    if (!c->use_avx2) return 0;
+    const size_t d = c->head_dim;
+    switch (f->fast) {
+    case KV_FAST_F32:
+        for (size_t i = 0; i < n * d; i++) dst[i] = e8kv_load_lef32(src + 4 * i);
+        return 1;
+    case KV_FAST_F16: e8kv_cache_read_f16_avx2(dst, src, n, d); return 1;
+    case KV_FAST_E8BALL:
+        e8kv_cache_read_e8ball_avx2(dst, src, n, d, f->codec->bits, f->vector_bytes);
+        return 1;
+    default: return 0;
+    }
+}
+
 void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head, int is_k, size_t p0, size_t n,
                             float *restrict dst) {
     const kv_format *f = is_k ? &L->k : &L->v;
@@ -40,7 +56,9 @@ void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head,
     const e8kv_codec_t *codec = f->codec;
     const size_t d = c->head_dim, P = c->page_tokens, vb = f->vector_bytes;
     const int rope = is_k && c->rope_pre;
-    for (size_t t = 0; t < n; t++) {
+    /* un-rotated reads of a rotating codec (K with rope=pre) need the inverse after decoding */
+    const int unrotate = !f->rotated && codec->rotate;
+    for (size_t t = 0; t < n;) {
         const size_t pos = p0 + t;
         float *y = dst + t * d;
         const float *exact = NULL;
@@ -52,15 +70,21 @@ void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head,
             assert(pg->data);
             if (pg->raw) exact = (const float *)(const void *)pg->data + (pos % P) * d;
         }
+        size_t run = 1;
         if (exact) {
             memcpy(y, exact, d * sizeof(float));
             if (f->rotated) e8kv_rot_forward(&codec->rot, y, 1);
         } else {
-            codec->ops->decode(codec, y, pg->data + (pos % P) * vb);
-            /* decode leaves the codec's rotated domain; K with rope=pre needs the original one */
-            if (!f->rotated && codec->rotate) e8kv_rot_inverse(&codec->rot, y, 1);
+            /* the rest of this page, as far as the request goes */
+            run = P - pos % P < n - t ? P - pos % P : n - t;
+            const uint8_t *src = pg->data + (pos % P) * vb;
+            if (!read_fast(c, f, y, src, run))
+                for (size_t i = 0; i < run; i++) codec->ops->decode(codec, y + i * d, src + i * vb);
+            if (unrotate) e8kv_rot_inverse(&codec->rot, y, run);
         }
-        if (rope) rope_apply(c, y, pos);
+        if (rope)
+            for (size_t i = 0; i < run; i++) rope_apply(c, y + i * d, pos + i);
+        t += run;
     }
 }
 
@@ -165,7 +189,7 @@ size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, siz
     if (out_capacity < n_out) return E8KV_ERR(DST_TOO_SMALL);
 
     attend_job base = {cache, L, out, q, n_head, n_head / cache->n_head_kv, n_tok, pos0, 0, cache->n_head_kv,
-                       e8kv_cpu_has_avx2() ? e8kv_attn_tile_avx2 : e8kv_attn_tile_ref};
+                       cache->use_avx2 ? e8kv_attn_tile_avx2 : e8kv_attn_tile_ref};
     size_t n_thr = cache->n_threads < cache->n_head_kv ? cache->n_threads : cache->n_head_kv;
     if (n_thr > MAX_THREADS) n_thr = MAX_THREADS;
     if (n_thr <= 1) {

@@ -3,6 +3,8 @@
  * relative tolerance in tests/test_cache.c). Requires head_dim % 8 == 0; other sizes use the reference. */
 #include "kvcache.h"
 
+#include "../quant/voronoi.h"
+
 #include <immintrin.h>
 #include <math.h>
 
@@ -16,13 +18,36 @@ static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* e^x for x <= 0 (softmax arguments), 8 lanes: x = n·ln2 + r with |r| <= ln2/2 (ln2 split in two for
+ * an exact reduction), e^r by a degree-6 polynomial (Taylor; relative error < 2e-7 on the range), 2^n
+ * through the exponent bits. Inputs below -87.3 return 0 (the true value is below FLT_MIN; softmax
+ * weights that small vanish anyway). */
+static inline __m256 exp_avx2(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
 void e8kv_attn_tile_avx2(const float *restrict q, const float *restrict K, const float *restrict V, size_t n,
                          size_t d, float *restrict m, float *restrict l, float *restrict acc) {
     if (d % 8) {
         e8kv_attn_tile_ref(q, K, V, n, d, m, l, acc);
         return;
     }
-    float s[TILE_MAX_TOKENS];
+    float s[TILE_MAX_TOKENS + 8];
     float m_new = *m;
     for (size_t j = 0; j < n; j++) {
         const float *k = K + j * d;
@@ -36,18 +61,63 @@ void e8kv_attn_tile_avx2(const float *restrict q, const float *restrict K, const
         s[j] = hsum256(_mm256_add_ps(a0, a1));
         if (s[j] > m_new) m_new = s[j];
     }
+    /* weights p_j = e^(s_j - m'), 8 at a time; lanes past n are masked to 0 */
+    const __m256 vm = _mm256_set1_ps(m_new);
+    __m256 vsum = _mm256_setzero_ps();
+    for (size_t j = 0; j < n; j += 8) {
+        const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int)j), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        const __m256 valid = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), idx));
+        const __m256 p = _mm256_and_ps(valid, exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm)));
+        _mm256_storeu_ps(s + j, p);
+        vsum = _mm256_add_ps(vsum, p);
+    }
     const float corr = expf(*m - m_new);
-    float sum = *l * corr;
+    const float sum = *l * corr + hsum256(vsum);
     const __m256 vc = _mm256_set1_ps(corr);
     for (size_t i = 0; i < d; i += 8) _mm256_storeu_ps(acc + i, _mm256_mul_ps(_mm256_loadu_ps(acc + i), vc));
     for (size_t j = 0; j < n; j++) {
-        const float p = expf(s[j] - m_new);
-        sum += p;
-        const __m256 vp = _mm256_set1_ps(p);
+        const __m256 vp = _mm256_set1_ps(s[j]);
         const float *v = V + j * d;
         for (size_t i = 0; i < d; i += 8)
             _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(vp, _mm256_loadu_ps(v + i), _mm256_loadu_ps(acc + i)));
     }
     *m = m_new;
     *l = sum;
+}
+
+void e8kv_cache_read_f16_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d) {
+    const size_t total = n * d; /* d % 8 == 0: vectors are contiguous in the page */
+    for (size_t i = 0; i < total; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + 2 * i))));
+}
+
+/* e8ball:B vector = fp16 scale h, then per 8 values a 16-bit ball index c and, for B = 3, 4, the
+ * (8·(B−2))-bit residual digits r; value = (m·ball[c] + res[r]) · (h / 2m), m = 2^(B−2), coordinates
+ * doubled integers (int8). Integer math is exact and the single float multiply rounds like the codec's
+ * reference decode, so the floats are bit-identical. */
+void e8kv_cache_read_e8ball_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d, int bits,
+                                 size_t vector_bytes) {
+    const unsigned log2_m = (unsigned)bits - 2;
+    const int8_t *const ball = e8kv_ball_table();
+    const int8_t *const res = log2_m ? e8kv_ball_residual_table(log2_m) : NULL;
+    const size_t bb = (size_t)bits;
+    for (size_t t = 0; t < n; t++) {
+        const uint8_t *v = src + t * vector_bytes;
+        float *y = dst + t * d;
+        const float k = _cvtsh_ss(e8kv_load_le16(v)) / (float)(2 << log2_m);
+        const __m256 vk = _mm256_set1_ps(k);
+        const uint8_t *p = v + 2;
+        for (size_t b = 0; b < d; b += 8, p += bb) {
+            int64_t cw;
+            memcpy(&cw, ball + 8 * (size_t)e8kv_load_le16(p), 8);
+            __m256i c = _mm256_cvtepi8_epi32(_mm_cvtsi64_si128(cw));
+            if (log2_m) {
+                const size_t dg = log2_m == 1 ? p[2] : e8kv_load_le16(p + 2);
+                int64_t rw;
+                memcpy(&rw, res + 8 * dg, 8);
+                c = _mm256_add_epi32(_mm256_slli_epi32(c, (int)log2_m), _mm256_cvtepi8_epi32(_mm_cvtsi64_si128(rw)));
+            }
+            _mm256_storeu_ps(y + b, _mm256_mul_ps(_mm256_cvtepi32_ps(c), vk));
+        }
+    }
 }

@@ -3,6 +3,8 @@
  * full-precision window and sink tokens, truncate and clear. Reads live in attention.c. */
 #include "kvcache.h"
 
+#include "../common/cpu.h"
+
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
@@ -155,6 +157,14 @@ static void set_format(kv_format *f, const e8kv_codec *codec, int rope_pre_key) 
     f->codec = codec;
     f->vector_bytes = e8kv_codec_vector_bytes(codec);
     f->rotated = e8kv_codec_is_rotated(codec) && !rope_pre_key;
+    e8kv_spec sp;
+    f->fast = KV_FAST_NONE;
+    if (e8kv_is_error(e8kv_spec_parse(&sp, codec->spec))) return;
+    if (!strcmp(sp.family, "f32")) f->fast = KV_FAST_F32;
+    else if (!strcmp(sp.family, "f16")) f->fast = KV_FAST_F16;
+    else if ((!strcmp(sp.family, "e8") || !strcmp(sp.family, "e8ball")) && codec->bits >= 2 && codec->bits <= 4 &&
+             codec->vector_bytes == 2 + codec->head_dim / 8 * (size_t)codec->bits)
+        f->fast = KV_FAST_E8BALL; /* doc/format.md §2 layout: fp16 scale, then B bytes per 8 values */
 }
 
 static size_t fail_create(e8kv_cache *c, size_t *err, size_t code) {
@@ -209,6 +219,7 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
     c->n_sink = cfg.sink < c->n_ctx ? cfg.sink : c->n_ctx;
     c->n_threads = params->n_threads ? params->n_threads : 1;
     c->rope_pre = cfg.rope_pre;
+    c->use_avx2 = e8kv_cpu_has_avx2() && c->head_dim % 8 == 0;
     c->rope_theta = params->rope_theta;
     c->rope_neox = params->rope_neox ? 1 : 0;
     for (size_t i = 0; i < c->head_dim / 2 && c->rope_pre; i++)

@@ -22,10 +22,14 @@ typedef struct {
     uint8_t raw;     /* 1: original f32 vectors (page_tokens * head_dim floats); 0: codec bytes */
 } kv_page;
 
+/* Formats with a fused page reader in attention_avx2.c (others go through the codec's decode). */
+typedef enum { KV_FAST_NONE = 0, KV_FAST_F32, KV_FAST_F16, KV_FAST_E8BALL } kv_fast_kind;
+
 typedef struct {
     const e8kv_codec *codec; /* owned by the cache's codec list */
     size_t vector_bytes;
     int rotated;             /* reads happen in the codec's rotated domain */
+    kv_fast_kind fast;
 } kv_format;
 
 typedef struct {
@@ -43,6 +47,7 @@ struct e8kv_cache {
     size_t window;     /* newest tokens kept exact */
     size_t n_sink;     /* first positions kept exact */
     size_t n_threads;  /* attention worker threads (1 = caller's thread only) */
+    int use_avx2;      /* fused AVX2 readers and tile kernel (e8kv_cpu_has_avx2() at create; tests flip it) */
     int rope_pre;      /* keys stored before RoPE: attention applies RoPE to decoded keys */
     float rope_theta;
     int rope_neox;     /* 1: split halves (NeoX/llama.cpp NEOX), 0: interleaved pairs */
@@ -66,6 +71,12 @@ void e8kv_attn_tile_ref(const float *restrict q, const float *restrict K, const 
                         size_t d, float *restrict m, float *restrict l, float *restrict acc);
 void e8kv_attn_tile_avx2(const float *restrict q, const float *restrict K, const float *restrict V, size_t n,
                          size_t d, float *restrict m, float *restrict l, float *restrict acc);
+
+/* Fused readers: n consecutive coded vectors of one page -> n * d floats, bit-identical to the codec's
+ * decode in its rotated domain (tests/test_cache.c checks every one against e8kv_codec_decode_rotated). */
+void e8kv_cache_read_f16_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d);
+void e8kv_cache_read_e8ball_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d, int bits,
+                                 size_t vector_bytes);
 
 /* Decode tokens [p0, p0 + n) of one stream (K when is_k) of one head into dst (n, head_dim), in the
  * domain attention works in for that stream (see attention.c). */
