@@ -1,0 +1,247 @@
+/* Bad input through the public codec API, for every family in the registry (src/quant/codec.c):
+ * NaN/Inf, zero vectors, huge finite values, unsupported head_dim, rates out of range, short buffers,
+ * source size mismatches, unknown specs and NULL pointers. Each case must give its named error and a
+ * rejected encode must leave the destination untouched. */
+#include "test_util.h"
+
+#include <math.h>
+
+typedef enum { HUGE_OK, HUGE_RANGE } huge_rule;
+
+typedef struct {
+    const char *spec;
+    size_t head_dim;        /* a supported head_dim */
+    huge_rule huge;         /* documented answer to a 1e30 component */
+    size_t bad_dims[4];     /* unsupported head_dims (0-terminated list after the first) */
+} family_case;
+
+/* e8nest and d4nest are added here when their quantizer (nested.c) lands. */
+static const family_case k_cases[] = {
+    {"f32", 64, HUGE_OK, {0, 513, 1000, 0}},
+    {"f16", 64, HUGE_RANGE, {0, 513, 0, 0}},
+    {"q8_0", 64, HUGE_RANGE, {48, 12, 0, 0}},
+    {"q8_0h", 96, HUGE_RANGE, {48, 12, 520, 0}},
+    {"q4_0", 128, HUGE_RANGE, {40, 31, 0, 0}},
+    {"q4_0h", 64, HUGE_RANGE, {48, 12, 520, 0}},
+    {"lloyd:2", 64, HUGE_RANGE, {12, 4, 520, 0}},
+    {"lloyd:3", 72, HUGE_RANGE, {12, 20, 0, 0}},
+    {"lloyd:4", 128, HUGE_RANGE, {100, 7, 0, 0}},
+    {"e8:2", 64, HUGE_RANGE, {12, 4, 520, 0}},
+    {"e8:4", 128, HUGE_RANGE, {12, 100, 0, 0}},
+    {"e8ball:2", 128, HUGE_RANGE, {36, 0, 0, 0}},
+    {"e8ball:3", 96, HUGE_RANGE, {12, 20, 0, 0}},
+};
+#define N_CASES (sizeof k_cases / sizeof k_cases[0])
+
+static e8kv_codec *make(const family_case *fc) {
+    size_t err = 1;
+    e8kv_codec *const c = e8kv_codec_create(fc->spec, fc->head_dim, 1, &err);
+    if (!c) fail_msg("create %s/%zu: %s", fc->spec, fc->head_dim, e8kv_error_name(err));
+    assert_int_equal(err, 0);
+    return c;
+}
+
+static float *gaussian(size_t n, uint32_t seed) {
+    float *const x = malloc(n * sizeof *x);
+    uint32_t s = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n; i++) {
+        float u = 0.0f;
+        for (int k = 0; k < 4; k++) {
+            s = s * 1664525u + 1013904223u;
+            u += (float)(s >> 8) / 16777216.0f - 0.5f;
+        }
+        x[i] = u;
+    }
+    return x;
+}
+
+static void test_nonfinite(void **state) {
+    (void)state;
+    const float bad[] = {NAN, INFINITY, -INFINITY};
+    for (size_t f = 0; f < N_CASES; f++) {
+        e8kv_codec *const c = make(&k_cases[f]);
+        const size_t d = k_cases[f].head_dim, vb = e8kv_codec_vector_bytes(c);
+        float *const x = gaussian(3 * d, 1);
+        uint8_t *const dst = malloc(3 * vb);
+        for (size_t b = 0; b < 3; b++) {
+            for (size_t where = 0; where < 3; where++) {
+                const size_t pos = where * d + (where * 7) % d; /* in vector 0, 1 or 2 */
+                const float keep = x[pos];
+                x[pos] = bad[b];
+                memset(dst, 0xAB, 3 * vb);
+                assert_error(e8kv_codec_encode(c, dst, 3 * vb, x, 3), NONFINITE);
+                for (size_t i = 0; i < 3 * vb; i++)
+                    if (dst[i] != 0xAB) fail_msg("%s: byte %zu written on a rejected encode", k_cases[f].spec, i);
+                x[pos] = keep;
+            }
+        }
+        assert_int_equal(e8kv_codec_encode(c, dst, 3 * vb, x, 3), 3 * vb);
+        free(x);
+        free(dst);
+        e8kv_codec_free(c);
+    }
+}
+
+static void test_zero_vectors(void **state) {
+    (void)state;
+    for (size_t f = 0; f < N_CASES; f++) {
+        e8kv_codec *const c = make(&k_cases[f]);
+        const size_t d = k_cases[f].head_dim, vb = e8kv_codec_vector_bytes(c);
+        float *const x = calloc(2 * d, sizeof(float)), *const y = malloc(2 * d * sizeof(float));
+        uint8_t *const b = malloc(2 * vb);
+        assert_int_equal(e8kv_codec_encode(c, b, 2 * vb, x, 2), 2 * vb);
+        for (int rot = 0; rot < 2; rot++) {
+            for (size_t i = 0; i < 2 * d; i++) y[i] = 1.0f;
+            if (rot)
+                assert_int_equal(e8kv_codec_decode_rotated(c, y, 2 * d, b, 2 * vb, 2), 2 * d);
+            else
+                assert_int_equal(e8kv_codec_decode(c, y, 2 * d, b, 2 * vb, 2), 2 * d);
+            for (size_t i = 0; i < 2 * d; i++)
+                if (y[i] != 0.0f) fail_msg("%s: zero vector decodes to %g at %zu", k_cases[f].spec, y[i], i);
+        }
+        free(x);
+        free(y);
+        free(b);
+        e8kv_codec_free(c);
+    }
+}
+
+static void test_huge_values(void **state) {
+    (void)state;
+    for (size_t f = 0; f < N_CASES; f++) {
+        e8kv_codec *const c = make(&k_cases[f]);
+        const size_t d = k_cases[f].head_dim, vb = e8kv_codec_vector_bytes(c);
+        float *const x = gaussian(2 * d, 2), *const y = malloc(2 * d * sizeof(float));
+        uint8_t *const b = malloc(2 * vb);
+        for (int sign = -1; sign <= 1; sign += 2) {
+            x[d + 3] = (float)sign * 1e30f; /* in the second vector */
+            memset(b, 0xAB, 2 * vb);
+            const size_t r = e8kv_codec_encode(c, b, 2 * vb, x, 2);
+            if (k_cases[f].huge == HUGE_RANGE) {
+                assert_error(r, RANGE);
+                /* all or nothing: the first vector's bytes are not left behind */
+                for (size_t i = 0; i < vb; i++) assert_true(b[i] == 0 || b[i] == 0xAB);
+                /* a single huge vector: nothing written at all */
+                memset(b, 0xAB, vb);
+                assert_error(e8kv_codec_encode(c, b, vb, x + d, 1), RANGE);
+                for (size_t i = 0; i < vb; i++) assert_int_equal(b[i], 0xAB);
+            } else {
+                assert_int_equal(r, 2 * vb);
+                assert_int_equal(e8kv_codec_decode(c, y, 2 * d, b, 2 * vb, 2), 2 * d);
+                assert_true(y[d + 3] == (float)sign * 1e30f);
+            }
+        }
+        free(x);
+        free(y);
+        free(b);
+        e8kv_codec_free(c);
+    }
+}
+
+static void test_head_dim(void **state) {
+    (void)state;
+    for (size_t f = 0; f < N_CASES; f++) {
+        for (size_t k = 0; k < 4; k++) {
+            const size_t d = k_cases[f].bad_dims[k];
+            if (k > 0 && d == 0) break;
+            size_t err = 0;
+            assert_null(e8kv_codec_create(k_cases[f].spec, d, 0, &err));
+            if (e8kv_get_error_code(err) != E8KV_ERROR_HEAD_DIM)
+                fail_msg("%s head_dim %zu: %s", k_cases[f].spec, d, e8kv_error_name(err));
+        }
+    }
+}
+
+static void test_rate(void **state) {
+    (void)state;
+    const char *bad_rate[] = {"lloyd:1", "lloyd:5", "lloyd:0", "lloyd:17", "lloyd:999999999999999999999", "lloyd",
+                              "e8:5",    "e8:1",    "e8:0",    "e8ball:5", "e8ball:16",                   "e8"};
+    for (size_t i = 0; i < sizeof bad_rate / sizeof bad_rate[0]; i++) {
+        size_t err = 0;
+        assert_null(e8kv_codec_create(bad_rate[i], 64, 0, &err));
+        if (e8kv_get_error_code(err) != E8KV_ERROR_RATE) fail_msg("%s: %s", bad_rate[i], e8kv_error_name(err));
+    }
+}
+
+static void test_spec(void **state) {
+    (void)state;
+    const char *bad_spec[] = {"",         "e9",      "q8_1",          "Q8_0",      "q8_0:4",  "q4_0:q=2",
+                              "lloyd:2:zz", "lloyd:x", "lloyd:2:q=1",   "f16:8",     "lloyd:-2", ":2",
+                              "f32:q=",  "averyveryverylongfamilyname:2",
+                              "lloyd:2:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q"};
+    for (size_t i = 0; i < sizeof bad_spec / sizeof bad_spec[0]; i++) {
+        size_t err = 0;
+        e8kv_codec *const c = e8kv_codec_create(bad_spec[i], 64, 0, &err);
+        if (c) fail_msg("\"%s\" accepted", bad_spec[i]);
+        if (e8kv_get_error_code(err) != E8KV_ERROR_SPEC) fail_msg("\"%s\": %s", bad_spec[i], e8kv_error_name(err));
+    }
+    /* an unknown family with a bad rate is still a spec error, and err may be NULL */
+    size_t err = 0;
+    assert_null(e8kv_codec_create("e9:99", 64, 0, &err));
+    assert_error(err, SPEC);
+    assert_null(e8kv_codec_create("e9", 64, 0, NULL));
+}
+
+static void test_buffer_sizes(void **state) {
+    (void)state;
+    for (size_t f = 0; f < N_CASES; f++) {
+        e8kv_codec *const c = make(&k_cases[f]);
+        const size_t d = k_cases[f].head_dim, vb = e8kv_codec_vector_bytes(c);
+        float *const x = gaussian(2 * d, 3), *const y = malloc(2 * d * sizeof(float));
+        uint8_t *const b = malloc(2 * vb + 1);
+        memset(b, 0xAB, 2 * vb + 1);
+        assert_error(e8kv_codec_encode(c, b, 2 * vb - 1, x, 2), DST_TOO_SMALL);
+        for (size_t i = 0; i < 2 * vb; i++) assert_int_equal(b[i], 0xAB);
+        assert_int_equal(e8kv_codec_encode(c, b, 2 * vb + 1, x, 2), 2 * vb); /* larger is fine */
+        assert_int_equal(b[2 * vb], 0xAB);
+        assert_error(e8kv_codec_decode(c, y, 2 * d - 1, b, 2 * vb, 2), DST_TOO_SMALL);
+        assert_error(e8kv_codec_decode_rotated(c, y, 2 * d - 1, b, 2 * vb, 2), DST_TOO_SMALL);
+        assert_error(e8kv_codec_decode(c, y, 2 * d, b, 2 * vb - 1, 2), SRC_SIZE);
+        assert_error(e8kv_codec_decode(c, y, 2 * d, b, 2 * vb + 1, 2), SRC_SIZE);
+        assert_error(e8kv_codec_decode_rotated(c, y, 2 * d, b, 2 * vb + 1, 2), SRC_SIZE);
+        assert_error(e8kv_codec_decode(c, y, 2 * d, b, vb, 2), SRC_SIZE);
+        assert_error(e8kv_codec_decode(c, y, 2 * d, b, 2 * vb, SIZE_MAX / 2), SRC_SIZE);
+        assert_error(e8kv_codec_encode(c, b, 2 * vb, x, SIZE_MAX / 2), DST_TOO_SMALL);
+        assert_int_equal(e8kv_codec_decode(c, y, 2 * d, b, 2 * vb, 2), 2 * d);
+        free(x);
+        free(y);
+        free(b);
+        e8kv_codec_free(c);
+    }
+}
+
+static void test_null_pointers(void **state) {
+    (void)state;
+    for (size_t f = 0; f < N_CASES; f++) {
+        e8kv_codec *const c = make(&k_cases[f]);
+        const size_t d = k_cases[f].head_dim, vb = e8kv_codec_vector_bytes(c);
+        float *const x = gaussian(d, 4);
+        uint8_t *const b = malloc(vb);
+        assert_error(e8kv_codec_encode(NULL, b, vb, x, 1), BAD_ARGUMENT);
+        assert_error(e8kv_codec_encode(c, NULL, vb, x, 1), BAD_ARGUMENT);
+        assert_error(e8kv_codec_encode(c, b, vb, NULL, 1), BAD_ARGUMENT);
+        assert_error(e8kv_codec_decode(NULL, x, d, b, vb, 1), BAD_ARGUMENT);
+        assert_error(e8kv_codec_decode(c, NULL, d, b, vb, 1), BAD_ARGUMENT);
+        assert_error(e8kv_codec_decode(c, x, d, NULL, vb, 1), BAD_ARGUMENT);
+        assert_error(e8kv_codec_decode_rotated(c, x, d, NULL, vb, 1), BAD_ARGUMENT);
+        assert_error(e8kv_codec_rotate(NULL, x, 1, 0), BAD_ARGUMENT);
+        assert_error(e8kv_codec_rotate(c, NULL, 1, 1), BAD_ARGUMENT);
+        free(x);
+        free(b);
+        e8kv_codec_free(c);
+    }
+    size_t err = 0;
+    assert_null(e8kv_codec_create(NULL, 64, 0, &err));
+    assert_error(err, BAD_ARGUMENT);
+    e8kv_codec_free(NULL); /* a no-op */
+    assert_int_equal(e8kv_codec_vector_bytes(NULL), 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_nonfinite),    cmocka_unit_test(test_zero_vectors), cmocka_unit_test(test_huge_values),
+        cmocka_unit_test(test_head_dim),     cmocka_unit_test(test_rate),         cmocka_unit_test(test_spec),
+        cmocka_unit_test(test_buffer_sizes), cmocka_unit_test(test_null_pointers),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
