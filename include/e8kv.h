@@ -191,6 +191,67 @@ double e8kv_cache_bits_per_value(const e8kv_cache *cache);
 /* The spec a preset name expands to, or NULL for an unknown name. */
 const char *e8kv_cache_preset_spec(const char *name);
 
+/* ---------------------------------------------------------------- frames (cold tier)
+ *
+ * A frame stores n_rows rows of row_bytes bytes (codec vectors, or E8 points) losslessly, entropy-coded
+ * in pages of rows_per_page rows that can be decoded one at a time; XXH64 over header, tables and page
+ * index, XXH32 per page. Layout: doc/format.md §3. Frames of another format version fail with
+ * E8KV_ERROR_VERSION; bad bytes with E8KV_ERROR_CORRUPTED / _TRUNCATED / _CHECKSUM, never a fault.
+ */
+#define E8KV_FRAME_VERSION 1
+
+typedef enum {
+    E8KV_FRAME_BYTES = 0,  /* opaque rows (fixed-rate codec vectors): per-byte-position models */
+    E8KV_FRAME_E8 = 1      /* rows of E8 points as int16 LE doubled coordinates (row_bytes % 16 == 0) */
+} e8kv_frame_content;
+
+typedef enum {
+    E8KV_FRAME_STORED = 0, /* raw */
+    E8KV_FRAME_RANS = 1,   /* rANS; E8 content uses parity-aware E8 coding */
+    E8KV_FRAME_ZSTD = 2    /* zstd, optionally after a delta along rows (the token axis) */
+} e8kv_frame_coder;
+
+typedef struct {
+    e8kv_frame_content content;
+    e8kv_frame_coder coder;
+    size_t rows_per_page;  /* 0: one page */
+    int delta;             /* ZSTD coder: delta-code each column along rows first */
+    int zstd_level;        /* 0: default (3) */
+    const void *meta;      /* opaque bytes stored with the frame (e.g. the codec spec), may be NULL */
+    size_t meta_size;      /* at most 65535 */
+} e8kv_frame_params;
+
+typedef struct {
+    unsigned version;
+    e8kv_frame_content content;
+    e8kv_frame_coder coder;
+    int delta;
+    size_t row_bytes, n_rows, rows_per_page, n_pages;
+    size_t meta_offset, meta_size; /* meta bytes are src[meta_offset .. meta_offset + meta_size) */
+    size_t header_size;            /* bytes before the first page */
+    size_t frame_size;             /* total bytes of the frame */
+} e8kv_frame_info;
+
+/* Largest frame e8kv_frame_encode can write for these sizes. */
+size_t e8kv_compress_bound(size_t row_bytes, size_t n_rows, size_t rows_per_page, size_t meta_size);
+/* Encode n_rows rows; returns the frame size. A page whose coded form is not smaller is stored raw. */
+size_t e8kv_frame_encode(void *dst, size_t dst_capacity, const void *src, size_t row_bytes, size_t n_rows,
+                         const e8kv_frame_params *params);
+/* Parse and check the header, tables and page index (not the pages). Returns the frame size. */
+size_t e8kv_frame_get_info(e8kv_frame_info *info, const void *src, size_t src_size);
+/* Decode every row (n_rows * row_bytes bytes); src_size must be the exact frame size. Returns bytes. */
+size_t e8kv_frame_decode(void *dst, size_t dst_capacity, const void *src, size_t src_size);
+/* Decode one page (random access). Returns bytes written (rows of that page * row_bytes). */
+size_t e8kv_frame_decode_page(void *dst, size_t dst_capacity, const void *src, size_t src_size, size_t page);
+
+/* Entropy-coded lattice quantization (ECLQ) of head vectors for E8 frames: the seeded Hadamard rotation,
+ * then the closest E8 point to x / step, as int16 doubled coordinates (head_dim / 8 points per vector).
+ * E8KV_ERROR_RANGE when a coordinate would not fit int16; NONFINITE for NaN/Inf. Returns values written. */
+size_t e8kv_frame_e8_quantize(int16_t *dst, size_t dst_capacity, const float *src, size_t n_vec,
+                              size_t head_dim, float step, uint64_t seed);
+size_t e8kv_frame_e8_dequantize(float *dst, size_t dst_capacity, const int16_t *src, size_t n_vec,
+                                size_t head_dim, float step, uint64_t seed);
+
 #ifdef __cplusplus
 }
 #endif
