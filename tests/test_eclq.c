@@ -211,6 +211,17 @@ static void test_errors(void **state) {
     assert_error(e8kv_eclq_entropy(&h, huge, 1, E8KV_ECLQ_Z), RANGE);
     assert_error(e8kv_eclq_measure(&p, NULL, x, 8, 1.0, E8KV_ECLQ_E8), BAD_ARGUMENT);
     for (int i = 0; i < 16; i++) x[i] = (float)i - 7.5f;
+    /* 32 blocks: the empirical rate is a step function of the step with jumps of order log2(32)/256,
+     * so 2 ± 1e-9 is unreachable; the closest point found comes back with RATE */
+    float *g = gauss(256, 17);
+    int32_t g2[256];
+    p.step = 0.0;
+    assert_error(e8kv_eclq_step_for_rate(&p, g2, g, 256, E8KV_ECLQ_E8, 1.0, 2.0, 1e-9), RATE);
+    assert_true(p.step > 0.0 && fabs(p.bits_per_value - 2.0) < 0.05);
+    e8kv_eclq_point q;
+    assert_ok(e8kv_eclq_measure(&q, g2, g, 256, p.step, E8KV_ECLQ_E8));
+    assert_float_equal(q.bits_per_value, p.bits_per_value, 1e-12);
+    free(g);
     assert_error(e8kv_eclq_step_for_rate(&p, y2, x, 16, E8KV_ECLQ_E8, 1.0, 0.0, 1e-3), RATE);
     assert_error(e8kv_eclq_step_for_rate(&p, y2, x, 16, E8KV_ECLQ_E8, 1.0, 17.0, 1e-3), RATE);
     assert_error(e8kv_eclq_step_for_rate(&p, y2, x, 16, E8KV_ECLQ_E8, 0.0, 3.0, 1e-3), BAD_ARGUMENT);

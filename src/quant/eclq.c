@@ -255,7 +255,10 @@ size_t e8kv_eclq_step_for_rate(e8kv_eclq_point *out, int32_t *scratch, const flo
         }
         l_prev = l;
         f_prev = fn;
-        if (++expand > 60) return E8KV_ERR(RATE); /* rate never crosses the target */
+        if (++expand > 60) { /* rate never crosses the target */
+            *out = best;
+            return E8KV_ERR(RATE);
+        }
     }
     for (int it = 0; it < 100; it++) {
         /* secant inside the bracket; every third step (or when the secant hugs an end) bisect */
@@ -275,6 +278,6 @@ size_t e8kv_eclq_step_for_rate(e8kv_eclq_point *out, int32_t *scratch, const flo
         else hi = m, f_hi = fm;
         if (hi - lo < 1e-12) break;
     }
-    *out = best; /* the rate jumps across the target (tiny data): best effort, reported as RATE */
+    *out = best; /* the rate jumps across the target (few samples): closest point, reported as RATE */
     return E8KV_ERR(RATE);
 }

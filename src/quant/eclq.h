@@ -64,7 +64,9 @@ size_t e8kv_eclq_measure(e8kv_eclq_point *out, int32_t *scratch, const float *x,
 
 /* Find the step whose measured rate is within `tol_bits` of `target_bits` (0 < target ≤ 16), starting
  * from the high-rate guess for `variance`, by a safeguarded secant/bisection search on log2(step).
- * scratch: n int32. Returns 0, RATE (target out of range or not reachable), or another error. */
+ * scratch: n int32. Returns 0, or RATE for a target out of range (out untouched) or not reachable within
+ * tol_bits (the empirical rate is a step function of the step: with few samples it can jump across the
+ * target; out then holds the closest point found), or another error. */
 size_t e8kv_eclq_step_for_rate(e8kv_eclq_point *out, int32_t *scratch, const float *x, size_t n,
                                e8kv_eclq_lattice lat, double variance, double target_bits, double tol_bits);
 
