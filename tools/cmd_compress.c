@@ -1,22 +1,295 @@
-/* Placeholder until this subcommand lands. */
+/* e8kv compress / decompress / info: K/V dump files (doc/format.md §1) to entropy-coded frames (§3) and
+ * back. Two modes:
+ *   --codec SPEC   encode with a fixed-rate codec, then code its bytes losslessly (rANS or zstd);
+ *                  decompress gives back exactly what the codec would decode
+ *   --step X       rotate and quantize to E8 at step X (entropy-coded lattice quantization), code the
+ *                  points with the parity-aware E8 coder (or zstd)
+ * The dump header and the mode travel in the frame's meta bytes as "key=value;" text. */
 #include "cli.h"
+#include "e8kv.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define KVD_HEADER 40
+
+typedef struct {
+    uint32_t head_dim, flags, n_layer, n_head_kv;
+    uint64_t n_vec;
+} kvd_header;
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static uint32_t rd32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint64_t rd64(const uint8_t *p) { return rd32(p) | (uint64_t)rd32(p + 4) << 32; }
+static void wr32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static void wr64(uint8_t *p, uint64_t v) { wr32(p, (uint32_t)v), wr32(p + 4, (uint32_t)(v >> 32)); }
+
+static uint8_t *read_all(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    if (fseek(f, 0, SEEK_END) != 0) return fclose(f), NULL;
+    const long n = ftell(f);
+    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) return fclose(f), NULL;
+    uint8_t *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) free(b), b = NULL;
+    fclose(f);
+    *size = (size_t)n;
+    return b;
+}
+
+static int write_all(const char *path, const void *a, size_t na, const void *b, size_t nb) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    int ok = fwrite(a, 1, na, f) == na && (nb == 0 || fwrite(b, 1, nb, f) == nb);
+    ok = (fclose(f) == 0) && ok;
+    return ok ? 0 : -1;
+}
+
+/* Parse a .kvd; returns a message on failure. */
+static const char *parse_kvd(kvd_header *h, const uint8_t *b, size_t size) {
+    if (size < KVD_HEADER || memcmp(b, "E8KVDUMP", 8) != 0) return "not a K/V dump (bad magic or short)";
+    if (rd32(b + 8) != 1) return "unsupported K/V dump version";
+    h->head_dim = rd32(b + 12);
+    h->n_vec = rd64(b + 16);
+    h->flags = rd32(b + 24);
+    h->n_layer = rd32(b + 28);
+    h->n_head_kv = rd32(b + 32);
+    if (h->head_dim == 0 || h->head_dim > E8KV_MAX_HEAD_DIM) return "bad head_dim";
+    if (h->n_vec > (size - KVD_HEADER) / 4 / h->head_dim) return "truncated K/V dump";
+    if (KVD_HEADER + h->n_vec * h->head_dim * 4 != size) return "K/V dump size does not match its header";
+    return NULL;
+}
+
+static void make_kvd_header(uint8_t *b, const kvd_header *h) {
+    memset(b, 0, KVD_HEADER);
+    memcpy(b, "E8KVDUMP", 8);
+    wr32(b + 8, 1);
+    wr32(b + 12, h->head_dim);
+    wr64(b + 16, h->n_vec);
+    wr32(b + 24, h->flags);
+    wr32(b + 28, h->n_layer);
+    wr32(b + 32, h->n_head_kv);
+}
+
+static void usage_compress(void) {
+    fprintf(stderr, "usage: e8kv compress IN.kvd OUT.e8f [--codec SPEC | --step X] [--method rans|zstd|stored]\n"
+                    "                     [--delta] [--page ROWS] [--seed S] [--level L]\n"
+                    "  default: --codec e8:4 --method rans --page 256\n");
+}
 
 int e8kv_cmd_compress(int argc, char **argv) {
-    (void)argc;
-    fprintf(stderr, "e8kv %s: not built yet\n", argv[0]);
-    return 1;
+    if (argc < 3) return usage_compress(), 2;
+    const char *in = argv[1], *out = argv[2], *spec = NULL;
+    float step = 0.0f;
+    e8kv_frame_params p = {.content = E8KV_FRAME_BYTES, .coder = E8KV_FRAME_RANS, .rows_per_page = 256};
+    uint64_t seed = 0x5eed;
+    for (int i = 3; i < argc; i++) {
+        const int more = i + 1 < argc;
+        if (!strcmp(argv[i], "--codec") && more) spec = argv[++i];
+        else if (!strcmp(argv[i], "--step") && more) step = strtof(argv[++i], NULL);
+        else if (!strcmp(argv[i], "--method") && more) {
+            const char *m = argv[++i];
+            if (!strcmp(m, "rans")) p.coder = E8KV_FRAME_RANS;
+            else if (!strcmp(m, "zstd")) p.coder = E8KV_FRAME_ZSTD;
+            else if (!strcmp(m, "stored")) p.coder = E8KV_FRAME_STORED;
+            else return usage_compress(), 2;
+        } else if (!strcmp(argv[i], "--delta")) p.delta = 1;
+        else if (!strcmp(argv[i], "--page") && more) p.rows_per_page = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--seed") && more) seed = strtoull(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--level") && more) p.zstd_level = atoi(argv[++i]);
+        else return usage_compress(), 2;
+    }
+    if (spec && step != 0.0f) return fprintf(stderr, "e8kv compress: --codec and --step exclude each other\n"), 2;
+    if (!spec && step == 0.0f) spec = "e8:4";
+    if (!spec && !(step > 0.0f)) return fprintf(stderr, "e8kv compress: --step must be > 0\n"), 2;
+
+    size_t size;
+    uint8_t *buf = read_all(in, &size);
+    if (!buf) return fprintf(stderr, "e8kv compress: cannot read %s\n", in), 1;
+    kvd_header h;
+    const char *msg = parse_kvd(&h, buf, size);
+    if (msg) return fprintf(stderr, "e8kv compress: %s: %s\n", in, msg), free(buf), 1;
+    const float *x = (const float *)(buf + KVD_HEADER); /* 40-byte offset keeps 4-byte alignment */
+    const size_t d = h.head_dim, n = (size_t)h.n_vec;
+
+    char meta[256];
+    uint8_t *rows = NULL;
+    size_t row_bytes = 0, r;
+    const double t0 = now_s();
+    if (spec) {
+        size_t err;
+        e8kv_codec *c = e8kv_codec_create(spec, d, seed, &err);
+        if (!c) return fprintf(stderr, "e8kv compress: codec %s: %s\n", spec, e8kv_error_name(err)), free(buf), 1;
+        row_bytes = e8kv_codec_vector_bytes(c);
+        rows = malloc(row_bytes * n + 1);
+        r = rows ? e8kv_codec_encode(c, rows, row_bytes * n, x, n) : (size_t)-7;
+        e8kv_codec_free(c);
+        snprintf(meta, sizeof meta, "mode=codec;spec=%s;", spec);
+    } else {
+        p.content = E8KV_FRAME_E8;
+        row_bytes = 2 * d;
+        rows = malloc(row_bytes * n + 1);
+        r = rows ? e8kv_frame_e8_quantize((int16_t *)rows, d * n, x, n, d, step, seed) : (size_t)-7;
+        snprintf(meta, sizeof meta, "mode=e8;step=%.9g;", (double)step);
+    }
+    if (e8kv_is_error(r)) return fprintf(stderr, "e8kv compress: quantize: %s\n", e8kv_error_name(r)), free(rows), free(buf), 1;
+    const double t1 = now_s();
+    char *const m = meta + strlen(meta);
+    snprintf(m, sizeof meta - (size_t)(m - meta), "seed=%llu;head_dim=%u;flags=%u;n_layer=%u;n_head_kv=%u;",
+             (unsigned long long)seed, h.head_dim, h.flags, h.n_layer, h.n_head_kv);
+    p.meta = meta;
+    p.meta_size = strlen(meta);
+    const size_t cap = e8kv_compress_bound(row_bytes, n, p.rows_per_page, p.meta_size);
+    uint8_t *frame = e8kv_is_error(cap) ? NULL : malloc(cap);
+    const size_t fs = frame ? e8kv_frame_encode(frame, cap, rows, row_bytes, n, &p) : cap;
+    const double t2 = now_s();
+    if (e8kv_is_error(fs)) return fprintf(stderr, "e8kv compress: %s\n", e8kv_error_name(fs)), free(frame), free(rows), free(buf), 1;
+    if (write_all(out, frame, fs, NULL, 0) != 0) return fprintf(stderr, "e8kv compress: cannot write %s\n", out), 1;
+    const double vals = (double)n * (double)d;
+    char what[96];
+    if (spec) snprintf(what, sizeof what, "codec %s", spec);
+    else snprintf(what, sizeof what, "e8 step %g", (double)step);
+    printf("%s: %zu vectors x %zu, %s, method %s%s\n", in, n, d, what,
+           p.coder == E8KV_FRAME_RANS ? "rans" : p.coder == E8KV_FRAME_ZSTD ? "zstd" : "stored",
+           p.delta ? "+delta" : "");
+    printf("  f32 %zu B, quantized rows %zu B (%.4f bits/value), frame %zu B (%.4f bits/value, %.3fx of rows)\n",
+           n * d * 4, row_bytes * n, 8.0 * (double)(row_bytes * n) / vals, fs, 8.0 * (double)fs / vals,
+           (double)fs / (double)(row_bytes * n > 0 ? row_bytes * n : 1));
+    printf("  quantize %.3f s, frame encode %.3f s (%.1f MB/s of rows)\n", t1 - t0, t2 - t1,
+           (double)(row_bytes * n) / (t2 - t1) / 1e6);
+    free(frame), free(rows), free(buf);
+    return 0;
+}
+
+/* value of key in "k=v;k=v;" meta text, copied into out */
+static int meta_get(char *out, size_t cap, const char *meta, size_t meta_size, const char *key) {
+    const size_t kl = strlen(key);
+    size_t i = 0;
+    while (i < meta_size) {
+        size_t j = i;
+        while (j < meta_size && meta[j] != ';') j++;
+        if (j - i > kl && !memcmp(meta + i, key, kl) && meta[i + kl] == '=') {
+            const size_t vl = j - i - kl - 1;
+            if (vl + 1 > cap) return -1;
+            memcpy(out, meta + i + kl + 1, vl);
+            out[vl] = 0;
+            return 0;
+        }
+        i = j + 1;
+    }
+    return -1;
 }
 
 int e8kv_cmd_decompress(int argc, char **argv) {
-    (void)argc;
-    fprintf(stderr, "e8kv %s: not built yet\n", argv[0]);
-    return 1;
+    if (argc != 3) return fprintf(stderr, "usage: e8kv decompress IN.e8f OUT.kvd\n"), 2;
+    size_t size;
+    uint8_t *buf = read_all(argv[1], &size);
+    if (!buf) return fprintf(stderr, "e8kv decompress: cannot read %s\n", argv[1]), 1;
+    e8kv_frame_info fi;
+    size_t r = e8kv_frame_get_info(&fi, buf, size);
+    if (e8kv_is_error(r)) return fprintf(stderr, "e8kv decompress: %s: %s\n", argv[1], e8kv_error_name(r)), free(buf), 1;
+    const char *meta = (const char *)buf + fi.meta_offset;
+    char mode[16], v[64];
+    kvd_header h;
+    uint64_t seed;
+    if (meta_get(mode, sizeof mode, meta, fi.meta_size, "mode") || meta_get(v, sizeof v, meta, fi.meta_size, "seed"))
+        return fprintf(stderr, "e8kv decompress: %s: not a K/V frame (meta)\n", argv[1]), free(buf), 1;
+    seed = strtoull(v, NULL, 10);
+    const char *keys[4] = {"head_dim", "flags", "n_layer", "n_head_kv"};
+    uint32_t *dst[4] = {&h.head_dim, &h.flags, &h.n_layer, &h.n_head_kv};
+    for (int k = 0; k < 4; k++) {
+        if (meta_get(v, sizeof v, meta, fi.meta_size, keys[k]))
+            return fprintf(stderr, "e8kv decompress: meta lacks %s\n", keys[k]), free(buf), 1;
+        *dst[k] = (uint32_t)strtoul(v, NULL, 10);
+    }
+    if (h.head_dim == 0 || h.head_dim > E8KV_MAX_HEAD_DIM)
+        return fprintf(stderr, "e8kv decompress: bad head_dim in meta\n"), free(buf), 1;
+    const size_t n = fi.n_rows, d = h.head_dim;
+    h.n_vec = n;
+    if (n > ((size_t)1 << 40) / (fi.row_bytes + 4 * d))
+        return fprintf(stderr, "e8kv decompress: frame too large\n"), free(buf), 1;
+    uint8_t *rows = malloc(fi.row_bytes * n + 1);
+    float *x = malloc(n * d * sizeof *x + 1);
+    if (!rows || !x) return fprintf(stderr, "e8kv decompress: out of memory\n"), 1;
+    const double t0 = now_s();
+    r = e8kv_frame_decode(rows, fi.row_bytes * n, buf, size);
+    const double t1 = now_s();
+    if (!e8kv_is_error(r)) {
+        if (!strcmp(mode, "codec")) {
+            size_t err;
+            if (meta_get(v, sizeof v, meta, fi.meta_size, "spec")) r = (size_t)-(ptrdiff_t)E8KV_ERROR_CORRUPTED;
+            e8kv_codec *c = e8kv_is_error(r) ? NULL : e8kv_codec_create(v, d, seed, &err);
+            if (!e8kv_is_error(r)) r = c ? e8kv_codec_decode(c, x, n * d, rows, fi.row_bytes * n, n) : err;
+            e8kv_codec_free(c);
+        } else if (!strcmp(mode, "e8") && !meta_get(v, sizeof v, meta, fi.meta_size, "step") &&
+                   fi.row_bytes == 2 * d) {
+            r = e8kv_frame_e8_dequantize(x, n * d, (const int16_t *)rows, n, d, strtof(v, NULL), seed);
+        } else {
+            r = (size_t)-(ptrdiff_t)E8KV_ERROR_CORRUPTED;
+        }
+    }
+    const double t2 = now_s();
+    int rc = 0;
+    if (e8kv_is_error(r)) {
+        fprintf(stderr, "e8kv decompress: %s: %s\n", argv[1], e8kv_error_name(r));
+        rc = 1;
+    } else {
+        uint8_t hdr[KVD_HEADER];
+        make_kvd_header(hdr, &h);
+        if (write_all(argv[2], hdr, KVD_HEADER, x, n * d * sizeof *x) != 0) {
+            fprintf(stderr, "e8kv decompress: cannot write %s\n", argv[2]);
+            rc = 1;
+        } else {
+            printf("%s: %zu vectors x %zu; frame decode %.3f s (%.1f MB/s of rows), dequantize %.3f s\n", argv[2], n,
+                   d, t1 - t0, (double)(fi.row_bytes * n) / (t1 - t0) / 1e6, t2 - t1);
+        }
+    }
+    free(rows), free(x), free(buf);
+    return rc;
 }
 
 int e8kv_cmd_info(int argc, char **argv) {
-    (void)argc;
-    fprintf(stderr, "e8kv %s: not built yet\n", argv[0]);
-    return 1;
+    if (argc != 2) return fprintf(stderr, "usage: e8kv info FILE (.kvd or .e8f)\n"), 2;
+    size_t size;
+    uint8_t *buf = read_all(argv[1], &size);
+    if (!buf) return fprintf(stderr, "e8kv info: cannot read %s\n", argv[1]), 1;
+    int rc = 0;
+    if (size >= 8 && !memcmp(buf, "E8KVDUMP", 8)) {
+        kvd_header h;
+        const char *msg = parse_kvd(&h, buf, size);
+        if (msg) {
+            fprintf(stderr, "e8kv info: %s: %s\n", argv[1], msg);
+            rc = 1;
+        } else {
+            printf("%s: K/V dump v1, %llu vectors x head_dim %u, flags %u (%s%s%s), n_layer %u, n_head_kv %u, %zu bytes\n",
+                   argv[1], (unsigned long long)h.n_vec, h.head_dim, h.flags, h.flags & 1 ? "keys " : "",
+                   h.flags & 2 ? "values " : "", h.flags & 4 ? "pre-RoPE" : "", h.n_layer, h.n_head_kv, size);
+        }
+    } else {
+        e8kv_frame_info fi;
+        const size_t r = e8kv_frame_get_info(&fi, buf, size);
+        if (e8kv_is_error(r)) {
+            fprintf(stderr, "e8kv info: %s: %s\n", argv[1], e8kv_error_name(r));
+            rc = 1;
+        } else {
+            static const char *coder[] = {"stored", "rans", "zstd"};
+            printf("%s: e8kv frame v%u, %s rows, coder %s%s, %zu rows x %zu bytes, %zu pages of %zu rows\n",
+                   argv[1], fi.version, fi.content == E8KV_FRAME_E8 ? "E8 point" : "byte", coder[fi.coder],
+                   fi.delta ? "+delta" : "", fi.n_rows, fi.row_bytes, fi.n_pages, fi.rows_per_page);
+            printf("  header %zu B (tables and page index included), frame %zu B%s, raw rows %zu B (%.3fx)\n",
+                   fi.header_size, fi.frame_size, size == fi.frame_size ? "" : " (FILE SIZE DIFFERS)",
+                   fi.n_rows * fi.row_bytes, (double)fi.frame_size / (double)(fi.n_rows * fi.row_bytes > 0 ? fi.n_rows * fi.row_bytes : 1));
+            printf("  meta: %.*s\n", (int)fi.meta_size, (const char *)buf + fi.meta_offset);
+            if (size != fi.frame_size) rc = 1;
+        }
+    }
+    free(buf);
+    return rc;
 }
