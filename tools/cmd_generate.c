@@ -199,6 +199,7 @@ int e8kv_cmd_generate(int argc, char **argv) {
     }
     const double t_gen = now_s() - t0;
     printf("\n");
+    fflush(stdout);
     fprintf(stderr, "e8kv generate: --kv %s: prompt %zu tokens at %.1f tok/s, generated %ld tokens at %.1f tok/s\n",
             kv, n_prompt, t_prompt > 0 ? (double)n_prompt / t_prompt : 0.0, n_done,
             t_gen > 0 ? (double)n_done / t_gen : 0.0);
