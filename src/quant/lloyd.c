@@ -42,7 +42,7 @@ static size_t lloyd_encode(const e8kv_codec_t *c, uint8_t *restrict dst, const f
     const lloyd_state *const st = c->state;
     const size_t d = c->head_dim;
     const int bits = c->bits;
-    if (!e8kv_all_finite(x, d)) return E8KV_ERR(RANGE); /* the rotation overflowed */
+    /* an overflowed rotation (Inf/NaN) makes ss, hence the f16 norm, non-finite: RANGE below */
     double ss = 0.0;
     for (size_t i = 0; i < d; i++) ss += (double)x[i] * (double)x[i];
     const uint16_t h = e8kv_fp32_to_fp16((float)sqrt(ss));
@@ -55,8 +55,9 @@ static size_t lloyd_encode(const e8kv_codec_t *c, uint8_t *restrict dst, const f
     int n_acc = 0;
     for (size_t i = 0; i < d; i++) {
         const double u = (double)x[i] * scale;
+        /* k = the number of thresholds <= u, by binary search over the ascending thresholds */
         int k = 0;
-        while (k < st->n_level - 1 && st->threshold[k] <= u) k++;
+        for (int step = st->n_level / 2; step > 0; step /= 2) k += st->threshold[k + step - 1] <= u ? step : 0;
         acc |= (uint64_t)k << n_acc;
         n_acc += bits;
         while (n_acc >= 8) {

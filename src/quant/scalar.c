@@ -18,6 +18,7 @@
 
 #include "../common/fp16.h"
 
+#include <float.h>
 #include <math.h>
 
 #define QK 32
@@ -37,38 +38,52 @@ static float safe_recip(const float d) {
 
 static int scale_fits(const float d) { return isfinite(e8kv_fp16_to_fp32(e8kv_fp32_to_fp16(d))); }
 
+/* roundf (half away from zero) for |v| < 2^31, without a libm call: v - trunc(v) is exact. */
+static inline int32_t round_half_away_i32(const float v) {
+    const int32_t t = (int32_t)v;
+    const float f = v - (float)t;
+    return t + (f >= 0.5f) - (f <= -0.5f);
+}
+
+/* The block scale, or NaN when the block holds a NaN or an infinity (only possible after a rotation
+ * that overflowed: the codec screened its input), which the caller answers with E8KV_ERROR_RANGE. */
 static float q8_0_scale(const float *restrict x) {
     float amax = 0.0f;
-    for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(x[j]));
-    return amax / 127.0f;
+    int finite = 1;
+    for (int j = 0; j < QK; j++) {
+        const float a = fabsf(x[j]);
+        finite &= a <= FLT_MAX;
+        amax = a > amax ? a : amax;
+    }
+    return finite ? amax / 127.0f : NAN;
 }
 
 static float q4_0_scale(const float *restrict x) {
     float amax = 0.0f, max = 0.0f;
+    int finite = 1;
     for (int j = 0; j < QK; j++) {
+        finite &= fabsf(x[j]) <= FLT_MAX;
         if (amax < fabsf(x[j])) {
             amax = fabsf(x[j]);
             max = x[j];
         }
     }
-    return max / -8.0f;
+    return finite ? max / -8.0f : NAN;
 }
 
 static size_t q8_0_encode(const e8kv_codec_t *c, uint8_t *restrict dst, const float *restrict x) {
     const size_t nb = c->head_dim / QK;
-    if (!e8kv_all_finite(x, c->head_dim)) return E8KV_ERR(RANGE);
-    for (size_t b = 0; b < nb; b++)
-        if (!scale_fits(q8_0_scale(x + b * QK))) return E8KV_ERR(RANGE);
+    float d[E8KV_MAX_HEAD_DIM / QK];
+    for (size_t b = 0; b < nb; b++) {
+        d[b] = q8_0_scale(x + b * QK);
+        if (!scale_fits(d[b])) return E8KV_ERR(RANGE);
+    }
     for (size_t b = 0; b < nb; b++) {
         const float *const xb = x + b * QK;
         uint8_t *const out = dst + b * Q8_0_BLOCK_BYTES;
-        const float d = q8_0_scale(xb);
-        const float id = safe_recip(d);
-        e8kv_store_le16(out, e8kv_fp32_to_fp16(d));
-        for (int j = 0; j < QK; j++) {
-            const int8_t q = (int8_t)roundf(xb[j] * id);
-            out[2 + j] = (uint8_t)q;
-        }
+        const float id = safe_recip(d[b]);
+        e8kv_store_le16(out, e8kv_fp32_to_fp16(d[b]));
+        for (int j = 0; j < QK; j++) out[2 + j] = (uint8_t)(int8_t)round_half_away_i32(xb[j] * id);
     }
     return 0;
 }
@@ -84,15 +99,16 @@ static void q8_0_decode(const e8kv_codec_t *c, float *restrict y, const uint8_t 
 
 static size_t q4_0_encode(const e8kv_codec_t *c, uint8_t *restrict dst, const float *restrict x) {
     const size_t nb = c->head_dim / QK;
-    if (!e8kv_all_finite(x, c->head_dim)) return E8KV_ERR(RANGE);
-    for (size_t b = 0; b < nb; b++)
-        if (!scale_fits(q4_0_scale(x + b * QK))) return E8KV_ERR(RANGE);
+    float d[E8KV_MAX_HEAD_DIM / QK];
+    for (size_t b = 0; b < nb; b++) {
+        d[b] = q4_0_scale(x + b * QK);
+        if (!scale_fits(d[b])) return E8KV_ERR(RANGE);
+    }
     for (size_t b = 0; b < nb; b++) {
         const float *const xb = x + b * QK;
         uint8_t *const out = dst + b * Q4_0_BLOCK_BYTES;
-        const float d = q4_0_scale(xb);
-        const float id = safe_recip(d);
-        e8kv_store_le16(out, e8kv_fp32_to_fp16(d));
+        const float id = safe_recip(d[b]);
+        e8kv_store_le16(out, e8kv_fp32_to_fp16(d[b]));
         for (int j = 0; j < QK / 2; j++) {
             const float t0 = xb[j] * id, t1 = xb[j + QK / 2] * id;
             const int q0 = (int)(t0 + 8.5f), q1 = (int)(t1 + 8.5f);
