@@ -359,7 +359,7 @@ static bytes tiny_gguf(const char *arch, const char *bad_tensor, uint64_t bad_ne
     kv_f32(&b, ARCH_KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
 #undef ARCH_KEY
     kv_str(&b, "tokenizer.ggml.model", "llama");
-    static const char *const toks[TINY_VOCAB] = {"<unk>", "<s>", "</s>", "\xe2\x96\x81" "a", "a", "b"};
+    static const char *const toks[TINY_VOCAB] = {"<unk>", "<s>", "</s>", "\342\226\201a", "a", "b"};
     put_str(&b, "tokenizer.ggml.tokens");
     put_u32(&b, 9);
     put_u32(&b, 8);
