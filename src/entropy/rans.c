@@ -137,6 +137,17 @@ size_t e8kv_rans_decode(uint8_t *sym, size_t n, const void *src, size_t src_size
             if (sel && g * period < n) base = tables + (size_t)sel[g] * period;                        \
         }                                                                                              \
     } while (0)
+        if (period % 4 == 0) { /* groups hold whole quads: advance the table position once per quad */
+            for (; i + 4 <= n; i += 4) {
+                const e8kv_rans_dtable *const q = base + j;
+                RANS_STEP(x0, q, sym[i]);
+                RANS_STEP(x1, q + 1, sym[i + 1]);
+                RANS_STEP(x2, q + 2, sym[i + 2]);
+                RANS_STEP(x3, q + 3, sym[i + 3]);
+                j += 3;
+                NEXT_TABLE();
+            }
+        }
         for (; i + 4 <= n; i += 4) {
             RANS_STEP(x0, base + j, sym[i]);
             NEXT_TABLE();
