@@ -11,6 +11,11 @@
 #include "quant/voronoi.h"
 #include "sha256.h"
 
+/* pinned once the format was final (see test_pinned_sha256) */
+#define E8BALL2_SHA "612e98dfb1cce2ff3cb971667ec416b5260a7f836abfcef2eca5c2edc0970403"
+#define E8BALL3_SHA "563eac1ade37839e197c7c04b70024cfa8895597ade169459a05b54d723a7026"
+#define E8BALL4_SHA "927d08cce09e99a9481474189b42ac56a9885daec38e86d313c14151c4473c32"
+
 #include <math.h>
 
 static int64_t dist2_fx(const int32_t X[8], const int8_t *c2) {
@@ -120,9 +125,9 @@ static void test_coset_digits(void **state) {
 }
 
 /* Brute force over all 65536 codewords: the block encoder returns the true nearest codeword whenever
- * the closest E8 point is in the ball, and is within 7% (squared distance) of it for overload points
- * (its radial shrink + neighbour descent is a heuristic; measured worst 1.061 on this sweep, 2 of 312
- * overload cases above 1.05; see doc/format.md). */
+ * the closest E8 point is in the ball, and is within 12% (squared distance) of it for overload points
+ * (its radial shrink + 2-step neighbour descent is a heuristic chosen for speed; measured on this
+ * sweep: worst 1.109, 4 of 312 overload cases above 1.03; see doc/format.md). */
 static void test_ball_brute_force(void **state) {
     (void)state;
     const int8_t *const t = e8kv_ball_table();
@@ -150,7 +155,7 @@ static void test_ball_brute_force(void **state) {
             n_over++;
             const double ratio = (double)got / (double)best;
             if (ratio > worst) worst = ratio;
-            assert_true(ratio <= 1.07);
+            assert_true(ratio <= 1.12);
         }
     }
     assert_true(n_over > 50); /* the sweep really exercised the overload path */
@@ -188,10 +193,10 @@ static double snr_db(const char *spec, size_t d, size_t n_vec, uint64_t seed) {
 
 /* Quality floors on Gaussian data (head_dim 64). Scalar Lloyd-Max with an exact norm reaches
  * 9.30 / 14.62 / 20.23 dB at 2 / 3 / 4 bits (1.88x / 2.21x / 2.43x D(R)); the floors sit below the
- * measured e8ball figures (10.59 / 15.03 / 21.35 dB) by a margin for the sample size. */
+ * measured e8ball figures (10.59 / 15.64 / 21.45 dB on this data) by a margin for the sample size. */
 static void test_round_trip_snr(void **state) {
     (void)state;
-    const double floor_db[5] = {0, 0, 10.45, 14.90, 21.20};
+    const double floor_db[5] = {0, 0, 10.45, 15.45, 21.25};
     for (int bits = 2; bits <= 4; bits++) {
         char spec[16];
         snprintf(spec, sizeof spec, "e8ball:%d", bits);
@@ -262,11 +267,131 @@ static void test_bytes_and_errors(void **state) {
     e8kv_codec_free(c);
 }
 
+/* The AVX2 twins against _ref: block encoders on fixed-point inputs (ties, overload, huge values),
+ * then whole vectors through both encoders and decoders (zero, tiny, huge, sparse, Gaussian). */
+static void test_twins(void **state) {
+    (void)state;
+    if (!e8kv_cpu_has_avx2()) skip();
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 99);
+    for (int it = 0; it < 200000; it++) {
+        int32_t X[8], y2[8], ca[8], cb[8];
+        const double sc = it % 4 == 0 ? 0.7 : it % 4 == 1 ? 1.3 : it % 4 == 2 ? 3.0 : 300.0;
+        for (int i = 0; i < 8; i++) {
+            if (it % 7 == 3) /* ties: multiples of a quarter lattice unit */
+                X[i] = ((int32_t)(e8kv_rng_next(&rng) % 41) - 20) * (E8KV_FX_ONE / 4);
+            else
+                X[i] = e8kv_fx_round((float)(e8kv_rng_normal(&rng) * sc * E8KV_FX_ONE));
+        }
+        e8kv_e8_nearest_fx(y2, X);
+        const uint32_t ia = e8kv_ball_encode_block_k(&e8kv_ball_kernels_ref, ca, X, y2);
+        const uint32_t ib = e8kv_ball_encode_block_k(&e8kv_ball_kernels_avx2, cb, X, y2);
+        assert_int_equal(ia, ib);
+        assert_memory_equal(ca, cb, sizeof ca);
+        if (it % 8 == 0) {
+            const unsigned L = 1 + (unsigned)(it / 8 % 2);
+            assert_int_equal(e8kv_ball_residual_overload(&e8kv_ball_kernels_ref, X, L),
+                             e8kv_ball_residual_overload(&e8kv_ball_kernels_avx2, X, L));
+        }
+    }
+    enum { D = 64, N = 6000 };
+    float *const x = malloc(sizeof(float) * D * N);
+    float *const ya = malloc(sizeof(float) * D * N);
+    float *const yb = malloc(sizeof(float) * D * N);
+    for (size_t v = 0; v < N; v++) {
+        const int kind = (int)(v % 10);
+        const double mag = kind == 1 ? 1e-6 : kind == 2 ? 1e-30 : kind == 3 ? 1e4 : kind == 4 ? 3e-3 : 1.0;
+        for (size_t i = 0; i < D; i++) {
+            float f = (float)(e8kv_rng_normal(&rng) * mag);
+            if (kind == 0) f = 0.0f;
+            if (kind == 5 && i != v % D) f = 0.0f;      /* one nonzero coordinate */
+            if (kind == 6) f = (float)((int)(i % 5) - 2); /* small integers */
+            x[v * D + i] = f;
+        }
+    }
+    for (int bits = 2; bits <= 4; bits++) {
+        char spec[16];
+        snprintf(spec, sizeof spec, "e8ball:%d", bits);
+        size_t err;
+        e8kv_codec *const c = e8kv_codec_create(spec, D, 1, &err);
+        assert_non_null(c);
+        const size_t vb = e8kv_codec_vector_bytes(c);
+        uint8_t *const ba = malloc(vb * N), *const bb = malloc(vb * N);
+        for (size_t v = 0; v < N; v++) {
+            assert_ok(e8kv_e8ball_encode_ref(c, ba + v * vb, x + v * D));
+            assert_ok(e8kv_e8ball_encode_avx2(c, bb + v * vb, x + v * D));
+            e8kv_e8ball_decode_ref(c, ya + v * D, ba + v * vb);
+            e8kv_e8ball_decode_avx2(c, yb + v * D, ba + v * vb);
+        }
+        assert_memory_equal(ba, bb, vb * N);
+        assert_memory_equal(ya, yb, sizeof(float) * D * N); /* decode outputs bit-exact too */
+        for (size_t i = 0; i < D * 10; i++) if (x[i] == 0.0f && (i / D) % 10 == 0) assert_true(ya[i] == 0.0f);
+        /* random bytes decode identically as well (a decoder is a pure function of any bytes) */
+        for (size_t i = 0; i < vb * N; i++) ba[i] = (uint8_t)e8kv_rng_next(&rng);
+        for (size_t v = 0; v < N; v++) {
+            ba[v * vb + 1] &= 0x7B; /* keep the scale finite */
+            e8kv_e8ball_decode_ref(c, ya + v * D, ba + v * vb);
+            e8kv_e8ball_decode_avx2(c, yb + v * D, ba + v * vb);
+        }
+        assert_memory_equal(ya, yb, sizeof(float) * D * N);
+        free(ba);
+        free(bb);
+        e8kv_codec_free(c);
+    }
+    free(x);
+    free(ya);
+    free(yb);
+}
+
+/* Pinned SHA-256 of the encoded bytes (codec seed 7, Gaussian data from e8kv_rng seed 2024, 256
+ * vectors of head_dim 64, through e8kv_codec_encode so the rotation is included). A change of these
+ * hashes is a FORMAT CHANGE: bump the format notes in doc/format.md, never just re-pin. */
+static void test_pinned_sha256(void **state) {
+    (void)state;
+    static const char *const pinned[5] = {NULL, NULL, E8BALL2_SHA, E8BALL3_SHA, E8BALL4_SHA};
+    enum { D = 64, N = 256 };
+    float *const x = malloc(sizeof(float) * D * N);
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 2024);
+    for (size_t i = 0; i < D * N; i++) x[i] = (float)e8kv_rng_normal(&rng);
+    for (int bits = 2; bits <= 4; bits++) {
+        char spec[16];
+        snprintf(spec, sizeof spec, "e8ball:%d", bits);
+        size_t err;
+        e8kv_codec *const c = e8kv_codec_create(spec, D, 7, &err);
+        assert_non_null(c);
+        const size_t nb = e8kv_codec_vector_bytes(c) * N;
+        uint8_t *const b = malloc(nb);
+        assert_int_equal(e8kv_codec_encode(c, b, nb, x, N), nb);
+        char hex[65];
+        sha256_hex(hex, b, nb);
+        if (strcmp(hex, pinned[bits]) != 0) fail_msg("%s: sha256 %s, pinned %s", spec, hex, pinned[bits]);
+        free(b);
+        e8kv_codec_free(c);
+    }
+    free(x);
+}
+
+/* the SHA-256 implementation itself, on the FIPS 180-4 examples */
+static void test_sha256_vectors(void **state) {
+    (void)state;
+    char hex[65];
+    sha256_hex(hex, "abc", 3);
+    assert_string_equal(hex, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    const char *const m2 = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";
+    sha256_hex(hex, m2, strlen(m2));
+    assert_string_equal(hex, "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+    sha256_hex(hex, "", 0);
+    assert_string_equal(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ball_table),       cmocka_unit_test(test_nearest_fx),
         cmocka_unit_test(test_coset_digits),     cmocka_unit_test(test_ball_brute_force),
         cmocka_unit_test(test_round_trip_snr),   cmocka_unit_test(test_bytes_and_errors),
+        cmocka_unit_test(test_twins),            cmocka_unit_test(test_sha256_vectors),
+        cmocka_unit_test(test_pinned_sha256),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

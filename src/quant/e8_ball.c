@@ -22,19 +22,24 @@
 #include <stdlib.h>
 
 /* β(B): scale / per-coordinate RMS, tuned on Gaussian data (see the test and the report). */
-static const double k_beta[5] = {0.0, 0.0, 0.95, 1.18, 1.17};
+static const double k_beta[5] = {0.0, 0.0, 0.95, 1.10, 1.17};
 
 /* ---------------------------------------------------------------- tables */
 
 #define N_CAND 117361 /* E8 points of norm ≤ 12 */
 #define HASH_BITS 17
 #define HASH_SIZE (1u << HASH_BITS)
+/* radial shrink target of the overload path, |t|² in lattice units (the ball reaches 12) */
+#define BALL_TARGET_NORM 11.0
+#define BALL_SHRINK_STEP 8
 
 static int8_t g_ball[E8KV_BALL_SIZE][8];
 static uint32_t g_hash_key[HASH_SIZE]; /* 0 = empty (a valid key has every nibble ≥ 2) */
 static uint16_t g_hash_val[HASH_SIZE];
 static int8_t g_res1[256][8];
 static int8_t g_res2[65536][8];
+static int32_t g_minvec_t[8][240]; /* the 240 minimal vectors (ball entries 1..240), transposed */
+static int32_t g_minvec_p[4][240]; /* the same, coordinate pairs (2j, 2j+1) as two int16 */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 typedef struct {
@@ -46,7 +51,16 @@ static uint32_t pack_key(const int32_t c2[8]) {
     for (int i = 0; i < 8; i++) k |= (uint32_t)(c2[i] + 8) << (4 * i);
     return k;
 }
-static uint32_t key_hash(uint32_t key) { return key * 0x9E3779B1u; }
+static uint32_t key_hash(uint32_t key) { return key * 0x9E3779B1u; } /* the codebook order (format) */
+/* hash-table slot (internal only): the murmur3 finalizer; key·golden alone clusters badly here */
+static uint32_t slot_of(uint32_t key) {
+    key ^= key >> 16;
+    key *= 0x85ebca6bu;
+    key ^= key >> 13;
+    key *= 0xc2b2ae35u;
+    key ^= key >> 16;
+    return key & (HASH_SIZE - 1);
+}
 
 static int cand_cmp(const void *a, const void *b) {
     const cand *x = a, *y = b;
@@ -86,11 +100,17 @@ static void build_tables(void) {
     for (uint32_t i = 0; i < E8KV_BALL_SIZE; i++) {
         const uint32_t key = all[i].key;
         for (int j = 0; j < 8; j++) g_ball[i][j] = (int8_t)((int)((key >> (4 * j)) & 15u) - 8);
-        uint32_t slot = key_hash(key) >> (32 - HASH_BITS);
+        uint32_t slot = slot_of(key);
         while (g_hash_key[slot]) slot = (slot + 1) & (HASH_SIZE - 1);
         g_hash_key[slot] = key;
         g_hash_val[slot] = (uint16_t)i;
     }
+    for (int k = 0; k < 240; k++)
+        for (int j = 0; j < 8; j++) g_minvec_t[j][k] = g_ball[k + 1][j];
+    for (int k = 0; k < 240; k++)
+        for (int j = 0; j < 4; j++)
+            g_minvec_p[j][k] = (int32_t)((uint32_t)(uint16_t)g_ball[k + 1][2 * j] |
+                                         ((uint32_t)(uint16_t)g_ball[k + 1][2 * j + 1] << 16));
     int32_t r2[8];
     for (uint32_t d = 0; d < 256; d++) {
         e8kv_e8_coset_rep(r2, d, 1);
@@ -123,7 +143,7 @@ int32_t e8kv_ball_index(const int32_t c2[8]) {
     }
     if (n2 > E8KV_BALL_MAX_NORM2) return -1;
     const uint32_t key = pack_key(c2);
-    uint32_t slot = key_hash(key) >> (32 - HASH_BITS);
+    uint32_t slot = slot_of(key);
     for (;;) {
         const uint32_t k = g_hash_key[slot];
         if (k == key) return g_hash_val[slot];
@@ -134,87 +154,153 @@ int32_t e8kv_ball_index(const int32_t c2[8]) {
 
 /* ---------------------------------------------------------------- block encoders */
 
+const int32_t *e8kv_ball_minvec_pairs(void) {
+    ensure_tables();
+    return &g_minvec_p[0][0];
+}
+
 /* X scaled by a/256 toward the origin (floor), the radial shrink of the overload paths */
 static void shrink(int32_t *out, const int32_t *X, int32_t a, int n) {
     for (int i = 0; i < n; i++) out[i] = (int32_t)(((int64_t)X[i] * a) >> 8);
 }
 
-static uint32_t ball_overload(int32_t c2[8], const int32_t X[8]) {
-    /* 1. radial shrink: the largest a/256 (binary search) whose closest point is a codeword */
-    int32_t best[8] = {0}, y2[8], Xs[8];
-    int32_t best_idx = 0; /* the origin is codeword 0 */
-    int32_t lo = 0, hi = 256;
-    while (hi - lo > 1) {
-        const int32_t mid = (lo + hi) / 2;
-        shrink(Xs, X, mid, 8);
-        e8kv_e8_nearest_fx(y2, Xs);
-        const int32_t idx = e8kv_ball_index(y2);
-        if (idx >= 0) {
-            lo = mid;
-            memcpy(best, y2, sizeof best);
-            best_idx = idx;
-        } else {
-            hi = mid;
-        }
+int32_t e8kv_ball_shrink(const e8kv_ball_kernels *kern, int32_t best[8], const int32_t X[8]) {
+    /* First guess: the a/256 that brings |t|² to BALL_TARGET_NORM (a correctly rounded sqrt of exact
+     * integers: deterministic); then a − 8, a − 16, ... until the closest point is a codeword; a ≤ 0
+     * gives the origin (codeword 0). */
+    int64_t n2 = 0;
+    for (int i = 0; i < 8; i++) n2 += (int64_t)X[i] * X[i];
+    int32_t a = 256;
+    if (n2 > 0) {
+        const double g = 256.0 * sqrt(BALL_TARGET_NORM * (double)E8KV_FX_ONE * (double)E8KV_FX_ONE / (double)n2);
+        if (g < 256.0) a = (int32_t)g;
     }
-    /* 2. descent: move to the neighbour c + v (v one of the 240 minimal vectors, ball entries 1..240)
-     * that is a codeword and reduces the distance most; D(c+v) − D(c) = −2H·(e·v2) + 8H², so the
-     * best move maximizes e·v2 and must exceed 4H (H = FX_HALF, e = X − H·c2). */
-    for (int iter = 0; iter < 64; iter++) {
-        int64_t e[8];
-        for (int i = 0; i < 8; i++) e[i] = (int64_t)X[i] - (int64_t)best[i] * E8KV_FX_HALF;
-        int64_t best_dot = 4 * (int64_t)E8KV_FX_HALF;
-        int32_t move_idx = -1, move[8];
-        for (int k = 1; k <= 240; k++) {
-            const int8_t *const v = g_ball[k];
-            int64_t dot = 0;
-            for (int i = 0; i < 8; i++) dot += e[i] * v[i];
-            if (dot <= best_dot) continue;
-            int32_t c[8];
-            for (int i = 0; i < 8; i++) c[i] = best[i] + v[i];
-            const int32_t idx = e8kv_ball_index(c);
-            if (idx < 0) continue;
-            best_dot = dot;
-            move_idx = idx;
-            memcpy(move, c, sizeof move);
-        }
-        if (move_idx < 0) break;
-        memcpy(best, move, sizeof best);
-        best_idx = move_idx;
+    for (; a > 0; a -= BALL_SHRINK_STEP) {
+        int32_t Xs[8];
+        shrink(Xs, X, a, 8);
+        kern->nearest(best, Xs);
+        const int32_t idx = e8kv_ball_index(best);
+        if (idx >= 0) return idx;
     }
-    memcpy(c2, best, sizeof best);
-    return (uint32_t)best_idx;
+    memset(best, 0, 8 * sizeof(int32_t));
+    return 0;
 }
 
-uint32_t e8kv_ball_encode_block_q(int32_t c2[8], const int32_t X[8], const int32_t y2[8]) {
-    const int32_t idx = e8kv_ball_index(y2);
+/* e = X − H·best scaled down by 2^k until every |e_i| < 2^15 (so the AVX2 twin can use 16-bit
+ * multiply-adds); the threshold 4H is scaled alike. Returns k. */
+int e8kv_ball_descent_setup(int32_t e[8], int32_t *cn, const int32_t best[8], const int32_t X[8]) {
+    int32_t amax = 0, n = 0;
+    for (int i = 0; i < 8; i++) {
+        e[i] = X[i] - best[i] * E8KV_FX_HALF;
+        const int32_t a = e[i] < 0 ? -e[i] : e[i];
+        if (a > amax) amax = a;
+        n += best[i] * best[i];
+    }
+    int k = 0;
+    while ((amax >> k) >= 32768) k++;
+    for (int i = 0; i < 8; i++) e[i] >>= k; /* arithmetic shift: floor */
+    *cn = n;
+    return k;
+}
+
+int e8kv_ball_descent_step_ref(int32_t best[8], const int32_t X[8]) {
+    int32_t e[8], cn;
+    const int k = e8kv_ball_descent_setup(e, &cn, best, X);
+    int32_t best_dot = (4 * E8KV_FX_HALF) >> k;
+    int found = -1;
+    for (int j = 0; j < 240; j++) {
+        int32_t dot = 0, cv = 0;
+        for (int i = 0; i < 8; i++) {
+            dot += e[i] * g_minvec_t[i][j];
+            cv += best[i] * g_minvec_t[i][j];
+        }
+        if (dot <= best_dot) continue;
+        const int32_t nn = cn + 2 * cv + 8;
+        if (nn > E8KV_BALL_MAX_NORM2) continue;
+        if (nn == E8KV_BALL_MAX_NORM2) {
+            int32_t c[8];
+            for (int i = 0; i < 8; i++) c[i] = best[i] + g_minvec_t[i][j];
+            if (e8kv_ball_index(c) < 0) continue;
+        }
+        best_dot = dot;
+        found = j;
+    }
+    if (found < 0) return 0;
+    for (int i = 0; i < 8; i++) best[i] += g_minvec_t[i][found];
+    return 1;
+}
+
+uint32_t e8kv_ball_encode_block_k(const e8kv_ball_kernels *kern, int32_t c2[8], const int32_t X[8],
+                                  const int32_t y2[8]) {
+    int32_t idx = e8kv_ball_index(y2);
     if (idx >= 0) {
         memcpy(c2, y2, 8 * sizeof(int32_t));
         return (uint32_t)idx;
     }
-    return ball_overload(c2, X);
+    idx = e8kv_ball_shrink(kern, c2, X);
+    int moved = 0;
+    for (int iter = 0; iter < E8KV_BALL_DESCENT_STEPS; iter++) {
+        if (!kern->descent_step(c2, X)) break;
+        moved = 1;
+    }
+    if (moved) idx = e8kv_ball_index(c2);
+    assert(idx >= 0);
+    return (uint32_t)idx;
 }
+
+const e8kv_ball_kernels e8kv_ball_kernels_ref = {e8kv_e8_nearest_fx, e8kv_ball_descent_step_ref};
 
 uint32_t e8kv_ball_encode_block(int32_t c2[8], const int32_t X[8]) {
     int32_t y2[8];
     e8kv_e8_nearest_fx(y2, X);
-    return e8kv_ball_encode_block_q(c2, X, y2);
+    return e8kv_ball_encode_block_k(&e8kv_ball_kernels_ref, c2, X, y2);
 }
 
-uint32_t e8kv_ball_residual_overload(const int32_t X[8], unsigned log2_m) {
+/* squared distance (fine fixed-point units) from m·X to the codeword (ball index, digits) */
+static int64_t residual_dist(const int32_t X[8], uint32_t packed, unsigned log2_m) {
+    const int8_t *const c = g_ball[packed & 0xFFFFu];
+    const int8_t *const r = e8kv_ball_residual_table(log2_m) + 8 * (packed >> 16);
+    int64_t d = 0;
+    for (int i = 0; i < 8; i++) {
+        const int64_t e = ((int64_t)X[i] << log2_m) - ((int64_t)(c[i] * (1 << log2_m)) + r[i]) * E8KV_FX_HALF;
+        d += e * e;
+    }
+    return d;
+}
+
+uint32_t e8kv_ball_residual_overload(const e8kv_ball_kernels *kern, const int32_t X[8], unsigned log2_m) {
     const int8_t *const res = e8kv_ball_residual_table(log2_m);
     const int32_t m = 1 << log2_m;
-    int32_t c2[8], Z[8], Zs[8], y2[8];
-    const uint32_t idx = e8kv_ball_encode_block(c2, X);
-    /* fine-lattice offset from the coarse centre, in fine units: m·(t − c) */
+    int32_t c2[8], Z[8], Zs[8], y2[8], Xs[8];
+    /* candidate 1: the whole block shrunk toward the origin by the largest a/256 (binary search) whose
+     * closest fine point has its coarse part in the ball (a = 0: the origin, packed 0) */
+    uint32_t cand1 = 0;
+    for (int32_t lo = 0, hi = 256; hi - lo > 1;) {
+        const int32_t mid = (lo + hi) / 2;
+        shrink(Xs, X, mid, 8);
+        for (int i = 0; i < 8; i++) Xs[i] *= m;
+        kern->nearest(y2, Xs);
+        const uint32_t d = e8kv_e8_digits(y2, log2_m);
+        const int8_t *const r = res + 8 * d;
+        for (int i = 0; i < 8; i++) c2[i] = (y2[i] - r[i]) / m;
+        const int32_t idx = e8kv_ball_index(c2);
+        if (idx >= 0) {
+            lo = mid;
+            cand1 = (uint32_t)idx | (d << 16);
+        } else {
+            hi = mid;
+        }
+    }
+    /* candidate 2: the nearest ball codeword c (overload path of e8ball:2), then the residual m·(t − c)
+     * clamped into the Voronoi cell of m·E8 the same way */
+    kern->nearest(y2, X);
+    const uint32_t idx = e8kv_ball_encode_block_k(kern, c2, X, y2);
     for (int i = 0; i < 8; i++) Z[i] = m * (X[i] - c2[i] * E8KV_FX_HALF);
-    /* clamp: the largest a/256 whose closest fine point lies in the Voronoi cell of m·E8 (a = 0 gives
-     * the origin, which always does) */
     uint32_t best = 0;
     for (int32_t lo = 0, hi = 257; hi - lo > 1;) {
         const int32_t mid = (lo + hi) / 2;
         shrink(Zs, Z, mid, 8);
-        e8kv_e8_nearest_fx(y2, Zs);
+        kern->nearest(y2, Zs);
         const uint32_t d = e8kv_e8_digits(y2, log2_m);
         const int8_t *const r = res + 8 * d;
         int inside = 1;
@@ -226,7 +312,9 @@ uint32_t e8kv_ball_residual_overload(const int32_t X[8], unsigned log2_m) {
             hi = mid;
         }
     }
-    return idx | (best << 16);
+    const uint32_t cand2 = idx | (best << 16);
+    /* the closer one; candidate 1 on equal distance */
+    return residual_dist(X, cand2, log2_m) < residual_dist(X, cand1, log2_m) ? cand2 : cand1;
 }
 
 /* ---------------------------------------------------------------- whole vectors */
@@ -271,7 +359,7 @@ size_t e8kv_e8ball_encode_ref(const e8kv_codec_t *codec, uint8_t *restrict dst, 
         const int8_t *const r = res + 8 * dg;
         for (int i = 0; i < 8; i++) c2[i] = (y2[i] - r[i]) / m; /* exact: y − r ∈ m·E8 */
         const int32_t idx = e8kv_ball_index(c2);
-        const uint32_t packed = idx >= 0 ? (uint32_t)idx | (dg << 16) : e8kv_ball_residual_overload(X, log2_m);
+        const uint32_t packed = idx >= 0 ? (uint32_t)idx | (dg << 16) : e8kv_ball_residual_overload(&e8kv_ball_kernels_ref, X, log2_m);
         e8kv_store_le16(p, (uint16_t)packed);
         if (log2_m == 1)
             p[2] = (uint8_t)(packed >> 16);

@@ -52,6 +52,63 @@ void e8kv_e8_nearest_fx_avx2(int32_t y2[8], const int32_t X[8]) {
     _mm256_storeu_si256((__m256i *)y2, e8_nearest(_mm256_loadu_si256((const __m256i *)X)));
 }
 
+/* One descent step (the semantics of e8kv_ball_descent_step_ref): e·v and c·v for 8 minimal vectors
+ * at a time with 16-bit multiply-adds on coordinate pairs, then the running maximum over the
+ * candidates in ascending order, exactly as the scalar loop visits them. */
+int e8kv_ball_descent_step_avx2(int32_t best[8], const int32_t X[8]) {
+    int32_t e[8], cn;
+    const int k = e8kv_ball_descent_setup(e, &cn, best, X);
+    const int32_t *const vp = e8kv_ball_minvec_pairs();
+    __m256i ep[4], cp[4];
+    for (int j = 0; j < 4; j++) {
+        ep[j] = _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)e[2 * j] | ((uint32_t)(uint16_t)e[2 * j + 1] << 16)));
+        cp[j] = _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)best[2 * j] | ((uint32_t)(uint16_t)best[2 * j + 1] << 16)));
+    }
+    int32_t best_dot = (4 * E8KV_FX_HALF) >> k;
+    const __m256i thr = _mm256_set1_epi32(best_dot);
+    const __m256i nmax = _mm256_set1_epi32(E8KV_BALL_MAX_NORM2 + 1);
+    const __m256i nbase = _mm256_set1_epi32(cn + 8);
+    int found = -1;
+    for (int g = 0; g < 240; g += 8) {
+        __m256i dot = _mm256_setzero_si256(), cv = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(vp + 240 * j + g));
+            dot = _mm256_add_epi32(dot, _mm256_madd_epi16(ep[j], v));
+            cv = _mm256_add_epi32(cv, _mm256_madd_epi16(cp[j], v));
+        }
+        const __m256i nn = _mm256_add_epi32(nbase, _mm256_add_epi32(cv, cv));
+        const __m256i ok = _mm256_and_si256(_mm256_cmpgt_epi32(dot, thr), _mm256_cmpgt_epi32(nmax, nn));
+        unsigned mask = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(ok));
+        if (!mask) continue;
+        int32_t dl[8], nl[8];
+        _mm256_storeu_si256((__m256i *)dl, dot);
+        _mm256_storeu_si256((__m256i *)nl, nn);
+        while (mask) {
+            const int b = __builtin_ctz(mask);
+            mask &= mask - 1;
+            if (dl[b] <= best_dot) continue;
+            if (nl[b] == E8KV_BALL_MAX_NORM2) {
+                int32_t c[8];
+                for (int i = 0; i < 8; i++) {
+                    const int32_t w = vp[240 * (i >> 1) + g + b];
+                    c[i] = best[i] + (int16_t)(i & 1 ? (uint32_t)w >> 16 : (uint32_t)w & 0xFFFFu);
+                }
+                if (e8kv_ball_index(c) < 0) continue;
+            }
+            best_dot = dl[b];
+            found = g + b;
+        }
+    }
+    if (found < 0) return 0;
+    for (int i = 0; i < 8; i++) {
+        const int32_t w = vp[240 * (i >> 1) + found];
+        best[i] += (int16_t)(i & 1 ? (uint32_t)w >> 16 : (uint32_t)w & 0xFFFFu);
+    }
+    return 1;
+}
+
+const e8kv_ball_kernels e8kv_ball_kernels_avx2 = {e8kv_e8_nearest_fx_avx2, e8kv_ball_descent_step_avx2};
+
 size_t e8kv_e8ball_encode_avx2(const e8kv_codec_t *codec, uint8_t *restrict dst, const float *restrict x) {
     const int bits = codec->bits;
     const unsigned log2_m = (unsigned)bits - 2;
@@ -76,7 +133,7 @@ size_t e8kv_e8ball_encode_avx2(const e8kv_codec_t *codec, uint8_t *restrict dst,
         _mm256_storeu_si256((__m256i *)Xa, X);
         if (log2_m == 0) {
             _mm256_storeu_si256((__m256i *)y2, e8_nearest(X));
-            e8kv_store_le16(p, (uint16_t)e8kv_ball_encode_block_q(c2, Xa, y2));
+            e8kv_store_le16(p, (uint16_t)e8kv_ball_encode_block_k(&e8kv_ball_kernels_avx2, c2, Xa, y2));
             continue;
         }
         const __m256i yv = e8_nearest(_mm256_slli_epi32(X, (int)log2_m));
@@ -86,7 +143,7 @@ size_t e8kv_e8ball_encode_avx2(const e8kv_codec_t *codec, uint8_t *restrict dst,
         /* exact: y − r ∈ m·E8 */
         _mm256_storeu_si256((__m256i *)c2, _mm256_srai_epi32(_mm256_sub_epi32(yv, r), (int)log2_m));
         const int32_t idx = e8kv_ball_index(c2);
-        const uint32_t packed = idx >= 0 ? (uint32_t)idx | (dg << 16) : e8kv_ball_residual_overload(Xa, log2_m);
+        const uint32_t packed = idx >= 0 ? (uint32_t)idx | (dg << 16) : e8kv_ball_residual_overload(&e8kv_ball_kernels_avx2, Xa, log2_m);
         e8kv_store_le16(p, (uint16_t)packed);
         if (log2_m == 1)
             p[2] = (uint8_t)(packed >> 16);

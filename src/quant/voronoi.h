@@ -79,14 +79,33 @@ int32_t e8kv_ball_index(const int32_t c2[8]);
 /* Canonical residual table of the m = 2^log2_m Voronoi stage (log2_m 1 or 2): 2^(8·log2_m) × 8 int8. */
 const int8_t *e8kv_ball_residual_table(unsigned log2_m);
 
-/* Nearest ball codeword to X / 2^FX (coarse units): returns its index, writes its doubled coordinates.
- * Exact when the closest E8 point is a codeword; otherwise radial shrink then a descent over the 240
- * minimal-vector neighbours (see doc/format.md). */
+/* The ball encoder's kernels (the _ref and _avx2 sets give bit-identical results). */
+typedef struct {
+    void (*nearest)(int32_t y2[8], const int32_t X[8]);
+    int (*descent_step)(int32_t best[8], const int32_t X[8]);
+} e8kv_ball_kernels;
+extern const e8kv_ball_kernels e8kv_ball_kernels_ref;
+extern const e8kv_ball_kernels e8kv_ball_kernels_avx2;
+
+/* Nearest ball codeword to X / 2^FX (coarse units), y2 = Q(X) already computed: returns its index and
+ * writes its doubled coordinates. Exact when y2 is a codeword. Otherwise (overload) the radial shrink
+ * e8kv_ball_shrink then up to E8KV_BALL_DESCENT_STEPS descent steps, each moving to the codeword
+ * neighbour best + v (v one of the 240 minimal vectors) with the largest e·v (e = X − H·best scaled by
+ * e8kv_ball_descent_setup; first v on equal values) when that reduces the distance. */
+#define E8KV_BALL_DESCENT_STEPS 2
+uint32_t e8kv_ball_encode_block_k(const e8kv_ball_kernels *kern, int32_t c2[8], const int32_t X[8],
+                                  const int32_t y2[8]);
+/* The same with the reference kernels (tests). */
 uint32_t e8kv_ball_encode_block(int32_t c2[8], const int32_t X[8]);
-/* Same, with the closest E8 point y2 = Q(X) already known (the AVX2 twin computes it). */
-uint32_t e8kv_ball_encode_block_q(int32_t c2[8], const int32_t X[8], const int32_t y2[8]);
+int32_t e8kv_ball_shrink(const e8kv_ball_kernels *kern, int32_t best[8], const int32_t X[8]);
+int e8kv_ball_descent_setup(int32_t e[8], int32_t *cn, const int32_t best[8], const int32_t X[8]);
+int e8kv_ball_descent_step_ref(int32_t best[8], const int32_t X[8]);
+int e8kv_ball_descent_step_avx2(int32_t best[8], const int32_t X[8]);
+/* The 240 minimal vectors of E8 (doubled; vector k = ball entry k+1) as [pair j][k] int32 words holding
+ * coordinates 2j (low 16 bits) and 2j+1 (high 16 bits). */
+const int32_t *e8kv_ball_minvec_pairs(void);
 /* Overload path of e8ball:3/4: X coarse units, returns packed (ball index | residual digits << 16). */
-uint32_t e8kv_ball_residual_overload(const int32_t X[8], unsigned log2_m);
+uint32_t e8kv_ball_residual_overload(const e8kv_ball_kernels *kern, const int32_t X[8], unsigned log2_m);
 
 /* Per-vector scale of e8ball: fp16 bits of β(B)·||x||/sqrt(d); E8KV_ERROR_RANGE when not finite in
  * fp16. */
