@@ -15,7 +15,6 @@ typedef struct {
     size_t bad_dims[4];     /* unsupported head_dims (0-terminated list after the first) */
 } family_case;
 
-/* e8nest and d4nest are added here when their quantizer (nested.c) lands. */
 static const family_case k_cases[] = {
     {"f32", 64, HUGE_OK, {0, 513, 1000, 0}},
     {"f16", 64, HUGE_RANGE, {0, 513, 0, 0}},
@@ -30,6 +29,10 @@ static const family_case k_cases[] = {
     {"e8:4", 128, HUGE_RANGE, {12, 100, 0, 0}},
     {"e8ball:2", 128, HUGE_RANGE, {36, 0, 0, 0}},
     {"e8ball:3", 96, HUGE_RANGE, {12, 20, 0, 0}},
+    {"e8nest:2", 64, HUGE_RANGE, {12, 4, 520, 0}},
+    {"e8nest:4:q=3.5", 128, HUGE_RANGE, {36, 0, 0, 0}},
+    {"d4nest:3", 64, HUGE_RANGE, {6, 2, 0, 0}},
+    {"d4nest:4", 96, HUGE_RANGE, {10, 0, 0, 0}},
 };
 #define N_CASES (sizeof k_cases / sizeof k_cases[0])
 
@@ -155,7 +158,8 @@ static void test_head_dim(void **state) {
 static void test_rate(void **state) {
     (void)state;
     const char *bad_rate[] = {"lloyd:1", "lloyd:5", "lloyd:0", "lloyd:17", "lloyd:999999999999999999999", "lloyd",
-                              "e8:5",    "e8:1",    "e8:0",    "e8ball:5", "e8ball:16",                   "e8"};
+                              "e8:5",    "e8:1",    "e8:0",    "e8ball:5", "e8ball:16",                   "e8",
+                              "e8nest:5", "e8nest:1:q=3", "d4nest:1", "d4nest:8"};
     for (size_t i = 0; i < sizeof bad_rate / sizeof bad_rate[0]; i++) {
         size_t err = 0;
         assert_null(e8kv_codec_create(bad_rate[i], 64, 0, &err));
@@ -168,7 +172,8 @@ static void test_spec(void **state) {
     const char *bad_spec[] = {"",         "e9",      "q8_1",          "Q8_0",      "q8_0:4",  "q4_0:q=2",
                               "lloyd:2:zz", "lloyd:x", "lloyd:2:q=1",   "f16:8",     "lloyd:-2", ":2",
                               "f32:q=",  "averyveryverylongfamilyname:2",
-                              "lloyd:2:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q"};
+                              "lloyd:2:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q=1:q",
+                              "e8nest:2:q=0", "e8nest:2:q=-1", "d4nest:2:q=x", "e8nest:2:r=3"};
     for (size_t i = 0; i < sizeof bad_spec / sizeof bad_spec[0]; i++) {
         size_t err = 0;
         e8kv_codec *const c = e8kv_codec_create(bad_spec[i], 64, 0, &err);
