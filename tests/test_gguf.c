@@ -3,8 +3,9 @@
  * duplicates, alignment) get their named error; the fuzz corpus replays without a crash.
  *
  * Also a helper mode for tests/py_gguf_ref.py (independent check against the gguf Python package):
- *   test_gguf --dump FILE.gguf OUT.f32 [TENSOR ...]
- * writes the dequantized floats of the named tensors (default: all, in file order) back to back. */
+ *   test_gguf --dump FILE.gguf OUT.f32 [TENSOR[@N_ROWS] ...]
+ * writes the dequantized floats of the named tensors (default: all, in file order) back to back; with
+ * @N_ROWS only the first N_ROWS rows (through e8kv_gguf_tensor_rows_to_f32). */
 #define _GNU_SOURCE /* memmem */
 #include "test_util.h"
 
@@ -695,21 +696,30 @@ static int dump(int argc, char **argv) {
     }
     FILE *out = fopen(argv[3], "wb");
     if (!out) return 1;
-    const size_t n = argc > 4 ? (size_t)(argc - 4) : e8kv_gguf_n_tensors(g);
+    const size_t n_out = argc > 4 ? (size_t)(argc - 4) : e8kv_gguf_n_tensors(g);
     int rc = 0;
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        const e8kv_gguf_tensor *t = argc > 4 ? e8kv_gguf_find_tensor(g, argv[4 + i]) : e8kv_gguf_tensor_at(g, i);
+    for (size_t i = 0; i < n_out && rc == 0; i++) {
+        char name[256] = "";
+        uint64_t n_rows = 0; /* 0: whole tensor */
+        if (argc > 4) {
+            snprintf(name, sizeof name, "%s", argv[4 + i]);
+            char *at = strchr(name, '@');
+            if (at) *at = 0, n_rows = strtoull(at + 1, NULL, 10);
+        }
+        const e8kv_gguf_tensor *t = argc > 4 ? e8kv_gguf_find_tensor(g, name) : e8kv_gguf_tensor_at(g, i);
         if (!t) {
-            fprintf(stderr, "no tensor %s\n", argv[4 + i]);
+            fprintf(stderr, "no tensor %s\n", name);
             rc = 1;
             break;
         }
-        float *y = malloc((size_t)t->n_elements * sizeof *y);
-        r = e8kv_gguf_tensor_to_f32(y, (size_t)t->n_elements, t);
+        const uint64_t n = n_rows ? n_rows * t->ne[0] : t->n_elements;
+        float *y = malloc((size_t)n * sizeof *y);
+        r = n_rows ? e8kv_gguf_tensor_rows_to_f32(y, (size_t)n, t, 0, n_rows)
+                   : e8kv_gguf_tensor_to_f32(y, (size_t)n, t);
         if (e8kv_is_error(r)) {
             fprintf(stderr, "%s: %s\n", t->name, e8kv_error_name(r));
             rc = 1;
-        } else if (fwrite(y, sizeof *y, (size_t)t->n_elements, out) != t->n_elements) {
+        } else if (fwrite(y, sizeof *y, (size_t)n, out) != n) {
             rc = 1;
         }
         free(y);
