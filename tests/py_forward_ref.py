@@ -4,7 +4,9 @@
   - stories260K (llama2.c checkpoint, parsed here with numpy) from the shared data;
   - the default GGUF model (SmolLM2-135M-Instruct Q4_1) read with the `gguf` package
     (gguf.GGUFReader + gguf.quants.dequantize), when it has been fetched.
-The engine's logits come from `e8kv generate --tokens IDS -n 0 --dump-logits FILE` (f32 cache).
+The engine's logits come from `e8kv generate --tokens IDS -n 0 --dump-logits FILE` (f32 cache). With
+wikitext-2 and the Hugging Face tokenizer.json in the shared data, `e8kv ppl --json` is also checked against
+the llama-perplexity protocol computed here from the reference logits (check_ppl).
 
 Pass: for every position, max |engine - ref| <= 1e-3 * max |ref| over the whole logit matrix, and the same
 argmax wherever the reference's top-2 margin exceeds that tolerance (a near-tie may flip legitimately).
@@ -178,6 +180,41 @@ def compare(name, got, ref):
     return ok
 
 
+def check_ppl(cli, model, w, cfg, text, tokenizer_json):
+    """`e8kv ppl --ctx 64 --chunks 2 --json` against the protocol computed here: chunks of 64 tokens from an
+    empty cache, positions 32..62 predicting tokens 33..63 (no BOS for this vocabulary), PPL = exp(mean NLL),
+    std error ppl * sqrt((E[nll^2] - E[nll]^2) / (n - 1)). Tolerance: 1e-4 relative (logits agree to ~1e-6)."""
+    import json
+    from tokenizers import Tokenizer
+
+    ctx, n_chunks = 64, 2
+    toks = Tokenizer.from_file(tokenizer_json).encode(text).ids
+    nll = []
+    for c in range(n_chunks):
+        chunk = toks[c * ctx:(c + 1) * ctx]
+        lg = forward(w, cfg, chunk)
+        lg = lg - lg.max(axis=1, keepdims=True)
+        lsm = lg - np.log(np.exp(lg).sum(axis=1, keepdims=True))
+        nll += [-lsm[j, chunk[j + 1]] for j in range(ctx // 2, ctx - 1)]
+    nll = np.array(nll)
+    ppl = float(np.exp(nll.mean()))
+    se = float(np.sqrt((np.mean(nll ** 2) - nll.mean() ** 2) / (len(nll) - 1)) * ppl)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "text.txt")
+        open(path, "w", encoding="utf-8").write(text)
+        p = subprocess.run([cli, "ppl", "-m", model, "-f", path, "--ctx", str(ctx), "--chunks", str(n_chunks),
+                            "--threads", "2", "--json"], capture_output=True, text=True)
+    if p.returncode != 0:
+        print(f"FAIL: e8kv ppl: {p.stderr}")
+        return False
+    row = json.loads(p.stdout.strip().splitlines()[0])
+    good = (row["tokens_scored"] == len(nll) and abs(row["ppl"] / ppl - 1) < 1e-4 and
+            abs(row["ppl_se"] / se - 1) < 1e-3 and row["kld"] == 0.0)
+    print(f"ppl protocol: engine {row['ppl']:.5f} +/- {row['ppl_se']:.5f} over {row['tokens_scored']} tokens, "
+          f"reference {ppl:.5f} +/- {se:.5f} over {len(nll)} -> {'ok' if good else 'FAIL'}")
+    return good
+
+
 def main():
     build = os.environ.get("E8KV_BUILD_DIR", "build")
     cli = os.environ.get("E8KV_CLI", os.path.join(build, "e8kv"))
@@ -219,6 +256,11 @@ def main():
             toks = [(i * 7919 + 17) % cfg["vocab"] for i in range(32)]
         ok &= compare("SmolLM2 GGUF", engine_logits(cli, model, toks, cfg["vocab"]), forward(w, cfg, toks))
         ran += 1
+        wiki = os.path.join(data, "wikitext-2-raw", "wiki.test.raw")
+        if os.path.exists(wiki) and os.path.exists(tj):
+            ok &= check_ppl(cli, model, w, cfg, open(wiki, encoding="utf-8").read()[:4000], tj)
+        else:
+            print("wiki.test.raw or tokenizer.json missing: ppl protocol check skipped")
     else:
         print("gguf package or default model missing: that part skipped")
     if ran == 0:
