@@ -23,10 +23,10 @@
 
 #define TOK_ERR(name) ((size_t) - (ptrdiff_t)E8KV_ERROR_##name)
 #define TOK_BAD_UTF8 0xFFFFFFFFu
-#define E8KV_TOK_RETURN_IF_ERROR(expr)                                                                 \
-    do {                                                                                               \
-        const size_t tok_r_ = (expr);                                                                  \
-        if (e8kv_is_error(tok_r_)) return tok_r_;                                                      \
+#define E8KV_TOK_RETURN_IF_ERROR(expr)                                                                       \
+    do {                                                                                                     \
+        const size_t tok_r_ = (expr);                                                                        \
+        if (e8kv_is_error(tok_r_)) return tok_r_;                                                            \
     } while (0)
 
 enum { KIND_SPM = 1, KIND_BPE = 2 };
@@ -41,9 +41,9 @@ struct e8kv_tokenizer {
     char *piece; /* decoded bytes, concatenated */
     size_t *piece_off;
     uint32_t *piece_len;
-    float *scores;   /* n_vocab */
-    uint8_t *types;  /* n_vocab */
-    int32_t *slots;  /* open-addressing hash text -> first id with that text, -1 empty */
+    float *scores;  /* n_vocab */
+    uint8_t *types; /* n_vocab */
+    int32_t *slots; /* open-addressing hash text -> first id with that text, -1 empty */
     size_t slot_mask;
     uint64_t *merge_key; /* BPE: (left << 32 | right) -> rank, result; UINT64_MAX empty */
     uint32_t *merge_rank;
@@ -60,7 +60,8 @@ struct e8kv_tokenizer {
 
 static uint64_t hash_bytes(const char *s, size_t n) {
     uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
     return h ^ (h >> 29);
 }
 
@@ -74,7 +75,8 @@ static uint64_t hash_u64(uint64_t x) { /* splitmix64 finalizer */
 
 static size_t pow2_at_least(size_t n) {
     size_t p = 16;
-    while (p < n) p <<= 1;
+    while (p < n)
+        p <<= 1;
     return p;
 }
 
@@ -109,9 +111,12 @@ static size_t utf8_next(const uint8_t *s, size_t n, uint32_t *cp) {
     }
     size_t len;
     uint32_t v, min;
-    if ((c & 0xE0) == 0xC0) len = 2, v = c & 0x1F, min = 0x80;
-    else if ((c & 0xF0) == 0xE0) len = 3, v = c & 0x0F, min = 0x800;
-    else if ((c & 0xF8) == 0xF0) len = 4, v = c & 0x07, min = 0x10000;
+    if ((c & 0xE0) == 0xC0)
+        len = 2, v = c & 0x1F, min = 0x80;
+    else if ((c & 0xF0) == 0xE0)
+        len = 3, v = c & 0x0F, min = 0x800;
+    else if ((c & 0xF8) == 0xF0)
+        len = 4, v = c & 0x07, min = 0x10000;
     else {
         *cp = TOK_BAD_UTF8;
         return 1;
@@ -167,10 +172,14 @@ static int parse_byte_token(const char *s, size_t n) { /* "<0xXX>" -> XX, else -
     for (int i = 3; i < 5; i++) {
         const char c = s[i];
         int d;
-        if (c >= '0' && c <= '9') d = c - '0';
-        else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
-        else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-        else return -1;
+        if (c >= '0' && c <= '9')
+            d = c - '0';
+        else if (c >= 'A' && c <= 'F')
+            d = c - 'A' + 10;
+        else if (c >= 'a' && c <= 'f')
+            d = c - 'a' + 10;
+        else
+            return -1;
         v = v * 16 + d;
     }
     return v;
@@ -209,18 +218,21 @@ static size_t build_specials(e8kv_tokenizer *t) {
     t->specials = malloc((n ? n : 1) * sizeof *t->specials);
     if (!t->specials) return TOK_ERR(OUT_OF_MEMORY);
     t->special_start[0] = 0;
-    for (int b = 0; b < 256; b++) t->special_start[b + 1] = t->special_start[b] + (uint32_t)count[b];
+    for (int b = 0; b < 256; b++)
+        t->special_start[b + 1] = t->special_start[b] + (uint32_t)count[b];
     uint32_t fill[256];
     memcpy(fill, t->special_start, sizeof fill);
     for (size_t i = 0; i < t->n_vocab; i++)
-        if (is_special(t, i) && t->text_len[i] > 0) t->specials[fill[(uint8_t)t->text[t->text_off[i]]]++] = (int32_t)i;
+        if (is_special(t, i) && t->text_len[i] > 0)
+            t->specials[fill[(uint8_t)t->text[t->text_off[i]]]++] = (int32_t)i;
     for (int b = 0; b < 256; b++) { /* longest first within each group (insertion sort: groups are tiny) */
         int32_t *g = t->specials + t->special_start[b];
         const size_t m = t->special_start[b + 1] - t->special_start[b];
         for (size_t i = 1; i < m; i++) {
             const int32_t v = g[i];
             size_t j = i;
-            while (j > 0 && t->text_len[g[j - 1]] < t->text_len[v]) g[j] = g[j - 1], j--;
+            while (j > 0 && t->text_len[g[j - 1]] < t->text_len[v])
+                g[j] = g[j - 1], j--;
             g[j] = v;
         }
     }
@@ -260,7 +272,8 @@ static size_t build_merges(e8kv_tokenizer *t, const e8kv_tokenizer_vocab *v) {
         if (lookup_merge(t, a, b, &rank, &id)) continue; /* a repeated pair keeps its first (lowest) rank */
         const uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
         size_t h = hash_u64(key) & t->merge_mask;
-        while (t->merge_key[h] != UINT64_MAX) h = (h + 1) & t->merge_mask;
+        while (t->merge_key[h] != UINT64_MAX)
+            h = (h + 1) & t->merge_mask;
         t->merge_key[h] = key;
         t->merge_rank[h] = (uint32_t)r;
         t->merge_id[h] = ab;
@@ -271,14 +284,20 @@ static size_t build_merges(e8kv_tokenizer *t, const e8kv_tokenizer_vocab *v) {
 
 static size_t create(e8kv_tokenizer *t, const e8kv_tokenizer_vocab *v) {
     const size_t n = v->n_vocab;
-    if (!strcmp(v->model, "gpt2")) t->kind = KIND_BPE;
-    else if (!strcmp(v->model, "llama")) t->kind = KIND_SPM;
-    else return TOK_ERR(UNSUPPORTED);
+    if (!strcmp(v->model, "gpt2"))
+        t->kind = KIND_BPE;
+    else if (!strcmp(v->model, "llama"))
+        t->kind = KIND_SPM;
+    else
+        return TOK_ERR(UNSUPPORTED);
     if (t->kind == KIND_BPE) {
         if (!v->pre) return TOK_ERR(UNSUPPORTED);
-        if (!strcmp(v->pre, "gpt2")) t->pre = PRE_GPT2;
-        else if (!strcmp(v->pre, "smollm")) t->pre = PRE_SMOLLM;
-        else return TOK_ERR(UNSUPPORTED);
+        if (!strcmp(v->pre, "gpt2") || !strcmp(v->pre, "gpt-2"))
+            t->pre = PRE_GPT2; /* llama.cpp: "gpt-2" */
+        else if (!strcmp(v->pre, "smollm"))
+            t->pre = PRE_SMOLLM;
+        else
+            return TOK_ERR(UNSUPPORTED);
         if (v->n_merges && (!v->merges || !v->merge_lens)) return TOK_ERR(BAD_ARGUMENT);
     } else if (!v->scores) {
         return TOK_ERR(BAD_ARGUMENT);
@@ -309,8 +328,8 @@ static size_t create(e8kv_tokenizer *t, const e8kv_tokenizer_vocab *v) {
     t->types = malloc(n);
     t->slot_mask = pow2_at_least(2 * n + 1) - 1;
     t->slots = malloc((t->slot_mask + 1) * sizeof *t->slots);
-    if (!t->text || !t->piece || !t->text_off || !t->piece_off || !t->text_len || !t->piece_len || !t->scores ||
-        !t->types || !t->slots)
+    if (!t->text || !t->piece || !t->text_off || !t->piece_off || !t->text_len || !t->piece_len ||
+        !t->scores || !t->types || !t->slots)
         return TOK_ERR(OUT_OF_MEMORY);
     if (t->kind == KIND_SPM) memcpy(t->scores, v->scores, n * sizeof *t->scores);
     for (size_t i = 0; i < n; i++) {
@@ -322,8 +341,10 @@ static size_t create(e8kv_tokenizer *t, const e8kv_tokenizer_vocab *v) {
     uint32_t cp_of_byte[256];
     int byte_of_cp[324];
     gpt2_byte_map(cp_of_byte);
-    for (int i = 0; i < 324; i++) byte_of_cp[i] = -1;
-    for (int b = 0; b < 256; b++) byte_of_cp[cp_of_byte[b]] = b;
+    for (int i = 0; i < 324; i++)
+        byte_of_cp[i] = -1;
+    for (int b = 0; b < 256; b++)
+        byte_of_cp[cp_of_byte[b]] = b;
     size_t to = 0, po = 0;
     for (size_t i = 0; i < n; i++) {
         const char *s = v->tokens[i];
@@ -331,8 +352,10 @@ static size_t create(e8kv_tokenizer *t, const e8kv_tokenizer_vocab *v) {
         t->text_off[i] = to;
         if (t->kind == KIND_SPM && v->spm_escaped) {
             for (size_t k = 0; k < len;) {
-                if (k + 3 <= len && !memcmp(s + k, "\xE2\x96\x81", 3)) t->text[to++] = ' ', k += 3;
-                else t->text[to++] = s[k++];
+                if (k + 3 <= len && !memcmp(s + k, "\xE2\x96\x81", 3))
+                    t->text[to++] = ' ', k += 3;
+                else
+                    t->text[to++] = s[k++];
             }
         } else if (len) {
             memcpy(t->text + to, s, len);
@@ -358,8 +381,10 @@ static size_t create(e8kv_tokenizer *t, const e8kv_tokenizer_vocab *v) {
             while (mapped && k < tl) {
                 uint32_t cp;
                 k += utf8_next((const uint8_t *)txt + k, tl - k, &cp);
-                if (cp >= 324 || byte_of_cp[cp] < 0) mapped = 0;
-                else t->piece[q++] = (char)byte_of_cp[cp];
+                if (cp >= 324 || byte_of_cp[cp] < 0)
+                    mapped = 0;
+                else
+                    t->piece[q++] = (char)byte_of_cp[cp];
             }
             if (mapped) {
                 po = q;
@@ -371,13 +396,15 @@ static size_t create(e8kv_tokenizer *t, const e8kv_tokenizer_vocab *v) {
         t->piece_len[i] = (uint32_t)(po - t->piece_off[i]);
     }
 
-    for (size_t h = 0; h <= t->slot_mask; h++) t->slots[h] = -1;
+    for (size_t h = 0; h <= t->slot_mask; h++)
+        t->slots[h] = -1;
     for (size_t i = 0; i < n; i++) {
         const char *s = t->text + t->text_off[i];
         const size_t len = t->text_len[i];
         if (lookup_text(t, s, len) >= 0) continue; /* duplicate text: the first id wins */
         size_t h = hash_bytes(s, len) & t->slot_mask;
-        while (t->slots[h] >= 0) h = (h + 1) & t->slot_mask;
+        while (t->slots[h] >= 0)
+            h = (h + 1) & t->slot_mask;
         t->slots[h] = (int32_t)i;
     }
 
@@ -507,7 +534,8 @@ static void bpe_word(const e8kv_tokenizer *t, enc *e, const uint8_t *w, size_t n
         e->next[k] = k + 1 < m ? (int32_t)k + 1 : -1;
     }
     e->n_heap = 0;
-    for (size_t k = 0; k + 1 < m; k++) bpe_try(t, e, (int32_t)k, (int32_t)k + 1);
+    for (size_t k = 0; k + 1 < m; k++)
+        bpe_try(t, e, (int32_t)k, (int32_t)k + 1);
     while (e->n_heap) {
         const cand c = heap_pop(e);
         const int32_t l = (int32_t)c.left, r = (int32_t)c.right;
@@ -524,7 +552,8 @@ static void bpe_word(const e8kv_tokenizer *t, enc *e, const uint8_t *w, size_t n
         if (e->prev[l] >= 0) bpe_try(t, e, e->prev[l], l);
         if (e->next[l] >= 0) bpe_try(t, e, l, e->next[l]);
     }
-    for (int32_t k = 0; k >= 0; k = e->next[k]) emit(e, e->sym_id[k]);
+    for (int32_t k = 0; k >= 0; k = e->next[k])
+        emit(e, e->sym_id[k]);
 }
 
 static unsigned char_flags(uint32_t cp) {
@@ -547,20 +576,26 @@ static void gpt2_split(const e8kv_tokenizer *t, enc *e, const uint8_t *s, size_t
         size_t k = 0;
         if (cp[i] == '\'' && i + 1 < b) { /* 's|'t|'re|'ve|'m|'ll|'d (case-sensitive) */
             const uint32_t c1 = cp[i + 1], c2 = i + 2 < b ? cp[i + 2] : 0;
-            if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') k = i + 2;
-            else if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) k = i + 3;
+            if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd')
+                k = i + 2;
+            else if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l'))
+                k = i + 3;
         }
         if (!k) {
             const size_t j = cp[i] == ' ' && i + 1 < b ? i + 1 : i; /* the optional leading space */
             const unsigned fj = f[j];
             if (fj & L) { /* ' ?\p{L}+' */
-                for (k = j + 1; k < b && (f[k] & L); k++) {}
+                for (k = j + 1; k < b && (f[k] & L); k++) {
+                }
             } else if (fj & N) { /* ' ?\p{N}+' */
-                for (k = j + 1; k < b && (f[k] & N); k++) {}
+                for (k = j + 1; k < b && (f[k] & N); k++) {
+                }
             } else if (!(fj & S)) { /* ' ?[^\s\p{L}\p{N}]+' */
-                for (k = j + 1; k < b && !(f[k] & (L | N | S)); k++) {}
+                for (k = j + 1; k < b && !(f[k] & (L | N | S)); k++) {
+                }
             } else { /* '\s+(?!\S)|\s+': a run of spaces leaves its last one to the next word */
-                for (k = i + 1; k < b && (f[k] & S); k++) {}
+                for (k = i + 1; k < b && (f[k] & S); k++) {
+                }
                 if (k < b && k - i >= 2) k--;
             }
         }
@@ -616,7 +651,8 @@ static void spm_fragment(const e8kv_tokenizer *t, enc *e, const uint8_t *s, size
         i += l;
     }
     e->n_heap = 0;
-    for (size_t k = 0; k + 1 < m; k++) spm_try(t, e, s, (int32_t)k, (int32_t)k + 1);
+    for (size_t k = 0; k + 1 < m; k++)
+        spm_try(t, e, s, (int32_t)k, (int32_t)k + 1);
     while (e->n_heap) {
         const cand c = heap_pop(e);
         const int32_t l = (int32_t)c.left, r = (int32_t)c.right;
@@ -634,7 +670,8 @@ static void spm_fragment(const e8kv_tokenizer *t, enc *e, const uint8_t *s, size
         if (id >= 0 && t->types[id] != E8KV_TOKEN_UNUSED) {
             emit(e, id);
         } else if (t->byte_id[s[start[k]]] >= 0 && t->types[t->byte_id[s[start[k]]]] == E8KV_TOKEN_BYTE) {
-            for (uint32_t q = 0; q < len[k]; q++) emit(e, t->byte_id[s[start[k] + q]]);
+            for (uint32_t q = 0; q < len[k]; q++)
+                emit(e, t->byte_id[s[start[k] + q]]);
         } else {
             emit(e, t->unk); /* no byte tokens: the whole unknown character is one unk */
         }
@@ -643,8 +680,10 @@ static void spm_fragment(const e8kv_tokenizer *t, enc *e, const uint8_t *s, size
 
 static void encode_fragment(const e8kv_tokenizer *t, enc *e, const uint8_t *s, size_t n) {
     if (!n) return;
-    if (t->kind == KIND_BPE) bpe_fragment(t, e, s, n);
-    else spm_fragment(t, e, s, n);
+    if (t->kind == KIND_BPE)
+        bpe_fragment(t, e, s, n);
+    else
+        spm_fragment(t, e, s, n);
 }
 
 size_t e8kv_tokenizer_encode(const e8kv_tokenizer *t, int32_t *ids, size_t capacity, const char *text,
@@ -719,9 +758,15 @@ size_t e8kv_tokenizer_piece(const e8kv_tokenizer *t, int32_t id, const char **pi
     return t->piece_len[id];
 }
 
-size_t e8kv_tokenizer_vocab_size(const e8kv_tokenizer *t) { return t ? t->n_vocab : 0; }
-int32_t e8kv_tokenizer_bos(const e8kv_tokenizer *t) { return t ? t->bos : -1; }
-int32_t e8kv_tokenizer_eos(const e8kv_tokenizer *t) { return t ? t->eos : -1; }
+size_t e8kv_tokenizer_vocab_size(const e8kv_tokenizer *t) {
+    return t ? t->n_vocab : 0;
+}
+int32_t e8kv_tokenizer_bos(const e8kv_tokenizer *t) {
+    return t ? t->bos : -1;
+}
+int32_t e8kv_tokenizer_eos(const e8kv_tokenizer *t) {
+    return t ? t->eos : -1;
+}
 
 /* ---------------------------------------------------------------- loaders */
 
@@ -772,15 +817,24 @@ size_t e8kv_tokenizer_from_llama2c_buffer(e8kv_tokenizer **out, const void *data
             tokens[i] = (const char *)p + pos + 8;
             pos += 8 + lens[i];
             /* llama2.c's export: 0 <unk>, 1 BOS, 2 EOS, then <0xXX> byte pieces, spaces already unescaped */
-            types[i] = i == 0 ? E8KV_TOKEN_UNKNOWN
-                       : i <= 2 ? E8KV_TOKEN_CONTROL
+            types[i] = i == 0                                      ? E8KV_TOKEN_UNKNOWN
+                       : i <= 2                                    ? E8KV_TOKEN_CONTROL
                        : parse_byte_token(tokens[i], lens[i]) >= 0 ? E8KV_TOKEN_BYTE
                                                                    : E8KV_TOKEN_NORMAL;
         }
         const e8kv_tokenizer_vocab v = {
-            .model = "llama", .n_vocab = count, .tokens = tokens, .token_lens = lens, .scores = scores,
-            .token_types = types, .bos = count > 1 ? 1 : -1, .eos = count > 2 ? 2 : -1, .unk = 0,
-            .add_bos = 1, .add_space_prefix = 1, .spm_escaped = 0,
+            .model = "llama",
+            .n_vocab = count,
+            .tokens = tokens,
+            .token_lens = lens,
+            .scores = scores,
+            .token_types = types,
+            .bos = count > 1 ? 1 : -1,
+            .eos = count > 2 ? 2 : -1,
+            .unk = 0,
+            .add_bos = 1,
+            .add_space_prefix = 1,
+            .spm_escaped = 0,
         };
         r = e8kv_tokenizer_create(out, &v);
     }
@@ -865,7 +919,8 @@ static size_t gguf_fill(const e8kv_gguf *g, e8kv_tokenizer_vocab *v, gguf_arrays
     a->token_lens = malloc(n * sizeof *a->token_lens);
     if (!a->tokens || !a->token_lens) return TOK_ERR(OUT_OF_MEMORY);
     for (uint64_t i = 0; i < n; i++)
-        E8KV_TOK_RETURN_IF_ERROR(e8kv_gguf_get_arr_str(g, "tokenizer.ggml.tokens", i, &a->tokens[i], &a->token_lens[i]));
+        E8KV_TOK_RETURN_IF_ERROR(
+            e8kv_gguf_get_arr_str(g, "tokenizer.ggml.tokens", i, &a->tokens[i], &a->token_lens[i]));
     v->tokens = a->tokens;
     v->token_lens = a->token_lens;
 
@@ -898,7 +953,8 @@ static size_t gguf_fill(const e8kv_gguf *g, e8kv_tokenizer_vocab *v, gguf_arrays
         a->merge_lens = malloc((m ? m : 1) * sizeof *a->merge_lens);
         if (!a->merges || !a->merge_lens) return TOK_ERR(OUT_OF_MEMORY);
         for (uint64_t i = 0; i < m; i++)
-            E8KV_TOK_RETURN_IF_ERROR(e8kv_gguf_get_arr_str(g, "tokenizer.ggml.merges", i, &a->merges[i], &a->merge_lens[i]));
+            E8KV_TOK_RETURN_IF_ERROR(
+                e8kv_gguf_get_arr_str(g, "tokenizer.ggml.merges", i, &a->merges[i], &a->merge_lens[i]));
         v->n_merges = (size_t)m;
         v->merges = a->merges;
         v->merge_lens = a->merge_lens;

@@ -12,36 +12,41 @@ typedef struct e8kv_tokenizer e8kv_tokenizer;
 
 /* Token types (GGUF tokenizer.ggml.token_type; 0 is read as normal). */
 enum {
-    E8KV_TOKEN_NORMAL = 1, E8KV_TOKEN_UNKNOWN = 2, E8KV_TOKEN_CONTROL = 3, E8KV_TOKEN_USER_DEFINED = 4,
-    E8KV_TOKEN_UNUSED = 5, E8KV_TOKEN_BYTE = 6
+    E8KV_TOKEN_NORMAL = 1,
+    E8KV_TOKEN_UNKNOWN = 2,
+    E8KV_TOKEN_CONTROL = 3,
+    E8KV_TOKEN_USER_DEFINED = 4,
+    E8KV_TOKEN_UNUSED = 5,
+    E8KV_TOKEN_BYTE = 6
 };
 
 /* A vocabulary given as arrays: what the loaders below build, and what tests build by hand. Texts are as
  * the model stores them: GPT-2 byte-mapped for "gpt2"; SentencePiece pieces for "llama", with U+2581 for a
  * space when spm_escaped is 1 (GGUF) or plain spaces when 0 (llama2.c). Everything is copied.
- *  - "gpt2": byte-level BPE with ranked merges ("left right"), after the pre-tokenizer `pre`: "gpt2" (the
- *    GPT-2 regex) or "smollm" (every \p{N} character on its own, then the GPT-2 regex, as Hugging Face's
- *    Sequence[Digits(individual_digits), ByteLevel]); other names are E8KV_ERROR_UNSUPPORTED. CONTROL and
- *    USER_DEFINED tokens are matched in the text as whole tokens (leftmost, longest first).
+ *  - "gpt2": byte-level BPE with ranked merges ("left right"), after the pre-tokenizer `pre`: "gpt2" or
+ *    "gpt-2" (the GPT-2 regex) or "smollm" (every \p{N} character on its own, then the GPT-2 regex, as
+ *    Hugging Face's Sequence[Digits(individual_digits), ByteLevel]); other names are
+ *    E8KV_ERROR_UNSUPPORTED. CONTROL and USER_DEFINED tokens are matched in the text as whole tokens
+ *    (leftmost, longest first).
  *  - "llama": SentencePiece BPE: merge the adjacent pair whose piece has the highest score (leftmost on
  *    ties) until none is in the vocabulary; characters left unknown become <0xXX> byte tokens (or unk).
  *    USER_DEFINED tokens are matched whole; a space is prepended when add_space_prefix (no whitespace
  *    normalization: runs of spaces are kept, as llama2.c and llama.cpp do). */
 typedef struct {
-    const char *model;          /* "gpt2" or "llama" */
-    const char *pre;            /* gpt2 only */
+    const char *model; /* "gpt2" or "llama" */
+    const char *pre;   /* gpt2 only */
     size_t n_vocab;
-    const char *const *tokens;  /* n_vocab texts, not NUL-terminated */
+    const char *const *tokens; /* n_vocab texts, not NUL-terminated */
     const size_t *token_lens;
     const float *scores;        /* n_vocab; required for "llama", ignored for "gpt2" */
     const int32_t *token_types; /* n_vocab E8KV_TOKEN_*; NULL = all normal */
     size_t n_merges;            /* gpt2: merges in rank order */
     const char *const *merges;
     const size_t *merge_lens;
-    int32_t bos, eos, unk;      /* -1 when the vocabulary has none */
-    int add_bos;                /* default for encode(add_bos = -1) */
-    int add_space_prefix;       /* llama */
-    int spm_escaped;            /* llama: texts use U+2581 for a space */
+    int32_t bos, eos, unk; /* -1 when the vocabulary has none */
+    int add_bos;           /* default for encode(add_bos = -1) */
+    int add_space_prefix;  /* llama */
+    int spm_escaped;       /* llama: texts use U+2581 for a space */
 } e8kv_tokenizer_vocab;
 
 /* Errors: E8KV_ERROR_BAD_ARGUMENT (missing arrays, zero vocabulary), _UNSUPPORTED (model or pre-tokenizer

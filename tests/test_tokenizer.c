@@ -30,15 +30,18 @@ static void test_llama2c_golden(void **state) {
     for (size_t c = 0; c < sizeof k_tok512_golden / sizeof k_tok512_golden[0]; c++) {
         const tok_golden *g = &k_tok512_golden[c];
         int32_t ids[128];
-        const size_t n = e8kv_tokenizer_encode(t, ids, 128, g->text, strlen(g->text), -1); /* BOS by default */
+        const size_t n =
+            e8kv_tokenizer_encode(t, ids, 128, g->text, strlen(g->text), -1); /* BOS by default */
         assert_ok(n);
         if (n != (size_t)g->n_ids) fail_msg("'%s': %zu tokens, expected %d", g->text, n, g->n_ids);
         for (int i = 0; i < g->n_ids; i++)
-            if (ids[i] != g->ids[i]) fail_msg("'%s': token %d is %d, expected %d", g->text, i, ids[i], g->ids[i]);
+            if (ids[i] != g->ids[i])
+                fail_msg("'%s': token %d is %d, expected %d", g->text, i, ids[i], g->ids[i]);
         /* without BOS: the same ids minus the first */
         const size_t m = e8kv_tokenizer_encode(t, ids, 128, g->text, strlen(g->text), 0);
         assert_int_equal(m, n - 1);
-        for (size_t i = 0; i < m; i++) assert_int_equal(ids[i], g->ids[i + 1]);
+        for (size_t i = 0; i < m; i++)
+            assert_int_equal(ids[i], g->ids[i + 1]);
         /* pieces concatenate back to the text with the dummy-prefix space */
         char buf[512];
         size_t len = 0;
@@ -68,7 +71,8 @@ static void test_llama2c_edges(void **state) {
     assert_int_equal(e8kv_tokenizer_encode(t, ids, 16, NULL, 0, 0), 0);
     assert_int_equal(e8kv_tokenizer_encode(t, NULL, 0, NULL, 0, 0), 0);
     /* capacity too small: the full count comes back, nothing is written past capacity */
-    for (int i = 0; i < 16; i++) ids[i] = -7;
+    for (int i = 0; i < 16; i++)
+        ids[i] = -7;
     const char *text = "Once upon a time";
     assert_int_equal(e8kv_tokenizer_encode(t, ids, 2, text, strlen(text), 1), 5);
     assert_int_equal(ids[0], 1);
@@ -249,22 +253,34 @@ static e8kv_tokenizer_vocab mini_bpe(mini_vocab *m, const char *pre) {
         char c[2];
         add_token(m, c, gpt2_char(c, b), E8KV_TOKEN_NORMAL);
     }
-    add_token(m, "<|x|>", 5, E8KV_TOKEN_CONTROL);        /* 256 */
-    add_token(m, "<|x|>y", 6, E8KV_TOKEN_USER_DEFINED);  /* 257: longer, same start */
-    add_token(m, "ab", 2, E8KV_TOKEN_NORMAL);            /* 258 */
-    add_token(m, "bc", 2, E8KV_TOKEN_NORMAL);            /* 259 */
-    add_token(m, "abc", 3, E8KV_TOKEN_NORMAL);           /* 260 */
-    add_token(m, "\xc4\xa0" "a", 3, E8KV_TOKEN_NORMAL);  /* 261: " a" */
-    add_token(m, "aa", 2, E8KV_TOKEN_NORMAL);            /* 262 */
-    add_merge(m, "b c");   /* rank 0 */
-    add_merge(m, "a b");   /* rank 1 */
-    add_merge(m, "a bc");  /* rank 2 */
+    add_token(m, "<|x|>", 5, E8KV_TOKEN_CONTROL);       /* 256 */
+    add_token(m, "<|x|>y", 6, E8KV_TOKEN_USER_DEFINED); /* 257: longer, same start */
+    add_token(m, "ab", 2, E8KV_TOKEN_NORMAL);           /* 258 */
+    add_token(m, "bc", 2, E8KV_TOKEN_NORMAL);           /* 259 */
+    add_token(m, "abc", 3, E8KV_TOKEN_NORMAL);          /* 260 */
+    add_token(m,
+              "\xc4\xa0"
+              "a",
+              3, E8KV_TOKEN_NORMAL);          /* 261: " a" */
+    add_token(m, "aa", 2, E8KV_TOKEN_NORMAL); /* 262 */
+    add_merge(m, "b c");                      /* rank 0 */
+    add_merge(m, "a b");                      /* rank 1 */
+    add_merge(m, "a bc");                     /* rank 2 */
     add_merge(m, "\xc4\xa0 a");
     add_merge(m, "a a");
     e8kv_tokenizer_vocab v = {
-        .model = "gpt2", .pre = pre, .n_vocab = m->n, .tokens = m->tokens, .token_lens = m->lens,
-        .token_types = m->types, .n_merges = m->n_merges, .merges = m->merges, .merge_lens = m->merge_lens,
-        .bos = 256, .eos = 256, .unk = -1,
+        .model = "gpt2",
+        .pre = pre,
+        .n_vocab = m->n,
+        .tokens = m->tokens,
+        .token_lens = m->lens,
+        .token_types = m->types,
+        .n_merges = m->n_merges,
+        .merges = m->merges,
+        .merge_lens = m->merge_lens,
+        .bos = 256,
+        .eos = 256,
+        .unk = -1,
     };
     return v;
 }
@@ -309,7 +325,8 @@ static void test_bpe_rules(void **state) {
     assert_memory_equal(p, "<|x|>", 5);
     /* every byte value round-trips, invalid UTF-8 included */
     char all[256];
-    for (int b = 0; b < 256; b++) all[b] = (char)(b ? b : 1);
+    for (int b = 0; b < 256; b++)
+        all[b] = (char)(b ? b : 1);
     int32_t many[512];
     const size_t n = e8kv_tokenizer_encode(t, many, 512, all, 256, 0);
     assert_true(n <= 256);
@@ -344,6 +361,10 @@ static void test_create_errors(void **state) {
     assert_null(t);
     v = mini_bpe(&m, NULL);
     assert_error(e8kv_tokenizer_create(&t, &v), UNSUPPORTED);
+    v = mini_bpe(&m, "gpt-2"); /* llama.cpp's name for the plain GPT-2 regex */
+    assert_ok(e8kv_tokenizer_create(&t, &v));
+    e8kv_tokenizer_free(t);
+    t = NULL;
     v = mini_bpe(&m, "gpt2");
     v.model = "bert";
     assert_error(e8kv_tokenizer_create(&t, &v), UNSUPPORTED);
@@ -369,15 +390,25 @@ static void test_create_errors(void **state) {
 /* SentencePiece vocabulary as GGUF stores it: U+2581 for spaces, typed byte tokens, user-defined tokens. */
 static void test_spm_escaped(void **state) {
     (void)state;
-    const char *tokens[] = {"<unk>", "<s>", "</s>", "<0x0A>", "\xe2\x96\x81", "h", "i", "\xe2\x96\x81h",
-                            "\xe2\x96\x81hi", "<tool>"};
+    const char *tokens[] = {"<unk>", "<s>", "</s>",          "<0x0A>",         "\xe2\x96\x81",
+                            "h",     "i",   "\xe2\x96\x81h", "\xe2\x96\x81hi", "<tool>"};
     const int32_t types[] = {2, 3, 3, 6, 1, 1, 1, 1, 1, 4};
     const float scores[] = {0, 0, 0, 0, -5, -5, -5, -2, -1, 0};
     size_t lens[10];
-    for (int i = 0; i < 10; i++) lens[i] = strlen(tokens[i]);
+    for (int i = 0; i < 10; i++)
+        lens[i] = strlen(tokens[i]);
     const e8kv_tokenizer_vocab v = {
-        .model = "llama", .n_vocab = 10, .tokens = tokens, .token_lens = lens, .scores = scores,
-        .token_types = types, .bos = 1, .eos = 2, .unk = 0, .add_bos = 1, .add_space_prefix = 1,
+        .model = "llama",
+        .n_vocab = 10,
+        .tokens = tokens,
+        .token_lens = lens,
+        .scores = scores,
+        .token_types = types,
+        .bos = 1,
+        .eos = 2,
+        .unk = 0,
+        .add_bos = 1,
+        .add_space_prefix = 1,
         .spm_escaped = 1,
     };
     e8kv_tokenizer *t = NULL;

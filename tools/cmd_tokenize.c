@@ -19,7 +19,8 @@ static void usage(FILE *f) {
             "usage: e8kv tokenize [-m MODEL.gguf | --llama2c-tokenizer TOK.bin [--vocab-size N]]\n"
             "                     (-f FILE | -p TEXT) [options]\n\n"
             "  -m MODEL.gguf          tokenizer of a GGUF model (only its metadata is read); default\n"
-            "                         $E8KV_MODEL, else $E8KV_CACHE_DIR or ~/.cache/e8kv/" DEFAULT_MODEL_NAME "\n"
+            "                         $E8KV_MODEL, else $E8KV_CACHE_DIR or ~/.cache/e8kv/" DEFAULT_MODEL_NAME
+            "\n"
             "  --llama2c-tokenizer F  llama2.c tokenizer.bin (SentencePiece BPE with scores)\n"
             "  --vocab-size N         tokens in that file (must match it; default: all it holds)\n"
             "  -f FILE                text to tokenize (UTF-8; '-' reads stdin)\n"
@@ -79,11 +80,16 @@ static void print_piece(const e8kv_tokenizer *t, int32_t id) {
     }
     for (size_t i = 0; i < n; i++) {
         const unsigned char c = (unsigned char)p[i];
-        if (c == '\\') printf("\\\\");
-        else if (c == '\n') printf("\\n");
-        else if (c == '\t') printf("\\t");
-        else if (c < 32 || c == 127) printf("\\x%02x", c);
-        else putchar(c);
+        if (c == '\\')
+            printf("\\\\");
+        else if (c == '\n')
+            printf("\\n");
+        else if (c == '\t')
+            printf("\\t");
+        else if (c < 32 || c == 127)
+            printf("\\x%02x", c);
+        else
+            putchar(c);
     }
     putchar('\n');
 }
@@ -142,7 +148,9 @@ int e8kv_cmd_tokenize(int argc, char **argv) {
         }
     }
     if ((!file) == (!prompt) || (model && l2c)) {
-        fprintf(stderr, "e8kv tokenize: give exactly one of -f / -p, and at most one of -m / --llama2c-tokenizer\n\n");
+        fprintf(
+            stderr,
+            "e8kv tokenize: give exactly one of -f / -p, and at most one of -m / --llama2c-tokenizer\n\n");
         usage(stderr);
         return 2;
     }
@@ -226,9 +234,12 @@ int e8kv_cmd_tokenize(int argc, char **argv) {
             break;
         }
         for (size_t i = 0; i < r; i++) {
-            if (pieces) print_piece(tok, ids[i]);
-            else if (nul_split) printf(i ? " %d" : "%d", (int)ids[i]);
-            else printf("%d\n", (int)ids[i]);
+            if (pieces)
+                print_piece(tok, ids[i]);
+            else if (nul_split)
+                printf(i ? " %d" : "%d", (int)ids[i]);
+            else
+                printf("%d\n", (int)ids[i]);
         }
         if (nul_split && !pieces) putchar('\n');
         total += r;
@@ -241,10 +252,11 @@ int e8kv_cmd_tokenize(int argc, char **argv) {
         status = 1;
     }
     if (!status)
-        fprintf(stderr, "e8kv tokenize: %zu tokens from %zu bytes (%zu text%s) in %.3f s = %.0f tokens/s "
+        fprintf(stderr,
+                "e8kv tokenize: %zu tokens from %zu bytes (%zu text%s) in %.3f s = %.0f tokens/s "
                 "(tokenizer load %.3f s)\n",
-                total, n_text, n_texts, n_texts == 1 ? "" : "s", enc_s, enc_s > 0 ? (double)total / enc_s : 0.0,
-                load_s);
+                total, n_text, n_texts, n_texts == 1 ? "" : "s", enc_s,
+                enc_s > 0 ? (double)total / enc_s : 0.0, load_s);
     free(ids);
     free(text);
     e8kv_tokenizer_free(tok);
