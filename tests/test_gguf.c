@@ -295,6 +295,7 @@ static void test_valid_roundtrip(void **state) {
     assert_ok(open_buf(&g, &b));
     check_valid(g, 32);
     e8kv_gguf_close(g);
+    free(b.p);
 
     /* a 64-byte alignment moves the data, and the reader follows it */
     opts o = default_opts;
