@@ -329,6 +329,7 @@ struct e8kv_context {
     e8kv_cache *cache;
     size_t n_ctx, n_batch, pos;
     int n_threads;
+    int keys_pre_rope; /* the cache spec says rope=pre: append keys before RoPE */
     e8kv_kv_hook kv_hook;
     void *kv_hook_user;
     float *rope_cos, *rope_sin; /* (n_ctx, head_dim / 2) */
@@ -364,6 +365,28 @@ static float *falloc(size_t n) {
     return posix_memalign(&p, 64, n * sizeof(float) + 64) ? NULL : p;
 }
 
+/* The cache spec's last rope= item, presets expanded: 1 = "pre" (the cache stores keys before RoPE and
+ * rotates them itself at attention time, so the engine hands it un-rotated keys), 0 = "post", -1 = none. */
+static int spec_rope_pre(const char *spec) {
+    int pre = -1;
+    for (const char *s = spec; *s;) {
+        const char *end = strchr(s, ',');
+        const size_t len = end ? (size_t)(end - s) : strlen(s);
+        char item[128];
+        if (len < sizeof item) {
+            memcpy(item, s, len);
+            item[len] = 0;
+            const char *preset = e8kv_cache_preset_spec(item);
+            const int in_preset = preset ? spec_rope_pre(preset) : -1;
+            if (in_preset >= 0) pre = in_preset;
+            if (!strcmp(item, "rope=pre")) pre = 1;
+            if (!strcmp(item, "rope=post")) pre = 0;
+        }
+        s += len + (end ? 1 : 0);
+    }
+    return pre;
+}
+
 e8kv_context *e8kv_context_create(const e8kv_model *m, const e8kv_context_params *p, size_t *err) {
     size_t dummy;
     if (!err) err = &dummy;
@@ -389,12 +412,16 @@ e8kv_context *e8kv_context_create(const e8kv_model *m, const e8kv_context_params
     if (c->n_threads < 1) c->n_threads = 1;
     c->kv_hook = p->kv_hook;
     c->kv_hook_user = p->kv_hook_user;
+    const char *spec = p->kv_spec ? p->kv_spec : "f32";
     const e8kv_cache_params cp = {.n_layer = cfg->n_layer,
                                   .n_head_kv = cfg->n_head_kv,
                                   .head_dim = cfg->head_dim,
                                   .n_ctx = p->n_ctx,
-                                  .spec = p->kv_spec ? p->kv_spec : "f32",
-                                  .seed = p->seed};
+                                  .spec = spec,
+                                  .seed = p->seed,
+                                  .rope_theta = cfg->rope_theta,
+                                  .rope_neox = cfg->rope_layout == E8KV_ROPE_SPLIT_HALF};
+    c->keys_pre_rope = spec_rope_pre(spec) == 1;
     c->cache = e8kv_cache_create(&cp, err);
     if (!c->cache) {
         if (!e8kv_is_error(*err)) *err = ERR(GENERIC);
@@ -586,7 +613,7 @@ static size_t forward_batch(e8kv_context *c, float *logits, const int32_t *token
         add_bias(c->k, w->bk, n, kv_dim);
         add_bias(c->v, w->bv, n, kv_dim);
         rope(c, c->q, n, cfg->n_head, pos0);
-        rope(c, c->k, n, cfg->n_head_kv, pos0);
+        if (!c->keys_pre_rope) rope(c, c->k, n, cfg->n_head_kv, pos0);
         if (c->kv_hook) c->kv_hook(c->kv_hook_user, l, c->k, c->v, n, pos0);
         /* K/V go through the codec before any attention reads them, this batch's own tokens included */
         const size_t na = e8kv_cache_append(c->cache, l, c->k, c->v, n);

@@ -77,7 +77,8 @@ size_t e8kv_model_default_path(char *dst, size_t capacity);
 /* ---------------------------------------------------------------- inference context */
 typedef struct e8kv_context e8kv_context;
 
-/* Called after each layer's K and V of a batch are computed (K after RoPE), before they are appended:
+/* Called after each layer's K and V of a batch are computed (K after RoPE, or before it when the cache
+ * spec says rope=pre), before they are appended:
  * k, v are (n_tok, n_head_kv * head_dim) of positions pos0 .. pos0 + n_tok - 1. Used by --dump-kv. */
 typedef void (*e8kv_kv_hook)(void *user, size_t layer, const float *k, const float *v, size_t n_tok,
                              size_t pos0);

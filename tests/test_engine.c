@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static const char *stories_path(void) {
@@ -136,6 +137,18 @@ static void test_stories_batch_equals_decode(void **state) {
     assert_int_equal(e8kv_context_eval(c, got, (N - 20) * nv, toks, N, 20), N);
     d = max_abs_diff(ref + 20 * nv, got, (N - 20) * nv, NULL);
     if (d > 1e-4 * mx) fail_msg("sub-batches vs batch: max diff %g", d);
+    e8kv_context_free(c);
+    /* keys handed to the cache before RoPE (rope=pre): the cache rotates them, same logits */
+    const e8kv_context_params pre = {.n_ctx = 64, .kv_spec = "f32,rope=pre", .n_threads = 1};
+    size_t perr = 0;
+    c = e8kv_context_create(m, &pre, &perr);
+    if (!c) fail_msg("rope=pre: %s", e8kv_error_name(perr));
+    assert_int_equal(e8kv_context_eval(c, got, N * nv, toks, N, 0), N);
+    d = max_abs_diff(ref, got, N * nv, NULL);
+    if (d > 1e-4 * mx) fail_msg("rope=pre vs post: max diff %g", d);
+    e8kv_context_free(c);
+    c = make_ctx(m, 64, 7, 2);
+    assert_int_equal(e8kv_context_eval(c, got, (N - 20) * nv, toks, N, 20), N);
     /* the context is full at 64: 17 more tokens do not fit, and nothing changes */
     assert_error(e8kv_context_eval(c, got, nv, toks, 17, 16), CONTEXT_FULL);
     assert_int_equal(e8kv_context_pos(c), N);
@@ -490,11 +503,77 @@ static void test_sampler(void **state) {
     e8kv_sampler_free(&s);
 }
 
+/* ---------------------------------------------------------------- the CLI's answers to bad input */
+
+/* Runs `e8kv ARGS` (stderr folded into the captured text); returns the exit status. */
+static int run_cli(const char *args, char *out, size_t cap) {
+    const char *build = getenv("E8KV_BUILD_DIR");
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s/e8kv %s 2>&1", build ? build : ".", args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    const size_t n = fread(out, 1, cap - 1, p);
+    out[n] = 0;
+    const int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_cli_bad_input(void **state) {
+    (void)state;
+    const char *model = stories_path();
+    const char *build = getenv("E8KV_BUILD_DIR");
+    char cli[4096];
+    snprintf(cli, sizeof cli, "%s/e8kv", build ? build : ".");
+    if (!model || access(cli, X_OK) != 0) {
+        print_message("stories260K or the e8kv CLI missing: skipped\n");
+        skip();
+    }
+    char model_copy[4096], args[8192], out[8192];
+    snprintf(model_copy, sizeof model_copy, "%s", model);
+    const char *empty = tmp_file("empty.txt"), *shorty = tmp_file("short.txt"), *text = tmp_file("text.txt");
+    write_bytes(empty, "", 0);
+    write_bytes(shorty, "Once upon a time", 16);
+    char story[4000];
+    size_t len = 0;
+    while (len + 80 < sizeof story) len += (size_t)snprintf(story + len, sizeof story - len,
+                                                            "Lily and Ben went to the park to play with a red ball. ");
+    write_bytes(text, story, len);
+    /* empty text, text shorter than one chunk, --ctx above the model's 512: named errors, exit 1 */
+    snprintf(args, sizeof args, "ppl -m %s -f %s", model_copy, empty);
+    assert_int_equal(run_cli(args, out, sizeof out), 1);
+    assert_non_null(strstr(out, e8kv_error_code_name(E8KV_ERROR_SRC_SIZE)));
+    snprintf(args, sizeof args, "ppl -m %s -f %s --ctx 64", model_copy, shorty);
+    assert_int_equal(run_cli(args, out, sizeof out), 1);
+    assert_non_null(strstr(out, e8kv_error_code_name(E8KV_ERROR_SRC_SIZE)));
+    snprintf(args, sizeof args, "ppl -m %s -f %s --ctx 1024", model_copy, text);
+    assert_int_equal(run_cli(args, out, sizeof out), 1);
+    assert_non_null(strstr(out, e8kv_error_code_name(E8KV_ERROR_CONTEXT_FULL)));
+    /* a truncated GGUF */
+    const char *gg = tmp_file("trunc.gguf");
+    bytes b = tiny_gguf("llama", NULL, 0, 0xffffffffu);
+    write_bytes(gg, b.p, b.n - 64);
+    free(b.p);
+    snprintf(args, sizeof args, "ppl -m %s -f %s", gg, text);
+    assert_int_equal(run_cli(args, out, sizeof out), 1);
+    assert_non_null(strstr(out, e8kv_error_code_name(E8KV_ERROR_TRUNCATED)));
+    /* a good run: one row per format, an unknown one reported as unavailable */
+    snprintf(args, sizeof args, "ppl -m %s -f %s --ctx 64 --chunks 2 --threads 1 --kv f32,bogus --json", model_copy,
+             text);
+    assert_int_equal(run_cli(args, out, sizeof out), 0);
+    assert_non_null(strstr(out, "\"spec\":\"f32\",\"available\":true"));
+    assert_non_null(strstr(out, "\"spec\":\"bogus\",\"available\":false"));
+    remove(empty);
+    remove(shorty);
+    remove(text);
+    remove(gg);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories_greedy),  cmocka_unit_test(test_stories_batch_equals_decode),
         cmocka_unit_test(test_stories_ppl),     cmocka_unit_test(test_llama2c_malformed),
         cmocka_unit_test(test_gguf_malformed),  cmocka_unit_test(test_sampler),
+        cmocka_unit_test(test_cli_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
