@@ -69,7 +69,9 @@ size_t e8kv_tokenizer_from_llama2c_buffer(e8kv_tokenizer **out, const void *data
                                           size_t vocab_size);
 void e8kv_tokenizer_free(e8kv_tokenizer *t);
 
-/* Encode UTF-8 text (n_bytes) into token ids. add_bos: prepend BOS when the model wants it (-1 = use
+/* Encode UTF-8 text (n_bytes) into token ids. Invalid UTF-8 is accepted (each bad byte is a character of
+ * its own). The tokenizer is not modified: calls from several threads at once are fine (scratch is
+ * allocated per call, about 21 bytes per input byte; E8KV_ERROR_OUT_OF_MEMORY when that fails). add_bos: prepend BOS when the model wants it (-1 = use
  * the vocabulary's own add_bos setting). Returns the token count (may exceed capacity: then nothing
  * past capacity is written and the caller retries with a larger buffer). */
 size_t e8kv_tokenizer_encode(const e8kv_tokenizer *t, int32_t *ids, size_t capacity, const char *text,

@@ -428,12 +428,65 @@ static void test_spm_escaped(void **state) {
     e8kv_tokenizer_free(t);
 }
 
+/* Random bytes (valid or not as UTF-8, with spaces, digits and added-token fragments mixed in): pieces
+ * concatenate back to exactly the input, for the byte-level BPE and for llama2.c after its dummy space. */
+static void test_random_round_trip(void **state) {
+    (void)state;
+    mini_vocab m;
+    e8kv_tokenizer_vocab v = mini_bpe(&m, "smollm");
+    e8kv_tokenizer *bpe = NULL;
+    assert_ok(e8kv_tokenizer_create(&bpe, &v));
+    e8kv_tokenizer *l2c = load_tok512(); /* NULL when the data is missing: that half is skipped */
+    static const char *const frags[] = {" ",     "  ",  "\n", "12",       "'s",
+                                        "<|x|>", "<|x", "ab", "\xc3\xa9", "\xf0\x9f\x98\x80"};
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (int iter = 0; iter < 2000; iter++) {
+        char text[256];
+        size_t n = 0;
+        const size_t target = (size_t)(iter % 97);
+        while (n < target) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            const char *f = frags[(x >> 8) % 10];
+            if ((x & 3) == 0 && n + strlen(f) <= sizeof text) {
+                memcpy(text + n, f, strlen(f));
+                n += strlen(f);
+            } else {
+                text[n++] = (char)(x >> 32);
+            }
+        }
+        const e8kv_tokenizer *tks[2] = {bpe, l2c};
+        for (int k = 0; k < 2; k++) {
+            if (!tks[k]) continue;
+            int32_t ids[512];
+            const size_t c = e8kv_tokenizer_encode(tks[k], ids, 512, text, n, 0);
+            assert_ok(c);
+            assert_true(c <= 512);
+            char back[300];
+            size_t len = 0;
+            for (size_t i = 0; i < c; i++) {
+                const char *p;
+                const size_t pl = e8kv_tokenizer_piece(tks[k], ids[i], &p);
+                assert_ok(pl);
+                assert_true(len + pl <= sizeof back);
+                memcpy(back + len, p, pl);
+                len += pl;
+            }
+            const size_t skip = k == 1 && n > 0; /* llama2.c's dummy-prefix space */
+            assert_int_equal(len, n + skip);
+            if (skip) assert_int_equal(back[0], ' ');
+            assert_memory_equal(back + skip, text, n);
+        }
+    }
+    e8kv_tokenizer_free(bpe);
+    e8kv_tokenizer_free(l2c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_llama2c_golden),      cmocka_unit_test(test_llama2c_edges),
         cmocka_unit_test(test_llama2c_small_vocab), cmocka_unit_test(test_llama2c_malformed),
         cmocka_unit_test(test_bpe_rules),           cmocka_unit_test(test_create_errors),
-        cmocka_unit_test(test_spm_escaped),
+        cmocka_unit_test(test_spm_escaped),         cmocka_unit_test(test_random_round_trip),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
