@@ -1,6 +1,8 @@
 /* GGUF v2/v3 reader: memory-mapped, every offset and size validated against the file before use.
  * Spec: ggml's docs/gguf.md. Tensor data is dequantized to float on request (F32, F16, BF16, Q8_0, Q4_0,
- * Q4_1, Q5_0, Q5_1, Q6_K, Q4_K). Untrusted input: a malformed file is a named error, never a crash. */
+ * Q4_1, Q5_0, Q5_1, Q6_K, Q4_K). Untrusted input: a malformed file is a named error, never a crash.
+ * Tensor data must be laid out as ggml writes it (info order, aligned running offsets), as llama.cpp
+ * requires. A reader is immutable after open: any number of threads may query it at once. */
 #ifndef E8KV_GGUF_H
 #define E8KV_GGUF_H
 
