@@ -7,7 +7,8 @@
 # Text: wikitext-2 test (../shared/data/wikitext-2-raw/wiki.test.raw) when it exists next to the repo,
 # otherwise a passage the model writes itself from a fixed prompt, so a fresh clone needs nothing else.
 # Formats the build does not have yet are listed as unavailable. Takes a few minutes on 2 cores.
-# Environment: E8KV_THREADS (default: all CPUs), E8KV_DEMO_CHUNKS (default 4), BUILD_DIR (default build-demo).
+# Environment: E8KV_THREADS (default: all CPUs), E8KV_DEMO_CHUNKS (default 4), BUILD_DIR (default build-demo),
+# E8KV_SHARED_DATA (default ../shared/data).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -25,7 +26,7 @@ echo "== fetching the default model" >&2
 model=$(scripts/fetch_model.sh)
 echo "   $model" >&2
 
-wiki="$root/../shared/data/wikitext-2-raw/wiki.test.raw"
+wiki="${E8KV_SHARED_DATA:-$root/../shared/data}/wikitext-2-raw/wiki.test.raw"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 if [ -f "$wiki" ]; then
@@ -37,8 +38,8 @@ else
     ctx=256
     chunks=1
     echo "== no wikitext-2 here: the model writes a passage to score (about 320 tokens)" >&2
-    "$e8kv" generate -m "$model" -p "The history of the printing press begins" -n 320 --temp 0.8 \
-        --top-p 0.95 --seed 42 --threads "$threads" >"$tmp/passage.txt" 2>/dev/null
+    "$e8kv" generate -m "$model" -p "The history of the printing press begins" -n 320 --ignore-eos \
+        --temp 0.8 --top-p 0.95 --seed 42 --threads "$threads" >"$tmp/passage.txt" 2>/dev/null
     text="$tmp/passage.txt"
 fi
 "$e8kv" ppl -m "$model" -f "$text" --ctx "$ctx" --chunks "$chunks" --kv "f32,$formats" --threads "$threads"

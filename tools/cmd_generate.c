@@ -26,6 +26,7 @@ static void usage(FILE *f) {
             "  --ctx N           context length (default: prompt + N, at most the model's)\n"
             "  --threads N       threads (default: number of CPUs)\n"
             "  --tokens IDS      comma-separated token ids instead of -p (no BOS added)\n"
+            "  --ignore-eos      keep generating past the end-of-text token\n"
             "  --dump-logits F   write the prompt tokens' logits to F (f32, (n_prompt, vocab))\n");
 }
 
@@ -48,13 +49,15 @@ int e8kv_cmd_generate(int argc, char **argv) {
     size_t n_ctx_arg = 0;
     float temp = 0.0f, top_p = 0.9f;
     uint64_t seed = (uint64_t)time(NULL);
-    int n_threads = 0;
+    int n_threads = 0, ignore_eos = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const int has = i + 1 < argc;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
+        } else if (!strcmp(a, "--ignore-eos")) {
+            ignore_eos = 1;
         } else if (has && !strcmp(a, "-m")) {
             model_arg = argv[++i];
         } else if (has && !strcmp(a, "-p")) {
@@ -187,7 +190,7 @@ int e8kv_cmd_generate(int argc, char **argv) {
     t0 = now_s();
     for (; n_done < n_gen && e8kv_context_pos(ctx) < n_ctx; n_done++) {
         const int32_t next = e8kv_sampler_sample(&smp, last);
-        if (next == eos) break;
+        if (next == eos && !ignore_eos) break;
         if (m->tokenizer) print_piece(m, next);
         else printf("%d ", next);
         r = e8kv_context_eval(ctx, logits, cfg->vocab_size, &next, 1, 0);

@@ -320,7 +320,7 @@ int e8kv_cmd_ppl(int argc, char **argv) {
             }
             char ppl[32], kld[32], top[32];
             snprintf(ppl, sizeof ppl, "%.4f +/- %.4f", x->ppl, x->ppl_se);
-            snprintf(kld, sizeof kld, "%.6f +/- %.6f", x->kld, x->kld_se);
+            snprintf(kld, sizeof kld, "%.3e +/- %.1e", x->kld, x->kld_se);
             snprintf(top, sizeof top, "%.2f +/- %.2f", 100.0 * x->top1, 100.0 * x->top1_se);
             printf("%-16s %8.3f %11.3f %20s %+7.3f%% %24s %16s %8.1f\n", x->spec, x->bits_per_value,
                    (double)x->kv_bytes / (1024.0 * 1024.0), ppl, 100.0 * (x->ppl / baseline.ppl - 1.0), kld, top,
