@@ -52,7 +52,8 @@ void e8kv_model_free(e8kv_model *m) {
 
 /* ---------------------------------------------------------------- GGUF loader */
 
-/* Dequantize tensor `name` into dst after checking its shape is (rows, cols) with ne[0] = cols. */
+/* Dequantize tensor `name` into dst after checking its shape is (rows, cols) with ne[0] = cols
+ * (dst NULL: the check alone). */
 static size_t load_tensor(float *dst, const e8kv_gguf *g, const char *name, size_t rows, size_t cols,
                           char *msg, size_t cap) {
     const e8kv_gguf_tensor *t = e8kv_gguf_find_tensor(g, name);
@@ -66,6 +67,7 @@ static size_t load_tensor(float *dst, const e8kv_gguf *g, const char *name, size
                 (unsigned long long)t->ne[3], cols, rows);
         return ERR(DIMENSION);
     }
+    if (!dst) return 0; /* shape check only */
     const size_t r = e8kv_gguf_tensor_to_f32(dst, rows * cols, t);
     if (e8kv_is_error(r)) {
         set_msg(msg, cap, "tensor '%s' (ggml type %u): %s", name, (unsigned)t->type, e8kv_error_name(r));
@@ -169,41 +171,49 @@ static size_t load_gguf_model(e8kv_model *m, e8kv_gguf *g, char *msg, size_t cap
                              (bias ? q_dim + 2 * kv_dim : 0);
     const size_t n_float = nv * dim * (tied ? 1 : 2) + dim + cfg->n_layer * per_layer;
     e8kv_model_storage *o = m->owned;
-    o->arena = malloc(n_float * sizeof(float));
     m->layers = calloc(cfg->n_layer, sizeof *m->layers);
-    if (!o->arena || !m->layers) {
-        set_msg(msg, cap, "out of memory for %zu MB of weights", n_float * 4 >> 20);
-        return ERR(OUT_OF_MEMORY);
-    }
-    float *p = o->arena;
-#define TAKE(n) (p += (n), p - (n))
-    m->tok_embd = TAKE(nv * dim);
-    m->out_norm = TAKE(dim);
-    m->output = tied ? m->tok_embd : TAKE(nv * dim);
-    if (e8kv_is_error(r = load_tensor(m->tok_embd, g, "token_embd.weight", nv, dim, msg, cap))) return r;
-    if (e8kv_is_error(r = load_tensor(m->out_norm, g, "output_norm.weight", 1, dim, msg, cap))) return r;
-    if (!tied && e8kv_is_error(r = load_tensor(m->output, g, "output.weight", nv, dim, msg, cap))) return r;
-    for (size_t l = 0; l < cfg->n_layer; l++) {
-        e8kv_layer_weights *w = &m->layers[l];
-        struct {
-            float **dst;
-            const char *name;
-            size_t rows, cols;
-        } spec[] = {
-            {&w->attn_norm, "attn_norm.weight", 1, dim},   {&w->wq, "attn_q.weight", q_dim, dim},
-            {&w->wk, "attn_k.weight", kv_dim, dim},        {&w->wv, "attn_v.weight", kv_dim, dim},
-            {&w->wo, "attn_output.weight", dim, q_dim},    {&w->ffn_norm, "ffn_norm.weight", 1, dim},
-            {&w->w_gate, "ffn_gate.weight", hid, dim},     {&w->w_up, "ffn_up.weight", hid, dim},
-            {&w->w_down, "ffn_down.weight", dim, hid},     {&w->bq, "attn_q.bias", 1, q_dim},
-            {&w->bk, "attn_k.bias", 1, kv_dim},            {&w->bv, "attn_v.bias", 1, kv_dim},
-        };
-        const size_t n_spec = sizeof spec / sizeof spec[0] - (bias ? 0 : 3);
-        for (size_t i = 0; i < n_spec; i++) {
-            char name[96];
-            snprintf(name, sizeof name, "blk.%zu.%s", l, spec[i].name);
-            *spec[i].dst = TAKE(spec[i].rows * spec[i].cols);
-            if (e8kv_is_error(r = load_tensor(*spec[i].dst, g, name, spec[i].rows, spec[i].cols, msg, cap)))
-                return r;
+    if (!m->layers) return ERR(OUT_OF_MEMORY);
+    /* pass 0 checks every tensor's presence and shape, so that the arena's size is backed by tensors
+     * really in the file (no allocation from metadata alone); pass 1 allocates and dequantizes */
+    float *p = NULL;
+#define TAKE(n) (pass ? (p += (n), p - (n)) : NULL)
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) {
+            o->arena = malloc(n_float * sizeof(float));
+            if (!o->arena) {
+                set_msg(msg, cap, "out of memory for %zu MB of weights", n_float * 4 >> 20);
+                return ERR(OUT_OF_MEMORY);
+            }
+            p = o->arena;
+        }
+        m->tok_embd = TAKE(nv * dim);
+        m->out_norm = TAKE(dim);
+        m->output = tied ? m->tok_embd : TAKE(nv * dim);
+        if (e8kv_is_error(r = load_tensor(m->tok_embd, g, "token_embd.weight", nv, dim, msg, cap))) return r;
+        if (e8kv_is_error(r = load_tensor(m->out_norm, g, "output_norm.weight", 1, dim, msg, cap))) return r;
+        if (!tied && e8kv_is_error(r = load_tensor(m->output, g, "output.weight", nv, dim, msg, cap))) return r;
+        for (size_t l = 0; l < cfg->n_layer; l++) {
+            e8kv_layer_weights *w = &m->layers[l];
+            struct {
+                float **dst;
+                const char *name;
+                size_t rows, cols;
+            } spec[] = {
+                {&w->attn_norm, "attn_norm.weight", 1, dim},   {&w->wq, "attn_q.weight", q_dim, dim},
+                {&w->wk, "attn_k.weight", kv_dim, dim},        {&w->wv, "attn_v.weight", kv_dim, dim},
+                {&w->wo, "attn_output.weight", dim, q_dim},    {&w->ffn_norm, "ffn_norm.weight", 1, dim},
+                {&w->w_gate, "ffn_gate.weight", hid, dim},     {&w->w_up, "ffn_up.weight", hid, dim},
+                {&w->w_down, "ffn_down.weight", dim, hid},     {&w->bq, "attn_q.bias", 1, q_dim},
+                {&w->bk, "attn_k.bias", 1, kv_dim},            {&w->bv, "attn_v.bias", 1, kv_dim},
+            };
+            const size_t n_spec = sizeof spec / sizeof spec[0] - (bias ? 0 : 3);
+            for (size_t i = 0; i < n_spec; i++) {
+                char name[96];
+                snprintf(name, sizeof name, "blk.%zu.%s", l, spec[i].name);
+                *spec[i].dst = TAKE(spec[i].rows * spec[i].cols);
+                if (e8kv_is_error(r = load_tensor(*spec[i].dst, g, name, spec[i].rows, spec[i].cols, msg, cap)))
+                    return r;
+            }
         }
     }
 #undef TAKE
