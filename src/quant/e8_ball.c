@@ -22,7 +22,7 @@
 #include <stdlib.h>
 
 /* β(B): scale / per-coordinate RMS, tuned on Gaussian data (see the test and the report). */
-static const double k_beta[5] = {0.0, 0.0, 0.95, 1.10, 1.17};
+static const double k_beta[5] = {0.0, 0.0, 0.95, 1.15, 1.25};
 
 /* ---------------------------------------------------------------- tables */
 
@@ -32,10 +32,17 @@ static const double k_beta[5] = {0.0, 0.0, 0.95, 1.10, 1.17};
 /* radial shrink target of the overload path, |t|² in lattice units (the ball reaches 12) */
 #define BALL_TARGET_NORM 11.0
 #define BALL_SHRINK_STEP 8
+/* overload of e8ball:3/4 (e8kv_ball_residual_overload): candidate 1's first-guess |t|² and step, and
+ * candidate 2's first-guess residual radius (in units of m) and step; tuned for speed at < 0.02 dB */
+#define RESIDUAL_TARGET_NORM 12.0
+#define CAND1_STEP 8
+#define RESIDUAL_CELL_RADIUS 0.7
+#define RESIDUAL_STEP 16
 
 static int8_t g_ball[E8KV_BALL_SIZE][8];
-static uint32_t g_hash_key[HASH_SIZE]; /* 0 = empty (a valid key has every nibble ≥ 2) */
-static uint16_t g_hash_val[HASH_SIZE];
+/* slot = key | index << 32 in one word (one cache line per probe); key 0 = empty (a valid key has
+ * every nibble ≥ 2) */
+static uint64_t g_hash[HASH_SIZE];
 static int8_t g_res1[256][8];
 static int8_t g_res2[65536][8];
 static int32_t g_minvec_t[8][240]; /* the 240 minimal vectors (ball entries 1..240), transposed */
@@ -101,9 +108,8 @@ static void build_tables(void) {
         const uint32_t key = all[i].key;
         for (int j = 0; j < 8; j++) g_ball[i][j] = (int8_t)((int)((key >> (4 * j)) & 15u) - 8);
         uint32_t slot = slot_of(key);
-        while (g_hash_key[slot]) slot = (slot + 1) & (HASH_SIZE - 1);
-        g_hash_key[slot] = key;
-        g_hash_val[slot] = (uint16_t)i;
+        while (g_hash[slot]) slot = (slot + 1) & (HASH_SIZE - 1);
+        g_hash[slot] = key | ((uint64_t)i << 32);
     }
     for (int k = 0; k < 240; k++)
         for (int j = 0; j < 8; j++) g_minvec_t[j][k] = g_ball[k + 1][j];
@@ -135,6 +141,12 @@ const int8_t *e8kv_ball_residual_table(unsigned log2_m) {
     return log2_m == 1 ? &g_res1[0][0] : &g_res2[0][0];
 }
 
+void e8kv_ball_prefetch(const int32_t c2[8]) {
+    for (int i = 0; i < 8; i++)
+        if (c2[i] < -6 || c2[i] > 6) return;
+    __builtin_prefetch(&g_hash[slot_of(pack_key(c2))]);
+}
+
 int32_t e8kv_ball_index(const int32_t c2[8]) {
     int32_t n2 = 0;
     for (int i = 0; i < 8; i++) {
@@ -145,8 +157,9 @@ int32_t e8kv_ball_index(const int32_t c2[8]) {
     const uint32_t key = pack_key(c2);
     uint32_t slot = slot_of(key);
     for (;;) {
-        const uint32_t k = g_hash_key[slot];
-        if (k == key) return g_hash_val[slot];
+        const uint64_t w = g_hash[slot];
+        const uint32_t k = (uint32_t)w;
+        if (k == key) return (int32_t)(w >> 32);
         if (k == 0) return -1;
         slot = (slot + 1) & (HASH_SIZE - 1);
     }
@@ -256,6 +269,18 @@ uint32_t e8kv_ball_encode_block(int32_t c2[8], const int32_t X[8]) {
     return e8kv_ball_encode_block_k(&e8kv_ball_kernels_ref, c2, X, y2);
 }
 
+/* 1 when the closest fine point to (a/256)·Z lies in the Voronoi cell of m·E8 (its digits in *d) */
+static int residual_inside(const e8kv_ball_kernels *kern, uint32_t *d, const int32_t Z[8], int32_t a, unsigned log2_m) {
+    int32_t Zs[8], y2[8];
+    shrink(Zs, Z, a, 8);
+    kern->nearest(y2, Zs);
+    *d = e8kv_e8_digits(y2, log2_m);
+    const int8_t *const r = e8kv_ball_residual_table(log2_m) + 8 * *d;
+    int inside = 1;
+    for (int i = 0; i < 8; i++) inside &= r[i] == y2[i];
+    return inside;
+}
+
 /* squared distance (fine fixed-point units) from m·X to the codeword (ball index, digits) */
 static int64_t residual_dist(const int32_t X[8], uint32_t packed, unsigned log2_m) {
     const int8_t *const c = g_ball[packed & 0xFFFFu];
@@ -271,24 +296,29 @@ static int64_t residual_dist(const int32_t X[8], uint32_t packed, unsigned log2_
 uint32_t e8kv_ball_residual_overload(const e8kv_ball_kernels *kern, const int32_t X[8], unsigned log2_m) {
     const int8_t *const res = e8kv_ball_residual_table(log2_m);
     const int32_t m = 1 << log2_m;
-    int32_t c2[8], Z[8], Zs[8], y2[8], Xs[8];
-    /* candidate 1: the whole block shrunk toward the origin by the largest a/256 (binary search) whose
-     * closest fine point has its coarse part in the ball (a = 0: the origin, packed 0) */
+    int32_t c2[8], Z[8], y2[8], Xs[8];
+    /* candidate 1: the whole block shrunk toward the origin: a first guess a/256 bringing |t|² to
+     * RESIDUAL_TARGET_NORM, then a − CAND1_STEP, ... until the closest fine point has its coarse part in
+     * the ball (a ≤ 0: the origin, packed 0) */
     uint32_t cand1 = 0;
-    for (int32_t lo = 0, hi = 256; hi - lo > 1;) {
-        const int32_t mid = (lo + hi) / 2;
-        shrink(Xs, X, mid, 8);
+    int64_t n2 = 0;
+    for (int i = 0; i < 8; i++) n2 += (int64_t)X[i] * X[i];
+    int32_t a = 256;
+    if (n2 > 0) {
+        const double g = 256.0 * sqrt(RESIDUAL_TARGET_NORM * (double)E8KV_FX_ONE * (double)E8KV_FX_ONE / (double)n2);
+        if (g < 256.0) a = (int32_t)g;
+    }
+    for (; a > 0; a -= CAND1_STEP) {
+        shrink(Xs, X, a, 8);
         for (int i = 0; i < 8; i++) Xs[i] *= m;
         kern->nearest(y2, Xs);
         const uint32_t d = e8kv_e8_digits(y2, log2_m);
         const int8_t *const r = res + 8 * d;
         for (int i = 0; i < 8; i++) c2[i] = (y2[i] - r[i]) / m;
-        const int32_t idx = e8kv_ball_index(c2);
-        if (idx >= 0) {
-            lo = mid;
-            cand1 = (uint32_t)idx | (d << 16);
-        } else {
-            hi = mid;
+        const int32_t idx1 = e8kv_ball_index(c2);
+        if (idx1 >= 0) {
+            cand1 = (uint32_t)idx1 | (d << 16);
+            break;
         }
     }
     /* candidate 2: the nearest ball codeword c (overload path of e8ball:2), then the residual m·(t − c)
@@ -296,20 +326,32 @@ uint32_t e8kv_ball_residual_overload(const e8kv_ball_kernels *kern, const int32_
     kern->nearest(y2, X);
     const uint32_t idx = e8kv_ball_encode_block_k(kern, c2, X, y2);
     for (int i = 0; i < 8; i++) Z[i] = m * (X[i] - c2[i] * E8KV_FX_HALF);
+    /* clamp by steps of RESIDUAL_STEP/256 from a first guess a0 (|a0·z| = RESIDUAL_CELL_RADIUS·m lattice
+     * units): upward while the closest fine point stays in the Voronoi cell of m·E8, else downward
+     * until it is (a = 0 gives the origin, which always is) */
+    int64_t z2 = 0;
+    for (int i = 0; i < 8; i++) z2 += (int64_t)Z[i] * Z[i];
+    int32_t a0 = 256;
+    if (z2 > 0) {
+        const double g = 256.0 * RESIDUAL_CELL_RADIUS * m * E8KV_FX_ONE / sqrt((double)z2);
+        if (g < 256.0) a0 = (int32_t)g;
+    }
     uint32_t best = 0;
-    for (int32_t lo = 0, hi = 257; hi - lo > 1;) {
-        const int32_t mid = (lo + hi) / 2;
-        shrink(Zs, Z, mid, 8);
-        kern->nearest(y2, Zs);
-        const uint32_t d = e8kv_e8_digits(y2, log2_m);
-        const int8_t *const r = res + 8 * d;
-        int inside = 1;
-        for (int i = 0; i < 8; i++) inside &= r[i] == y2[i];
-        if (inside) {
-            lo = mid;
+    int found = 0;
+    for (int32_t s = a0; s > 0; s -= RESIDUAL_STEP) { /* downward until inside */
+        uint32_t d;
+        if (residual_inside(kern, &d, Z, s, log2_m)) {
             best = d;
-        } else {
-            hi = mid;
+            found = 1;
+            a0 = s;
+            break;
+        }
+    }
+    if (found) {
+        for (int32_t s = a0 + RESIDUAL_STEP; s <= 256; s += RESIDUAL_STEP) { /* upward while inside */
+            uint32_t d;
+            if (!residual_inside(kern, &d, Z, s, log2_m)) break;
+            best = d;
         }
     }
     const uint32_t cand2 = idx | (best << 16);

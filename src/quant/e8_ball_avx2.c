@@ -125,25 +125,42 @@ size_t e8kv_e8ball_encode_avx2(const e8kv_codec_t *codec, uint8_t *restrict dst,
     const __m256 k = _mm256_set1_ps((float)E8KV_FX_ONE / s);
     const __m256 lim = _mm256_set1_ps(E8KV_FX_LIMIT), nlim = _mm256_set1_ps(-E8KV_FX_LIMIT);
     const int8_t *const res = log2_m ? e8kv_ball_residual_table(log2_m) : NULL;
-    for (size_t b = 0; b < d; b += 8, p += bb) {
-        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + b), k);
+    const size_t nb = d / 8;
+    /* three passes so the table look-ups of all blocks overlap (software prefetch): closest points
+     * and digits, then coarse points, then the hash look-ups; the decisions are those of _ref */
+    int32_t Xa[E8KV_MAX_HEAD_DIM / 8][8], y2[E8KV_MAX_HEAD_DIM / 8][8];
+    uint32_t dg[E8KV_MAX_HEAD_DIM / 8];
+    for (size_t j = 0; j < nb; j++) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + 8 * j), k);
         v = _mm256_max_ps(_mm256_min_ps(v, lim), nlim);
         const __m256i X = _mm256_cvtps_epi32(v);
-        int32_t Xa[8], y2[8], c2[8];
-        _mm256_storeu_si256((__m256i *)Xa, X);
+        _mm256_storeu_si256((__m256i *)Xa[j], X);
+        _mm256_storeu_si256((__m256i *)y2[j], e8_nearest(_mm256_slli_epi32(X, (int)log2_m)));
+        if (log2_m) {
+            dg[j] = e8kv_e8_digits(y2[j], log2_m);
+            _mm_prefetch((const char *)(res + 8 * dg[j]), _MM_HINT_T0);
+        } else {
+            e8kv_ball_prefetch(y2[j]);
+        }
+    }
+    if (log2_m) {
+        for (size_t j = 0; j < nb; j++) {
+            const __m256i r = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(res + 8 * dg[j])));
+            const __m256i yv = _mm256_loadu_si256((const __m256i *)y2[j]);
+            /* the coarse point, exact: y − r ∈ m·E8 */
+            _mm256_storeu_si256((__m256i *)y2[j], _mm256_srai_epi32(_mm256_sub_epi32(yv, r), (int)log2_m));
+            e8kv_ball_prefetch(y2[j]);
+        }
+    }
+    for (size_t j = 0; j < nb; j++, p += bb) {
+        int32_t c2[8];
         if (log2_m == 0) {
-            _mm256_storeu_si256((__m256i *)y2, e8_nearest(X));
-            e8kv_store_le16(p, (uint16_t)e8kv_ball_encode_block_k(&e8kv_ball_kernels_avx2, c2, Xa, y2));
+            e8kv_store_le16(p, (uint16_t)e8kv_ball_encode_block_k(&e8kv_ball_kernels_avx2, c2, Xa[j], y2[j]));
             continue;
         }
-        const __m256i yv = e8_nearest(_mm256_slli_epi32(X, (int)log2_m));
-        _mm256_storeu_si256((__m256i *)y2, yv);
-        const uint32_t dg = e8kv_e8_digits(y2, log2_m);
-        const __m256i r = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(res + 8 * dg)));
-        /* exact: y − r ∈ m·E8 */
-        _mm256_storeu_si256((__m256i *)c2, _mm256_srai_epi32(_mm256_sub_epi32(yv, r), (int)log2_m));
-        const int32_t idx = e8kv_ball_index(c2);
-        const uint32_t packed = idx >= 0 ? (uint32_t)idx | (dg << 16) : e8kv_ball_residual_overload(&e8kv_ball_kernels_avx2, Xa, log2_m);
+        const int32_t idx = e8kv_ball_index(y2[j]);
+        const uint32_t packed =
+            idx >= 0 ? (uint32_t)idx | (dg[j] << 16) : e8kv_ball_residual_overload(&e8kv_ball_kernels_avx2, Xa[j], log2_m);
         e8kv_store_le16(p, (uint16_t)packed);
         if (log2_m == 1)
             p[2] = (uint8_t)(packed >> 16);

@@ -51,11 +51,12 @@ void e8kv_d4_nearest_fx(int32_t y[4], const int32_t X[4]) { e8kv_dn_nearest_fx(y
 uint32_t e8kv_e8_digits(const int32_t y2[8], unsigned log2_m) {
     assert(log2_m >= 1 && log2_m <= 4);
     /* solve y = Σ u_i g_i from the last column back (every division is exact) */
+    /* every halving is of an even number, so the arithmetic shift is an exact division */
     int32_t u[8];
     u[7] = y2[7];
-    u[6] = (y2[6] - u[7]) / 2;
-    for (int j = 5; j >= 1; j--) u[j] = (y2[j] - u[7]) / 2 + u[j + 1];
-    u[0] = ((y2[0] - u[7]) / 2 + u[1]) / 2;
+    u[6] = (y2[6] - u[7]) >> 1;
+    for (int j = 5; j >= 1; j--) u[j] = ((y2[j] - u[7]) >> 1) + u[j + 1];
+    u[0] = (((y2[0] - u[7]) >> 1) + u[1]) >> 1;
     const uint32_t mask = (1u << log2_m) - 1u;
     uint32_t d = 0;
     for (unsigned i = 0; i < 8; i++) d |= ((uint32_t)u[i] & mask) << (i * log2_m);

@@ -76,6 +76,8 @@ double e8kv_sumsq_f32(const float *x, size_t n);
 const int8_t *e8kv_ball_table(void);
 /* Index of the E8 point c2 (doubled) in the ball, or -1 when it is not a codeword. */
 int32_t e8kv_ball_index(const int32_t c2[8]);
+/* Prefetch the hash slot e8kv_ball_index(c2) will read first (a hint; no effect on results). */
+void e8kv_ball_prefetch(const int32_t c2[8]);
 /* Canonical residual table of the m = 2^log2_m Voronoi stage (log2_m 1 or 2): 2^(8·log2_m) × 8 int8. */
 const int8_t *e8kv_ball_residual_table(unsigned log2_m);
 
@@ -92,7 +94,7 @@ extern const e8kv_ball_kernels e8kv_ball_kernels_avx2;
  * e8kv_ball_shrink then up to E8KV_BALL_DESCENT_STEPS descent steps, each moving to the codeword
  * neighbour best + v (v one of the 240 minimal vectors) with the largest e·v (e = X − H·best scaled by
  * e8kv_ball_descent_setup; first v on equal values) when that reduces the distance. */
-#define E8KV_BALL_DESCENT_STEPS 2
+#define E8KV_BALL_DESCENT_STEPS 1
 uint32_t e8kv_ball_encode_block_k(const e8kv_ball_kernels *kern, int32_t c2[8], const int32_t X[8],
                                   const int32_t y2[8]);
 /* The same with the reference kernels (tests). */
