@@ -556,12 +556,35 @@ static void test_cli_bad_input(void **state) {
     snprintf(args, sizeof args, "ppl -m %s -f %s", gg, text);
     assert_int_equal(run_cli(args, out, sizeof out), 1);
     assert_non_null(strstr(out, e8kv_error_code_name(E8KV_ERROR_TRUNCATED)));
-    /* a good run: one row per format, an unknown one reported as unavailable */
-    snprintf(args, sizeof args, "ppl -m %s -f %s --ctx 64 --chunks 2 --threads 1 --kv f32,bogus --json", model_copy,
-             text);
+    /* a good run: one row per format, an unknown one reported as unavailable; the first chunk's K/V dumped
+     * as doc/format.md section 1 says: 5 layers x (64 K + 64 V tokens) x 4 KV heads vectors of 8 floats */
+    const char *kvd = tmp_file("dump.kvd");
+    snprintf(args, sizeof args, "ppl -m %s -f %s --ctx 64 --chunks 2 --threads 1 --kv f32,bogus --json --dump-kv %s",
+             model_copy, text, kvd);
     assert_int_equal(run_cli(args, out, sizeof out), 0);
     assert_non_null(strstr(out, "\"spec\":\"f32\",\"available\":true"));
     assert_non_null(strstr(out, "\"spec\":\"bogus\",\"available\":false"));
+    FILE *f = fopen(kvd, "rb");
+    assert_non_null(f);
+    unsigned char h[40];
+    assert_int_equal(fread(h, 1, 40, f), 40);
+    fseek(f, 0, SEEK_END);
+    const long size = ftell(f);
+    fclose(f);
+    remove(kvd);
+    uint32_t u[8];
+    uint64_t n_vec;
+    memcpy(u, h + 8, 8);
+    memcpy(&n_vec, h + 16, 8);
+    memcpy(u + 2, h + 24, 16);
+    assert_memory_equal(h, "E8KVDUMP", 8);
+    assert_int_equal(u[0], 1);                /* version */
+    assert_int_equal(u[1], 8);                /* head_dim */
+    assert_int_equal(n_vec, 5 * 2 * 64 * 4);  /* n_vec */
+    assert_int_equal(u[2], 3);                /* keys and values, keys after RoPE */
+    assert_int_equal(u[3], 5);                /* n_layer */
+    assert_int_equal(u[4], 4);                /* n_head_kv */
+    assert_int_equal(size, 40 + (long)n_vec * 8 * 4);
     remove(empty);
     remove(shorty);
     remove(text);
