@@ -1,8 +1,8 @@
 /* llama2.c checkpoints (Karpathy's run.c "legacy" v0 format): a header of 7 little-endian int32
  *   dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size (negative: unshared classifier), seq_len
  * then f32 weights, each block for all layers at once, in this order:
- *   token_embedding (vocab, dim), rms_att (L, dim), wq (L, dim, dim), wk (L, kv_dim, dim), wv (L, kv_dim, dim),
- *   wo (L, dim, dim), rms_ffn (L, dim), w1 (L, hidden, dim), w2 (L, dim, hidden), w3 (L, hidden, dim),
+ *   token_embedding (vocab, dim), rms_att (L, dim), wq (L, dim, dim), wk (L, kv_dim, dim), wv (L, kv_dim,
+ * dim), wo (L, dim, dim), rms_ffn (L, dim), w1 (L, hidden, dim), w2 (L, dim, hidden), w3 (L, hidden, dim),
  *   rms_final (dim), freq_cis_real and _imag (seq_len, head_dim / 2 each; unused), [wcls (vocab, dim)]
  * Matrices are (out, in) row-major; w1 = gate, w3 = up, w2 = down. RoPE: theta 1e4, interleaved pairs.
  * The whole payload must be present exactly: a short file is TRUNCATED, a long one CORRUPTED. */
@@ -13,7 +13,6 @@
 #include <string.h>
 
 #define ERR(name) ((size_t) - (ptrdiff_t)E8KV_ERROR_##name)
-
 
 static size_t fail(char *msg, size_t cap, size_t err, const char *what, const char *path) {
     if (msg && cap) snprintf(msg, cap, "%s: %s (%s)", path, what, e8kv_error_name(err));
@@ -36,7 +35,8 @@ size_t e8kv_model_load_llama2c(e8kv_model **out, const char *ckpt_path, const ch
         return fail(msg, msg_capacity, ERR(TRUNCATED), "header shorter than 28 bytes", ckpt_path);
     }
     int32_t h[7];
-    for (int i = 0; i < 7; i++) h[i] = le32(hdr + 4 * i);
+    for (int i = 0; i < 7; i++)
+        h[i] = le32(hdr + 4 * i);
     const int shared = h[5] > 0;
     const int64_t vocab = h[5] < 0 ? -(int64_t)h[5] : h[5];
     if (h[0] <= 0 || h[1] <= 0 || h[2] <= 0 || h[3] <= 0 || h[4] <= 0 || vocab == 0 || h[6] <= 0 ||

@@ -27,7 +27,6 @@
 
 #define ERR(name) ((size_t) - (ptrdiff_t)E8KV_ERROR_##name)
 
-
 static void set_msg(char *msg, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void set_msg(char *msg, size_t cap, const char *fmt, ...) {
     if (!msg || cap == 0) return;
@@ -191,7 +190,8 @@ static size_t load_gguf_model(e8kv_model *m, e8kv_gguf *g, char *msg, size_t cap
         m->output = tied ? m->tok_embd : TAKE(nv * dim);
         if (e8kv_is_error(r = load_tensor(m->tok_embd, g, "token_embd.weight", nv, dim, msg, cap))) return r;
         if (e8kv_is_error(r = load_tensor(m->out_norm, g, "output_norm.weight", 1, dim, msg, cap))) return r;
-        if (!tied && e8kv_is_error(r = load_tensor(m->output, g, "output.weight", nv, dim, msg, cap))) return r;
+        if (!tied && e8kv_is_error(r = load_tensor(m->output, g, "output.weight", nv, dim, msg, cap)))
+            return r;
         for (size_t l = 0; l < cfg->n_layer; l++) {
             e8kv_layer_weights *w = &m->layers[l];
             struct {
@@ -199,19 +199,20 @@ static size_t load_gguf_model(e8kv_model *m, e8kv_gguf *g, char *msg, size_t cap
                 const char *name;
                 size_t rows, cols;
             } spec[] = {
-                {&w->attn_norm, "attn_norm.weight", 1, dim},   {&w->wq, "attn_q.weight", q_dim, dim},
-                {&w->wk, "attn_k.weight", kv_dim, dim},        {&w->wv, "attn_v.weight", kv_dim, dim},
-                {&w->wo, "attn_output.weight", dim, q_dim},    {&w->ffn_norm, "ffn_norm.weight", 1, dim},
-                {&w->w_gate, "ffn_gate.weight", hid, dim},     {&w->w_up, "ffn_up.weight", hid, dim},
-                {&w->w_down, "ffn_down.weight", dim, hid},     {&w->bq, "attn_q.bias", 1, q_dim},
-                {&w->bk, "attn_k.bias", 1, kv_dim},            {&w->bv, "attn_v.bias", 1, kv_dim},
+                {&w->attn_norm, "attn_norm.weight", 1, dim}, {&w->wq, "attn_q.weight", q_dim, dim},
+                {&w->wk, "attn_k.weight", kv_dim, dim},      {&w->wv, "attn_v.weight", kv_dim, dim},
+                {&w->wo, "attn_output.weight", dim, q_dim},  {&w->ffn_norm, "ffn_norm.weight", 1, dim},
+                {&w->w_gate, "ffn_gate.weight", hid, dim},   {&w->w_up, "ffn_up.weight", hid, dim},
+                {&w->w_down, "ffn_down.weight", dim, hid},   {&w->bq, "attn_q.bias", 1, q_dim},
+                {&w->bk, "attn_k.bias", 1, kv_dim},          {&w->bv, "attn_v.bias", 1, kv_dim},
             };
             const size_t n_spec = sizeof spec / sizeof spec[0] - (bias ? 0 : 3);
             for (size_t i = 0; i < n_spec; i++) {
                 char name[96];
                 snprintf(name, sizeof name, "blk.%zu.%s", l, spec[i].name);
                 *spec[i].dst = TAKE(spec[i].rows * spec[i].cols);
-                if (e8kv_is_error(r = load_tensor(*spec[i].dst, g, name, spec[i].rows, spec[i].cols, msg, cap)))
+                if (e8kv_is_error(
+                        r = load_tensor(*spec[i].dst, g, name, spec[i].rows, spec[i].cols, msg, cap)))
                     return r;
             }
         }
@@ -475,8 +476,12 @@ void e8kv_context_reset(e8kv_context *c) {
     c->pos = 0;
 }
 
-size_t e8kv_context_pos(const e8kv_context *c) { return c ? c->pos : 0; }
-const e8kv_cache *e8kv_context_cache(const e8kv_context *c) { return c ? c->cache : NULL; }
+size_t e8kv_context_pos(const e8kv_context *c) {
+    return c ? c->pos : 0;
+}
+const e8kv_cache *e8kv_context_cache(const e8kv_context *c) {
+    return c ? c->cache : NULL;
+}
 
 /* ---------------------------------------------------------------- kernels */
 
@@ -487,26 +492,30 @@ static void rmsnorm(float *restrict out, const float *restrict x, const float *r
         const float *xr = x + r * dim;
         float *o = out + r * dim;
         double ss = 0.0;
-        for (size_t i = 0; i < dim; i++) ss += (double)xr[i] * xr[i];
+        for (size_t i = 0; i < dim; i++)
+            ss += (double)xr[i] * xr[i];
         const float scale = (float)(1.0 / sqrt(ss / (double)dim + (double)eps));
-        for (size_t i = 0; i < dim; i++) o[i] = xr[i] * scale * w[i];
+        for (size_t i = 0; i < dim; i++)
+            o[i] = xr[i] * scale * w[i];
     }
 }
 
 /* y (n, n_out) = x (n, n_in) W^T (+ beta * y), W (n_out, n_in) row-major. */
-static void matmul(float *y, const float *x, const float *w, size_t n, size_t n_out, size_t n_in, float beta) {
+static void matmul(float *y, const float *x, const float *w, size_t n, size_t n_out, size_t n_in,
+                   float beta) {
     if (n == 1) {
         cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)n_out, (int)n_in, 1.0f, w, (int)n_in, x, 1, beta, y, 1);
     } else {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)n_out, (int)n_in, 1.0f, x, (int)n_in,
-                    w, (int)n_in, beta, y, (int)n_out);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)n_out, (int)n_in, 1.0f, x,
+                    (int)n_in, w, (int)n_in, beta, y, (int)n_out);
     }
 }
 
 static void add_bias(float *y, const float *b, size_t n, size_t n_out) {
     if (!b) return;
     for (size_t r = 0; r < n; r++)
-        for (size_t i = 0; i < n_out; i++) y[r * n_out + i] += b[i];
+        for (size_t i = 0; i < n_out; i++)
+            y[r * n_out + i] += b[i];
 }
 
 /* Rotate n rows of n_heads head vectors; row r is at position pos0 + r. */
@@ -560,7 +569,8 @@ static size_t attend(e8kv_context *c, size_t layer, size_t n, size_t pos0) {
     double acc = 0.0;
     for (int t = 1; t < nt; t++) {
         const double target = total * t / nt;
-        while (i < n && acc + (double)(pos0 + i + 1) <= target) acc += (double)(pos0 + i + 1), i++;
+        while (i < n && acc + (double)(pos0 + i + 1) <= target)
+            acc += (double)(pos0 + i + 1), i++;
         j.bounds[t] = i;
     }
     j.bounds[nt] = n;
@@ -603,14 +613,16 @@ static void swiglu(const e8kv_context *c, float *hb, const float *hb2, size_t n)
 /* ---------------------------------------------------------------- forward */
 
 /* One batch of n <= n_batch tokens at positions c->pos ...; logits of rows >= logits_from. */
-static size_t forward_batch(e8kv_context *c, float *logits, const int32_t *tokens, size_t n, size_t logits_from) {
+static size_t forward_batch(e8kv_context *c, float *logits, const int32_t *tokens, size_t n,
+                            size_t logits_from) {
     const e8kv_model *m = c->m;
     const e8kv_model_config *cfg = &m->cfg;
     const size_t dim = cfg->dim, hd = cfg->head_dim, hid = cfg->hidden_dim;
     const size_t q_dim = cfg->n_head * hd, kv_dim = cfg->n_head_kv * hd;
     const size_t pos0 = c->pos;
 
-    for (size_t r = 0; r < n; r++) memcpy(c->x + r * dim, m->tok_embd + (size_t)tokens[r] * dim, dim * sizeof(float));
+    for (size_t r = 0; r < n; r++)
+        memcpy(c->x + r * dim, m->tok_embd + (size_t)tokens[r] * dim, dim * sizeof(float));
 
     for (size_t l = 0; l < cfg->n_layer; l++) {
         const e8kv_layer_weights *w = &m->layers[l];
@@ -651,7 +663,8 @@ size_t e8kv_context_eval(e8kv_context *c, float *logits, size_t logits_capacity,
                          size_t n_tok, size_t logits_from) {
     if (!c || (!tokens && n_tok) || logits_from > n_tok) return ERR(BAD_ARGUMENT);
     const size_t nv = c->m->cfg.vocab_size;
-    if (logits_from < n_tok && (!logits || logits_capacity / nv < n_tok - logits_from)) return ERR(DST_TOO_SMALL);
+    if (logits_from < n_tok && (!logits || logits_capacity / nv < n_tok - logits_from))
+        return ERR(DST_TOO_SMALL);
     if (n_tok > c->n_ctx - c->pos) return ERR(CONTEXT_FULL);
     for (size_t i = 0; i < n_tok; i++)
         if (tokens[i] < 0 || (size_t)tokens[i] >= nv) return ERR(BAD_ARGUMENT);

@@ -25,24 +25,24 @@ typedef struct {
 } e8kv_model_config;
 
 typedef struct {
-    float *attn_norm;        /* (dim) */
-    float *wq;               /* (n_head * head_dim, dim): row-major, out x in */
-    float *wk, *wv;          /* (n_head_kv * head_dim, dim) */
-    float *bq, *bk, *bv;     /* biases (Qwen2) or NULL */
-    float *wo;               /* (dim, n_head * head_dim) */
-    float *ffn_norm;         /* (dim) */
-    float *w_gate, *w_up;    /* (hidden_dim, dim) */
-    float *w_down;           /* (dim, hidden_dim) */
+    float *attn_norm;     /* (dim) */
+    float *wq;            /* (n_head * head_dim, dim): row-major, out x in */
+    float *wk, *wv;       /* (n_head_kv * head_dim, dim) */
+    float *bq, *bk, *bv;  /* biases (Qwen2) or NULL */
+    float *wo;            /* (dim, n_head * head_dim) */
+    float *ffn_norm;      /* (dim) */
+    float *w_gate, *w_up; /* (hidden_dim, dim) */
+    float *w_down;        /* (dim, hidden_dim) */
 } e8kv_layer_weights;
 
 typedef struct e8kv_model {
     e8kv_model_config cfg;
-    float *tok_embd;             /* (vocab_size, dim) */
-    float *out_norm;             /* (dim) */
-    float *output;               /* (vocab_size, dim); equals tok_embd when tied */
-    e8kv_layer_weights *layers;  /* n_layer */
+    float *tok_embd;            /* (vocab_size, dim) */
+    float *out_norm;            /* (dim) */
+    float *output;              /* (vocab_size, dim); equals tok_embd when tied */
+    e8kv_layer_weights *layers; /* n_layer */
     e8kv_tokenizer *tokenizer;
-    void *owned;                 /* an e8kv_model_storage, released by e8kv_model_free */
+    void *owned; /* an e8kv_model_storage, released by e8kv_model_free */
 } e8kv_model;
 
 /* Loader-owned storage (internal to the loaders): every weight in one float arena and, while loading a
@@ -62,8 +62,8 @@ typedef struct {
 size_t e8kv_model_load_gguf(e8kv_model **out, const char *path, char *msg, size_t msg_capacity);
 /* llama2.c checkpoint (legacy v0 header of 7 int32) plus its tokenizer.bin (NULL: no tokenizer).
  * Errors: E8KV_ERROR_IO, _TRUNCATED / _CORRUPTED (sizes disagree with the header), _OUT_OF_MEMORY. */
-size_t e8kv_model_load_llama2c(e8kv_model **out, const char *ckpt_path, const char *tokenizer_path,
-                               char *msg, size_t msg_capacity);
+size_t e8kv_model_load_llama2c(e8kv_model **out, const char *ckpt_path, const char *tokenizer_path, char *msg,
+                               size_t msg_capacity);
 /* By content: GGUF magic -> GGUF, otherwise llama2.c with tokenizer `tok512.bin`/`tokenizer.bin` next
  * to the checkpoint when present. */
 size_t e8kv_model_load(e8kv_model **out, const char *path, char *msg, size_t msg_capacity);
@@ -84,12 +84,12 @@ typedef void (*e8kv_kv_hook)(void *user, size_t layer, const float *k, const flo
                              size_t pos0);
 
 typedef struct {
-    size_t n_ctx;          /* cache capacity in tokens (<= cfg.n_ctx_train when known) */
-    size_t n_batch;        /* most tokens per forward step; longer inputs are split (0 = n_ctx) */
-    const char *kv_spec;   /* e8kv_cache spec: "f32", "q4_0h", "k=SPEC,v=SPEC" ... (NULL = f32) */
-    uint64_t seed;         /* the cache's rotation seed */
-    int n_threads;         /* 0 = number of online CPUs */
-    e8kv_kv_hook kv_hook;  /* optional */
+    size_t n_ctx;         /* cache capacity in tokens (<= cfg.n_ctx_train when known) */
+    size_t n_batch;       /* most tokens per forward step; longer inputs are split (0 = n_ctx) */
+    const char *kv_spec;  /* e8kv_cache spec: "f32", "q4_0h", "k=SPEC,v=SPEC" ... (NULL = f32) */
+    uint64_t seed;        /* the cache's rotation seed */
+    int n_threads;        /* 0 = number of online CPUs */
+    e8kv_kv_hook kv_hook; /* optional */
     void *kv_hook_user;
 } e8kv_context_params;
 

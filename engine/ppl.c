@@ -17,9 +17,11 @@ size_t e8kv_log_softmax(float *dst, const float *logits, size_t n) {
         if (logits[i] > logits[best]) best = i;
     const float mx = logits[best];
     double sum = 0.0;
-    for (size_t i = 0; i < n; i++) sum += exp((double)(logits[i] - mx));
+    for (size_t i = 0; i < n; i++)
+        sum += exp((double)(logits[i] - mx));
     const float lse = mx + (float)log(sum);
-    for (size_t i = 0; i < n; i++) dst[i] = logits[i] - lse;
+    for (size_t i = 0; i < n; i++)
+        dst[i] = logits[i] - lse;
     return best;
 }
 
@@ -49,7 +51,8 @@ typedef struct {
     int active;
 } dump_gate;
 
-static void dump_trampoline(void *user, size_t layer, const float *k, const float *v, size_t n_tok, size_t pos0) {
+static void dump_trampoline(void *user, size_t layer, const float *k, const float *v, size_t n_tok,
+                            size_t pos0) {
     const dump_gate *g = user;
     if (g->active) g->fn(g->user, layer, k, v, n_tok, pos0);
 }
@@ -65,7 +68,8 @@ size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
     const size_t n_chunk_max = n_tokens / n_ctx;
     if (n_chunk_max == 0) return ERR(SRC_SIZE);
     const size_t n_chunk = p->n_chunks && p->n_chunks < n_chunk_max ? p->n_chunks : n_chunk_max;
-    const size_t nv = m->cfg.vocab_size, first = n_ctx / 2, n_rows = n_ctx - first, n_scored = n_ctx - 1 - first;
+    const size_t nv = m->cfg.vocab_size, first = n_ctx / 2, n_rows = n_ctx - first,
+                 n_scored = n_ctx - 1 - first;
     const int32_t bos = m->tokenizer ? e8kv_tokenizer_bos(m->tokenizer) : 1;
 
     memset(results, 0, p->n_specs * sizeof *results);
@@ -76,9 +80,13 @@ size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
 
     size_t ret = 0;
     dump_gate gate = {p->dump_hook, p->dump_user, 1};
-    e8kv_context_params cp = {.n_ctx = n_ctx, .n_batch = n_ctx, .kv_spec = "f32", .seed = p->seed,
+    e8kv_context_params cp = {.n_ctx = n_ctx,
+                              .n_batch = n_ctx,
+                              .kv_spec = "f32",
+                              .seed = p->seed,
                               .n_threads = p->n_threads,
-                              .kv_hook = p->dump_hook ? dump_trampoline : NULL, .kv_hook_user = &gate};
+                              .kv_hook = p->dump_hook ? dump_trampoline : NULL,
+                              .kv_hook_user = &gate};
     e8kv_context *base = e8kv_context_create(m, &cp, &ret);
     e8kv_context *ctx[E8KV_PPL_MAX_SPECS] = {0};
     cp.kv_hook = NULL;
@@ -153,7 +161,8 @@ size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
                 const size_t top = e8kv_log_softmax(lsm, logits + j * nv, nv);
                 const double nll = -(double)lsm[target[j]];
                 double kld = 0.0;
-                for (size_t k = 0; k < nv; k++) kld += (double)expf(brow[k]) * (double)(brow[k] - lsm[k]);
+                for (size_t k = 0; k < nv; k++)
+                    kld += (double)expf(brow[k]) * (double)(brow[k] - lsm[k]);
                 r->sum_nll += nll;
                 r->sum_nll2 += nll * nll;
                 r->sum_kld += kld;
@@ -168,7 +177,8 @@ size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
     }
     ret = n_chunk;
 done:
-    for (size_t i = 0; i < p->n_specs; i++) e8kv_context_free(ctx[i]);
+    for (size_t i = 0; i < p->n_specs; i++)
+        e8kv_context_free(ctx[i]);
     e8kv_context_free(base);
     free(chunk);
     free(logits);

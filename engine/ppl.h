@@ -16,36 +16,36 @@
 
 typedef struct {
     char spec[96];
-    size_t status;          /* 0, or the error that made the format unavailable (context creation) */
-    size_t count;           /* scored tokens so far */
+    size_t status; /* 0, or the error that made the format unavailable (context creation) */
+    size_t count;  /* scored tokens so far */
     double sum_nll, sum_nll2;
     double sum_kld, sum_kld2;
     size_t n_same_top1;
-    double seconds;         /* wall time of this format's forward passes */
+    double seconds; /* wall time of this format's forward passes */
     /* derived by e8kv_ppl_finish (also kept current after each chunk) */
-    double ppl, ppl_se;     /* exp(mean NLL), and its std error as llama.cpp: ppl * sd(NLL)/sqrt(n-1) */
-    double kld, kld_se;     /* mean KL(base || this) in nats per token, and its std error */
-    double top1, top1_se;   /* fraction of positions whose argmax equals the baseline's */
-    double bits_per_value;  /* e8kv_cache_bits_per_value */
-    size_t kv_bytes;        /* e8kv_cache_bytes with the cache holding a full chunk of n_ctx tokens */
-    double tokens_per_s;    /* chunk tokens evaluated per second of forward passes */
+    double ppl, ppl_se;    /* exp(mean NLL), and its std error as llama.cpp: ppl * sd(NLL)/sqrt(n-1) */
+    double kld, kld_se;    /* mean KL(base || this) in nats per token, and its std error */
+    double top1, top1_se;  /* fraction of positions whose argmax equals the baseline's */
+    double bits_per_value; /* e8kv_cache_bits_per_value */
+    size_t kv_bytes;       /* e8kv_cache_bytes with the cache holding a full chunk of n_ctx tokens */
+    double tokens_per_s;   /* chunk tokens evaluated per second of forward passes */
 } e8kv_ppl_result;
 
 typedef void (*e8kv_ppl_progress)(void *user, size_t chunk, size_t n_chunk, const e8kv_ppl_result *res,
                                   size_t n_res);
 
 typedef struct {
-    size_t n_ctx;                /* chunk length, even, >= 4 */
-    size_t n_chunks;             /* 0 = every complete chunk of the text */
-    int n_threads;               /* 0 = number of online CPUs */
-    uint64_t seed;               /* rotation seed of the caches */
-    const char *const *specs;    /* formats to compare with the f32 baseline; "f32" reuses the baseline */
-    size_t n_specs;              /* 1 .. E8KV_PPL_MAX_SPECS */
-    e8kv_ppl_progress progress;  /* optional: called after each chunk */
+    size_t n_ctx;               /* chunk length, even, >= 4 */
+    size_t n_chunks;            /* 0 = every complete chunk of the text */
+    int n_threads;              /* 0 = number of online CPUs */
+    uint64_t seed;              /* rotation seed of the caches */
+    const char *const *specs;   /* formats to compare with the f32 baseline; "f32" reuses the baseline */
+    size_t n_specs;             /* 1 .. E8KV_PPL_MAX_SPECS */
+    e8kv_ppl_progress progress; /* optional: called after each chunk */
     void *progress_user;
-    e8kv_kv_hook dump_hook;      /* optional: receives the baseline's K/V of the first chunk */
+    e8kv_kv_hook dump_hook; /* optional: receives the baseline's K/V of the first chunk */
     void *dump_user;
-    e8kv_ppl_result *baseline;   /* optional: receives the f32 baseline's own figures */
+    e8kv_ppl_result *baseline; /* optional: receives the f32 baseline's own figures */
 } e8kv_ppl_params;
 
 /* Runs the whole protocol; results[i] belongs to specs[i] (a format whose context cannot be created is

@@ -57,7 +57,8 @@ int32_t e8kv_sampler_sample(e8kv_sampler *s, const float *logits) {
         s->probs[i] = expf((logits[i] - logits[best]) / s->temperature);
         sum += s->probs[i];
     }
-    for (size_t i = 0; i < n; i++) s->probs[i] = (float)(s->probs[i] / sum);
+    for (size_t i = 0; i < n; i++)
+        s->probs[i] = (float)(s->probs[i] / sum);
     /* candidates: drop tokens that cannot be in the nucleus, (1 - p) / (n - 1) as llama2.c does */
     const float cutoff = s->top_p < 1.0f ? (1.0f - s->top_p) / (float)(n - 1) : 0.0f;
     size_t m = 0;

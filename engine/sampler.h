@@ -8,11 +8,11 @@
 
 typedef struct {
     size_t vocab_size;
-    float temperature;  /* 0 = greedy */
-    float top_p;        /* in (0, 1]; 1 = plain temperature sampling */
-    uint64_t state;     /* rng */
-    float *probs;       /* (vocab_size) scratch */
-    int32_t *index;     /* (vocab_size) scratch */
+    float temperature; /* 0 = greedy */
+    float top_p;       /* in (0, 1]; 1 = plain temperature sampling */
+    uint64_t state;    /* rng */
+    float *probs;      /* (vocab_size) scratch */
+    int32_t *index;    /* (vocab_size) scratch */
 } e8kv_sampler;
 
 /* 0 or E8KV_ERROR_BAD_ARGUMENT (vocab 0, temperature < 0, top_p outside (0, 1]) / _OUT_OF_MEMORY. */

@@ -36,16 +36,17 @@ static e8kv_model *load_stories(void) {
     return m;
 }
 
-#define SKIP_WITHOUT_STORIES(m)                                                                        \
-    do {                                                                                               \
-        if (!(m)) {                                                                                    \
-            print_message("stories260K missing under E8KV_SHARED_DATA: skipped\n");                    \
-            skip();                                                                                    \
-        }                                                                                              \
+#define SKIP_WITHOUT_STORIES(m)                                                                              \
+    do {                                                                                                     \
+        if (!(m)) {                                                                                          \
+            print_message("stories260K missing under E8KV_SHARED_DATA: skipped\n");                          \
+            skip();                                                                                          \
+        }                                                                                                    \
     } while (0)
 
 static e8kv_context *make_ctx(const e8kv_model *m, size_t n_ctx, size_t n_batch, int n_threads) {
-    const e8kv_context_params p = {.n_ctx = n_ctx, .n_batch = n_batch, .kv_spec = "f32", .n_threads = n_threads};
+    const e8kv_context_params p = {
+        .n_ctx = n_ctx, .n_batch = n_batch, .kv_spec = "f32", .n_threads = n_threads};
     size_t err = 0;
     e8kv_context *c = e8kv_context_create(m, &p, &err);
     if (!c) fail_msg("context: %s", e8kv_error_name(err));
@@ -81,7 +82,8 @@ static void test_stories_greedy(void **state) {
         }
     }
     const char *t = text;
-    while (*t == ' ') t++; /* the first piece after BOS carries SentencePiece's space */
+    while (*t == ' ')
+        t++; /* the first piece after BOS carries SentencePiece's space */
     const char *want = "Once upon a time, there was a little girl named Lily";
     if (strncmp(t, want, strlen(want))) fail_msg("got \"%s\"", t);
     free(logits);
@@ -127,7 +129,8 @@ static void test_stories_batch_equals_decode(void **state) {
     /* single steps */
     e8kv_context_reset(c);
     assert_int_equal(e8kv_context_pos(c), 0);
-    for (size_t i = 0; i < N; i++) assert_int_equal(e8kv_context_eval(c, got + i * nv, nv, toks + i, 1, 0), i + 1);
+    for (size_t i = 0; i < N; i++)
+        assert_int_equal(e8kv_context_eval(c, got + i * nv, nv, toks + i, 1, 0), i + 1);
     double d = max_abs_diff(ref, got, N * nv, &mx);
     assert_true(mx > 1.0);
     if (d > 1e-4 * mx) fail_msg("decode vs batch: max diff %g (max |logit| %g)", d, mx);
@@ -247,7 +250,8 @@ static void test_llama2c_malformed(void **state) {
     unsigned char *buf = calloc(1, n + 8);
     memcpy(buf, hdr, sizeof hdr); /* little-endian host */
     float *w = (float *)(buf + 28);
-    for (size_t i = 0; i < n_float; i++) w[i] = 0.01f * (float)(i % 17);
+    for (size_t i = 0; i < n_float; i++)
+        w[i] = 0.01f * (float)(i % 17);
     const char *path = tmp_file("ok.bin");
     e8kv_model *m = NULL;
     char msg[256];
@@ -305,9 +309,15 @@ static void put(bytes *b, const void *d, size_t n) {
     memcpy(b->p + b->n, d, n);
     b->n += n;
 }
-static void put_u32(bytes *b, uint32_t v) { put(b, &v, 4); }
-static void put_u64(bytes *b, uint64_t v) { put(b, &v, 8); }
-static void put_f32(bytes *b, float v) { put(b, &v, 4); }
+static void put_u32(bytes *b, uint32_t v) {
+    put(b, &v, 4);
+}
+static void put_u64(bytes *b, uint64_t v) {
+    put(b, &v, 8);
+}
+static void put_f32(bytes *b, float v) {
+    put(b, &v, 4);
+}
 static void put_str(bytes *b, const char *s) {
     put_u64(b, strlen(s));
     put(b, s, strlen(s));
@@ -340,11 +350,11 @@ enum { TINY_VOCAB = 6, TINY_DIM = 8, TINY_FF = 16, TINY_KV = 4 };
  * optional damage: arch name, one tensor's shape or type. */
 static bytes tiny_gguf(const char *arch, const char *bad_tensor, uint64_t bad_ne0, uint32_t bad_type) {
     tinfo t[] = {
-        {"token_embd.weight", 0, TINY_DIM, TINY_VOCAB},  {"output_norm.weight", 0, TINY_DIM, 1},
-        {"blk.0.attn_norm.weight", 0, TINY_DIM, 1},      {"blk.0.attn_q.weight", 0, TINY_DIM, TINY_DIM},
-        {"blk.0.attn_k.weight", 0, TINY_DIM, TINY_KV},   {"blk.0.attn_v.weight", 0, TINY_DIM, TINY_KV},
+        {"token_embd.weight", 0, TINY_DIM, TINY_VOCAB},      {"output_norm.weight", 0, TINY_DIM, 1},
+        {"blk.0.attn_norm.weight", 0, TINY_DIM, 1},          {"blk.0.attn_q.weight", 0, TINY_DIM, TINY_DIM},
+        {"blk.0.attn_k.weight", 0, TINY_DIM, TINY_KV},       {"blk.0.attn_v.weight", 0, TINY_DIM, TINY_KV},
         {"blk.0.attn_output.weight", 0, TINY_DIM, TINY_DIM}, {"blk.0.ffn_norm.weight", 0, TINY_DIM, 1},
-        {"blk.0.ffn_gate.weight", 0, TINY_DIM, TINY_FF}, {"blk.0.ffn_up.weight", 0, TINY_DIM, TINY_FF},
+        {"blk.0.ffn_gate.weight", 0, TINY_DIM, TINY_FF},     {"blk.0.ffn_up.weight", 0, TINY_DIM, TINY_FF},
         {"blk.0.ffn_down.weight", 0, TINY_FF, TINY_DIM},
     };
     const size_t nt = sizeof t / sizeof t[0];
@@ -377,17 +387,20 @@ static bytes tiny_gguf(const char *arch, const char *bad_tensor, uint64_t bad_ne
     put_u32(&b, 9);
     put_u32(&b, 8);
     put_u64(&b, TINY_VOCAB);
-    for (int i = 0; i < TINY_VOCAB; i++) put_str(&b, toks[i]);
+    for (int i = 0; i < TINY_VOCAB; i++)
+        put_str(&b, toks[i]);
     put_str(&b, "tokenizer.ggml.scores");
     put_u32(&b, 9);
     put_u32(&b, 6);
     put_u64(&b, TINY_VOCAB);
-    for (int i = 0; i < TINY_VOCAB; i++) put_f32(&b, (float)-i);
+    for (int i = 0; i < TINY_VOCAB; i++)
+        put_f32(&b, (float)-i);
     put_str(&b, "tokenizer.ggml.token_type");
     put_u32(&b, 9);
     put_u32(&b, 5);
     put_u64(&b, TINY_VOCAB);
-    for (int i = 0; i < TINY_VOCAB; i++) put_u32(&b, i == 0 ? 2 : i < 3 ? 3 : 1);
+    for (int i = 0; i < TINY_VOCAB; i++)
+        put_u32(&b, i == 0 ? 2 : i < 3 ? 3 : 1);
     kv_u32(&b, "tokenizer.ggml.bos_token_id", 1);
     kv_u32(&b, "tokenizer.ggml.eos_token_id", 2);
     kv_u32(&b, "tokenizer.ggml.unknown_token_id", 0);
@@ -402,11 +415,14 @@ static bytes tiny_gguf(const char *arch, const char *bad_tensor, uint64_t bad_ne
         put_u64(&b, off);
         off += (t[i].ne0 * t[i].ne1 * 4 + 31) / 32 * 32;
     }
-    while (b.n % 32) put(&b, "", 1);
+    while (b.n % 32)
+        put(&b, "", 1);
     for (size_t i = 0; i < nt; i++) {
         const size_t nf = t[i].ne0 * t[i].ne1, padded = (nf * 4 + 31) / 32 * 32;
-        for (size_t k = 0; k < nf; k++) put_f32(&b, 0.05f * (float)((k * 7 + i) % 11) - 0.2f);
-        for (size_t k = nf * 4; k < padded; k++) put(&b, "", 1);
+        for (size_t k = 0; k < nf; k++)
+            put_f32(&b, 0.05f * (float)((k * 7 + i) % 11) - 0.2f);
+        for (size_t k = nf * 4; k < padded; k++)
+            put(&b, "", 1);
     }
     return b;
 }
@@ -435,7 +451,8 @@ static void test_gguf_malformed(void **state) {
     const int32_t toks[3] = {1, 3, 5};
     float logits[3 * TINY_VOCAB];
     assert_int_equal(e8kv_context_eval(c, logits, 3 * TINY_VOCAB, toks, 3, 0), 3);
-    for (size_t i = 0; i < 3 * TINY_VOCAB; i++) assert_true(isfinite(logits[i]));
+    for (size_t i = 0; i < 3 * TINY_VOCAB; i++)
+        assert_true(isfinite(logits[i]));
     e8kv_context_free(c);
     e8kv_model_free(m);
     /* truncated inside the tensor data, and inside the header */
@@ -484,16 +501,19 @@ static void test_sampler(void **state) {
     e8kv_sampler_free(&s);
     /* top-p 0.5: p(1) = e^3 / sum = 0.55 > 0.5 alone, so always token 1 */
     assert_ok(e8kv_sampler_init(&s, V, 1.0f, 0.5f, 7));
-    for (int i = 0; i < 200; i++) assert_int_equal(e8kv_sampler_sample(&s, logits), 1);
+    for (int i = 0; i < 200; i++)
+        assert_int_equal(e8kv_sampler_sample(&s, logits), 1);
     e8kv_sampler_free(&s);
     /* top-p 0.9 at T = 1: nucleus {1, 4, 2} (0.55, 0.33, 0.07 -> 0.96); frequencies match the
      * renormalized probabilities within 4 sigma over 20000 draws */
     assert_ok(e8kv_sampler_init(&s, V, 1.0f, 0.9f, 7));
     int count[V] = {0};
     enum { DRAWS = 20000 };
-    for (int i = 0; i < DRAWS; i++) count[e8kv_sampler_sample(&s, logits)]++;
+    for (int i = 0; i < DRAWS; i++)
+        count[e8kv_sampler_sample(&s, logits)]++;
     double z = 0.0;
-    for (int i = 0; i < V; i++) z += exp(logits[i]);
+    for (int i = 0; i < V; i++)
+        z += exp(logits[i]);
     const double p1 = exp(3.0) / z, p4 = exp(2.5) / z, p2 = exp(1.0) / z, cum = p1 + p4 + p2;
     assert_int_equal(count[0] + count[3], 0);
     const double e1 = p1 / cum, f1 = (double)count[1] / DRAWS;
@@ -535,8 +555,9 @@ static void test_cli_bad_input(void **state) {
     write_bytes(shorty, "Once upon a time", 16);
     char story[4000];
     size_t len = 0;
-    while (len + 80 < sizeof story) len += (size_t)snprintf(story + len, sizeof story - len,
-                                                            "Lily and Ben went to the park to play with a red ball. ");
+    while (len + 80 < sizeof story)
+        len += (size_t)snprintf(story + len, sizeof story - len,
+                                "Lily and Ben went to the park to play with a red ball. ");
     write_bytes(text, story, len);
     /* empty text, text shorter than one chunk, --ctx above the model's 512: named errors, exit 1 */
     snprintf(args, sizeof args, "ppl -m %s -f %s", model_copy, empty);
@@ -559,8 +580,9 @@ static void test_cli_bad_input(void **state) {
     /* a good run: one row per format, an unknown one reported as unavailable; the first chunk's K/V dumped
      * as doc/format.md section 1 says: 5 layers x (64 K + 64 V tokens) x 4 KV heads vectors of 8 floats */
     const char *kvd = tmp_file("dump.kvd");
-    snprintf(args, sizeof args, "ppl -m %s -f %s --ctx 64 --chunks 2 --threads 1 --kv f32,bogus --json --dump-kv %s",
-             model_copy, text, kvd);
+    snprintf(args, sizeof args,
+             "ppl -m %s -f %s --ctx 64 --chunks 2 --threads 1 --kv f32,bogus --json --dump-kv %s", model_copy,
+             text, kvd);
     assert_int_equal(run_cli(args, out, sizeof out), 0);
     assert_non_null(strstr(out, "\"spec\":\"f32\",\"available\":true"));
     assert_non_null(strstr(out, "\"spec\":\"bogus\",\"available\":false"));
@@ -578,12 +600,12 @@ static void test_cli_bad_input(void **state) {
     memcpy(&n_vec, h + 16, 8);
     memcpy(u + 2, h + 24, 16);
     assert_memory_equal(h, "E8KVDUMP", 8);
-    assert_int_equal(u[0], 1);                /* version */
-    assert_int_equal(u[1], 8);                /* head_dim */
-    assert_int_equal(n_vec, 5 * 2 * 64 * 4);  /* n_vec */
-    assert_int_equal(u[2], 3);                /* keys and values, keys after RoPE */
-    assert_int_equal(u[3], 5);                /* n_layer */
-    assert_int_equal(u[4], 4);                /* n_head_kv */
+    assert_int_equal(u[0], 1);               /* version */
+    assert_int_equal(u[1], 8);               /* head_dim */
+    assert_int_equal(n_vec, 5 * 2 * 64 * 4); /* n_vec */
+    assert_int_equal(u[2], 3);               /* keys and values, keys after RoPE */
+    assert_int_equal(u[3], 5);               /* n_layer */
+    assert_int_equal(u[4], 4);               /* n_head_kv */
     assert_int_equal(size, 40 + (long)n_vec * 8 * 4);
     remove(empty);
     remove(shorty);
@@ -593,9 +615,9 @@ static void test_cli_bad_input(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_stories_greedy),  cmocka_unit_test(test_stories_batch_equals_decode),
-        cmocka_unit_test(test_stories_ppl),     cmocka_unit_test(test_llama2c_malformed),
-        cmocka_unit_test(test_gguf_malformed),  cmocka_unit_test(test_sampler),
+        cmocka_unit_test(test_stories_greedy), cmocka_unit_test(test_stories_batch_equals_decode),
+        cmocka_unit_test(test_stories_ppl),    cmocka_unit_test(test_llama2c_malformed),
+        cmocka_unit_test(test_gguf_malformed), cmocka_unit_test(test_sampler),
         cmocka_unit_test(test_cli_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

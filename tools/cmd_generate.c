@@ -149,10 +149,12 @@ int e8kv_cmd_generate(int argc, char **argv) {
     size_t n_ctx = n_ctx_arg ? n_ctx_arg : n_prompt + (size_t)n_gen;
     if (!n_ctx_arg && cfg->n_ctx_train && n_ctx > cfg->n_ctx_train) n_ctx = cfg->n_ctx_train;
     if (n_prompt > n_ctx) {
-        fprintf(stderr, "e8kv generate: the prompt (%zu tokens) does not fit the context (%zu)\n", n_prompt, n_ctx);
+        fprintf(stderr, "e8kv generate: the prompt (%zu tokens) does not fit the context (%zu)\n", n_prompt,
+                n_ctx);
         goto out;
     }
-    const e8kv_context_params cp = {.n_ctx = n_ctx, .n_batch = 512, .kv_spec = kv, .seed = 0, .n_threads = n_threads};
+    const e8kv_context_params cp = {
+        .n_ctx = n_ctx, .n_batch = 512, .kv_spec = kv, .seed = 0, .n_threads = n_threads};
     ctx = e8kv_context_create(m, &cp, &r);
     if (!ctx) {
         fprintf(stderr, "e8kv generate: cannot create a context with --kv %s, ctx %zu: %s\n", kv, n_ctx,
@@ -178,7 +180,8 @@ int e8kv_cmd_generate(int argc, char **argv) {
     }
     if (dump) {
         FILE *f = fopen(dump, "wb");
-        const int ok = f && fwrite(logits, sizeof(float), n_rows * cfg->vocab_size, f) == n_rows * cfg->vocab_size;
+        const int ok =
+            f && fwrite(logits, sizeof(float), n_rows * cfg->vocab_size, f) == n_rows * cfg->vocab_size;
         if (!f || fclose(f) != 0 || !ok) {
             fprintf(stderr, "e8kv generate: cannot write %s\n", dump);
             goto out;
@@ -191,8 +194,10 @@ int e8kv_cmd_generate(int argc, char **argv) {
     for (; n_done < n_gen && e8kv_context_pos(ctx) < n_ctx; n_done++) {
         const int32_t next = e8kv_sampler_sample(&smp, last);
         if (next == eos && !ignore_eos) break;
-        if (m->tokenizer) print_piece(m, next);
-        else printf("%d ", next);
+        if (m->tokenizer)
+            print_piece(m, next);
+        else
+            printf("%d ", next);
         r = e8kv_context_eval(ctx, logits, cfg->vocab_size, &next, 1, 0);
         if (e8kv_is_error(r)) {
             fprintf(stderr, "\ne8kv generate: forward pass failed: %s\n", e8kv_error_name(r));
@@ -203,7 +208,8 @@ int e8kv_cmd_generate(int argc, char **argv) {
     const double t_gen = now_s() - t0;
     printf("\n");
     fflush(stdout);
-    fprintf(stderr, "e8kv generate: --kv %s: prompt %zu tokens at %.1f tok/s, generated %ld tokens at %.1f tok/s\n",
+    fprintf(stderr,
+            "e8kv generate: --kv %s: prompt %zu tokens at %.1f tok/s, generated %ld tokens at %.1f tok/s\n",
             kv, n_prompt, t_prompt > 0 ? (double)n_prompt / t_prompt : 0.0, n_done,
             t_gen > 0 ? (double)n_done / t_gen : 0.0);
     rc = 0;

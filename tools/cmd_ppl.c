@@ -11,20 +11,21 @@
 #include <unistd.h>
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: e8kv ppl [-m MODEL] -f TEXT [options]\n\n"
-            "  -m MODEL          GGUF (llama, mistral, qwen2) or llama2.c checkpoint; default $E8KV_MODEL or\n"
-            "                    ~/.cache/e8kv/" E8KV_DEFAULT_MODEL_NAME " (scripts/fetch_model.sh)\n"
-            "  -f TEXT           UTF-8 text file, tokenized once (e.g. wikitext-2-raw/wiki.test.raw)\n"
-            "  --ctx N           tokens per chunk (default 512); the second half of each chunk is scored\n"
-            "  --chunks N        evaluate the first N chunks only (default: all)\n"
-            "  --kv SPEC[,SPEC]  KV formats to compare with the f32 baseline (default f32), e.g.\n"
-            "                    f16,q8_0,q4_0,q4_0h,e8:4,e8:3,e8:2\n"
-            "  --kv-k SPEC --kv-v SPEC   one format with different keys and values\n"
-            "  --threads N       threads (default: number of CPUs)\n"
-            "  --seed S          rotation seed of the caches (default 0)\n"
-            "  --json            one JSON object per format instead of the table\n"
-            "  --dump-kv FILE    write the f32 run's K (after RoPE) and V of the first chunk (doc/format.md, 1)\n");
+    fprintf(
+        f, "usage: e8kv ppl [-m MODEL] -f TEXT [options]\n\n"
+           "  -m MODEL          GGUF (llama, mistral, qwen2) or llama2.c checkpoint; default $E8KV_MODEL or\n"
+           "                    ~/.cache/e8kv/" E8KV_DEFAULT_MODEL_NAME " (scripts/fetch_model.sh)\n"
+           "  -f TEXT           UTF-8 text file, tokenized once (e.g. wikitext-2-raw/wiki.test.raw)\n"
+           "  --ctx N           tokens per chunk (default 512); the second half of each chunk is scored\n"
+           "  --chunks N        evaluate the first N chunks only (default: all)\n"
+           "  --kv SPEC[,SPEC]  KV formats to compare with the f32 baseline (default f32), e.g.\n"
+           "                    f16,q8_0,q4_0,q4_0h,e8:4,e8:3,e8:2\n"
+           "  --kv-k SPEC --kv-v SPEC   one format with different keys and values\n"
+           "  --threads N       threads (default: number of CPUs)\n"
+           "  --seed S          rotation seed of the caches (default 0)\n"
+           "  --json            one JSON object per format instead of the table\n"
+           "  --dump-kv FILE    write the f32 run's K (after RoPE) and V of the first chunk (doc/format.md, "
+           "1)\n");
 }
 
 /* Model path: -m, else the default; a clear message when the default has not been fetched. */
@@ -66,7 +67,8 @@ static void dump_hook(void *user, size_t layer, const float *k, const float *v, 
 }
 
 static void put32(unsigned char *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
 }
 
 static int write_dump(const char *path, const kv_dump *d, const e8kv_model_config *cfg) {
@@ -89,12 +91,15 @@ static int write_dump(const char *path, const kv_dump *d, const e8kv_model_confi
     for (size_t l = 0; l < cfg->n_layer && ok; l++) {
         const float *base = d->buf + l * 2 * d->n_ctx * d->kv_dim;
         ok = fwrite(base, sizeof(float), d->n_tok * d->kv_dim, f) == d->n_tok * d->kv_dim &&
-             fwrite(base + d->n_ctx * d->kv_dim, sizeof(float), d->n_tok * d->kv_dim, f) == d->n_tok * d->kv_dim;
+             fwrite(base + d->n_ctx * d->kv_dim, sizeof(float), d->n_tok * d->kv_dim, f) ==
+                 d->n_tok * d->kv_dim;
     }
     ok = (fclose(f) == 0) && ok;
-    if (!ok) fprintf(stderr, "e8kv ppl: write error on %s\n", path);
-    else fprintf(stderr, "e8kv ppl: wrote %llu vectors of %zu floats to %s\n", (unsigned long long)n_vec,
-                 cfg->head_dim, path);
+    if (!ok)
+        fprintf(stderr, "e8kv ppl: write error on %s\n", path);
+    else
+        fprintf(stderr, "e8kv ppl: wrote %llu vectors of %zu floats to %s\n", (unsigned long long)n_vec,
+                cfg->head_dim, path);
     return ok ? 0 : 1;
 }
 
@@ -249,7 +254,8 @@ int e8kv_cmd_ppl(int argc, char **argv) {
         n_tok = ids ? e8kv_tokenizer_encode(m->tokenizer, ids, cap, text, n_bytes, -1) : 0;
     }
     if (!ids || e8kv_is_error(n_tok)) {
-        fprintf(stderr, "e8kv ppl: tokenization failed: %s\n", ids ? e8kv_error_name(n_tok) : "out of memory");
+        fprintf(stderr, "e8kv ppl: tokenization failed: %s\n",
+                ids ? e8kv_error_name(n_tok) : "out of memory");
         goto out;
     }
     if (n_tok < n_ctx) {
@@ -270,8 +276,9 @@ int e8kv_cmd_ppl(int argc, char **argv) {
     const size_t n_chunk_all = n_tok / n_ctx;
     const size_t n_chunk = n_chunks && n_chunks < n_chunk_all ? n_chunks : n_chunk_all;
     const int threads = n_threads > 0 ? n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    fprintf(stderr, "e8kv ppl: %s (%s, %zu layers, dim %zu, %zu/%zu heads, head_dim %zu), %zu tokens, "
-                    "%zu chunks of %zu, %d threads\n",
+    fprintf(stderr,
+            "e8kv ppl: %s (%s, %zu layers, dim %zu, %zu/%zu heads, head_dim %zu), %zu tokens, "
+            "%zu chunks of %zu, %d threads\n",
             model_path ? model_path : "default model", cfg->arch, cfg->n_layer, cfg->dim, cfg->n_head,
             cfg->n_head_kv, cfg->head_dim, n_tok, n_chunk, n_ctx, threads);
     e8kv_ppl_result baseline = {0};
@@ -295,21 +302,22 @@ int e8kv_cmd_ppl(int argc, char **argv) {
     if (json) {
         for (size_t i = 0; i < n_specs; i++) {
             const e8kv_ppl_result *x = &res[i];
-            printf("{\"model\":\"%s\",\"arch\":\"%s\",\"spec\":\"%s\",\"available\":%s", model_path ? model_path : "default",
-                   cfg->arch, x->spec, x->status ? "false" : "true");
+            printf("{\"model\":\"%s\",\"arch\":\"%s\",\"spec\":\"%s\",\"available\":%s",
+                   model_path ? model_path : "default", cfg->arch, x->spec, x->status ? "false" : "true");
             if (x->status) {
                 printf(",\"error\":\"%s\"}\n", e8kv_error_name(x->status));
                 continue;
             }
-            printf(",\"ctx\":%zu,\"chunks\":%zu,\"tokens_scored\":%zu,\"threads\":%d,\"ppl\":%.6f,\"ppl_se\":%.6f,"
+            printf(",\"ctx\":%zu,\"chunks\":%zu,\"tokens_scored\":%zu,\"threads\":%d,\"ppl\":%.6f,\"ppl_se\":"
+                   "%.6f,"
                    "\"ppl_f32\":%.6f,\"kld\":%.8f,\"kld_se\":%.8f,\"top1\":%.6f,\"top1_se\":%.6f,"
                    "\"bits_per_value\":%.4f,\"kv_bytes\":%zu,\"tokens_per_s\":%.2f}\n",
                    n_ctx, r, x->count, threads, x->ppl, x->ppl_se, baseline.ppl, x->kld, x->kld_se, x->top1,
                    x->top1_se, x->bits_per_value, x->kv_bytes, x->tokens_per_s);
         }
     } else {
-        printf("\nctx %zu, %zu chunks, %zu scored tokens per format; f32 baseline PPL %.4f +/- %.5f\n", n_ctx, r,
-               baseline.count, baseline.ppl, baseline.ppl_se);
+        printf("\nctx %zu, %zu chunks, %zu scored tokens per format; f32 baseline PPL %.4f +/- %.5f\n", n_ctx,
+               r, baseline.count, baseline.ppl, baseline.ppl_se);
         printf("%-16s %8s %11s %20s %8s %24s %16s %8s\n", "format", "bits/val", "KV MiB", "PPL", "dPPL",
                "KLD (nats)", "top-1 %", "tok/s");
         for (size_t i = 0; i < n_specs; i++) {
@@ -323,8 +331,8 @@ int e8kv_cmd_ppl(int argc, char **argv) {
             snprintf(kld, sizeof kld, "%.3e +/- %.1e", x->kld, x->kld_se);
             snprintf(top, sizeof top, "%.2f +/- %.2f", 100.0 * x->top1, 100.0 * x->top1_se);
             printf("%-16s %8.3f %11.3f %20s %+7.3f%% %24s %16s %8.1f\n", x->spec, x->bits_per_value,
-                   (double)x->kv_bytes / (1024.0 * 1024.0), ppl, 100.0 * (x->ppl / baseline.ppl - 1.0), kld, top,
-                   x->tokens_per_s);
+                   (double)x->kv_bytes / (1024.0 * 1024.0), ppl, 100.0 * (x->ppl / baseline.ppl - 1.0), kld,
+                   top, x->tokens_per_s);
         }
     }
     rc = 0;
