@@ -18,7 +18,7 @@ size_t e8kv_log_softmax(float *dst, const float *logits, size_t n) {
     const float mx = logits[best];
     double sum = 0.0;
     for (size_t i = 0; i < n; i++)
-        sum += exp((double)(logits[i] - mx));
+        sum += (double)expf(logits[i] - mx); /* terms in float (~1 ulp), the sum in double */
     const float lse = mx + (float)log(sum);
     for (size_t i = 0; i < n; i++)
         dst[i] = logits[i] - lse;
