@@ -24,8 +24,8 @@
 #define MAX_ROWS 128
 
 static const char *const k_default_fixed[] = {
-    "f16",     "q8_0",    "q8_0h",    "q4_0",     "q4_0h",    "lloyd:2",  "lloyd:3",
-    "lloyd:4", "e8:2",    "e8:3",     "e8:4",     "e8ball:2", "e8ball:3", "e8ball:4",
+    "f16",      "q8_0",     "q8_0h",    "q4_0",     "q4_0h",    "lloyd:2",  "lloyd:3",
+    "lloyd:4",  "e8:2",     "e8:3",     "e8:4",     "e8ball:2", "e8ball:3", "e8ball:4",
     "e8nest:2", "e8nest:3", "e8nest:4", "d4nest:2", "d4nest:3", "d4nest:4",
 };
 static const char *const k_default_ecq[] = {
@@ -35,34 +35,35 @@ static const char *const k_default_ecq[] = {
 #define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: e8kv bench codec [--data gauss|FILE] [--n-vec N] [--head-dim D] [--seed S]\n"
-            "                        [--codecs LIST] [--reps N] [--json]\n\n"
-            "One row per (quantizer, rate), all at bits per value with every byte counted.\n\n"
-            "  --data gauss   i.i.d. N(0,1) vectors from --seed (default)\n"
-            "  --data FILE    real K/V vectors from a dump (doc/format.md section 1)\n"
-            "  --n-vec N      vectors (default 65536 for gauss; all of FILE, or its first N)\n"
-            "  --head-dim D   head dimension for gauss (default 64); must match FILE when given\n"
-            "  --seed S       data seed and rotation seed of every codec (default 1)\n"
-            "  --codecs LIST  comma-separated codec specs (f16, q8_0, lloyd:3, e8:4, ...), entropy-coded\n"
-            "                 rows LAT-ecq:R with LAT in e8, d8star, d4, z and R the target bits/value, or\n"
-            "                 the groups 'fixed', 'ecq', 'all' (default: all)\n"
-            "  --reps N       timing repetitions; the median is reported (default 5)\n"
-            "  --json         one JSON object per row instead of the table\n\n"
-            "Columns:\n"
-            "  bits/val   fixed rate: 8 * vector_bytes / head_dim (side information included);\n"
-            "             LAT-ecq(H): parity-aware empirical entropy per value (the rate an ideal rANS coder\n"
-            "             with per-coordinate tables reaches; no coder runs), one global step as side info\n"
-            "  MSE        mean over values of (x - x_hat)^2\n"
-            "  MSE/D(R)   MSE / (sigma^2 * 2^(-2R)), sigma^2 = mean over coordinates of the empirical\n"
-            "             per-coordinate variance, R = bits/val (1.0 = Shannon bound of a Gaussian source)\n"
-            "  SNR dB     10 log10(mean(x^2) / MSE)\n"
-            "  ip_rel     relative error of q.k over %d random unit queries q (seeded) and every vector k:\n"
-            "             sqrt(mean((q.(k - k_hat))^2)) / sqrt(mean((q.k)^2))\n"
-            "  enc/dec    one thread, public API e8kv_codec_encode / e8kv_codec_decode (rotation included),\n"
-            "             median of --reps runs over all vectors; GB/s of float32 input/output, ns/value\n"
-            "d8star-ecq rows are matched to the measured rate of the e8-ecq row of the same R when it ran.\n",
-            N_QUERY);
+    fprintf(
+        f,
+        "usage: e8kv bench codec [--data gauss|FILE] [--n-vec N] [--head-dim D] [--seed S]\n"
+        "                        [--codecs LIST] [--reps N] [--json]\n\n"
+        "One row per (quantizer, rate), all at bits per value with every byte counted.\n\n"
+        "  --data gauss   i.i.d. N(0,1) vectors from --seed (default)\n"
+        "  --data FILE    real K/V vectors from a dump (doc/format.md section 1)\n"
+        "  --n-vec N      vectors (default 65536 for gauss; all of FILE, or its first N)\n"
+        "  --head-dim D   head dimension for gauss (default 64); must match FILE when given\n"
+        "  --seed S       data seed and rotation seed of every codec (default 1)\n"
+        "  --codecs LIST  comma-separated codec specs (f16, q8_0, lloyd:3, e8:4, ...), entropy-coded\n"
+        "                 rows LAT-ecq:R with LAT in e8, d8star, d4, z and R the target bits/value, or\n"
+        "                 the groups 'fixed', 'ecq', 'all' (default: all)\n"
+        "  --reps N       timing repetitions; the median is reported (default 5)\n"
+        "  --json         one JSON object per row instead of the table\n\n"
+        "Columns:\n"
+        "  bits/val   fixed rate: 8 * vector_bytes / head_dim (side information included);\n"
+        "             LAT-ecq(H): parity-aware empirical entropy per value (the rate an ideal rANS coder\n"
+        "             with per-coordinate tables reaches; no coder runs), one global step as side info\n"
+        "  MSE        mean over values of (x - x_hat)^2\n"
+        "  MSE/D(R)   MSE / (sigma^2 * 2^(-2R)), sigma^2 = mean over coordinates of the empirical\n"
+        "             per-coordinate variance, R = bits/val (1.0 = Shannon bound of a Gaussian source)\n"
+        "  SNR dB     10 log10(mean(x^2) / MSE)\n"
+        "  ip_rel     relative error of q.k over %d random unit queries q (seeded) and every vector k:\n"
+        "             sqrt(mean((q.(k - k_hat))^2)) / sqrt(mean((q.k)^2))\n"
+        "  enc/dec    one thread, public API e8kv_codec_encode / e8kv_codec_decode (rotation included),\n"
+        "             median of --reps runs over all vectors; GB/s of float32 input/output, ns/value\n"
+        "d8star-ecq rows are matched to the measured rate of the e8-ecq row of the same R when it ran.\n",
+        N_QUERY);
 }
 
 typedef struct {
@@ -96,9 +97,11 @@ static int add_list(options *o, char *list) {
         const int all = !strcmp(tok, "all");
         int ok = 1;
         if (all || !strcmp(tok, "fixed"))
-            for (size_t i = 0; i < N_ELEMS(k_default_fixed); i++) ok &= add_row(o, k_default_fixed[i]);
+            for (size_t i = 0; i < N_ELEMS(k_default_fixed); i++)
+                ok &= add_row(o, k_default_fixed[i]);
         if (all || !strcmp(tok, "ecq"))
-            for (size_t i = 0; i < N_ELEMS(k_default_ecq); i++) ok &= add_row(o, k_default_ecq[i]);
+            for (size_t i = 0; i < N_ELEMS(k_default_ecq); i++)
+                ok &= add_row(o, k_default_ecq[i]);
         if (!all && strcmp(tok, "fixed") && strcmp(tok, "ecq")) ok &= add_row(o, tok);
         if (!ok) return 0;
     }
@@ -124,12 +127,12 @@ static double median(double *v, int n) {
 /* ---------------------------------------------------------------- data and metrics */
 
 typedef struct {
-    float *x;      /* (n_vec, head_dim) */
+    float *x; /* (n_vec, head_dim) */
     size_t n_vec, head_dim;
-    double var;    /* mean over coordinates of the per-coordinate variance */
-    double power;  /* mean(x^2) */
+    double var;                           /* mean over coordinates of the per-coordinate variance */
+    double power;                         /* mean(x^2) */
     float q[N_QUERY * E8KV_MAX_HEAD_DIM]; /* unit queries */
-    double qk2;    /* mean over (q, k) of (q.k)^2 */
+    double qk2;                           /* mean over (q, k) of (q.k)^2 */
 } dataset;
 
 static void dataset_stats(dataset *d, uint64_t seed) {
@@ -137,7 +140,8 @@ static void dataset_stats(dataset *d, uint64_t seed) {
     double var = 0.0, power = 0.0;
     for (size_t j = 0; j < hd; j++) {
         double m = 0.0;
-        for (size_t i = 0; i < n; i++) m += d->x[i * hd + j];
+        for (size_t i = 0; i < n; i++)
+            m += d->x[i * hd + j];
         m /= (double)n;
         double v = 0.0;
         for (size_t i = 0; i < n; i++) {
@@ -159,13 +163,15 @@ static void dataset_stats(dataset *d, uint64_t seed) {
             norm += (double)q[j] * q[j];
         }
         const double inv = 1.0 / sqrt(norm);
-        for (size_t j = 0; j < hd; j++) q[j] = (float)(q[j] * inv);
+        for (size_t j = 0; j < hd; j++)
+            q[j] = (float)(q[j] * inv);
     }
     double s = 0.0;
     for (size_t i = 0; i < n; i++)
         for (int k = 0; k < N_QUERY; k++) {
             double dot = 0.0;
-            for (size_t j = 0; j < hd; j++) dot += (double)d->q[(size_t)k * hd + j] * d->x[i * hd + j];
+            for (size_t j = 0; j < hd; j++)
+                dot += (double)d->q[(size_t)k * hd + j] * d->x[i * hd + j];
             s += dot * dot;
         }
     d->qk2 = s / ((double)n * N_QUERY);
@@ -173,9 +179,9 @@ static void dataset_stats(dataset *d, uint64_t seed) {
 
 typedef struct {
     char name[48];
-    int entropy;                 /* 1 for LAT-ecq(H) rows */
+    int entropy; /* 1 for LAT-ecq(H) rows */
     double bits, mse, ratio, snr_db, ip_rel, step;
-    double enc_ns, dec_ns;       /* per value; < 0 when not measured */
+    double enc_ns, dec_ns; /* per value; < 0 when not measured */
 } row_result;
 
 static void quality(row_result *r, const dataset *d, const float *y) {
@@ -189,7 +195,8 @@ static void quality(row_result *r, const dataset *d, const float *y) {
         }
         for (int k = 0; k < N_QUERY; k++) {
             double dot = 0.0;
-            for (size_t j = 0; j < hd; j++) dot += (double)d->q[(size_t)k * hd + j] * e[j];
+            for (size_t j = 0; j < hd; j++)
+                dot += (double)d->q[(size_t)k * hd + j] * e[j];
             ip += dot * dot;
         }
     }
@@ -201,8 +208,8 @@ static void quality(row_result *r, const dataset *d, const float *y) {
 
 /* ---------------------------------------------------------------- rows */
 
-static size_t run_fixed(row_result *r, const dataset *d, const char *spec, uint64_t seed, int reps,
-                        float *y, void *buf, size_t buf_cap) {
+static size_t run_fixed(row_result *r, const dataset *d, const char *spec, uint64_t seed, int reps, float *y,
+                        void *buf, size_t buf_cap) {
     size_t err = 0;
     e8kv_codec *c = e8kv_codec_create(spec, d->head_dim, seed, &err);
     if (!c) return err;
@@ -273,15 +280,16 @@ static size_t run_ecq(row_result *r, const dataset *d, const float *x_rot, const
     const size_t err = e8kv_eclq_step_for_rate(&p, y2, x_rot, nv, lat, d->var, target, 2e-5);
     /* with few vectors the empirical rate jumps across the target: keep the closest point if it is
      * within 0.01 bit (the printed rate shows how close) */
-    if (e8kv_is_error(err) &&
-        !(e8kv_get_error_code(err) == E8KV_ERROR_RATE && p.step > 0.0 && fabs(p.bits_per_value - target) <= 0.01))
+    if (e8kv_is_error(err) && !(e8kv_get_error_code(err) == E8KV_ERROR_RATE && p.step > 0.0 &&
+                                fabs(p.bits_per_value - target) <= 0.01))
         return err;
     if (e8kv_is_error(err)) E8KV_RETURN_IF_ERROR(e8kv_eclq_measure(&p, y2, x_rot, nv, p.step, lat));
     r->entropy = 1;
     r->step = p.step;
     r->bits = p.bits_per_value;
     r->enc_ns = r->dec_ns = -1.0;
-    for (size_t i = 0; i < nv; i++) y[i] = (float)(0.5 * p.step * (double)y2[i]);
+    for (size_t i = 0; i < nv; i++)
+        y[i] = (float)(0.5 * p.step * (double)y2[i]);
     e8kv_rot_inverse(rot, y, d->n_vec); /* errors and q.k measured in the original domain */
     quality(r, d, y);
     return 0;
@@ -293,9 +301,12 @@ static void json_string(const char *s) {
     putchar('"');
     for (; *s; s++) {
         const unsigned char ch = (unsigned char)*s;
-        if (ch == '"' || ch == '\\') printf("\\%c", ch);
-        else if (ch < 0x20) printf("\\u%04x", ch);
-        else putchar(ch);
+        if (ch == '"' || ch == '\\')
+            printf("\\%c", ch);
+        else if (ch < 0x20)
+            printf("\\u%04x", ch);
+        else
+            putchar(ch);
     }
     putchar('"');
 }
@@ -306,7 +317,8 @@ static void print_header(const options *o, const dataset *d) {
            o->data, d->n_vec, d->head_dim, 4e-6 * (double)d->n_vec * (double)d->head_dim, d->var,
            (unsigned long long)o->seed, o->reps);
     printf("# ip_rel = sqrt(mean((q.(k-k_hat))^2)) / sqrt(mean((q.k)^2)) over %d random unit queries; "
-           "MSE/D(R) = MSE / (sigma^2 2^(-2R)); (H) rows: ideal rate = parity-aware empirical entropy, no coder\n",
+           "MSE/D(R) = MSE / (sigma^2 2^(-2R)); (H) rows: ideal rate = parity-aware empirical entropy, no "
+           "coder\n",
            N_QUERY);
     printf("%-18s %8s %11s %8s %7s %8s %8s %8s %8s %8s\n", "codec", "bits/val", "MSE", "MSE/D(R)", "SNR dB",
            "ip_rel", "enc GB/s", "dec GB/s", "enc ns/v", "dec ns/v");
@@ -354,15 +366,22 @@ static void print_skip(const options *o, const char *spec, size_t err) {
 /* A clear message for each way a dump can be malformed. */
 static const char *dump_problem(size_t err) {
     switch (e8kv_get_error_code(err)) {
-    case E8KV_ERROR_IO: return "cannot open or read the file";
-    case E8KV_ERROR_TRUNCATED: return "file is shorter than its header announces (truncated)";
+    case E8KV_ERROR_IO:
+        return "cannot open or read the file";
+    case E8KV_ERROR_TRUNCATED:
+        return "file is shorter than its header announces (truncated)";
     case E8KV_ERROR_CORRUPTED:
         return "not a valid K/V dump (bad magic, reserved field set, or size does not match the header)";
-    case E8KV_ERROR_VERSION: return "unsupported dump version (this build reads version 1)";
-    case E8KV_ERROR_HEAD_DIM: return "head_dim is 0 or larger than E8KV_MAX_HEAD_DIM";
-    case E8KV_ERROR_NONFINITE: return "the vectors contain NaN or Inf";
-    case E8KV_ERROR_OUT_OF_MEMORY: return "out of memory";
-    default: return "cannot load";
+    case E8KV_ERROR_VERSION:
+        return "unsupported dump version (this build reads version 1)";
+    case E8KV_ERROR_HEAD_DIM:
+        return "head_dim is 0 or larger than E8KV_MAX_HEAD_DIM";
+    case E8KV_ERROR_NONFINITE:
+        return "the vectors contain NaN or Inf";
+    case E8KV_ERROR_OUT_OF_MEMORY:
+        return "out of memory";
+    default:
+        return "cannot load";
     }
 }
 
@@ -382,7 +401,8 @@ static int load_data(dataset *d, const options *o) {
         if (!d->x) return 0;
         e8kv_rng rng;
         e8kv_rng_seed(&rng, o->seed);
-        for (size_t i = 0; i < d->n_vec * d->head_dim; i++) d->x[i] = (float)e8kv_rng_normal(&rng);
+        for (size_t i = 0; i < d->n_vec * d->head_dim; i++)
+            d->x[i] = (float)e8kv_rng_normal(&rng);
         return 1;
     }
     e8kv_kvdump dump;
@@ -397,7 +417,8 @@ static int load_data(dataset *d, const options *o) {
         return 0;
     }
     if (o->head_dim_set && o->head_dim != dump.head_dim) {
-        fprintf(stderr, "e8kv bench codec: %s has head_dim %zu, not %zu\n", o->data, dump.head_dim, o->head_dim);
+        fprintf(stderr, "e8kv bench codec: %s has head_dim %zu, not %zu\n", o->data, dump.head_dim,
+                o->head_dim);
         e8kv_kvdump_free(&dump);
         return 0;
     }
@@ -523,8 +544,10 @@ int e8kv_bench_codec(int argc, char **argv) {
         } else {
             err = run_fixed(&r, d, o.rows[i], o.seed, o.reps, y, buf, buf_cap);
         }
-        if (e8kv_is_error(err)) print_skip(&o, o.rows[i], err);
-        else print_row(&o, d, &r);
+        if (e8kv_is_error(err))
+            print_skip(&o, o.rows[i], err);
+        else
+            print_row(&o, d, &r);
         fflush(stdout);
     }
 done:

@@ -66,7 +66,8 @@ size_t e8kv_kvdump_read(e8kv_kvdump *out, const char *path) {
         if (fread(out->data, sizeof(float), n, f) != n)
             return read_fail(out, f, ferror(f) ? E8KV_ERR(IO) : E8KV_ERR(TRUNCATED));
         uint8_t *const bytes = (uint8_t *)out->data;
-        for (size_t i = 0; i < n; i++) out->data[i] = e8kv_load_lef32(bytes + 4 * i); /* in place: LE -> host */
+        for (size_t i = 0; i < n; i++)
+            out->data[i] = e8kv_load_lef32(bytes + 4 * i); /* in place: LE -> host */
         if (!e8kv_all_finite(out->data, n)) return read_fail(out, f, E8KV_ERR(NONFINITE));
     }
     fclose(f);

@@ -14,7 +14,8 @@ static float *gauss(size_t n, uint64_t seed) {
     assert_non_null(x);
     e8kv_rng rng;
     e8kv_rng_seed(&rng, seed);
-    for (size_t i = 0; i < n; i++) x[i] = (float)e8kv_rng_normal(&rng);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)e8kv_rng_normal(&rng);
     return x;
 }
 
@@ -63,7 +64,8 @@ static void test_parity_rate_by_hand(void **state) {
     int32_t y[4 * 8] = {0};
     double h = 0.0;
     /* {0, (1,0,0,0,0,0,0,1)} twice each: y0 costs 1 bit, y7 is implied by the parity of y0..y6 */
-    for (int b = 0; b < 4; b += 2) y[b * 8 + 0] = y[b * 8 + 7] = 2;
+    for (int b = 0; b < 4; b += 2)
+        y[b * 8 + 0] = y[b * 8 + 7] = 2;
     assert_ok(e8kv_eclq_entropy(&h, y, 32, E8KV_ECLQ_E8));
     assert_float_equal(h, 1.0 / 8.0, 1e-12);
     /* D8* has no parity rule: y7 costs its own bit */
@@ -71,12 +73,14 @@ static void test_parity_rate_by_hand(void **state) {
     assert_float_equal(h, 2.0 / 8.0, 1e-12);
     /* {0, (½,…,½)}: only the coset bit carries information */
     memset(y, 0, sizeof y);
-    for (int j = 0; j < 8; j++) y[8 + j] = y[24 + j] = 1;
+    for (int j = 0; j < 8; j++)
+        y[8 + j] = y[24 + j] = 1;
     assert_ok(e8kv_eclq_entropy(&h, y, 32, E8KV_ECLQ_E8));
     assert_float_equal(h, 1.0 / 8.0, 1e-12);
     /* odd coset: (½,…,½) and (−½,½,…,½,−½): y0 1 bit given c, y7 implied (Σ y2 ≡ 0 mod 4) */
     for (int b = 0; b < 4; b++)
-        for (int j = 0; j < 8; j++) y[b * 8 + j] = 1;
+        for (int j = 0; j < 8; j++)
+            y[b * 8 + j] = 1;
     y[8] = y[15] = -1;
     y[24] = y[31] = -1;
     assert_ok(e8kv_eclq_entropy(&h, y, 32, E8KV_ECLQ_E8));
@@ -135,8 +139,8 @@ static void test_step_for_rate(void **state) {
         e8kv_eclq_lattice lat;
         double bits, lo, hi; /* bounds on MSE / D(R) from DESIGN.md (theory 1.224 for E8, 1.423 for Z) */
     } cases[] = {
-        {E8KV_ECLQ_E8, 4.0, 1.18, 1.24},  {E8KV_ECLQ_E8, 3.0, 1.18, 1.27},  {E8KV_ECLQ_E8, 2.0, 1.18, 1.36},
-        {E8KV_ECLQ_Z, 4.0, 1.38, 1.50},   {E8KV_ECLQ_D4, 3.0, 1.25, 1.40},  {E8KV_ECLQ_D8STAR, 3.0, 1.22, 1.34},
+        {E8KV_ECLQ_E8, 4.0, 1.18, 1.24}, {E8KV_ECLQ_E8, 3.0, 1.18, 1.27}, {E8KV_ECLQ_E8, 2.0, 1.18, 1.36},
+        {E8KV_ECLQ_Z, 4.0, 1.38, 1.50},  {E8KV_ECLQ_D4, 3.0, 1.25, 1.40}, {E8KV_ECLQ_D8STAR, 3.0, 1.22, 1.34},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         e8kv_eclq_point p;
@@ -146,9 +150,11 @@ static void test_step_for_rate(void **state) {
                      cases[i].bits);
         /* empirical variance of this sample, as the bench uses */
         double m = 0.0, v = 0.0;
-        for (size_t k = 0; k < n; k++) m += x[k];
+        for (size_t k = 0; k < n; k++)
+            m += x[k];
         m /= (double)n;
-        for (size_t k = 0; k < n; k++) v += ((double)x[k] - m) * ((double)x[k] - m);
+        for (size_t k = 0; k < n; k++)
+            v += ((double)x[k] - m) * ((double)x[k] - m);
         v /= (double)n;
         const double ratio = p.mse / (v * exp2(-2.0 * p.bits_per_value));
         if (ratio < cases[i].lo || ratio > cases[i].hi)
@@ -210,7 +216,8 @@ static void test_errors(void **state) {
     int32_t huge[1] = {4 * E8KV_ECLQ_MAX_ABS_Y2};
     assert_error(e8kv_eclq_entropy(&h, huge, 1, E8KV_ECLQ_Z), RANGE);
     assert_error(e8kv_eclq_measure(&p, NULL, x, 8, 1.0, E8KV_ECLQ_E8), BAD_ARGUMENT);
-    for (int i = 0; i < 16; i++) x[i] = (float)i - 7.5f;
+    for (int i = 0; i < 16; i++)
+        x[i] = (float)i - 7.5f;
     /* 32 blocks: the empirical rate is a step function of the step with jumps of order log2(32)/256,
      * so 2 ± 1e-9 is unreachable; the closest point found comes back with RATE */
     float *g = gauss(256, 17);
@@ -230,10 +237,10 @@ static void test_errors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_entropy_from_counts),  cmocka_unit_test(test_scalar_entropy_gaussian),
-        cmocka_unit_test(test_parity_rate_by_hand),  cmocka_unit_test(test_parity_saving_on_gaussian),
-        cmocka_unit_test(test_initial_step),         cmocka_unit_test(test_step_for_rate),
-        cmocka_unit_test(test_relaxed_vs_strict),    cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_entropy_from_counts), cmocka_unit_test(test_scalar_entropy_gaussian),
+        cmocka_unit_test(test_parity_rate_by_hand), cmocka_unit_test(test_parity_saving_on_gaussian),
+        cmocka_unit_test(test_initial_step),        cmocka_unit_test(test_step_for_rate),
+        cmocka_unit_test(test_relaxed_vs_strict),   cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,16 +20,20 @@ static blob make_dump(uint32_t version, uint32_t head_dim, uint64_t n_vec, const
     b.bytes = calloc(1, b.size);
     assert_non_null(b.bytes);
     memcpy(b.bytes, "E8KVDUMP", 8);
-    for (int i = 0; i < 4; i++) b.bytes[8 + i] = (uint8_t)(version >> (8 * i));
-    for (int i = 0; i < 4; i++) b.bytes[12 + i] = (uint8_t)(head_dim >> (8 * i));
-    for (int i = 0; i < 8; i++) b.bytes[16 + i] = (uint8_t)(n_vec >> (8 * i));
-    b.bytes[24] = 3; /* keys and values */
+    for (int i = 0; i < 4; i++)
+        b.bytes[8 + i] = (uint8_t)(version >> (8 * i));
+    for (int i = 0; i < 4; i++)
+        b.bytes[12 + i] = (uint8_t)(head_dim >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        b.bytes[16 + i] = (uint8_t)(n_vec >> (8 * i));
+    b.bytes[24] = 3;  /* keys and values */
     b.bytes[28] = 30; /* n_layer */
     b.bytes[32] = 3;  /* n_head_kv */
     for (size_t i = 0; i < (size_t)n_vec * head_dim; i++) {
         uint32_t u;
         memcpy(&u, &v[i], 4);
-        for (int k = 0; k < 4; k++) b.bytes[40 + 4 * i + (size_t)k] = (uint8_t)(u >> (8 * k));
+        for (int k = 0; k < 4; k++)
+            b.bytes[40 + 4 * i + (size_t)k] = (uint8_t)(u >> (8 * k));
     }
     return b;
 }
@@ -63,7 +67,8 @@ static int teardown(void **state) {
 static float g_vals[3 * 8];
 
 static void fill_vals(void) {
-    for (int i = 0; i < 24; i++) g_vals[i] = (float)(i - 11) * 0.37f;
+    for (int i = 0; i < 24; i++)
+        g_vals[i] = (float)(i - 11) * 0.37f;
     g_vals[5] = -0.0f;
     g_vals[6] = 1e-40f; /* subnormal survives */
     g_vals[7] = 3.4e38f;
@@ -107,7 +112,8 @@ static void test_truncated(void **state) {
     assert_error(read_bytes(&d, b.bytes, b.size - 1), TRUNCATED);
     assert_null(d.data);
     /* n_vec announcing far more than the file holds: rejected before any allocation */
-    for (int i = 0; i < 8; i++) b.bytes[16 + i] = 0;
+    for (int i = 0; i < 8; i++)
+        b.bytes[16 + i] = 0;
     b.bytes[21] = 1; /* 2^40 vectors */
     assert_error(read_bytes(&d, b.bytes, b.size), TRUNCATED);
     free(b.bytes);
@@ -219,9 +225,9 @@ static void test_header_bit_flips(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_valid),         cmocka_unit_test(test_truncated),
-        cmocka_unit_test(test_bad_magic),     cmocka_unit_test(test_wrong_version),
-        cmocka_unit_test(test_size_mismatch), cmocka_unit_test(test_head_dim),
+        cmocka_unit_test(test_valid),           cmocka_unit_test(test_truncated),
+        cmocka_unit_test(test_bad_magic),       cmocka_unit_test(test_wrong_version),
+        cmocka_unit_test(test_size_mismatch),   cmocka_unit_test(test_head_dim),
         cmocka_unit_test(test_reserved_nan_io), cmocka_unit_test(test_header_bit_flips),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

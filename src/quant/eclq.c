@@ -11,20 +11,28 @@
 
 size_t e8kv_eclq_block(e8kv_eclq_lattice lat) {
     switch (lat) {
-    case E8KV_ECLQ_Z: return 1;
-    case E8KV_ECLQ_D4: return 4;
-    case E8KV_ECLQ_E8: return 8;
-    case E8KV_ECLQ_D8STAR: return 8;
+    case E8KV_ECLQ_Z:
+        return 1;
+    case E8KV_ECLQ_D4:
+        return 4;
+    case E8KV_ECLQ_E8:
+        return 8;
+    case E8KV_ECLQ_D8STAR:
+        return 8;
     }
     return 0;
 }
 
 const char *e8kv_eclq_name(e8kv_eclq_lattice lat) {
     switch (lat) {
-    case E8KV_ECLQ_Z: return "z";
-    case E8KV_ECLQ_D4: return "d4";
-    case E8KV_ECLQ_E8: return "e8";
-    case E8KV_ECLQ_D8STAR: return "d8star";
+    case E8KV_ECLQ_Z:
+        return "z";
+    case E8KV_ECLQ_D4:
+        return "d4";
+    case E8KV_ECLQ_E8:
+        return "e8";
+    case E8KV_ECLQ_D8STAR:
+        return "d8star";
     }
     return "";
 }
@@ -32,10 +40,14 @@ const char *e8kv_eclq_name(e8kv_eclq_lattice lat) {
 /* log2 of the volume of the fundamental cell per block, in the unscaled lattice (y = y2/2). */
 static double log2_volume(e8kv_eclq_lattice lat) {
     switch (lat) {
-    case E8KV_ECLQ_Z: return 0.0;       /* Z: 1 */
-    case E8KV_ECLQ_D4: return 1.0;      /* D4: index 2 in Z^4 */
-    case E8KV_ECLQ_E8: return 0.0;      /* E8: unimodular */
-    case E8KV_ECLQ_D8STAR: return -1.0; /* Z^8 ∪ (Z^8 + ½): twice the density of Z^8 */
+    case E8KV_ECLQ_Z:
+        return 0.0; /* Z: 1 */
+    case E8KV_ECLQ_D4:
+        return 1.0; /* D4: index 2 in Z^4 */
+    case E8KV_ECLQ_E8:
+        return 0.0; /* E8: unimodular */
+    case E8KV_ECLQ_D8STAR:
+        return -1.0; /* Z^8 ∪ (Z^8 + ½): twice the density of Z^8 */
     }
     return 0.0;
 }
@@ -43,7 +55,8 @@ static double log2_volume(e8kv_eclq_lattice lat) {
 double e8kv_entropy_from_counts(const uint64_t *counts, size_t n_bins) {
     if (!counts) return 0.0;
     uint64_t total = 0;
-    for (size_t i = 0; i < n_bins; i++) total += counts[i];
+    for (size_t i = 0; i < n_bins; i++)
+        total += counts[i];
     if (total == 0) return 0.0;
     double h = 0.0;
     const double t = (double)total;
@@ -59,7 +72,9 @@ double e8kv_eclq_initial_step(e8kv_eclq_lattice lat, double variance, double bit
     return sqrt(two_pi_e * variance) * exp2(-bits_per_value - log2_volume(lat) / (double)b);
 }
 
-static float round_half_away(float v) { return v >= 0.0f ? floorf(v + 0.5f) : -floorf(-v + 0.5f); }
+static float round_half_away(float v) {
+    return v >= 0.0f ? floorf(v + 0.5f) : -floorf(-v + 0.5f);
+}
 
 size_t e8kv_eclq_quantize(int32_t *y2, const float *x, size_t n, double step, e8kv_eclq_lattice lat) {
     const size_t b = e8kv_eclq_block(lat);
@@ -72,12 +87,21 @@ size_t e8kv_eclq_quantize(int32_t *y2, const float *x, size_t n, double step, e8
         if (fabs((double)x[i] * inv) > max_abs) return E8KV_ERR(RANGE);
     float s[8];
     for (size_t i = 0; i < n; i += b) {
-        for (size_t j = 0; j < b; j++) s[j] = (float)((double)x[i + j] * inv);
+        for (size_t j = 0; j < b; j++)
+            s[j] = (float)((double)x[i + j] * inv);
         switch (lat) {
-        case E8KV_ECLQ_Z: y2[i] = 2 * (int32_t)round_half_away(s[0]); break;
-        case E8KV_ECLQ_D4: e8kv_d4_nearest(y2 + i, s); break;
-        case E8KV_ECLQ_E8: e8kv_e8_nearest(y2 + i, s); break;
-        case E8KV_ECLQ_D8STAR: e8kv_e8_relaxed_nearest(y2 + i, s); break;
+        case E8KV_ECLQ_Z:
+            y2[i] = 2 * (int32_t)round_half_away(s[0]);
+            break;
+        case E8KV_ECLQ_D4:
+            e8kv_d4_nearest(y2 + i, s);
+            break;
+        case E8KV_ECLQ_E8:
+            e8kv_e8_nearest(y2 + i, s);
+            break;
+        case E8KV_ECLQ_D8STAR:
+            e8kv_e8_relaxed_nearest(y2 + i, s);
+            break;
         }
     }
     return n;
@@ -104,23 +128,30 @@ size_t e8kv_eclq_quantize(int32_t *y2, const float *x, size_t n, double step, e8
  * entropy H(y) and what a real per-coordinate coder reaches. */
 static size_t n_contexts(e8kv_eclq_lattice lat) {
     switch (lat) {
-    case E8KV_ECLQ_Z: return 1;
-    case E8KV_ECLQ_D4: return 5;
-    case E8KV_ECLQ_E8: return 18;
-    case E8KV_ECLQ_D8STAR: return 16;
+    case E8KV_ECLQ_Z:
+        return 1;
+    case E8KV_ECLQ_D4:
+        return 5;
+    case E8KV_ECLQ_E8:
+        return 18;
+    case E8KV_ECLQ_D8STAR:
+        return 16;
     }
     return 0;
 }
 
 /* floor(v / 2) for negative v too (arithmetic shift is implementation-defined for negatives in C11). */
-static int32_t floor_half(int32_t v) { return v >= 0 ? v / 2 : -((1 - v) / 2); }
+static int32_t floor_half(int32_t v) {
+    return v >= 0 ? v / 2 : -((1 - v) / 2);
+}
 
 static double rate_bits(const uint64_t *hist, size_t n_ctx, size_t n_bins) {
     double bits = 0.0;
     for (size_t h = 0; h < n_ctx; h++) {
         const uint64_t *c = hist + h * n_bins;
         uint64_t total = 0;
-        for (size_t i = 0; i < n_bins; i++) total += c[i];
+        for (size_t i = 0; i < n_bins; i++)
+            total += c[i];
         if (!total) continue;
         bits += e8kv_entropy_from_counts(c, n_bins) * (double)total;
     }
@@ -141,13 +172,15 @@ size_t e8kv_eclq_entropy(double *bits_per_value, const int32_t *y2, size_t n, e8
     if (!hist) return E8KV_ERR(OUT_OF_MEMORY);
     uint64_t coset[2] = {0, 0};
     size_t r = 0;
-#define BIN(ctx, v) hist[(size_t)(ctx) * n_bins + (size_t)((v) + max_abs)]
+#define BIN(ctx, v) hist[(size_t)(ctx)*n_bins + (size_t)((v) + max_abs)]
     for (size_t i = 0; i < n && !r; i += b) {
         const int32_t *y = y2 + i;
         switch (lat) {
         case E8KV_ECLQ_Z:
-            if (y[0] & 1) r = E8KV_ERR(CORRUPTED);
-            else BIN(0, y[0])++;
+            if (y[0] & 1)
+                r = E8KV_ERR(CORRUPTED);
+            else
+                BIN(0, y[0])++;
             break;
         case E8KV_ECLQ_D4: {
             int32_t s = 0;
@@ -158,7 +191,8 @@ size_t e8kv_eclq_entropy(double *bits_per_value, const int32_t *y2, size_t n, e8
             if (s & 1) r = E8KV_ERR(CORRUPTED);
             if (r) break;
             const int32_t p = (y[0] / 2 + y[1] / 2 + y[2] / 2) & 1;
-            for (int j = 0; j < 3; j++) BIN(j, y[j])++;
+            for (int j = 0; j < 3; j++)
+                BIN(j, y[j])++;
             BIN(3 + p, y[3])++;
             break;
         }
@@ -169,10 +203,12 @@ size_t e8kv_eclq_entropy(double *bits_per_value, const int32_t *y2, size_t n, e8
             }
             const int c = y[0] & 1;
             int32_t s = 0;
-            for (int j = 0; j < 7; j++) s += floor_half(y[j]);
+            for (int j = 0; j < 7; j++)
+                s += floor_half(y[j]);
             const int p = s & 1;
             coset[c]++;
-            for (int j = 0; j < 7; j++) BIN(j * 2 + c, y[j])++;
+            for (int j = 0; j < 7; j++)
+                BIN(j * 2 + c, y[j])++;
             BIN(14 + 2 * c + p, y[7])++;
             break;
         }
@@ -182,7 +218,8 @@ size_t e8kv_eclq_entropy(double *bits_per_value, const int32_t *y2, size_t n, e8
                 if ((y[j] & 1) != c) r = E8KV_ERR(CORRUPTED);
             if (r) break;
             coset[c]++;
-            for (int j = 0; j < 8; j++) BIN(j * 2 + c, y[j])++;
+            for (int j = 0; j < 8; j++)
+                BIN(j * 2 + c, y[j])++;
             break;
         }
         }
@@ -249,8 +286,10 @@ size_t e8kv_eclq_step_for_rate(e8kv_eclq_point *out, int32_t *scratch, const flo
             return 0;
         }
         if ((fn > 0.0) != (f > 0.0)) {
-            if (dir > 0) lo = l_prev, f_lo = f, hi = l, f_hi = fn;
-            else lo = l, f_lo = fn, hi = l_prev, f_hi = f;
+            if (dir > 0)
+                lo = l_prev, f_lo = f, hi = l, f_hi = fn;
+            else
+                lo = l, f_lo = fn, hi = l_prev, f_hi = f;
             break;
         }
         l_prev = l;
@@ -274,8 +313,10 @@ size_t e8kv_eclq_step_for_rate(e8kv_eclq_point *out, int32_t *scratch, const flo
             *out = p;
             return 0;
         }
-        if (fm > 0.0) lo = m, f_lo = fm;
-        else hi = m, f_hi = fm;
+        if (fm > 0.0)
+            lo = m, f_lo = fm;
+        else
+            hi = m, f_hi = fm;
         if (hi - lo < 1e-12) break;
     }
     *out = best; /* the rate jumps across the target (few samples): closest point, reported as RATE */

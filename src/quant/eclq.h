@@ -32,9 +32,9 @@ typedef enum {
 #define E8KV_ECLQ_MAX_ABS_Y2 (1 << 20)
 
 typedef struct {
-    double step;            /* δ */
-    double bits_per_value;  /* parity-aware empirical entropy per value */
-    double mse;             /* mean over values of (x − δ·y2/2)² */
+    double step;           /* δ */
+    double bits_per_value; /* parity-aware empirical entropy per value */
+    double mse;            /* mean over values of (x − δ·y2/2)² */
 } e8kv_eclq_point;
 
 /* Block dimension of the lattice (1, 4 or 8); 0 for an unknown lattice. */
