@@ -119,6 +119,11 @@ void e8kv_e8ball_decode_ref(const e8kv_codec_t *codec, float *restrict y, const 
 size_t e8kv_e8ball_encode_avx2(const e8kv_codec_t *codec, uint8_t *restrict dst, const float *restrict x);
 void e8kv_e8ball_decode_avx2(const e8kv_codec_t *codec, float *restrict y, const uint8_t *restrict src);
 
+/* e8nest / d4nest twins (nested.c): the AVX2 encoder swaps in the vector E8 closest point. */
+size_t e8kv_nest_encode_ref(const e8kv_codec_t *codec, uint8_t *restrict dst, const float *restrict x);
+size_t e8kv_nest_encode_avx2(const e8kv_codec_t *codec, uint8_t *restrict dst, const float *restrict x);
+void e8kv_nest_decode_ref(const e8kv_codec_t *codec, float *restrict y, const uint8_t *restrict src);
+
 /* AVX2 twin of e8kv_e8_nearest_fx (bit-exact), for tests. */
 void e8kv_e8_nearest_fx_avx2(int32_t y2[8], const int32_t X[8]);
 
