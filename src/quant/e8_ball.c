@@ -287,7 +287,7 @@ static int64_t residual_dist(const int32_t X[8], uint32_t packed, unsigned log2_
     const int8_t *const r = e8kv_ball_residual_table(log2_m) + 8 * (packed >> 16);
     int64_t d = 0;
     for (int i = 0; i < 8; i++) {
-        const int64_t e = ((int64_t)X[i] << log2_m) - ((int64_t)(c[i] * (1 << log2_m)) + r[i]) * E8KV_FX_HALF;
+        const int64_t e = (int64_t)X[i] * (1 << log2_m) - ((int64_t)(c[i] * (1 << log2_m)) + r[i]) * E8KV_FX_HALF;
         d += e * e;
     }
     return d;
