@@ -59,7 +59,7 @@ static void test_ball_table(void **state) {
 }
 
 /* integer closest point agrees with the float routine of e8.c (an independent implementation) away
- * from ties, and the AVX2 twin is bit-exact everywhere, ties included */
+ * from ties, and the AVX2 twins (closest point, coset digits) are bit-exact everywhere, ties included */
 static void test_nearest_fx(void **state) {
     (void)state;
     e8kv_rng rng;
@@ -81,6 +81,7 @@ static void test_nearest_fx(void **state) {
         if (avx2) {
             e8kv_e8_nearest_fx_avx2(b, X);
             assert_memory_equal(a, b, sizeof a);
+            for (unsigned L = 1; L <= 4; L++) assert_int_equal(e8kv_e8_digits(a, L), e8kv_e8_digits_avx2(a, L));
         }
         if (it % 5 != 4) {
             int32_t c[8];

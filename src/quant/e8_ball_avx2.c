@@ -48,6 +48,35 @@ static inline __m256i e8_nearest(__m256i X) {
     return _mm256_add_epi32(_mm256_add_epi32(b, b), _mm256_set1_epi32(1));
 }
 
+/* lanes j + k of v moved to lane j (zero where j + k > 7) */
+static inline __m256i lanes_down(__m256i v, int k) {
+    const __m256i j = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i idx = _mm256_add_epi32(j, _mm256_set1_epi32(k));
+    const __m256i keep = _mm256_cmpgt_epi32(_mm256_set1_epi32(8), idx);
+    return _mm256_and_si256(_mm256_permutevar8x32_epi32(v, idx), keep);
+}
+
+/* e8kv_e8_digits in lanes: w_j = (y2_j − y2_7)/2, u_j = Σ_{i=j..6} w_i (j = 1..6, a suffix sum),
+ * u_0 = (w_0 + u_1)/2, u_7 = y2_7; exact integer arithmetic, so bit-identical to the scalar routine */
+static inline uint32_t e8_digits(__m256i y2, unsigned log2_m) {
+    const __m256i u7 = _mm256_permutevar8x32_epi32(y2, _mm256_set1_epi32(7));
+    const __m256i w = _mm256_srai_epi32(_mm256_sub_epi32(y2, u7), 1);
+    __m256i sfx = _mm256_blend_epi32(w, _mm256_setzero_si256(), 0x81);
+    sfx = _mm256_add_epi32(sfx, lanes_down(sfx, 1));
+    sfx = _mm256_add_epi32(sfx, lanes_down(sfx, 2));
+    sfx = _mm256_add_epi32(sfx, lanes_down(sfx, 4));
+    const __m256i u0 = _mm256_srai_epi32(_mm256_add_epi32(w, lanes_down(sfx, 1)), 1);
+    __m256i u = _mm256_blend_epi32(sfx, u0, 0x01);
+    u = _mm256_blend_epi32(u, u7, 0x80);
+    const __m256i mask = _mm256_set1_epi32((1 << log2_m) - 1);
+    const __m256i sh = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)log2_m));
+    return (uint32_t)hsum_epi32(_mm256_sllv_epi32(_mm256_and_si256(u, mask), sh)); /* disjoint bits */
+}
+
+uint32_t e8kv_e8_digits_avx2(const int32_t y2[8], unsigned log2_m) {
+    return e8_digits(_mm256_loadu_si256((const __m256i *)y2), log2_m);
+}
+
 void e8kv_e8_nearest_fx_avx2(int32_t y2[8], const int32_t X[8]) {
     _mm256_storeu_si256((__m256i *)y2, e8_nearest(_mm256_loadu_si256((const __m256i *)X)));
 }
@@ -135,9 +164,10 @@ size_t e8kv_e8ball_encode_avx2(const e8kv_codec_t *codec, uint8_t *restrict dst,
         v = _mm256_max_ps(_mm256_min_ps(v, lim), nlim);
         const __m256i X = _mm256_cvtps_epi32(v);
         _mm256_storeu_si256((__m256i *)Xa[j], X);
-        _mm256_storeu_si256((__m256i *)y2[j], e8_nearest(_mm256_slli_epi32(X, (int)log2_m)));
+        const __m256i yv = e8_nearest(_mm256_slli_epi32(X, (int)log2_m));
+        _mm256_storeu_si256((__m256i *)y2[j], yv);
         if (log2_m) {
-            dg[j] = e8kv_e8_digits(y2[j], log2_m);
+            dg[j] = e8_digits(yv, log2_m);
             _mm_prefetch((const char *)(res + 8 * dg[j]), _MM_HINT_T0);
         } else {
             e8kv_ball_prefetch(y2[j]);

@@ -126,5 +126,7 @@ void e8kv_nest_decode_ref(const e8kv_codec_t *codec, float *restrict y, const ui
 
 /* AVX2 twin of e8kv_e8_nearest_fx (bit-exact), for tests. */
 void e8kv_e8_nearest_fx_avx2(int32_t y2[8], const int32_t X[8]);
+/* AVX2 twin of e8kv_e8_digits (bit-exact), for tests. */
+uint32_t e8kv_e8_digits_avx2(const int32_t y2[8], unsigned log2_m);
 
 #endif
