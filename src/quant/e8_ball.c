@@ -141,21 +141,22 @@ const int8_t *e8kv_ball_residual_table(unsigned log2_m) {
     return log2_m == 1 ? &g_res1[0][0] : &g_res2[0][0];
 }
 
-void e8kv_ball_prefetch(const int32_t c2[8]) {
-    for (int i = 0; i < 8; i++)
-        if (c2[i] < -6 || c2[i] > 6) return;
-    __builtin_prefetch(&g_hash[slot_of(pack_key(c2))]);
-}
-
-int32_t e8kv_ball_index(const int32_t c2[8]) {
+int64_t e8kv_ball_prepare(const int32_t c2[8]) {
     int32_t n2 = 0;
     for (int i = 0; i < 8; i++) {
         if (c2[i] < -6 || c2[i] > 6) return -1;
         n2 += c2[i] * c2[i];
     }
     if (n2 > E8KV_BALL_MAX_NORM2) return -1;
-    const uint32_t key = pack_key(c2);
-    uint32_t slot = slot_of(key);
+    const uint32_t key = pack_key(c2), slot = slot_of(key);
+    __builtin_prefetch(&g_hash[slot]);
+    return (int64_t)key | ((int64_t)slot << 32);
+}
+
+int32_t e8kv_ball_lookup(int64_t prep) {
+    if (prep < 0) return -1;
+    const uint32_t key = (uint32_t)prep;
+    uint32_t slot = (uint32_t)(prep >> 32);
     for (;;) {
         const uint64_t w = g_hash[slot];
         const uint32_t k = (uint32_t)w;
@@ -164,6 +165,8 @@ int32_t e8kv_ball_index(const int32_t c2[8]) {
         slot = (slot + 1) & (HASH_SIZE - 1);
     }
 }
+
+int32_t e8kv_ball_index(const int32_t c2[8]) { return e8kv_ball_lookup(e8kv_ball_prepare(c2)); }
 
 /* ---------------------------------------------------------------- block encoders */
 
@@ -245,7 +248,11 @@ int e8kv_ball_descent_step_ref(int32_t best[8], const int32_t X[8]) {
 
 uint32_t e8kv_ball_encode_block_k(const e8kv_ball_kernels *kern, int32_t c2[8], const int32_t X[8],
                                   const int32_t y2[8]) {
-    int32_t idx = e8kv_ball_index(y2);
+    return e8kv_ball_encode_block_idx(kern, c2, X, y2, e8kv_ball_index(y2));
+}
+
+uint32_t e8kv_ball_encode_block_idx(const e8kv_ball_kernels *kern, int32_t c2[8], const int32_t X[8],
+                                    const int32_t y2[8], int32_t idx) {
     if (idx >= 0) {
         memcpy(c2, y2, 8 * sizeof(int32_t));
         return (uint32_t)idx;

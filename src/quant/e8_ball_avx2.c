@@ -159,6 +159,7 @@ size_t e8kv_e8ball_encode_avx2(const e8kv_codec_t *codec, uint8_t *restrict dst,
      * and digits, then coarse points, then the hash look-ups; the decisions are those of _ref */
     int32_t Xa[E8KV_MAX_HEAD_DIM / 8][8], y2[E8KV_MAX_HEAD_DIM / 8][8];
     uint32_t dg[E8KV_MAX_HEAD_DIM / 8];
+    int64_t prep[E8KV_MAX_HEAD_DIM / 8];
     for (size_t j = 0; j < nb; j++) {
         __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + 8 * j), k);
         v = _mm256_max_ps(_mm256_min_ps(v, lim), nlim);
@@ -170,7 +171,7 @@ size_t e8kv_e8ball_encode_avx2(const e8kv_codec_t *codec, uint8_t *restrict dst,
             dg[j] = e8_digits(yv, log2_m);
             _mm_prefetch((const char *)(res + 8 * dg[j]), _MM_HINT_T0);
         } else {
-            e8kv_ball_prefetch(y2[j]);
+            prep[j] = e8kv_ball_prepare(y2[j]);
         }
     }
     if (log2_m) {
@@ -179,16 +180,17 @@ size_t e8kv_e8ball_encode_avx2(const e8kv_codec_t *codec, uint8_t *restrict dst,
             const __m256i yv = _mm256_loadu_si256((const __m256i *)y2[j]);
             /* the coarse point, exact: y − r ∈ m·E8 */
             _mm256_storeu_si256((__m256i *)y2[j], _mm256_srai_epi32(_mm256_sub_epi32(yv, r), (int)log2_m));
-            e8kv_ball_prefetch(y2[j]);
+            prep[j] = e8kv_ball_prepare(y2[j]);
         }
     }
     for (size_t j = 0; j < nb; j++, p += bb) {
         int32_t c2[8];
         if (log2_m == 0) {
-            e8kv_store_le16(p, (uint16_t)e8kv_ball_encode_block_k(&e8kv_ball_kernels_avx2, c2, Xa[j], y2[j]));
+            e8kv_store_le16(p, (uint16_t)e8kv_ball_encode_block_idx(&e8kv_ball_kernels_avx2, c2, Xa[j], y2[j],
+                                                                     e8kv_ball_lookup(prep[j])));
             continue;
         }
-        const int32_t idx = e8kv_ball_index(y2[j]);
+        const int32_t idx = e8kv_ball_lookup(prep[j]);
         const uint32_t packed =
             idx >= 0 ? (uint32_t)idx | (dg[j] << 16) : e8kv_ball_residual_overload(&e8kv_ball_kernels_avx2, Xa[j], log2_m);
         e8kv_store_le16(p, (uint16_t)packed);

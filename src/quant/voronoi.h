@@ -76,8 +76,10 @@ double e8kv_sumsq_f32(const float *x, size_t n);
 const int8_t *e8kv_ball_table(void);
 /* Index of the E8 point c2 (doubled) in the ball, or -1 when it is not a codeword. */
 int32_t e8kv_ball_index(const int32_t c2[8]);
-/* Prefetch the hash slot e8kv_ball_index(c2) will read first (a hint; no effect on results). */
-void e8kv_ball_prefetch(const int32_t c2[8]);
+/* e8kv_ball_index in two halves so look-ups of several blocks overlap: prepare screens c2 (range and
+ * norm), computes its key and hash slot and prefetches the slot (-1: not a codeword); lookup probes. */
+int64_t e8kv_ball_prepare(const int32_t c2[8]);
+int32_t e8kv_ball_lookup(int64_t prep);
 /* Canonical residual table of the m = 2^log2_m Voronoi stage (log2_m 1 or 2): 2^(8·log2_m) × 8 int8. */
 const int8_t *e8kv_ball_residual_table(unsigned log2_m);
 
@@ -97,6 +99,9 @@ extern const e8kv_ball_kernels e8kv_ball_kernels_avx2;
 #define E8KV_BALL_DESCENT_STEPS 1
 uint32_t e8kv_ball_encode_block_k(const e8kv_ball_kernels *kern, int32_t c2[8], const int32_t X[8],
                                   const int32_t y2[8]);
+/* The same with idx = e8kv_ball_index(y2) already known. */
+uint32_t e8kv_ball_encode_block_idx(const e8kv_ball_kernels *kern, int32_t c2[8], const int32_t X[8],
+                                    const int32_t y2[8], int32_t idx);
 /* The same with the reference kernels (tests). */
 uint32_t e8kv_ball_encode_block(int32_t c2[8], const int32_t X[8]);
 int32_t e8kv_ball_shrink(const e8kv_ball_kernels *kern, int32_t best[8], const int32_t X[8]);
