@@ -257,11 +257,25 @@ static void test_twins(void **state) {
         assert_non_null(c);
         const size_t vb = e8kv_codec_vector_bytes(c);
         uint8_t *const ba = malloc(vb * N), *const bb = malloc(vb * N);
+        float *const ya = malloc(sizeof(float) * D * N), *const yb = malloc(sizeof(float) * D * N);
         for (size_t v = 0; v < N; v++) {
             assert_ok(e8kv_nest_encode_ref(c, ba + v * vb, x + v * D));
             assert_ok(e8kv_nest_encode_avx2(c, bb + v * vb, x + v * D));
         }
         assert_memory_equal(ba, bb, vb * N);
+        /* decoders on the codes and on random bytes (finite scales) */
+        for (int pass = 0; pass < 2; pass++) {
+            if (pass)
+                for (size_t v = 0; v < N; v++)
+                    for (size_t i = 0; i < vb; i++) ba[v * vb + i] = (uint8_t)(i == 1 ? e8kv_rng_next(&rng) & 0x7B : e8kv_rng_next(&rng));
+            for (size_t v = 0; v < N; v++) {
+                e8kv_nest_decode_ref(c, ya + v * D, ba + v * vb);
+                e8kv_nest_decode_avx2(c, yb + v * D, ba + v * vb);
+            }
+            assert_memory_equal(ya, yb, sizeof(float) * D * N);
+        }
+        free(ya);
+        free(yb);
         free(ba);
         free(bb);
         e8kv_codec_free(c);

@@ -71,15 +71,18 @@ static uint32_t encode_block(int dim, unsigned L, const int32_t *X, nearest_fn n
     return best;
 }
 
-/* LSB-first bit writer/reader over the index area */
+/* LSB-first bit writer/reader over the index area (n <= 32; touches only the bytes that hold the
+ * field, so never past the end of the vector) */
 static void put_bits(uint8_t *p, size_t bitpos, uint32_t v, unsigned n) {
-    for (unsigned i = 0; i < n; i++, bitpos++)
-        if ((v >> i) & 1u) p[bitpos >> 3] |= (uint8_t)(1u << (bitpos & 7));
+    uint64_t w = (uint64_t)v << (bitpos & 7);
+    const size_t nbytes = ((bitpos & 7) + n + 7) / 8;
+    for (size_t i = 0; i < nbytes; i++, w >>= 8) p[(bitpos >> 3) + i] |= (uint8_t)w;
 }
 static uint32_t get_bits(const uint8_t *p, size_t bitpos, unsigned n) {
-    uint32_t v = 0;
-    for (unsigned i = 0; i < n; i++, bitpos++) v |= (uint32_t)((p[bitpos >> 3] >> (bitpos & 7)) & 1u) << i;
-    return v;
+    const size_t nbytes = ((bitpos & 7) + n + 7) / 8;
+    uint64_t w = 0;
+    for (size_t i = 0; i < nbytes; i++) w |= (uint64_t)p[(bitpos >> 3) + i] << (8 * i);
+    return (uint32_t)((w >> (bitpos & 7)) & ((1ull << n) - 1));
 }
 
 static size_t nest_encode_with(const e8kv_codec_t *codec, uint8_t *restrict dst, const float *restrict x,
@@ -111,16 +114,25 @@ static size_t nest_encode_with(const e8kv_codec_t *codec, uint8_t *restrict dst,
     return 0;
 }
 
-static void nest_decode_impl(const e8kv_codec_t *codec, float *restrict y, const uint8_t *restrict src) {
+/* e8nest:2 (m = 4) has the same representatives as the residual stage of e8ball:4: its 512 KiB table */
+static void nest_decode_impl(const e8kv_codec_t *codec, float *restrict y, const uint8_t *restrict src,
+                             void (*e8_nearest)(int32_t y2[8], const int32_t X[8])) {
     const nest_state *const st = codec->state;
     const int dim = st->lattice_dim;
     const unsigned L = st->log2_m;
     const float s = e8kv_fp16_to_fp32(e8kv_load_le16(src));
     const float k = dim == 8 ? s * 0.5f : s; /* E8 representatives are in doubled coordinates */
     const unsigned nbits = (unsigned)dim * L;
+    const int8_t *const tab = dim == 8 && L == 2 ? e8kv_ball_residual_table(2) : NULL;
     for (size_t b = 0, blk = 0; b < codec->head_dim; b += (size_t)dim, blk++) {
+        const uint32_t dg = get_bits(src + 2, blk * nbits, nbits);
         int32_t r[8];
-        rep_of(dim, r, get_bits(src + 2, blk * nbits, nbits), L);
+        if (tab)
+            for (int i = 0; i < 8; i++) r[i] = tab[8 * dg + i];
+        else if (dim == 8)
+            e8kv_e8_coset_rep_with(r, dg, L, e8_nearest);
+        else
+            e8kv_d4_coset_rep(r, dg, L);
         for (int i = 0; i < dim; i++) y[b + (size_t)i] = (float)r[i] * k;
     }
 }
@@ -130,10 +142,13 @@ size_t e8kv_nest_encode_ref(const e8kv_codec_t *codec, uint8_t *restrict dst, co
     return nest_encode_with(codec, dst, x, st->lattice_dim == 8 ? e8_nearest_ref : d4_nearest_ref);
 }
 void e8kv_nest_decode_ref(const e8kv_codec_t *codec, float *restrict y, const uint8_t *restrict src) {
-    nest_decode_impl(codec, y, src);
+    nest_decode_impl(codec, y, src, e8kv_e8_nearest_fx);
+}
+void e8kv_nest_decode_avx2(const e8kv_codec_t *codec, float *restrict y, const uint8_t *restrict src) {
+    nest_decode_impl(codec, y, src, e8kv_e8_nearest_fx_avx2);
 }
 
-/* the AVX2 twin swaps in the vector E8 closest point (nested_avx2.c); D4 stays scalar */
+/* the AVX2 twins swap in the vector E8 closest point (e8_ball_avx2.c); D4 stays scalar */
 static void e8_nearest_avx2(int32_t *y, const int32_t *X) { e8kv_e8_nearest_fx_avx2(y, X); }
 size_t e8kv_nest_encode_avx2(const e8kv_codec_t *codec, uint8_t *restrict dst, const float *restrict x) {
     const nest_state *const st = codec->state;
@@ -146,7 +161,7 @@ static void nest_destroy(e8kv_codec_t *codec) {
 }
 
 static const e8kv_quant_ops k_ops_ref = {e8kv_nest_encode_ref, e8kv_nest_decode_ref, nest_destroy};
-static const e8kv_quant_ops k_ops_avx2 = {e8kv_nest_encode_avx2, e8kv_nest_decode_ref, nest_destroy};
+static const e8kv_quant_ops k_ops_avx2 = {e8kv_nest_encode_avx2, e8kv_nest_decode_avx2, nest_destroy};
 
 static size_t nest_init(e8kv_codec_t *codec, const e8kv_spec *spec, int dim) {
     if (spec->bits < 2 || spec->bits > 4) return E8KV_ERR(RATE);

@@ -64,6 +64,11 @@ uint32_t e8kv_e8_digits(const int32_t y2[8], unsigned log2_m) {
 }
 
 void e8kv_e8_coset_rep(int32_t r2[8], uint32_t digits, unsigned log2_m) {
+    e8kv_e8_coset_rep_with(r2, digits, log2_m, e8kv_e8_nearest_fx);
+}
+
+void e8kv_e8_coset_rep_with(int32_t r2[8], uint32_t digits, unsigned log2_m,
+                            void (*nearest)(int32_t y2[8], const int32_t X[8])) {
     assert(log2_m >= 1 && log2_m <= 4);
     const uint32_t mask = (1u << log2_m) - 1u;
     int32_t u[8];
@@ -78,7 +83,7 @@ void e8kv_e8_coset_rep(int32_t r2[8], uint32_t digits, unsigned log2_m) {
     /* subtract m·Q(r / m): r/m = r2 / 2^(log2_m + 1), exact in fixed point */
     int32_t X[8], q2[8];
     for (int j = 0; j < 8; j++) X[j] = r2[j] * (E8KV_FX_ONE >> (log2_m + 1));
-    e8kv_e8_nearest_fx(q2, X);
+    nearest(q2, X);
     for (int j = 0; j < 8; j++) r2[j] -= q2[j] * (1 << log2_m);
 }
 

@@ -57,6 +57,9 @@ void e8kv_d4_nearest_fx(int32_t y[4], const int32_t X[4]);
 uint32_t e8kv_e8_digits(const int32_t y2[8], unsigned log2_m);
 /* The canonical representative (doubled coordinates) of the coset named by `digits`. */
 void e8kv_e8_coset_rep(int32_t r2[8], uint32_t digits, unsigned log2_m);
+/* The same with a given closest-point kernel (the scalar one or its bit-exact AVX2 twin). */
+void e8kv_e8_coset_rep_with(int32_t r2[8], uint32_t digits, unsigned log2_m,
+                            void (*nearest)(int32_t y2[8], const int32_t X[8]));
 /* D4 versions (plain integer coordinates). */
 uint32_t e8kv_d4_digits(const int32_t y[4], unsigned log2_m);
 void e8kv_d4_coset_rep(int32_t r[4], uint32_t digits, unsigned log2_m);
@@ -128,6 +131,7 @@ void e8kv_e8ball_decode_avx2(const e8kv_codec_t *codec, float *restrict y, const
 size_t e8kv_nest_encode_ref(const e8kv_codec_t *codec, uint8_t *restrict dst, const float *restrict x);
 size_t e8kv_nest_encode_avx2(const e8kv_codec_t *codec, uint8_t *restrict dst, const float *restrict x);
 void e8kv_nest_decode_ref(const e8kv_codec_t *codec, float *restrict y, const uint8_t *restrict src);
+void e8kv_nest_decode_avx2(const e8kv_codec_t *codec, float *restrict y, const uint8_t *restrict src);
 
 /* AVX2 twin of e8kv_e8_nearest_fx (bit-exact), for tests. */
 void e8kv_e8_nearest_fx_avx2(int32_t y2[8], const int32_t X[8]);
