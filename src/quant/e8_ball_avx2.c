@@ -7,6 +7,7 @@
 #include "../common/fp16.h"
 
 #include <immintrin.h>
+#include <limits.h>
 
 static inline __m256i hmax_epi32(__m256i v) {
     v = _mm256_max_epi32(v, _mm256_permute2x128_si256(v, v, 0x01));
@@ -81,9 +82,21 @@ void e8kv_e8_nearest_fx_avx2(int32_t y2[8], const int32_t X[8]) {
     _mm256_storeu_si256((__m256i *)y2, e8_nearest(_mm256_loadu_si256((const __m256i *)X)));
 }
 
-/* One descent step (the semantics of e8kv_ball_descent_step_ref): e·v and c·v for 8 minimal vectors
- * at a time with 16-bit multiply-adds on coordinate pairs, then the running maximum over the
- * candidates in ascending order, exactly as the scalar loop visits them. */
+/* One descent step with the result of e8kv_ball_descent_step_ref: the member neighbour with the largest
+ * e·v > threshold, the smallest index on equal values. e·v and c·v for 8 minimal vectors at a time with
+ * 16-bit multiply-adds on coordinate pairs; then the best of the neighbours that are codewords for
+ * certain (norm ≤ 10), and only norm-12 neighbours that would beat it are looked up in the hash, best
+ * first, so a step usually costs no look-up at all. */
+/* index of the first of the 240 values equal to v (one exists) */
+static inline int first_equal(const int32_t *a, int32_t v) {
+    const __m256i vv = _mm256_set1_epi32(v);
+    for (int g = 0;; g += 8) {
+        const unsigned m = (unsigned)_mm256_movemask_ps(
+            _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_loadu_si256((const __m256i *)(a + g)), vv)));
+        if (m) return g + __builtin_ctz(m);
+    }
+}
+
 int e8kv_ball_descent_step_avx2(int32_t best[8], const int32_t X[8]) {
     int32_t e[8], cn;
     const int k = e8kv_ball_descent_setup(e, &cn, best, X);
@@ -93,11 +106,15 @@ int e8kv_ball_descent_step_avx2(int32_t best[8], const int32_t X[8]) {
         ep[j] = _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)e[2 * j] | ((uint32_t)(uint16_t)e[2 * j + 1] << 16)));
         cp[j] = _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)best[2 * j] | ((uint32_t)(uint16_t)best[2 * j + 1] << 16)));
     }
-    int32_t best_dot = (4 * E8KV_FX_HALF) >> k;
-    const __m256i thr = _mm256_set1_epi32(best_dot);
+    const int32_t thr = (4 * E8KV_FX_HALF) >> k;
+    const __m256i thrv = _mm256_set1_epi32(thr);
     const __m256i nmax = _mm256_set1_epi32(E8KV_BALL_MAX_NORM2 + 1);
     const __m256i nbase = _mm256_set1_epi32(cn + 8);
-    int found = -1;
+    /* candidates above the threshold, split by norm: certain members (norm ≤ 10) and norm-12 ones
+     * (hash look-up); everything else is INT32_MIN */
+    int32_t dfree[240], d12[240];
+    const __m256i lo = _mm256_set1_epi32(INT32_MIN), n12 = _mm256_set1_epi32(E8KV_BALL_MAX_NORM2);
+    __m256i mfree = lo, m12 = lo;
     for (int g = 0; g < 240; g += 8) {
         __m256i dot = _mm256_setzero_si256(), cv = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
@@ -106,31 +123,45 @@ int e8kv_ball_descent_step_avx2(int32_t best[8], const int32_t X[8]) {
             cv = _mm256_add_epi32(cv, _mm256_madd_epi16(cp[j], v));
         }
         const __m256i nn = _mm256_add_epi32(nbase, _mm256_add_epi32(cv, cv));
-        const __m256i ok = _mm256_and_si256(_mm256_cmpgt_epi32(dot, thr), _mm256_cmpgt_epi32(nmax, nn));
-        unsigned mask = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(ok));
-        if (!mask) continue;
-        int32_t dl[8], nl[8];
-        _mm256_storeu_si256((__m256i *)dl, dot);
-        _mm256_storeu_si256((__m256i *)nl, nn);
-        while (mask) {
-            const int b = __builtin_ctz(mask);
-            mask &= mask - 1;
-            if (dl[b] <= best_dot) continue;
-            if (nl[b] == E8KV_BALL_MAX_NORM2) {
-                int32_t c[8];
-                for (int i = 0; i < 8; i++) {
-                    const int32_t w = vp[240 * (i >> 1) + g + b];
-                    c[i] = best[i] + (int16_t)(i & 1 ? (uint32_t)w >> 16 : (uint32_t)w & 0xFFFFu);
-                }
-                if (e8kv_ball_index(c) < 0) continue;
-            }
-            best_dot = dl[b];
-            found = g + b;
-        }
+        const __m256i ok = _mm256_and_si256(_mm256_cmpgt_epi32(dot, thrv), _mm256_cmpgt_epi32(nmax, nn));
+        const __m256i is12 = _mm256_cmpeq_epi32(nn, n12);
+        const __m256i f = _mm256_blendv_epi8(lo, dot, _mm256_andnot_si256(is12, ok));
+        const __m256i t = _mm256_blendv_epi8(lo, dot, _mm256_and_si256(is12, ok));
+        _mm256_storeu_si256((__m256i *)(dfree + g), f);
+        _mm256_storeu_si256((__m256i *)(d12 + g), t);
+        mfree = _mm256_max_epi32(mfree, f);
+        m12 = _mm256_max_epi32(m12, t);
     }
-    if (found < 0) return 0;
+    int32_t best_dot = thr;
+    int best_k = 240;
+    const int32_t mf = _mm256_cvtsi256_si32(hmax_epi32(mfree));
+    if (mf > thr) {
+        best_dot = mf;
+        best_k = first_equal(dfree, mf);
+    }
+    /* norm-12 neighbours that would beat it, best first, until one is a codeword */
+    int32_t mt = _mm256_cvtsi256_si32(hmax_epi32(m12));
+    while (mt > thr && mt >= best_dot) {
+        const int ck = first_equal(d12, mt);
+        if (mt == best_dot && ck > best_k) break; /* equal value, later index: the certain one wins */
+        int32_t c[8];
+        for (int i = 0; i < 8; i++) {
+            const int32_t w = vp[240 * (i >> 1) + ck];
+            c[i] = best[i] + (int16_t)(i & 1 ? (uint32_t)w >> 16 : (uint32_t)w & 0xFFFFu);
+        }
+        if (e8kv_ball_index(c) >= 0) {
+            best_dot = mt;
+            best_k = ck;
+            break;
+        }
+        d12[ck] = INT32_MIN;
+        __m256i m = lo;
+        for (int g = 0; g < 240; g += 8) m = _mm256_max_epi32(m, _mm256_loadu_si256((const __m256i *)(d12 + g)));
+        mt = _mm256_cvtsi256_si32(hmax_epi32(m));
+    }
+    if (best_k == 240) return 0;
     for (int i = 0; i < 8; i++) {
-        const int32_t w = vp[240 * (i >> 1) + found];
+        const int32_t w = vp[240 * (i >> 1) + best_k];
         best[i] += (int16_t)(i & 1 ? (uint32_t)w >> 16 : (uint32_t)w & 0xFFFFu);
     }
     return 1;
