@@ -27,6 +27,24 @@ static int64_t dist2_fx(const int32_t X[8], const int8_t *c2) {
     return d;
 }
 
+static void enumerate_e8(int *n_member, int *n_points, int32_t *c2, int pos, int32_t norm2) {
+    if (pos == 8) {
+        if (!e8kv_e8_contains(c2)) return;
+        (*n_points)++;
+        const int32_t idx = e8kv_ball_index(c2);
+        if (idx < 0) return;
+        (*n_member)++;
+        const int8_t *const t = e8kv_ball_table() + 8 * idx;
+        for (int i = 0; i < 8; i++) assert_int_equal(t[i], c2[i]);
+        return;
+    }
+    for (int32_t v = -6; v <= 6; v++) {
+        if (norm2 + v * v > 48) continue;
+        c2[pos] = v;
+        enumerate_e8(n_member, n_points, c2, pos + 1, norm2 + v * v);
+    }
+}
+
 /* The table holds 65536 distinct E8 points, ordered by norm, every point of norm <= 10 and 8655 of
  * norm 12, and e8kv_ball_index inverts it. Shell sizes are the theta series of E8 (1, 240, 2160, 6720,
  * 17520, 30240, 60480). */
@@ -51,6 +69,12 @@ static void test_ball_table(void **state) {
     }
     const int expect[7] = {1, 240, 2160, 6720, 17520, 30240, 8655};
     for (int k = 0; k < 7; k++) assert_int_equal(shell[k], expect[k]);
+    /* every E8 point of norm <= 12 (the 117361 of the theta series): exactly the 65536 codewords map
+     * to an index (their own), all others to -1 */
+    int n_member = 0, n_points = 0;
+    enumerate_e8(&n_member, &n_points, (int32_t[8]){0}, 0, 0);
+    assert_int_equal(n_points, 117361);
+    assert_int_equal(n_member, E8KV_BALL_SIZE);
     /* non-members */
     const int32_t far[8] = {8, 0, 0, 0, 0, 0, 0, 0};
     assert_int_equal(e8kv_ball_index(far), -1);

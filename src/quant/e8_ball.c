@@ -27,8 +27,9 @@ static const double k_beta[5] = {0.0, 0.0, 0.95, 1.15, 1.25};
 /* ---------------------------------------------------------------- tables */
 
 #define N_CAND 117361 /* E8 points of norm ≤ 12 */
-#define HASH_BITS 17
-#define HASH_SIZE (1u << HASH_BITS)
+/* index map: half-vectors (4 doubled coordinates of one parity, norm ≤ 48) */
+#define N_HALF_KEYS 28561 /* 13^4: (c_i + 6) in base 13 */
+#define N_HALF_MAX 1465   /* 761 even + 704 odd half-vectors */
 /* radial shrink target of the overload path, |t|² in lattice units (the ball reaches 12) */
 #define BALL_TARGET_NORM 11.0
 #define BALL_SHRINK_STEP 8
@@ -40,9 +41,18 @@ static const double k_beta[5] = {0.0, 0.0, 0.95, 1.15, 1.25};
 #define RESIDUAL_STEP 16
 
 static int8_t g_ball[E8KV_BALL_SIZE][8];
-/* slot = key | index << 32 in one word (one cache line per probe); key 0 = empty (a valid key has
- * every nibble ≥ 2) */
-static uint64_t g_hash[HASH_SIZE];
+/* Index map (point -> ball index) without hashing, small enough to stay in L2: a point is two
+ * half-vectors h1 = (c0..c3), h2 = (c4..c7) of the same parity with Σ ≡ 0 (mod 4). Half-vectors are
+ * grouped in 4 classes (parity, Σ mod 4 ∈ {0, 2}) and sorted by norm within a class, so the partners
+ * h2 of h1 with |h1|² + |h2|² ≤ 48 form a prefix of one class: row h1 of the jagged table g_map holds
+ * the ball index of (h1, h2) at position pos(h2), 0 for lattice points outside the ball (the origin, the
+ * only codeword with index 0, is recognised by its position g_origin_pos). */
+static uint32_t g_half[N_HALF_KEYS]; /* bit 31 valid | class << 21 | pos << 11 | gid */
+static uint32_t g_row_off[N_HALF_MAX];
+static uint16_t g_row_len[N_HALF_MAX];
+static uint8_t g_row_cls[N_HALF_MAX];
+static uint16_t g_map[N_CAND]; /* ≤ the number of E8 points of norm ≤ 12 */
+static uint32_t g_origin_pos;
 static int8_t g_res1[256][8];
 static int8_t g_res2[65536][8];
 static int32_t g_minvec_t[8][240]; /* the 240 minimal vectors (ball entries 1..240), transposed */
@@ -59,15 +69,6 @@ static uint32_t pack_key(const int32_t c2[8]) {
     return k;
 }
 static uint32_t key_hash(uint32_t key) { return key * 0x9E3779B1u; } /* the codebook order (format) */
-/* hash-table slot (internal only): the murmur3 finalizer; key·golden alone clusters badly here */
-static uint32_t slot_of(uint32_t key) {
-    key ^= key >> 16;
-    key *= 0x85ebca6bu;
-    key ^= key >> 13;
-    key *= 0xc2b2ae35u;
-    key ^= key >> 16;
-    return key & (HASH_SIZE - 1);
-}
 
 static int cand_cmp(const void *a, const void *b) {
     const cand *x = a, *y = b;
@@ -95,6 +96,67 @@ static void enumerate(cand *out, size_t *n, int32_t *c2, int pos, int parity, in
     }
 }
 
+static uint32_t half_key(const int32_t *h) {
+    return (uint32_t)((h[0] + 6) + 13 * ((h[1] + 6) + 13 * ((h[2] + 6) + 13 * (h[3] + 6))));
+}
+
+typedef struct {
+    int32_t norm2;
+    uint32_t key;
+} half_ent;
+
+static int half_cmp(const void *a, const void *b) {
+    const half_ent *x = a, *y = b;
+    if (x->norm2 != y->norm2) return x->norm2 < y->norm2 ? -1 : 1;
+    return (x->key > y->key) - (x->key < y->key);
+}
+
+static int half_class(int parity, int32_t sum) { return 2 * parity + (((sum % 4) + 4) % 4) / 2; }
+
+static void build_index_map(void) {
+    static half_ent cls[4][N_HALF_MAX];
+    int n_cls[4] = {0};
+    for (uint32_t k = 0; k < N_HALF_KEYS; k++) {
+        int32_t h[4], n2 = 0, sum = 0;
+        for (int i = 0, r = (int)k; i < 4; i++, r /= 13) h[i] = r % 13 - 6;
+        const int parity = h[0] & 1;
+        int ok = 1;
+        for (int i = 0; i < 4; i++) {
+            ok &= (h[i] & 1) == parity;
+            n2 += h[i] * h[i];
+            sum += h[i];
+        }
+        if (!ok || n2 > E8KV_BALL_MAX_NORM2) continue;
+        const int c = half_class(parity, sum);
+        cls[c][n_cls[c]++] = (half_ent){n2, k};
+    }
+    uint32_t gid = 0, off = 0;
+    for (int c = 0; c < 4; c++) qsort(cls[c], (size_t)n_cls[c], sizeof(half_ent), half_cmp);
+    for (int c = 0; c < 4; c++)
+        for (int p = 0; p < n_cls[c]; p++) {
+            const half_ent *const e = &cls[c][p];
+            /* partners: the class with the complementary sum (total ≡ 0 mod 4), norm ≤ 48 − |h1|² */
+            const int want = c; /* Σ ≡ 0 (mod 4) pairs sums ≡ 0 with 0 and ≡ 2 with 2, same parity */
+            int len = 0;
+            while (len < n_cls[want] && cls[want][len].norm2 <= E8KV_BALL_MAX_NORM2 - e->norm2) len++;
+            g_half[e->key] = 0x80000000u | (uint32_t)c << 21 | (uint32_t)p << 11 | gid;
+            g_row_off[gid] = off;
+            g_row_len[gid] = (uint16_t)len;
+            g_row_cls[gid] = (uint8_t)want;
+            off += (uint32_t)len;
+            gid++;
+        }
+    assert(gid <= N_HALF_MAX && off <= N_CAND);
+    for (uint32_t i = 0; i < E8KV_BALL_SIZE; i++) {
+        int32_t c2[8];
+        for (int j = 0; j < 8; j++) c2[j] = g_ball[i][j];
+        const int64_t pos = e8kv_ball_prepare(c2);
+        assert(pos >= 0);
+        g_map[pos] = (uint16_t)i;
+        if (i == 0) g_origin_pos = (uint32_t)pos;
+    }
+}
+
 static void build_tables(void) {
     static cand all[N_CAND]; /* scratch of the one-time build (static: the build cannot fail) */
     size_t n = 0;
@@ -107,10 +169,8 @@ static void build_tables(void) {
     for (uint32_t i = 0; i < E8KV_BALL_SIZE; i++) {
         const uint32_t key = all[i].key;
         for (int j = 0; j < 8; j++) g_ball[i][j] = (int8_t)((int)((key >> (4 * j)) & 15u) - 8);
-        uint32_t slot = slot_of(key);
-        while (g_hash[slot]) slot = (slot + 1) & (HASH_SIZE - 1);
-        g_hash[slot] = key | ((uint64_t)i << 32);
     }
+    build_index_map();
     for (int k = 0; k < 240; k++)
         for (int j = 0; j < 8; j++) g_minvec_t[j][k] = g_ball[k + 1][j];
     for (int k = 0; k < 240; k++)
@@ -142,28 +202,21 @@ const int8_t *e8kv_ball_residual_table(unsigned log2_m) {
 }
 
 int64_t e8kv_ball_prepare(const int32_t c2[8]) {
-    int32_t n2 = 0;
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 8; i++)
         if (c2[i] < -6 || c2[i] > 6) return -1;
-        n2 += c2[i] * c2[i];
-    }
-    if (n2 > E8KV_BALL_MAX_NORM2) return -1;
-    const uint32_t key = pack_key(c2), slot = slot_of(key);
-    __builtin_prefetch(&g_hash[slot]);
-    return (int64_t)key | ((int64_t)slot << 32);
+    const uint32_t a = g_half[half_key(c2)], b = g_half[half_key(c2 + 4)];
+    if (!(a & b & 0x80000000u)) return -1;
+    const uint32_t gid = a & 0x7FFu, pos2 = (b >> 11) & 0x3FFu, cls2 = (b >> 21) & 3u;
+    if (cls2 != g_row_cls[gid] || pos2 >= g_row_len[gid]) return -1;
+    const uint32_t pos = g_row_off[gid] + pos2;
+    __builtin_prefetch(&g_map[pos]);
+    return pos;
 }
 
 int32_t e8kv_ball_lookup(int64_t prep) {
     if (prep < 0) return -1;
-    const uint32_t key = (uint32_t)prep;
-    uint32_t slot = (uint32_t)(prep >> 32);
-    for (;;) {
-        const uint64_t w = g_hash[slot];
-        const uint32_t k = (uint32_t)w;
-        if (k == key) return (int32_t)(w >> 32);
-        if (k == 0) return -1;
-        slot = (slot + 1) & (HASH_SIZE - 1);
-    }
+    const uint16_t v = g_map[prep];
+    return v || prep == (int64_t)g_origin_pos ? v : -1;
 }
 
 int32_t e8kv_ball_index(const int32_t c2[8]) { return e8kv_ball_lookup(e8kv_ball_prepare(c2)); }

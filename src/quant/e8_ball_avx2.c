@@ -85,7 +85,7 @@ void e8kv_e8_nearest_fx_avx2(int32_t y2[8], const int32_t X[8]) {
 /* One descent step with the result of e8kv_ball_descent_step_ref: the member neighbour with the largest
  * e·v > threshold, the smallest index on equal values. e·v and c·v for 8 minimal vectors at a time with
  * 16-bit multiply-adds on coordinate pairs; then the best of the neighbours that are codewords for
- * certain (norm ≤ 10), and only norm-12 neighbours that would beat it are looked up in the hash, best
+ * certain (norm ≤ 10), and only norm-12 neighbours that would beat it are looked up in the index map, best
  * first, so a step usually costs no look-up at all. */
 /* index of the first of the 240 values equal to v (one exists) */
 static inline int first_equal(const int32_t *a, int32_t v) {
@@ -111,7 +111,7 @@ int e8kv_ball_descent_step_avx2(int32_t best[8], const int32_t X[8]) {
     const __m256i nmax = _mm256_set1_epi32(E8KV_BALL_MAX_NORM2 + 1);
     const __m256i nbase = _mm256_set1_epi32(cn + 8);
     /* candidates above the threshold, split by norm: certain members (norm ≤ 10) and norm-12 ones
-     * (hash look-up); everything else is INT32_MIN */
+     * (index-map look-up); everything else is INT32_MIN */
     int32_t dfree[240], d12[240];
     const __m256i lo = _mm256_set1_epi32(INT32_MIN), n12 = _mm256_set1_epi32(E8KV_BALL_MAX_NORM2);
     __m256i mfree = lo, m12 = lo;
@@ -187,7 +187,7 @@ size_t e8kv_e8ball_encode_avx2(const e8kv_codec_t *codec, uint8_t *restrict dst,
     const int8_t *const res = log2_m ? e8kv_ball_residual_table(log2_m) : NULL;
     const size_t nb = d / 8;
     /* three passes so the table look-ups of all blocks overlap (software prefetch): closest points
-     * and digits, then coarse points, then the hash look-ups; the decisions are those of _ref */
+     * and digits, then coarse points, then the index-map look-ups; the decisions are those of _ref */
     int32_t Xa[E8KV_MAX_HEAD_DIM / 8][8], y2[E8KV_MAX_HEAD_DIM / 8][8];
     uint32_t dg[E8KV_MAX_HEAD_DIM / 8];
     int64_t prep[E8KV_MAX_HEAD_DIM / 8];

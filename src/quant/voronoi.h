@@ -80,7 +80,7 @@ const int8_t *e8kv_ball_table(void);
 /* Index of the E8 point c2 (doubled) in the ball, or -1 when it is not a codeword. */
 int32_t e8kv_ball_index(const int32_t c2[8]);
 /* e8kv_ball_index in two halves so look-ups of several blocks overlap: prepare screens c2 (range and
- * norm), computes its key and hash slot and prefetches the slot (-1: not a codeword); lookup probes. */
+ * norm), finds its position in the index map and prefetches it (-1: not a codeword); lookup reads it. */
 int64_t e8kv_ball_prepare(const int32_t c2[8]);
 int32_t e8kv_ball_lookup(int64_t prep);
 /* Canonical residual table of the m = 2^log2_m Voronoi stage (log2_m 1 or 2): 2^(8·log2_m) × 8 int8. */
