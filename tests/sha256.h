@@ -25,12 +25,15 @@ static const uint32_t sha256_k[64] = {
     0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
     0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
 
-static inline uint32_t sha256_rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+static inline uint32_t sha256_rotr(uint32_t x, int n) {
+    return (x >> n) | (x << (32 - n));
+}
 
 static inline void sha256_block(sha256_ctx *c, const uint8_t *p) {
     uint32_t w[64];
     for (int i = 0; i < 16; i++)
-        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 | (uint32_t)p[4 * i + 2] << 8 |
+               p[4 * i + 3];
     for (int i = 16; i < 64; i++) {
         const uint32_t s0 = sha256_rotr(w[i - 15], 7) ^ sha256_rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
         const uint32_t s1 = sha256_rotr(w[i - 2], 17) ^ sha256_rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
@@ -91,11 +94,14 @@ static inline void sha256_final_hex(sha256_ctx *c, char hex[65]) {
     const uint64_t bits = c->n_bytes * 8;
     const uint8_t pad = 0x80, zero = 0;
     sha256_update(c, &pad, 1);
-    while (c->n_buf != 56) sha256_update(c, &zero, 1);
+    while (c->n_buf != 56)
+        sha256_update(c, &zero, 1);
     uint8_t len[8];
-    for (int i = 0; i < 8; i++) len[i] = (uint8_t)(bits >> (56 - 8 * i));
+    for (int i = 0; i < 8; i++)
+        len[i] = (uint8_t)(bits >> (56 - 8 * i));
     sha256_update(c, len, 8);
-    for (int i = 0; i < 8; i++) snprintf(hex + 8 * i, 9, "%08x", c->h[i]);
+    for (int i = 0; i < 8; i++)
+        snprintf(hex + 8 * i, 9, "%08x", c->h[i]);
 }
 
 static inline void sha256_hex(char hex[65], const void *data, size_t n) {

@@ -35,7 +35,8 @@ static void enumerate_e8(int *n_member, int *n_points, int32_t *c2, int pos, int
         if (idx < 0) return;
         (*n_member)++;
         const int8_t *const t = e8kv_ball_table() + 8 * idx;
-        for (int i = 0; i < 8; i++) assert_int_equal(t[i], c2[i]);
+        for (int i = 0; i < 8; i++)
+            assert_int_equal(t[i], c2[i]);
         return;
     }
     for (int32_t v = -6; v <= 6; v++) {
@@ -68,7 +69,8 @@ static void test_ball_table(void **state) {
         assert_int_equal(e8kv_ball_index(c2), i);
     }
     const int expect[7] = {1, 240, 2160, 6720, 17520, 30240, 8655};
-    for (int k = 0; k < 7; k++) assert_int_equal(shell[k], expect[k]);
+    for (int k = 0; k < 7; k++)
+        assert_int_equal(shell[k], expect[k]);
     /* every E8 point of norm <= 12 (the 117361 of the theta series): exactly the 65536 codewords map
      * to an index (their own), all others to -1 */
     int n_member = 0, n_points = 0;
@@ -105,13 +107,15 @@ static void test_nearest_fx(void **state) {
         if (avx2) {
             e8kv_e8_nearest_fx_avx2(b, X);
             assert_memory_equal(a, b, sizeof a);
-            for (unsigned L = 1; L <= 4; L++) assert_int_equal(e8kv_e8_digits(a, L), e8kv_e8_digits_avx2(a, L));
+            for (unsigned L = 1; L <= 4; L++)
+                assert_int_equal(e8kv_e8_digits(a, L), e8kv_e8_digits_avx2(a, L));
         }
         if (it % 5 != 4) {
             int32_t c[8];
             const float dc = e8kv_e8_nearest(c, xf);
             float da = 0.0f;
-            for (int i = 0; i < 8; i++) da += (xf[i] - a[i] * 0.5f) * (xf[i] - a[i] * 0.5f);
+            for (int i = 0; i < 8; i++)
+                da += (xf[i] - a[i] * 0.5f) * (xf[i] - a[i] * 0.5f);
             assert_true(fabsf(da - dc) <= 1e-4f * (1.0f + dc));
         }
     }
@@ -133,7 +137,8 @@ static void test_coset_digits(void **state) {
             assert_true(e8kv_e8_contains(r2));
             assert_int_equal(e8kv_e8_digits(r2, L), d);
             int64_t n0 = 0;
-            for (int i = 0; i < 8; i++) n0 += (int64_t)r2[i] * r2[i];
+            for (int i = 0; i < 8; i++)
+                n0 += (int64_t)r2[i] * r2[i];
             for (int k = 0; k < 240; k++) {
                 int64_t nk = 0;
                 for (int i = 0; i < 8; i++) {
@@ -142,7 +147,8 @@ static void test_coset_digits(void **state) {
                 }
                 assert_true(n0 <= nk);
                 int32_t y2[8];
-                for (int i = 0; i < 8; i++) y2[i] = r2[i] + 3 * m * mins[8 * k + i];
+                for (int i = 0; i < 8; i++)
+                    y2[i] = r2[i] + 3 * m * mins[8 * k + i];
                 assert_int_equal(e8kv_e8_digits(y2, L), d);
             }
         }
@@ -164,11 +170,13 @@ static void test_ball_brute_force(void **state) {
     for (int it = 0; it < 400; it++) {
         int32_t X[8], c2[8], y2[8];
         const double sc = 0.5 + 0.01 * it; /* from deep inside to far outside the ball */
-        for (int i = 0; i < 8; i++) X[i] = (int32_t)lrint(e8kv_rng_normal(&rng) * sc * E8KV_FX_ONE);
+        for (int i = 0; i < 8; i++)
+            X[i] = (int32_t)lrint(e8kv_rng_normal(&rng) * sc * E8KV_FX_ONE);
         e8kv_e8_nearest_fx(y2, X);
         const int in_ball = e8kv_ball_index(y2) >= 0;
         const uint32_t idx = e8kv_ball_encode_block(c2, X);
-        for (int i = 0; i < 8; i++) assert_int_equal(c2[i], t[8 * idx + i]);
+        for (int i = 0; i < 8; i++)
+            assert_int_equal(c2[i], t[8 * idx + i]);
         const int64_t got = dist2_fx(X, t + 8 * idx);
         int64_t best = INT64_MAX;
         for (int k = 0; k < E8KV_BALL_SIZE; k++) {
@@ -198,7 +206,8 @@ static double snr_db(const char *spec, size_t d, size_t n_vec, uint64_t seed) {
     uint8_t *const b2 = malloc(n_vec * e8kv_codec_vector_bytes(c));
     e8kv_rng rng;
     e8kv_rng_seed(&rng, seed);
-    for (size_t i = 0; i < n_vec * d; i++) x[i] = (float)e8kv_rng_normal(&rng);
+    for (size_t i = 0; i < n_vec * d; i++)
+        x[i] = (float)e8kv_rng_normal(&rng);
     const size_t nb = n_vec * e8kv_codec_vector_bytes(c);
     assert_int_equal(e8kv_codec_encode(c, b, nb, x, n_vec), nb);
     assert_int_equal(e8kv_codec_encode(c, b2, nb, x, n_vec), nb);
@@ -266,7 +275,8 @@ static void test_bytes_and_errors(void **state) {
     float x[128], y[128];
     uint8_t b[2 * 26];
     memset(b, 0xAB, sizeof b);
-    for (int i = 0; i < 128; i++) x[i] = (float)(i % 7) - 3.0f;
+    for (int i = 0; i < 128; i++)
+        x[i] = (float)(i % 7) - 3.0f;
     x[70] = NAN;
     assert_error(e8kv_codec_encode(c, b, sizeof b, x, 2), NONFINITE);
     x[70] = INFINITY;
@@ -282,8 +292,10 @@ static void test_bytes_and_errors(void **state) {
     x[64] = 1e-30f;
     assert_int_equal(e8kv_codec_encode(c, b, sizeof b, x, 2), sizeof b);
     assert_int_equal(e8kv_codec_decode(c, y, 128, b, sizeof b, 2), 128);
-    for (int i = 0; i < 128; i++) assert_true(y[i] == 0.0f);
-    for (int i = 0; i < 128; i++) x[i] = 3000.0f * sinf((float)i);
+    for (int i = 0; i < 128; i++)
+        assert_true(y[i] == 0.0f);
+    for (int i = 0; i < 128; i++)
+        x[i] = 3000.0f * sinf((float)i);
     assert_int_equal(e8kv_codec_encode(c, b, sizeof b, x, 2), sizeof b);
     assert_int_equal(e8kv_codec_decode(c, y, 128, b, sizeof b, 2), 128);
     double se = 0, sx = 0;
@@ -332,7 +344,7 @@ static void test_twins(void **state) {
         for (size_t i = 0; i < D; i++) {
             float f = (float)(e8kv_rng_normal(&rng) * mag);
             if (kind == 0) f = 0.0f;
-            if (kind == 5 && i != v % D) f = 0.0f;      /* one nonzero coordinate */
+            if (kind == 5 && i != v % D) f = 0.0f;        /* one nonzero coordinate */
             if (kind == 6) f = (float)((int)(i % 5) - 2); /* small integers */
             x[v * D + i] = f;
         }
@@ -353,9 +365,11 @@ static void test_twins(void **state) {
         }
         assert_memory_equal(ba, bb, vb * N);
         assert_memory_equal(ya, yb, sizeof(float) * D * N); /* decode outputs bit-exact too */
-        for (size_t i = 0; i < D * 10; i++) if (x[i] == 0.0f && (i / D) % 10 == 0) assert_true(ya[i] == 0.0f);
+        for (size_t i = 0; i < D * 10; i++)
+            if (x[i] == 0.0f && (i / D) % 10 == 0) assert_true(ya[i] == 0.0f);
         /* random bytes decode identically as well (a decoder is a pure function of any bytes) */
-        for (size_t i = 0; i < vb * N; i++) ba[i] = (uint8_t)e8kv_rng_next(&rng);
+        for (size_t i = 0; i < vb * N; i++)
+            ba[i] = (uint8_t)e8kv_rng_next(&rng);
         for (size_t v = 0; v < N; v++) {
             ba[v * vb + 1] &= 0x7B; /* keep the scale finite */
             e8kv_e8ball_decode_ref(c, ya + v * D, ba + v * vb);
@@ -381,7 +395,8 @@ static void test_pinned_sha256(void **state) {
     float *const x = malloc(sizeof(float) * D * N);
     e8kv_rng rng;
     e8kv_rng_seed(&rng, 2024);
-    for (size_t i = 0; i < D * N; i++) x[i] = (float)e8kv_rng_normal(&rng);
+    for (size_t i = 0; i < D * N; i++)
+        x[i] = (float)e8kv_rng_normal(&rng);
     for (int bits = 2; bits <= 4; bits++) {
         char spec[16];
         snprintf(spec, sizeof spec, "e8ball:%d", bits);
@@ -415,10 +430,10 @@ static void test_sha256_vectors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_ball_table),       cmocka_unit_test(test_nearest_fx),
-        cmocka_unit_test(test_coset_digits),     cmocka_unit_test(test_ball_brute_force),
-        cmocka_unit_test(test_round_trip_snr),   cmocka_unit_test(test_bytes_and_errors),
-        cmocka_unit_test(test_twins),            cmocka_unit_test(test_sha256_vectors),
+        cmocka_unit_test(test_ball_table),     cmocka_unit_test(test_nearest_fx),
+        cmocka_unit_test(test_coset_digits),   cmocka_unit_test(test_ball_brute_force),
+        cmocka_unit_test(test_round_trip_snr), cmocka_unit_test(test_bytes_and_errors),
+        cmocka_unit_test(test_twins),          cmocka_unit_test(test_sha256_vectors),
         cmocka_unit_test(test_pinned_sha256),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -43,7 +43,8 @@ static void test_d4_coset(void **state) {
             const int32_t n0 = r[0] * r[0] + r[1] * r[1] + r[2] * r[2] + r[3] * r[3];
             for (int k = 0; k < 24; k++) {
                 int32_t nk = 0;
-                for (int i = 0; i < 4; i++) nk += (r[i] - m * mins[k][i]) * (r[i] - m * mins[k][i]);
+                for (int i = 0; i < 4; i++)
+                    nk += (r[i] - m * mins[k][i]) * (r[i] - m * mins[k][i]);
                 assert_true(n0 <= nk);
             }
         }
@@ -79,7 +80,8 @@ static void brute_case(int dim, unsigned L, const char *qopt, int n_iter, uint64
         /* encode one 8-value vector, decode it, and recompute the encoder's fixed-point input */
         float x[8];
         const double sc = 0.3 + 2.0 * (double)it / n_iter;
-        for (int i = 0; i < 8; i++) x[i] = (float)(e8kv_rng_normal(&rng) * sc);
+        for (int i = 0; i < 8; i++)
+            x[i] = (float)(e8kv_rng_normal(&rng) * sc);
         uint8_t b[2 + 8];
         float y[8];
         assert_ok(e8kv_nest_encode_ref(c, b, x));
@@ -119,7 +121,8 @@ static void brute_case(int dim, unsigned L, const char *qopt, int n_iter, uint64
             else
                 e8kv_d4_nearest_fx(q, X);
             int64_t dq = 0;
-            for (int i = 0; i < dim; i++) dq += (X[i] - q[i] * unit) * (X[i] - q[i] * unit);
+            for (int i = 0; i < dim; i++)
+                dq += (X[i] - q[i] * unit) * (X[i] - q[i] * unit);
             if (dq == best) { /* the closest lattice point is a codeword: must be found exactly */
                 assert_true(got == best);
                 n_exact++;
@@ -131,10 +134,13 @@ static void brute_case(int dim, unsigned L, const char *qopt, int n_iter, uint64
             }
         }
     }
-    print_message("%s: %d exact, %d clamped, worst squared-distance ratio %.3f\n", spec, n_exact, n_over, worst);
+    print_message("%s: %d exact, %d clamped, worst squared-distance ratio %.3f\n", spec, n_exact, n_over,
+                  worst);
     assert_int_equal(n_exact + n_over, n_iter * (8 / dim));
-    if (qopt[0] == 0) assert_true(n_exact >= 4 * n_over); /* at the default q_range most blocks are exact */
-    else assert_true(n_over >= n_iter / 2);
+    if (qopt[0] == 0)
+        assert_true(n_exact >= 4 * n_over); /* at the default q_range most blocks are exact */
+    else
+        assert_true(n_over >= n_iter / 2);
     e8kv_codec_free(c);
     free(reps);
 }
@@ -155,7 +161,8 @@ static double snr_db(const char *spec, size_t d, size_t n_vec, uint64_t seed) {
     uint8_t *const b = malloc(n_vec * vb), *const b2 = malloc(n_vec * vb);
     e8kv_rng rng;
     e8kv_rng_seed(&rng, seed);
-    for (size_t i = 0; i < n_vec * d; i++) x[i] = (float)e8kv_rng_normal(&rng);
+    for (size_t i = 0; i < n_vec * d; i++)
+        x[i] = (float)e8kv_rng_normal(&rng);
     assert_int_equal(e8kv_codec_encode(c, b, n_vec * vb, x, n_vec), n_vec * vb);
     assert_int_equal(e8kv_codec_encode(c, b2, n_vec * vb, x, n_vec), n_vec * vb);
     assert_memory_equal(b, b2, n_vec * vb);
@@ -228,7 +235,8 @@ static void test_errors_and_bytes(void **state) {
     x[20] = 0.0f;
     assert_int_equal(e8kv_codec_encode(c, b, sizeof b, x, 2), sizeof b); /* zero vectors */
     assert_int_equal(e8kv_codec_decode(c, y, 32, b, sizeof b, 2), 32);
-    for (int i = 0; i < 32; i++) assert_true(y[i] == 0.0f);
+    for (int i = 0; i < 32; i++)
+        assert_true(y[i] == 0.0f);
     e8kv_codec_free(c);
 }
 
@@ -267,7 +275,8 @@ static void test_twins(void **state) {
         for (int pass = 0; pass < 2; pass++) {
             if (pass)
                 for (size_t v = 0; v < N; v++)
-                    for (size_t i = 0; i < vb; i++) ba[v * vb + i] = (uint8_t)(i == 1 ? e8kv_rng_next(&rng) & 0x7B : e8kv_rng_next(&rng));
+                    for (size_t i = 0; i < vb; i++)
+                        ba[v * vb + i] = (uint8_t)(i == 1 ? e8kv_rng_next(&rng) & 0x7B : e8kv_rng_next(&rng));
             for (size_t v = 0; v < N; v++) {
                 e8kv_nest_decode_ref(c, ya + v * D, ba + v * vb);
                 e8kv_nest_decode_avx2(c, yb + v * D, ba + v * vb);
@@ -293,7 +302,8 @@ static void test_pinned_sha256(void **state) {
     float *const x = malloc(sizeof(float) * D * N);
     e8kv_rng rng;
     e8kv_rng_seed(&rng, 2024);
-    for (size_t i = 0; i < D * N; i++) x[i] = (float)e8kv_rng_normal(&rng);
+    for (size_t i = 0; i < D * N; i++)
+        x[i] = (float)e8kv_rng_normal(&rng);
     for (int k = 0; k < 3; k++) {
         size_t err;
         e8kv_codec *const c = e8kv_codec_create(specs[k], D, 7, &err);
@@ -312,9 +322,9 @@ static void test_pinned_sha256(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_d4_coset),      cmocka_unit_test(test_brute_force),
-        cmocka_unit_test(test_round_trip),    cmocka_unit_test(test_errors_and_bytes),
-        cmocka_unit_test(test_twins),         cmocka_unit_test(test_pinned_sha256),
+        cmocka_unit_test(test_d4_coset),   cmocka_unit_test(test_brute_force),
+        cmocka_unit_test(test_round_trip), cmocka_unit_test(test_errors_and_bytes),
+        cmocka_unit_test(test_twins),      cmocka_unit_test(test_pinned_sha256),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

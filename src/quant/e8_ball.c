@@ -65,10 +65,13 @@ typedef struct {
 
 static uint32_t pack_key(const int32_t c2[8]) {
     uint32_t k = 0;
-    for (int i = 0; i < 8; i++) k |= (uint32_t)(c2[i] + 8) << (4 * i);
+    for (int i = 0; i < 8; i++)
+        k |= (uint32_t)(c2[i] + 8) << (4 * i);
     return k;
 }
-static uint32_t key_hash(uint32_t key) { return key * 0x9E3779B1u; } /* the codebook order (format) */
+static uint32_t key_hash(uint32_t key) {
+    return key * 0x9E3779B1u;
+} /* the codebook order (format) */
 
 static int cand_cmp(const void *a, const void *b) {
     const cand *x = a, *y = b;
@@ -111,14 +114,17 @@ static int half_cmp(const void *a, const void *b) {
     return (x->key > y->key) - (x->key < y->key);
 }
 
-static int half_class(int parity, int32_t sum) { return 2 * parity + (((sum % 4) + 4) % 4) / 2; }
+static int half_class(int parity, int32_t sum) {
+    return 2 * parity + (((sum % 4) + 4) % 4) / 2;
+}
 
 static void build_index_map(void) {
     static half_ent cls[4][N_HALF_MAX];
     int n_cls[4] = {0};
     for (uint32_t k = 0; k < N_HALF_KEYS; k++) {
         int32_t h[4], n2 = 0, sum = 0;
-        for (int i = 0, r = (int)k; i < 4; i++, r /= 13) h[i] = r % 13 - 6;
+        for (int i = 0, r = (int)k; i < 4; i++, r /= 13)
+            h[i] = r % 13 - 6;
         const int parity = h[0] & 1;
         int ok = 1;
         for (int i = 0; i < 4; i++) {
@@ -131,14 +137,16 @@ static void build_index_map(void) {
         cls[c][n_cls[c]++] = (half_ent){n2, k};
     }
     uint32_t gid = 0, off = 0;
-    for (int c = 0; c < 4; c++) qsort(cls[c], (size_t)n_cls[c], sizeof(half_ent), half_cmp);
+    for (int c = 0; c < 4; c++)
+        qsort(cls[c], (size_t)n_cls[c], sizeof(half_ent), half_cmp);
     for (int c = 0; c < 4; c++)
         for (int p = 0; p < n_cls[c]; p++) {
             const half_ent *const e = &cls[c][p];
             /* partners: the class with the complementary sum (total ≡ 0 mod 4), norm ≤ 48 − |h1|² */
             const int want = c; /* Σ ≡ 0 (mod 4) pairs sums ≡ 0 with 0 and ≡ 2 with 2, same parity */
             int len = 0;
-            while (len < n_cls[want] && cls[want][len].norm2 <= E8KV_BALL_MAX_NORM2 - e->norm2) len++;
+            while (len < n_cls[want] && cls[want][len].norm2 <= E8KV_BALL_MAX_NORM2 - e->norm2)
+                len++;
             g_half[e->key] = 0x80000000u | (uint32_t)c << 21 | (uint32_t)p << 11 | gid;
             g_row_off[gid] = off;
             g_row_len[gid] = (uint16_t)len;
@@ -149,7 +157,8 @@ static void build_index_map(void) {
     assert(gid <= N_HALF_MAX && off <= N_CAND);
     for (uint32_t i = 0; i < E8KV_BALL_SIZE; i++) {
         int32_t c2[8];
-        for (int j = 0; j < 8; j++) c2[j] = g_ball[i][j];
+        for (int j = 0; j < 8; j++)
+            c2[j] = g_ball[i][j];
         const int64_t pos = e8kv_ball_prepare(c2);
         assert(pos >= 0);
         g_map[pos] = (uint16_t)i;
@@ -168,11 +177,13 @@ static void build_tables(void) {
     assert(all[56880].norm2 == 40 && all[56881].norm2 == 48);
     for (uint32_t i = 0; i < E8KV_BALL_SIZE; i++) {
         const uint32_t key = all[i].key;
-        for (int j = 0; j < 8; j++) g_ball[i][j] = (int8_t)((int)((key >> (4 * j)) & 15u) - 8);
+        for (int j = 0; j < 8; j++)
+            g_ball[i][j] = (int8_t)((int)((key >> (4 * j)) & 15u) - 8);
     }
     build_index_map();
     for (int k = 0; k < 240; k++)
-        for (int j = 0; j < 8; j++) g_minvec_t[j][k] = g_ball[k + 1][j];
+        for (int j = 0; j < 8; j++)
+            g_minvec_t[j][k] = g_ball[k + 1][j];
     for (int k = 0; k < 240; k++)
         for (int j = 0; j < 4; j++)
             g_minvec_p[j][k] = (int32_t)((uint32_t)(uint16_t)g_ball[k + 1][2 * j] |
@@ -180,15 +191,19 @@ static void build_tables(void) {
     int32_t r2[8];
     for (uint32_t d = 0; d < 256; d++) {
         e8kv_e8_coset_rep(r2, d, 1);
-        for (int j = 0; j < 8; j++) g_res1[d][j] = (int8_t)r2[j];
+        for (int j = 0; j < 8; j++)
+            g_res1[d][j] = (int8_t)r2[j];
     }
     for (uint32_t d = 0; d < 65536; d++) {
         e8kv_e8_coset_rep(r2, d, 2);
-        for (int j = 0; j < 8; j++) g_res2[d][j] = (int8_t)r2[j];
+        for (int j = 0; j < 8; j++)
+            g_res2[d][j] = (int8_t)r2[j];
     }
 }
 
-static void ensure_tables(void) { pthread_once(&g_once, build_tables); }
+static void ensure_tables(void) {
+    pthread_once(&g_once, build_tables);
+}
 
 const int8_t *e8kv_ball_table(void) {
     ensure_tables();
@@ -219,7 +234,9 @@ int32_t e8kv_ball_lookup(int64_t prep) {
     return v || prep == (int64_t)g_origin_pos ? v : -1;
 }
 
-int32_t e8kv_ball_index(const int32_t c2[8]) { return e8kv_ball_lookup(e8kv_ball_prepare(c2)); }
+int32_t e8kv_ball_index(const int32_t c2[8]) {
+    return e8kv_ball_lookup(e8kv_ball_prepare(c2));
+}
 
 /* ---------------------------------------------------------------- block encoders */
 
@@ -230,7 +247,8 @@ const int32_t *e8kv_ball_minvec_pairs(void) {
 
 /* X scaled by a/256 toward the origin (floor), the radial shrink of the overload paths */
 static void shrink(int32_t *out, const int32_t *X, int32_t a, int n) {
-    for (int i = 0; i < n; i++) out[i] = (int32_t)(((int64_t)X[i] * a) >> 8);
+    for (int i = 0; i < n; i++)
+        out[i] = (int32_t)(((int64_t)X[i] * a) >> 8);
 }
 
 int32_t e8kv_ball_shrink(const e8kv_ball_kernels *kern, int32_t best[8], const int32_t X[8]) {
@@ -238,10 +256,12 @@ int32_t e8kv_ball_shrink(const e8kv_ball_kernels *kern, int32_t best[8], const i
      * integers: deterministic); then a − 8, a − 16, ... until the closest point is a codeword; a ≤ 0
      * gives the origin (codeword 0). */
     int64_t n2 = 0;
-    for (int i = 0; i < 8; i++) n2 += (int64_t)X[i] * X[i];
+    for (int i = 0; i < 8; i++)
+        n2 += (int64_t)X[i] * X[i];
     int32_t a = 256;
     if (n2 > 0) {
-        const double g = 256.0 * sqrt(BALL_TARGET_NORM * (double)E8KV_FX_ONE * (double)E8KV_FX_ONE / (double)n2);
+        const double g =
+            256.0 * sqrt(BALL_TARGET_NORM * (double)E8KV_FX_ONE * (double)E8KV_FX_ONE / (double)n2);
         if (g < 256.0) a = (int32_t)g;
     }
     for (; a > 0; a -= BALL_SHRINK_STEP) {
@@ -266,8 +286,10 @@ int e8kv_ball_descent_setup(int32_t e[8], int32_t *cn, const int32_t best[8], co
         n += best[i] * best[i];
     }
     int k = 0;
-    while ((amax >> k) >= 32768) k++;
-    for (int i = 0; i < 8; i++) e[i] >>= k; /* arithmetic shift: floor */
+    while ((amax >> k) >= 32768)
+        k++;
+    for (int i = 0; i < 8; i++)
+        e[i] >>= k; /* arithmetic shift: floor */
     *cn = n;
     return k;
 }
@@ -288,14 +310,16 @@ int e8kv_ball_descent_step_ref(int32_t best[8], const int32_t X[8]) {
         if (nn > E8KV_BALL_MAX_NORM2) continue;
         if (nn == E8KV_BALL_MAX_NORM2) {
             int32_t c[8];
-            for (int i = 0; i < 8; i++) c[i] = best[i] + g_minvec_t[i][j];
+            for (int i = 0; i < 8; i++)
+                c[i] = best[i] + g_minvec_t[i][j];
             if (e8kv_ball_index(c) < 0) continue;
         }
         best_dot = dot;
         found = j;
     }
     if (found < 0) return 0;
-    for (int i = 0; i < 8; i++) best[i] += g_minvec_t[i][found];
+    for (int i = 0; i < 8; i++)
+        best[i] += g_minvec_t[i][found];
     return 1;
 }
 
@@ -330,14 +354,16 @@ uint32_t e8kv_ball_encode_block(int32_t c2[8], const int32_t X[8]) {
 }
 
 /* 1 when the closest fine point to (a/256)·Z lies in the Voronoi cell of m·E8 (its digits in *d) */
-static int residual_inside(const e8kv_ball_kernels *kern, uint32_t *d, const int32_t Z[8], int32_t a, unsigned log2_m) {
+static int residual_inside(const e8kv_ball_kernels *kern, uint32_t *d, const int32_t Z[8], int32_t a,
+                           unsigned log2_m) {
     int32_t Zs[8], y2[8];
     shrink(Zs, Z, a, 8);
     kern->nearest(y2, Zs);
     *d = e8kv_e8_digits(y2, log2_m);
     const int8_t *const r = e8kv_ball_residual_table(log2_m) + 8 * *d;
     int inside = 1;
-    for (int i = 0; i < 8; i++) inside &= r[i] == y2[i];
+    for (int i = 0; i < 8; i++)
+        inside &= r[i] == y2[i];
     return inside;
 }
 
@@ -347,7 +373,8 @@ static int64_t residual_dist(const int32_t X[8], uint32_t packed, unsigned log2_
     const int8_t *const r = e8kv_ball_residual_table(log2_m) + 8 * (packed >> 16);
     int64_t d = 0;
     for (int i = 0; i < 8; i++) {
-        const int64_t e = (int64_t)X[i] * (1 << log2_m) - ((int64_t)(c[i] * (1 << log2_m)) + r[i]) * E8KV_FX_HALF;
+        const int64_t e =
+            (int64_t)X[i] * (1 << log2_m) - ((int64_t)(c[i] * (1 << log2_m)) + r[i]) * E8KV_FX_HALF;
         d += e * e;
     }
     return d;
@@ -362,19 +389,23 @@ uint32_t e8kv_ball_residual_overload(const e8kv_ball_kernels *kern, const int32_
      * the ball (a ≤ 0: the origin, packed 0) */
     uint32_t cand1 = 0;
     int64_t n2 = 0;
-    for (int i = 0; i < 8; i++) n2 += (int64_t)X[i] * X[i];
+    for (int i = 0; i < 8; i++)
+        n2 += (int64_t)X[i] * X[i];
     int32_t a = 256;
     if (n2 > 0) {
-        const double g = 256.0 * sqrt(RESIDUAL_TARGET_NORM * (double)E8KV_FX_ONE * (double)E8KV_FX_ONE / (double)n2);
+        const double g =
+            256.0 * sqrt(RESIDUAL_TARGET_NORM * (double)E8KV_FX_ONE * (double)E8KV_FX_ONE / (double)n2);
         if (g < 256.0) a = (int32_t)g;
     }
     for (; a > 0; a -= CAND1_STEP) {
         shrink(Xs, X, a, 8);
-        for (int i = 0; i < 8; i++) Xs[i] *= m;
+        for (int i = 0; i < 8; i++)
+            Xs[i] *= m;
         kern->nearest(y2, Xs);
         const uint32_t d = e8kv_e8_digits(y2, log2_m);
         const int8_t *const r = res + 8 * d;
-        for (int i = 0; i < 8; i++) c2[i] = (y2[i] - r[i]) / m;
+        for (int i = 0; i < 8; i++)
+            c2[i] = (y2[i] - r[i]) / m;
         const int32_t idx1 = e8kv_ball_index(c2);
         if (idx1 >= 0) {
             cand1 = (uint32_t)idx1 | (d << 16);
@@ -385,12 +416,14 @@ uint32_t e8kv_ball_residual_overload(const e8kv_ball_kernels *kern, const int32_
      * clamped into the Voronoi cell of m·E8 the same way */
     kern->nearest(y2, X);
     const uint32_t idx = e8kv_ball_encode_block_k(kern, c2, X, y2);
-    for (int i = 0; i < 8; i++) Z[i] = m * (X[i] - c2[i] * E8KV_FX_HALF);
+    for (int i = 0; i < 8; i++)
+        Z[i] = m * (X[i] - c2[i] * E8KV_FX_HALF);
     /* clamp by steps of RESIDUAL_STEP/256 from a first guess a0 (|a0·z| = RESIDUAL_CELL_RADIUS·m lattice
      * units): upward while the closest fine point stays in the Voronoi cell of m·E8, else downward
      * until it is (a = 0 gives the origin, which always is) */
     int64_t z2 = 0;
-    for (int i = 0; i < 8; i++) z2 += (int64_t)Z[i] * Z[i];
+    for (int i = 0; i < 8; i++)
+        z2 += (int64_t)Z[i] * Z[i];
     int32_t a0 = 256;
     if (z2 > 0) {
         const double g = 256.0 * RESIDUAL_CELL_RADIUS * m * E8KV_FX_ONE / sqrt((double)z2);
@@ -430,7 +463,9 @@ size_t e8kv_ball_scale(uint16_t *h, const float *x, size_t d, int bits) {
     return 0;
 }
 
-static size_t block_bytes(int bits) { return (size_t)bits; } /* 16 + 8·(B−2) bits per 8 values */
+static size_t block_bytes(int bits) {
+    return (size_t)bits;
+} /* 16 + 8·(B−2) bits per 8 values */
 
 size_t e8kv_e8ball_encode_ref(const e8kv_codec_t *codec, uint8_t *restrict dst, const float *restrict x) {
     const int bits = codec->bits;
@@ -450,18 +485,22 @@ size_t e8kv_e8ball_encode_ref(const e8kv_codec_t *codec, uint8_t *restrict dst, 
     const int32_t m = 1 << log2_m;
     for (size_t b = 0; b < d; b += 8, p += bb) {
         int32_t X[8], c2[8], y2[8], Xf[8];
-        for (int i = 0; i < 8; i++) X[i] = e8kv_fx_round(x[b + i] * k);
+        for (int i = 0; i < 8; i++)
+            X[i] = e8kv_fx_round(x[b + i] * k);
         if (log2_m == 0) {
             e8kv_store_le16(p, (uint16_t)e8kv_ball_encode_block(c2, X));
             continue;
         }
-        for (int i = 0; i < 8; i++) Xf[i] = m * X[i];
+        for (int i = 0; i < 8; i++)
+            Xf[i] = m * X[i];
         e8kv_e8_nearest_fx(y2, Xf);
         uint32_t dg = e8kv_e8_digits(y2, log2_m);
         const int8_t *const r = res + 8 * dg;
-        for (int i = 0; i < 8; i++) c2[i] = (y2[i] - r[i]) / m; /* exact: y − r ∈ m·E8 */
+        for (int i = 0; i < 8; i++)
+            c2[i] = (y2[i] - r[i]) / m; /* exact: y − r ∈ m·E8 */
         const int32_t idx = e8kv_ball_index(c2);
-        const uint32_t packed = idx >= 0 ? (uint32_t)idx | (dg << 16) : e8kv_ball_residual_overload(&e8kv_ball_kernels_ref, X, log2_m);
+        const uint32_t packed = idx >= 0 ? (uint32_t)idx | (dg << 16)
+                                         : e8kv_ball_residual_overload(&e8kv_ball_kernels_ref, X, log2_m);
         e8kv_store_le16(p, (uint16_t)packed);
         if (log2_m == 1)
             p[2] = (uint8_t)(packed >> 16);
@@ -483,12 +522,14 @@ void e8kv_e8ball_decode_ref(const e8kv_codec_t *codec, float *restrict y, const 
     for (size_t b = 0; b < d; b += 8, p += bb) {
         const int8_t *const c = ball + 8 * (size_t)e8kv_load_le16(p);
         if (log2_m == 0) {
-            for (int i = 0; i < 8; i++) y[b + i] = (float)c[i] * k;
+            for (int i = 0; i < 8; i++)
+                y[b + i] = (float)c[i] * k;
             continue;
         }
         const uint32_t dg = log2_m == 1 ? p[2] : e8kv_load_le16(p + 2);
         const int8_t *const r = res + 8 * (size_t)dg;
-        for (int i = 0; i < 8; i++) y[b + i] = (float)(m * c[i] + r[i]) * k;
+        for (int i = 0; i < 8; i++)
+            y[b + i] = (float)(m * c[i] + r[i]) * k;
     }
 }
 

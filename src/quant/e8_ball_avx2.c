@@ -27,12 +27,15 @@ static inline __m256i d8_nearest(__m256i X, int32_t *dist) {
     const __m256i half = _mm256_set1_epi32(E8KV_FX_HALF);
     __m256i r = _mm256_srai_epi32(_mm256_add_epi32(X, half), E8KV_FX_BITS);
     __m256i e = _mm256_sub_epi32(X, _mm256_slli_epi32(r, E8KV_FX_BITS));
-    const int odd = __builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_slli_epi32(r, 31)))) & 1;
+    const int odd =
+        __builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_slli_epi32(r, 31)))) & 1;
     if (odd) {
         const __m256i ae = _mm256_abs_epi32(e);
         const __m256i mx = hmax_epi32(ae);
-        const int w = __builtin_ctz((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(ae, mx))));
-        const __m256i onehot = _mm256_cmpeq_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(w));
+        const int w =
+            __builtin_ctz((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(ae, mx))));
+        const __m256i onehot =
+            _mm256_cmpeq_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(w));
         const __m256i delta = _mm256_or_si256(_mm256_srai_epi32(e, 31), _mm256_set1_epi32(1)); /* ±1 */
         r = _mm256_add_epi32(r, _mm256_and_si256(onehot, delta));
         e = _mm256_sub_epi32(X, _mm256_slli_epi32(r, E8KV_FX_BITS));
@@ -70,7 +73,8 @@ static inline uint32_t e8_digits(__m256i y2, unsigned log2_m) {
     __m256i u = _mm256_blend_epi32(sfx, u0, 0x01);
     u = _mm256_blend_epi32(u, u7, 0x80);
     const __m256i mask = _mm256_set1_epi32((1 << log2_m) - 1);
-    const __m256i sh = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)log2_m));
+    const __m256i sh =
+        _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)log2_m));
     return (uint32_t)hsum_epi32(_mm256_sllv_epi32(_mm256_and_si256(u, mask), sh)); /* disjoint bits */
 }
 
@@ -103,8 +107,10 @@ int e8kv_ball_descent_step_avx2(int32_t best[8], const int32_t X[8]) {
     const int32_t *const vp = e8kv_ball_minvec_pairs();
     __m256i ep[4], cp[4];
     for (int j = 0; j < 4; j++) {
-        ep[j] = _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)e[2 * j] | ((uint32_t)(uint16_t)e[2 * j + 1] << 16)));
-        cp[j] = _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)best[2 * j] | ((uint32_t)(uint16_t)best[2 * j + 1] << 16)));
+        ep[j] = _mm256_set1_epi32(
+            (int32_t)((uint32_t)(uint16_t)e[2 * j] | ((uint32_t)(uint16_t)e[2 * j + 1] << 16)));
+        cp[j] = _mm256_set1_epi32(
+            (int32_t)((uint32_t)(uint16_t)best[2 * j] | ((uint32_t)(uint16_t)best[2 * j + 1] << 16)));
     }
     const int32_t thr = (4 * E8KV_FX_HALF) >> k;
     const __m256i thrv = _mm256_set1_epi32(thr);
@@ -156,7 +162,8 @@ int e8kv_ball_descent_step_avx2(int32_t best[8], const int32_t X[8]) {
         }
         d12[ck] = INT32_MIN;
         __m256i m = lo;
-        for (int g = 0; g < 240; g += 8) m = _mm256_max_epi32(m, _mm256_loadu_si256((const __m256i *)(d12 + g)));
+        for (int g = 0; g < 240; g += 8)
+            m = _mm256_max_epi32(m, _mm256_loadu_si256((const __m256i *)(d12 + g)));
         mt = _mm256_cvtsi256_si32(hmax_epi32(m));
     }
     if (best_k == 240) return 0;
@@ -218,12 +225,13 @@ size_t e8kv_e8ball_encode_avx2(const e8kv_codec_t *codec, uint8_t *restrict dst,
         int32_t c2[8];
         if (log2_m == 0) {
             e8kv_store_le16(p, (uint16_t)e8kv_ball_encode_block_idx(&e8kv_ball_kernels_avx2, c2, Xa[j], y2[j],
-                                                                     e8kv_ball_lookup(prep[j])));
+                                                                    e8kv_ball_lookup(prep[j])));
             continue;
         }
         const int32_t idx = e8kv_ball_lookup(prep[j]);
-        const uint32_t packed =
-            idx >= 0 ? (uint32_t)idx | (dg[j] << 16) : e8kv_ball_residual_overload(&e8kv_ball_kernels_avx2, Xa[j], log2_m);
+        const uint32_t packed = idx >= 0
+                                    ? (uint32_t)idx | (dg[j] << 16)
+                                    : e8kv_ball_residual_overload(&e8kv_ball_kernels_avx2, Xa[j], log2_m);
         e8kv_store_le16(p, (uint16_t)packed);
         if (log2_m == 1)
             p[2] = (uint8_t)(packed >> 16);
@@ -242,7 +250,8 @@ void e8kv_e8ball_decode_avx2(const e8kv_codec_t *codec, float *restrict y, const
     const int8_t *const ball = e8kv_ball_table();
     if (log2_m == 0) {
         for (size_t b = 0; b < d; b += 8, p += bb) {
-            const __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(ball + 8 * (size_t)e8kv_load_le16(p))));
+            const __m256i c = _mm256_cvtepi8_epi32(
+                _mm_loadl_epi64((const __m128i *)(ball + 8 * (size_t)e8kv_load_le16(p))));
             _mm256_storeu_ps(y + b, _mm256_mul_ps(_mm256_cvtepi32_ps(c), k));
         }
         return;
@@ -250,7 +259,8 @@ void e8kv_e8ball_decode_avx2(const e8kv_codec_t *codec, float *restrict y, const
     const int8_t *const res = e8kv_ball_residual_table(log2_m);
     for (size_t b = 0; b < d; b += 8, p += bb) {
         const uint32_t dg = log2_m == 1 ? p[2] : e8kv_load_le16(p + 2);
-        const __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(ball + 8 * (size_t)e8kv_load_le16(p))));
+        const __m256i c =
+            _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(ball + 8 * (size_t)e8kv_load_le16(p))));
         const __m256i r = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(res + 8 * (size_t)dg)));
         const __m256i v = _mm256_add_epi32(_mm256_slli_epi32(c, (int)log2_m), r);
         _mm256_storeu_ps(y + b, _mm256_mul_ps(_mm256_cvtepi32_ps(v), k));

@@ -29,8 +29,12 @@ typedef struct {
 
 typedef void (*nearest_fn)(int32_t *y, const int32_t *X);
 
-static void e8_nearest_ref(int32_t *y, const int32_t *X) { e8kv_e8_nearest_fx(y, X); }
-static void d4_nearest_ref(int32_t *y, const int32_t *X) { e8kv_d4_nearest_fx(y, X); }
+static void e8_nearest_ref(int32_t *y, const int32_t *X) {
+    e8kv_e8_nearest_fx(y, X);
+}
+static void d4_nearest_ref(int32_t *y, const int32_t *X) {
+    e8kv_d4_nearest_fx(y, X);
+}
 
 /* digits and canonical representative, one lattice or the other (E8 in doubled coordinates) */
 static uint32_t digits_of(int dim, const int32_t *y, unsigned L) {
@@ -44,7 +48,8 @@ static void rep_of(int dim, int32_t *r, uint32_t dg, unsigned L) {
 }
 
 static void shrink(int32_t *out, const int32_t *X, int32_t a, int n) {
-    for (int i = 0; i < n; i++) out[i] = (int32_t)(((int64_t)X[i] * a) >> 8);
+    for (int i = 0; i < n; i++)
+        out[i] = (int32_t)(((int64_t)X[i] * a) >> 8);
 }
 
 /* one block: the digits of the closest fine point inside the coarse cell */
@@ -76,12 +81,14 @@ static uint32_t encode_block(int dim, unsigned L, const int32_t *X, nearest_fn n
 static void put_bits(uint8_t *p, size_t bitpos, uint32_t v, unsigned n) {
     uint64_t w = (uint64_t)v << (bitpos & 7);
     const size_t nbytes = ((bitpos & 7) + n + 7) / 8;
-    for (size_t i = 0; i < nbytes; i++, w >>= 8) p[(bitpos >> 3) + i] |= (uint8_t)w;
+    for (size_t i = 0; i < nbytes; i++, w >>= 8)
+        p[(bitpos >> 3) + i] |= (uint8_t)w;
 }
 static uint32_t get_bits(const uint8_t *p, size_t bitpos, unsigned n) {
     const size_t nbytes = ((bitpos & 7) + n + 7) / 8;
     uint64_t w = 0;
-    for (size_t i = 0; i < nbytes; i++) w |= (uint64_t)p[(bitpos >> 3) + i] << (8 * i);
+    for (size_t i = 0; i < nbytes; i++)
+        w |= (uint64_t)p[(bitpos >> 3) + i] << (8 * i);
     return (uint32_t)((w >> (bitpos & 7)) & ((1ull << n) - 1));
 }
 
@@ -128,12 +135,14 @@ static void nest_decode_impl(const e8kv_codec_t *codec, float *restrict y, const
         const uint32_t dg = get_bits(src + 2, blk * nbits, nbits);
         int32_t r[8];
         if (tab)
-            for (int i = 0; i < 8; i++) r[i] = tab[8 * dg + i];
+            for (int i = 0; i < 8; i++)
+                r[i] = tab[8 * dg + i];
         else if (dim == 8)
             e8kv_e8_coset_rep_with(r, dg, L, e8_nearest);
         else
             e8kv_d4_coset_rep(r, dg, L);
-        for (int i = 0; i < dim; i++) y[b + (size_t)i] = (float)r[i] * k;
+        for (int i = 0; i < dim; i++)
+            y[b + (size_t)i] = (float)r[i] * k;
     }
 }
 
@@ -149,7 +158,9 @@ void e8kv_nest_decode_avx2(const e8kv_codec_t *codec, float *restrict y, const u
 }
 
 /* the AVX2 twins swap in the vector E8 closest point (e8_ball_avx2.c); D4 stays scalar */
-static void e8_nearest_avx2(int32_t *y, const int32_t *X) { e8kv_e8_nearest_fx_avx2(y, X); }
+static void e8_nearest_avx2(int32_t *y, const int32_t *X) {
+    e8kv_e8_nearest_fx_avx2(y, X);
+}
 size_t e8kv_nest_encode_avx2(const e8kv_codec_t *codec, uint8_t *restrict dst, const float *restrict x) {
     const nest_state *const st = codec->state;
     return nest_encode_with(codec, dst, x, st->lattice_dim == 8 ? e8_nearest_avx2 : d4_nearest_ref);
@@ -170,7 +181,8 @@ static size_t nest_init(e8kv_codec_t *codec, const e8kv_spec *spec, int dim) {
     if (!st) return E8KV_ERR(OUT_OF_MEMORY);
     st->lattice_dim = dim;
     st->log2_m = (unsigned)spec->bits;
-    st->q_range = spec->q_range > 0.0f ? spec->q_range : (dim == 8 ? k_default_q_e8 : k_default_q_d4)[spec->bits];
+    st->q_range =
+        spec->q_range > 0.0f ? spec->q_range : (dim == 8 ? k_default_q_e8 : k_default_q_d4)[spec->bits];
     codec->state = st;
     codec->bits = spec->bits;
     codec->q_range = st->q_range;
@@ -179,5 +191,9 @@ static size_t nest_init(e8kv_codec_t *codec, const e8kv_spec *spec, int dim) {
     return 0;
 }
 
-size_t e8kv_quant_init_e8nest(e8kv_codec_t *codec, const e8kv_spec *spec) { return nest_init(codec, spec, 8); }
-size_t e8kv_quant_init_d4nest(e8kv_codec_t *codec, const e8kv_spec *spec) { return nest_init(codec, spec, 4); }
+size_t e8kv_quant_init_e8nest(e8kv_codec_t *codec, const e8kv_spec *spec) {
+    return nest_init(codec, spec, 8);
+}
+size_t e8kv_quant_init_d4nest(e8kv_codec_t *codec, const e8kv_spec *spec) {
+    return nest_init(codec, spec, 4);
+}
