@@ -252,6 +252,48 @@ size_t e8kv_frame_e8_quantize(int16_t *dst, size_t dst_capacity, const float *sr
 size_t e8kv_frame_e8_dequantize(float *dst, size_t dst_capacity, const int16_t *src, size_t n_vec,
                                 size_t head_dim, float step, uint64_t seed);
 
+/* ---------------------------------------------------------------- saved caches (persistence)
+ *
+ * A whole cache (parameters as a canonical spec, seed, n_ctx, RoPE options, per-layer token counts, the
+ * exact sink and window tokens, every coded page) in one versioned, XXH64-checksummed buffer or file,
+ * coded pages losslessly entropy-coded through frames. Layout: doc/format.md §4. A loaded cache gives
+ * bit-identical attention output and accepts further appends. Untrusted bytes answer E8KV_ERROR_CORRUPTED
+ * / _TRUNCATED / _CHECKSUM / _VERSION, never a fault. `meta` is opaque caller data kept in the file (the
+ * CLI stores the prompt's token ids there).
+ */
+#define E8KV_CACHE_FORMAT_VERSION 1
+
+typedef struct {
+    unsigned version;
+    size_t n_layer, n_head_kv, head_dim, n_ctx, page_tokens;
+    uint64_t seed;
+    float rope_theta;
+    int rope_neox;
+    char spec[512];               /* the canonical cache spec that recreates the configuration */
+    size_t meta_offset, meta_size; /* meta bytes are src[meta_offset .. meta_offset + meta_size) */
+    size_t file_size;
+} e8kv_cache_file_info;
+
+/* Largest e8kv_cache_save output for the cache as it is now. */
+size_t e8kv_cache_save_bound(const e8kv_cache *cache, size_t meta_size);
+/* Returns bytes written. E8KV_ERROR_UNSUPPORTED when the per-layer formats need more than 32 layer rules. */
+size_t e8kv_cache_save(void *dst, size_t dst_capacity, const e8kv_cache *cache, const void *meta,
+                       size_t meta_size);
+/* Check the header and the XXH64 (not the layers). Returns the saved size (must equal src_size). */
+size_t e8kv_cache_file_get_info(e8kv_cache_file_info *info, const void *src, size_t src_size);
+/* A new cache with the saved parameters and contents (n_threads as in e8kv_cache_params). */
+e8kv_cache *e8kv_cache_load(const void *src, size_t src_size, size_t n_threads, size_t *err);
+/* Replace the contents of an existing cache by the saved ones. Its n_layer / n_head_kv / head_dim must equal
+ * the saved ones (E8KV_ERROR_DIMENSION), its formats, seed, window, sink, page and RoPE options too
+ * (E8KV_ERROR_SPEC), its n_ctx must hold every saved token (E8KV_ERROR_CONTEXT_FULL). Returns the largest
+ * layer token count; on any error the cache is left empty. */
+size_t e8kv_cache_load_into(e8kv_cache *cache, const void *src, size_t src_size);
+/* File helpers: save_file returns bytes written (E8KV_ERROR_IO when the file cannot be written);
+ * read_file reads a whole file into *dst (malloc'd, free() it) and returns its size. */
+size_t e8kv_cache_save_file(const e8kv_cache *cache, const char *path, const void *meta, size_t meta_size);
+size_t e8kv_cache_read_file(void **dst, const char *path);
+e8kv_cache *e8kv_cache_load_file(const char *path, size_t n_threads, size_t *err);
+
 #ifdef __cplusplus
 }
 #endif

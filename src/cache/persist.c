@@ -1,0 +1,509 @@
+/* Saving and loading a whole KV cache (doc/format.md §4): parameters as a canonical cache spec, per-layer
+ * token counts, the exact sink and window (raw f32) tokens, and every coded page. Coded pages go through
+ * an entropy-coded frame per layer and stream (doc/format.md §3, rANS over the codec bytes), so the
+ * saved form is smaller than the hot pages and decodes bit-exactly back to them. XXH64 over the whole
+ * file, plus the frames' own checksums. Untrusted bytes: every count is checked against the bytes that
+ * back it before anything is allocated from it; failures are named errors, never asserts. */
+#include "kvcache.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <xxhash.h>
+
+#define CACHE_MAGIC "E8KC"
+#define CACHE_HEADER_BYTES 64
+#define CANON_SPEC_MAX 511   /* kvcache.c parses specs shorter than 512 bytes */
+#define CANON_RULES_MAX 32   /* kvcache.c accepts at most 32 layer rules */
+#define FRAME_ROWS_PER_PAGE 1024
+#define PAGE_ABSENT 0
+#define PAGE_RAW 1
+#define PAGE_CODED 2
+/* Loading refuses headers whose page tables alone would exceed this many entries (16 bytes each). */
+#define LOAD_MAX_TABLE_ENTRIES ((size_t)1 << 26)
+
+_Static_assert(CACHE_HEADER_BYTES == 4 + 2 + 2 + 8 + 4 * 4 + 8 + 8 + 4 + 4 + 4 + 4, "§4.1 header size");
+
+/* ---------------------------------------------------------------- canonical spec */
+
+/* The cache spec that recreates c's configuration: "k=K,v=V[,layersA-B.k=X]...,window=W,sink=S,page=P,
+ * rope=pre|post" with K, V the formats of layer 0 and one rule per run of layers that differ from them. */
+static size_t canon_spec(const e8kv_cache *c, char *dst, size_t cap) {
+    size_t n = 0, n_rules = 0;
+    int w = snprintf(dst, cap, "k=%s,v=%s", e8kv_codec_spec(c->layers[0].k.codec),
+                     e8kv_codec_spec(c->layers[0].v.codec));
+    if (w < 0 || (size_t)w >= cap) return E8KV_ERR(UNSUPPORTED);
+    n = (size_t)w;
+    for (int is_k = 1; is_k >= 0; is_k--) {
+        const e8kv_codec *base = is_k ? c->layers[0].k.codec : c->layers[0].v.codec;
+        for (size_t l = 1; l < c->n_layer;) {
+            const e8kv_codec *x = is_k ? c->layers[l].k.codec : c->layers[l].v.codec;
+            if (x == base) {
+                l++;
+                continue;
+            }
+            size_t e = l;
+            while (e + 1 < c->n_layer && (is_k ? c->layers[e + 1].k.codec : c->layers[e + 1].v.codec) == x) e++;
+            if (++n_rules > CANON_RULES_MAX) return E8KV_ERR(UNSUPPORTED);
+            w = snprintf(dst + n, cap - n, ",layers%zu-%zu.%c=%s", l, e, is_k ? 'k' : 'v', e8kv_codec_spec(x));
+            if (w < 0 || (size_t)w >= cap - n) return E8KV_ERR(UNSUPPORTED);
+            n += (size_t)w;
+            l = e + 1;
+        }
+    }
+    w = snprintf(dst + n, cap - n, ",window=%zu,sink=%zu,page=%zu,rope=%s", c->window, c->n_sink, c->page_tokens,
+                 c->rope_pre ? "pre" : "post");
+    if (w < 0 || (size_t)w >= cap - n) return E8KV_ERR(UNSUPPORTED);
+    return n + (size_t)w;
+}
+
+/* ---------------------------------------------------------------- sizes */
+
+static size_t n_pages_used(const e8kv_cache *c, size_t n_tokens) {
+    return (n_tokens + c->page_tokens - 1) / c->page_tokens;
+}
+
+/* Tokens of page i that are stored (positions below n_tokens). */
+static size_t page_valid(const e8kv_cache *c, size_t i, size_t n_tokens) {
+    const size_t first = i * c->page_tokens;
+    return n_tokens - first < c->page_tokens ? n_tokens - first : c->page_tokens;
+}
+
+/* A page exists exactly when one of its stored positions is not a sink position (kvcache.c allocates on
+ * the first non-sink write). */
+static int page_expected(const e8kv_cache *c, size_t i, size_t n_tokens) {
+    return i * c->page_tokens + page_valid(c, i, n_tokens) > c->n_sink;
+}
+
+static size_t sink_used(const e8kv_cache *c, size_t n_tokens) { return n_tokens < c->n_sink ? n_tokens : c->n_sink; }
+
+/* Coded rows (stored tokens of coded pages) of one stream of layer L. */
+static size_t coded_rows(const e8kv_cache *c, const kv_layer *L, int is_k) {
+    const kv_page *tab = is_k ? L->k_pages : L->v_pages;
+    size_t n = 0;
+    for (size_t h = 0; h < c->n_head_kv; h++)
+        for (size_t i = 0; i < n_pages_used(c, L->n_tokens); i++) {
+            const kv_page *pg = &tab[h * c->n_page_max + i];
+            if (pg->data && !pg->raw) n += page_valid(c, i, L->n_tokens);
+        }
+    return n;
+}
+
+static size_t raw_tokens(const e8kv_cache *c, const kv_layer *L, int is_k) {
+    const kv_page *tab = is_k ? L->k_pages : L->v_pages;
+    size_t n = 0;
+    for (size_t h = 0; h < c->n_head_kv; h++)
+        for (size_t i = 0; i < n_pages_used(c, L->n_tokens); i++) {
+            const kv_page *pg = &tab[h * c->n_page_max + i];
+            if (pg->data && pg->raw) n += page_valid(c, i, L->n_tokens);
+        }
+    return n;
+}
+
+size_t e8kv_cache_save_bound(const e8kv_cache *cache, size_t meta_size) {
+    if (!cache || meta_size > UINT32_MAX) return E8KV_ERR(BAD_ARGUMENT);
+    const e8kv_cache *c = cache;
+    size_t n = CACHE_HEADER_BYTES + CANON_SPEC_MAX + meta_size + 8;
+    const size_t d4 = c->head_dim * sizeof(float);
+    for (size_t l = 0; l < c->n_layer; l++) {
+        const kv_layer *L = &c->layers[l];
+        n += 4 + 2 * c->n_head_kv * n_pages_used(c, L->n_tokens);
+        n += 2 * c->n_head_kv * sink_used(c, L->n_tokens) * d4;
+        for (int is_k = 0; is_k < 2; is_k++) {
+            const kv_format *f = is_k ? &L->k : &L->v;
+            n += raw_tokens(c, L, is_k) * d4 + 4;
+            const size_t rows = coded_rows(c, L, is_k);
+            if (rows) {
+                const size_t b = e8kv_compress_bound(f->vector_bytes, rows, FRAME_ROWS_PER_PAGE, 0);
+                E8KV_RETURN_IF_ERROR(b);
+                n += b;
+            }
+        }
+    }
+    return n;
+}
+
+/* ---------------------------------------------------------------- save */
+
+typedef struct {
+    uint8_t *p, *end;
+} wbuf;
+
+static size_t put(wbuf *w, const void *src, size_t n) {
+    if ((size_t)(w->end - w->p) < n) return E8KV_ERR(DST_TOO_SMALL);
+    if (n) memcpy(w->p, src, n);
+    w->p += n;
+    return 0;
+}
+
+static size_t put_u32(wbuf *w, uint32_t v) {
+    uint8_t b[4];
+    e8kv_store_le32(b, v);
+    return put(w, b, 4);
+}
+
+static size_t put_f32s(wbuf *w, const float *x, size_t n) {
+    if ((size_t)(w->end - w->p) / 4 < n) return E8KV_ERR(DST_TOO_SMALL);
+    for (size_t i = 0; i < n; i++) e8kv_store_lef32(w->p + 4 * i, x[i]);
+    w->p += 4 * n;
+    return 0;
+}
+
+/* One stream's coded pages of one layer: u32 frame size, then the frame (none when size is 0). */
+static size_t save_frame(wbuf *w, const e8kv_cache *c, const kv_layer *L, int is_k) {
+    const kv_format *f = is_k ? &L->k : &L->v;
+    const kv_page *tab = is_k ? L->k_pages : L->v_pages;
+    const size_t rows = coded_rows(c, L, is_k), vb = f->vector_bytes;
+    if (rows == 0) return put_u32(w, 0);
+    uint8_t *buf = malloc(rows * vb);
+    if (!buf) return E8KV_ERR(OUT_OF_MEMORY);
+    size_t off = 0;
+    for (size_t h = 0; h < c->n_head_kv; h++)
+        for (size_t i = 0; i < n_pages_used(c, L->n_tokens); i++) {
+            const kv_page *pg = &tab[h * c->n_page_max + i];
+            if (!pg->data || pg->raw) continue;
+            const size_t nb = page_valid(c, i, L->n_tokens) * vb;
+            memcpy(buf + off, pg->data, nb);
+            off += nb;
+        }
+    const e8kv_frame_params fp = {
+        .content = E8KV_FRAME_BYTES, .coder = E8KV_FRAME_RANS, .rows_per_page = FRAME_ROWS_PER_PAGE};
+    size_t r = 0;
+    if ((size_t)(w->end - w->p) < 4) r = E8KV_ERR(DST_TOO_SMALL);
+    if (!e8kv_is_error(r)) r = e8kv_frame_encode(w->p + 4, (size_t)(w->end - w->p) - 4, buf, vb, rows, &fp);
+    free(buf);
+    if (e8kv_is_error(r)) return r;
+    if (r > UINT32_MAX) return E8KV_ERR(UNSUPPORTED);
+    e8kv_store_le32(w->p, (uint32_t)r);
+    w->p += 4 + r;
+    return 0;
+}
+
+static size_t save_layer(wbuf *w, const e8kv_cache *c, const kv_layer *L) {
+    const size_t d = c->head_dim, n_used = n_pages_used(c, L->n_tokens), ns = sink_used(c, L->n_tokens);
+    E8KV_RETURN_IF_ERROR(put_u32(w, (uint32_t)L->n_tokens));
+    for (int is_k = 1; is_k >= 0; is_k--) { /* page map: K heads, then V heads */
+        const kv_page *tab = is_k ? L->k_pages : L->v_pages;
+        for (size_t h = 0; h < c->n_head_kv; h++)
+            for (size_t i = 0; i < n_used; i++) {
+                const kv_page *pg = &tab[h * c->n_page_max + i];
+                const uint8_t st = !pg->data ? PAGE_ABSENT : pg->raw ? PAGE_RAW : PAGE_CODED;
+                E8KV_RETURN_IF_ERROR(put(w, &st, 1));
+            }
+    }
+    for (int is_k = 1; is_k >= 0; is_k--) { /* sink tokens */
+        const float *s = is_k ? L->k_sink : L->v_sink;
+        for (size_t h = 0; h < c->n_head_kv && ns; h++)
+            E8KV_RETURN_IF_ERROR(put_f32s(w, s + h * c->n_sink * d, ns * d));
+    }
+    for (int is_k = 1; is_k >= 0; is_k--) { /* raw (window) pages */
+        const kv_page *tab = is_k ? L->k_pages : L->v_pages;
+        for (size_t h = 0; h < c->n_head_kv; h++)
+            for (size_t i = 0; i < n_used; i++) {
+                const kv_page *pg = &tab[h * c->n_page_max + i];
+                if (pg->data && pg->raw)
+                    E8KV_RETURN_IF_ERROR(
+                        put_f32s(w, (const float *)(const void *)pg->data, page_valid(c, i, L->n_tokens) * d));
+            }
+    }
+    E8KV_RETURN_IF_ERROR(save_frame(w, c, L, 1));
+    return save_frame(w, c, L, 0);
+}
+
+size_t e8kv_cache_save(void *dst, size_t dst_capacity, const e8kv_cache *cache, const void *meta, size_t meta_size) {
+    if (!dst || !cache || (meta_size && !meta) || meta_size > UINT32_MAX) return E8KV_ERR(BAD_ARGUMENT);
+    const e8kv_cache *c = cache;
+    char spec[CANON_SPEC_MAX + 1];
+    const size_t spec_len = canon_spec(c, spec, sizeof spec);
+    E8KV_RETURN_IF_ERROR(spec_len);
+    if (c->n_layer > UINT32_MAX || c->n_head_kv > UINT32_MAX || c->n_ctx > UINT32_MAX)
+        return E8KV_ERR(UNSUPPORTED);
+    if (dst_capacity < CACHE_HEADER_BYTES + 8) return E8KV_ERR(DST_TOO_SMALL);
+    uint8_t *const out = dst;
+    wbuf w = {out + CACHE_HEADER_BYTES, out + dst_capacity - 8}; /* the checksum's 8 bytes kept free */
+    E8KV_RETURN_IF_ERROR(put(&w, spec, spec_len));
+    E8KV_RETURN_IF_ERROR(put(&w, meta, meta_size));
+    for (size_t l = 0; l < c->n_layer; l++) E8KV_RETURN_IF_ERROR(save_layer(&w, c, &c->layers[l]));
+    const size_t total = (size_t)(w.p - out) + 8;
+    memcpy(out, CACHE_MAGIC, 4);
+    e8kv_store_le16(out + 4, E8KV_CACHE_FORMAT_VERSION);
+    e8kv_store_le16(out + 6, (uint16_t)spec_len);
+    e8kv_store_le64(out + 8, total);
+    e8kv_store_le32(out + 16, (uint32_t)c->n_layer);
+    e8kv_store_le32(out + 20, (uint32_t)c->n_head_kv);
+    e8kv_store_le32(out + 24, (uint32_t)c->head_dim);
+    e8kv_store_le32(out + 28, (uint32_t)c->page_tokens);
+    e8kv_store_le64(out + 32, c->n_ctx);
+    e8kv_store_le64(out + 40, c->layers[0].k.codec->seed);
+    e8kv_store_lef32(out + 48, c->rope_theta);
+    e8kv_store_le32(out + 52, (uint32_t)c->rope_neox);
+    e8kv_store_le32(out + 56, (uint32_t)meta_size);
+    e8kv_store_le32(out + 60, 0);
+    e8kv_store_le64(w.p, XXH64(out, total - 8, 0));
+    return total;
+}
+
+/* ---------------------------------------------------------------- header */
+
+size_t e8kv_cache_file_get_info(e8kv_cache_file_info *info, const void *src, size_t src_size) {
+    if (!info || !src) return E8KV_ERR(BAD_ARGUMENT);
+    memset(info, 0, sizeof *info);
+    const uint8_t *const in = src;
+    if (src_size < 6) return E8KV_ERR(TRUNCATED);
+    if (memcmp(in, CACHE_MAGIC, 4)) return E8KV_ERR(CORRUPTED);
+    if (e8kv_load_le16(in + 4) != E8KV_CACHE_FORMAT_VERSION) return E8KV_ERR(VERSION);
+    if (src_size < CACHE_HEADER_BYTES + 8) return E8KV_ERR(TRUNCATED);
+    const uint64_t total = e8kv_load_le64(in + 8);
+    if (total > src_size) return E8KV_ERR(TRUNCATED);
+    if (total < src_size || total < CACHE_HEADER_BYTES + 8) return E8KV_ERR(CORRUPTED);
+    if (XXH64(in, total - 8, 0) != e8kv_load_le64(in + total - 8)) return E8KV_ERR(CHECKSUM);
+    const size_t spec_len = e8kv_load_le16(in + 6), meta_size = e8kv_load_le32(in + 56);
+    if (spec_len == 0 || spec_len > CANON_SPEC_MAX || e8kv_load_le32(in + 60) != 0 || e8kv_load_le32(in + 52) > 1)
+        return E8KV_ERR(CORRUPTED);
+    if (spec_len + (uint64_t)meta_size > total - CACHE_HEADER_BYTES - 8) return E8KV_ERR(CORRUPTED);
+    if (memchr(in + CACHE_HEADER_BYTES, 0, spec_len)) return E8KV_ERR(CORRUPTED);
+    info->version = E8KV_CACHE_FORMAT_VERSION;
+    info->file_size = (size_t)total;
+    info->n_layer = e8kv_load_le32(in + 16);
+    info->n_head_kv = e8kv_load_le32(in + 20);
+    info->head_dim = e8kv_load_le32(in + 24);
+    info->page_tokens = e8kv_load_le32(in + 28);
+    const uint64_t n_ctx = e8kv_load_le64(in + 32);
+    if (n_ctx > UINT32_MAX) return E8KV_ERR(CORRUPTED);
+    info->n_ctx = (size_t)n_ctx;
+    info->seed = e8kv_load_le64(in + 40);
+    info->rope_theta = e8kv_load_lef32(in + 48);
+    info->rope_neox = (int)e8kv_load_le32(in + 52);
+    memcpy(info->spec, in + CACHE_HEADER_BYTES, spec_len);
+    info->spec[spec_len] = 0;
+    info->meta_offset = CACHE_HEADER_BYTES + spec_len;
+    info->meta_size = meta_size;
+    /* every layer record holds at least its u32 token count and two u32 frame sizes */
+    if (info->n_layer == 0 || info->n_head_kv == 0 || info->head_dim == 0 || info->page_tokens == 0 ||
+        info->n_ctx == 0)
+        return E8KV_ERR(CORRUPTED);
+    if (info->n_layer > (total - info->meta_offset - meta_size - 8) / 12) return E8KV_ERR(CORRUPTED);
+    const size_t n_page_max = (info->n_ctx + info->page_tokens - 1) / info->page_tokens;
+    if (info->n_head_kv > 4096 || n_page_max > LOAD_MAX_TABLE_ENTRIES / info->n_head_kv ||
+        info->n_layer > LOAD_MAX_TABLE_ENTRIES / (info->n_head_kv * n_page_max))
+        return E8KV_ERR(CORRUPTED);
+    return (size_t)total;
+}
+
+/* ---------------------------------------------------------------- load */
+
+typedef struct {
+    const uint8_t *p, *end;
+} rbuf;
+
+static size_t take(rbuf *r, const uint8_t **out, size_t n) {
+    if ((size_t)(r->end - r->p) < n) return E8KV_ERR(CORRUPTED); /* the file's total size was checked */
+    *out = r->p;
+    r->p += n;
+    return 0;
+}
+
+static size_t get_f32s(rbuf *r, float *dst, size_t n) {
+    if ((size_t)(r->end - r->p) / 4 < n) return E8KV_ERR(CORRUPTED);
+    for (size_t i = 0; i < n; i++) dst[i] = e8kv_load_lef32(r->p + 4 * i);
+    r->p += 4 * n;
+    return e8kv_all_finite(dst, n) ? 0 : E8KV_ERR(CORRUPTED);
+}
+
+static size_t alloc_page(e8kv_cache *c, const kv_format *f, kv_page *pg, int raw) {
+    const size_t nb = kv_page_bytes(c, f, raw);
+    pg->data = e8kv_calloc_aligned(nb);
+    if (!pg->data) return E8KV_ERR(OUT_OF_MEMORY);
+    pg->raw = (uint8_t)raw;
+    c->page_bytes_alloc += e8kv_aligned_size(nb);
+    return 0;
+}
+
+static size_t load_frame(rbuf *r, e8kv_cache *c, kv_layer *L, int is_k) {
+    const kv_format *f = is_k ? &L->k : &L->v;
+    kv_page *tab = is_k ? L->k_pages : L->v_pages;
+    const size_t rows = coded_rows(c, L, is_k), vb = f->vector_bytes;
+    const uint8_t *b = NULL;
+    E8KV_RETURN_IF_ERROR(take(r, &b, 4));
+    const size_t size = e8kv_load_le32(b);
+    if ((size == 0) != (rows == 0)) return E8KV_ERR(CORRUPTED);
+    if (size == 0) return 0;
+    const uint8_t *fr = NULL;
+    E8KV_RETURN_IF_ERROR(take(r, &fr, size));
+    e8kv_frame_info fi;
+    E8KV_RETURN_IF_ERROR(e8kv_frame_get_info(&fi, fr, size));
+    if (fi.row_bytes != vb || fi.n_rows != rows || fi.content != E8KV_FRAME_BYTES) return E8KV_ERR(CORRUPTED);
+    uint8_t *buf = malloc(rows * vb);
+    if (!buf) return E8KV_ERR(OUT_OF_MEMORY);
+    const size_t rd = e8kv_frame_decode(buf, rows * vb, fr, size);
+    if (e8kv_is_error(rd)) {
+        free(buf);
+        return rd;
+    }
+    size_t off = 0;
+    for (size_t h = 0; h < c->n_head_kv; h++)
+        for (size_t i = 0; i < n_pages_used(c, L->n_tokens); i++) {
+            kv_page *pg = &tab[h * c->n_page_max + i];
+            if (!pg->data || pg->raw) continue;
+            const size_t nb = page_valid(c, i, L->n_tokens) * vb;
+            memcpy(pg->data, buf + off, nb);
+            off += nb;
+        }
+    free(buf);
+    return 0;
+}
+
+static size_t load_layer(rbuf *r, e8kv_cache *c, kv_layer *L) {
+    const size_t d = c->head_dim;
+    const uint8_t *b = NULL;
+    E8KV_RETURN_IF_ERROR(take(r, &b, 4));
+    const size_t n_tokens = e8kv_load_le32(b);
+    if (n_tokens > c->n_ctx) return E8KV_ERR(CONTEXT_FULL);
+    L->n_tokens = n_tokens; /* free_pages_from(0) on failure releases what follows */
+    const size_t n_used = n_pages_used(c, n_tokens), ns = sink_used(c, n_tokens);
+    const uint8_t *map = NULL;
+    if (n_used > (size_t)(r->end - r->p) / 2 / c->n_head_kv) return E8KV_ERR(CORRUPTED);
+    E8KV_RETURN_IF_ERROR(take(r, &map, 2 * c->n_head_kv * n_used));
+    for (int is_k = 1; is_k >= 0; is_k--) {
+        kv_page *tab = is_k ? L->k_pages : L->v_pages;
+        const kv_format *f = is_k ? &L->k : &L->v;
+        for (size_t h = 0; h < c->n_head_kv; h++)
+            for (size_t i = 0; i < n_used; i++) {
+                const uint8_t st = *map++;
+                if (st > PAGE_CODED || (st == PAGE_RAW && c->window == 0) ||
+                    (st != PAGE_ABSENT) != page_expected(c, i, n_tokens))
+                    return E8KV_ERR(CORRUPTED);
+                if (st != PAGE_ABSENT) E8KV_RETURN_IF_ERROR(alloc_page(c, f, &tab[h * c->n_page_max + i], st == PAGE_RAW));
+            }
+    }
+    for (int is_k = 1; is_k >= 0; is_k--) {
+        float *s = is_k ? L->k_sink : L->v_sink;
+        for (size_t h = 0; h < c->n_head_kv && ns; h++) E8KV_RETURN_IF_ERROR(get_f32s(r, s + h * c->n_sink * d, ns * d));
+    }
+    for (int is_k = 1; is_k >= 0; is_k--) {
+        kv_page *tab = is_k ? L->k_pages : L->v_pages;
+        for (size_t h = 0; h < c->n_head_kv; h++)
+            for (size_t i = 0; i < n_used; i++) {
+                kv_page *pg = &tab[h * c->n_page_max + i];
+                if (pg->data && pg->raw)
+                    E8KV_RETURN_IF_ERROR(get_f32s(r, (float *)(void *)pg->data, page_valid(c, i, n_tokens) * d));
+            }
+    }
+    E8KV_RETURN_IF_ERROR(load_frame(r, c, L, 1));
+    return load_frame(r, c, L, 0);
+}
+
+size_t e8kv_cache_load_into(e8kv_cache *cache, const void *src, size_t src_size) {
+    if (!cache || !src) return E8KV_ERR(BAD_ARGUMENT);
+    e8kv_cache_file_info fi;
+    E8KV_RETURN_IF_ERROR(e8kv_cache_file_get_info(&fi, src, src_size));
+    e8kv_cache *c = cache;
+    if (fi.n_layer != c->n_layer || fi.n_head_kv != c->n_head_kv || fi.head_dim != c->head_dim)
+        return E8KV_ERR(DIMENSION);
+    char spec[CANON_SPEC_MAX + 1];
+    E8KV_RETURN_IF_ERROR(canon_spec(c, spec, sizeof spec));
+    if (strcmp(spec, fi.spec) || fi.seed != c->layers[0].k.codec->seed || fi.page_tokens != c->page_tokens)
+        return E8KV_ERR(SPEC);
+    if (c->rope_pre && (fi.rope_neox != c->rope_neox || memcmp(&fi.rope_theta, &c->rope_theta, sizeof(float))))
+        return E8KV_ERR(SPEC);
+    e8kv_cache_clear(c);
+    rbuf r = {(const uint8_t *)src + fi.meta_offset + fi.meta_size, (const uint8_t *)src + fi.file_size - 8};
+    size_t res = 0, n_max = 0;
+    for (size_t l = 0; l < c->n_layer && !e8kv_is_error(res); l++) {
+        res = load_layer(&r, c, &c->layers[l]);
+        if (c->layers[l].n_tokens > n_max) n_max = c->layers[l].n_tokens;
+    }
+    if (!e8kv_is_error(res) && r.p != r.end) res = E8KV_ERR(CORRUPTED);
+    if (e8kv_is_error(res)) {
+        e8kv_cache_clear(c);
+        return res;
+    }
+    return n_max;
+}
+
+e8kv_cache *e8kv_cache_load(const void *src, size_t src_size, size_t n_threads, size_t *err) {
+    size_t r = 0;
+    e8kv_cache_file_info fi;
+    if (!src) r = E8KV_ERR(BAD_ARGUMENT);
+    if (!e8kv_is_error(r)) r = e8kv_cache_file_get_info(&fi, src, src_size);
+    e8kv_cache *c = NULL;
+    if (!e8kv_is_error(r)) {
+        const e8kv_cache_params p = {.n_layer = fi.n_layer, .n_head_kv = fi.n_head_kv, .head_dim = fi.head_dim,
+                                     .n_ctx = fi.n_ctx, .spec = fi.spec, .seed = fi.seed, .n_threads = n_threads,
+                                     .rope_theta = fi.rope_theta, .rope_neox = fi.rope_neox};
+        c = e8kv_cache_create(&p, &r);
+        if (!c && !e8kv_is_error(r)) r = E8KV_ERR(CORRUPTED);
+        /* a spec the grammar or a codec rejects came from the file: corrupted, not a caller's mistake */
+        if (!c && e8kv_get_error_code(r) != E8KV_ERROR_OUT_OF_MEMORY) r = E8KV_ERR(CORRUPTED);
+    }
+    if (c) {
+        r = e8kv_cache_load_into(c, src, src_size);
+        /* the file's own parameters: a spec that does not recreate itself, or more tokens than its
+         * n_ctx, can only be corrupted bytes */
+        const e8kv_error_code ec = e8kv_get_error_code(r);
+        if (ec == E8KV_ERROR_SPEC || ec == E8KV_ERROR_DIMENSION || ec == E8KV_ERROR_CONTEXT_FULL)
+            r = E8KV_ERR(CORRUPTED);
+        if (e8kv_is_error(r)) {
+            e8kv_cache_free(c);
+            c = NULL;
+        }
+    }
+    if (err) *err = e8kv_is_error(r) ? r : 0;
+    return c;
+}
+
+/* ---------------------------------------------------------------- files */
+
+size_t e8kv_cache_save_file(const e8kv_cache *cache, const char *path, const void *meta, size_t meta_size) {
+    if (!cache || !path) return E8KV_ERR(BAD_ARGUMENT);
+    const size_t cap = e8kv_cache_save_bound(cache, meta_size);
+    E8KV_RETURN_IF_ERROR(cap);
+    uint8_t *buf = malloc(cap);
+    if (!buf) return E8KV_ERR(OUT_OF_MEMORY);
+    size_t r = e8kv_cache_save(buf, cap, cache, meta, meta_size);
+    if (!e8kv_is_error(r)) {
+        FILE *f = fopen(path, "wb");
+        const int ok = f && fwrite(buf, 1, r, f) == r;
+        if (f && fclose(f) != 0) r = E8KV_ERR(IO);
+        if (!ok) r = E8KV_ERR(IO);
+    }
+    free(buf);
+    return r;
+}
+
+size_t e8kv_cache_read_file(void **dst, const char *path) {
+    if (!dst || !path) return E8KV_ERR(BAD_ARGUMENT);
+    *dst = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return E8KV_ERR(IO);
+    long n = -1;
+    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
+    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return E8KV_ERR(IO);
+    }
+    uint8_t *buf = malloc((size_t)n + 1);
+    if (!buf) {
+        fclose(f);
+        return E8KV_ERR(OUT_OF_MEMORY);
+    }
+    const size_t got = fread(buf, 1, (size_t)n, f);
+    fclose(f);
+    if (got != (size_t)n) {
+        free(buf);
+        return E8KV_ERR(IO);
+    }
+    *dst = buf;
+    return got;
+}
+
+e8kv_cache *e8kv_cache_load_file(const char *path, size_t n_threads, size_t *err) {
+    void *buf = NULL;
+    const size_t n = e8kv_cache_read_file(&buf, path);
+    if (e8kv_is_error(n)) {
+        if (err) *err = n;
+        return NULL;
+    }
+    e8kv_cache *c = e8kv_cache_load(buf, n, n_threads, err);
+    free(buf);
+    return c;
+}

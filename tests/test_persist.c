@@ -1,0 +1,406 @@
+/* cache/persist: saved caches (doc/format.md §4). A loaded cache (new, or loaded into an existing one)
+ * gives bit-identical attention output to the original, saves back to the same bytes and keeps accepting
+ * appends with the same results as the original; the saved form is smaller than the hot pages; malformed
+ * input (truncated, bit-flipped, wrong magic/version, trailing bytes, oversized counts, bad page map,
+ * non-finite exact tokens) and mismatched targets each get their named error; file helpers; and a replay
+ * of fuzz/corpus/cache through the fuzz target. */
+#include "test_util.h"
+
+#include "common/common.h"
+#include "common/rng.h"
+
+#include <dirent.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "../fuzz/fuzz_cache_load.c"
+
+typedef struct {
+    size_t n_layer, n_head_kv, n_head, d, n_ctx;
+    const char *spec;
+} shape;
+
+static e8kv_cache *make(const shape *s, size_t *err) {
+    const e8kv_cache_params p = {.n_layer = s->n_layer, .n_head_kv = s->n_head_kv, .head_dim = s->d,
+                                 .n_ctx = s->n_ctx, .spec = s->spec, .seed = 7, .rope_theta = 10000.0f,
+                                 .rope_neox = 1};
+    return e8kv_cache_create(&p, err);
+}
+
+static float *rand_vec(e8kv_rng *rng, size_t n) {
+    float *x = malloc(n * sizeof *x);
+    assert_non_null(x);
+    for (size_t i = 0; i < n; i++) x[i] = (float)e8kv_rng_normal(rng);
+    return x;
+}
+
+/* Append n tokens of random K/V to every layer of every cache in cs (the same data to each), in chunks. */
+static void append_all(e8kv_cache **cs, size_t n_c, const shape *s, size_t n, uint64_t seed) {
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, seed);
+    const size_t w = s->n_head_kv * s->d;
+    for (size_t done = 0; done < n;) {
+        const size_t m = n - done < 13 ? n - done : 13;
+        for (size_t l = 0; l < s->n_layer; l++) {
+            float *k = rand_vec(&rng, m * w), *v = rand_vec(&rng, m * w);
+            for (size_t i = 0; i < n_c; i++) assert_ok(e8kv_cache_append(cs[i], l, k, v, m));
+            free(k), free(v);
+        }
+        done += m;
+    }
+}
+
+/* Attention of every position of every layer (one query per position) must be bit-identical. */
+static void check_same_attention(e8kv_cache *a, e8kv_cache *b, const shape *s, uint64_t seed) {
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, seed);
+    const size_t n = e8kv_cache_n_tokens(a, 0), w = s->n_head * s->d;
+    assert_int_equal(e8kv_cache_n_tokens(b, 0), n);
+    float *q = rand_vec(&rng, n * w), *oa = malloc(n * w * sizeof *oa), *ob = malloc(n * w * sizeof *ob);
+    for (size_t l = 0; l < s->n_layer; l++) {
+        assert_int_equal(e8kv_cache_attend(a, oa, n * w, l, q, s->n_head, n, 0), n * w);
+        assert_int_equal(e8kv_cache_attend(b, ob, n * w, l, q, s->n_head, n, 0), n * w);
+        assert_memory_equal(oa, ob, n * w * sizeof *oa);
+    }
+    free(q), free(oa), free(ob);
+}
+
+static uint8_t *save(const e8kv_cache *c, size_t *n, const void *meta, size_t meta_size) {
+    const size_t cap = e8kv_cache_save_bound(c, meta_size);
+    assert_ok(cap);
+    uint8_t *buf = malloc(cap);
+    assert_non_null(buf);
+    *n = e8kv_cache_save(buf, cap, c, meta, meta_size);
+    assert_ok(*n);
+    assert_true(*n <= cap);
+    return buf;
+}
+
+static const shape k_shapes[] = {
+    /* window + sink + per-layer formats, GQA, a page size that does not divide the token count */
+    {3, 2, 4, 64, 300, "k=e8:4,v=e8:3,layers1-1=q4_0h,layer2.v=f16,window=20,sink=3,page=16"},
+    {2, 1, 2, 32, 200, "e8:2"},                      /* no window, no sink */
+    {2, 2, 2, 64, 256, "balanced"},                   /* preset */
+    {1, 2, 4, 64, 128, "e8nest:4,sink=70,page=32"},   /* sink beyond the first page */
+    {2, 1, 1, 64, 150, "k=e8:4,v=e8:4,rope=pre"},    /* keys before RoPE */
+};
+
+static void roundtrip(const shape *s, size_t n_tok) {
+    size_t err = 0;
+    e8kv_cache *a = make(s, &err);
+    assert_non_null(a);
+    append_all(&a, 1, s, n_tok, 11);
+    const char meta[] = "prompt=1,2,3";
+    size_t n = 0;
+    uint8_t *f = save(a, &n, meta, sizeof meta);
+    e8kv_cache_file_info fi;
+    assert_int_equal(e8kv_cache_file_get_info(&fi, f, n), n);
+    assert_int_equal(fi.n_layer, s->n_layer);
+    assert_int_equal(fi.n_ctx, s->n_ctx);
+    assert_int_equal(fi.meta_size, sizeof meta);
+    assert_memory_equal(f + fi.meta_offset, meta, sizeof meta);
+
+    e8kv_cache *b = e8kv_cache_load(f, n, 1, &err);
+    if (!b) fail_msg("load: %s", e8kv_error_name(err));
+    e8kv_cache *c = make(s, &err); /* loaded into an existing cache that already holds other tokens */
+    append_all(&c, 1, s, 5, 99);
+    assert_int_equal(e8kv_cache_load_into(c, f, n), n_tok);
+    for (size_t l = 0; l < s->n_layer; l++) assert_int_equal(e8kv_cache_n_tokens(b, l), n_tok);
+    assert_int_equal(e8kv_cache_bytes(b), e8kv_cache_bytes(a));
+    assert_int_equal(e8kv_cache_bytes(c), e8kv_cache_bytes(a));
+    check_same_attention(a, b, s, 5);
+    check_same_attention(a, c, s, 5);
+    /* save(load(x)) == x */
+    size_t n2 = 0;
+    uint8_t *g = save(b, &n2, meta, sizeof meta);
+    assert_int_equal(n2, n);
+    assert_memory_equal(f, g, n);
+    free(g);
+    /* the loaded caches continue: same appends, same attention */
+    e8kv_cache *all[3] = {a, b, c};
+    append_all(all, 3, s, s->n_ctx - n_tok, 12);
+    check_same_attention(a, b, s, 6);
+    check_same_attention(a, c, s, 6);
+    free(f);
+    e8kv_cache_free(a), e8kv_cache_free(b), e8kv_cache_free(c);
+}
+
+static void test_roundtrip_attention(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof k_shapes / sizeof k_shapes[0]; i++) {
+        roundtrip(&k_shapes[i], 101);
+        roundtrip(&k_shapes[i], 2); /* shorter than the sink and the first page */
+    }
+}
+
+static void test_empty_and_truncated_cache(void **state) {
+    (void)state;
+    const shape *s = &k_shapes[0];
+    size_t err = 0, n = 0;
+    e8kv_cache *a = make(s, &err);
+    uint8_t *f = save(a, &n, NULL, 0); /* nothing stored yet */
+    e8kv_cache *b = e8kv_cache_load(f, n, 1, &err);
+    assert_non_null(b);
+    assert_int_equal(e8kv_cache_n_tokens(b, 2), 0);
+    free(f);
+    /* after truncate: coded pages that fall back inside the window stay coded; layers of unequal length */
+    append_all(&a, 1, s, 120, 3);
+    e8kv_cache_truncate(a, 77);
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 4);
+    float *k = rand_vec(&rng, 9 * s->n_head_kv * s->d);
+    assert_ok(e8kv_cache_append(a, 1, k, k, 9));
+    f = save(a, &n, NULL, 0);
+    e8kv_cache_free(b);
+    b = e8kv_cache_load(f, n, 1, &err);
+    assert_non_null(b);
+    assert_int_equal(e8kv_cache_n_tokens(b, 1), 86);
+    assert_int_equal(e8kv_cache_n_tokens(b, 0), 77);
+    const size_t w = s->n_head * s->d;
+    float *q = rand_vec(&rng, w), *oa = malloc(w * 4), *ob = malloc(w * 4);
+    for (size_t l = 0; l < s->n_layer; l++) {
+        const size_t nt = e8kv_cache_n_tokens(a, l);
+        assert_ok(e8kv_cache_attend(a, oa, w, l, q, s->n_head, 1, nt - 1));
+        assert_ok(e8kv_cache_attend(b, ob, w, l, q, s->n_head, 1, nt - 1));
+        assert_memory_equal(oa, ob, w * 4);
+    }
+    free(q), free(oa), free(ob), free(k), free(f);
+    e8kv_cache_free(a), e8kv_cache_free(b);
+}
+
+/* Coded pages are entropy-coded: the file is smaller than the hot pages it holds. */
+static void test_smaller_than_hot(void **state) {
+    (void)state;
+    const shape s = {2, 2, 2, 64, 512, "e8:4"};
+    size_t err = 0, n = 0;
+    e8kv_cache *a = make(&s, &err);
+    append_all(&a, 1, &s, 512, 21);
+    uint8_t *f = save(a, &n, NULL, 0);
+    const size_t hot = e8kv_cache_bytes(a) - e8kv_cache_fixed_bytes(a);
+    print_message("e8:4, Gaussian data: saved %zu bytes, hot pages %zu bytes (%.1f%%)\n", n, hot,
+                  100.0 * (double)n / (double)hot);
+    assert_true(n < hot);
+    free(f);
+    e8kv_cache_free(a);
+}
+
+static void rehash(uint8_t *f, size_t n) { e8kv_store_le64(f + n - 8, XXH64(f, n - 8, 0)); }
+
+static void test_malformed(void **state) {
+    (void)state;
+    const shape *s = &k_shapes[0];
+    size_t err = 0, n = 0;
+    e8kv_cache *a = make(s, &err);
+    append_all(&a, 1, s, 90, 8);
+    uint8_t *f = save(a, &n, "m", 1);
+    uint8_t *g = malloc(n + 1);
+    e8kv_cache_file_info fi;
+    /* truncated at every length */
+    for (size_t k = 0; k < n; k += (k < 128 ? 1 : 97)) {
+        assert_null(e8kv_cache_load(f, k, 1, &err));
+        assert_error(err, TRUNCATED);
+    }
+    /* trailing bytes */
+    memcpy(g, f, n);
+    g[n] = 0;
+    assert_error(e8kv_cache_file_get_info(&fi, g, n + 1), CORRUPTED);
+    /* any flipped bit: checksum, magic or version */
+    for (size_t k = 0; k < n; k += 13) {
+        memcpy(g, f, n);
+        g[k] ^= (uint8_t)(1u << (k % 8));
+        const size_t r = e8kv_cache_file_get_info(&fi, g, n);
+        assert_true(e8kv_is_error(r));
+        const e8kv_error_code ec = e8kv_get_error_code(r);
+        assert_true(ec == E8KV_ERROR_CHECKSUM || ec == E8KV_ERROR_CORRUPTED || ec == E8KV_ERROR_VERSION ||
+                    ec == E8KV_ERROR_TRUNCATED);
+        if (k >= 16 && k < n - 8) assert_int_equal(ec, E8KV_ERROR_CHECKSUM);
+    }
+    memcpy(g, f, n);
+    g[0] = 'X';
+    assert_error(e8kv_cache_file_get_info(&fi, g, n), CORRUPTED);
+    memcpy(g, f, n);
+    e8kv_store_le16(g + 4, 2);
+    assert_error(e8kv_cache_file_get_info(&fi, g, n), VERSION);
+    assert_null(e8kv_cache_load(g, n, 1, &err));
+    assert_error(err, VERSION);
+    /* oversized counts with a valid checksum */
+    memcpy(g, f, n);
+    e8kv_store_le32(g + 16, 1000000); /* n_layer */
+    rehash(g, n);
+    assert_error(e8kv_cache_file_get_info(&fi, g, n), CORRUPTED);
+    memcpy(g, f, n);
+    e8kv_store_le32(g + 20, 100000); /* n_head_kv */
+    rehash(g, n);
+    assert_error(e8kv_cache_file_get_info(&fi, g, n), CORRUPTED);
+    memcpy(g, f, n);
+    e8kv_store_le64(g + 32, (uint64_t)1 << 40); /* n_ctx */
+    rehash(g, n);
+    assert_error(e8kv_cache_file_get_info(&fi, g, n), CORRUPTED);
+    memcpy(g, f, n);
+    e8kv_store_le16(g + 6, 600); /* spec length */
+    rehash(g, n);
+    assert_error(e8kv_cache_file_get_info(&fi, g, n), CORRUPTED);
+    memcpy(g, f, n);
+    e8kv_store_le32(g + 56, 0x7fffffff); /* meta size */
+    rehash(g, n);
+    assert_error(e8kv_cache_file_get_info(&fi, g, n), CORRUPTED);
+    /* layer 0's token count above n_ctx, then above what its bytes can hold */
+    assert_ok(e8kv_cache_file_get_info(&fi, f, n));
+    const size_t layer0 = fi.meta_offset + fi.meta_size;
+    memcpy(g, f, n);
+    e8kv_store_le32(g + layer0, (uint32_t)s->n_ctx + 1);
+    rehash(g, n);
+    assert_null(e8kv_cache_load(g, n, 1, &err));
+    assert_error(err, CORRUPTED);
+    memcpy(g, f, n);
+    e8kv_store_le32(g + layer0, (uint32_t)s->n_ctx);
+    rehash(g, n);
+    assert_null(e8kv_cache_load(g, n, 1, &err));
+    assert_error(err, CORRUPTED);
+    /* page map: an unknown state, a missing page, a raw page made coded */
+    const uint8_t bad[3] = {3, 0, 2};
+    const size_t at[3] = {layer0 + 4 + 1, layer0 + 4 + 1, layer0 + 4 + 5}; /* page 1 of K head 0; page 5 (raw) */
+    for (int i = 0; i < 3; i++) {
+        memcpy(g, f, n);
+        assert_int_not_equal(g[at[i]], bad[i]);
+        g[at[i]] = bad[i];
+        rehash(g, n);
+        assert_null(e8kv_cache_load(g, n, 1, &err));
+        assert_error(err, CORRUPTED);
+    }
+    /* a non-finite exact (sink) value */
+    memcpy(g, f, n);
+    const size_t n_used = (90 + 15) / 16;
+    e8kv_store_le32(g + layer0 + 4 + 2 * s->n_head_kv * n_used, 0x7fc00000u);
+    rehash(g, n);
+    assert_null(e8kv_cache_load(g, n, 1, &err));
+    assert_error(err, CORRUPTED);
+    /* a spec the grammar rejects */
+    memcpy(g, f, n);
+    g[64] = '#';
+    rehash(g, n);
+    assert_null(e8kv_cache_load(g, n, 1, &err));
+    assert_error(err, CORRUPTED);
+    /* a failed load_into leaves the target empty */
+    e8kv_cache *c = make(s, &err);
+    append_all(&c, 1, s, 10, 1);
+    memcpy(g, f, n);
+    e8kv_store_le32(g + layer0, (uint32_t)s->n_ctx);
+    rehash(g, n);
+    assert_true(e8kv_is_error(e8kv_cache_load_into(c, g, n)));
+    assert_int_equal(e8kv_cache_n_tokens(c, 0), 0);
+    assert_int_equal(e8kv_cache_bytes(c), e8kv_cache_fixed_bytes(c));
+    e8kv_cache_free(c);
+    free(f), free(g);
+    e8kv_cache_free(a);
+}
+
+static void test_mismatched_target(void **state) {
+    (void)state;
+    const shape s = {2, 2, 4, 64, 128, "k=e8:4,v=e8:3,window=8"};
+    size_t err = 0, n = 0;
+    e8kv_cache *a = make(&s, &err);
+    append_all(&a, 1, &s, 100, 2);
+    uint8_t *f = save(a, &n, NULL, 0);
+    shape t = s;
+    t.d = 32; /* other model dims */
+    e8kv_cache *c = make(&t, &err);
+    assert_error(e8kv_cache_load_into(c, f, n), DIMENSION);
+    e8kv_cache_free(c);
+    t = s, t.n_layer = 3;
+    c = make(&t, &err);
+    assert_error(e8kv_cache_load_into(c, f, n), DIMENSION);
+    e8kv_cache_free(c);
+    t = s, t.n_head_kv = 1;
+    c = make(&t, &err);
+    assert_error(e8kv_cache_load_into(c, f, n), DIMENSION);
+    e8kv_cache_free(c);
+    t = s, t.spec = "k=e8:4,v=e8:4,window=8";
+    c = make(&t, &err);
+    assert_error(e8kv_cache_load_into(c, f, n), SPEC);
+    e8kv_cache_free(c);
+    const e8kv_cache_params other_seed = {.n_layer = 2, .n_head_kv = 2, .head_dim = 64, .n_ctx = 128, .spec = s.spec,
+                                          .seed = 8};
+    c = e8kv_cache_create(&other_seed, &err);
+    assert_error(e8kv_cache_load_into(c, f, n), SPEC);
+    e8kv_cache_free(c);
+    t = s, t.n_ctx = 99;
+    c = make(&t, &err);
+    assert_error(e8kv_cache_load_into(c, f, n), CONTEXT_FULL);
+    e8kv_cache_free(c);
+    t = s, t.n_ctx = 1000; /* a larger context is fine */
+    c = make(&t, &err);
+    assert_int_equal(e8kv_cache_load_into(c, f, n), 100);
+    e8kv_cache_free(c);
+    /* bad arguments */
+    assert_error(e8kv_cache_save(f, 10, a, NULL, 0), DST_TOO_SMALL);
+    assert_error(e8kv_cache_save(f, n - 1, a, NULL, 0), DST_TOO_SMALL);
+    assert_error(e8kv_cache_save(NULL, n, a, NULL, 0), BAD_ARGUMENT);
+    assert_error(e8kv_cache_save(f, n, a, NULL, 3), BAD_ARGUMENT);
+    assert_error(e8kv_cache_save_bound(NULL, 0), BAD_ARGUMENT);
+    assert_error(e8kv_cache_load_into(NULL, f, n), BAD_ARGUMENT);
+    assert_null(e8kv_cache_load(NULL, n, 1, &err));
+    assert_error(err, BAD_ARGUMENT);
+    free(f);
+    e8kv_cache_free(a);
+}
+
+static void test_files(void **state) {
+    (void)state;
+    const shape *s = &k_shapes[1];
+    size_t err = 0;
+    e8kv_cache *a = make(s, &err);
+    append_all(&a, 1, s, 70, 9);
+    char path[] = "/tmp/e8kv_test_persist_XXXXXX";
+    const int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    const size_t n = e8kv_cache_save_file(a, path, "xy", 2);
+    assert_ok(n);
+    e8kv_cache *b = e8kv_cache_load_file(path, 1, &err);
+    assert_non_null(b);
+    check_same_attention(a, b, s, 1);
+    void *buf = NULL;
+    assert_int_equal(e8kv_cache_read_file(&buf, path), n);
+    free(buf);
+    remove(path);
+    assert_null(e8kv_cache_load_file(path, 1, &err));
+    assert_error(err, IO);
+    assert_error(e8kv_cache_save_file(a, "/nonexistent-dir/x.e8kc", NULL, 0), IO);
+    e8kv_cache_free(a), e8kv_cache_free(b);
+}
+
+/* Every file of fuzz/corpus/cache through the fuzz target (crash/edge inputs kept by fuzzing). */
+static void test_fuzz_corpus(void **state) {
+    (void)state;
+    const char *src = getenv("E8KV_SOURCE_DIR");
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/fuzz/corpus/cache", src ? src : "..");
+    DIR *d = opendir(dir);
+    if (!d) skip();
+    size_t n_files = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.') continue;
+        char path[8192];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        void *buf = NULL;
+        const size_t n = e8kv_cache_read_file(&buf, path);
+        assert_ok(n);
+        LLVMFuzzerTestOneInput(buf, n);
+        free(buf);
+        n_files++;
+    }
+    closedir(d);
+    print_message("replayed %zu corpus files\n", n_files);
+    assert_true(n_files > 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roundtrip_attention), cmocka_unit_test(test_empty_and_truncated_cache),
+        cmocka_unit_test(test_smaller_than_hot),    cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_mismatched_target),   cmocka_unit_test(test_files),
+        cmocka_unit_test(test_fuzz_corpus),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
