@@ -42,6 +42,7 @@ static int read_fast(const e8kv_cache *c, const kv_format *f, float *restrict ds
         return 1;
     case KV_FAST_F16: e8kv_cache_read_f16_avx2(dst, src, n, d); return 1;
     case KV_FAST_E8BALL:
+        if (f->codec->bits == 4 && e8kv_cache_read_e8ball4_avx2(dst, src, n, d, f->vector_bytes)) return 1;
         e8kv_cache_read_e8ball_avx2(dst, src, n, d, f->codec->bits, f->vector_bytes);
         return 1;
     default: return 0;

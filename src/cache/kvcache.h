@@ -77,6 +77,12 @@ void e8kv_attn_tile_avx2(const float *restrict q, const float *restrict K, const
 void e8kv_cache_read_f16_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d);
 void e8kv_cache_read_e8ball_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d, int bits,
                                  size_t vector_bytes);
+/* e8ball:4 reader through nibble-packed tables (attn_e8_avx2.c), bit-identical to the above; returns 0
+ * (nothing written) when d % 64 != 0. The packed tables (NULL if a coordinate would not fit a nibble). */
+int e8kv_cache_read_e8ball4_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d,
+                                 size_t vector_bytes);
+const uint32_t *e8kv_attn_ball_nib(void);
+const uint32_t *e8kv_attn_res4_nib(void);
 
 /* Decode tokens [p0, p0 + n) of one stream (K when is_k) of one head into dst (n, head_dim), in the
  * domain attention works in for that stream (see attention.c). */
