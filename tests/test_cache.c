@@ -570,6 +570,45 @@ static void test_fused_readers(void **state) {
     free(b);
 }
 
+/* Context-split threads: each thread attends over one slice of the context for all heads and the
+ * partial softmax states are merged by log-sum-exp; the result must match one thread up to float
+ * rounding (the merge regroups the sums: 1e-5 relative), for decode and a few causal query tokens whose
+ * key counts end inside different slices, and with window/sink positions present. */
+static void test_context_split_threads(void **state) {
+    (void)state;
+    static const char *specs[] = {"f32", "e8:4", "k=e8:4,v=f16,window=100,sink=4"};
+    const shape s = {1, 3, 9, 64, 5000};
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 33);
+    const size_t n = 4500, row = s.n_head_kv * s.d;
+    float *K = rand_vec(&rng, n * row, 1.0), *V = rand_vec(&rng, n * row, 1.0);
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        size_t err = 0;
+        e8kv_cache *c1 = make_cache(&s, specs[i], 1, &err);
+        assert_non_null(c1);
+        assert_int_equal(e8kv_cache_append(c1, 0, K, V, n), n);
+        static const size_t n_toks[] = {1, 3};
+        for (size_t ti = 0; ti < 2; ti++) {
+            const size_t nt = n_toks[ti], n_out = nt * s.n_head * s.d;
+            float *q = rand_vec(&rng, n_out, 3.0), *o1 = malloc(n_out * 4), *o2 = malloc(n_out * 4);
+            c1->n_threads = 1;
+            assert_int_equal(e8kv_cache_attend(c1, o1, n_out, 0, q, s.n_head, nt, n - nt), n_out);
+            for (size_t thr = 2; thr <= 4; thr++) {
+                c1->n_threads = thr; /* 2, 3 and 4 slices (4 > n_head_kv: only a context split uses them all) */
+                memset(o2, 0xff, n_out * 4);
+                assert_int_equal(e8kv_cache_attend(c1, o2, n_out, 0, q, s.n_head, nt, n - nt), n_out);
+                for (size_t j = 0; j < n_out; j++) assert_float_equal(o1[j], o2[j], 1e-5 * (1.0 + fabs(o1[j])));
+            }
+            free(q);
+            free(o1);
+            free(o2);
+        }
+        e8kv_cache_free(c1);
+    }
+    free(K);
+    free(V);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f32_exact),       cmocka_unit_test(test_f16_and_mixed),
@@ -578,6 +617,7 @@ int main(void) {
         cmocka_unit_test(test_window_sink_layers), cmocka_unit_test(test_rope_pre),
         cmocka_unit_test(test_bytes_accounting), cmocka_unit_test(test_presets),
         cmocka_unit_test(test_tile_avx2_vs_ref), cmocka_unit_test(test_fused_readers),
+        cmocka_unit_test(test_context_split_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,7 +6,13 @@
  * the tile (each KV vector decoded once per query chunk, not once per query head). Softmax is online
  * (running max m and sum l, Milakov & Gimelshein 2018, "Online normalizer calculation for softmax"),
  * so no score matrix exists at any context length. The V accumulator lives in V's rotated domain and
- * is un-rotated once per query head at the end. Work is split over KV heads across threads. */
+ * is un-rotated once per query head at the end.
+ *
+ * Threads: for a few query tokens (decode) the context is cut into one slice per thread, every thread
+ * covering all KV heads over its slice (3 KV heads over 2 threads would leave one thread idle for a
+ * third of the time); each slice leaves a partial softmax state (m, l, unnormalised acc) and the
+ * partials are merged by log-sum-exp: out = Σ_i e^(m_i − M) acc_i / Σ_i e^(m_i − M) l_i, M = max_i m_i.
+ * Prefill (many query tokens) splits over KV heads. */
 #include "kvcache.h"
 
 #include "../common/cpu.h"
@@ -118,12 +124,27 @@ typedef void (*tile_fn)(const float *restrict, const float *restrict, const floa
 typedef struct {
     const e8kv_cache *c;
     const kv_layer *L;
-    float *out;
+    float *out; /* (n_tok, n_head, head_dim): the result, or the unnormalised acc of a partial */
     const float *q;
     size_t n_head, group, n_tok, pos0;
     size_t h_begin, h_end; /* KV heads of this worker */
+    size_t k_begin, k_end; /* key positions of this worker (context slice) */
+    float *m, *l;          /* (n_tok, n_head): partial state of a slice; NULL: finalise into out */
     tile_fn tile;
 } attend_job;
+
+/* Start loading the coded bytes of tokens [p0, p0 + n) of one stream of one head (the next tile), so
+ * the page's first lines do not wait for the hardware prefetcher to notice a new page. */
+static void prefetch_tokens(const e8kv_cache *c, const kv_layer *L, size_t head, int is_k, size_t p0, size_t n) {
+    if (p0 < c->n_sink || !n) return;
+    const kv_format *f = is_k ? &L->k : &L->v;
+    const kv_page *pg = (is_k ? L->k_pages : L->v_pages) + head * c->n_page_max + p0 / c->page_tokens;
+    if (!pg->data) return;
+    const size_t P = c->page_tokens, vb = pg->raw ? c->head_dim * sizeof(float) : f->vector_bytes;
+    const size_t run = P - p0 % P < n ? P - p0 % P : n;
+    const uint8_t *src = pg->data + (p0 % P) * vb;
+    for (size_t o = 0; o < run * vb; o += 64) __builtin_prefetch(src + o);
+}
 
 static void attend_head(const attend_job *job, size_t h) {
     const e8kv_cache *c = job->c;
@@ -149,9 +170,15 @@ static void attend_head(const attend_job *job, size_t h) {
             m[qi - a] = -INFINITY;
             l[qi - a] = 0.0f;
         }
-        const size_t n_keys = job->pos0 + (b - 1) / g + 1; /* the chunk's last query sees this many */
-        for (size_t p = 0; p < n_keys; p += tt) {
+        size_t n_keys = job->pos0 + (b - 1) / g + 1; /* the chunk's last query sees this many */
+        if (n_keys > job->k_end) n_keys = job->k_end;
+        for (size_t p = job->k_begin; p < n_keys; p += tt) {
             const size_t n = p + tt < n_keys ? tt : n_keys - p;
+            if (p + n < n_keys) {
+                const size_t n2 = n_keys - p - n < tt ? n_keys - p - n : tt;
+                prefetch_tokens(c, L, h, 1, p + n, n2);
+                prefetch_tokens(c, L, h, 0, p + n, n2);
+            }
             e8kv_cache_read_tokens(c, L, h, 1, p, n, kt);
             e8kv_cache_read_tokens(c, L, h, 0, p, n, vt);
             for (size_t qi = a; qi < b; qi++) {
@@ -165,6 +192,11 @@ static void attend_head(const attend_job *job, size_t h) {
         for (size_t qi = a; qi < b; qi++) {
             const size_t t = qi / g, hq = h * g + qi % g;
             float *o = job->out + t * row + hq * d;
+            if (job->m) { /* a slice's partial: the merge normalises */
+                job->m[t * job->n_head + hq] = m[qi - a];
+                job->l[t * job->n_head + hq] = l[qi - a];
+                continue;
+            }
             const float inv = 1.0f / l[qi - a]; /* l >= 1: the max term contributes e^0 */
             for (size_t i = 0; i < d; i++) o[i] *= inv;
             if (L->v.rotated) e8kv_rot_inverse(&L->v.codec->rot, o, 1);
@@ -179,6 +211,8 @@ static void *attend_worker(void *arg) {
 }
 
 #define MAX_THREADS 64
+#define CTX_SLICE_MIN 1024       /* keys per context slice at least */
+#define CTX_PARTIAL_MAX 262144 /* floats of one slice's partial acc at most (1 MiB) */
 
 size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, size_t layer, const float *q,
                          size_t n_head, size_t n_tok, size_t pos0) {
@@ -189,10 +223,19 @@ size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, siz
     const size_t n_out = n_tok * n_head * cache->head_dim;
     if (out_capacity < n_out) return E8KV_ERR(DST_TOO_SMALL);
 
+    const size_t d = cache->head_dim, n_keys = pos0 + n_tok;
     attend_job base = {cache, L, out, q, n_head, n_head / cache->n_head_kv, n_tok, pos0, 0, cache->n_head_kv,
-                       cache->use_avx2 ? e8kv_attn_tile_avx2 : e8kv_attn_tile_ref};
-    size_t n_thr = cache->n_threads < cache->n_head_kv ? cache->n_threads : cache->n_head_kv;
-    if (n_thr > MAX_THREADS) n_thr = MAX_THREADS;
+                       0, n_keys, NULL, NULL, cache->use_avx2 ? e8kv_attn_tile_avx2 : e8kv_attn_tile_ref};
+    size_t n_thr = cache->n_threads > MAX_THREADS ? MAX_THREADS : cache->n_threads;
+    /* context slices of at least CTX_SLICE_MIN keys, each with a partial of n_out + 2·n_tok·n_head floats */
+    const int by_ctx = n_thr > 1 && n_keys >= n_thr * CTX_SLICE_MIN && n_out <= CTX_PARTIAL_MAX;
+    if (!by_ctx && n_thr > cache->n_head_kv) n_thr = cache->n_head_kv;
+    float *scratch = NULL;
+    if (by_ctx) {
+        const size_t per = n_out + 2 * n_tok * n_head;
+        scratch = malloc(n_thr * per * sizeof(float)); /* slice 0's acc is `out` itself; its m, l live here */
+        if (!scratch) return E8KV_ERR(OUT_OF_MEMORY);
+    }
     if (n_thr <= 1) {
         attend_worker(&base);
         return n_out;
@@ -202,8 +245,20 @@ size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, siz
     int started[MAX_THREADS] = {0};
     for (size_t i = 0; i < n_thr; i++) {
         jobs[i] = base;
-        jobs[i].h_begin = cache->n_head_kv * i / n_thr;
-        jobs[i].h_end = cache->n_head_kv * (i + 1) / n_thr;
+        if (by_ctx) {
+            /* slice bounds on tile multiples, so slices read whole pages */
+            const size_t n_tiles = (n_keys + TILE_MAX_TOKENS - 1) / TILE_MAX_TOKENS;
+            const size_t k0 = n_tiles * i / n_thr * TILE_MAX_TOKENS, k1 = n_tiles * (i + 1) / n_thr * TILE_MAX_TOKENS;
+            float *const part = scratch + i * (n_out + 2 * n_tok * n_head);
+            jobs[i].k_begin = k0;
+            jobs[i].k_end = k1 < n_keys ? k1 : n_keys;
+            jobs[i].out = i ? part + 2 * n_tok * n_head : out;
+            jobs[i].m = part;
+            jobs[i].l = part + n_tok * n_head;
+        } else {
+            jobs[i].h_begin = cache->n_head_kv * i / n_thr;
+            jobs[i].h_end = cache->n_head_kv * (i + 1) / n_thr;
+        }
     }
     /* the caller's thread takes the first share; a thread that fails to start runs inline */
     for (size_t i = 1; i < n_thr; i++) started[i] = pthread_create(&tid[i], NULL, attend_worker, &jobs[i]) == 0;
@@ -213,6 +268,32 @@ size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, siz
             pthread_join(tid[i], NULL);
         else
             attend_worker(&jobs[i]);
+    }
+    if (by_ctx) {
+        /* log-sum-exp merge of the slices' partial states into slice 0's acc (= out) */
+        const size_t n_rows = n_tok * n_head;
+        for (size_t r = 0; r < n_rows; r++) {
+            float M = -INFINITY;
+            for (size_t i = 0; i < n_thr; i++)
+                if (jobs[i].m[r] > M) M = jobs[i].m[r];
+            float *const o = out + r * d;
+            float sum = 0.0f;
+            for (size_t i = 0; i < n_thr; i++) {
+                if (jobs[i].m[r] == -INFINITY) continue; /* the slice saw no key of this query */
+                const float w = expf(jobs[i].m[r] - M);
+                sum += w * jobs[i].l[r];
+                if (i == 0) {
+                    for (size_t k = 0; k < d; k++) o[k] *= w;
+                } else {
+                    const float *const a = jobs[i].out + r * d;
+                    for (size_t k = 0; k < d; k++) o[k] += w * a[k];
+                }
+            }
+            const float inv = 1.0f / sum; /* ≥ 1: the slice holding the max contributes its l ≥ 1 */
+            for (size_t k = 0; k < d; k++) o[k] *= inv;
+            if (L->v.rotated) e8kv_rot_inverse(&L->v.codec->rot, o, 1);
+        }
+        free(scratch);
     }
     return n_out;
 }
