@@ -4,5 +4,6 @@
 
 int e8kv_bench_codec(int argc, char **argv); /* bench/bench_codec.c */
 int e8kv_bench_attn(int argc, char **argv);  /* bench/bench_attn.c */
+int e8kv_bench_entropy(int argc, char **argv); /* bench/bench_entropy.c */
 
 #endif

@@ -99,6 +99,40 @@ static size_t raw_tokens(const e8kv_cache *c, const kv_layer *L, int is_k) {
     return n;
 }
 
+/* Coded pages are grouped by codec: one frame per codec of the cache (c->codecs, in order of first use
+ * scanning layers with K before V, which is the order e8kv_cache_create makes them in), rows in the
+ * order (layer, K before V, head, page, token). */
+static size_t group_rows(const e8kv_cache *c, const e8kv_codec *codec) {
+    size_t n = 0;
+    for (size_t l = 0; l < c->n_layer; l++) {
+        const kv_layer *L = &c->layers[l];
+        if (L->k.codec == codec) n += coded_rows(c, L, 1);
+        if (L->v.codec == codec) n += coded_rows(c, L, 0);
+    }
+    return n;
+}
+
+/* Copy the coded rows of one group between the pages and buf (to_buf: pages -> buf). */
+static void group_copy(const e8kv_cache *c, const e8kv_codec *codec, uint8_t *buf, int to_buf) {
+    size_t off = 0;
+    for (size_t l = 0; l < c->n_layer; l++)
+        for (int is_k = 1; is_k >= 0; is_k--) {
+            const kv_layer *L = &c->layers[l];
+            const kv_format *f = is_k ? &L->k : &L->v;
+            if (f->codec != codec) continue;
+            kv_page *tab = is_k ? L->k_pages : L->v_pages;
+            for (size_t h = 0; h < c->n_head_kv; h++)
+                for (size_t i = 0; i < n_pages_used(c, L->n_tokens); i++) {
+                    kv_page *pg = &tab[h * c->n_page_max + i];
+                    if (!pg->data || pg->raw) continue;
+                    const size_t nb = page_valid(c, i, L->n_tokens) * f->vector_bytes;
+                    if (to_buf) memcpy(buf + off, pg->data, nb);
+                    else memcpy(pg->data, buf + off, nb);
+                    off += nb;
+                }
+        }
+}
+
 size_t e8kv_cache_save_bound(const e8kv_cache *cache, size_t meta_size) {
     if (!cache || meta_size > UINT32_MAX) return E8KV_ERR(BAD_ARGUMENT);
     const e8kv_cache *c = cache;
@@ -108,15 +142,15 @@ size_t e8kv_cache_save_bound(const e8kv_cache *cache, size_t meta_size) {
         const kv_layer *L = &c->layers[l];
         n += 4 + 2 * c->n_head_kv * n_pages_used(c, L->n_tokens);
         n += 2 * c->n_head_kv * sink_used(c, L->n_tokens) * d4;
-        for (int is_k = 0; is_k < 2; is_k++) {
-            const kv_format *f = is_k ? &L->k : &L->v;
-            n += raw_tokens(c, L, is_k) * d4 + 4;
-            const size_t rows = coded_rows(c, L, is_k);
-            if (rows) {
-                const size_t b = e8kv_compress_bound(f->vector_bytes, rows, FRAME_ROWS_PER_PAGE, 0);
-                E8KV_RETURN_IF_ERROR(b);
-                n += b;
-            }
+        n += (raw_tokens(c, L, 1) + raw_tokens(c, L, 0)) * d4;
+    }
+    for (size_t g = 0; g < c->n_codecs; g++) {
+        const size_t rows = group_rows(c, c->codecs[g]);
+        n += 4;
+        if (rows) {
+            const size_t b = e8kv_compress_bound(c->codecs[g]->vector_bytes, rows, FRAME_ROWS_PER_PAGE, 0);
+            E8KV_RETURN_IF_ERROR(b);
+            n += b;
         }
     }
     return n;
@@ -148,23 +182,13 @@ static size_t put_f32s(wbuf *w, const float *x, size_t n) {
     return 0;
 }
 
-/* One stream's coded pages of one layer: u32 frame size, then the frame (none when size is 0). */
-static size_t save_frame(wbuf *w, const e8kv_cache *c, const kv_layer *L, int is_k) {
-    const kv_format *f = is_k ? &L->k : &L->v;
-    const kv_page *tab = is_k ? L->k_pages : L->v_pages;
-    const size_t rows = coded_rows(c, L, is_k), vb = f->vector_bytes;
+/* One codec's coded rows: u32 frame size, then the frame (none when the size is 0). */
+static size_t save_group(wbuf *w, const e8kv_cache *c, const e8kv_codec *codec) {
+    const size_t rows = group_rows(c, codec), vb = codec->vector_bytes;
     if (rows == 0) return put_u32(w, 0);
     uint8_t *buf = malloc(rows * vb);
     if (!buf) return E8KV_ERR(OUT_OF_MEMORY);
-    size_t off = 0;
-    for (size_t h = 0; h < c->n_head_kv; h++)
-        for (size_t i = 0; i < n_pages_used(c, L->n_tokens); i++) {
-            const kv_page *pg = &tab[h * c->n_page_max + i];
-            if (!pg->data || pg->raw) continue;
-            const size_t nb = page_valid(c, i, L->n_tokens) * vb;
-            memcpy(buf + off, pg->data, nb);
-            off += nb;
-        }
+    group_copy(c, codec, buf, 1);
     const e8kv_frame_params fp = {
         .content = E8KV_FRAME_BYTES, .coder = E8KV_FRAME_RANS, .rows_per_page = FRAME_ROWS_PER_PAGE};
     size_t r = 0;
@@ -205,8 +229,7 @@ static size_t save_layer(wbuf *w, const e8kv_cache *c, const kv_layer *L) {
                         put_f32s(w, (const float *)(const void *)pg->data, page_valid(c, i, L->n_tokens) * d));
             }
     }
-    E8KV_RETURN_IF_ERROR(save_frame(w, c, L, 1));
-    return save_frame(w, c, L, 0);
+    return 0;
 }
 
 size_t e8kv_cache_save(void *dst, size_t dst_capacity, const e8kv_cache *cache, const void *meta, size_t meta_size) {
@@ -223,6 +246,7 @@ size_t e8kv_cache_save(void *dst, size_t dst_capacity, const e8kv_cache *cache, 
     E8KV_RETURN_IF_ERROR(put(&w, spec, spec_len));
     E8KV_RETURN_IF_ERROR(put(&w, meta, meta_size));
     for (size_t l = 0; l < c->n_layer; l++) E8KV_RETURN_IF_ERROR(save_layer(&w, c, &c->layers[l]));
+    for (size_t g = 0; g < c->n_codecs; g++) E8KV_RETURN_IF_ERROR(save_group(&w, c, c->codecs[g]));
     const size_t total = (size_t)(w.p - out) + 8;
     memcpy(out, CACHE_MAGIC, 4);
     e8kv_store_le16(out + 4, E8KV_CACHE_FORMAT_VERSION);
@@ -277,11 +301,11 @@ size_t e8kv_cache_file_get_info(e8kv_cache_file_info *info, const void *src, siz
     info->spec[spec_len] = 0;
     info->meta_offset = CACHE_HEADER_BYTES + spec_len;
     info->meta_size = meta_size;
-    /* every layer record holds at least its u32 token count and two u32 frame sizes */
+    /* every layer record holds at least its u32 token count */
     if (info->n_layer == 0 || info->n_head_kv == 0 || info->head_dim == 0 || info->page_tokens == 0 ||
         info->n_ctx == 0)
         return E8KV_ERR(CORRUPTED);
-    if (info->n_layer > (total - info->meta_offset - meta_size - 8) / 12) return E8KV_ERR(CORRUPTED);
+    if (info->n_layer > (total - info->meta_offset - meta_size - 8) / 4) return E8KV_ERR(CORRUPTED);
     const size_t n_page_max = (info->n_ctx + info->page_tokens - 1) / info->page_tokens;
     if (info->n_head_kv > 4096 || n_page_max > LOAD_MAX_TABLE_ENTRIES / info->n_head_kv ||
         info->n_layer > LOAD_MAX_TABLE_ENTRIES / (info->n_head_kv * n_page_max))
@@ -318,10 +342,8 @@ static size_t alloc_page(e8kv_cache *c, const kv_format *f, kv_page *pg, int raw
     return 0;
 }
 
-static size_t load_frame(rbuf *r, e8kv_cache *c, kv_layer *L, int is_k) {
-    const kv_format *f = is_k ? &L->k : &L->v;
-    kv_page *tab = is_k ? L->k_pages : L->v_pages;
-    const size_t rows = coded_rows(c, L, is_k), vb = f->vector_bytes;
+static size_t load_group(rbuf *r, e8kv_cache *c, const e8kv_codec *codec) {
+    const size_t rows = group_rows(c, codec), vb = codec->vector_bytes;
     const uint8_t *b = NULL;
     E8KV_RETURN_IF_ERROR(take(r, &b, 4));
     const size_t size = e8kv_load_le32(b);
@@ -335,21 +357,9 @@ static size_t load_frame(rbuf *r, e8kv_cache *c, kv_layer *L, int is_k) {
     uint8_t *buf = malloc(rows * vb);
     if (!buf) return E8KV_ERR(OUT_OF_MEMORY);
     const size_t rd = e8kv_frame_decode(buf, rows * vb, fr, size);
-    if (e8kv_is_error(rd)) {
-        free(buf);
-        return rd;
-    }
-    size_t off = 0;
-    for (size_t h = 0; h < c->n_head_kv; h++)
-        for (size_t i = 0; i < n_pages_used(c, L->n_tokens); i++) {
-            kv_page *pg = &tab[h * c->n_page_max + i];
-            if (!pg->data || pg->raw) continue;
-            const size_t nb = page_valid(c, i, L->n_tokens) * vb;
-            memcpy(pg->data, buf + off, nb);
-            off += nb;
-        }
+    if (!e8kv_is_error(rd)) group_copy(c, codec, buf, 0);
     free(buf);
-    return 0;
+    return e8kv_is_error(rd) ? rd : 0;
 }
 
 static size_t load_layer(rbuf *r, e8kv_cache *c, kv_layer *L) {
@@ -388,8 +398,7 @@ static size_t load_layer(rbuf *r, e8kv_cache *c, kv_layer *L) {
                     E8KV_RETURN_IF_ERROR(get_f32s(r, (float *)(void *)pg->data, page_valid(c, i, n_tokens) * d));
             }
     }
-    E8KV_RETURN_IF_ERROR(load_frame(r, c, L, 1));
-    return load_frame(r, c, L, 0);
+    return 0;
 }
 
 size_t e8kv_cache_load_into(e8kv_cache *cache, const void *src, size_t src_size) {
@@ -412,6 +421,7 @@ size_t e8kv_cache_load_into(e8kv_cache *cache, const void *src, size_t src_size)
         res = load_layer(&r, c, &c->layers[l]);
         if (c->layers[l].n_tokens > n_max) n_max = c->layers[l].n_tokens;
     }
+    for (size_t g = 0; g < c->n_codecs && !e8kv_is_error(res); g++) res = load_group(&r, c, c->codecs[g]);
     if (!e8kv_is_error(res) && r.p != r.end) res = E8KV_ERR(CORRUPTED);
     if (e8kv_is_error(res)) {
         e8kv_cache_clear(c);
