@@ -7,6 +7,7 @@
 #include "cache/kvcache.h"
 #include "common/cpu.h"
 #include "common/rng.h"
+#include "quant/voronoi.h"
 
 #include <math.h>
 
@@ -570,6 +571,52 @@ static void test_fused_readers(void **state) {
     free(b);
 }
 
+/* The nibble-packed tables of the e8ball:4 attention reader hold exactly the codec's int8 tables
+ * (all 65536 entries of each), and the reader is bit-exact against the codec's decode on random code
+ * bytes (any 16-bit index is valid) at head_dim 64, 128 and 256. */
+static void test_e8ball4_nibble_reader(void **state) {
+    (void)state;
+    if (!e8kv_cpu_has_avx2()) skip();
+    const uint32_t *bn = e8kv_attn_ball_nib(), *rn = e8kv_attn_res4_nib();
+    assert_non_null(bn);
+    assert_non_null(rn);
+    const int8_t *ball = e8kv_ball_table(), *res = e8kv_ball_residual_table(2);
+    for (size_t i = 0; i < E8KV_BALL_SIZE; i++)
+        for (int j = 0; j < 8; j++) {
+            const int sh = 8 * (j % 4) + 4 * (j / 4);
+            assert_int_equal((int)((bn[i] >> sh) & 15) - 8, ball[8 * i + j]);
+            assert_int_equal((int)((rn[i] >> sh) & 15) - 8, res[8 * i + j]);
+        }
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 44);
+    static const size_t dims[] = {64, 128, 256};
+    for (size_t di = 0; di < 3; di++) {
+        const size_t d = dims[di], n = 37;
+        size_t err = 0;
+        e8kv_codec *codec = e8kv_codec_create("e8:4", d, 5, &err);
+        assert_non_null(codec);
+        const size_t vb = e8kv_codec_vector_bytes(codec);
+        uint8_t *src = malloc(n * vb);
+        float *a = malloc(n * d * sizeof(float)), *b = malloc(n * d * sizeof(float));
+        for (size_t i = 0; i < n * vb; i++) src[i] = (uint8_t)(e8kv_rng_next(&rng) >> 24);
+        for (size_t t = 0; t < n; t++) { /* finite fp16 scales of both signs, 2^-14 .. 2^15 */
+            src[t * vb] = (uint8_t)(e8kv_rng_next(&rng) >> 24);
+            src[t * vb + 1] = (uint8_t)(0x04 + (e8kv_rng_next(&rng) >> 58) % 0x74) | (t & 1 ? 0x80 : 0);
+        }
+        assert_int_equal(e8kv_cache_read_e8ball4_avx2(a, src, n, d, vb), 1);
+        for (size_t t = 0; t < n; t++)
+            assert_int_equal(e8kv_codec_decode_rotated(codec, b + t * d, d, src + t * vb, vb, 1), d);
+        assert_memory_equal(a, b, n * d * sizeof(float));
+        free(src);
+        free(a);
+        free(b);
+        e8kv_codec_free(codec);
+    }
+    float dummy[8];
+    const uint8_t none[8] = {0};
+    assert_int_equal(e8kv_cache_read_e8ball4_avx2(dummy, none, 0, 40, 22), 0); /* d % 64 */
+}
+
 /* Context-split threads: each thread attends over one slice of the context for all heads and the
  * partial softmax states are merged by log-sum-exp; the result must match one thread up to float
  * rounding (the merge regroups the sums: 1e-5 relative), for decode and a few causal query tokens whose
@@ -617,7 +664,7 @@ int main(void) {
         cmocka_unit_test(test_window_sink_layers), cmocka_unit_test(test_rope_pre),
         cmocka_unit_test(test_bytes_accounting), cmocka_unit_test(test_presets),
         cmocka_unit_test(test_tile_avx2_vs_ref), cmocka_unit_test(test_fused_readers),
-        cmocka_unit_test(test_context_split_threads),
+        cmocka_unit_test(test_context_split_threads), cmocka_unit_test(test_e8ball4_nibble_reader),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -68,21 +68,9 @@ static inline void emit16(float *restrict y, __m128i b, __m256i bias, __m256 vk)
  * (128-bit lanes), each block's 8 coordinates in order. p points at the chunk's first block (4 bytes
  * per block: 16-bit ball index, 16-bit residual digits, little-endian). */
 static inline void chunk_bytes(__m256i *A, __m256i *B, const uint8_t *p, const int *bt, const int *rt) {
-#ifdef E8KV_ATTN_GATHER
     const __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)p);
     const __m256i ib = _mm256_and_si256(x, _mm256_set1_epi32(0xFFFF)), ir = _mm256_srli_epi32(x, 16);
     const __m256i cb = _mm256_i32gather_epi32(bt, ib, 4), cr = _mm256_i32gather_epi32(rt, ir, 4);
-#else
-    /* scalar look-ups: cheaper than vpgather* on the machines measured, and as parallel */
-    uint64_t w[4];
-    memcpy(w, p, 32);
-#define B_(i) bt[(w[i] >> 0) & 0xFFFF], bt[(w[i] >> 32) & 0xFFFF]
-#define R_(i) rt[(w[i] >> 16) & 0xFFFF], rt[w[i] >> 48]
-    const __m256i cb = _mm256_setr_epi32(B_(0), B_(1), B_(2), B_(3));
-    const __m256i cr = _mm256_setr_epi32(R_(0), R_(1), R_(2), R_(3));
-#undef B_
-#undef R_
-#endif
     const __m256i nib = _mm256_set1_epi32(0x0F0F0F0F);
     const __m256i lo = _mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(cb, nib), 2), _mm256_and_si256(cr, nib));
     const __m256i hi = _mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(cb, 4), nib), 2),
