@@ -255,6 +255,33 @@ int e8kv_bench_entropy(int argc, char **argv) {
     printf("\nE8 frame at step %.6g: MSE %.6g (<= %s's %.6g)\n", (double)step, mse_lo, codec_spec, mse_ref);
     print_frame_rows(name, qrows, 2 * d, n, E8KV_FRAME_E8, nv, page, reps, bits_ref);
 
+    /* the same points, one frame per (layer, K|V) segment of the dump: tables adapted to each stream */
+    if (kd.n_layer && kd.n_vec % (2 * kd.n_layer) == 0) {
+        const size_t seg = kd.n_vec / (2 * kd.n_layer);
+        size_t total = 0;
+        double t_dec = 0;
+        uint8_t *out = malloc(seg * 2 * d);
+        for (size_t s0 = 0; s0 < n && out; s0 += seg) {
+            uint8_t *f = NULL;
+            const size_t fn = frame(&f, qrows + s0 * 2 * d, 2 * d, seg, E8KV_FRAME_E8, E8KV_FRAME_RANS, 0, page);
+            if (e8kv_is_error(fn)) {
+                total = 0;
+                free(f);
+                break;
+            }
+            total += fn;
+            t_dec += (double)(seg * 2 * d) / 1e6 / frame_decode_mbs(f, fn, out, seg * 2 * d, reps);
+            free(f);
+        }
+        free(out);
+        if (total) {
+            const double bits = 8.0 * (double)total / (double)nv;
+            printf("  %-22s %-11s %12zu %9.4f %+8.1f%% %10.0f   (%zu frames, one per layer and K|V)\n", name,
+                   "rans/stream", total, bits, 100.0 * (bits / bits_ref - 1.0), (double)(nv * 2) / 1e6 / t_dec,
+                   2 * (size_t)kd.n_layer);
+        }
+    }
+
     printf("\nraw rANS decoder (symbols of the E8 frame above):\n");
     const size_t n_pts = nv / 8;
     uint8_t *coset = malloc(n_pts), *sym = malloc(nv);
