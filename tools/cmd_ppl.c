@@ -19,7 +19,9 @@ static void usage(FILE *f) {
            "  --ctx N           tokens per chunk (default 512); the second half of each chunk is scored\n"
            "  --chunks N        evaluate the first N chunks only (default: all)\n"
            "  --kv SPEC[,SPEC]  KV formats to compare with the f32 baseline (default f32), e.g.\n"
-           "                    f16,q8_0,q4_0,q4_0h,e8:4,e8:3,e8:2\n"
+           "                    f16,q8_0,q4_0,q4_0h,e8:4,e8:3,e8:2. Repeatable; a value containing '='\n"
+           "                    is one cache spec of the full grammar (include/e8kv.h), e.g.\n"
+           "                    --kv 'k=e8:4,v=e8:3,rope=pre' or a preset name: --kv balanced\n"
            "  --kv-k SPEC --kv-v SPEC   one format with different keys and values\n"
            "  --threads N       threads (default: number of CPUs)\n"
            "  --seed S          rotation seed of the caches (default 0)\n"
@@ -142,6 +144,7 @@ static int read_file(const char *path, char **out, size_t *n) {
 
 int e8kv_cmd_ppl(int argc, char **argv) {
     const char *model_path = NULL, *text_path = NULL, *kv = NULL, *kv_k = NULL, *kv_v = NULL, *dump = NULL;
+    char kv_all[2048] = "";
     size_t n_ctx = 512, n_chunks = 0;
     int n_threads = 0, json = 0;
     uint64_t seed = 0;
@@ -162,7 +165,15 @@ int e8kv_cmd_ppl(int argc, char **argv) {
         } else if (has && !strcmp(a, "--chunks")) {
             n_chunks = strtoul(argv[++i], NULL, 10);
         } else if (has && !strcmp(a, "--kv")) {
-            kv = argv[++i];
+            /* repeatable: the values are joined with ';' and split below */
+            const size_t used = strlen(kv_all);
+            if (used + strlen(argv[i + 1]) + 2 > sizeof kv_all) {
+                fprintf(stderr, "e8kv ppl: --kv lists too long\n");
+                return 2;
+            }
+            snprintf(kv_all + used, sizeof kv_all - used, "%s%s", used ? ";" : "", argv[i + 1]);
+            kv = kv_all;
+            i++;
         } else if (has && !strcmp(a, "--kv-k")) {
             kv_k = argv[++i];
         } else if (has && !strcmp(a, "--kv-v")) {
@@ -188,21 +199,23 @@ int e8kv_cmd_ppl(int argc, char **argv) {
         fprintf(stderr, "e8kv ppl: --kv-k and --kv-v go together\n");
         return 2;
     }
-    /* format list: --kv entries split on ',' (a "k=A,v=B" pair stays one format), then --kv-k/--kv-v */
+    /* format list: --kv values (repeatable, or separated by ';'); a value with '=' in it is one cache
+     * spec of the full grammar ("k=e8:4,v=e8:3,rope=pre"), any other value is a ','-separated list of
+     * codec specs ("f16,q4_0,e8:4"); then --kv-k/--kv-v */
     char list[2048];
     const char *specs[E8KV_PPL_MAX_SPECS];
     size_t n_specs = 0;
     snprintf(list, sizeof list, "%s", kv ? kv : (kv_k ? "" : "f32"));
-    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (!strncmp(tok, "k=", 2) && save && !strncmp(save, "v=", 2)) {
-            tok[strlen(tok)] = ','; /* rejoin with the v= part */
-            strtok_r(NULL, ",", &save);
+    for (char *save = NULL, *item = strtok_r(list, ";", &save); item; item = strtok_r(NULL, ";", &save)) {
+        const int whole = strchr(item, '=') != NULL;
+        for (char *save2 = NULL, *tok = whole ? item : strtok_r(item, ",", &save2); tok;
+             tok = whole ? NULL : strtok_r(NULL, ",", &save2)) {
+            if (n_specs == E8KV_PPL_MAX_SPECS) {
+                fprintf(stderr, "e8kv ppl: at most %d formats\n", E8KV_PPL_MAX_SPECS);
+                return 2;
+            }
+            specs[n_specs++] = tok;
         }
-        if (n_specs == E8KV_PPL_MAX_SPECS) {
-            fprintf(stderr, "e8kv ppl: at most %d formats\n", E8KV_PPL_MAX_SPECS);
-            return 2;
-        }
-        specs[n_specs++] = tok;
     }
     char kv_pair[512];
     if (kv_k) {
