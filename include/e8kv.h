@@ -150,7 +150,7 @@ typedef struct {
     const char *spec;    /* cache spec, see the grammar above */
     uint64_t seed;       /* rotation seed */
     /* optional (0 = default) */
-    size_t n_threads;    /* threads e8kv_cache_attend may use (decode: context slices; prefill: KV heads); 0/1 = caller's */
+    size_t n_threads;    /* attend threads (decode: context slices, prefill: KV heads); 0/1 = caller's */
     float rope_theta;    /* RoPE base frequency, needed with rope=pre (e.g. 10000, 100000, 500000) */
     int rope_neox;       /* RoPE layout with rope=pre: 0 = interleaved pairs (x[2i], x[2i+1]),
                             1 = split halves (x[i], x[i + head_dim/2]; NeoX / Llama HF layout) */

@@ -72,7 +72,8 @@ static inline void chunk_bytes(__m256i *A, __m256i *B, const uint8_t *p, const i
     const __m256i ib = _mm256_and_si256(x, _mm256_set1_epi32(0xFFFF)), ir = _mm256_srli_epi32(x, 16);
     const __m256i cb = _mm256_i32gather_epi32(bt, ib, 4), cr = _mm256_i32gather_epi32(rt, ir, 4);
     const __m256i nib = _mm256_set1_epi32(0x0F0F0F0F);
-    const __m256i lo = _mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(cb, nib), 2), _mm256_and_si256(cr, nib));
+    const __m256i lo =
+        _mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(cb, nib), 2), _mm256_and_si256(cr, nib));
     const __m256i hi = _mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(cb, 4), nib), 2),
                                         _mm256_and_si256(_mm256_srli_epi32(cr, 4), nib));
     *A = _mm256_unpacklo_epi32(lo, hi);
