@@ -2,8 +2,9 @@
  * gives bit-identical attention output to the original, saves back to the same bytes and keeps accepting
  * appends with the same results as the original; the saved form is smaller than the hot pages; malformed
  * input (truncated, bit-flipped, wrong magic/version, trailing bytes, oversized counts, bad page map,
- * non-finite exact tokens) and mismatched targets each get their named error; file helpers; and a replay
- * of fuzz/corpus/cache through the fuzz target. */
+ * non-finite exact tokens) and mismatched targets each get their named error; file helpers; a golden file
+ * written from doc/format.md by an independent Python writer; and a replay of fuzz/corpus/cache through
+ * the fuzz target. */
 #include "test_util.h"
 
 #include "common/common.h"
@@ -370,6 +371,50 @@ static void test_files(void **state) {
     e8kv_cache_free(a), e8kv_cache_free(b);
 }
 
+/* tests/data/golden_caches/f32_window.e8kc, written from doc/format.md alone by make_golden.py there:
+ * loads into the cache that appending the same K/V builds, attention bit-identical at every position. */
+static void test_golden(void **state) {
+    (void)state;
+    const char *src = getenv("E8KV_SOURCE_DIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tests/data/golden_caches/f32_window.e8kc", src ? src : "..");
+    void *buf = NULL;
+    const size_t n = e8kv_cache_read_file(&buf, path);
+    if (e8kv_is_error(n)) skip();
+    e8kv_cache_file_info fi;
+    assert_int_equal(e8kv_cache_file_get_info(&fi, buf, n), n);
+    assert_string_equal(fi.spec, "k=f32,v=f32,window=2,sink=1,page=4,rope=post");
+    assert_int_equal(fi.meta_size, 6);
+    size_t err = 0;
+    e8kv_cache *g = e8kv_cache_load(buf, n, 1, &err);
+    if (!g) fail_msg("golden load: %s", e8kv_error_name(err));
+    const shape s = {2, 1, 2, 8, 16, "f32,window=2,sink=1,page=4"};
+    e8kv_cache *a = make(&s, &err);
+    const size_t tokens[2] = {7, 5};
+    for (size_t l = 0; l < 2; l++) {
+        float k[7 * 8], v[7 * 8];
+        for (size_t t = 0; t < tokens[l]; t++)
+            for (size_t i = 0; i < 8; i++) {
+                k[t * 8 + i] = (float)((double)l + (double)t / 8 + (double)i / 1024);
+                v[t * 8 + i] = -k[t * 8 + i];
+            }
+        assert_int_equal(e8kv_cache_append(a, l, k, v, tokens[l]), tokens[l]);
+    }
+    assert_int_equal(e8kv_cache_bytes(g), e8kv_cache_bytes(a));
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 2);
+    float *q = rand_vec(&rng, 7 * 2 * 8), oa[7 * 16], og[7 * 16];
+    for (size_t l = 0; l < 2; l++) {
+        const size_t nt = tokens[l];
+        assert_int_equal(e8kv_cache_n_tokens(g, l), nt);
+        assert_ok(e8kv_cache_attend(a, oa, nt * 16, l, q, 2, nt, 0));
+        assert_ok(e8kv_cache_attend(g, og, nt * 16, l, q, 2, nt, 0));
+        assert_memory_equal(oa, og, nt * 16 * sizeof(float));
+    }
+    free(q), free(buf);
+    e8kv_cache_free(a), e8kv_cache_free(g);
+}
+
 /* Every file of fuzz/corpus/cache through the fuzz target (crash/edge inputs kept by fuzzing). */
 static void test_fuzz_corpus(void **state) {
     (void)state;
@@ -400,7 +445,7 @@ int main(void) {
         cmocka_unit_test(test_roundtrip_attention), cmocka_unit_test(test_empty_and_truncated_cache),
         cmocka_unit_test(test_smaller_than_hot),    cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_mismatched_target),   cmocka_unit_test(test_files),
-        cmocka_unit_test(test_fuzz_corpus),
+        cmocka_unit_test(test_golden),              cmocka_unit_test(test_fuzz_corpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
