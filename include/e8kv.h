@@ -132,6 +132,11 @@ size_t e8kv_codec_rotate(const e8kv_codec *codec, float *x, size_t n_vec, int in
  *                        older than the window (so up to W + page - 1 tokens are exact); 0 = off (default)
  *   sink=S               the first S positions stay exact forever (attention sinks); 0 = off (default)
  *   page=P               tokens per page (default 64)
+ *   center=1|0           centering (default 1): each coded stream's per-head mean over the first append
+ *                        of a sequence (>= 16 tokens) is subtracted before coding and added back exactly on
+ *                        read; LLM keys share a large per-channel component, so this lowers the coding
+ *                        error at the cost of head_dim floats per layer and head (counted in the bytes).
+ *                        f32/f16 streams are never centered
  *   rope=pre|post        keys arrive before RoPE (pre: stored un-rotated, RoPE applied to each decoded
  *                        key at attention time with params.rope_theta / rope_neox) or after it (post,
  *                        default: keys are stored as given and q must carry RoPE too)

@@ -394,7 +394,7 @@ static void test_rope_pre(void **state) {
             p.n_head_kv = s.n_head_kv;
             p.head_dim = s.d;
             p.n_ctx = s.n_ctx;
-            p.spec = coded ? "q8_0h,rope=pre,sink=2" : "f32,rope=pre";
+            p.spec = coded ? "q8_0h,rope=pre,sink=2,center=0" : "f32,rope=pre"; /* centering: test_centering */
             p.seed = 1234;
             p.rope_theta = 10000.0f;
             p.rope_neox = neox;
@@ -457,8 +457,10 @@ static void test_bytes_accounting(void **state) {
                       e8kv_cache_bits_per_value(c), e8kv_cache_bytes(c), fixed, nominal);
         assert_true(got >= nominal);
         assert_true(got <= nominal * 1.01);
-        /* fixed overhead is small and stated: page tables + structs */
-        assert_true(fixed < 4096 + 2 * s.n_layer * s.n_head_kv * (s.n_ctx / 64) * 16);
+        /* fixed overhead is small and stated: page tables + structs, plus the centering means of coded
+         * formats (4 float vectors per layer and KV head: K and V, original and read domain) */
+        const size_t means = 4 * s.n_layer * s.n_head_kv * s.d * sizeof(float);
+        assert_true(fixed < 4096 + 2 * s.n_layer * s.n_head_kv * (s.n_ctx / 64) * 16 + means);
         /* one more token opens one page per layer, head and stream */
         const size_t b0 = e8kv_cache_bytes(c);
         assert_int_equal(e8kv_cache_append(c, 0, K, K, 1), n + 1);
@@ -523,7 +525,10 @@ static void test_tile_avx2_vs_ref(void **state) {
 static void test_fused_readers(void **state) {
     (void)state;
     if (!e8kv_cpu_has_avx2()) skip();
-    static const char *specs[] = {"f32", "f16", "e8:2", "e8:3", "e8:4", "e8ball:3", "q4_0"};
+    /* center=0: this compares the readers with the codec's decode; the centering add-back on top of
+     * them is test_centering's */
+    static const char *specs[] = {"f32",        "f16",       "e8:2,center=0",     "e8:3,center=0",
+                                  "e8:4,center=0", "e8ball:3,center=0", "q4_0,center=0"};
     const shape s = {1, 2, 6, 64, 300};
     e8kv_rng rng;
     e8kv_rng_seed(&rng, 21);
@@ -537,7 +542,7 @@ static void test_fused_readers(void **state) {
         assert_non_null(c);
         assert_int_equal(e8kv_cache_append(c, 0, K, V, n), n);
         const kv_layer *L = &c->layers[0];
-        if (!strcmp(specs[i], "q4_0")) assert_int_equal(L->k.fast, KV_FAST_NONE);
+        if (!strncmp(specs[i], "q4_0", 4)) assert_int_equal(L->k.fast, KV_FAST_NONE);
         else assert_int_not_equal(L->k.fast, KV_FAST_NONE);
         for (int is_k = 0; is_k < 2; is_k++)
             for (size_t h = 0; h < s.n_head_kv; h++) {
@@ -656,6 +661,99 @@ static void test_context_split_threads(void **state) {
     free(V);
 }
 
+/* Centering: keys/values with a large common offset per head are coded as (x - mean) and read back as
+ * decode + mean. Checked against an independent reference (mean in double here, the codec's own round
+ * trip of the centered vectors, naive attention), for a real error reduction on offset data, for the
+ * short-first-append rule, for a fresh mean after clear, and for the bytes it costs. */
+static void test_centering(void **state) {
+    (void)state;
+    const shape s = {1, 2, 6, 64, 512};
+    const size_t n = 256, row = s.n_head_kv * s.d, nt = 4, n_out = nt * s.n_head * s.d;
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 77);
+    float *K = rand_vec(&rng, n * row, 1.0), *V = rand_vec(&rng, n * row, 1.0);
+    float *off = rand_vec(&rng, row, 6.0); /* a common component 6x the per-token spread */
+    for (size_t t = 0; t < n; t++)
+        for (size_t i = 0; i < row; i++) {
+            K[t * row + i] += off[i];
+            V[t * row + i] -= off[i];
+        }
+    float *q = rand_vec(&rng, n_out, 0.3);
+    double *exact = malloc(n_out * sizeof(double)), *ref = malloc(n_out * sizeof(double));
+    float *o_on = malloc(n_out * sizeof(float)), *o_off = malloc(n_out * sizeof(float));
+    naive_attend(&s, K, V, q, nt, n - nt, exact);
+
+    size_t err = 0;
+    e8kv_cache *on = make_cache(&s, "e8:4", 1, &err), *plain = make_cache(&s, "e8:4,center=0", 1, &err);
+    assert_non_null(on);
+    assert_non_null(plain);
+    /* the means are side information: 4 float vectors per layer and KV head */
+    assert_int_equal(e8kv_cache_fixed_bytes(on) - e8kv_cache_fixed_bytes(plain),
+                     4 * s.n_layer * s.n_head_kv * s.d * sizeof(float));
+    assert_int_equal(e8kv_cache_append(on, 0, K, V, n), n);
+    assert_int_equal(e8kv_cache_append(plain, 0, K, V, n), n);
+    assert_int_equal(e8kv_cache_attend(on, o_on, n_out, 0, q, s.n_head, nt, n - nt), n_out);
+    assert_int_equal(e8kv_cache_attend(plain, o_off, n_out, 0, q, s.n_head, nt, n - nt), n_out);
+
+    /* reference: mean over the append (double), codec round trip of x - mean, plus mean */
+    float *Kc = malloc(n * row * sizeof(float)), *Vc = malloc(n * row * sizeof(float));
+    float *mk = malloc(row * sizeof(float)), *mv = malloc(row * sizeof(float));
+    for (size_t i = 0; i < row; i++) {
+        double sk = 0, sv = 0;
+        for (size_t t = 0; t < n; t++) {
+            sk += K[t * row + i];
+            sv += V[t * row + i];
+        }
+        mk[i] = (float)(sk / (double)n);
+        mv[i] = (float)(sv / (double)n);
+        for (size_t t = 0; t < n; t++) {
+            Kc[t * row + i] = K[t * row + i] - mk[i];
+            Vc[t * row + i] = V[t * row + i] - mv[i];
+        }
+    }
+    float *Kr = codec_roundtrip("e8:4", s.d, 1234, Kc, n * s.n_head_kv);
+    float *Vr = codec_roundtrip("e8:4", s.d, 1234, Vc, n * s.n_head_kv);
+    for (size_t t = 0; t < n; t++)
+        for (size_t i = 0; i < row; i++) {
+            Kr[t * row + i] += mk[i];
+            Vr[t * row + i] += mv[i];
+        }
+    naive_attend(&s, Kr, Vr, q, nt, n - nt, ref);
+    const double e_ref = max_abs_diff(o_on, ref, n_out);
+    if (e_ref > 1e-4) fail_msg("centered attention vs reference: max |diff| %g", e_ref);
+
+    /* the point of it: much less error against exact attention on offset data */
+    const double e_on = max_abs_diff(o_on, exact, n_out), e_off = max_abs_diff(o_off, exact, n_out);
+    print_message("  offset data, e8:4: max error %.4g centered vs %.4g plain\n", e_on, e_off);
+    assert_true(e_on < 0.5 * e_off);
+
+    /* a first append shorter than E8KV_CACHE_CENTER_MIN_TOKENS does not center: same as center=0 */
+    e8kv_cache_clear(on);
+    e8kv_cache_clear(plain);
+    const size_t step = E8KV_CACHE_CENTER_MIN_TOKENS - 1;
+    for (size_t t = 0; t < n; t += step) {
+        const size_t m = n - t < step ? n - t : step;
+        assert_int_equal(e8kv_cache_append(on, 0, K + t * row, V + t * row, m), t + m);
+        assert_int_equal(e8kv_cache_append(plain, 0, K + t * row, V + t * row, m), t + m);
+    }
+    assert_int_equal(e8kv_cache_attend(on, o_on, n_out, 0, q, s.n_head, nt, n - nt), n_out);
+    assert_int_equal(e8kv_cache_attend(plain, o_off, n_out, 0, q, s.n_head, nt, n - nt), n_out);
+    assert_memory_equal(o_on, o_off, n_out * sizeof(float));
+
+    /* after clear, a new sequence measures its own means: shifted data is as accurate as before */
+    e8kv_cache_clear(on);
+    for (size_t i = 0; i < n * row; i++) K[i] += 10.0f;
+    naive_attend(&s, K, V, q, nt, n - nt, exact);
+    assert_int_equal(e8kv_cache_append(on, 0, K, V, n), n);
+    assert_int_equal(e8kv_cache_attend(on, o_on, n_out, 0, q, s.n_head, nt, n - nt), n_out);
+    assert_true(max_abs_diff(o_on, exact, n_out) < 0.5 * e_off);
+
+    e8kv_cache_free(on);
+    e8kv_cache_free(plain);
+    free(K); free(V); free(off); free(q); free(exact); free(ref); free(o_on); free(o_off);
+    free(Kc); free(Vc); free(Kr); free(Vr); free(mk); free(mv);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f32_exact),       cmocka_unit_test(test_f16_and_mixed),
@@ -665,6 +763,7 @@ int main(void) {
         cmocka_unit_test(test_bytes_accounting), cmocka_unit_test(test_presets),
         cmocka_unit_test(test_tile_avx2_vs_ref), cmocka_unit_test(test_fused_readers),
         cmocka_unit_test(test_context_split_threads), cmocka_unit_test(test_e8ball4_nibble_reader),
+        cmocka_unit_test(test_centering),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

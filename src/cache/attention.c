@@ -88,6 +88,11 @@ void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head,
             if (!read_fast(c, f, y, src, run))
                 for (size_t i = 0; i < run; i++) codec->ops->decode(codec, y + i * d, src + i * vb);
             if (unrotate) e8kv_rot_inverse(&codec->rot, y, run);
+            if (f->centered) { /* add back the mean subtracted before coding (kvcache.h) */
+                const float *mu = (is_k ? L->k_mu_read : L->v_mu_read) + head * d;
+                for (size_t i = 0; i < run; i++)
+                    for (size_t j = 0; j < d; j++) y[i * d + j] += mu[j];
+            }
         }
         if (rope)
             for (size_t i = 0; i < run; i++) rope_apply(c, y + i * d, pos + i);

@@ -25,6 +25,7 @@ typedef struct {
     char k[64], v[64];
     size_t window, sink, page;
     int rope_pre;
+    int center; /* -1 = default (on) */
     layer_rule rules[MAX_LAYER_RULES];
     size_t n_rules;
 } cache_config;
@@ -104,6 +105,11 @@ static size_t parse_item(cache_config *cfg, const char *it, size_t len, int dept
         if (!parse_size(val, vlen, &cfg->page) || cfg->page == 0 || cfg->page > 65536) return E8KV_ERR(SPEC);
         return 0;
     }
+    if (KEY_IS("center")) {
+        if (vlen == 1 && (val[0] == '0' || val[0] == '1')) cfg->center = val[0] - '0';
+        else return E8KV_ERR(SPEC);
+        return 0;
+    }
     if (KEY_IS("rope")) {
         if (vlen == 3 && !memcmp(val, "pre", 3)) cfg->rope_pre = 1;
         else if (vlen == 4 && !memcmp(val, "post", 4)) cfg->rope_pre = 0;
@@ -153,13 +159,16 @@ static size_t get_codec(e8kv_cache *c, const char *spec, uint64_t seed, const e8
     return 0;
 }
 
-static void set_format(kv_format *f, const e8kv_codec *codec, int rope_pre_key) {
+static void set_format(kv_format *f, const e8kv_codec *codec, int rope_pre_key, int center) {
     f->codec = codec;
+    f->centered = 0;
     f->vector_bytes = e8kv_codec_vector_bytes(codec);
     f->rotated = e8kv_codec_is_rotated(codec) && !rope_pre_key;
     e8kv_spec sp;
     f->fast = KV_FAST_NONE;
     if (e8kv_is_error(e8kv_spec_parse(&sp, codec->spec))) return;
+    /* plain formats gain nothing from centering (their error does not scale with the vector) */
+    f->centered = center && strcmp(sp.family, "f32") && strcmp(sp.family, "f16");
     if (!strcmp(sp.family, "f32")) f->fast = KV_FAST_F32;
     else if (!strcmp(sp.family, "f16")) f->fast = KV_FAST_F16;
     else if ((!strcmp(sp.family, "e8") || !strcmp(sp.family, "e8ball")) && codec->bits >= 2 && codec->bits <= 4 &&
@@ -185,6 +194,7 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
     }
     cache_config cfg;
     memset(&cfg, 0, sizeof cfg);
+    cfg.center = -1;
     size_t r = parse_list(&cfg, params->spec, 0);
     if (e8kv_is_error(r) || !cfg.k[0] || !cfg.v[0]) {
         if (err) *err = E8KV_ERR(SPEC);
@@ -219,6 +229,7 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
     c->n_sink = cfg.sink < c->n_ctx ? cfg.sink : c->n_ctx;
     c->n_threads = params->n_threads ? params->n_threads : 1;
     c->rope_pre = cfg.rope_pre;
+    c->center = cfg.center != 0;
     c->use_avx2 = e8kv_cpu_has_avx2() && c->head_dim % 8 == 0;
     c->rope_theta = params->rope_theta;
     c->rope_neox = params->rope_neox ? 1 : 0;
@@ -246,8 +257,8 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
             fail_create(c, err, r);
             return NULL;
         }
-        set_format(&L->k, kc, c->rope_pre);
-        set_format(&L->v, vc, 0);
+        set_format(&L->k, kc, c->rope_pre, c->center);
+        set_format(&L->v, vc, 0, c->center);
         L->k_pages = calloc(n_tab, sizeof *L->k_pages);
         L->v_pages = calloc(n_tab, sizeof *L->v_pages);
         if (!L->k_pages || !L->v_pages) {
@@ -264,6 +275,18 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
                 return NULL;
             }
             c->fixed_bytes += 2 * n * sizeof(float);
+        }
+        if (L->k.centered || L->v.centered) {
+            const size_t n = c->n_head_kv * c->head_dim;
+            L->k_mu = calloc(4 * n, sizeof(float));
+            if (!L->k_mu) {
+                fail_create(c, err, E8KV_ERR(OUT_OF_MEMORY));
+                return NULL;
+            }
+            L->v_mu = L->k_mu + n;
+            L->k_mu_read = L->k_mu + 2 * n;
+            L->v_mu_read = L->k_mu + 3 * n;
+            c->fixed_bytes += 4 * n * sizeof(float);
         }
     }
     return c;
@@ -296,6 +319,7 @@ void e8kv_cache_free(e8kv_cache *cache) {
             free(L->k_pages);
             free(L->v_pages);
             free(L->k_sink);
+            free(L->k_mu);
             free(L->v_sink);
         }
         free(cache->layers);
@@ -315,8 +339,16 @@ typedef struct {
 
 /* Encode one stream (K or V) of one head for tokens [n0, n1). Pages first touched here are allocated
  * (raw when a window is configured); rollback is the caller's free_pages_from(n0). */
+/* Code one vector of a stream, minus the head's mean when the stream is centered (mu != NULL). */
+static size_t encode_vector(const kv_format *f, uint8_t *dst, const float *x, const float *mu, size_t d) {
+    if (!mu) return e8kv_codec_encode(f->codec, dst, f->vector_bytes, x, 1);
+    float t[E8KV_MAX_HEAD_DIM];
+    for (size_t i = 0; i < d; i++) t[i] = x[i] - mu[i];
+    return e8kv_codec_encode(f->codec, dst, f->vector_bytes, t, 1);
+}
+
 static size_t append_stream(e8kv_cache *c, const kv_format *f, kv_page *tab, float *sink,
-                            const float *src, size_t stride, size_t n0, size_t n1) {
+                            const float *src, size_t stride, size_t n0, size_t n1, const float *mu) {
     const size_t d = c->head_dim, P = c->page_tokens;
     for (size_t pos = n0; pos < n1; pos++) {
         const float *x = src + (pos - n0) * stride;
@@ -337,8 +369,7 @@ static size_t append_stream(e8kv_cache *c, const kv_format *f, kv_page *tab, flo
         if (pg->raw) {
             memcpy((float *)(void *)pg->data + slot * d, x, d * sizeof(float));
         } else {
-            const size_t vb = f->vector_bytes;
-            E8KV_RETURN_IF_ERROR(e8kv_codec_encode(f->codec, pg->data + slot * vb, vb, x, 1));
+            E8KV_RETURN_IF_ERROR(encode_vector(f, pg->data + slot * f->vector_bytes, x, mu, d));
         }
     }
     return 0;
@@ -346,7 +377,7 @@ static size_t append_stream(e8kv_cache *c, const kv_format *f, kv_page *tab, flo
 
 /* Encode raw pages of one stream whose last position is older than the window at n_tokens = n. */
 static size_t convert_stream(e8kv_cache *c, const kv_format *f, kv_page *tab, size_t n0, size_t n,
-                             pending_conv *pend, size_t *n_pend, size_t cap) {
+                             pending_conv *pend, size_t *n_pend, size_t cap, const float *mu) {
     const size_t P = c->page_tokens, d = c->head_dim;
     if (n < c->window) return 0;
     const size_t n_old = n - c->window; /* positions < n_old are outside the window */
@@ -366,11 +397,40 @@ static size_t convert_stream(e8kv_cache *c, const kv_format *f, kv_page *tab, si
         const float *raw = (const float *)(const void *)pg->data;
         for (size_t s = 0; s < P; s++) {
             if (i * P + s < c->n_sink) continue;
-            const size_t vb = f->vector_bytes;
-            E8KV_RETURN_IF_ERROR(e8kv_codec_encode(f->codec, coded + s * vb, vb, raw + s * d, 1));
+            E8KV_RETURN_IF_ERROR(encode_vector(f, coded + s * f->vector_bytes, raw + s * d, mu, d));
         }
     }
     return 0;
+}
+
+/* The mean subtracted from head h's K (is_k) or V stream before coding; NULL when not centered. */
+static const float *mean_of(const kv_layer *L, int is_k, size_t h, size_t d) {
+    const kv_format *f = is_k ? &L->k : &L->v;
+    if (!f->centered) return NULL;
+    return (is_k ? L->k_mu : L->v_mu) + h * d;
+}
+
+/* Fix the means of a new sequence from its first append (k, v: (n_tok, n_head_kv * head_dim)), summed
+ * in double so the result does not depend on the order of anything but the tokens. */
+static void set_means(const e8kv_cache *c, kv_layer *L, const float *k, const float *v, size_t n_tok) {
+    const size_t d = c->head_dim, stride = c->n_head_kv * d;
+    const int on = n_tok >= E8KV_CACHE_CENTER_MIN_TOKENS;
+    for (size_t i = 0; i < stride; i++) {
+        double sk = 0.0, sv = 0.0;
+        for (size_t t = 0; on && t < n_tok; t++) {
+            sk += k[t * stride + i];
+            sv += v[t * stride + i];
+        }
+        L->k_mu[i] = L->k.centered ? (float)(sk / (double)n_tok) : 0.0f;
+        L->v_mu[i] = L->v.centered ? (float)(sv / (double)n_tok) : 0.0f;
+    }
+    memcpy(L->k_mu_read, L->k_mu, stride * sizeof(float));
+    memcpy(L->v_mu_read, L->v_mu, stride * sizeof(float));
+    for (size_t h = 0; h < c->n_head_kv; h++) {
+        if (L->k.rotated) e8kv_rot_forward(&L->k.codec->rot, L->k_mu_read + h * d, 1);
+        if (L->v.rotated) e8kv_rot_forward(&L->v.codec->rot, L->v_mu_read + h * d, 1);
+    }
+    L->mu_set = 1;
 }
 
 size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const float *v, size_t n_tok) {
@@ -386,12 +446,13 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
     const size_t n1 = n0 + n_tok;
     const size_t M = cache->n_page_max;
     size_t r = 0;
+    if (n0 == 0 && !L->mu_set && L->k_mu) set_means(cache, L, k, v, n_tok);
     for (size_t h = 0; h < cache->n_head_kv && !e8kv_is_error(r); h++) {
         float *ks = L->k_sink ? L->k_sink + h * cache->n_sink * d : NULL;
         float *vs = L->v_sink ? L->v_sink + h * cache->n_sink * d : NULL;
-        r = append_stream(cache, &L->k, L->k_pages + h * M, ks, k + h * d, stride, n0, n1);
+        r = append_stream(cache, &L->k, L->k_pages + h * M, ks, k + h * d, stride, n0, n1, mean_of(L, 1, h, d));
         if (!e8kv_is_error(r))
-            r = append_stream(cache, &L->v, L->v_pages + h * M, vs, v + h * d, stride, n0, n1);
+            r = append_stream(cache, &L->v, L->v_pages + h * M, vs, v + h * d, stride, n0, n1, mean_of(L, 0, h, d));
     }
     pending_conv *pend = NULL;
     size_t n_pend = 0;
@@ -401,8 +462,9 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
         pend = malloc(cap * sizeof *pend);
         if (!pend) r = E8KV_ERR(OUT_OF_MEMORY);
         for (size_t h = 0; h < cache->n_head_kv && !e8kv_is_error(r); h++) {
-            r = convert_stream(cache, &L->k, L->k_pages + h * M, n0, n1, pend, &n_pend, cap);
-            if (!e8kv_is_error(r)) r = convert_stream(cache, &L->v, L->v_pages + h * M, n0, n1, pend, &n_pend, cap);
+            r = convert_stream(cache, &L->k, L->k_pages + h * M, n0, n1, pend, &n_pend, cap, mean_of(L, 1, h, d));
+            if (!e8kv_is_error(r))
+                r = convert_stream(cache, &L->v, L->v_pages + h * M, n0, n1, pend, &n_pend, cap, mean_of(L, 0, h, d));
         }
     }
     if (e8kv_is_error(r)) {
@@ -435,6 +497,7 @@ size_t e8kv_cache_truncate(e8kv_cache *cache, size_t n_keep) {
     size_t n_max = 0;
     for (size_t l = 0; l < cache->n_layer; l++) {
         kv_layer *L = &cache->layers[l];
+        if (n_keep == 0) L->mu_set = 0; /* a new sequence measures its own means */
         if (n_keep < L->n_tokens) {
             L->n_tokens = n_keep;
             free_pages_from(cache, L, n_keep);

@@ -30,7 +30,11 @@ typedef struct {
     size_t vector_bytes;
     int rotated;             /* reads happen in the codec's rotated domain */
     kv_fast_kind fast;
+    int centered;            /* the stream's per-head mean is subtracted before coding (see kv_layer) */
 } kv_format;
+
+/* Centering needs at least this many tokens in the first append of a sequence; fewer: no centering. */
+#define E8KV_CACHE_CENTER_MIN_TOKENS 16
 
 typedef struct {
     kv_format k, v;
@@ -39,6 +43,14 @@ typedef struct {
     kv_page *v_pages;  /* (n_head_kv, n_page_max) */
     float *k_sink;     /* (n_head_kv, n_sink, head_dim), original f32; NULL when n_sink == 0 */
     float *v_sink;
+    /* Centering (streams with fmt.centered): keys and values of LLMs share a large per-channel
+     * component across tokens, which a per-vector scale would spend bits on. The mean of each head's
+     * stream over the first append of a sequence (E8KV_CACHE_CENTER_MIN_TOKENS or more tokens, else 0)
+     * is subtracted before coding and added back exactly on read, so it costs head_dim floats per head
+     * (counted in fixed_bytes) and changes nothing but the coding error.
+     * mu: (n_head_kv, head_dim) original domain; mu_read: the same in the domain reads happen in. */
+    float *k_mu, *v_mu, *k_mu_read, *v_mu_read;
+    int mu_set;        /* the means of the current sequence are fixed */
 } kv_layer;
 
 struct e8kv_cache {
@@ -51,6 +63,7 @@ struct e8kv_cache {
     int rope_pre;      /* keys stored before RoPE: attention applies RoPE to decoded keys */
     float rope_theta;
     int rope_neox;     /* 1: split halves (NeoX/llama.cpp NEOX), 0: interleaved pairs */
+    int center;        /* centering of coded streams enabled (spec center=1, the default) */
     float rope_inv_freq[E8KV_MAX_HEAD_DIM / 2]; /* theta^(-2i/head_dim) */
     kv_layer *layers;
     e8kv_codec *codecs[E8KV_CACHE_MAX_CODECS]; /* unique codecs, owned */
