@@ -71,6 +71,9 @@ size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
     const size_t nv = m->cfg.vocab_size, first = n_ctx / 2, n_rows = n_ctx - first,
                  n_scored = n_ctx - 1 - first;
     const int32_t bos = m->tokenizer ? e8kv_tokenizer_bos(m->tokenizer) : 1;
+    /* K and V values a cache holds after one chunk */
+    const double n_kv_values = 2.0 * (double)n_ctx * (double)m->cfg.n_layer * (double)m->cfg.n_head_kv *
+                               (double)m->cfg.head_dim;
 
     memset(results, 0, p->n_specs * sizeof *results);
     for (size_t i = 0; i < p->n_specs; i++) {
@@ -124,6 +127,7 @@ size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
         if (e8kv_is_error(ret)) goto done;
         b.kv_bytes = e8kv_cache_bytes(e8kv_context_cache(base));
         b.bits_per_value = e8kv_cache_bits_per_value(e8kv_context_cache(base));
+        b.eff_bits_per_value = 8.0 * (double)b.kv_bytes / n_kv_values;
         for (size_t j = 0; j < n_scored; j++) {
             float *row = base_lsm + j * nv;
             base_top[j] = e8kv_log_softmax(row, logits + j * nv, nv);
@@ -156,6 +160,7 @@ size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
             }
             r->kv_bytes = e8kv_cache_bytes(e8kv_context_cache(ctx[i]));
             r->bits_per_value = e8kv_cache_bits_per_value(e8kv_context_cache(ctx[i]));
+            r->eff_bits_per_value = 8.0 * (double)r->kv_bytes / n_kv_values;
             for (size_t j = 0; j < n_scored; j++) {
                 const float *brow = base_lsm + j * nv;
                 const size_t top = e8kv_log_softmax(lsm, logits + j * nv, nv);

@@ -28,6 +28,8 @@ typedef struct {
     double top1, top1_se;  /* fraction of positions whose argmax equals the baseline's */
     double bits_per_value; /* e8kv_cache_bits_per_value */
     size_t kv_bytes;       /* e8kv_cache_bytes with the cache holding a full chunk of n_ctx tokens */
+    double eff_bits_per_value; /* 8 * kv_bytes / (K and V values of that chunk): everything allocated
+                                * counted (exact window and sink tokens, means, page tables) */
     double tokens_per_s;   /* chunk tokens evaluated per second of forward passes */
 } e8kv_ppl_result;
 

@@ -324,15 +324,18 @@ int e8kv_cmd_ppl(int argc, char **argv) {
             printf(",\"ctx\":%zu,\"chunks\":%zu,\"tokens_scored\":%zu,\"threads\":%d,\"ppl\":%.6f,\"ppl_se\":"
                    "%.6f,"
                    "\"ppl_f32\":%.6f,\"kld\":%.8f,\"kld_se\":%.8f,\"top1\":%.6f,\"top1_se\":%.6f,"
-                   "\"bits_per_value\":%.4f,\"kv_bytes\":%zu,\"tokens_per_s\":%.2f}\n",
+                   "\"bits_per_value\":%.4f,\"eff_bits_per_value\":%.4f,\"kv_bytes\":%zu,"
+                   "\"tokens_per_s\":%.2f}\n",
                    n_ctx, r, x->count, threads, x->ppl, x->ppl_se, baseline.ppl, x->kld, x->kld_se, x->top1,
-                   x->top1_se, x->bits_per_value, x->kv_bytes, x->tokens_per_s);
+                   x->top1_se, x->bits_per_value, x->eff_bits_per_value, x->kv_bytes, x->tokens_per_s);
         }
     } else {
         printf("\nctx %zu, %zu chunks, %zu scored tokens per format; f32 baseline PPL %.4f +/- %.5f\n", n_ctx,
                r, baseline.count, baseline.ppl, baseline.ppl_se);
-        printf("%-16s %8s %11s %20s %8s %24s %16s %8s\n", "format", "bits/val", "KV MiB", "PPL", "dPPL",
-               "KLD (nats)", "top-1 %", "tok/s");
+        printf("bits/val: the formats' rate with their side information; eff: 8 x allocated bytes / values "
+               "held\n");
+        printf("%-16s %8s %6s %11s %20s %8s %24s %16s %8s\n", "format", "bits/val", "eff", "KV MiB", "PPL",
+               "dPPL", "KLD (nats)", "top-1 %", "tok/s");
         for (size_t i = 0; i < n_specs; i++) {
             const e8kv_ppl_result *x = &res[i];
             if (x->status) {
@@ -343,8 +346,8 @@ int e8kv_cmd_ppl(int argc, char **argv) {
             snprintf(ppl, sizeof ppl, "%.4f +/- %.4f", x->ppl, x->ppl_se);
             snprintf(kld, sizeof kld, "%.3e +/- %.1e", x->kld, x->kld_se);
             snprintf(top, sizeof top, "%.2f +/- %.2f", 100.0 * x->top1, 100.0 * x->top1_se);
-            printf("%-16s %8.3f %11.3f %20s %+7.3f%% %24s %16s %8.1f\n", x->spec, x->bits_per_value,
-                   (double)x->kv_bytes / (1024.0 * 1024.0), ppl, 100.0 * (x->ppl / baseline.ppl - 1.0), kld,
+            printf("%-16s %8.3f %6.3f %11.3f %20s %+7.3f%% %24s %16s %8.1f\n", x->spec, x->bits_per_value,
+                   x->eff_bits_per_value, (double)x->kv_bytes / (1024.0 * 1024.0), ppl, 100.0 * (x->ppl / baseline.ppl - 1.0), kld,
                    top, x->tokens_per_s);
         }
     }
