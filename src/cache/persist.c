@@ -2,8 +2,10 @@
  * token counts, the exact sink and window (raw f32) tokens, and every coded page. Coded pages go through
  * an entropy-coded frame per layer and stream (doc/format.md §3, rANS over the codec bytes), so the
  * saved form is smaller than the hot pages and decodes bit-exactly back to them. XXH64 over the whole
- * file, plus the frames' own checksums. Untrusted bytes: every count is checked against the bytes that
- * back it before anything is allocated from it; failures are named errors, never asserts. */
+ * file, plus the frames' own checksums. Untrusted bytes: every count of stored data (tokens, pages, rows)
+ * is checked against the bytes that back it before anything is allocated from it; the configured capacity
+ * (n_ctx, sink), which a small file may legitimately describe, is bounded (page tables at most 2^26
+ * entries); failures are named errors, never asserts. */
 #include "kvcache.h"
 
 #include <stdio.h>
