@@ -340,7 +340,7 @@ struct e8kv_context {
     e8kv_cache *cache;
     size_t n_ctx, n_batch, pos;
     int n_threads;
-    int keys_pre_rope; /* the cache spec says rope=pre: append keys before RoPE */
+    int keys_pre_rope; /* the cache wants keys before RoPE (e8kv_cache_keys_pre_rope) */
     e8kv_kv_hook kv_hook;
     void *kv_hook_user;
     float *rope_cos, *rope_sin; /* (n_ctx, head_dim / 2) */
@@ -374,28 +374,6 @@ void e8kv_context_free(e8kv_context *c) {
 static float *falloc(size_t n) {
     void *p = NULL;
     return posix_memalign(&p, 64, n * sizeof(float) + 64) ? NULL : p;
-}
-
-/* The cache spec's last rope= item, presets expanded: 1 = "pre" (the cache stores keys before RoPE and
- * rotates them itself at attention time, so the engine hands it un-rotated keys), 0 = "post", -1 = none. */
-static int spec_rope_pre(const char *spec) {
-    int pre = -1;
-    for (const char *s = spec; *s;) {
-        const char *end = strchr(s, ',');
-        const size_t len = end ? (size_t)(end - s) : strlen(s);
-        char item[128];
-        if (len < sizeof item) {
-            memcpy(item, s, len);
-            item[len] = 0;
-            const char *preset = e8kv_cache_preset_spec(item);
-            const int in_preset = preset ? spec_rope_pre(preset) : -1;
-            if (in_preset >= 0) pre = in_preset;
-            if (!strcmp(item, "rope=pre")) pre = 1;
-            if (!strcmp(item, "rope=post")) pre = 0;
-        }
-        s += len + (end ? 1 : 0);
-    }
-    return pre;
 }
 
 e8kv_context *e8kv_context_create(const e8kv_model *m, const e8kv_context_params *p, size_t *err) {
@@ -432,13 +410,13 @@ e8kv_context *e8kv_context_create(const e8kv_model *m, const e8kv_context_params
                                   .seed = p->seed,
                                   .rope_theta = cfg->rope_theta,
                                   .rope_neox = cfg->rope_layout == E8KV_ROPE_SPLIT_HALF};
-    c->keys_pre_rope = spec_rope_pre(spec) == 1;
     c->cache = e8kv_cache_create(&cp, err);
     if (!c->cache) {
         if (!e8kv_is_error(*err)) *err = ERR(GENERIC);
         e8kv_context_free(c);
         return NULL;
     }
+    c->keys_pre_rope = e8kv_cache_keys_pre_rope(c->cache);
     const size_t B = c->n_batch, hd = cfg->head_dim, half = hd / 2;
     const size_t q_dim = cfg->n_head * hd, kv_dim = cfg->n_head_kv * hd;
     c->rope_cos = falloc(p->n_ctx * half);

@@ -137,7 +137,9 @@ size_t e8kv_codec_rotate(const e8kv_codec *codec, float *x, size_t n_vec, int in
  *                        read; LLM keys share a large per-channel component, so this lowers the coding
  *                        error at the cost of head_dim floats per layer and head (counted in the bytes).
  *                        f32/f16 streams are never centered
- *   rope=pre|post        keys arrive before RoPE (pre: stored un-rotated, RoPE applied to each decoded
+ *   rope=pre|post        (default: pre when params.rope_theta > 0 and K is a coded format, else post;
+ *                        callers ask e8kv_cache_keys_pre_rope() which keys to append)
+ *                        keys arrive before RoPE (pre: stored un-rotated, RoPE applied to each decoded
  *                        key at attention time with params.rope_theta / rope_neox) or after it (post,
  *                        default: keys are stored as given and q must carry RoPE too)
  *   near-lossless, balanced, aggressive
@@ -195,6 +197,9 @@ size_t e8kv_cache_page_tokens(const e8kv_cache *cache);
 double e8kv_cache_bits_per_value(const e8kv_cache *cache);
 /* The spec a preset name expands to, or NULL for an unknown name. */
 const char *e8kv_cache_preset_spec(const char *name);
+/* 1 when the cache wants keys BEFORE RoPE (rope=pre, explicit or by default): append un-rotated keys
+ * and pass queries WITH RoPE; the cache rotates each decoded key at attention time. 0: keys with RoPE. */
+int e8kv_cache_keys_pre_rope(const e8kv_cache *cache);
 
 /* ---------------------------------------------------------------- frames (cold tier)
  *

@@ -754,6 +754,34 @@ static void test_centering(void **state) {
     free(Kc); free(Vc); free(Kr); free(Vr); free(mk); free(mv);
 }
 
+/* rope= default: keys before RoPE when the caller gives RoPE's parameters and K is coded; else post. */
+static void test_rope_default(void **state) {
+    (void)state;
+    static const struct {
+        const char *spec;
+        float theta;
+        int want;
+    } cases[] = {{"e8:4", 10000.0f, 1},           {"e8:4", 0.0f, 0},          {"f16", 10000.0f, 0},
+                 {"f32", 10000.0f, 0},            {"e8:4,rope=post", 1e4f, 0}, {"k=f16,v=e8:3", 1e4f, 0},
+                 {"k=q4_0h,v=f16", 10000.0f, 1}, {"f16,rope=pre", 1e4f, 1},   {"balanced", 1e4f, 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        e8kv_cache_params p = {0};
+        p.n_layer = 1;
+        p.n_head_kv = 1;
+        p.head_dim = 64;
+        p.n_ctx = 64;
+        p.spec = cases[i].spec;
+        p.rope_theta = cases[i].theta;
+        size_t err = 0;
+        e8kv_cache *c = e8kv_cache_create(&p, &err);
+        assert_non_null(c);
+        if (e8kv_cache_keys_pre_rope(c) != cases[i].want)
+            fail_msg("%s theta %g: keys_pre_rope %d", cases[i].spec, cases[i].theta, e8kv_cache_keys_pre_rope(c));
+        e8kv_cache_free(c);
+    }
+    assert_int_equal(e8kv_cache_keys_pre_rope(NULL), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f32_exact),       cmocka_unit_test(test_f16_and_mixed),
@@ -763,7 +791,7 @@ int main(void) {
         cmocka_unit_test(test_bytes_accounting), cmocka_unit_test(test_presets),
         cmocka_unit_test(test_tile_avx2_vs_ref), cmocka_unit_test(test_fused_readers),
         cmocka_unit_test(test_context_split_threads), cmocka_unit_test(test_e8ball4_nibble_reader),
-        cmocka_unit_test(test_centering),
+        cmocka_unit_test(test_centering), cmocka_unit_test(test_rope_default),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -36,9 +36,9 @@ typedef struct {
 
 /* Presets (stable names; the specs behind them may be retuned as measurements improve). */
 static const preset k_presets[] = {
-    {"near-lossless", "k=e8:4,v=e8:4,window=128,sink=4"},
-    {"balanced", "k=e8:4,v=e8:3,window=64,sink=4"},
-    {"aggressive", "k=e8:3,v=e8:2,window=32,sink=4"},
+    {"near-lossless", "k=q8_0h,v=e8:4,sink=1"},
+    {"balanced", "e8:4,sink=1"},
+    {"aggressive", "k=e8:4,v=e8:3,sink=1"},
 };
 
 static int copy_codec_spec(char dst[64], const char *src, size_t len) {
@@ -195,6 +195,7 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
     cache_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.center = -1;
+    cfg.rope_pre = -1;
     size_t r = parse_list(&cfg, params->spec, 0);
     if (e8kv_is_error(r) || !cfg.k[0] || !cfg.v[0]) {
         if (err) *err = E8KV_ERR(SPEC);
@@ -205,6 +206,14 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
             if (err) *err = E8KV_ERR(SPEC);
             return NULL;
         }
+    if (cfg.rope_pre < 0) {
+        /* default: keys coded before RoPE when the caller gives RoPE's parameters and K is a coded
+         * format (measured better at every rate on SmolLM2, BENCHMARKS.md); plain K stays post */
+        e8kv_spec ks;
+        const int plain = !e8kv_is_error(e8kv_spec_parse(&ks, cfg.k)) &&
+                          (!strcmp(ks.family, "f32") || !strcmp(ks.family, "f16"));
+        cfg.rope_pre = params->rope_theta > 0.0f && params->head_dim % 2 == 0 && !plain;
+    }
     if (cfg.rope_pre && (!(params->rope_theta > 0.0f) || params->head_dim % 2)) {
         if (err) *err = E8KV_ERR(SPEC);
         return NULL;
@@ -491,6 +500,8 @@ size_t e8kv_cache_n_tokens(const e8kv_cache *cache, size_t layer) {
     if (layer >= cache->n_layer) return E8KV_ERR(DIMENSION);
     return cache->layers[layer].n_tokens;
 }
+
+int e8kv_cache_keys_pre_rope(const e8kv_cache *cache) { return cache ? cache->rope_pre : 0; }
 
 size_t e8kv_cache_truncate(e8kv_cache *cache, size_t n_keep) {
     if (!cache) return E8KV_ERR(BAD_ARGUMENT);
