@@ -41,7 +41,8 @@ static void append_all(e8kv_cache **cs, size_t n_c, const shape *s, size_t n, ui
     e8kv_rng_seed(&rng, seed);
     const size_t w = s->n_head_kv * s->d;
     for (size_t done = 0; done < n;) {
-        const size_t m = n - done < 13 ? n - done : 13;
+        const size_t chunk = done == 0 ? 40 : 13; /* a first append of >= 16 tokens fixes the means */
+        const size_t m = n - done < chunk ? n - done : chunk;
         for (size_t l = 0; l < s->n_layer; l++) {
             float *k = rand_vec(&rng, m * w), *v = rand_vec(&rng, m * w);
             for (size_t i = 0; i < n_c; i++) assert_ok(e8kv_cache_append(cs[i], l, k, v, m));
@@ -80,7 +81,7 @@ static uint8_t *save(const e8kv_cache *c, size_t *n, const void *meta, size_t me
 static const shape k_shapes[] = {
     /* window + sink + per-layer formats, GQA, a page size that does not divide the token count */
     {3, 2, 4, 64, 300, "k=e8:4,v=e8:3,layers1-1=q4_0h,layer2.v=f16,window=20,sink=3,page=16"},
-    {2, 1, 2, 32, 200, "e8:2"},                      /* no window, no sink */
+    {2, 1, 2, 32, 200, "e8:2,center=0"},             /* no window, no sink, no centering */
     {2, 2, 2, 64, 256, "balanced"},                   /* preset */
     {1, 2, 4, 64, 128, "e8nest:4,sink=70,page=32"},   /* sink beyond the first page */
     {2, 1, 1, 64, 150, "k=e8:4,v=e8:4,rope=pre"},    /* keys before RoPE */
@@ -258,9 +259,20 @@ static void test_malformed(void **state) {
     rehash(g, n);
     assert_null(e8kv_cache_load(g, n, 1, &err));
     assert_error(err, CORRUPTED);
+    /* layer 0 is centered (e8 formats): u32 flag and the K, V means follow its token count */
+    const size_t mu0 = layer0 + 4, map0 = mu0 + 4 + 2 * s->n_head_kv * s->d * 4;
+    const uint32_t bad_mu[3] = {2, 0, 0x7f800000u}; /* unknown flag, means unset with tokens, an Inf mean */
+    const size_t at_mu[3] = {mu0, mu0, mu0 + 4 + 4 * 70};
+    for (int i = 0; i < 3; i++) {
+        memcpy(g, f, n);
+        e8kv_store_le32(g + at_mu[i], bad_mu[i]);
+        rehash(g, n);
+        assert_null(e8kv_cache_load(g, n, 1, &err));
+        assert_error(err, CORRUPTED);
+    }
     /* page map: an unknown state, a missing page, a raw page made coded */
     const uint8_t bad[3] = {3, 0, 2};
-    const size_t at[3] = {layer0 + 4 + 1, layer0 + 4 + 1, layer0 + 4 + 5}; /* page 1 of K head 0; page 5 (raw) */
+    const size_t at[3] = {map0 + 1, map0 + 1, map0 + 5}; /* page 1 of K head 0; page 5 (raw) */
     for (int i = 0; i < 3; i++) {
         memcpy(g, f, n);
         assert_int_not_equal(g[at[i]], bad[i]);
@@ -272,7 +284,7 @@ static void test_malformed(void **state) {
     /* a non-finite exact (sink) value */
     memcpy(g, f, n);
     const size_t n_used = (90 + 15) / 16;
-    e8kv_store_le32(g + layer0 + 4 + 2 * s->n_head_kv * n_used, 0x7fc00000u);
+    e8kv_store_le32(g + map0 + 2 * s->n_head_kv * n_used, 0x7fc00000u);
     rehash(g, n);
     assert_null(e8kv_cache_load(g, n, 1, &err));
     assert_error(err, CORRUPTED);
@@ -383,7 +395,7 @@ static void test_golden(void **state) {
     if (e8kv_is_error(n)) skip();
     e8kv_cache_file_info fi;
     assert_int_equal(e8kv_cache_file_get_info(&fi, buf, n), n);
-    assert_string_equal(fi.spec, "k=f32,v=f32,window=2,sink=1,page=4,rope=post");
+    assert_string_equal(fi.spec, "k=f32,v=f32,window=2,sink=1,page=4,center=1,rope=post");
     assert_int_equal(fi.meta_size, 6);
     size_t err = 0;
     e8kv_cache *g = e8kv_cache_load(buf, n, 1, &err);

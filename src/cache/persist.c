@@ -28,7 +28,7 @@ _Static_assert(CACHE_HEADER_BYTES == 4 + 2 + 2 + 8 + 4 * 4 + 8 + 8 + 4 + 4 + 4 +
 /* ---------------------------------------------------------------- canonical spec */
 
 /* The cache spec that recreates c's configuration: "k=K,v=V[,layersA-B.k=X]...,window=W,sink=S,page=P,
- * rope=pre|post" with K, V the formats of layer 0 and one rule per run of layers that differ from them. */
+ * center=0|1,rope=pre|post" with K, V the formats of layer 0 and one rule per run of layers that differ from them. */
 static size_t canon_spec(const e8kv_cache *c, char *dst, size_t cap) {
     size_t n = 0, n_rules = 0;
     int w = snprintf(dst, cap, "k=%s,v=%s", e8kv_codec_spec(c->layers[0].k.codec),
@@ -52,8 +52,8 @@ static size_t canon_spec(const e8kv_cache *c, char *dst, size_t cap) {
             l = e + 1;
         }
     }
-    w = snprintf(dst + n, cap - n, ",window=%zu,sink=%zu,page=%zu,rope=%s", c->window, c->n_sink, c->page_tokens,
-                 c->rope_pre ? "pre" : "post");
+    w = snprintf(dst + n, cap - n, ",window=%zu,sink=%zu,page=%zu,center=%d,rope=%s", c->window, c->n_sink,
+                 c->page_tokens, c->center ? 1 : 0, c->rope_pre ? "pre" : "post");
     if (w < 0 || (size_t)w >= cap - n) return E8KV_ERR(UNSUPPORTED);
     return n + (size_t)w;
 }
@@ -143,6 +143,7 @@ size_t e8kv_cache_save_bound(const e8kv_cache *cache, size_t meta_size) {
     for (size_t l = 0; l < c->n_layer; l++) {
         const kv_layer *L = &c->layers[l];
         n += 4 + 2 * c->n_head_kv * n_pages_used(c, L->n_tokens);
+        if (L->k_mu) n += 4 + 2 * c->n_head_kv * d4;
         n += 2 * c->n_head_kv * sink_used(c, L->n_tokens) * d4;
         n += (raw_tokens(c, L, 1) + raw_tokens(c, L, 0)) * d4;
     }
@@ -207,6 +208,13 @@ static size_t save_group(wbuf *w, const e8kv_cache *c, const e8kv_codec *codec) 
 static size_t save_layer(wbuf *w, const e8kv_cache *c, const kv_layer *L) {
     const size_t d = c->head_dim, n_used = n_pages_used(c, L->n_tokens), ns = sink_used(c, L->n_tokens);
     E8KV_RETURN_IF_ERROR(put_u32(w, (uint32_t)L->n_tokens));
+    if (L->k_mu) { /* centering: whether the means are fixed, and the means (original domain) */
+        E8KV_RETURN_IF_ERROR(put_u32(w, L->mu_set ? 1u : 0u));
+        if (L->mu_set) {
+            E8KV_RETURN_IF_ERROR(put_f32s(w, L->k_mu, c->n_head_kv * d));
+            E8KV_RETURN_IF_ERROR(put_f32s(w, L->v_mu, c->n_head_kv * d));
+        }
+    }
     for (int is_k = 1; is_k >= 0; is_k--) { /* page map: K heads, then V heads */
         const kv_page *tab = is_k ? L->k_pages : L->v_pages;
         for (size_t h = 0; h < c->n_head_kv; h++)
@@ -371,6 +379,25 @@ static size_t load_layer(rbuf *r, e8kv_cache *c, kv_layer *L) {
     const size_t n_tokens = e8kv_load_le32(b);
     if (n_tokens > c->n_ctx) return E8KV_ERR(CONTEXT_FULL);
     L->n_tokens = n_tokens; /* free_pages_from(0) on failure releases what follows */
+    if (L->k_mu) {
+        const size_t hd = c->n_head_kv * d;
+        E8KV_RETURN_IF_ERROR(take(r, &b, 4));
+        const uint32_t mu_set = e8kv_load_le32(b);
+        if (mu_set > 1 || (n_tokens > 0 && !mu_set)) return E8KV_ERR(CORRUPTED);
+        memset(L->k_mu, 0, 4 * hd * sizeof(float)); /* k_mu, v_mu and their read-domain copies */
+        if (mu_set) {
+            E8KV_RETURN_IF_ERROR(get_f32s(r, L->k_mu, hd));
+            E8KV_RETURN_IF_ERROR(get_f32s(r, L->v_mu, hd));
+            /* the read-domain copies exactly as kvcache.c derives them */
+            memcpy(L->k_mu_read, L->k_mu, hd * sizeof(float));
+            memcpy(L->v_mu_read, L->v_mu, hd * sizeof(float));
+            for (size_t h = 0; h < c->n_head_kv; h++) {
+                if (L->k.rotated) e8kv_rot_forward(&L->k.codec->rot, L->k_mu_read + h * d, 1);
+                if (L->v.rotated) e8kv_rot_forward(&L->v.codec->rot, L->v_mu_read + h * d, 1);
+            }
+        }
+        L->mu_set = (int)mu_set;
+    }
     const size_t n_used = n_pages_used(c, n_tokens), ns = sink_used(c, n_tokens);
     const uint8_t *map = NULL;
     if (n_used > (size_t)(r->end - r->p) / 2 / c->n_head_kv) return E8KV_ERR(CORRUPTED);

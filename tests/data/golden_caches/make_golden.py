@@ -18,7 +18,7 @@ xx.XXH32.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint32]
 
 N_LAYER, N_HEAD, D, N_CTX, P, SINK, WINDOW = 2, 1, 8, 16, 4, 1, 2
 TOKENS = [7, 5]
-SPEC = b"k=f32,v=f32,window=2,sink=1,page=4,rope=post"
+SPEC = b"k=f32,v=f32,window=2,sink=1,page=4,center=1,rope=post"
 
 
 def val(l, t, h, i, is_k):
