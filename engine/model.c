@@ -461,6 +461,20 @@ const e8kv_cache *e8kv_context_cache(const e8kv_context *c) {
     return c ? c->cache : NULL;
 }
 
+size_t e8kv_context_load_cache(e8kv_context *c, const void *src, size_t src_size) {
+    if (!c || !src) return ERR(BAD_ARGUMENT);
+    c->pos = 0;
+    const size_t n = e8kv_cache_load_into(c->cache, src, src_size);
+    if (e8kv_is_error(n)) return n;
+    for (size_t l = 0; l < c->m->cfg.n_layer; l++)
+        if (e8kv_cache_n_tokens(c->cache, l) != n) { /* a forward pass leaves every layer at one count */
+            e8kv_cache_clear(c->cache);
+            return ERR(CORRUPTED);
+        }
+    c->pos = n;
+    return n;
+}
+
 /* ---------------------------------------------------------------- kernels */
 
 /* out = x / sqrt(mean(x^2) + eps) * w, for each of n rows of dim. */

@@ -101,6 +101,10 @@ void e8kv_context_free(e8kv_context *c);
 void e8kv_context_reset(e8kv_context *c);
 size_t e8kv_context_pos(const e8kv_context *c);
 const e8kv_cache *e8kv_context_cache(const e8kv_context *c);
+/* Replace the cache's contents by a saved cache (e8kv_cache_load_into: same dims, spec and seed, n_ctx large
+ * enough, else its error) whose layers all hold the same number of tokens (else E8KV_ERROR_CORRUPTED), and
+ * continue at the position after them. Returns the new position; after an error the context is empty. */
+size_t e8kv_context_load_cache(e8kv_context *c, const void *src, size_t src_size);
 
 /* Run n_tok tokens at positions pos .. pos + n_tok - 1 (pos = tokens already evaluated) and advance.
  * Logits of the tokens with index >= logits_from are written to `logits`, row-major

@@ -1,7 +1,10 @@
 /* e8kv generate: streaming text generation through a compressed KV cache (greedy at --temp 0).
  * --tokens IDS and --dump-logits FILE expose the raw forward pass for the independent numpy reference
  * (tests/py_forward_ref.py): FILE receives the logits of every prompt token, f32 little-endian,
- * (n_prompt, vocab) row-major, no header. */
+ * (n_prompt, vocab) row-major, no header.
+ * --save-cache F saves the cache after the prompt (doc/format.md §4) with, as its meta (§4.5), the prompt's
+ * token ids and the last prompt token's logits, so --load-cache F continues exactly where the prompt
+ * ended without running it again: the same greedy tokens as a run without save/load. */
 #include "cli.h"
 #include "e8kv.h"
 #include "model.h"
@@ -27,13 +30,67 @@ static void usage(FILE *f) {
             "  --threads N       threads (default: number of CPUs)\n"
             "  --tokens IDS      comma-separated token ids instead of -p (no BOS added)\n"
             "  --ignore-eos      keep generating past the end-of-text token\n"
-            "  --dump-logits F   write the prompt tokens' logits to F (f32, (n_prompt, vocab))\n");
+            "  --dump-logits F   write the prompt tokens' logits to F (f32, (n_prompt, vocab))\n"
+            "  --save-cache F    after the prompt, save the KV cache (and the prompt) to F\n"
+            "  --load-cache F    continue from a cache saved with --save-cache instead of running the\n"
+            "                    prompt; -p/--tokens are optional and must equal the saved prompt;\n"
+            "                    --kv defaults to the saved cache's spec\n");
 }
 
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* The meta of a cache saved by --save-cache (doc/format.md §4.5): "E8KVGEN1", u32 n_prompt, the ids
+ * (i32), u32 vocab, the last prompt token's logits (f32), all little-endian. */
+#define GEN_META_MAGIC "E8KVGEN1"
+
+static void put_u32le(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static uint32_t get_u32le(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static int save_state(const e8kv_context *ctx, const char *path, const int32_t *ids, size_t n_prompt,
+                      const float *logits, size_t vocab) {
+    const size_t n = 8 + 4 + 4 * n_prompt + 4 + 4 * vocab;
+    uint8_t *meta = malloc(n);
+    if (!meta) return 0;
+    memcpy(meta, GEN_META_MAGIC, 8);
+    put_u32le(meta + 8, (uint32_t)n_prompt);
+    for (size_t i = 0; i < n_prompt; i++) put_u32le(meta + 12 + 4 * i, (uint32_t)ids[i]);
+    uint8_t *q = meta + 12 + 4 * n_prompt;
+    put_u32le(q, (uint32_t)vocab);
+    for (size_t i = 0; i < vocab; i++) {
+        uint32_t u;
+        memcpy(&u, &logits[i], 4);
+        put_u32le(q + 4 + 4 * i, u);
+    }
+    const size_t r = e8kv_cache_save_file(e8kv_context_cache(ctx), path, meta, n);
+    free(meta);
+    if (e8kv_is_error(r)) {
+        fprintf(stderr, "\ne8kv generate: cannot save the cache to %s: %s\n", path, e8kv_error_name(r));
+        return 0;
+    }
+    fprintf(stderr, "e8kv generate: saved the cache after %zu prompt tokens to %s (%zu bytes)\n", n_prompt, path, r);
+    return 1;
+}
+
+/* Parse the meta of a saved generate state; returns the prompt length or 0 when malformed. */
+static size_t parse_state(const uint8_t *meta, size_t n, size_t vocab, const uint8_t **ids, const uint8_t **logits) {
+    if (n < 12 || memcmp(meta, GEN_META_MAGIC, 8)) return 0;
+    const size_t n_prompt = get_u32le(meta + 8);
+    if (n_prompt == 0 || n_prompt > (n - 12) / 4) return 0;
+    const uint8_t *q = meta + 12 + 4 * n_prompt;
+    if ((size_t)(meta + n - q) < 4 || get_u32le(q) != vocab || (size_t)(meta + n - q - 4) / 4 != vocab ||
+        (size_t)(meta + n - q - 4) % 4)
+        return 0;
+    *ids = meta + 12;
+    *logits = q + 4;
+    return n_prompt;
 }
 
 static void print_piece(const e8kv_model *m, int32_t id) {
@@ -44,7 +101,8 @@ static void print_piece(const e8kv_model *m, int32_t id) {
 }
 
 int e8kv_cmd_generate(int argc, char **argv) {
-    const char *model_arg = NULL, *prompt = NULL, *kv = "f32", *tokens_arg = NULL, *dump = NULL;
+    const char *model_arg = NULL, *prompt = NULL, *kv = NULL, *tokens_arg = NULL, *dump = NULL;
+    const char *save_path = NULL, *load_path = NULL;
     long n_gen = 128;
     size_t n_ctx_arg = 0;
     float temp = 0.0f, top_p = 0.9f;
@@ -80,16 +138,35 @@ int e8kv_cmd_generate(int argc, char **argv) {
             tokens_arg = argv[++i];
         } else if (has && !strcmp(a, "--dump-logits")) {
             dump = argv[++i];
+        } else if (has && !strcmp(a, "--save-cache")) {
+            save_path = argv[++i];
+        } else if (has && !strcmp(a, "--load-cache")) {
+            load_path = argv[++i];
         } else {
             fprintf(stderr, "e8kv generate: unknown or incomplete option '%s'\n\n", a);
             usage(stderr);
             return 2;
         }
     }
-    if (n_gen < 0 || (!prompt && !tokens_arg)) {
+    if (n_gen < 0 || (!prompt && !tokens_arg && !load_path) || (load_path && (save_path || dump))) {
         usage(stderr);
         return 2;
     }
+    /* --load-cache: the saved state, checked before the model is loaded */
+    void *saved = NULL;
+    size_t saved_size = 0;
+    e8kv_cache_file_info sfi;
+    if (load_path) {
+        saved_size = e8kv_cache_read_file(&saved, load_path);
+        if (!e8kv_is_error(saved_size)) saved_size = e8kv_cache_file_get_info(&sfi, saved, saved_size);
+        if (e8kv_is_error(saved_size)) {
+            fprintf(stderr, "e8kv generate: cannot load %s: %s\n", load_path, e8kv_error_name(saved_size));
+            free(saved);
+            return 1;
+        }
+        if (!kv) kv = sfi.spec;
+    }
+    if (!kv) kv = "f32";
     char path[4096];
     if (model_arg) {
         snprintf(path, sizeof path, "%s", model_arg);
@@ -114,6 +191,17 @@ int e8kv_cmd_generate(int argc, char **argv) {
     e8kv_context *ctx = NULL;
     e8kv_sampler smp = {0};
     size_t n_prompt = 0;
+
+    const uint8_t *saved_ids = NULL, *saved_logits = NULL;
+    size_t n_saved = 0;
+    if (load_path) {
+        n_saved = parse_state((const uint8_t *)saved + sfi.meta_offset, sfi.meta_size, cfg->vocab_size, &saved_ids,
+                              &saved_logits);
+        if (!n_saved) {
+            fprintf(stderr, "e8kv generate: %s was not saved by generate --save-cache for this model\n", load_path);
+            goto out;
+        }
+    }
     if (tokens_arg) {
         ids = malloc((strlen(tokens_arg) / 2 + 2) * sizeof *ids);
         if (!ids) goto out;
@@ -127,7 +215,7 @@ int e8kv_cmd_generate(int argc, char **argv) {
             ids[n_prompt++] = (int32_t)v;
             s = *end == ',' ? end + 1 : end;
         }
-    } else {
+    } else if (prompt) {
         if (!m->tokenizer) {
             fprintf(stderr, "e8kv generate: the model has no tokenizer (use --tokens)\n");
             goto out;
@@ -141,6 +229,27 @@ int e8kv_cmd_generate(int argc, char **argv) {
             goto out;
         }
         if (n_prompt == 0) ids[n_prompt++] = e8kv_tokenizer_bos(m->tokenizer); /* start from BOS */
+    }
+    if (load_path) { /* the saved prompt, or the given one if it is the same */
+        if (ids) {
+            int same = n_prompt == n_saved;
+            for (size_t i = 0; same && i < n_prompt; i++) same = (uint32_t)ids[i] == get_u32le(saved_ids + 4 * i);
+            if (!same) {
+                fprintf(stderr, "e8kv generate: the prompt differs from the one saved in %s\n", load_path);
+                goto out;
+            }
+        }
+        free(ids);
+        ids = malloc(n_saved * sizeof *ids);
+        if (!ids) goto out;
+        for (size_t i = 0; i < n_saved; i++) {
+            ids[i] = (int32_t)get_u32le(saved_ids + 4 * i);
+            if (ids[i] < 0 || (size_t)ids[i] >= cfg->vocab_size) {
+                fprintf(stderr, "e8kv generate: bad token id in %s\n", load_path);
+                goto out;
+            }
+        }
+        n_prompt = n_saved;
     }
     if (n_prompt == 0) {
         fprintf(stderr, "e8kv generate: empty prompt\n");
@@ -170,9 +279,28 @@ int e8kv_cmd_generate(int argc, char **argv) {
     logits = malloc(n_rows * cfg->vocab_size * sizeof *logits);
     if (!logits) goto out;
     if (prompt) fputs(prompt, stdout);
+    else if (load_path && m->tokenizer)
+        for (size_t i = 0; i < n_prompt; i++) print_piece(m, ids[i]);
     fflush(stdout);
     double t0 = now_s();
-    r = e8kv_context_eval(ctx, logits, n_rows * cfg->vocab_size, ids, n_prompt, n_prompt - n_rows);
+    if (load_path) {
+        r = e8kv_context_load_cache(ctx, saved, saved_size);
+        if (!e8kv_is_error(r) && r != n_prompt) {
+            fprintf(stderr, "\ne8kv generate: %s holds %zu tokens, its prompt %zu\n", load_path, r, n_prompt);
+            goto out;
+        }
+        if (e8kv_is_error(r)) {
+            fprintf(stderr, "\ne8kv generate: cannot continue from %s with --kv %s, ctx %zu: %s\n", load_path, kv,
+                    n_ctx, e8kv_error_name(r));
+            goto out;
+        }
+        for (size_t i = 0; i < cfg->vocab_size; i++) {
+            const uint32_t u = get_u32le(saved_logits + 4 * i);
+            memcpy(&logits[i], &u, 4);
+        }
+    } else {
+        r = e8kv_context_eval(ctx, logits, n_rows * cfg->vocab_size, ids, n_prompt, n_prompt - n_rows);
+    }
     const double t_prompt = now_s() - t0;
     if (e8kv_is_error(r)) {
         fprintf(stderr, "\ne8kv generate: forward pass failed: %s\n", e8kv_error_name(r));
@@ -188,6 +316,7 @@ int e8kv_cmd_generate(int argc, char **argv) {
         }
     }
     const float *last = logits + (n_rows - 1) * cfg->vocab_size;
+    if (save_path && !save_state(ctx, save_path, ids, n_prompt, last, cfg->vocab_size)) goto out;
     const int32_t eos = m->tokenizer ? e8kv_tokenizer_eos(m->tokenizer) : -1;
     long n_done = 0;
     t0 = now_s();
@@ -219,5 +348,6 @@ out:
     free(logits);
     free(ids);
     e8kv_model_free(m);
+    free(saved);
     return rc;
 }
