@@ -74,7 +74,8 @@ static void print_frame_rows(const char *name, const uint8_t *rows, size_t row_b
         const char *name;
         e8kv_frame_coder coder;
         int delta;
-    } k_coders[] = {{"rans", E8KV_FRAME_RANS, 0}, {"zstd", E8KV_FRAME_ZSTD, 0}, {"zstd+delta", E8KV_FRAME_ZSTD, 1}};
+    } k_coders[] = {
+        {"rans", E8KV_FRAME_RANS, 0}, {"zstd", E8KV_FRAME_ZSTD, 0}, {"zstd+delta", E8KV_FRAME_ZSTD, 1}};
     uint8_t *out = malloc(row_bytes * n_rows);
     for (size_t i = 0; i < sizeof k_coders / sizeof k_coders[0]; i++) {
         uint8_t *f = NULL;
@@ -101,21 +102,24 @@ static void e8_symbols(const int16_t *q, size_t n_pts, uint8_t *coset, uint8_t *
         long vsum = 0;
         for (int j = 0; j < 8; j++) {
             long v = (y[j] - c) / 2;
-            if (j < 7) vsum += v;
-            else v = (v - (long)(((vsum % 2) + 2) % 2)) / 2;
+            if (j < 7)
+                vsum += v;
+            else
+                v = (v - (long)(((vsum % 2) + 2) % 2)) / 2;
             const unsigned long z = v >= 0 ? 2ul * (unsigned long)v : 2ul * (unsigned long)(-v) - 1;
             sym[8 * i + j] = (uint8_t)(z > 255 ? 255 : z);
         }
     }
 }
 
-static void rans_rows(const uint8_t *sym, size_t n, size_t period, const uint8_t *sel, size_t n_sets, int reps,
-                      const char *name) {
+static void rans_rows(const uint8_t *sym, size_t n, size_t period, const uint8_t *sel, size_t n_sets,
+                      int reps, const char *name) {
     const size_t n_tab = period * n_sets;
     e8kv_rans_table *t = calloc(n_tab, sizeof *t);
     e8kv_rans_dtable *d = malloc(n_tab * sizeof *d);
     uint64_t(*counts)[256] = calloc(n_tab, sizeof *counts);
-    for (size_t i = 0; i < n; i++) counts[(sel ? (size_t)sel[i / period] * period : 0) + i % period][sym[i]]++;
+    for (size_t i = 0; i < n; i++)
+        counts[(sel ? (size_t)sel[i / period] * period : 0) + i % period][sym[i]]++;
     for (size_t k = 0; k < n_tab; k++) {
         e8kv_rans_table_build(&t[k], counts[k], 256);
         if (t[k].n_sym) e8kv_rans_dtable_init(&d[k], &t[k]);
@@ -147,7 +151,8 @@ static void rans_rows(const uint8_t *sym, size_t n, size_t period, const uint8_t
 
 /* A whole cache (all layers and heads of the dump, no window) saved versus its hot pages. */
 static void cache_row(const e8kv_kvdump *kd, const char *codec) {
-    if (!kd->n_layer || !kd->n_head_kv || kd->flags != (E8KV_KVDUMP_FLAG_KEYS | E8KV_KVDUMP_FLAG_VALUES)) return;
+    if (!kd->n_layer || !kd->n_head_kv || kd->flags != (E8KV_KVDUMP_FLAG_KEYS | E8KV_KVDUMP_FLAG_VALUES))
+        return;
     const size_t H = kd->n_head_kv, d = kd->head_dim, T = kd->n_vec / (2 * kd->n_layer * H);
     if (T * 2 * kd->n_layer * H != kd->n_vec || T == 0) return;
     const e8kv_cache_params p = {
@@ -165,7 +170,8 @@ static void cache_row(const e8kv_kvdump *kd, const char *codec) {
     const size_t hot = e8kv_cache_bytes(c) - e8kv_cache_fixed_bytes(c);
     const size_t codes = kd->n_vec * (size_t)(e8kv_cache_bits_per_value(c) * (double)d / 8.0 + 0.5);
     if (!e8kv_is_error(n))
-        printf("\ne8kv_cache_save, %zu layers x %zu KV heads x %zu tokens, --kv %s: saved %zu B vs hot pages %zu B "
+        printf("\ne8kv_cache_save, %zu layers x %zu KV heads x %zu tokens, --kv %s: saved %zu B vs hot pages "
+               "%zu B "
                "(codes %zu B): %.1f%% smaller than the pages, %.1f%% smaller than the codes\n",
                (size_t)kd->n_layer, H, T, codec, n, hot, codes, 100.0 * (1.0 - (double)n / (double)hot),
                100.0 * (1.0 - (double)n / (double)codes));
@@ -183,12 +189,18 @@ int e8kv_bench_entropy(int argc, char **argv) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
             return 0;
-        } else if (has && !strcmp(argv[i], "--data")) data = argv[++i];
-        else if (has && !strcmp(argv[i], "--n-vec")) n_vec = strtoul(argv[++i], NULL, 10);
-        else if (has && !strcmp(argv[i], "--codec")) codec_spec = argv[++i];
-        else if (has && !strcmp(argv[i], "--page")) page = strtoul(argv[++i], NULL, 10);
-        else if (has && !strcmp(argv[i], "--reps")) reps = atoi(argv[++i]);
-        else if (has && !strcmp(argv[i], "--seed")) seed = strtoull(argv[++i], NULL, 10);
+        } else if (has && !strcmp(argv[i], "--data"))
+            data = argv[++i];
+        else if (has && !strcmp(argv[i], "--n-vec"))
+            n_vec = strtoul(argv[++i], NULL, 10);
+        else if (has && !strcmp(argv[i], "--codec"))
+            codec_spec = argv[++i];
+        else if (has && !strcmp(argv[i], "--page"))
+            page = strtoul(argv[++i], NULL, 10);
+        else if (has && !strcmp(argv[i], "--reps"))
+            reps = atoi(argv[++i]);
+        else if (has && !strcmp(argv[i], "--seed"))
+            seed = strtoull(argv[++i], NULL, 10);
         else {
             usage(stderr);
             return 2;
@@ -202,7 +214,8 @@ int e8kv_bench_entropy(int argc, char **argv) {
         kd.data = malloc(kd.n_vec * kd.head_dim * sizeof(float));
         e8kv_rng rng;
         e8kv_rng_seed(&rng, seed);
-        for (size_t i = 0; i < kd.n_vec * kd.head_dim; i++) kd.data[i] = (float)e8kv_rng_normal(&rng);
+        for (size_t i = 0; i < kd.n_vec * kd.head_dim; i++)
+            kd.data[i] = (float)e8kv_rng_normal(&rng);
     } else {
         const size_t r = e8kv_kvdump_read(&kd, data);
         if (e8kv_is_error(r)) {
@@ -227,8 +240,9 @@ int e8kv_bench_entropy(int argc, char **argv) {
         e8kv_is_error(e8kv_codec_decode(codec, y, nv, rows, n * vb, n)))
         return 1;
     const double mse_ref = mse_of(kd.data, y, nv), bits_ref = e8kv_codec_bits_per_value(codec);
-    printf("data %s: %zu vectors x %zu; reference %s: %.4f bits/value, MSE %.6g (one thread, page %zu rows)\n\n",
-           data, n, d, codec_spec, bits_ref, mse_ref, page);
+    printf(
+        "data %s: %zu vectors x %zu; reference %s: %.4f bits/value, MSE %.6g (one thread, page %zu rows)\n\n",
+        data, n, d, codec_spec, bits_ref, mse_ref, page);
     printf("  %-22s %-11s %12s %9s %9s %10s\n", "rows", "coder", "bytes", "bits/val", "vs ref", "dec MB/s");
     char name[64];
     snprintf(name, sizeof name, "%s pages (lossless)", codec_spec);
@@ -244,13 +258,16 @@ int e8kv_bench_entropy(int argc, char **argv) {
         }
         e8kv_frame_e8_dequantize(y, nv, q, n, d, (float)mid, seed);
         const double m = mse_of(kd.data, y, nv);
-        if (m <= mse_ref) lo = mid, mse_lo = m;
-        else hi = mid;
+        if (m <= mse_ref)
+            lo = mid, mse_lo = m;
+        else
+            hi = mid;
     }
     const float step = (float)lo;
     e8kv_frame_e8_quantize(q, nv, kd.data, n, d, step, seed);
     uint8_t *qrows = malloc(nv * 2);
-    for (size_t i = 0; i < nv; i++) e8kv_store_le16(qrows + 2 * i, (uint16_t)q[i]);
+    for (size_t i = 0; i < nv; i++)
+        e8kv_store_le16(qrows + 2 * i, (uint16_t)q[i]);
     snprintf(name, sizeof name, "E8 step %.5f", (double)step);
     printf("\nE8 frame at step %.6g: MSE %.6g (<= %s's %.6g)\n", (double)step, mse_lo, codec_spec, mse_ref);
     print_frame_rows(name, qrows, 2 * d, n, E8KV_FRAME_E8, nv, page, reps, bits_ref);
@@ -263,7 +280,8 @@ int e8kv_bench_entropy(int argc, char **argv) {
         uint8_t *out = malloc(seg * 2 * d);
         for (size_t s0 = 0; s0 < n && out; s0 += seg) {
             uint8_t *f = NULL;
-            const size_t fn = frame(&f, qrows + s0 * 2 * d, 2 * d, seg, E8KV_FRAME_E8, E8KV_FRAME_RANS, 0, page);
+            const size_t fn =
+                frame(&f, qrows + s0 * 2 * d, 2 * d, seg, E8KV_FRAME_E8, E8KV_FRAME_RANS, 0, page);
             if (e8kv_is_error(fn)) {
                 total = 0;
                 free(f);
@@ -277,8 +295,8 @@ int e8kv_bench_entropy(int argc, char **argv) {
         if (total) {
             const double bits = 8.0 * (double)total / (double)nv;
             printf("  %-22s %-11s %12zu %9.4f %+8.1f%% %10.0f   (%zu frames, one per layer and K|V)\n", name,
-                   "rans/stream", total, bits, 100.0 * (bits / bits_ref - 1.0), (double)(nv * 2) / 1e6 / t_dec,
-                   2 * (size_t)kd.n_layer);
+                   "rans/stream", total, bits, 100.0 * (bits / bits_ref - 1.0),
+                   (double)(nv * 2) / 1e6 / t_dec, 2 * (size_t)kd.n_layer);
         }
     }
 
@@ -291,7 +309,9 @@ int e8kv_bench_entropy(int argc, char **argv) {
     cache_row(&kd, codec_spec);
     free(coset), free(sym), free(qrows), free(rows), free(y), free(q);
     e8kv_codec_free(codec);
-    if (!strcmp(data, "gauss")) free(kd.data);
-    else e8kv_kvdump_free(&kd);
+    if (!strcmp(data, "gauss"))
+        free(kd.data);
+    else
+        e8kv_kvdump_free(&kd);
     return 0;
 }

@@ -18,7 +18,8 @@ static void exercise(e8kv_cache *c, const e8kv_cache_file_info *fi) {
     const size_t d = fi->head_dim, w = fi->n_head_kv * d;
     float *q = calloc(w, sizeof *q), *out = calloc(w, sizeof *out), *k = calloc(w, sizeof *k);
     if (!q || !out || !k) abort();
-    for (size_t i = 0; i < w; i++) q[i] = k[i] = (float)(i % 7) - 3.0f;
+    for (size_t i = 0; i < w; i++)
+        q[i] = k[i] = (float)(i % 7) - 3.0f;
     const size_t n0 = e8kv_cache_n_tokens(c, 0);
     if (e8kv_is_error(n0)) abort();
     if (n0 > 0 && e8kv_is_error(e8kv_cache_attend(c, out, w, 0, q, fi->n_head_kv, 1, n0 - 1))) abort();
@@ -63,10 +64,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!c) abort();
     memcpy(c, data, size);
     /* make the declared size the real one and repair the checksum */
-    for (int i = 0; i < 8; i++) c[8 + i] = (uint8_t)((uint64_t)size >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        c[8 + i] = (uint8_t)((uint64_t)size >> (8 * i));
     if (size >= 72) {
         const uint64_t h = XXH64(c, size - 8, 0);
-        for (int i = 0; i < 8; i++) c[size - 8 + (size_t)i] = (uint8_t)(h >> (8 * i));
+        for (int i = 0; i < 8; i++)
+            c[size - 8 + (size_t)i] = (uint8_t)(h >> (8 * i));
         try_load(c, size);
     }
     free(c);

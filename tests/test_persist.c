@@ -22,8 +22,13 @@ typedef struct {
 } shape;
 
 static e8kv_cache *make(const shape *s, size_t *err) {
-    const e8kv_cache_params p = {.n_layer = s->n_layer, .n_head_kv = s->n_head_kv, .head_dim = s->d,
-                                 .n_ctx = s->n_ctx, .spec = s->spec, .seed = 7, .rope_theta = 10000.0f,
+    const e8kv_cache_params p = {.n_layer = s->n_layer,
+                                 .n_head_kv = s->n_head_kv,
+                                 .head_dim = s->d,
+                                 .n_ctx = s->n_ctx,
+                                 .spec = s->spec,
+                                 .seed = 7,
+                                 .rope_theta = 10000.0f,
                                  .rope_neox = 1};
     return e8kv_cache_create(&p, err);
 }
@@ -31,7 +36,8 @@ static e8kv_cache *make(const shape *s, size_t *err) {
 static float *rand_vec(e8kv_rng *rng, size_t n) {
     float *x = malloc(n * sizeof *x);
     assert_non_null(x);
-    for (size_t i = 0; i < n; i++) x[i] = (float)e8kv_rng_normal(rng);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)e8kv_rng_normal(rng);
     return x;
 }
 
@@ -45,7 +51,8 @@ static void append_all(e8kv_cache **cs, size_t n_c, const shape *s, size_t n, ui
         const size_t m = n - done < chunk ? n - done : chunk;
         for (size_t l = 0; l < s->n_layer; l++) {
             float *k = rand_vec(&rng, m * w), *v = rand_vec(&rng, m * w);
-            for (size_t i = 0; i < n_c; i++) assert_ok(e8kv_cache_append(cs[i], l, k, v, m));
+            for (size_t i = 0; i < n_c; i++)
+                assert_ok(e8kv_cache_append(cs[i], l, k, v, m));
             free(k), free(v);
         }
         done += m;
@@ -81,10 +88,10 @@ static uint8_t *save(const e8kv_cache *c, size_t *n, const void *meta, size_t me
 static const shape k_shapes[] = {
     /* window + sink + per-layer formats, GQA, a page size that does not divide the token count */
     {3, 2, 4, 64, 300, "k=e8:4,v=e8:3,layers1-1=q4_0h,layer2.v=f16,window=20,sink=3,page=16"},
-    {2, 1, 2, 32, 200, "e8:2,center=0"},             /* no window, no sink, no centering */
-    {2, 2, 2, 64, 256, "balanced"},                   /* preset */
-    {1, 2, 4, 64, 128, "e8nest:4,sink=70,page=32"},   /* sink beyond the first page */
-    {2, 1, 1, 64, 150, "k=e8:4,v=e8:4,rope=pre"},    /* keys before RoPE */
+    {2, 1, 2, 32, 200, "e8:2,center=0"},            /* no window, no sink, no centering */
+    {2, 2, 2, 64, 256, "balanced"},                 /* preset */
+    {1, 2, 4, 64, 128, "e8nest:4,sink=70,page=32"}, /* sink beyond the first page */
+    {2, 1, 1, 64, 150, "k=e8:4,v=e8:4,rope=pre"},   /* keys before RoPE */
 };
 
 static void roundtrip(const shape *s, size_t n_tok) {
@@ -107,7 +114,8 @@ static void roundtrip(const shape *s, size_t n_tok) {
     e8kv_cache *c = make(s, &err); /* loaded into an existing cache that already holds other tokens */
     append_all(&c, 1, s, 5, 99);
     assert_int_equal(e8kv_cache_load_into(c, f, n), n_tok);
-    for (size_t l = 0; l < s->n_layer; l++) assert_int_equal(e8kv_cache_n_tokens(b, l), n_tok);
+    for (size_t l = 0; l < s->n_layer; l++)
+        assert_int_equal(e8kv_cache_n_tokens(b, l), n_tok);
     assert_int_equal(e8kv_cache_bytes(b), e8kv_cache_bytes(a));
     assert_int_equal(e8kv_cache_bytes(c), e8kv_cache_bytes(a));
     check_same_attention(a, b, s, 5);
@@ -186,7 +194,9 @@ static void test_smaller_than_hot(void **state) {
     e8kv_cache_free(a);
 }
 
-static void rehash(uint8_t *f, size_t n) { e8kv_store_le64(f + n - 8, XXH64(f, n - 8, 0)); }
+static void rehash(uint8_t *f, size_t n) {
+    e8kv_store_le64(f + n - 8, XXH64(f, n - 8, 0));
+}
 
 static void test_malformed(void **state) {
     (void)state;
@@ -332,8 +342,8 @@ static void test_mismatched_target(void **state) {
     c = make(&t, &err);
     assert_error(e8kv_cache_load_into(c, f, n), SPEC);
     e8kv_cache_free(c);
-    const e8kv_cache_params other_seed = {.n_layer = 2, .n_head_kv = 2, .head_dim = 64, .n_ctx = 128, .spec = s.spec,
-                                          .seed = 8};
+    const e8kv_cache_params other_seed = {
+        .n_layer = 2, .n_head_kv = 2, .head_dim = 64, .n_ctx = 128, .spec = s.spec, .seed = 8};
     c = e8kv_cache_create(&other_seed, &err);
     assert_error(e8kv_cache_load_into(c, f, n), SPEC);
     e8kv_cache_free(c);
@@ -454,10 +464,14 @@ static void test_fuzz_corpus(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roundtrip_attention), cmocka_unit_test(test_empty_and_truncated_cache),
-        cmocka_unit_test(test_smaller_than_hot),    cmocka_unit_test(test_malformed),
-        cmocka_unit_test(test_mismatched_target),   cmocka_unit_test(test_files),
-        cmocka_unit_test(test_golden),              cmocka_unit_test(test_fuzz_corpus),
+        cmocka_unit_test(test_roundtrip_attention),
+        cmocka_unit_test(test_empty_and_truncated_cache),
+        cmocka_unit_test(test_smaller_than_hot),
+        cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_mismatched_target),
+        cmocka_unit_test(test_files),
+        cmocka_unit_test(test_golden),
+        cmocka_unit_test(test_fuzz_corpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

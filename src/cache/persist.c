@@ -14,8 +14,8 @@
 
 #define CACHE_MAGIC "E8KC"
 #define CACHE_HEADER_BYTES 64
-#define CANON_SPEC_MAX 511   /* kvcache.c parses specs shorter than 512 bytes */
-#define CANON_RULES_MAX 32   /* kvcache.c accepts at most 32 layer rules */
+#define CANON_SPEC_MAX 511 /* kvcache.c parses specs shorter than 512 bytes */
+#define CANON_RULES_MAX 32 /* kvcache.c accepts at most 32 layer rules */
 #define FRAME_ROWS_PER_PAGE 1024
 #define PAGE_ABSENT 0
 #define PAGE_RAW 1
@@ -28,7 +28,8 @@ _Static_assert(CACHE_HEADER_BYTES == 4 + 2 + 2 + 8 + 4 * 4 + 8 + 8 + 4 + 4 + 4 +
 /* ---------------------------------------------------------------- canonical spec */
 
 /* The cache spec that recreates c's configuration: "k=K,v=V[,layersA-B.k=X]...,window=W,sink=S,page=P,
- * center=0|1,rope=pre|post" with K, V the formats of layer 0 and one rule per run of layers that differ from them. */
+ * center=0|1,rope=pre|post" with K, V the formats of layer 0 and one rule per run of layers that differ from
+ * them. */
 static size_t canon_spec(const e8kv_cache *c, char *dst, size_t cap) {
     size_t n = 0, n_rules = 0;
     int w = snprintf(dst, cap, "k=%s,v=%s", e8kv_codec_spec(c->layers[0].k.codec),
@@ -44,9 +45,11 @@ static size_t canon_spec(const e8kv_cache *c, char *dst, size_t cap) {
                 continue;
             }
             size_t e = l;
-            while (e + 1 < c->n_layer && (is_k ? c->layers[e + 1].k.codec : c->layers[e + 1].v.codec) == x) e++;
+            while (e + 1 < c->n_layer && (is_k ? c->layers[e + 1].k.codec : c->layers[e + 1].v.codec) == x)
+                e++;
             if (++n_rules > CANON_RULES_MAX) return E8KV_ERR(UNSUPPORTED);
-            w = snprintf(dst + n, cap - n, ",layers%zu-%zu.%c=%s", l, e, is_k ? 'k' : 'v', e8kv_codec_spec(x));
+            w = snprintf(dst + n, cap - n, ",layers%zu-%zu.%c=%s", l, e, is_k ? 'k' : 'v',
+                         e8kv_codec_spec(x));
             if (w < 0 || (size_t)w >= cap - n) return E8KV_ERR(UNSUPPORTED);
             n += (size_t)w;
             l = e + 1;
@@ -76,7 +79,9 @@ static int page_expected(const e8kv_cache *c, size_t i, size_t n_tokens) {
     return i * c->page_tokens + page_valid(c, i, n_tokens) > c->n_sink;
 }
 
-static size_t sink_used(const e8kv_cache *c, size_t n_tokens) { return n_tokens < c->n_sink ? n_tokens : c->n_sink; }
+static size_t sink_used(const e8kv_cache *c, size_t n_tokens) {
+    return n_tokens < c->n_sink ? n_tokens : c->n_sink;
+}
 
 /* Coded rows (stored tokens of coded pages) of one stream of layer L. */
 static size_t coded_rows(const e8kv_cache *c, const kv_layer *L, int is_k) {
@@ -128,8 +133,10 @@ static void group_copy(const e8kv_cache *c, const e8kv_codec *codec, uint8_t *bu
                     kv_page *pg = &tab[h * c->n_page_max + i];
                     if (!pg->data || pg->raw) continue;
                     const size_t nb = page_valid(c, i, L->n_tokens) * f->vector_bytes;
-                    if (to_buf) memcpy(buf + off, pg->data, nb);
-                    else memcpy(pg->data, buf + off, nb);
+                    if (to_buf)
+                        memcpy(buf + off, pg->data, nb);
+                    else
+                        memcpy(pg->data, buf + off, nb);
                     off += nb;
                 }
         }
@@ -180,7 +187,8 @@ static size_t put_u32(wbuf *w, uint32_t v) {
 
 static size_t put_f32s(wbuf *w, const float *x, size_t n) {
     if ((size_t)(w->end - w->p) / 4 < n) return E8KV_ERR(DST_TOO_SMALL);
-    for (size_t i = 0; i < n; i++) e8kv_store_lef32(w->p + 4 * i, x[i]);
+    for (size_t i = 0; i < n; i++)
+        e8kv_store_lef32(w->p + 4 * i, x[i]);
     w->p += 4 * n;
     return 0;
 }
@@ -235,14 +243,15 @@ static size_t save_layer(wbuf *w, const e8kv_cache *c, const kv_layer *L) {
             for (size_t i = 0; i < n_used; i++) {
                 const kv_page *pg = &tab[h * c->n_page_max + i];
                 if (pg->data && pg->raw)
-                    E8KV_RETURN_IF_ERROR(
-                        put_f32s(w, (const float *)(const void *)pg->data, page_valid(c, i, L->n_tokens) * d));
+                    E8KV_RETURN_IF_ERROR(put_f32s(w, (const float *)(const void *)pg->data,
+                                                  page_valid(c, i, L->n_tokens) * d));
             }
     }
     return 0;
 }
 
-size_t e8kv_cache_save(void *dst, size_t dst_capacity, const e8kv_cache *cache, const void *meta, size_t meta_size) {
+size_t e8kv_cache_save(void *dst, size_t dst_capacity, const e8kv_cache *cache, const void *meta,
+                       size_t meta_size) {
     if (!dst || !cache || (meta_size && !meta) || meta_size > UINT32_MAX) return E8KV_ERR(BAD_ARGUMENT);
     const e8kv_cache *c = cache;
     char spec[CANON_SPEC_MAX + 1];
@@ -255,8 +264,10 @@ size_t e8kv_cache_save(void *dst, size_t dst_capacity, const e8kv_cache *cache, 
     wbuf w = {out + CACHE_HEADER_BYTES, out + dst_capacity - 8}; /* the checksum's 8 bytes kept free */
     E8KV_RETURN_IF_ERROR(put(&w, spec, spec_len));
     E8KV_RETURN_IF_ERROR(put(&w, meta, meta_size));
-    for (size_t l = 0; l < c->n_layer; l++) E8KV_RETURN_IF_ERROR(save_layer(&w, c, &c->layers[l]));
-    for (size_t g = 0; g < c->n_codecs; g++) E8KV_RETURN_IF_ERROR(save_group(&w, c, c->codecs[g]));
+    for (size_t l = 0; l < c->n_layer; l++)
+        E8KV_RETURN_IF_ERROR(save_layer(&w, c, &c->layers[l]));
+    for (size_t g = 0; g < c->n_codecs; g++)
+        E8KV_RETURN_IF_ERROR(save_group(&w, c, c->codecs[g]));
     const size_t total = (size_t)(w.p - out) + 8;
     memcpy(out, CACHE_MAGIC, 4);
     e8kv_store_le16(out + 4, E8KV_CACHE_FORMAT_VERSION);
@@ -291,7 +302,8 @@ size_t e8kv_cache_file_get_info(e8kv_cache_file_info *info, const void *src, siz
     if (total < src_size || total < CACHE_HEADER_BYTES + 8) return E8KV_ERR(CORRUPTED);
     if (XXH64(in, total - 8, 0) != e8kv_load_le64(in + total - 8)) return E8KV_ERR(CHECKSUM);
     const size_t spec_len = e8kv_load_le16(in + 6), meta_size = e8kv_load_le32(in + 56);
-    if (spec_len == 0 || spec_len > CANON_SPEC_MAX || e8kv_load_le32(in + 60) != 0 || e8kv_load_le32(in + 52) > 1)
+    if (spec_len == 0 || spec_len > CANON_SPEC_MAX || e8kv_load_le32(in + 60) != 0 ||
+        e8kv_load_le32(in + 52) > 1)
         return E8KV_ERR(CORRUPTED);
     if (spec_len + (uint64_t)meta_size > total - CACHE_HEADER_BYTES - 8) return E8KV_ERR(CORRUPTED);
     if (memchr(in + CACHE_HEADER_BYTES, 0, spec_len)) return E8KV_ERR(CORRUPTED);
@@ -338,7 +350,8 @@ static size_t take(rbuf *r, const uint8_t **out, size_t n) {
 
 static size_t get_f32s(rbuf *r, float *dst, size_t n) {
     if ((size_t)(r->end - r->p) / 4 < n) return E8KV_ERR(CORRUPTED);
-    for (size_t i = 0; i < n; i++) dst[i] = e8kv_load_lef32(r->p + 4 * i);
+    for (size_t i = 0; i < n; i++)
+        dst[i] = e8kv_load_lef32(r->p + 4 * i);
     r->p += 4 * n;
     return e8kv_all_finite(dst, n) ? 0 : E8KV_ERR(CORRUPTED);
 }
@@ -411,12 +424,14 @@ static size_t load_layer(rbuf *r, e8kv_cache *c, kv_layer *L) {
                 if (st > PAGE_CODED || (st == PAGE_RAW && c->window == 0) ||
                     (st != PAGE_ABSENT) != page_expected(c, i, n_tokens))
                     return E8KV_ERR(CORRUPTED);
-                if (st != PAGE_ABSENT) E8KV_RETURN_IF_ERROR(alloc_page(c, f, &tab[h * c->n_page_max + i], st == PAGE_RAW));
+                if (st != PAGE_ABSENT)
+                    E8KV_RETURN_IF_ERROR(alloc_page(c, f, &tab[h * c->n_page_max + i], st == PAGE_RAW));
             }
     }
     for (int is_k = 1; is_k >= 0; is_k--) {
         float *s = is_k ? L->k_sink : L->v_sink;
-        for (size_t h = 0; h < c->n_head_kv && ns; h++) E8KV_RETURN_IF_ERROR(get_f32s(r, s + h * c->n_sink * d, ns * d));
+        for (size_t h = 0; h < c->n_head_kv && ns; h++)
+            E8KV_RETURN_IF_ERROR(get_f32s(r, s + h * c->n_sink * d, ns * d));
     }
     for (int is_k = 1; is_k >= 0; is_k--) {
         kv_page *tab = is_k ? L->k_pages : L->v_pages;
@@ -424,7 +439,8 @@ static size_t load_layer(rbuf *r, e8kv_cache *c, kv_layer *L) {
             for (size_t i = 0; i < n_used; i++) {
                 kv_page *pg = &tab[h * c->n_page_max + i];
                 if (pg->data && pg->raw)
-                    E8KV_RETURN_IF_ERROR(get_f32s(r, (float *)(void *)pg->data, page_valid(c, i, n_tokens) * d));
+                    E8KV_RETURN_IF_ERROR(
+                        get_f32s(r, (float *)(void *)pg->data, page_valid(c, i, n_tokens) * d));
             }
     }
     return 0;
@@ -441,7 +457,8 @@ size_t e8kv_cache_load_into(e8kv_cache *cache, const void *src, size_t src_size)
     E8KV_RETURN_IF_ERROR(canon_spec(c, spec, sizeof spec));
     if (strcmp(spec, fi.spec) || fi.seed != c->layers[0].k.codec->seed || fi.page_tokens != c->page_tokens)
         return E8KV_ERR(SPEC);
-    if (c->rope_pre && (fi.rope_neox != c->rope_neox || memcmp(&fi.rope_theta, &c->rope_theta, sizeof(float))))
+    if (c->rope_pre &&
+        (fi.rope_neox != c->rope_neox || memcmp(&fi.rope_theta, &c->rope_theta, sizeof(float))))
         return E8KV_ERR(SPEC);
     e8kv_cache_clear(c);
     rbuf r = {(const uint8_t *)src + fi.meta_offset + fi.meta_size, (const uint8_t *)src + fi.file_size - 8};
@@ -450,7 +467,8 @@ size_t e8kv_cache_load_into(e8kv_cache *cache, const void *src, size_t src_size)
         res = load_layer(&r, c, &c->layers[l]);
         if (c->layers[l].n_tokens > n_max) n_max = c->layers[l].n_tokens;
     }
-    for (size_t g = 0; g < c->n_codecs && !e8kv_is_error(res); g++) res = load_group(&r, c, c->codecs[g]);
+    for (size_t g = 0; g < c->n_codecs && !e8kv_is_error(res); g++)
+        res = load_group(&r, c, c->codecs[g]);
     if (!e8kv_is_error(res) && r.p != r.end) res = E8KV_ERR(CORRUPTED);
     if (e8kv_is_error(res)) {
         e8kv_cache_clear(c);
@@ -466,9 +484,15 @@ e8kv_cache *e8kv_cache_load(const void *src, size_t src_size, size_t n_threads, 
     if (!e8kv_is_error(r)) r = e8kv_cache_file_get_info(&fi, src, src_size);
     e8kv_cache *c = NULL;
     if (!e8kv_is_error(r)) {
-        const e8kv_cache_params p = {.n_layer = fi.n_layer, .n_head_kv = fi.n_head_kv, .head_dim = fi.head_dim,
-                                     .n_ctx = fi.n_ctx, .spec = fi.spec, .seed = fi.seed, .n_threads = n_threads,
-                                     .rope_theta = fi.rope_theta, .rope_neox = fi.rope_neox};
+        const e8kv_cache_params p = {.n_layer = fi.n_layer,
+                                     .n_head_kv = fi.n_head_kv,
+                                     .head_dim = fi.head_dim,
+                                     .n_ctx = fi.n_ctx,
+                                     .spec = fi.spec,
+                                     .seed = fi.seed,
+                                     .n_threads = n_threads,
+                                     .rope_theta = fi.rope_theta,
+                                     .rope_neox = fi.rope_neox};
         c = e8kv_cache_create(&p, &r);
         if (!c && !e8kv_is_error(r)) r = E8KV_ERR(CORRUPTED);
         /* a spec the grammar or a codec rejects came from the file: corrupted, not a caller's mistake */
