@@ -175,6 +175,7 @@ int e8kv_cmd_generate(int argc, char **argv) {
                 "e8kv: no model given and the default model is missing (%s).\n"
                 "      Run scripts/fetch_model.sh to download it (about 93 MB), or pass -m MODEL.\n",
                 path);
+        free(saved);
         return 1;
     }
     char msg[512];
@@ -182,6 +183,7 @@ int e8kv_cmd_generate(int argc, char **argv) {
     size_t r = e8kv_model_load(&m, path, msg, sizeof msg);
     if (e8kv_is_error(r)) {
         fprintf(stderr, "e8kv: cannot load model: %s [%s]\n", msg, e8kv_error_name(r));
+        free(saved);
         return 1;
     }
     const e8kv_model_config *cfg = &m->cfg;
@@ -191,7 +193,6 @@ int e8kv_cmd_generate(int argc, char **argv) {
     e8kv_context *ctx = NULL;
     e8kv_sampler smp = {0};
     size_t n_prompt = 0;
-
     const uint8_t *saved_ids = NULL, *saved_logits = NULL;
     size_t n_saved = 0;
     if (load_path) {
