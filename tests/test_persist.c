@@ -249,6 +249,10 @@ static void test_malformed(void **state) {
     rehash(g, n);
     assert_error(e8kv_cache_file_get_info(&fi, g, n), CORRUPTED);
     memcpy(g, f, n);
+    e8kv_store_le32(g + 28, 65536); /* a page size the spec does not say (tables sized from a lie) */
+    rehash(g, n);
+    assert_error(e8kv_cache_file_get_info(&fi, g, n), CORRUPTED);
+    memcpy(g, f, n);
     e8kv_store_le16(g + 6, 600); /* spec length */
     rehash(g, n);
     assert_error(e8kv_cache_file_get_info(&fi, g, n), CORRUPTED);

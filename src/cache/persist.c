@@ -22,6 +22,8 @@
 #define PAGE_CODED 2
 /* Loading refuses headers whose page tables alone would exceed this many entries (16 bytes each). */
 #define LOAD_MAX_TABLE_ENTRIES ((size_t)1 << 26)
+/* ... and whose sink buffers, or centering means, would exceed this many floats. */
+#define LOAD_MAX_FIXED_FLOATS ((size_t)1 << 28)
 
 _Static_assert(CACHE_HEADER_BYTES == 4 + 2 + 2 + 8 + 4 * 4 + 8 + 8 + 4 + 4 + 4 + 4, "§4.1 header size");
 
@@ -289,6 +291,19 @@ size_t e8kv_cache_save(void *dst, size_t dst_capacity, const e8kv_cache *cache, 
 
 /* ---------------------------------------------------------------- header */
 
+/* The value of ",key=N" in a canonical spec (always present there); SIZE_MAX when absent or not a number. */
+static size_t spec_number(const char *spec, const char *key) {
+    char pat[16];
+    snprintf(pat, sizeof pat, ",%s=", key);
+    const char *p = strstr(spec, pat);
+    if (!p) return SIZE_MAX;
+    p += strlen(pat);
+    size_t v = 0, n = 0;
+    for (; *p >= '0' && *p <= '9' && n < 10; p++, n++)
+        v = v * 10 + (size_t)(*p - '0');
+    return n == 0 || (*p && *p != ',') ? SIZE_MAX : v;
+}
+
 size_t e8kv_cache_file_get_info(e8kv_cache_file_info *info, const void *src, size_t src_size) {
     if (!info || !src) return E8KV_ERR(BAD_ARGUMENT);
     memset(info, 0, sizeof *info);
@@ -332,6 +347,14 @@ size_t e8kv_cache_file_get_info(e8kv_cache_file_info *info, const void *src, siz
     if (info->n_head_kv > 4096 || n_page_max > LOAD_MAX_TABLE_ENTRIES / info->n_head_kv ||
         info->n_layer > LOAD_MAX_TABLE_ENTRIES / (info->n_head_kv * n_page_max))
         return E8KV_ERR(CORRUPTED);
+    /* the sizes the spec gives the cache's fixed allocations: the same page size, bounded sink and means */
+    const size_t sink = spec_number(info->spec, "sink");
+    if (spec_number(info->spec, "page") != info->page_tokens || sink == SIZE_MAX || info->head_dim > 4096)
+        return E8KV_ERR(CORRUPTED);
+    const size_t per_layer =
+        info->n_head_kv * info->head_dim * (4 + 2 * (sink < info->n_ctx ? sink : info->n_ctx));
+    if (info->n_layer > LOAD_MAX_FIXED_FLOATS / per_layer)
+        return E8KV_ERR(CORRUPTED); /* no overflow: < 2^57 */
     return (size_t)total;
 }
 
