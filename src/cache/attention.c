@@ -26,15 +26,33 @@
 #define TILE_MAX_TOKENS 64
 #define QCHUNK_MAX 64
 
-static void rope_apply(const e8kv_cache *c, float *x, size_t pos) {
-    const size_t half = c->head_dim / 2;
+/* RoPE of n consecutive key vectors at positions pos .. pos + n - 1 (x: (n, head_dim)). The angle of
+ * the first is taken in double (pos * theta^(-2i/d) reaches 1e5 rad, beyond float's precision); the
+ * next ones by rotating (cos, sin) by the per-frequency step, so a run costs head_dim trig calls instead
+ * of n * head_dim. n <= one page (64 by default): the recurrence drifts by ~n float ulps. */
+static void rope_apply_run(const e8kv_cache *c, float *restrict x, size_t pos, size_t n) {
+    const size_t d = c->head_dim, half = d / 2;
+    float cs[E8KV_MAX_HEAD_DIM / 2], sn[E8KV_MAX_HEAD_DIM / 2], dc[E8KV_MAX_HEAD_DIM / 2],
+        ds[E8KV_MAX_HEAD_DIM / 2];
     for (size_t i = 0; i < half; i++) {
-        const float a = (float)pos * c->rope_inv_freq[i];
-        const float cs = cosf(a), sn = sinf(a);
-        const size_t i0 = c->rope_neox ? i : 2 * i, i1 = c->rope_neox ? i + half : 2 * i + 1;
-        const float x0 = x[i0], x1 = x[i1];
-        x[i0] = x0 * cs - x1 * sn;
-        x[i1] = x0 * sn + x1 * cs;
+        const double f = c->rope_inv_freq[i];
+        const double a = fmod((double)pos * f, 6.283185307179586);
+        cs[i] = (float)cos(a);
+        sn[i] = (float)sin(a);
+        dc[i] = (float)cos(f);
+        ds[i] = (float)sin(f);
+    }
+    for (size_t t = 0; t < n; t++) {
+        float *const y = x + t * d;
+        for (size_t i = 0; i < half; i++) {
+            const size_t i0 = c->rope_neox ? i : 2 * i, i1 = c->rope_neox ? i + half : 2 * i + 1;
+            const float x0 = y[i0], x1 = y[i1];
+            y[i0] = x0 * cs[i] - x1 * sn[i];
+            y[i1] = x0 * sn[i] + x1 * cs[i];
+            const float c2 = cs[i] * dc[i] - sn[i] * ds[i];
+            sn[i] = sn[i] * dc[i] + cs[i] * ds[i];
+            cs[i] = c2;
+        }
     }
 }
 
@@ -95,7 +113,7 @@ void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head,
             }
         }
         if (rope)
-            for (size_t i = 0; i < run; i++) rope_apply(c, y + i * d, pos + i);
+            rope_apply_run(c, y, pos, run);
         t += run;
     }
 }

@@ -243,7 +243,7 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
     c->rope_theta = params->rope_theta;
     c->rope_neox = params->rope_neox ? 1 : 0;
     for (size_t i = 0; i < c->head_dim / 2 && c->rope_pre; i++)
-        c->rope_inv_freq[i] = (float)pow((double)c->rope_theta, -2.0 * (double)i / (double)c->head_dim);
+        c->rope_inv_freq[i] = pow((double)c->rope_theta, -2.0 * (double)i / (double)c->head_dim);
     c->layers = calloc(c->n_layer, sizeof *c->layers);
     if (!c->layers) {
         fail_create(c, err, E8KV_ERR(OUT_OF_MEMORY));
