@@ -782,6 +782,24 @@ static void test_rope_default(void **state) {
     assert_int_equal(e8kv_cache_keys_pre_rope(NULL), 0);
 }
 
+/* The centering add-back twins: one float add per element, so bit-exact. */
+static void test_add_rows_twins(void **state) {
+    (void)state;
+    if (!e8kv_cpu_has_avx2()) skip();
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 99);
+    const size_t d = 128, n = 37;
+    float *a = rand_vec(&rng, n * d, 3.0), *mu = rand_vec(&rng, d, 10.0);
+    float *b = malloc(n * d * sizeof(float));
+    memcpy(b, a, n * d * sizeof(float));
+    e8kv_cache_add_rows_ref(a, mu, n, d);
+    e8kv_cache_add_rows_avx2(b, mu, n, d);
+    assert_memory_equal(a, b, n * d * sizeof(float));
+    free(a);
+    free(b);
+    free(mu);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f32_exact),       cmocka_unit_test(test_f16_and_mixed),
@@ -792,6 +810,7 @@ int main(void) {
         cmocka_unit_test(test_tile_avx2_vs_ref), cmocka_unit_test(test_fused_readers),
         cmocka_unit_test(test_context_split_threads), cmocka_unit_test(test_e8ball4_nibble_reader),
         cmocka_unit_test(test_centering), cmocka_unit_test(test_rope_default),
+        cmocka_unit_test(test_add_rows_twins),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -73,6 +73,11 @@ static int read_fast(const e8kv_cache *c, const kv_format *f, float *restrict ds
     }
 }
 
+void e8kv_cache_add_rows_ref(float *restrict y, const float *restrict mu, size_t n, size_t d) {
+    for (size_t t = 0; t < n; t++)
+        for (size_t j = 0; j < d; j++) y[t * d + j] += mu[j];
+}
+
 void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head, int is_k, size_t p0, size_t n,
                             float *restrict dst) {
     const kv_format *f = is_k ? &L->k : &L->v;
@@ -108,8 +113,8 @@ void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head,
             if (unrotate) e8kv_rot_inverse(&codec->rot, y, run);
             if (f->centered) { /* add back the mean subtracted before coding (kvcache.h) */
                 const float *mu = (is_k ? L->k_mu_read : L->v_mu_read) + head * d;
-                for (size_t i = 0; i < run; i++)
-                    for (size_t j = 0; j < d; j++) y[i * d + j] += mu[j];
+                if (c->use_avx2) e8kv_cache_add_rows_avx2(y, mu, run, d);
+                else e8kv_cache_add_rows_ref(y, mu, run, d);
             }
         }
         if (rope)

@@ -150,3 +150,18 @@ void e8kv_cache_read_e8ball_avx2(float *restrict dst, const uint8_t *restrict sr
         }
     }
 }
+
+#if defined(__AVX2__)
+void e8kv_cache_add_rows_avx2(float *restrict y, const float *restrict mu, size_t n, size_t d) {
+    assert(d % 8 == 0);
+    for (size_t t = 0; t < n; t++) {
+        float *const row = y + t * d;
+        for (size_t j = 0; j < d; j += 8)
+            _mm256_storeu_ps(row + j, _mm256_add_ps(_mm256_loadu_ps(row + j), _mm256_loadu_ps(mu + j)));
+    }
+}
+#else
+void e8kv_cache_add_rows_avx2(float *restrict y, const float *restrict mu, size_t n, size_t d) {
+    e8kv_cache_add_rows_ref(y, mu, n, d);
+}
+#endif

@@ -97,6 +97,10 @@ int e8kv_cache_read_e8ball4_avx2(float *restrict dst, const uint8_t *restrict sr
 const uint32_t *e8kv_attn_ball_nib(void);
 const uint32_t *e8kv_attn_res4_nib(void);
 
+/* y[t] += mu for n rows of d floats (the centering add-back on reads); _avx2 needs d % 8 == 0. */
+void e8kv_cache_add_rows_ref(float *restrict y, const float *restrict mu, size_t n, size_t d);
+void e8kv_cache_add_rows_avx2(float *restrict y, const float *restrict mu, size_t n, size_t d);
+
 /* Decode tokens [p0, p0 + n) of one stream (K when is_k) of one head into dst (n, head_dim), in the
  * domain attention works in for that stream (see attention.c). */
 void e8kv_cache_read_tokens(const struct e8kv_cache *c, const kv_layer *L, size_t head, int is_k, size_t p0,
