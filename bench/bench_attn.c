@@ -5,6 +5,7 @@
  * values (a 1024-token pool reused cyclically), then one decode step (1 query token at position ctx-1,
  * all query heads) is timed: the fastest of --reps runs after one warm-up (the JSON adds the median). */
 #include "bench.h"
+#include "cli_util.h"
 
 #include "common/rng.h"
 #include "e8kv.h"
@@ -44,12 +45,6 @@ static void usage(FILE *f) {
             "Columns: kv_bytes = e8kv_cache_bytes() (really allocated), bits/val = e8kv_cache_bits_per_value(),\n"
             "ns/step = one decode step (all heads of one layer), ns/token = ns/step / ctx, GB/s = kv_bytes /\n"
             "step time, rss = VmRSS before and after filling the cache, fill = seconds to append ctx tokens.\n");
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static long vm_rss_kib(void) {
@@ -114,7 +109,7 @@ static int run_row(const attn_shape *sh, size_t ctx, const char *spec, size_t n_
         rc = 1;
         goto done;
     }
-    const double t_fill = now_s();
+    const double t_fill = e8kv_cli_now_s();
     for (size_t done = 0; done < ctx;) {
         size_t n = ctx - done < POOL_TOK ? ctx - done : POOL_TOK;
         const size_t r = e8kv_cache_append(c, 0, pool_k, pool_v, n);
@@ -125,15 +120,15 @@ static int run_row(const attn_shape *sh, size_t ctx, const char *spec, size_t n_
         }
         done += n;
     }
-    const double fill_s = now_s() - t_fill;
+    const double fill_s = e8kv_cli_now_s() - t_fill;
     const long rss1 = vm_rss_kib();
     double t[64];
     if (reps > 64) reps = 64;
     const size_t n_out = sh->n_head * sh->head_dim;
     for (int i = -1; i < reps; i++) {
-        const double t0 = now_s();
+        const double t0 = e8kv_cli_now_s();
         const size_t r = e8kv_cache_attend(c, out, n_out, 0, q, sh->n_head, 1, ctx - 1);
-        const double dt = now_s() - t0;
+        const double dt = e8kv_cli_now_s() - t0;
         if (e8kv_is_error(r)) {
             fprintf(stderr, "bench attn: attend: %s\n", e8kv_error_name(r));
             rc = 1;

@@ -6,6 +6,7 @@
  * empirical entropy (src/quant/eclq.h) hits R, and report that ideal rate; the step is one float for the
  * whole data set, negligible side information. Definitions are printed by --help and in BENCHMARKS.md. */
 #include "bench.h"
+#include "cli_util.h"
 #include "kvdump.h"
 
 #include "common/common.h"
@@ -108,12 +109,6 @@ static int add_list(options *o, char *list) {
         if (!ok) return 0;
     }
     return 1;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -231,16 +226,16 @@ static size_t run_fixed(row_result *r, const dataset *d, const char *spec, uint6
     double te[64], td[64];
     int done = 0;
     for (; done < reps; done++) {
-        double t0 = now_s();
+        double t0 = e8kv_cli_now_s();
         size_t w = e8kv_codec_encode(c, buf, buf_cap, d->x, n);
-        te[done] = now_s() - t0;
+        te[done] = e8kv_cli_now_s() - t0;
         if (e8kv_is_error(w)) {
             e8kv_codec_free(c);
             return w;
         }
-        t0 = now_s();
+        t0 = e8kv_cli_now_s();
         w = e8kv_codec_decode(c, y, nv, buf, enc_bytes, n);
-        td[done] = now_s() - t0;
+        td[done] = e8kv_cli_now_s() - t0;
         if (e8kv_is_error(w)) {
             e8kv_codec_free(c);
             return w;

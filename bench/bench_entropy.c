@@ -9,6 +9,7 @@
  * that has the model's layer/head layout, a whole e8kv cache saved with e8kv_cache_save versus its hot
  * pages. Every size counts every byte of the frame (header, tables, page index, checksums). */
 #include "bench.h"
+#include "cli_util.h"
 #include "kvdump.h"
 
 #include "common/common.h"
@@ -20,12 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void usage(FILE *f) {
     fprintf(f, "usage: e8kv bench entropy [--data gauss|FILE.kvd] [--n-vec N] [--codec SPEC] [--page ROWS]\n"
@@ -50,9 +45,9 @@ static double mse_of(const float *x, const float *y, size_t n) {
 static double frame_decode_mbs(const uint8_t *f, size_t n, uint8_t *out, size_t out_size, int reps) {
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
-        const double t0 = now_s();
+        const double t0 = e8kv_cli_now_s();
         const size_t d = e8kv_frame_decode(out, out_size, f, n);
-        const double t = now_s() - t0;
+        const double t = e8kv_cli_now_s() - t0;
         if (e8kv_is_error(d) || d != out_size) return -1.0;
         if (t < best) best = t;
     }
@@ -133,10 +128,10 @@ static void rans_rows(const uint8_t *sym, size_t n, size_t period, const uint8_t
         double best[2] = {1e30, 1e30};
         for (int r = 0; r < reps; r++)
             for (int fast = 0; fast < 2; fast++) {
-                const double t0 = now_s();
+                const double t0 = e8kv_cli_now_s();
                 const size_t got = fast ? e8kv_rans_decode(out, n, buf, nb, d, period, sel)
                                         : e8kv_rans_decode_ref(out, n, buf, nb, d, period, sel);
-                const double dt = now_s() - t0;
+                const double dt = e8kv_cli_now_s() - t0;
                 if (got != n || memcmp(out, sym, n)) {
                     printf("  %s: decode mismatch\n", name);
                     break;

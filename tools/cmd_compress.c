@@ -6,6 +6,7 @@
  *                  points with the parity-aware E8 coder (or zstd)
  * The dump header and the mode travel in the frame's meta bytes as "key=value;" text. */
 #include "cli.h"
+#include "cli_util.h"
 #include "e8kv.h"
 
 #include <stdio.h>
@@ -20,29 +21,10 @@ typedef struct {
     uint64_t n_vec;
 } kvd_header;
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static uint32_t rd32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
 static uint64_t rd64(const uint8_t *p) { return rd32(p) | (uint64_t)rd32(p + 4) << 32; }
 static void wr32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
 static void wr64(uint8_t *p, uint64_t v) { wr32(p, (uint32_t)v), wr32(p + 4, (uint32_t)(v >> 32)); }
-
-static uint8_t *read_all(const char *path, size_t *size) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    if (fseek(f, 0, SEEK_END) != 0) return fclose(f), NULL;
-    const long n = ftell(f);
-    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) return fclose(f), NULL;
-    uint8_t *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) free(b), b = NULL;
-    fclose(f);
-    *size = (size_t)n;
-    return b;
-}
 
 static int write_all(const char *path, const void *a, size_t na, const void *b, size_t nb) {
     FILE *f = fopen(path, "wb");
@@ -111,7 +93,7 @@ int e8kv_cmd_compress(int argc, char **argv) {
     if (!spec && !(step > 0.0f)) return fprintf(stderr, "e8kv compress: --step must be > 0\n"), 2;
 
     size_t size;
-    uint8_t *buf = read_all(in, &size);
+    uint8_t *buf = (uint8_t *)e8kv_cli_read_all(in, &size);
     if (!buf) return fprintf(stderr, "e8kv compress: cannot read %s\n", in), 1;
     kvd_header h;
     const char *msg = parse_kvd(&h, buf, size);
@@ -122,7 +104,7 @@ int e8kv_cmd_compress(int argc, char **argv) {
     char meta[256];
     uint8_t *rows = NULL;
     size_t row_bytes = 0, r;
-    const double t0 = now_s();
+    const double t0 = e8kv_cli_now_s();
     if (spec) {
         size_t err;
         e8kv_codec *c = e8kv_codec_create(spec, d, seed, &err);
@@ -140,7 +122,7 @@ int e8kv_cmd_compress(int argc, char **argv) {
         snprintf(meta, sizeof meta, "mode=e8;step=%.9g;", (double)step);
     }
     if (e8kv_is_error(r)) return fprintf(stderr, "e8kv compress: quantize: %s\n", e8kv_error_name(r)), free(rows), free(buf), 1;
-    const double t1 = now_s();
+    const double t1 = e8kv_cli_now_s();
     char *const m = meta + strlen(meta);
     snprintf(m, sizeof meta - (size_t)(m - meta), "seed=%llu;head_dim=%u;flags=%u;n_layer=%u;n_head_kv=%u;",
              (unsigned long long)seed, h.head_dim, h.flags, h.n_layer, h.n_head_kv);
@@ -149,7 +131,7 @@ int e8kv_cmd_compress(int argc, char **argv) {
     const size_t cap = e8kv_compress_bound(row_bytes, n, p.rows_per_page, p.meta_size);
     uint8_t *frame = e8kv_is_error(cap) ? NULL : malloc(cap);
     const size_t fs = frame ? e8kv_frame_encode(frame, cap, rows, row_bytes, n, &p) : cap;
-    const double t2 = now_s();
+    const double t2 = e8kv_cli_now_s();
     if (e8kv_is_error(fs)) return fprintf(stderr, "e8kv compress: %s\n", e8kv_error_name(fs)), free(frame), free(rows), free(buf), 1;
     if (write_all(out, frame, fs, NULL, 0) != 0) return fprintf(stderr, "e8kv compress: cannot write %s\n", out), 1;
     const double vals = (double)n * (double)d;
@@ -190,7 +172,7 @@ static int meta_get(char *out, size_t cap, const char *meta, size_t meta_size, c
 int e8kv_cmd_decompress(int argc, char **argv) {
     if (argc != 3) return fprintf(stderr, "usage: e8kv decompress IN.e8f OUT.kvd\n"), 2;
     size_t size;
-    uint8_t *buf = read_all(argv[1], &size);
+    uint8_t *buf = (uint8_t *)e8kv_cli_read_all(argv[1], &size);
     if (!buf) return fprintf(stderr, "e8kv decompress: cannot read %s\n", argv[1]), 1;
     e8kv_frame_info fi;
     size_t r = e8kv_frame_get_info(&fi, buf, size);
@@ -218,9 +200,9 @@ int e8kv_cmd_decompress(int argc, char **argv) {
     uint8_t *rows = malloc(fi.row_bytes * n + 1);
     float *x = malloc(n * d * sizeof *x + 1);
     if (!rows || !x) return fprintf(stderr, "e8kv decompress: out of memory\n"), 1;
-    const double t0 = now_s();
+    const double t0 = e8kv_cli_now_s();
     r = e8kv_frame_decode(rows, fi.row_bytes * n, buf, size);
-    const double t1 = now_s();
+    const double t1 = e8kv_cli_now_s();
     if (!e8kv_is_error(r)) {
         if (!strcmp(mode, "codec")) {
             size_t err;
@@ -235,7 +217,7 @@ int e8kv_cmd_decompress(int argc, char **argv) {
             r = (size_t)-(ptrdiff_t)E8KV_ERROR_CORRUPTED;
         }
     }
-    const double t2 = now_s();
+    const double t2 = e8kv_cli_now_s();
     int rc = 0;
     if (e8kv_is_error(r)) {
         fprintf(stderr, "e8kv decompress: %s: %s\n", argv[1], e8kv_error_name(r));
@@ -258,7 +240,7 @@ int e8kv_cmd_decompress(int argc, char **argv) {
 int e8kv_cmd_info(int argc, char **argv) {
     if (argc != 2) return fprintf(stderr, "usage: e8kv info FILE (.kvd or .e8f)\n"), 2;
     size_t size;
-    uint8_t *buf = read_all(argv[1], &size);
+    uint8_t *buf = (uint8_t *)e8kv_cli_read_all(argv[1], &size);
     if (!buf) return fprintf(stderr, "e8kv info: cannot read %s\n", argv[1]), 1;
     int rc = 0;
     if (size >= 8 && !memcmp(buf, "E8KVDUMP", 8)) {

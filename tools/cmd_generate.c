@@ -6,6 +6,7 @@
  * token ids and the last prompt token's logits, so --load-cache F continues exactly where the prompt
  * ended without running it again: the same greedy tokens as a run without save/load. */
 #include "cli.h"
+#include "cli_util.h"
 #include "e8kv.h"
 #include "model.h"
 #include "sampler.h"
@@ -35,12 +36,6 @@ static void usage(FILE *f) {
             "  --load-cache F    continue from a cache saved with --save-cache instead of running the\n"
             "                    prompt; -p/--tokens are optional and must equal the saved prompt;\n"
             "                    --kv defaults to the saved cache's spec\n");
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* The meta of a cache saved by --save-cache (doc/format.md §4.5): "E8KVGEN1", u32 n_prompt, the ids
@@ -283,7 +278,7 @@ int e8kv_cmd_generate(int argc, char **argv) {
     else if (load_path && m->tokenizer)
         for (size_t i = 0; i < n_prompt; i++) print_piece(m, ids[i]);
     fflush(stdout);
-    double t0 = now_s();
+    double t0 = e8kv_cli_now_s();
     if (load_path) {
         r = e8kv_context_load_cache(ctx, saved, saved_size);
         if (!e8kv_is_error(r) && r != n_prompt) {
@@ -302,7 +297,7 @@ int e8kv_cmd_generate(int argc, char **argv) {
     } else {
         r = e8kv_context_eval(ctx, logits, n_rows * cfg->vocab_size, ids, n_prompt, n_prompt - n_rows);
     }
-    const double t_prompt = now_s() - t0;
+    const double t_prompt = e8kv_cli_now_s() - t0;
     if (e8kv_is_error(r)) {
         fprintf(stderr, "\ne8kv generate: forward pass failed: %s\n", e8kv_error_name(r));
         goto out;
@@ -320,7 +315,7 @@ int e8kv_cmd_generate(int argc, char **argv) {
     if (save_path && !save_state(ctx, save_path, ids, n_prompt, last, cfg->vocab_size)) goto out;
     const int32_t eos = m->tokenizer ? e8kv_tokenizer_eos(m->tokenizer) : -1;
     long n_done = 0;
-    t0 = now_s();
+    t0 = e8kv_cli_now_s();
     for (; n_done < n_gen && e8kv_context_pos(ctx) < n_ctx; n_done++) {
         const int32_t next = e8kv_sampler_sample(&smp, last);
         if (next == eos && !ignore_eos) break;
@@ -335,7 +330,7 @@ int e8kv_cmd_generate(int argc, char **argv) {
         }
         last = logits;
     }
-    const double t_gen = now_s() - t0;
+    const double t_gen = e8kv_cli_now_s() - t0;
     printf("\n");
     fflush(stdout);
     fprintf(stderr,

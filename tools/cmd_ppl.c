@@ -1,6 +1,7 @@
 /* e8kv ppl: perplexity, KL divergence and top-1 agreement of KV-cache formats against the f32 cache, by
  * llama.cpp's llama-perplexity protocol (engine/ppl.h). One row per format; --json: one object per line. */
 #include "cli.h"
+#include "cli_util.h"
 #include "e8kv.h"
 #include "model.h"
 #include "ppl.h"
@@ -119,29 +120,6 @@ static void progress(void *user, size_t chunk, size_t n_chunk, const e8kv_ppl_re
     fprintf(stderr, "  (%.1f tok/s f32)\n", ps->baseline->tokens_per_s);
 }
 
-static int read_file(const char *path, char **out, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        len += fread(buf + len, 1, cap - len, f);
-        if (len < cap) break;
-        char *nb = realloc(buf, cap *= 2);
-        if (!nb) free(buf);
-        buf = nb;
-    }
-    const int ok = buf && !ferror(f);
-    fclose(f);
-    if (!ok) {
-        free(buf);
-        return 0;
-    }
-    *out = buf;
-    *n = len;
-    return 1;
-}
-
 int e8kv_cmd_ppl(int argc, char **argv) {
     const char *model_path = NULL, *text_path = NULL, *kv = NULL, *kv_k = NULL, *kv_v = NULL, *dump = NULL;
     char kv_all[2048] = "";
@@ -229,7 +207,7 @@ int e8kv_cmd_ppl(int argc, char **argv) {
 
     char *text = NULL;
     size_t n_bytes = 0;
-    if (!read_file(text_path, &text, &n_bytes)) {
+    if (!(text = e8kv_cli_read_all(text_path, &n_bytes))) {
         fprintf(stderr, "e8kv ppl: cannot read %s\n", text_path);
         return 1;
     }

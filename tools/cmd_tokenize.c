@@ -3,6 +3,8 @@
  * and printed as one line of space-separated ids (how tests/py_tokenizer.py checks many strings in one
  * run). The token count and speed go to stderr. */
 #include "cli.h"
+#include "cli_util.h"
+#include "model.h"
 #include "e8kv.h"
 #include "gguf.h"
 #include "tokenizer.h"
@@ -12,14 +14,13 @@
 #include <string.h>
 #include <time.h>
 
-#define DEFAULT_MODEL_NAME "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: e8kv tokenize [-m MODEL.gguf | --llama2c-tokenizer TOK.bin [--vocab-size N]]\n"
             "                     (-f FILE | -p TEXT) [options]\n\n"
             "  -m MODEL.gguf          tokenizer of a GGUF model (only its metadata is read); default\n"
-            "                         $E8KV_MODEL, else $E8KV_CACHE_DIR or ~/.cache/e8kv/" DEFAULT_MODEL_NAME
+            "                         $E8KV_MODEL, else $E8KV_CACHE_DIR or ~/.cache/e8kv/" E8KV_DEFAULT_MODEL_NAME
             "\n"
             "  --llama2c-tokenizer F  llama2.c tokenizer.bin (SentencePiece BPE with scores)\n"
             "  --vocab-size N         tokens in that file (must match it; default: all it holds)\n"
@@ -31,43 +32,6 @@ static void usage(FILE *f) {
             "                         ids separated by spaces\n"
             "  --pieces               print 'id<TAB>piece' per token (piece bytes C-escaped)\n\n"
             "Output: token ids on stdout, one per line; count and tokens/s on stderr.\n");
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static char *read_all(const char *path, size_t *n_bytes) {
-    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
-    if (!f) return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        if (n == cap) {
-            char *nb = realloc(buf, 2 * cap);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        const size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) {
-            if (ferror(f)) {
-                free(buf);
-                buf = NULL;
-            }
-            break;
-        }
-    }
-    if (f != stdin) fclose(f);
-    *n_bytes = n;
-    return buf;
 }
 
 static void print_piece(const e8kv_tokenizer *t, int32_t id) {
@@ -156,7 +120,7 @@ int e8kv_cmd_tokenize(int argc, char **argv) {
     }
 
     /* the tokenizer */
-    const double t_load = now_s();
+    const double t_load = e8kv_cli_now_s();
     e8kv_tokenizer *tok = NULL;
     e8kv_gguf *g = NULL;
     size_t r;
@@ -167,13 +131,9 @@ int e8kv_cmd_tokenize(int argc, char **argv) {
     } else {
         if (model) {
             snprintf(path, sizeof path, "%s", model);
-        } else if (getenv("E8KV_MODEL") && getenv("E8KV_MODEL")[0]) {
-            snprintf(path, sizeof path, "%s", getenv("E8KV_MODEL"));
-        } else if (getenv("E8KV_CACHE_DIR") && getenv("E8KV_CACHE_DIR")[0]) {
-            snprintf(path, sizeof path, "%s/%s", getenv("E8KV_CACHE_DIR"), DEFAULT_MODEL_NAME);
-        } else {
-            const char *home = getenv("HOME");
-            snprintf(path, sizeof path, "%s/.cache/e8kv/%s", home ? home : ".", DEFAULT_MODEL_NAME);
+        } else if (e8kv_is_error(e8kv_model_default_path(path, sizeof path))) {
+            fprintf(stderr, "e8kv tokenize: the default model path is too long\n");
+            return 1;
         }
         FILE *probe = fopen(path, "rb");
         if (!probe) {
@@ -196,13 +156,13 @@ int e8kv_cmd_tokenize(int argc, char **argv) {
         e8kv_gguf_close(g);
         return 1;
     }
-    const double load_s = now_s() - t_load;
+    const double load_s = e8kv_cli_now_s() - t_load;
 
     /* the text */
     size_t n_text = 0;
     char *text = NULL;
     if (file) {
-        text = read_all(file, &n_text);
+        text = e8kv_cli_read_all(file, &n_text);
         if (!text) {
             fprintf(stderr, "e8kv tokenize: cannot read '%s'\n", file);
             e8kv_tokenizer_free(tok);
@@ -225,9 +185,9 @@ int e8kv_cmd_tokenize(int argc, char **argv) {
             const char *z = memchr(text + start, 0, n_text - start);
             if (z) end = (size_t)(z - text);
         }
-        const double t0 = now_s();
+        const double t0 = e8kv_cli_now_s();
         r = encode(tok, &ids, &cap, text + start, end - start, add_bos);
-        enc_s += now_s() - t0;
+        enc_s += e8kv_cli_now_s() - t0;
         if (e8kv_is_error(r)) {
             fprintf(stderr, "e8kv tokenize: %s\n", e8kv_error_name(r));
             status = 1;
