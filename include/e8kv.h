@@ -132,12 +132,14 @@ size_t e8kv_codec_rotate(const e8kv_codec *codec, float *x, size_t n_vec, int in
  *                        older than the window (so up to W + page - 1 tokens are exact); 0 = off (default)
  *   sink=S               the first S positions stay exact forever (attention sinks); 0 = off (default)
  *   page=P               tokens per page (default 64)
- *   center=1|0           centering (default 1): each coded stream's per-head mean over the first append
+ *   center=1|all|0       centering (default 1): each coded stream's per-head mean over the first append
  *                        of a sequence (>= 16 tokens) is subtracted before coding and added back exactly on
  *                        read; LLM keys share a large per-channel component, so this lowers the coding
  *                        error at the cost of head_dim floats per layer and head (counted in the bytes).
- *                        f32/f16 streams are never centered
- *   rope=pre|post        (default: pre when params.rope_theta > 0 and K is a coded format, else post;
+ *                        1: e8kv's formats (e8*, d4nest, lloyd); the llama.cpp formats (q8_0, q4_0 and
+ *                        their h variants) keep llama.cpp's semantics unless center=all. f32/f16: never
+ *   rope=pre|post        (default: pre when params.rope_theta > 0 and K is one of e8kv's formats (e8*,
+ *                        d4nest, lloyd), else post, as llama.cpp does for q8_0/q4_0;
  *                        callers ask e8kv_cache_keys_pre_rope() which keys to append)
  *                        keys arrive before RoPE (pre: stored un-rotated, RoPE applied to each decoded
  *                        key at attention time with params.rope_theta / rope_neox) or after it (post,

@@ -16,6 +16,7 @@ build="${BUILD_DIR:-build-demo}"
 threads="${E8KV_THREADS:-$(nproc 2>/dev/null || echo 2)}"
 chunks="${E8KV_DEMO_CHUNKS:-4}"
 formats="f16,q8_0,q4_0,q4_0h,e8:4,e8:3,e8:2"
+presets="near-lossless balanced aggressive"
 
 echo "== building e8kv ($build/)" >&2
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DE8KV_TESTS=OFF >/dev/null
@@ -42,7 +43,10 @@ else
         --temp 0.8 --top-p 0.95 --seed 42 --threads "$threads" >"$tmp/passage.txt" 2>/dev/null
     text="$tmp/passage.txt"
 fi
-"$e8kv" ppl -m "$model" -f "$text" --ctx "$ctx" --chunks "$chunks" --kv "f32,$formats" --threads "$threads"
+preset_args=()
+for p in $presets; do preset_args+=(--kv "$p"); done
+"$e8kv" ppl -m "$model" -f "$text" --ctx "$ctx" --chunks "$chunks" --kv "f32,$formats" "${preset_args[@]}" \
+    --threads "$threads"
 
 prompt="The three most important inventions of the nineteenth century were"
 for kv in f32 e8:4; do

@@ -687,6 +687,22 @@ static void test_centering(void **state) {
     e8kv_cache *on = make_cache(&s, "e8:4", 1, &err), *plain = make_cache(&s, "e8:4,center=0", 1, &err);
     assert_non_null(on);
     assert_non_null(plain);
+    /* llama.cpp's formats keep its semantics unless center=all; e8kv's own formats center by default */
+    {
+        e8kv_cache *a = make_cache(&s, "q4_0h", 1, &err), *b = make_cache(&s, "q4_0h,center=all", 1, &err);
+        e8kv_cache *l = make_cache(&s, "lloyd:4", 1, &err);
+        assert_non_null(a);
+        assert_non_null(b);
+        assert_non_null(l);
+        assert_int_equal(a->layers[0].k.centered, 0);
+        assert_int_equal(b->layers[0].k.centered, 1);
+        assert_int_equal(l->layers[0].v.centered, 1);
+        assert_int_equal(on->layers[0].k.centered, 1);
+        assert_int_equal(plain->layers[0].k.centered, 0);
+        e8kv_cache_free(a);
+        e8kv_cache_free(b);
+        e8kv_cache_free(l);
+    }
     /* the means are side information: 4 float vectors per layer and KV head */
     assert_int_equal(e8kv_cache_fixed_bytes(on) - e8kv_cache_fixed_bytes(plain),
                      4 * s.n_layer * s.n_head_kv * s.d * sizeof(float));
@@ -763,7 +779,8 @@ static void test_rope_default(void **state) {
         int want;
     } cases[] = {{"e8:4", 10000.0f, 1},           {"e8:4", 0.0f, 0},          {"f16", 10000.0f, 0},
                  {"f32", 10000.0f, 0},            {"e8:4,rope=post", 1e4f, 0}, {"k=f16,v=e8:3", 1e4f, 0},
-                 {"k=q4_0h,v=f16", 10000.0f, 1}, {"f16,rope=pre", 1e4f, 1},   {"balanced", 1e4f, 1}};
+                 {"k=q4_0h,v=f16", 10000.0f, 0}, {"f16,rope=pre", 1e4f, 1},   {"balanced", 1e4f, 1},
+                 {"k=lloyd:4,v=f16", 1e4f, 1},  {"q8_0,rope=pre", 1e4f, 1},  {"near-lossless", 1e4f, 1}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         e8kv_cache_params p = {0};
         p.n_layer = 1;

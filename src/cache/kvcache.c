@@ -25,7 +25,7 @@ typedef struct {
     char k[64], v[64];
     size_t window, sink, page;
     int rope_pre;
-    int center; /* -1 = default (on) */
+    int center; /* -1 = default (1); 0 off, 1 e8kv's own formats, 2 = all coded formats */
     layer_rule rules[MAX_LAYER_RULES];
     size_t n_rules;
 } cache_config;
@@ -36,7 +36,7 @@ typedef struct {
 
 /* Presets (stable names; the specs behind them may be retuned as measurements improve). */
 static const preset k_presets[] = {
-    {"near-lossless", "k=q8_0h,v=e8:4,sink=1"},
+    {"near-lossless", "k=q8_0h,v=e8:4,sink=1,center=all,rope=pre"},
     {"balanced", "e8:4,sink=1"},
     {"aggressive", "k=e8:4,v=e8:3,sink=1"},
 };
@@ -107,6 +107,7 @@ static size_t parse_item(cache_config *cfg, const char *it, size_t len, int dept
     }
     if (KEY_IS("center")) {
         if (vlen == 1 && (val[0] == '0' || val[0] == '1')) cfg->center = val[0] - '0';
+        else if (vlen == 3 && !memcmp(val, "all", 3)) cfg->center = 2;
         else return E8KV_ERR(SPEC);
         return 0;
     }
@@ -167,8 +168,11 @@ static void set_format(kv_format *f, const e8kv_codec *codec, int rope_pre_key, 
     e8kv_spec sp;
     f->fast = KV_FAST_NONE;
     if (e8kv_is_error(e8kv_spec_parse(&sp, codec->spec))) return;
-    /* plain formats gain nothing from centering (their error does not scale with the vector) */
-    f->centered = center && strcmp(sp.family, "f32") && strcmp(sp.family, "f16");
+    /* plain formats gain nothing from centering (their error does not scale with the vector); the
+     * llama.cpp block formats keep llama.cpp's semantics unless center=all asks for it */
+    const int plain = !strcmp(sp.family, "f32") || !strcmp(sp.family, "f16");
+    const int llama = !strncmp(sp.family, "q8_0", 4) || !strncmp(sp.family, "q4_0", 4);
+    f->centered = !plain && (center == 2 || (center == 1 && !llama));
     if (!strcmp(sp.family, "f32")) f->fast = KV_FAST_F32;
     else if (!strcmp(sp.family, "f16")) f->fast = KV_FAST_F16;
     else if ((!strcmp(sp.family, "e8") || !strcmp(sp.family, "e8ball")) && codec->bits >= 2 && codec->bits <= 4 &&
@@ -207,12 +211,14 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
             return NULL;
         }
     if (cfg.rope_pre < 0) {
-        /* default: keys coded before RoPE when the caller gives RoPE's parameters and K is a coded
-         * format (measured better at every rate on SmolLM2, BENCHMARKS.md); plain K stays post */
+        /* default: keys coded before RoPE when the caller gives RoPE's parameters and K is one of
+         * e8kv's formats (measured better at every rate on SmolLM2, BENCHMARKS.md); plain K and the
+         * llama.cpp formats (post-RoPE in llama.cpp) stay post */
         e8kv_spec ks;
-        const int plain = !e8kv_is_error(e8kv_spec_parse(&ks, cfg.k)) &&
-                          (!strcmp(ks.family, "f32") || !strcmp(ks.family, "f16"));
-        cfg.rope_pre = params->rope_theta > 0.0f && params->head_dim % 2 == 0 && !plain;
+        const int parsed = !e8kv_is_error(e8kv_spec_parse(&ks, cfg.k));
+        const int ours = parsed && strcmp(ks.family, "f32") && strcmp(ks.family, "f16") &&
+                         strncmp(ks.family, "q8_0", 4) && strncmp(ks.family, "q4_0", 4);
+        cfg.rope_pre = params->rope_theta > 0.0f && params->head_dim % 2 == 0 && ours;
     }
     if (cfg.rope_pre && (!(params->rope_theta > 0.0f) || params->head_dim % 2)) {
         if (err) *err = E8KV_ERR(SPEC);
@@ -238,7 +244,7 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
     c->n_sink = cfg.sink < c->n_ctx ? cfg.sink : c->n_ctx;
     c->n_threads = params->n_threads ? params->n_threads : 1;
     c->rope_pre = cfg.rope_pre;
-    c->center = cfg.center != 0;
+    c->center = cfg.center < 0 ? 1 : cfg.center;
     c->use_avx2 = e8kv_cpu_has_avx2() && c->head_dim % 8 == 0;
     c->rope_theta = params->rope_theta;
     c->rope_neox = params->rope_neox ? 1 : 0;

@@ -63,7 +63,7 @@ struct e8kv_cache {
     int rope_pre;      /* keys stored before RoPE: attention applies RoPE to decoded keys */
     float rope_theta;
     int rope_neox;     /* 1: split halves (NeoX/llama.cpp NEOX), 0: interleaved pairs */
-    int center;        /* centering of coded streams enabled (spec center=1, the default) */
+    int center;        /* centering: 0 off, 1 e8kv's formats (default), 2 all coded formats (center=all) */
     double rope_inv_freq[E8KV_MAX_HEAD_DIM / 2]; /* theta^(-2i/head_dim), double like the engine's tables */
     kv_layer *layers;
     e8kv_codec *codecs[E8KV_CACHE_MAX_CODECS]; /* unique codecs, owned */

@@ -57,8 +57,8 @@ static size_t canon_spec(const e8kv_cache *c, char *dst, size_t cap) {
             l = e + 1;
         }
     }
-    w = snprintf(dst + n, cap - n, ",window=%zu,sink=%zu,page=%zu,center=%d,rope=%s", c->window, c->n_sink,
-                 c->page_tokens, c->center ? 1 : 0, c->rope_pre ? "pre" : "post");
+    w = snprintf(dst + n, cap - n, ",window=%zu,sink=%zu,page=%zu,center=%s,rope=%s", c->window, c->n_sink,
+                 c->page_tokens, c->center == 2 ? "all" : c->center ? "1" : "0", c->rope_pre ? "pre" : "post");
     if (w < 0 || (size_t)w >= cap - n) return E8KV_ERR(UNSUPPORTED);
     return n + (size_t)w;
 }
