@@ -251,19 +251,25 @@ static void shrink(int32_t *out, const int32_t *X, int32_t a, int n) {
         out[i] = (int32_t)(((int64_t)X[i] * a) >> 8);
 }
 
-int32_t e8kv_ball_shrink(const e8kv_ball_kernels *kern, int32_t best[8], const int32_t X[8]) {
-    /* First guess: the a/256 that brings |t|² to BALL_TARGET_NORM (a correctly rounded sqrt of exact
-     * integers: deterministic); then a − 8, a − 16, ... until the closest point is a codeword; a ≤ 0
-     * gives the origin (codeword 0). */
+/* The first shrink factor a/256 that brings |X·a/256|² to target_norm (in E8KV_FX_ONE² units): a correctly
+ * rounded sqrt of exact integers, so deterministic; 256 (no shrink) when X is already inside. */
+static int32_t shrink_start(const int32_t X[8], double target_norm) {
     int64_t n2 = 0;
     for (int i = 0; i < 8; i++)
         n2 += (int64_t)X[i] * X[i];
     int32_t a = 256;
     if (n2 > 0) {
-        const double g =
-            256.0 * sqrt(BALL_TARGET_NORM * (double)E8KV_FX_ONE * (double)E8KV_FX_ONE / (double)n2);
+        const double g = 256.0 * sqrt(target_norm * (double)E8KV_FX_ONE * (double)E8KV_FX_ONE / (double)n2);
         if (g < 256.0) a = (int32_t)g;
     }
+    return a;
+}
+
+int32_t e8kv_ball_shrink(const e8kv_ball_kernels *kern, int32_t best[8], const int32_t X[8]) {
+    /* First guess: the a/256 that brings |t|² to BALL_TARGET_NORM (a correctly rounded sqrt of exact
+     * integers: deterministic); then a − 8, a − 16, ... until the closest point is a codeword; a ≤ 0
+     * gives the origin (codeword 0). */
+    int32_t a = shrink_start(X, BALL_TARGET_NORM);
     for (; a > 0; a -= BALL_SHRINK_STEP) {
         int32_t Xs[8];
         shrink(Xs, X, a, 8);
@@ -388,15 +394,7 @@ uint32_t e8kv_ball_residual_overload(const e8kv_ball_kernels *kern, const int32_
      * RESIDUAL_TARGET_NORM, then a − CAND1_STEP, ... until the closest fine point has its coarse part in
      * the ball (a ≤ 0: the origin, packed 0) */
     uint32_t cand1 = 0;
-    int64_t n2 = 0;
-    for (int i = 0; i < 8; i++)
-        n2 += (int64_t)X[i] * X[i];
-    int32_t a = 256;
-    if (n2 > 0) {
-        const double g =
-            256.0 * sqrt(RESIDUAL_TARGET_NORM * (double)E8KV_FX_ONE * (double)E8KV_FX_ONE / (double)n2);
-        if (g < 256.0) a = (int32_t)g;
-    }
+    int32_t a = shrink_start(X, RESIDUAL_TARGET_NORM);
     for (; a > 0; a -= CAND1_STEP) {
         shrink(Xs, X, a, 8);
         for (int i = 0; i < 8; i++)
@@ -501,11 +499,7 @@ size_t e8kv_e8ball_encode_ref(const e8kv_codec_t *codec, uint8_t *restrict dst, 
         const int32_t idx = e8kv_ball_index(c2);
         const uint32_t packed = idx >= 0 ? (uint32_t)idx | (dg << 16)
                                          : e8kv_ball_residual_overload(&e8kv_ball_kernels_ref, X, log2_m);
-        e8kv_store_le16(p, (uint16_t)packed);
-        if (log2_m == 1)
-            p[2] = (uint8_t)(packed >> 16);
-        else
-            e8kv_store_le16(p + 2, (uint16_t)(packed >> 16));
+        e8kv_ball_store_block(p, packed, log2_m);
     }
     return 0;
 }

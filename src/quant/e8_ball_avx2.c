@@ -232,11 +232,7 @@ size_t e8kv_e8ball_encode_avx2(const e8kv_codec_t *codec, uint8_t *restrict dst,
         const uint32_t packed = idx >= 0
                                     ? (uint32_t)idx | (dg[j] << 16)
                                     : e8kv_ball_residual_overload(&e8kv_ball_kernels_avx2, Xa[j], log2_m);
-        e8kv_store_le16(p, (uint16_t)packed);
-        if (log2_m == 1)
-            p[2] = (uint8_t)(packed >> 16);
-        else
-            e8kv_store_le16(p + 2, (uint16_t)(packed >> 16));
+        e8kv_ball_store_block(p, packed, log2_m);
     }
     return 0;
 }

@@ -106,6 +106,15 @@ uint32_t e8kv_ball_encode_block_k(const e8kv_ball_kernels *kern, int32_t c2[8], 
 uint32_t e8kv_ball_encode_block_idx(const e8kv_ball_kernels *kern, int32_t c2[8], const int32_t X[8],
                                     const int32_t y2[8], int32_t idx);
 /* The same with the reference kernels (tests). */
+/* Store one e8ball:3/4 block: the 16-bit ball index, then the residual digits (8 bits at m = 2,
+ * 16 at m = 4), little-endian (doc/format.md 2.2). */
+static inline void e8kv_ball_store_block(uint8_t *p, uint32_t packed, unsigned log2_m) {
+    e8kv_store_le16(p, (uint16_t)packed);
+    if (log2_m == 1)
+        p[2] = (uint8_t)(packed >> 16);
+    else
+        e8kv_store_le16(p + 2, (uint16_t)(packed >> 16));
+}
 uint32_t e8kv_ball_encode_block(int32_t c2[8], const int32_t X[8]);
 int32_t e8kv_ball_shrink(const e8kv_ball_kernels *kern, int32_t best[8], const int32_t X[8]);
 int e8kv_ball_descent_setup(int32_t e[8], int32_t *cn, const int32_t best[8], const int32_t X[8]);
