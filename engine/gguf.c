@@ -515,37 +515,32 @@ static size_t num_to_u64(const num *v, uint64_t *out) {
     return 0;
 }
 
-size_t e8kv_gguf_get_u64(const e8kv_gguf *g, const char *key, uint64_t *out) {
+/* The numeric scalar stored under key (errors in this order: missing key, NULL out, not a scalar). */
+static size_t lookup_scalar(const e8kv_gguf *g, const char *key, const void *out, num *v) {
     size_t err = 0;
     const gguf_kv *kv = lookup(g, key, &err);
     if (!kv) return err;
     if (!out) return ERR(BAD_ARGUMENT);
-    num v;
     if (!scalar_size(kv->type)) return ERR(CORRUPTED);
-    RET_IF_ERR(load_num(kv->val, kv->type, &v));
+    return load_num(kv->val, kv->type, v);
+}
+
+size_t e8kv_gguf_get_u64(const e8kv_gguf *g, const char *key, uint64_t *out) {
+    num v;
+    RET_IF_ERR(lookup_scalar(g, key, out, &v));
     return num_to_u64(&v, out);
 }
 
 size_t e8kv_gguf_get_f32(const e8kv_gguf *g, const char *key, float *out) {
-    size_t err = 0;
-    const gguf_kv *kv = lookup(g, key, &err);
-    if (!kv) return err;
-    if (!out) return ERR(BAD_ARGUMENT);
     num v;
-    if (!scalar_size(kv->type)) return ERR(CORRUPTED);
-    RET_IF_ERR(load_num(kv->val, kv->type, &v));
+    RET_IF_ERR(lookup_scalar(g, key, out, &v));
     *out = (float)v.f;
     return 0;
 }
 
 size_t e8kv_gguf_get_bool(const e8kv_gguf *g, const char *key, int *out) {
-    size_t err = 0;
-    const gguf_kv *kv = lookup(g, key, &err);
-    if (!kv) return err;
-    if (!out) return ERR(BAD_ARGUMENT);
     num v;
-    if (!scalar_size(kv->type)) return ERR(CORRUPTED);
-    RET_IF_ERR(load_num(kv->val, kv->type, &v));
+    RET_IF_ERR(lookup_scalar(g, key, out, &v));
     *out = v.is_int ? v.u != 0 : v.f != 0.0;
     return 0;
 }
