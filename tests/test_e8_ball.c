@@ -196,36 +196,6 @@ static void test_ball_brute_force(void **state) {
     print_message("overload cases %d, worst squared-distance ratio to brute force %.4f\n", n_over, worst);
 }
 
-static double snr_db(const char *spec, size_t d, size_t n_vec, uint64_t seed) {
-    size_t err = 0;
-    e8kv_codec *const c = e8kv_codec_create(spec, d, 1234, &err);
-    assert_non_null(c);
-    float *const x = malloc(n_vec * d * sizeof(float));
-    float *const y = malloc(n_vec * d * sizeof(float));
-    uint8_t *const b = malloc(n_vec * e8kv_codec_vector_bytes(c));
-    uint8_t *const b2 = malloc(n_vec * e8kv_codec_vector_bytes(c));
-    e8kv_rng rng;
-    e8kv_rng_seed(&rng, seed);
-    for (size_t i = 0; i < n_vec * d; i++)
-        x[i] = (float)e8kv_rng_normal(&rng);
-    const size_t nb = n_vec * e8kv_codec_vector_bytes(c);
-    assert_int_equal(e8kv_codec_encode(c, b, nb, x, n_vec), nb);
-    assert_int_equal(e8kv_codec_encode(c, b2, nb, x, n_vec), nb);
-    assert_memory_equal(b, b2, nb); /* encoding twice gives identical bytes */
-    assert_int_equal(e8kv_codec_decode(c, y, n_vec * d, b, nb, n_vec), n_vec * d);
-    double se = 0.0, sx = 0.0;
-    for (size_t i = 0; i < n_vec * d; i++) {
-        se += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
-        sx += (double)x[i] * x[i];
-    }
-    free(x);
-    free(y);
-    free(b);
-    free(b2);
-    e8kv_codec_free(c);
-    return 10.0 * log10(sx / se);
-}
-
 /* Quality floors on Gaussian data (head_dim 64). Scalar Lloyd-Max with an exact norm reaches
  * 9.30 / 14.62 / 20.23 dB at 2 / 3 / 4 bits (1.88x / 2.21x / 2.43x D(R)); the product bars are
  * lloyd + 1.0 dB at 2 bits and lloyd + 0.5 dB at 4 bits (lloyd:B measured 9.40 / 14.75 / 20.37 dB).
@@ -237,15 +207,16 @@ static void test_round_trip_snr(void **state) {
     for (int bits = 2; bits <= 4; bits++) {
         char spec[16];
         snprintf(spec, sizeof spec, "e8ball:%d", bits);
-        const double s = snr_db(spec, 64, 3000, 77);
+        const double s = test_codec_snr_db(spec, 64, 3000, 77, 1234);
         print_message("%s SNR %.3f dB\n", spec, s);
         assert_true(s >= floor_db[bits]);
         snprintf(spec, sizeof spec, "e8:%d", bits);
-        assert_true(fabs(snr_db(spec, 64, 300, 78) - snr_db(spec, 64, 300, 78)) == 0.0);
+        const double again = test_codec_snr_db(spec, 64, 300, 78, 1234);
+        assert_true(fabs(test_codec_snr_db(spec, 64, 300, 78, 1234) - again) == 0.0);
     }
     /* head_dim that is not a power of two (split rotation) and the largest one */
-    assert_true(snr_db("e8:2", 96, 500, 9) >= 10.2);
-    assert_true(snr_db("e8:4", 512, 100, 9) >= 20.9);
+    assert_true(test_codec_snr_db("e8:2", 96, 500, 9, 1234) >= 10.2);
+    assert_true(test_codec_snr_db("e8:4", 512, 100, 9, 1234) >= 20.9);
 }
 
 static void test_bytes_and_errors(void **state) {

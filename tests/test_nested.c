@@ -152,34 +152,6 @@ static void test_brute_force(void **state) {
     brute_case(8, 2, ":q=2.5", 60, 5); /* a small q_range: many clamped blocks */
 }
 
-static double snr_db(const char *spec, size_t d, size_t n_vec, uint64_t seed) {
-    size_t err = 0;
-    e8kv_codec *const c = e8kv_codec_create(spec, d, 99, &err);
-    assert_non_null(c);
-    const size_t vb = e8kv_codec_vector_bytes(c);
-    float *const x = malloc(n_vec * d * sizeof(float)), *const y = malloc(n_vec * d * sizeof(float));
-    uint8_t *const b = malloc(n_vec * vb), *const b2 = malloc(n_vec * vb);
-    e8kv_rng rng;
-    e8kv_rng_seed(&rng, seed);
-    for (size_t i = 0; i < n_vec * d; i++)
-        x[i] = (float)e8kv_rng_normal(&rng);
-    assert_int_equal(e8kv_codec_encode(c, b, n_vec * vb, x, n_vec), n_vec * vb);
-    assert_int_equal(e8kv_codec_encode(c, b2, n_vec * vb, x, n_vec), n_vec * vb);
-    assert_memory_equal(b, b2, n_vec * vb);
-    assert_int_equal(e8kv_codec_decode(c, y, n_vec * d, b, n_vec * vb, n_vec), n_vec * d);
-    double se = 0, sx = 0;
-    for (size_t i = 0; i < n_vec * d; i++) {
-        se += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
-        sx += (double)x[i] * x[i];
-    }
-    free(x);
-    free(y);
-    free(b);
-    free(b2);
-    e8kv_codec_free(c);
-    return 10.0 * log10(sx / se);
-}
-
 /* Gaussian data, head_dim 64: measured e8nest 9.93 / 15.6 / 21.2 dB and d4nest 9.4 / 15.0 / 20.4 dB at
  * 2 / 3 / 4 bits with the default q_range; floors leave a margin for the sample size. A far-off q_range
  * must cost quality (the knob does something). */
@@ -189,14 +161,14 @@ static void test_round_trip(void **state) {
     for (int bits = 2; bits <= 4; bits++) {
         char spec[32];
         snprintf(spec, sizeof spec, "e8nest:%d", bits);
-        const double se8 = snr_db(spec, 64, 1500, 5);
+        const double se8 = test_codec_snr_db(spec, 64, 1500, 5, 99);
         snprintf(spec, sizeof spec, "d4nest:%d", bits);
-        const double sd4 = snr_db(spec, 64, 1500, 5);
+        const double sd4 = test_codec_snr_db(spec, 64, 1500, 5, 99);
         print_message("e8nest:%d %.3f dB, d4nest:%d %.3f dB\n", bits, se8, bits, sd4);
         assert_true(se8 >= floor_e8[bits]);
         assert_true(sd4 >= floor_d4[bits]);
         snprintf(spec, sizeof spec, "e8nest:%d:q=1.2", bits);
-        assert_true(snr_db(spec, 64, 300, 6) < se8 - 1.0);
+        assert_true(test_codec_snr_db(spec, 64, 300, 6, 99) < se8 - 1.0);
     }
 }
 
