@@ -97,26 +97,7 @@ def fp16_to_f32(h):
     return np.array(h, dtype=np.uint16).view(np.float16).astype(np.float32)
 
 
-def load_library(path):
-    """An ASan build of the library cannot be dlopen'ed into an uninstrumented python: then re-exec this
-    script once with the clang ASan runtime preloaded (leak checks off), or skip (77) without one."""
-    try:
-        return ctypes.CDLL(path)
-    except OSError as e:
-        if "asan" not in str(e).lower() or os.environ.get("E8KV_PY_PRELOADED"):
-            raise
-    import subprocess
-    try:
-        rt = subprocess.run(["clang", "-print-file-name=libclang_rt.asan-x86_64.so"], capture_output=True,
-                            text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        rt = ""
-    if not os.path.isabs(rt) or not os.path.exists(rt):
-        print("sanitizer build and no ASan runtime to preload: skip")
-        sys.exit(77)
-    env = dict(os.environ, LD_PRELOAD=rt, E8KV_PY_PRELOADED="1",
-               ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0")
-    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+from e8kv_testlib import load_library  # noqa: E402  (tests/ is on sys.path: the script's folder)
 
 
 def main():

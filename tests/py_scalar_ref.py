@@ -26,26 +26,7 @@ if not LIB or not os.path.exists(LIB):
 
 
 
-def load_library(path):
-    """A sanitizer build of the library needs its runtime loaded first: re-run this script once with
-    the ASan runtime preloaded (leak checks off: the interpreter itself is not instrumented)."""
-    try:
-        return ctypes.CDLL(path)
-    except OSError as e:
-        if "__asan" not in str(e) or os.environ.get("E8KV_PY_PRELOADED"):
-            raise
-    import subprocess
-    try:
-        rt = subprocess.run(["clang", "-print-file-name=libclang_rt.asan-x86_64.so"], capture_output=True,
-                            text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        rt = ""
-    if not os.path.isabs(rt) or not os.path.exists(rt):
-        print("sanitizer build of the library and no ASan runtime to preload: skipped")
-        sys.exit(77)
-    env = dict(os.environ, LD_PRELOAD=rt, E8KV_PY_PRELOADED="1",
-               ASAN_OPTIONS=os.environ.get("ASAN_OPTIONS", "") + ":detect_leaks=0")
-    os.execve(sys.executable, [sys.executable] + sys.argv, env)
+from e8kv_testlib import load_library  # noqa: E402  (tests/ is on sys.path: the script's folder)
 
 
 lib = load_library(LIB)
