@@ -45,32 +45,30 @@ size_t e8kv_rot_init(e8kv_rot *rot, size_t head_dim, uint64_t seed) {
     return 0;
 }
 
+/* The normalized Hadamard transform of every power-of-two block of one vector (its own inverse). */
+static void hadamard_blocks(const e8kv_rot *rot, float *xv) {
+    size_t off = 0;
+    for (size_t b = 0; b < rot->n_block; b++) {
+        const size_t n = rot->block_len[b];
+        fwht(xv + off, n);
+        const float s = 1.0f / sqrtf((float)n);
+        for (size_t i = 0; i < n; i++) xv[off + i] *= s;
+        off += n;
+    }
+}
+
 void e8kv_rot_forward(const e8kv_rot *rot, float *x, size_t n_vec) {
     for (size_t v = 0; v < n_vec; v++) {
         float *const xv = x + v * rot->head_dim;
         for (size_t i = 0; i < rot->head_dim; i++) xv[i] *= rot->signs[i];
-        size_t off = 0;
-        for (size_t b = 0; b < rot->n_block; b++) {
-            const size_t n = rot->block_len[b];
-            fwht(xv + off, n);
-            const float s = 1.0f / sqrtf((float)n);
-            for (size_t i = 0; i < n; i++) xv[off + i] *= s;
-            off += n;
-        }
+        hadamard_blocks(rot, xv);
     }
 }
 
 void e8kv_rot_inverse(const e8kv_rot *rot, float *x, size_t n_vec) {
     for (size_t v = 0; v < n_vec; v++) {
         float *const xv = x + v * rot->head_dim;
-        size_t off = 0;
-        for (size_t b = 0; b < rot->n_block; b++) {
-            const size_t n = rot->block_len[b];
-            fwht(xv + off, n);
-            const float s = 1.0f / sqrtf((float)n);
-            for (size_t i = 0; i < n; i++) xv[off + i] *= s;
-            off += n;
-        }
+        hadamard_blocks(rot, xv);
         for (size_t i = 0; i < rot->head_dim; i++) xv[i] *= rot->signs[i];
     }
 }
