@@ -117,6 +117,44 @@ size_t e8kv_codec_decode_rotated(const e8kv_codec *codec, float *dst, size_t dst
 /* Apply the codec's rotation (forward or inverse) in place to n_vec vectors; identity if not rotated. */
 size_t e8kv_codec_rotate(const e8kv_codec *codec, float *x, size_t n_vec, int inverse);
 
+/* ---------------------------------------------------------------- calibration (transform coding)
+ *
+ * What the "e8t" cache formats need from a model, measured once on calibration text and shared by every
+ * cache (and every sequence) of that model: per layer, KV head and stream (K before RoPE, V), the
+ * covariance of the centred vectors, its eigenbasis (the Karhunen–Loève transform) and eigenvalues.
+ *
+ * Usage: create, observe every layer of several sequences (the K/V a cache with rope=pre receives),
+ * finalize, then pass it in e8kv_cache_params.calib or save it. A finalized calibration is immutable and
+ * may be shared by any number of caches and threads; it must outlive the caches created with it.
+ * Serialized layout: doc/format.md §5 (versioned, XXH64-checked; bad bytes are E8KV_ERROR_CORRUPTED /
+ * _TRUNCATED / _CHECKSUM / _VERSION, a basis that is not orthonormal is CORRUPTED). */
+typedef struct e8kv_calib e8kv_calib;
+
+#define E8KV_CALIB_FORMAT_VERSION 1
+
+e8kv_calib *e8kv_calib_create(size_t n_layer, size_t n_head_kv, size_t head_dim, size_t *err);
+void e8kv_calib_free(e8kv_calib *cal);
+/* One sequence of one layer: k (before RoPE) and v, (n_tok, n_head_kv * head_dim), n_tok >= 2. Each call
+ * is centred by its own mean, as the cache centres a sequence. NaN/Inf: E8KV_ERROR_NONFINITE, nothing
+ * recorded. E8KV_ERROR_BAD_ARGUMENT after finalize. Returns the layer's observed token count. */
+size_t e8kv_calib_observe(e8kv_calib *cal, size_t layer, const float *k, const float *v, size_t n_tok);
+/* Eigendecomposition of every accumulated covariance. Every layer must have been observed with at least
+ * 2 tokens (E8KV_ERROR_BAD_ARGUMENT otherwise). Returns 0. */
+size_t e8kv_calib_finalize(e8kv_calib *cal);
+/* Dimensions and the number of tokens observed in layer 0 (any pointer may be NULL). */
+size_t e8kv_calib_info(const e8kv_calib *cal, size_t *n_layer, size_t *n_head_kv, size_t *head_dim,
+                       size_t *n_tokens);
+/* Eigenvalues (head_dim, decreasing) of one head's stream (is_v: 0 = K, 1 = V); NULL before finalize or
+ * out of range. */
+const float *e8kv_calib_eigenvalues(const e8kv_calib *cal, size_t layer, int is_v, size_t head);
+/* Bytes a finalized calibration occupies in memory (bases and eigenvalues; shared, not per cache). */
+size_t e8kv_calib_bytes(const e8kv_calib *cal);
+size_t e8kv_calib_save_bound(const e8kv_calib *cal);
+size_t e8kv_calib_save(void *dst, size_t dst_capacity, const e8kv_calib *cal);
+e8kv_calib *e8kv_calib_load(const void *src, size_t src_size, size_t *err);
+size_t e8kv_calib_save_file(const e8kv_calib *cal, const char *path);
+e8kv_calib *e8kv_calib_load_file(const char *path, size_t *err);
+
 /* ---------------------------------------------------------------- KV cache
  *
  * Per layer and KV head, keys and values of up to n_ctx tokens stored through codecs, in pages of a fixed
@@ -124,7 +162,11 @@ size_t e8kv_codec_rotate(const e8kv_codec *codec, float *x, size_t n_vec, int in
  * the codec's rotated domain; the query is rotated once instead), never a decoded copy of the context.
  *
  * Cache spec grammar (params.spec): comma-separated items, later items override earlier ones.
- *   SPEC                 a codec spec (see above) for both K and V, e.g. "e8:4", "f16", "e8nest:4:q=3.5"
+ *   SPEC                 a codec spec (see above) for both K and V, e.g. "e8:4", "f16", "e8nest:4:q=3.5",
+ *                        or "e8t:B" (B = 2, 3, 4): calibrated transform coding, the e8:B code (same bytes
+ *                        per vector) applied to w ⊙ (P·(x − mean)) with P the calibration's eigenbasis of
+ *                        the stream and w_i = λ_i^(−1/4) (needs params.calib; keys before RoPE, so with
+ *                        RoPE an e8t K needs rope=pre, the default); doc/format.md §5
  *   k=SPEC, v=SPEC       the K or the V format; kv=SPEC sets both
  *   layersA-B=SPEC       both formats for layers A..B (inclusive); "layerA=SPEC" for one layer;
  *   layersA-B.k=SPEC     ... or only K (".v" only V). Example: "k=e8:4,v=e8:3,layers0-1=f16"
@@ -163,6 +205,8 @@ typedef struct {
     float rope_theta;    /* RoPE base frequency, needed with rope=pre (e.g. 10000, 100000, 500000) */
     int rope_neox;       /* RoPE layout with rope=pre: 0 = interleaved pairs (x[2i], x[2i+1]),
                             1 = split halves (x[i], x[i + head_dim/2]; NeoX / Llama HF layout) */
+    const e8kv_calib *calib; /* finalized calibration for the e8t formats (borrowed: it must outlive the
+                                cache); NULL when no e8t format is used */
 } e8kv_cache_params;
 
 e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err);
@@ -273,7 +317,7 @@ size_t e8kv_frame_e8_dequantize(float *dst, size_t dst_capacity, const int16_t *
  * / _TRUNCATED / _CHECKSUM / _VERSION, never a fault. `meta` is opaque caller data kept in the file (the
  * CLI stores the prompt's token ids there).
  */
-#define E8KV_CACHE_FORMAT_VERSION 1
+#define E8KV_CACHE_FORMAT_VERSION 2 /* written for caches with e8t streams (calibration inside); 1 otherwise */
 
 typedef struct {
     unsigned version;
@@ -284,6 +328,7 @@ typedef struct {
     char spec[512];               /* the canonical cache spec that recreates the configuration */
     size_t meta_offset, meta_size; /* meta bytes are src[meta_offset .. meta_offset + meta_size) */
     size_t file_size;
+    size_t calib_offset, calib_size; /* the saved calibration (version 2, e8t streams); size 0 when absent */
 } e8kv_cache_file_info;
 
 /* Largest e8kv_cache_save output for the cache as it is now. */

@@ -231,7 +231,7 @@ static void test_malformed(void **state) {
     g[0] = 'X';
     assert_error(e8kv_cache_file_get_info(&fi, g, n), CORRUPTED);
     memcpy(g, f, n);
-    e8kv_store_le16(g + 4, 2);
+    e8kv_store_le16(g + 4, 3); /* versions 1 and 2 exist */
     assert_error(e8kv_cache_file_get_info(&fi, g, n), VERSION);
     assert_null(e8kv_cache_load(g, n, 1, &err));
     assert_error(err, VERSION);

@@ -83,11 +83,10 @@ void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head,
     const kv_format *f = is_k ? &L->k : &L->v;
     const kv_page *tab = (is_k ? L->k_pages : L->v_pages) + head * c->n_page_max;
     const float *sink = is_k ? L->k_sink : L->v_sink;
-    const e8kv_codec_t *codec = f->codec;
     const size_t d = c->head_dim, P = c->page_tokens, vb = f->vector_bytes;
     const int rope = is_k && c->rope_pre;
-    /* un-rotated reads of a rotating codec (K with rope=pre) need the inverse after decoding */
-    const int unrotate = !f->rotated && codec->rotate;
+    /* un-rotated reads of a transforming format (K with rope=pre) need the inverse after decoding */
+    const int unrotate = !f->rotated && (f->xf || f->codec->rotate);
     for (size_t t = 0; t < n;) {
         const size_t pos = p0 + t;
         float *y = dst + t * d;
@@ -103,14 +102,14 @@ void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head,
         size_t run = 1;
         if (exact) {
             memcpy(y, exact, d * sizeof(float));
-            if (f->rotated) e8kv_rot_forward(&codec->rot, y, 1);
+            if (f->rotated) e8kv_fmt_forward(f, head, d, y, 1);
         } else {
             /* the rest of this page, as far as the request goes */
             run = P - pos % P < n - t ? P - pos % P : n - t;
             const uint8_t *src = pg->data + (pos % P) * vb;
             if (!read_fast(c, f, y, src, run))
-                for (size_t i = 0; i < run; i++) codec->ops->decode(codec, y + i * d, src + i * vb);
-            if (unrotate) e8kv_rot_inverse(&codec->rot, y, run);
+                for (size_t i = 0; i < run; i++) f->codec->ops->decode(f->codec, y + i * d, src + i * vb);
+            if (unrotate) e8kv_fmt_inverse(f, head, d, y, run);
             if (f->centered) { /* add back the mean subtracted before coding (kvcache.h) */
                 const float *mu = (is_k ? L->k_mu_read : L->v_mu_read) + head * d;
                 if (c->use_avx2) e8kv_cache_add_rows_avx2(y, mu, run, d);
@@ -193,7 +192,7 @@ static void attend_head(const attend_job *job, size_t h) {
             float *qv = qr + (qi - a) * d;
             const float *src = job->q + t * row + hq * d;
             for (size_t i = 0; i < d; i++) qv[i] = src[i] * scale;
-            if (L->k.rotated) e8kv_rot_forward(&L->k.codec->rot, qv, 1);
+            if (L->k.rotated) e8kv_fmt_query(&L->k, h, d, qv, 1);
             memset(job->out + t * row + hq * d, 0, d * sizeof(float));
             m[qi - a] = -INFINITY;
             l[qi - a] = 0.0f;
@@ -227,7 +226,7 @@ static void attend_head(const attend_job *job, size_t h) {
             }
             const float inv = 1.0f / l[qi - a]; /* l >= 1: the max term contributes e^0 */
             for (size_t i = 0; i < d; i++) o[i] *= inv;
-            if (L->v.rotated) e8kv_rot_inverse(&L->v.codec->rot, o, 1);
+            if (L->v.rotated) e8kv_fmt_inverse(&L->v, h, d, o, 1);
         }
     }
 }
@@ -319,7 +318,7 @@ size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, siz
             }
             const float inv = 1.0f / sum; /* ≥ 1: the slice holding the max contributes its l ≥ 1 */
             for (size_t k = 0; k < d; k++) o[k] *= inv;
-            if (L->v.rotated) e8kv_rot_inverse(&L->v.codec->rot, o, 1);
+            if (L->v.rotated) e8kv_fmt_inverse(&L->v, r % n_head / base.group, d, o, 1);
         }
         free(scratch);
     }

@@ -160,8 +160,13 @@ static size_t get_codec(e8kv_cache *c, const char *spec, uint64_t seed, const e8
     return 0;
 }
 
+static int is_e8t(const char *spec) {
+    return !strncmp(spec, "e8t", 3) && (spec[3] == 0 || spec[3] == ':');
+}
+
 static void set_format(kv_format *f, const e8kv_codec *codec, int rope_pre_key, int center) {
     f->codec = codec;
+    f->xf = NULL;
     f->centered = 0;
     f->vector_bytes = e8kv_codec_vector_bytes(codec);
     f->rotated = e8kv_codec_is_rotated(codec) && !rope_pre_key;
@@ -178,6 +183,13 @@ static void set_format(kv_format *f, const e8kv_codec *codec, int rope_pre_key, 
     else if ((!strcmp(sp.family, "e8") || !strcmp(sp.family, "e8ball")) && codec->bits >= 2 && codec->bits <= 4 &&
              codec->vector_bytes == 2 + codec->head_dim / 8 * (size_t)codec->bits)
         f->fast = KV_FAST_E8BALL; /* doc/format.md §2 layout: fp16 scale, then B bytes per 8 values */
+}
+
+/* The codec a stream spec uses: "e8t:B" codes with e8:B after its calibrated transform (xform.c). */
+static const char *codec_of(const char *spec, char buf[16]) {
+    if (!e8kv_xform_rate(spec)) return spec; /* not e8t, or an e8t spec with options: SPEC from get_codec */
+    snprintf(buf, 16, "e8:%d", e8kv_xform_rate(spec));
+    return buf;
 }
 
 static size_t fail_create(e8kv_cache *c, size_t *err, size_t code) {
@@ -220,6 +232,13 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
                          strncmp(ks.family, "q8_0", 4) && strncmp(ks.family, "q4_0", 4);
         cfg.rope_pre = params->rope_theta > 0.0f && params->head_dim % 2 == 0 && ours;
     }
+    /* e8t keys are calibrated before RoPE: with RoPE they must be coded before it */
+    int e8t_k = is_e8t(cfg.k);
+    for (size_t i = 0; i < cfg.n_rules; i++) e8t_k |= (cfg.rules[i].which & 1) && is_e8t(cfg.rules[i].codec);
+    if (e8t_k && !cfg.rope_pre && params->rope_theta > 0.0f) {
+        if (err) *err = E8KV_ERR(SPEC);
+        return NULL;
+    }
     if (cfg.rope_pre && (!(params->rope_theta > 0.0f) || params->head_dim % 2)) {
         if (err) *err = E8KV_ERR(SPEC);
         return NULL;
@@ -245,6 +264,8 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
     c->n_threads = params->n_threads ? params->n_threads : 1;
     c->rope_pre = cfg.rope_pre;
     c->center = cfg.center < 0 ? 1 : cfg.center;
+    c->seed = params->seed;
+    c->calib = params->calib;
     c->use_avx2 = e8kv_cpu_has_avx2() && c->head_dim % 8 == 0;
     c->rope_theta = params->rope_theta;
     c->rope_neox = params->rope_neox ? 1 : 0;
@@ -257,28 +278,38 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
     }
     c->fixed_bytes = sizeof *c + c->n_layer * sizeof *c->layers;
     const size_t n_tab = c->n_head_kv * c->n_page_max;
+    const char **lspec = calloc(2 * c->n_layer, sizeof *lspec); /* per layer: K spec, then V spec */
+    if (!lspec) {
+        fail_create(c, err, E8KV_ERR(OUT_OF_MEMORY));
+        return NULL;
+    }
     for (size_t l = 0; l < c->n_layer; l++) {
-        kv_layer *L = &c->layers[l];
-        const char *ks = cfg.k, *vs = cfg.v;
+        lspec[l] = cfg.k;
+        lspec[c->n_layer + l] = cfg.v;
         for (size_t i = 0; i < cfg.n_rules; i++) /* later rules win */
             if (l >= cfg.rules[i].first && l <= cfg.rules[i].last) {
-                if (cfg.rules[i].which & 1) ks = cfg.rules[i].codec;
-                if (cfg.rules[i].which & 2) vs = cfg.rules[i].codec;
+                if (cfg.rules[i].which & 1) lspec[l] = cfg.rules[i].codec;
+                if (cfg.rules[i].which & 2) lspec[c->n_layer + l] = cfg.rules[i].codec;
             }
+    }
+    r = e8kv_xform_build(c, lspec, lspec + c->n_layer);
+    for (size_t l = 0; l < c->n_layer && !e8kv_is_error(r); l++) {
+        kv_layer *L = &c->layers[l];
+        const char *ks = lspec[l], *vs = lspec[c->n_layer + l];
+        char kbuf[16], vbuf[16];
         const e8kv_codec *kc = NULL, *vc = NULL;
-        r = get_codec(c, ks, params->seed, &kc);
-        if (!e8kv_is_error(r)) r = get_codec(c, vs, params->seed, &vc);
-        if (e8kv_is_error(r)) {
-            fail_create(c, err, r);
-            return NULL;
-        }
+        r = get_codec(c, codec_of(ks, kbuf), params->seed, &kc);
+        if (!e8kv_is_error(r)) r = get_codec(c, codec_of(vs, vbuf), params->seed, &vc);
+        if (e8kv_is_error(r)) break;
         set_format(&L->k, kc, c->rope_pre, c->center);
         set_format(&L->v, vc, 0, c->center);
+        if (e8kv_xform_rate(ks)) L->k.xf = &c->xforms[2 * l];
+        if (e8kv_xform_rate(vs)) L->v.xf = &c->xforms[2 * l + 1];
         L->k_pages = calloc(n_tab, sizeof *L->k_pages);
         L->v_pages = calloc(n_tab, sizeof *L->v_pages);
         if (!L->k_pages || !L->v_pages) {
-            fail_create(c, err, E8KV_ERR(OUT_OF_MEMORY));
-            return NULL;
+            r = E8KV_ERR(OUT_OF_MEMORY);
+            break;
         }
         c->fixed_bytes += 2 * n_tab * sizeof(kv_page);
         if (c->n_sink) {
@@ -286,8 +317,8 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
             L->k_sink = calloc(n, sizeof(float));
             L->v_sink = calloc(n, sizeof(float));
             if (!L->k_sink || !L->v_sink) {
-                fail_create(c, err, E8KV_ERR(OUT_OF_MEMORY));
-                return NULL;
+                r = E8KV_ERR(OUT_OF_MEMORY);
+                break;
             }
             c->fixed_bytes += 2 * n * sizeof(float);
         }
@@ -295,8 +326,8 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
             const size_t n = c->n_head_kv * c->head_dim;
             L->k_mu = calloc(4 * n, sizeof(float));
             if (!L->k_mu) {
-                fail_create(c, err, E8KV_ERR(OUT_OF_MEMORY));
-                return NULL;
+                r = E8KV_ERR(OUT_OF_MEMORY);
+                break;
             }
             L->v_mu = L->k_mu + n;
             L->k_mu_read = L->k_mu + 2 * n;
@@ -304,6 +335,14 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
             c->fixed_bytes += 4 * n * sizeof(float);
         }
     }
+    free(lspec);
+    if (e8kv_is_error(r)) {
+        fail_create(c, err, r);
+        return NULL;
+    }
+    /* the transforms' weights; their bases belong to the shared calibration (e8kv_calib_bytes) */
+    for (size_t i = 0; c->xforms && i < 2 * c->n_layer; i++)
+        c->fixed_bytes += sizeof(kv_xform) + (c->xforms[i].w ? 2 * c->n_head_kv * c->head_dim * sizeof(float) : 0);
     return c;
 }
 
@@ -340,6 +379,8 @@ void e8kv_cache_free(e8kv_cache *cache) {
         free(cache->layers);
     }
     for (size_t i = 0; i < cache->n_codecs; i++) e8kv_codec_free(cache->codecs[i]);
+    e8kv_xform_free(cache);
+    e8kv_calib_free(cache->calib_owned);
     free(cache);
 }
 
@@ -354,15 +395,16 @@ typedef struct {
 
 /* Encode one stream (K or V) of one head for tokens [n0, n1). Pages first touched here are allocated
  * (raw when a window is configured); rollback is the caller's free_pages_from(n0). */
-/* Code one vector of a stream, minus the head's mean when the stream is centered (mu != NULL). */
-static size_t encode_vector(const kv_format *f, uint8_t *dst, const float *x, const float *mu, size_t d) {
-    if (!mu) return e8kv_codec_encode(f->codec, dst, f->vector_bytes, x, 1);
+/* Code one vector of head h's stream, minus the head's mean when the stream is centered (mu != NULL). */
+static size_t encode_vector(const kv_format *f, size_t h, uint8_t *dst, const float *x, const float *mu,
+                            size_t d) {
+    if (!mu) return e8kv_fmt_encode(f, h, dst, x);
     float t[E8KV_MAX_HEAD_DIM];
     for (size_t i = 0; i < d; i++) t[i] = x[i] - mu[i];
-    return e8kv_codec_encode(f->codec, dst, f->vector_bytes, t, 1);
+    return e8kv_fmt_encode(f, h, dst, t);
 }
 
-static size_t append_stream(e8kv_cache *c, const kv_format *f, kv_page *tab, float *sink,
+static size_t append_stream(e8kv_cache *c, const kv_format *f, size_t h, kv_page *tab, float *sink,
                             const float *src, size_t stride, size_t n0, size_t n1, const float *mu) {
     const size_t d = c->head_dim, P = c->page_tokens;
     for (size_t pos = n0; pos < n1; pos++) {
@@ -384,14 +426,14 @@ static size_t append_stream(e8kv_cache *c, const kv_format *f, kv_page *tab, flo
         if (pg->raw) {
             memcpy((float *)(void *)pg->data + slot * d, x, d * sizeof(float));
         } else {
-            E8KV_RETURN_IF_ERROR(encode_vector(f, pg->data + slot * f->vector_bytes, x, mu, d));
+            E8KV_RETURN_IF_ERROR(encode_vector(f, h, pg->data + slot * f->vector_bytes, x, mu, d));
         }
     }
     return 0;
 }
 
 /* Encode raw pages of one stream whose last position is older than the window at n_tokens = n. */
-static size_t convert_stream(e8kv_cache *c, const kv_format *f, kv_page *tab, size_t n0, size_t n,
+static size_t convert_stream(e8kv_cache *c, const kv_format *f, size_t h, kv_page *tab, size_t n0, size_t n,
                              pending_conv *pend, size_t *n_pend, size_t cap, const float *mu) {
     const size_t P = c->page_tokens, d = c->head_dim;
     if (n < c->window) return 0;
@@ -412,7 +454,7 @@ static size_t convert_stream(e8kv_cache *c, const kv_format *f, kv_page *tab, si
         const float *raw = (const float *)(const void *)pg->data;
         for (size_t s = 0; s < P; s++) {
             if (i * P + s < c->n_sink) continue;
-            E8KV_RETURN_IF_ERROR(encode_vector(f, coded + s * f->vector_bytes, raw + s * d, mu, d));
+            E8KV_RETURN_IF_ERROR(encode_vector(f, h, coded + s * f->vector_bytes, raw + s * d, mu, d));
         }
     }
     return 0;
@@ -427,6 +469,16 @@ static const float *mean_of(const kv_layer *L, int is_k, size_t h, size_t d) {
 
 /* Fix the means of a new sequence from its first append (k, v: (n_tok, n_head_kv * head_dim)), summed
  * in double so the result does not depend on the order of anything but the tokens. */
+void e8kv_cache_means_to_read_domain(const e8kv_cache *c, kv_layer *L) {
+    const size_t d = c->head_dim, n = c->n_head_kv * d;
+    memcpy(L->k_mu_read, L->k_mu, n * sizeof(float));
+    memcpy(L->v_mu_read, L->v_mu, n * sizeof(float));
+    for (size_t h = 0; h < c->n_head_kv; h++) {
+        if (L->k.rotated) e8kv_fmt_forward(&L->k, h, d, L->k_mu_read + h * d, 1);
+        if (L->v.rotated) e8kv_fmt_forward(&L->v, h, d, L->v_mu_read + h * d, 1);
+    }
+}
+
 static void set_means(const e8kv_cache *c, kv_layer *L, const float *k, const float *v, size_t n_tok) {
     const size_t d = c->head_dim, stride = c->n_head_kv * d;
     const int on = n_tok >= E8KV_CACHE_CENTER_MIN_TOKENS;
@@ -439,12 +491,7 @@ static void set_means(const e8kv_cache *c, kv_layer *L, const float *k, const fl
         L->k_mu[i] = L->k.centered ? (float)(sk / (double)n_tok) : 0.0f;
         L->v_mu[i] = L->v.centered ? (float)(sv / (double)n_tok) : 0.0f;
     }
-    memcpy(L->k_mu_read, L->k_mu, stride * sizeof(float));
-    memcpy(L->v_mu_read, L->v_mu, stride * sizeof(float));
-    for (size_t h = 0; h < c->n_head_kv; h++) {
-        if (L->k.rotated) e8kv_rot_forward(&L->k.codec->rot, L->k_mu_read + h * d, 1);
-        if (L->v.rotated) e8kv_rot_forward(&L->v.codec->rot, L->v_mu_read + h * d, 1);
-    }
+    e8kv_cache_means_to_read_domain(c, L);
     L->mu_set = 1;
 }
 
@@ -465,9 +512,10 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
     for (size_t h = 0; h < cache->n_head_kv && !e8kv_is_error(r); h++) {
         float *ks = L->k_sink ? L->k_sink + h * cache->n_sink * d : NULL;
         float *vs = L->v_sink ? L->v_sink + h * cache->n_sink * d : NULL;
-        r = append_stream(cache, &L->k, L->k_pages + h * M, ks, k + h * d, stride, n0, n1, mean_of(L, 1, h, d));
+        r = append_stream(cache, &L->k, h, L->k_pages + h * M, ks, k + h * d, stride, n0, n1, mean_of(L, 1, h, d));
         if (!e8kv_is_error(r))
-            r = append_stream(cache, &L->v, L->v_pages + h * M, vs, v + h * d, stride, n0, n1, mean_of(L, 0, h, d));
+            r = append_stream(cache, &L->v, h, L->v_pages + h * M, vs, v + h * d, stride, n0, n1,
+                              mean_of(L, 0, h, d));
     }
     pending_conv *pend = NULL;
     size_t n_pend = 0;
@@ -477,9 +525,11 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
         pend = malloc(cap * sizeof *pend);
         if (!pend) r = E8KV_ERR(OUT_OF_MEMORY);
         for (size_t h = 0; h < cache->n_head_kv && !e8kv_is_error(r); h++) {
-            r = convert_stream(cache, &L->k, L->k_pages + h * M, n0, n1, pend, &n_pend, cap, mean_of(L, 1, h, d));
+            r = convert_stream(cache, &L->k, h, L->k_pages + h * M, n0, n1, pend, &n_pend, cap,
+                               mean_of(L, 1, h, d));
             if (!e8kv_is_error(r))
-                r = convert_stream(cache, &L->v, L->v_pages + h * M, n0, n1, pend, &n_pend, cap, mean_of(L, 0, h, d));
+                r = convert_stream(cache, &L->v, h, L->v_pages + h * M, n0, n1, pend, &n_pend, cap,
+                                   mean_of(L, 0, h, d));
         }
     }
     if (e8kv_is_error(r)) {
@@ -537,11 +587,10 @@ size_t e8kv_cache_fixed_bytes(const e8kv_cache *cache) { return cache ? cache->f
 
 double e8kv_cache_bits_per_value(const e8kv_cache *cache) {
     if (!cache) return 0.0;
-    double s = 0.0;
+    size_t bytes = 0; /* per token and head, over layers and K/V */
     for (size_t l = 0; l < cache->n_layer; l++)
-        s += e8kv_codec_bits_per_value(cache->layers[l].k.codec) +
-             e8kv_codec_bits_per_value(cache->layers[l].v.codec);
-    return s / (2.0 * (double)cache->n_layer);
+        bytes += cache->layers[l].k.vector_bytes + cache->layers[l].v.vector_bytes;
+    return 8.0 * (double)bytes / (2.0 * (double)cache->n_layer * (double)cache->head_dim);
 }
 
 size_t e8kv_cache_page_tokens(const e8kv_cache *cache) { return cache ? cache->page_tokens : 0; }

@@ -13,6 +13,7 @@
 #define E8KV_KVCACHE_H
 
 #include "../quant/codec.h"
+#include "calib.h"
 
 #define E8KV_CACHE_DEFAULT_PAGE 64
 #define E8KV_CACHE_MAX_CODECS 64
@@ -25,10 +26,20 @@ typedef struct {
 /* Formats with a fused page reader in attention_avx2.c (others go through the codec's decode). */
 typedef enum { KV_FAST_NONE = 0, KV_FAST_F32, KV_FAST_F16, KV_FAST_E8BALL } kv_fast_kind;
 
+/* Calibrated transform coding of one stream of one layer (cache spec "e8t:B", xform.c): per KV head the
+ * calibration's eigenbasis P (y = P·x, klt.h) and the weights w_i = λ_i^(−1/4) applied before the stream's
+ * codec (e8:B): it codes w ⊙ (P·x). */
 typedef struct {
-    const e8kv_codec *codec; /* owned by the cache's codec list */
+    char spec[16];      /* the format as the spec names it ("e8t:4") */
+    const float *basis; /* (n_head_kv, d, d), borrowed from the calibration */
+    float *w, *w_inv;   /* (n_head_kv, d) each: λ^(−1/4) and λ^(1/4) (one allocation, w owns it) */
+} kv_xform;
+
+typedef struct {
+    const e8kv_codec *codec; /* owned by the cache's codec list (for e8t: its e8:B code) */
+    const kv_xform *xf;      /* calibrated transform before the codec (owned by the cache), or NULL */
     size_t vector_bytes;
-    int rotated;             /* reads happen in the codec's rotated domain */
+    int rotated;             /* reads happen in the coded domain: the codec's rotation (after xf's transform) */
     kv_fast_kind fast;
     int centered;            /* the stream's per-head mean is subtracted before coding (see kv_layer) */
 } kv_format;
@@ -64,6 +75,10 @@ struct e8kv_cache {
     float rope_theta;
     int rope_neox;     /* 1: split halves (NeoX/llama.cpp NEOX), 0: interleaved pairs */
     int center;        /* centering: 0 off, 1 e8kv's formats (default), 2 all coded formats (center=all) */
+    uint64_t seed;     /* rotation seed of the codecs */
+    const e8kv_calib *calib; /* transform coding: the calibration (borrowed, or calib_owned) */
+    e8kv_calib *calib_owned; /* the calibration of a loaded cache, owned */
+    kv_xform *xforms;  /* (n_layer, 2): the e8t streams' transforms (K at 2l, V at 2l + 1), NULL if none */
     double rope_inv_freq[E8KV_MAX_HEAD_DIM / 2]; /* theta^(-2i/head_dim), double like the engine's tables */
     kv_layer *layers;
     e8kv_codec *codecs[E8KV_CACHE_MAX_CODECS]; /* unique codecs, owned */
@@ -71,6 +86,23 @@ struct e8kv_cache {
     size_t page_bytes_alloc; /* bytes of every live page allocation (aligned sizes) */
     size_t fixed_bytes;      /* page tables, layer array, sink buffers, the struct itself */
 };
+
+/* Stream transforms of a format, in place on n vectors of head h (xform.c). forward: original domain →
+ * the domain the codes live in (xf's W·P, then the codec's rotation); inverse: back; query: the map a
+ * query needs to score keys read in the coded domain (Gᵀ with G the inverse: W⁻¹ instead of W, which
+ * equals forward when there is no xf since the rotation is orthonormal). Identity for plain formats. */
+void e8kv_fmt_forward(const kv_format *f, size_t h, size_t d, float *x, size_t n);
+void e8kv_fmt_inverse(const kv_format *f, size_t h, size_t d, float *x, size_t n);
+void e8kv_fmt_query(const kv_format *f, size_t h, size_t d, float *q, size_t n);
+/* Encode one vector of head h (centred, original domain); decoding is the codec's (coded domain). */
+size_t e8kv_fmt_encode(const kv_format *f, size_t h, uint8_t *dst, const float *x);
+
+/* xform.c: B of an "e8t:B" spec, 0 for any other spec. */
+int e8kv_xform_rate(const char *spec);
+/* Build the transforms of every e8t stream of c (per-layer specs in ks, vs). 0 or an error: SPEC without
+ * a calibration, DIMENSION when it was made for other dimensions. */
+size_t e8kv_xform_build(struct e8kv_cache *c, const char *const *ks, const char *const *vs);
+void e8kv_xform_free(struct e8kv_cache *c);
 
 /* Bytes of one page of `fmt` (raw pages hold f32). */
 static inline size_t kv_page_bytes(const struct e8kv_cache *c, const kv_format *fmt, int raw) {
@@ -100,6 +132,9 @@ const uint32_t *e8kv_attn_res4_nib(void);
 /* y[t] += mu for n rows of d floats (the centering add-back on reads); _avx2 needs d % 8 == 0. */
 void e8kv_cache_add_rows_ref(float *restrict y, const float *restrict mu, size_t n, size_t d);
 void e8kv_cache_add_rows_avx2(float *restrict y, const float *restrict mu, size_t n, size_t d);
+
+/* Derive the read-domain copies of L's centering means (k_mu_read, v_mu_read) from k_mu, v_mu. */
+void e8kv_cache_means_to_read_domain(const struct e8kv_cache *c, kv_layer *L);
 
 /* Decode tokens [p0, p0 + n) of one stream (K when is_k) of one head into dst (n, head_dim), in the
  * domain attention works in for that stream (see attention.c). */

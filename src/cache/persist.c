@@ -13,6 +13,7 @@
 #include <xxhash.h>
 
 #define CACHE_MAGIC "E8KC"
+#define CACHE_FLAG_CALIB 1u /* header flags (offset 60): a calibration section follows the meta */
 #define CACHE_HEADER_BYTES 64
 #define CANON_SPEC_MAX 511 /* kvcache.c parses specs shorter than 512 bytes */
 #define CANON_RULES_MAX 32 /* kvcache.c accepts at most 32 layer rules */
@@ -29,29 +30,33 @@ _Static_assert(CACHE_HEADER_BYTES == 4 + 2 + 2 + 8 + 4 * 4 + 8 + 8 + 4 + 4 + 4 +
 
 /* ---------------------------------------------------------------- canonical spec */
 
+/* The spec a stream's format was made from (an e8t stream's nominal "e8t:B"). */
+static const char *fmt_spec(const e8kv_cache *c, size_t l, int is_k) {
+    const kv_format *f = is_k ? &c->layers[l].k : &c->layers[l].v;
+    return f->xf ? f->xf->spec : e8kv_codec_spec(f->codec);
+}
+
 /* The cache spec that recreates c's configuration: "k=K,v=V[,layersA-B.k=X]...,window=W,sink=S,page=P,
- * center=0|1,rope=pre|post" with K, V the formats of layer 0 and one rule per run of layers that differ from
- * them. */
+ * center=0|1,rope=pre|post" with K, V the formats of layer 0 and one rule per run of layers that differ
+ * from them (e8t streams by their "e8t:B" name: with the calibration saved beside the spec they rebuild
+ * the same transforms). */
 static size_t canon_spec(const e8kv_cache *c, char *dst, size_t cap) {
     size_t n = 0, n_rules = 0;
-    int w = snprintf(dst, cap, "k=%s,v=%s", e8kv_codec_spec(c->layers[0].k.codec),
-                     e8kv_codec_spec(c->layers[0].v.codec));
+    int w = snprintf(dst, cap, "k=%s,v=%s", fmt_spec(c, 0, 1), fmt_spec(c, 0, 0));
     if (w < 0 || (size_t)w >= cap) return E8KV_ERR(UNSUPPORTED);
     n = (size_t)w;
     for (int is_k = 1; is_k >= 0; is_k--) {
-        const e8kv_codec *base = is_k ? c->layers[0].k.codec : c->layers[0].v.codec;
+        const char *base = fmt_spec(c, 0, is_k);
         for (size_t l = 1; l < c->n_layer;) {
-            const e8kv_codec *x = is_k ? c->layers[l].k.codec : c->layers[l].v.codec;
-            if (x == base) {
+            const char *x = fmt_spec(c, l, is_k);
+            if (!strcmp(x, base)) {
                 l++;
                 continue;
             }
             size_t e = l;
-            while (e + 1 < c->n_layer && (is_k ? c->layers[e + 1].k.codec : c->layers[e + 1].v.codec) == x)
-                e++;
+            while (e + 1 < c->n_layer && !strcmp(fmt_spec(c, e + 1, is_k), x)) e++;
             if (++n_rules > CANON_RULES_MAX) return E8KV_ERR(UNSUPPORTED);
-            w = snprintf(dst + n, cap - n, ",layers%zu-%zu.%c=%s", l, e, is_k ? 'k' : 'v',
-                         e8kv_codec_spec(x));
+            w = snprintf(dst + n, cap - n, ",layers%zu-%zu.%c=%s", l, e, is_k ? 'k' : 'v', x);
             if (w < 0 || (size_t)w >= cap - n) return E8KV_ERR(UNSUPPORTED);
             n += (size_t)w;
             l = e + 1;
@@ -110,7 +115,7 @@ static size_t raw_tokens(const e8kv_cache *c, const kv_layer *L, int is_k) {
 
 /* Coded pages are grouped by codec: one frame per codec of the cache (c->codecs, in order of first use
  * scanning layers with K before V, which is the order e8kv_cache_create makes them in), rows in the
- * order (layer, K before V, head, page, token). */
+ * order (layer, K before V, head, page, token). e8t streams belong to the group of their e8:B code. */
 static size_t group_rows(const e8kv_cache *c, const e8kv_codec *codec) {
     size_t n = 0;
     for (size_t l = 0; l < c->n_layer; l++) {
@@ -164,6 +169,11 @@ size_t e8kv_cache_save_bound(const e8kv_cache *cache, size_t meta_size) {
             E8KV_RETURN_IF_ERROR(b);
             n += b;
         }
+    }
+    if (c->calib && c->xforms) {
+        const size_t b = e8kv_calib_save_bound(c->calib);
+        E8KV_RETURN_IF_ERROR(b);
+        n += 8 + b;
     }
     return n;
 }
@@ -266,13 +276,21 @@ size_t e8kv_cache_save(void *dst, size_t dst_capacity, const e8kv_cache *cache, 
     wbuf w = {out + CACHE_HEADER_BYTES, out + dst_capacity - 8}; /* the checksum's 8 bytes kept free */
     E8KV_RETURN_IF_ERROR(put(&w, spec, spec_len));
     E8KV_RETURN_IF_ERROR(put(&w, meta, meta_size));
+    const int with_calib = c->xforms != NULL;
+    if (with_calib) { /* u64 size, then the calibration the e8t streams were built from (§5) */
+        if ((size_t)(w.end - w.p) < 8) return E8KV_ERR(DST_TOO_SMALL);
+        const size_t cs = e8kv_calib_save(w.p + 8, (size_t)(w.end - w.p) - 8, c->calib);
+        E8KV_RETURN_IF_ERROR(cs);
+        e8kv_store_le64(w.p, cs);
+        w.p += 8 + cs;
+    }
     for (size_t l = 0; l < c->n_layer; l++)
         E8KV_RETURN_IF_ERROR(save_layer(&w, c, &c->layers[l]));
     for (size_t g = 0; g < c->n_codecs; g++)
         E8KV_RETURN_IF_ERROR(save_group(&w, c, c->codecs[g]));
     const size_t total = (size_t)(w.p - out) + 8;
     memcpy(out, CACHE_MAGIC, 4);
-    e8kv_store_le16(out + 4, E8KV_CACHE_FORMAT_VERSION);
+    e8kv_store_le16(out + 4, with_calib ? 2 : 1); /* version 1 files stay byte-identical */
     e8kv_store_le16(out + 6, (uint16_t)spec_len);
     e8kv_store_le64(out + 8, total);
     e8kv_store_le32(out + 16, (uint32_t)c->n_layer);
@@ -280,11 +298,11 @@ size_t e8kv_cache_save(void *dst, size_t dst_capacity, const e8kv_cache *cache, 
     e8kv_store_le32(out + 24, (uint32_t)c->head_dim);
     e8kv_store_le32(out + 28, (uint32_t)c->page_tokens);
     e8kv_store_le64(out + 32, c->n_ctx);
-    e8kv_store_le64(out + 40, c->layers[0].k.codec->seed);
+    e8kv_store_le64(out + 40, c->seed);
     e8kv_store_lef32(out + 48, c->rope_theta);
     e8kv_store_le32(out + 52, (uint32_t)c->rope_neox);
     e8kv_store_le32(out + 56, (uint32_t)meta_size);
-    e8kv_store_le32(out + 60, 0);
+    e8kv_store_le32(out + 60, with_calib ? CACHE_FLAG_CALIB : 0u);
     e8kv_store_le64(w.p, XXH64(out, total - 8, 0));
     return total;
 }
@@ -310,19 +328,30 @@ size_t e8kv_cache_file_get_info(e8kv_cache_file_info *info, const void *src, siz
     const uint8_t *const in = src;
     if (src_size < 6) return E8KV_ERR(TRUNCATED);
     if (memcmp(in, CACHE_MAGIC, 4)) return E8KV_ERR(CORRUPTED);
-    if (e8kv_load_le16(in + 4) != E8KV_CACHE_FORMAT_VERSION) return E8KV_ERR(VERSION);
+    const unsigned version = e8kv_load_le16(in + 4);
+    if (version != 1 && version != 2) return E8KV_ERR(VERSION);
     if (src_size < CACHE_HEADER_BYTES + 8) return E8KV_ERR(TRUNCATED);
     const uint64_t total = e8kv_load_le64(in + 8);
     if (total > src_size) return E8KV_ERR(TRUNCATED);
     if (total < src_size || total < CACHE_HEADER_BYTES + 8) return E8KV_ERR(CORRUPTED);
     if (XXH64(in, total - 8, 0) != e8kv_load_le64(in + total - 8)) return E8KV_ERR(CHECKSUM);
     const size_t spec_len = e8kv_load_le16(in + 6), meta_size = e8kv_load_le32(in + 56);
-    if (spec_len == 0 || spec_len > CANON_SPEC_MAX || e8kv_load_le32(in + 60) != 0 ||
+    const uint32_t flags = e8kv_load_le32(in + 60);
+    if (spec_len == 0 || spec_len > CANON_SPEC_MAX || flags != (version == 2 ? CACHE_FLAG_CALIB : 0u) ||
         e8kv_load_le32(in + 52) > 1)
         return E8KV_ERR(CORRUPTED);
     if (spec_len + (uint64_t)meta_size > total - CACHE_HEADER_BYTES - 8) return E8KV_ERR(CORRUPTED);
     if (memchr(in + CACHE_HEADER_BYTES, 0, spec_len)) return E8KV_ERR(CORRUPTED);
-    info->version = E8KV_CACHE_FORMAT_VERSION;
+    size_t body = CACHE_HEADER_BYTES + spec_len + meta_size; /* the first byte after the meta */
+    if (flags & CACHE_FLAG_CALIB) { /* u64 size, then the calibration (checked by e8kv_calib_load) */
+        if (total - 8 - body < 8) return E8KV_ERR(CORRUPTED);
+        const uint64_t cs = e8kv_load_le64(in + body);
+        if (cs == 0 || cs > total - 8 - body - 8) return E8KV_ERR(CORRUPTED);
+        info->calib_offset = body + 8;
+        info->calib_size = (size_t)cs;
+        body += 8 + (size_t)cs;
+    }
+    info->version = version;
     info->file_size = (size_t)total;
     info->n_layer = e8kv_load_le32(in + 16);
     info->n_head_kv = e8kv_load_le32(in + 20);
@@ -342,7 +371,7 @@ size_t e8kv_cache_file_get_info(e8kv_cache_file_info *info, const void *src, siz
     if (info->n_layer == 0 || info->n_head_kv == 0 || info->head_dim == 0 || info->page_tokens == 0 ||
         info->n_ctx == 0)
         return E8KV_ERR(CORRUPTED);
-    if (info->n_layer > (total - info->meta_offset - meta_size - 8) / 4) return E8KV_ERR(CORRUPTED);
+    if (info->n_layer > (total - body - 8) / 4) return E8KV_ERR(CORRUPTED);
     const size_t n_page_max = (info->n_ctx + info->page_tokens - 1) / info->page_tokens;
     if (info->n_head_kv > 4096 || n_page_max > LOAD_MAX_TABLE_ENTRIES / info->n_head_kv ||
         info->n_layer > LOAD_MAX_TABLE_ENTRIES / (info->n_head_kv * n_page_max))
@@ -424,13 +453,7 @@ static size_t load_layer(rbuf *r, e8kv_cache *c, kv_layer *L) {
         if (mu_set) {
             E8KV_RETURN_IF_ERROR(get_f32s(r, L->k_mu, hd));
             E8KV_RETURN_IF_ERROR(get_f32s(r, L->v_mu, hd));
-            /* the read-domain copies exactly as kvcache.c derives them */
-            memcpy(L->k_mu_read, L->k_mu, hd * sizeof(float));
-            memcpy(L->v_mu_read, L->v_mu, hd * sizeof(float));
-            for (size_t h = 0; h < c->n_head_kv; h++) {
-                if (L->k.rotated) e8kv_rot_forward(&L->k.codec->rot, L->k_mu_read + h * d, 1);
-                if (L->v.rotated) e8kv_rot_forward(&L->v.codec->rot, L->v_mu_read + h * d, 1);
-            }
+            e8kv_cache_means_to_read_domain(c, L); /* exactly as kvcache.c derives them */
         }
         L->mu_set = (int)mu_set;
     }
@@ -478,13 +501,24 @@ size_t e8kv_cache_load_into(e8kv_cache *cache, const void *src, size_t src_size)
         return E8KV_ERR(DIMENSION);
     char spec[CANON_SPEC_MAX + 1];
     E8KV_RETURN_IF_ERROR(canon_spec(c, spec, sizeof spec));
-    if (strcmp(spec, fi.spec) || fi.seed != c->layers[0].k.codec->seed || fi.page_tokens != c->page_tokens)
-        return E8KV_ERR(SPEC);
+    if (strcmp(spec, fi.spec) || fi.seed != c->seed || fi.page_tokens != c->page_tokens) return E8KV_ERR(SPEC);
+    if ((fi.calib_size != 0) != (c->xforms != NULL)) return E8KV_ERR(SPEC);
+    if (fi.calib_size) { /* the e8t streams must come from the very same calibration */
+        const size_t cap = e8kv_calib_save_bound(c->calib);
+        E8KV_RETURN_IF_ERROR(cap);
+        uint8_t *mine = cap == fi.calib_size ? malloc(cap) : NULL;
+        if (cap == fi.calib_size && !mine) return E8KV_ERR(OUT_OF_MEMORY);
+        const int same = mine && e8kv_calib_save(mine, cap, c->calib) == cap &&
+                         !memcmp(mine, (const uint8_t *)src + fi.calib_offset, cap);
+        free(mine);
+        if (!same) return E8KV_ERR(SPEC);
+    }
     if (c->rope_pre &&
         (fi.rope_neox != c->rope_neox || memcmp(&fi.rope_theta, &c->rope_theta, sizeof(float))))
         return E8KV_ERR(SPEC);
     e8kv_cache_clear(c);
-    rbuf r = {(const uint8_t *)src + fi.meta_offset + fi.meta_size, (const uint8_t *)src + fi.file_size - 8};
+    rbuf r = {(const uint8_t *)src + fi.meta_offset + fi.meta_size + (fi.calib_size ? 8 + fi.calib_size : 0),
+              (const uint8_t *)src + fi.file_size - 8};
     size_t res = 0, n_max = 0;
     for (size_t l = 0; l < c->n_layer && !e8kv_is_error(res); l++) {
         res = load_layer(&r, c, &c->layers[l]);
@@ -506,6 +540,11 @@ e8kv_cache *e8kv_cache_load(const void *src, size_t src_size, size_t n_threads, 
     if (!src) r = E8KV_ERR(BAD_ARGUMENT);
     if (!e8kv_is_error(r)) r = e8kv_cache_file_get_info(&fi, src, src_size);
     e8kv_cache *c = NULL;
+    e8kv_calib *cal = NULL;
+    if (!e8kv_is_error(r) && fi.calib_size) {
+        cal = e8kv_calib_load((const uint8_t *)src + fi.calib_offset, fi.calib_size, &r);
+        if (!cal && e8kv_get_error_code(r) != E8KV_ERROR_OUT_OF_MEMORY) r = E8KV_ERR(CORRUPTED);
+    }
     if (!e8kv_is_error(r)) {
         const e8kv_cache_params p = {.n_layer = fi.n_layer,
                                      .n_head_kv = fi.n_head_kv,
@@ -515,8 +554,13 @@ e8kv_cache *e8kv_cache_load(const void *src, size_t src_size, size_t n_threads, 
                                      .seed = fi.seed,
                                      .n_threads = n_threads,
                                      .rope_theta = fi.rope_theta,
-                                     .rope_neox = fi.rope_neox};
+                                     .rope_neox = fi.rope_neox,
+                                     .calib = cal};
         c = e8kv_cache_create(&p, &r);
+        if (c) { /* the cache owns the calibration it was loaded with */
+            c->calib_owned = cal;
+            cal = NULL;
+        }
         if (!c && !e8kv_is_error(r)) r = E8KV_ERR(CORRUPTED);
         /* a spec the grammar or a codec rejects came from the file: corrupted, not a caller's mistake */
         if (!c && e8kv_get_error_code(r) != E8KV_ERROR_OUT_OF_MEMORY) r = E8KV_ERR(CORRUPTED);
@@ -533,6 +577,7 @@ e8kv_cache *e8kv_cache_load(const void *src, size_t src_size, size_t n_threads, 
             c = NULL;
         }
     }
+    e8kv_calib_free(cal);
     if (err) *err = e8kv_is_error(r) ? r : 0;
     return c;
 }

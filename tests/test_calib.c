@@ -1,0 +1,701 @@
+/* Transform coding: the Jacobi eigensolver and KLT transforms (transform/klt.c), the calibration API and
+ * its serialization (cache/calib.c, doc/format.md §5, malformed input), and e8t cache streams
+ * (cache/xform.c) against attention computed here over an independent reconstruction through the public
+ * codec API: x̂ = μ + Pᵀ·W⁻¹·e8:B(W·P·(x − μ)), W = diag(λ^(−1/4)). */
+#include "test_util.h"
+
+#include "cache/kvcache.h"
+#include "common/cpu.h"
+#include "common/rng.h"
+#include "transform/klt.h"
+
+#include <math.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define D 64
+
+/* ---------------------------------------------------------------- eigensolver and transforms */
+
+static void random_symmetric(e8kv_rng *rng, double *a, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = i; j < n; j++)
+            a[i * n + j] = a[j * n + i] = e8kv_rng_normal(rng);
+}
+
+static void check_eigen(const double *a0, size_t n, const double *w, const double *v) {
+    double norm = 0.0;
+    for (size_t i = 0; i < n * n; i++)
+        norm += a0[i] * a0[i];
+    norm = sqrt(norm);
+    for (size_t i = 0; i < n; i++) {
+        if (i) assert_true(w[i] <= w[i - 1]);
+        size_t big = 0;
+        for (size_t k = 0; k < n; k++) {
+            double av = 0.0; /* (A v_i)_k − λ_i v_ik */
+            for (size_t j = 0; j < n; j++)
+                av += a0[k * n + j] * v[i * n + j];
+            if (fabs(av - w[i] * v[i * n + k]) > 1e-9 * norm)
+                fail_msg("eigenpair %zu: residual %g", i, av - w[i] * v[i * n + k]);
+            if (fabs(v[i * n + k]) > fabs(v[i * n + big])) big = k;
+        }
+        assert_true(v[i * n + big] > 0.0); /* sign rule */
+        for (size_t j = 0; j <= i; j++) {
+            double dot = 0.0;
+            for (size_t k = 0; k < n; k++)
+                dot += v[i * n + k] * v[j * n + k];
+            if (fabs(dot - (i == j)) > 1e-12) fail_msg("rows %zu, %zu not orthonormal: %g", i, j, dot);
+        }
+    }
+}
+
+static void test_sym_eigen(void **state) {
+    (void)state;
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 5);
+    static const size_t sizes[] = {2, 8, 16, 64};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        const size_t n = sizes[s];
+        double *a = malloc(n * n * sizeof *a), *a0 = malloc(n * n * sizeof *a), *w = malloc(n * sizeof *w),
+               *v = malloc(n * n * sizeof *v);
+        random_symmetric(&rng, a, n);
+        memcpy(a0, a, n * n * sizeof *a);
+        assert_ok(e8kv_sym_eigen(a, n, w, v));
+        check_eigen(a0, n, w, v);
+        /* a diagonal matrix: its entries, sorted, and unit vectors */
+        memset(a, 0, n * n * sizeof *a);
+        for (size_t i = 0; i < n; i++)
+            a[i * n + i] = (double)((i * 7) % n);
+        memcpy(a0, a, n * n * sizeof *a);
+        assert_ok(e8kv_sym_eigen(a, n, w, v));
+        check_eigen(a0, n, w, v);
+        assert_true(w[0] == (double)(n - 1) && w[n - 1] == 0.0);
+        free(a);
+        free(a0);
+        free(w);
+        free(v);
+    }
+    double one = 1.0, w1, v1;
+    assert_error(e8kv_sym_eigen(NULL, 1, &w1, &v1), BAD_ARGUMENT);
+    assert_error(e8kv_sym_eigen(&one, 0, &w1, &v1), BAD_ARGUMENT);
+}
+
+/* a random orthonormal basis (rows) from an eigendecomposition */
+static float *random_basis(e8kv_rng *rng, size_t n) {
+    double *a = malloc(n * n * sizeof *a), *w = malloc(n * sizeof *w), *v = malloc(n * n * sizeof *v);
+    random_symmetric(rng, a, n);
+    assert_ok(e8kv_sym_eigen(a, n, w, v));
+    float *P = malloc(n * n * sizeof *P);
+    for (size_t i = 0; i < n * n; i++)
+        P[i] = (float)v[i];
+    free(a);
+    free(w);
+    free(v);
+    return P;
+}
+
+static void test_klt_twins(void **state) {
+    (void)state;
+    if (!e8kv_cpu_has_avx2()) skip();
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 6);
+    static const size_t dims[] = {8, 64, 128};
+    for (size_t s = 0; s < 3; s++) {
+        const size_t d = dims[s], n = 7;
+        float *P = random_basis(&rng, d), *x = malloc(n * d * 4), *a = malloc(n * d * 4),
+              *b = malloc(n * d * 4);
+        for (size_t i = 0; i < n * d; i++)
+            x[i] = (float)e8kv_rng_normal(&rng);
+        memcpy(a, x, n * d * 4);
+        memcpy(b, x, n * d * 4);
+        e8kv_klt_forward_ref(P, d, a, n);
+        e8kv_klt_forward_avx2(P, d, b, n);
+        for (size_t i = 0; i < n * d; i++)
+            assert_true(fabsf(a[i] - b[i]) <= 1e-5f * (1.0f + fabsf(a[i])));
+        e8kv_klt_inverse_ref(P, d, d, a, n); /* orthonormal: the inverse gives x back */
+        e8kv_klt_inverse_avx2(P, d, d, b, n);
+        for (size_t i = 0; i < n * d; i++) {
+            assert_true(fabsf(a[i] - x[i]) <= 1e-4f);
+            assert_true(fabsf(a[i] - b[i]) <= 1e-5f * (1.0f + fabsf(a[i])));
+        }
+        /* n_used: only the first rows count (the rest of y must be 0) */
+        const size_t nu = d / 2;
+        for (size_t i = 0; i < n * d; i++)
+            a[i] = b[i] = (i % d) < nu ? x[i] : 0.0f;
+        e8kv_klt_inverse_ref(P, d, d, a, n);
+        e8kv_klt_inverse_avx2(P, d, nu, b, n);
+        for (size_t i = 0; i < n * d; i++)
+            assert_true(fabsf(a[i] - b[i]) <= 1e-5f * (1.0f + fabsf(a[i])));
+        free(P);
+        free(x);
+        free(a);
+        free(b);
+    }
+}
+
+/* ---------------------------------------------------------------- calibration */
+
+/* Correlated test vectors: x = μ_seq + L·z with L = Q·diag(√λ), λ_i = 100·0.8^i, Q a fixed random basis.
+ * Rows of n_head_kv heads, each head its own Q. */
+typedef struct {
+    size_t n_head_kv;
+    float *Q[4];
+    double lam[D];
+} corr_source;
+
+static void source_init(corr_source *s, e8kv_rng *rng, size_t n_head_kv) {
+    s->n_head_kv = n_head_kv;
+    for (size_t h = 0; h < n_head_kv; h++)
+        s->Q[h] = random_basis(rng, D);
+    for (size_t i = 0; i < D; i++)
+        s->lam[i] = 100.0 * pow(0.8, (double)i);
+}
+
+static void source_free(corr_source *s) {
+    for (size_t h = 0; h < s->n_head_kv; h++)
+        free(s->Q[h]);
+}
+
+/* n tokens of (n_head_kv * D) floats; every head gets the offset `mu` on every coordinate */
+static float *source_draw(const corr_source *s, e8kv_rng *rng, size_t n, double mu) {
+    float *x = malloc(n * s->n_head_kv * D * sizeof *x);
+    for (size_t t = 0; t < n; t++)
+        for (size_t h = 0; h < s->n_head_kv; h++) {
+            double z[D];
+            for (size_t i = 0; i < D; i++)
+                z[i] = sqrt(s->lam[i]) * e8kv_rng_normal(rng);
+            for (size_t k = 0; k < D; k++) {
+                double v = mu;
+                for (size_t i = 0; i < D; i++)
+                    v += s->Q[h][i * D + k] * z[i]; /* Qᵀ z: row i of Q is a direction */
+                x[(t * s->n_head_kv + h) * D + k] = (float)v;
+            }
+        }
+    return x;
+}
+
+/* A finalized calibration of n_layer layers from n_seq sequences of n_tok tokens (K and V alike). */
+static e8kv_calib *make_calib(const corr_source *s, e8kv_rng *rng, size_t n_layer, size_t n_seq,
+                              size_t n_tok) {
+    size_t err = 0;
+    e8kv_calib *cal = e8kv_calib_create(n_layer, s->n_head_kv, D, &err);
+    assert_non_null(cal);
+    for (size_t q = 0; q < n_seq; q++)
+        for (size_t l = 0; l < n_layer; l++) {
+            float *k = source_draw(s, rng, n_tok, 3.0 * (double)q),
+                  *v = source_draw(s, rng, n_tok, -2.0 * (double)q);
+            assert_int_equal(e8kv_calib_observe(cal, l, k, v, n_tok), (q + 1) * n_tok);
+            free(k);
+            free(v);
+        }
+    assert_ok(e8kv_calib_finalize(cal));
+    return cal;
+}
+
+static void test_calib_recovers_covariance(void **state) {
+    (void)state;
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 7);
+    corr_source src;
+    source_init(&src, &rng, 2);
+    /* 8 sequences with different means: per-sequence centring must remove them */
+    e8kv_calib *cal = make_calib(&src, &rng, 1, 8, 1000);
+    size_t nl = 0, nh = 0, d = 0, nt = 0;
+    assert_ok(e8kv_calib_info(cal, &nl, &nh, &d, &nt));
+    assert_true(nl == 1 && nh == 2 && d == D && nt == 8000);
+    for (size_t h = 0; h < 2; h++)
+        for (int is_v = 0; is_v < 2; is_v++) {
+            const float *ev = e8kv_calib_eigenvalues(cal, 0, is_v, h);
+            assert_non_null(ev);
+            for (size_t i = 0; i < D; i++) /* 8000 samples: a few percent of sampling error */
+                if (fabs(ev[i] / src.lam[i] - 1.0) > 0.12)
+                    fail_msg("eigenvalue %zu: %g vs %g", i, ev[i], src.lam[i]);
+            const float *P = e8kv_calib_basis(cal, 0, is_v, h);
+            for (size_t i = 0; i < 4; i++) { /* the leading directions, well separated */
+                double dot = 0.0;
+                for (size_t k = 0; k < D; k++)
+                    dot += (double)P[i * D + k] * src.Q[h][i * D + k];
+                if (fabs(dot) < 0.97) fail_msg("head %zu direction %zu: |cos| %g", h, i, fabs(dot));
+            }
+        }
+    assert_true(e8kv_calib_bytes(cal) >= 4 * D * D * sizeof(float));
+    e8kv_calib_free(cal);
+    source_free(&src);
+}
+
+static void test_calib_errors(void **state) {
+    (void)state;
+    size_t err = 0;
+    assert_null(e8kv_calib_create(0, 1, D, &err));
+    assert_error(err, BAD_ARGUMENT);
+    assert_null(e8kv_calib_create(1, 1, 12, &err));
+    assert_error(err, HEAD_DIM);
+    e8kv_calib *cal = e8kv_calib_create(2, 1, D, &err);
+    assert_non_null(cal);
+    float x[4 * D];
+    for (size_t i = 0; i < 4 * D; i++)
+        x[i] = (float)(i % 7);
+    assert_error(e8kv_calib_observe(cal, 2, x, x, 4), DIMENSION);
+    assert_error(e8kv_calib_observe(cal, 0, x, x, 1), BAD_ARGUMENT);
+    assert_error(e8kv_calib_observe(NULL, 0, x, x, 4), BAD_ARGUMENT);
+    x[5] = NAN;
+    assert_error(e8kv_calib_observe(cal, 0, x, x, 4), NONFINITE);
+    x[5] = 1.0f;
+    assert_int_equal(e8kv_calib_observe(cal, 0, x, x, 4), 4); /* the rejected call recorded nothing */
+    assert_error(e8kv_calib_finalize(cal), BAD_ARGUMENT);     /* layer 1 never observed */
+    assert_null(e8kv_calib_eigenvalues(cal, 0, 0, 0));
+    assert_error(e8kv_calib_save_bound(cal), BAD_ARGUMENT);
+    assert_int_equal(e8kv_calib_observe(cal, 1, x, x, 4), 4);
+    assert_ok(e8kv_calib_finalize(cal));
+    assert_error(e8kv_calib_finalize(cal), BAD_ARGUMENT);
+    assert_error(e8kv_calib_observe(cal, 0, x, x, 4), BAD_ARGUMENT);
+    assert_null(e8kv_calib_eigenvalues(cal, 0, 0, 1));
+    e8kv_calib_free(cal);
+    e8kv_calib_free(NULL);
+}
+
+/* re-checksum a modified calibration file so the change itself is what the loader sees */
+static void fix_xxh(uint8_t *b, size_t n) {
+    const uint64_t h = XXH64(b, n - 8, 0);
+    for (int i = 0; i < 8; i++)
+        b[n - 8 + i] = (uint8_t)(h >> (8 * i));
+}
+
+static void test_calib_serialization(void **state) {
+    (void)state;
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 8);
+    corr_source src;
+    source_init(&src, &rng, 1);
+    e8kv_calib *cal = make_calib(&src, &rng, 2, 2, 200);
+    const size_t n = e8kv_calib_save_bound(cal);
+    assert_false(e8kv_is_error(n));
+    uint8_t *b = malloc(n), *b2 = malloc(n), *g = malloc(n + 1);
+    assert_int_equal(e8kv_calib_save(b, n, cal), n);
+    assert_error(e8kv_calib_save(b, n - 1, cal), DST_TOO_SMALL);
+    size_t err = 0;
+    e8kv_calib *back = e8kv_calib_load(b, n, &err);
+    assert_non_null(back);
+    assert_int_equal(e8kv_calib_save(b2, n, back), n);
+    assert_memory_equal(b, b2, n); /* loading keeps every byte */
+    e8kv_calib_free(back);
+    /* every truncation, every single-bit flip: a named error, never a fault */
+    for (size_t k = 0; k < n; k += (k < 64 ? 1 : 97)) {
+        assert_null(e8kv_calib_load(b, k, &err));
+        const e8kv_error_code ec = e8kv_get_error_code(err);
+        assert_true(ec == E8KV_ERROR_TRUNCATED || ec == E8KV_ERROR_CORRUPTED);
+    }
+    for (size_t k = 0; k < n; k += (k < 64 ? 1 : 131)) {
+        memcpy(g, b, n);
+        g[k] ^= (uint8_t)(1u << (k % 8));
+        assert_null(e8kv_calib_load(g, n, &err));
+        const e8kv_error_code ec = e8kv_get_error_code(err);
+        assert_true(ec == E8KV_ERROR_CHECKSUM || ec == E8KV_ERROR_CORRUPTED || ec == E8KV_ERROR_VERSION ||
+                    ec == E8KV_ERROR_TRUNCATED);
+        if (k >= 32 && k < n - 8) assert_int_equal(ec, E8KV_ERROR_CHECKSUM);
+    }
+    memcpy(g, b, n);
+    g[n] = 0;
+    assert_null(e8kv_calib_load(g, n + 1, &err)); /* trailing byte */
+    assert_error(err, CORRUPTED);
+    memcpy(g, b, n);
+    e8kv_store_le32(g + 8, 2);
+    assert_null(e8kv_calib_load(g, n, &err));
+    assert_error(err, VERSION);
+    /* valid checksums, bad contents */
+    const size_t first_eig = 32 + 8 * 2; /* header, token counts of 2 layers */
+    memcpy(g, b, n);
+    e8kv_store_lef32(g + first_eig, NAN);
+    fix_xxh(g, n);
+    assert_null(e8kv_calib_load(g, n, &err));
+    assert_error(err, CORRUPTED);
+    memcpy(g, b, n);
+    e8kv_store_lef32(g + first_eig + 4, 1e30f); /* eigenvalues no longer decreasing */
+    fix_xxh(g, n);
+    assert_null(e8kv_calib_load(g, n, &err));
+    assert_error(err, CORRUPTED);
+    memcpy(g, b, n);
+    e8kv_store_lef32(g + first_eig + 4 * D, 0.9f); /* P[0][0]: the basis is no longer orthonormal */
+    e8kv_store_lef32(g + first_eig + 4 * D + 4, 0.9f);
+    fix_xxh(g, n);
+    assert_null(e8kv_calib_load(g, n, &err));
+    assert_error(err, CORRUPTED);
+    memcpy(g, b, n);
+    e8kv_store_le32(g + 12, 100000); /* n_layer: the size no longer matches */
+    fix_xxh(g, n);
+    assert_null(e8kv_calib_load(g, n, &err));
+    assert_true(e8kv_get_error_code(err) == E8KV_ERROR_CORRUPTED ||
+                e8kv_get_error_code(err) == E8KV_ERROR_TRUNCATED);
+    memcpy(g, b, n);
+    e8kv_store_le32(g + 20, 12); /* head_dim */
+    fix_xxh(g, n);
+    assert_null(e8kv_calib_load(g, n, &err));
+    assert_error(err, CORRUPTED);
+    /* files */
+    char path[] = "/tmp/e8kv_test_calib_XXXXXX";
+    const int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(e8kv_calib_save_file(cal, path), n);
+    back = e8kv_calib_load_file(path, &err);
+    assert_non_null(back);
+    e8kv_calib_free(back);
+    remove(path);
+    assert_null(e8kv_calib_load_file(path, &err));
+    assert_error(err, IO);
+    free(b);
+    free(b2);
+    free(g);
+    e8kv_calib_free(cal);
+    source_free(&src);
+}
+
+/* ---------------------------------------------------------------- e8t cache streams */
+
+typedef struct {
+    size_t n_layer, n_head_kv, n_head;
+} dims;
+
+static void naive(const dims *s, const float *K, const float *V, const float *q, size_t n_tok, size_t pos0,
+                  double *out) {
+    const size_t g = s->n_head / s->n_head_kv;
+    double *sc = malloc((pos0 + n_tok) * sizeof *sc);
+    for (size_t t = 0; t < n_tok; t++)
+        for (size_t hq = 0; hq < s->n_head; hq++) {
+            const size_t h = hq / g, nk = pos0 + t + 1;
+            double mx = -INFINITY, z = 0.0;
+            for (size_t j = 0; j < nk; j++) {
+                double dot = 0.0;
+                for (size_t i = 0; i < D; i++)
+                    dot += (double)q[(t * s->n_head + hq) * D + i] * K[(j * s->n_head_kv + h) * D + i];
+                sc[j] = dot / sqrt((double)D);
+                if (sc[j] > mx) mx = sc[j];
+            }
+            for (size_t j = 0; j < nk; j++)
+                z += (sc[j] = exp(sc[j] - mx));
+            double *o = out + (t * s->n_head + hq) * D;
+            for (size_t i = 0; i < D; i++)
+                o[i] = 0.0;
+            for (size_t j = 0; j < nk; j++)
+                for (size_t i = 0; i < D; i++)
+                    o[i] += sc[j] / z * V[(j * s->n_head_kv + h) * D + i];
+        }
+    free(sc);
+}
+
+static void rope_ref(float *x, size_t pos, double theta) { /* interleaved pairs, double angles */
+    for (size_t i = 0; i < D / 2; i++) {
+        const double a = (double)pos * pow(theta, -2.0 * (double)i / D);
+        const double x0 = x[2 * i], x1 = x[2 * i + 1];
+        x[2 * i] = (float)(x0 * cos(a) - x1 * sin(a));
+        x[2 * i + 1] = (float)(x0 * sin(a) + x1 * cos(a));
+    }
+}
+
+/* What an e8t:B stream holds for x (n tokens, n_head_kv heads) of layer l: μ + Pᵀ W⁻¹ e8:B(W P (x − μ)), μ
+ * the mean over the first n_mean tokens (the cache's centring of the first append), sinks exact. */
+static float *reconstruct(const e8kv_calib *cal, size_t l, int is_v, size_t n_head_kv, const float *x,
+                          size_t n, size_t n_mean, const char *codec_spec, size_t n_sink) {
+    static float identity[D * D], ones[D];
+    for (size_t i = 0; i < D; i++) {
+        identity[i * D + i] = 1.0f;
+        ones[i] = 1.0f;
+    }
+    const int plain = cal == NULL; /* a stream without transform: centred e8:B */
+    size_t err = 0;
+    e8kv_codec *codec = e8kv_codec_create(codec_spec, D, 1234, &err);
+    assert_non_null(codec);
+    const size_t vb = e8kv_codec_vector_bytes(codec);
+    float *y = malloc(n * n_head_kv * D * sizeof *y);
+    uint8_t *buf = malloc(vb);
+    for (size_t h = 0; h < n_head_kv; h++) {
+        const float *P = plain ? identity : e8kv_calib_basis(cal, l, is_v, h);
+        const float *ev = plain ? ones : e8kv_calib_eigenvalues(cal, l, is_v, h);
+        double mu[D] = {0};
+        for (size_t t = 0; t < n_mean; t++)
+            for (size_t i = 0; i < D; i++)
+                mu[i] += x[(t * n_head_kv + h) * D + i];
+        for (size_t i = 0; i < D; i++)
+            mu[i] /= (double)n_mean;
+        for (size_t t = 0; t < n; t++) {
+            const float *xt = x + (t * n_head_kv + h) * D;
+            float *yt = y + (t * n_head_kv + h) * D;
+            if (t < n_sink) {
+                memcpy(yt, xt, D * sizeof(float));
+                continue;
+            }
+            /* W P (x − μ), in the float operations the cache uses (klt.h, the same dispatch), so that the
+             * codes are the same bytes: a double here would move a few inputs across quantization boundaries
+             */
+            float u[D], r[D];
+            for (size_t k = 0; k < D; k++)
+                u[k] = xt[k] - (float)mu[k];
+            if (e8kv_cpu_has_avx2())
+                e8kv_klt_forward_avx2(P, D, u, 1);
+            else
+                e8kv_klt_forward_ref(P, D, u, 1);
+            for (size_t i = 0; i < D; i++) {
+                const double lam = ev[i] > 1e-6f * ev[0] ? ev[i] : 1e-6 * ev[0];
+                u[i] *= (float)pow(lam, -0.25);
+            }
+            assert_int_equal(e8kv_codec_encode(codec, buf, vb, u, 1), vb);
+            assert_int_equal(e8kv_codec_decode(codec, r, D, buf, vb, 1), D);
+            for (size_t k = 0; k < D; k++) { /* μ + Pᵀ W⁻¹ r */
+                double s = mu[k];
+                for (size_t i = 0; i < D; i++)
+                    s +=
+                        (double)P[i * D + k] * r[i] * pow(ev[i] > 1e-6f * ev[0] ? ev[i] : 1e-6 * ev[0], 0.25);
+                yt[k] = (float)s;
+            }
+        }
+    }
+    free(buf);
+    e8kv_codec_free(codec);
+    return y;
+}
+
+static e8kv_cache *make_e8t_cache(const dims *s, const char *spec, float theta, const e8kv_calib *cal,
+                                  size_t *err) {
+    const e8kv_cache_params p = {.n_layer = s->n_layer,
+                                 .n_head_kv = s->n_head_kv,
+                                 .head_dim = D,
+                                 .n_ctx = 400,
+                                 .spec = spec,
+                                 .seed = 1234,
+                                 .rope_theta = theta,
+                                 .calib = cal};
+    return e8kv_cache_create(&p, err);
+}
+
+/* Attention of an e8t cache equals naive attention over reconstruct() (with RoPE applied to the keys when
+ * theta > 0: keys are coded before RoPE); decode and chunked prefill; 1 and 3 threads. */
+static void check_e8t(const char *spec, const char *k_codec, const char *v_codec, int v_plain, size_t n_sink,
+                      float theta) {
+    const dims s = {2, 2, 6};
+    const size_t n = 203, row = s.n_head_kv * D;
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 11);
+    corr_source src;
+    source_init(&src, &rng, s.n_head_kv);
+    e8kv_calib *cal = make_calib(&src, &rng, s.n_layer, 4, 300);
+    for (size_t threads = 1; threads <= 3; threads += 2) {
+        size_t err = 0;
+        e8kv_cache_params p = {.n_layer = s.n_layer,
+                               .n_head_kv = s.n_head_kv,
+                               .head_dim = D,
+                               .n_ctx = 400,
+                               .spec = spec,
+                               .seed = 1234,
+                               .n_threads = threads,
+                               .rope_theta = theta,
+                               .calib = cal};
+        e8kv_cache *c = e8kv_cache_create(&p, &err);
+        if (!c) fail_msg("%s: %s", spec, e8kv_error_name(err));
+        for (size_t l = 0; l < s.n_layer; l++) {
+            float *K = source_draw(&src, &rng, n, 1.5), *V = source_draw(&src, &rng, n, -0.5);
+            assert_int_equal(e8kv_cache_append(c, l, K, V, 150), 150); /* first append: the centring means */
+            assert_int_equal(e8kv_cache_append(c, l, K + 150 * row, V + 150 * row, n - 150), n);
+            float *Kr = reconstruct(cal, l, 0, s.n_head_kv, K, n, 150, k_codec, n_sink);
+            float *Vr = reconstruct(v_plain ? NULL : cal, l, 1, s.n_head_kv, V, n, 150, v_codec, n_sink);
+            if (theta > 0.0f)
+                for (size_t t = 0; t < n; t++)
+                    for (size_t h = 0; h < s.n_head_kv; h++)
+                        rope_ref(Kr + t * row + h * D, t, theta);
+            for (size_t nt = 1; nt <= 5; nt += 4) {
+                const size_t n_out = nt * s.n_head * D;
+                float *q = malloc(n_out * sizeof *q), *out = malloc(n_out * sizeof *out);
+                double *ref = malloc(n_out * sizeof *ref);
+                for (size_t i = 0; i < n_out; i++)
+                    q[i] = (float)(0.3 * e8kv_rng_normal(&rng));
+                assert_int_equal(e8kv_cache_attend(c, out, n_out, l, q, s.n_head, nt, n - nt), n_out);
+                naive(&s, Kr, Vr, q, nt, n - nt, ref);
+                double e = 0.0, m = 0.0;
+                for (size_t i = 0; i < n_out; i++) {
+                    e = fmax(e, fabs(out[i] - ref[i]));
+                    m = fmax(m, fabs(ref[i]));
+                }
+                if (e > 2e-4 * (1.0 + m))
+                    fail_msg("%s layer %zu nt %zu threads %zu: max |diff| %g (max |out| %g)", spec, l, nt,
+                             threads, e, m);
+                free(q);
+                free(out);
+                free(ref);
+            }
+            free(K);
+            free(V);
+            free(Kr);
+            free(Vr);
+        }
+        e8kv_cache_free(c);
+    }
+    e8kv_calib_free(cal);
+    source_free(&src);
+}
+
+static void test_e8t_attention(void **state) {
+    (void)state;
+    check_e8t("e8t:4", "e8:4", "e8:4", 0, 0, 0.0f); /* keys read in the coded domain: query through Gᵀ */
+    check_e8t("e8t:4", "e8:4", "e8:4", 0, 0, 10000.0f); /* rope=pre by default: keys decoded, then RoPE */
+    check_e8t("k=e8t:3,v=e8t:2,sink=3", "e8:3", "e8:2", 0, 3, 10000.0f);
+    check_e8t("k=e8t:4,v=e8:4", "e8:4", "e8:4", 1, 0, 0.0f); /* V plain e8:4: no transform */
+}
+
+/* mean squared error of e8t:B vs e8:B on the correlated source, against the predicted gain
+ * AM(λ)/AM(√λ)² (xform.c) */
+static void test_e8t_gain(void **state) {
+    (void)state;
+    const dims s = {1, 1, 1};
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 12);
+    corr_source src;
+    source_init(&src, &rng, 1);
+    e8kv_calib *cal = make_calib(&src, &rng, 1, 4, 500);
+    const size_t n = 400;
+    float *x = source_draw(&src, &rng, n, 0.0);
+    double se[2] = {0, 0};
+    for (int t = 0; t < 2; t++) {
+        float *y = reconstruct(cal, 0, 1, 1, x, n, n, t ? "e8:4" : "e8:4", 0);
+        if (t) { /* plain e8:4 of the centred vectors */
+            free(y);
+            size_t err = 0;
+            e8kv_codec *c = e8kv_codec_create("e8:4", D, 1234, &err);
+            y = malloc(n * D * sizeof *y);
+            uint8_t *b = malloc(n * e8kv_codec_vector_bytes(c));
+            assert_false(e8kv_is_error(e8kv_codec_encode(c, b, n * e8kv_codec_vector_bytes(c), x, n)));
+            assert_false(e8kv_is_error(e8kv_codec_decode(c, y, n * D, b, n * e8kv_codec_vector_bytes(c), n)));
+            free(b);
+            e8kv_codec_free(c);
+        }
+        for (size_t i = 0; i < n * D; i++)
+            se[t] += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
+        free(y);
+    }
+    double am = 0.0, rt = 0.0;
+    for (size_t i = 0; i < D; i++) {
+        am += src.lam[i] / D;
+        rt += sqrt(src.lam[i]) / D;
+    }
+    const double predicted = 10.0 * log10(am / (rt * rt)), measured = 10.0 * log10(se[1] / se[0]);
+    print_message("e8t:4 vs e8:4 on a λ_i = 100·0.8^i source: %.2f dB lower MSE (predicted %.2f dB)\n",
+                  measured, predicted);
+    if (fabs(measured - predicted) > 0.5) fail_msg("gain %.2f dB, predicted %.2f dB", measured, predicted);
+    (void)s;
+    free(x);
+    e8kv_calib_free(cal);
+    source_free(&src);
+}
+
+static void test_e8t_errors(void **state) {
+    (void)state;
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 13);
+    corr_source src;
+    source_init(&src, &rng, 2);
+    e8kv_calib *cal = make_calib(&src, &rng, 2, 1, 100);
+    const dims s2 = {2, 2, 4}, s3 = {3, 2, 4}, s1 = {2, 1, 4};
+    size_t err = 0;
+    assert_null(make_e8t_cache(&s2, "e8t:4", 0.0f, NULL, &err)); /* no calibration */
+    assert_error(err, SPEC);
+    assert_null(make_e8t_cache(&s3, "e8t:4", 0.0f, cal, &err)); /* made for other dimensions */
+    assert_error(err, DIMENSION);
+    assert_null(make_e8t_cache(&s1, "e8t:4", 0.0f, cal, &err));
+    assert_error(err, DIMENSION);
+    assert_null(make_e8t_cache(&s2, "e8t:4,rope=post", 10000.0f, cal, &err)); /* calibrated before RoPE */
+    assert_error(err, SPEC);
+    assert_null(make_e8t_cache(&s2, "e8t:7", 0.0f, cal, &err));
+    assert_error(err, RATE);
+    assert_null(make_e8t_cache(&s2, "e8t:4:q=2", 0.0f, cal, &err));
+    assert_error(err, SPEC);
+    e8kv_cache *c = make_e8t_cache(&s2, "k=e8t:4,v=f16,rope=post", 0.0f, cal, &err); /* no RoPE: fine */
+    assert_non_null(c);
+    e8kv_cache_free(c);
+    c = make_e8t_cache(&s2, "e8:4,layer1.v=e8t:2", 10000.0f, cal, &err);
+    assert_non_null(c);
+    assert_null(c->layers[0].v.xf);
+    assert_non_null(c->layers[1].v.xf);
+    e8kv_cache_free(c);
+    e8kv_calib_free(cal);
+    source_free(&src);
+}
+
+/* A saved e8t cache carries its calibration (format version 2) and reloads bit-identically; a cache made
+ * with another calibration refuses it. */
+static void test_e8t_persist(void **state) {
+    (void)state;
+    const dims s = {2, 2, 4};
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 14);
+    corr_source src;
+    source_init(&src, &rng, 2);
+    e8kv_calib *cal = make_calib(&src, &rng, 2, 2, 100), *other = make_calib(&src, &rng, 2, 2, 100);
+    size_t err = 0;
+    e8kv_cache *c = make_e8t_cache(&s, "k=e8t:4,v=e8t:3,sink=1", 10000.0f, cal, &err);
+    assert_non_null(c);
+    const size_t n = 130, row = 2 * D;
+    for (size_t l = 0; l < 2; l++) {
+        float *K = source_draw(&src, &rng, n, 0.0), *V = source_draw(&src, &rng, n, 0.0);
+        assert_int_equal(e8kv_cache_append(c, l, K, V, n), n);
+        free(K);
+        free(V);
+    }
+    const size_t cap = e8kv_cache_save_bound(c, 0);
+    uint8_t *f = malloc(cap);
+    const size_t sz = e8kv_cache_save(f, cap, c, NULL, 0);
+    assert_false(e8kv_is_error(sz));
+    e8kv_cache_file_info fi;
+    assert_int_equal(e8kv_cache_file_get_info(&fi, f, sz), sz);
+    assert_int_equal(fi.version, 2);
+    assert_int_equal(fi.calib_size, e8kv_calib_save_bound(cal));
+    e8kv_cache *b = e8kv_cache_load(f, sz, 1, &err); /* a new cache with the saved calibration */
+    assert_non_null(b);
+    float q[4 * D], o1[4 * D], o2[4 * D];
+    for (size_t i = 0; i < 4 * D; i++)
+        q[i] = (float)e8kv_rng_normal(&rng);
+    for (size_t l = 0; l < 2; l++) {
+        assert_int_equal(e8kv_cache_attend(c, o1, 4 * D, l, q, 4, 1, n - 1), 4 * D);
+        assert_int_equal(e8kv_cache_attend(b, o2, 4 * D, l, q, 4, 1, n - 1), 4 * D);
+        assert_memory_equal(o1, o2, sizeof o1);
+    }
+    e8kv_cache_free(b);
+    /* load_into: the same calibration works, another one is a different configuration */
+    e8kv_cache *same = make_e8t_cache(&s, "k=e8t:4,v=e8t:3,sink=1", 10000.0f, cal, &err);
+    e8kv_cache *diff = make_e8t_cache(&s, "k=e8t:4,v=e8t:3,sink=1", 10000.0f, other, &err);
+    e8kv_cache *plain = make_e8t_cache(&s, "k=e8:4,v=e8:3,sink=1", 10000.0f, NULL, &err);
+    assert_int_equal(e8kv_cache_load_into(same, f, sz), n);
+    assert_error(e8kv_cache_load_into(diff, f, sz), SPEC);
+    assert_error(e8kv_cache_load_into(plain, f, sz), SPEC);
+    /* a damaged calibration section behind a valid file checksum */
+    uint8_t *g = malloc(sz);
+    memcpy(g, f, sz);
+    g[fi.calib_offset + 100] ^= 1;
+    const uint64_t h = XXH64(g, sz - 8, 0);
+    for (int i = 0; i < 8; i++)
+        g[sz - 8 + i] = (uint8_t)(h >> (8 * i));
+    assert_null(e8kv_cache_load(g, sz, 1, &err));
+    assert_error(err, CORRUPTED);
+    (void)row;
+    free(g);
+    free(f);
+    e8kv_cache_free(c);
+    e8kv_cache_free(same);
+    e8kv_cache_free(diff);
+    e8kv_cache_free(plain);
+    e8kv_calib_free(cal);
+    e8kv_calib_free(other);
+    source_free(&src);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sym_eigen),
+        cmocka_unit_test(test_klt_twins),
+        cmocka_unit_test(test_calib_recovers_covariance),
+        cmocka_unit_test(test_calib_errors),
+        cmocka_unit_test(test_calib_serialization),
+        cmocka_unit_test(test_e8t_attention),
+        cmocka_unit_test(test_e8t_gain),
+        cmocka_unit_test(test_e8t_errors),
+        cmocka_unit_test(test_e8t_persist),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
