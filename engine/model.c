@@ -409,7 +409,8 @@ e8kv_context *e8kv_context_create(const e8kv_model *m, const e8kv_context_params
                                   .spec = spec,
                                   .seed = p->seed,
                                   .rope_theta = cfg->rope_theta,
-                                  .rope_neox = cfg->rope_layout == E8KV_ROPE_SPLIT_HALF};
+                                  .rope_neox = cfg->rope_layout == E8KV_ROPE_SPLIT_HALF,
+                                  .calib = p->calib};
     c->cache = e8kv_cache_create(&cp, err);
     if (!c->cache) {
         if (!e8kv_is_error(*err)) *err = ERR(GENERIC);

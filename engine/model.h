@@ -91,6 +91,7 @@ typedef struct {
     int n_threads;        /* 0 = number of online CPUs */
     e8kv_kv_hook kv_hook; /* optional */
     void *kv_hook_user;
+    const e8kv_calib *calib; /* calibration for e8t formats (must outlive the context), or NULL */
 } e8kv_context_params;
 
 /* NULL on failure with *err set: E8KV_ERROR_BAD_ARGUMENT, E8KV_ERROR_CONTEXT_FULL (n_ctx above the

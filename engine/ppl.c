@@ -89,7 +89,8 @@ size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
                               .seed = p->seed,
                               .n_threads = p->n_threads,
                               .kv_hook = p->dump_hook ? dump_trampoline : NULL,
-                              .kv_hook_user = &gate};
+                              .kv_hook_user = &gate,
+                              .calib = p->calib};
     e8kv_context *base = e8kv_context_create(m, &cp, &ret);
     e8kv_context *ctx[E8KV_PPL_MAX_SPECS] = {0};
     cp.kv_hook = NULL;

@@ -48,6 +48,7 @@ typedef struct {
     e8kv_kv_hook dump_hook; /* optional: receives the baseline's K/V of the first chunk */
     void *dump_user;
     e8kv_ppl_result *baseline; /* optional: receives the f32 baseline's own figures */
+    const e8kv_calib *calib;   /* optional: calibration for e8t formats */
 } e8kv_ppl_params;
 
 /* Runs the whole protocol; results[i] belongs to specs[i] (a format whose context cannot be created is

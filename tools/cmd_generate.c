@@ -33,6 +33,7 @@ static void usage(FILE *f) {
             "  --ignore-eos      keep generating past the end-of-text token\n"
             "  --dump-logits F   write the prompt tokens' logits to F (f32, (n_prompt, vocab))\n"
             "  --save-cache F    after the prompt, save the KV cache (and the prompt) to F\n"
+            "  --calib FILE      calibration for the e8t formats (default: $E8KV_CALIB, else MODEL.e8cal)\n"
             "  --load-cache F    continue from a cache saved with --save-cache instead of running the\n"
             "                    prompt; -p/--tokens are optional and must equal the saved prompt;\n"
             "                    --kv defaults to the saved cache's spec\n");
@@ -97,7 +98,7 @@ static void print_piece(const e8kv_model *m, int32_t id) {
 
 int e8kv_cmd_generate(int argc, char **argv) {
     const char *model_arg = NULL, *prompt = NULL, *kv = NULL, *tokens_arg = NULL, *dump = NULL;
-    const char *save_path = NULL, *load_path = NULL;
+    const char *save_path = NULL, *load_path = NULL, *calib_arg = NULL;
     long n_gen = 128;
     size_t n_ctx_arg = 0;
     float temp = 0.0f, top_p = 0.9f;
@@ -137,6 +138,8 @@ int e8kv_cmd_generate(int argc, char **argv) {
             save_path = argv[++i];
         } else if (has && !strcmp(a, "--load-cache")) {
             load_path = argv[++i];
+        } else if (has && !strcmp(a, "--calib")) {
+            calib_arg = argv[++i];
         } else {
             fprintf(stderr, "e8kv generate: unknown or incomplete option '%s'\n\n", a);
             usage(stderr);
@@ -163,26 +166,28 @@ int e8kv_cmd_generate(int argc, char **argv) {
     }
     if (!kv) kv = "f32";
     char path[4096];
-    if (model_arg) {
-        snprintf(path, sizeof path, "%s", model_arg);
-    } else if (e8kv_is_error(e8kv_model_default_path(path, sizeof path)) || access(path, R_OK) != 0) {
-        fprintf(stderr,
-                "e8kv: no model given and the default model is missing (%s).\n"
-                "      Run scripts/fetch_model.sh to download it (about 93 MB), or pass -m MODEL.\n",
-                path);
+    e8kv_model *m = e8kv_cli_load_model(model_arg, path, sizeof path);
+    if (!m) {
         free(saved);
         return 1;
     }
-    char msg[512];
-    e8kv_model *m = NULL;
-    size_t r = e8kv_model_load(&m, path, msg, sizeof msg);
-    if (e8kv_is_error(r)) {
-        fprintf(stderr, "e8kv: cannot load model: %s [%s]\n", msg, e8kv_error_name(r));
-        free(saved);
-        return 1;
-    }
+    size_t r = 0;
     const e8kv_model_config *cfg = &m->cfg;
-    int rc = 1;
+    int rc = 1, cal_failed = 0;
+    /* a loaded e8t cache brings its own calibration; give the same one to the context that loads it */
+    e8kv_calib *cal = NULL;
+    if (load_path && sfi.calib_size && !calib_arg) { /* the calibration saved with the cache */
+        cal = e8kv_calib_load((const uint8_t *)saved + sfi.calib_offset, sfi.calib_size, &r);
+        cal_failed = !cal;
+        if (!cal) fprintf(stderr, "e8kv generate: bad calibration in %s: %s\n", load_path, e8kv_error_name(r));
+    } else {
+        cal = e8kv_cli_load_calib(calib_arg, path, "e8kv generate", &cal_failed);
+    }
+    if (cal_failed) {
+        e8kv_model_free(m);
+        free(saved);
+        return 1;
+    }
     int32_t *ids = NULL;
     float *logits = NULL;
     e8kv_context *ctx = NULL;
@@ -259,7 +264,7 @@ int e8kv_cmd_generate(int argc, char **argv) {
         goto out;
     }
     const e8kv_context_params cp = {
-        .n_ctx = n_ctx, .n_batch = 512, .kv_spec = kv, .seed = 0, .n_threads = n_threads};
+        .n_ctx = n_ctx, .n_batch = 512, .kv_spec = kv, .seed = 0, .n_threads = n_threads, .calib = cal};
     ctx = e8kv_context_create(m, &cp, &r);
     if (!ctx) {
         fprintf(stderr, "e8kv generate: cannot create a context with --kv %s, ctx %zu: %s\n", kv, n_ctx,
@@ -344,6 +349,7 @@ out:
     free(logits);
     free(ids);
     e8kv_model_free(m);
+    e8kv_calib_free(cal);
     free(saved);
     return rc;
 }

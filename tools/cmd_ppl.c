@@ -27,30 +27,10 @@ static void usage(FILE *f) {
            "  --threads N       threads (default: number of CPUs)\n"
            "  --seed S          rotation seed of the caches (default 0)\n"
            "  --json            one JSON object per format instead of the table\n"
+           "  --calib FILE      calibration for the e8t formats (default: $E8KV_CALIB, else MODEL.e8cal\n"
+           "                    when it exists; e8kv calibrate writes it)\n"
            "  --dump-kv FILE    write the f32 run's K (after RoPE) and V of the first chunk (doc/format.md, "
            "1)\n");
-}
-
-/* Model path: -m, else the default; a clear message when the default has not been fetched. */
-static e8kv_model *load_model(const char *arg) {
-    char path[4096];
-    if (arg) {
-        snprintf(path, sizeof path, "%s", arg);
-    } else if (e8kv_is_error(e8kv_model_default_path(path, sizeof path)) || access(path, R_OK) != 0) {
-        fprintf(stderr,
-                "e8kv: no model given and the default model is missing (%s).\n"
-                "      Run scripts/fetch_model.sh to download it (about 93 MB), or pass -m MODEL.\n",
-                path);
-        return NULL;
-    }
-    char msg[512];
-    e8kv_model *m = NULL;
-    const size_t r = e8kv_model_load(&m, path, msg, sizeof msg);
-    if (e8kv_is_error(r)) {
-        fprintf(stderr, "e8kv: cannot load model: %s [%s]\n", msg, e8kv_error_name(r));
-        return NULL;
-    }
-    return m;
 }
 
 /* --dump-kv: the first chunk's K and V per layer, collected then written in (layer, K tokens, V tokens)
@@ -122,6 +102,7 @@ static void progress(void *user, size_t chunk, size_t n_chunk, const e8kv_ppl_re
 
 int e8kv_cmd_ppl(int argc, char **argv) {
     const char *model_path = NULL, *text_path = NULL, *kv = NULL, *kv_k = NULL, *kv_v = NULL, *dump = NULL;
+    const char *calib_arg = NULL;
     char kv_all[2048] = "";
     size_t n_ctx = 512, n_chunks = 0;
     int n_threads = 0, json = 0;
@@ -162,6 +143,8 @@ int e8kv_cmd_ppl(int argc, char **argv) {
             seed = strtoull(argv[++i], NULL, 10);
         } else if (has && !strcmp(a, "--dump-kv")) {
             dump = argv[++i];
+        } else if (has && !strcmp(a, "--calib")) {
+            calib_arg = argv[++i];
         } else {
             fprintf(stderr, "e8kv ppl: unknown or incomplete option '%s'\n\n", a);
             usage(stderr);
@@ -216,39 +199,27 @@ int e8kv_cmd_ppl(int argc, char **argv) {
         free(text);
         return 1;
     }
-    e8kv_model *m = load_model(model_path);
+    char mpath[4096];
+    e8kv_model *m = e8kv_cli_load_model(model_path, mpath, sizeof mpath);
     if (!m) {
         free(text);
         return 1;
     }
-    int rc = 1;
+    int rc = 1, cal_failed = 0;
     int32_t *ids = NULL;
     kv_dump kd = {0};
     e8kv_ppl_result *res = calloc(n_specs, sizeof *res);
-    if (!m->tokenizer) {
-        fprintf(stderr, "e8kv ppl: the model has no tokenizer\n");
-        goto out;
-    }
+    e8kv_calib *cal = e8kv_cli_load_calib(calib_arg, mpath, "e8kv ppl", &cal_failed);
+    if (cal_failed) goto out;
     if (n_ctx > m->cfg.n_ctx_train) {
         fprintf(stderr, "e8kv ppl: --ctx %zu is larger than the model's context (%zu) [%s]\n", n_ctx,
                 m->cfg.n_ctx_train, e8kv_error_code_name(E8KV_ERROR_CONTEXT_FULL));
         goto out;
     }
     /* tokenize once, as llama.cpp: BOS in front when the vocabulary adds it */
-    size_t cap = n_bytes + 16, n_tok;
-    ids = malloc(cap * sizeof *ids);
-    n_tok = ids ? e8kv_tokenizer_encode(m->tokenizer, ids, cap, text, n_bytes, -1) : 0;
-    if (!e8kv_is_error(n_tok) && n_tok > cap) {
-        free(ids);
-        cap = n_tok;
-        ids = malloc(cap * sizeof *ids);
-        n_tok = ids ? e8kv_tokenizer_encode(m->tokenizer, ids, cap, text, n_bytes, -1) : 0;
-    }
-    if (!ids || e8kv_is_error(n_tok)) {
-        fprintf(stderr, "e8kv ppl: tokenization failed: %s\n",
-                ids ? e8kv_error_name(n_tok) : "out of memory");
-        goto out;
-    }
+    size_t n_tok = 0;
+    ids = e8kv_cli_tokenize(m, text, n_bytes, &n_tok, "e8kv ppl");
+    if (!ids) goto out;
     if (n_tok < n_ctx) {
         fprintf(stderr, "e8kv ppl: the text has %zu tokens, fewer than one chunk of %zu [%s]\n", n_tok, n_ctx,
                 e8kv_error_code_name(E8KV_ERROR_SRC_SIZE));
@@ -284,7 +255,8 @@ int e8kv_cmd_ppl(int argc, char **argv) {
                                 .progress_user = &ps,
                                 .dump_hook = dump ? dump_hook : NULL,
                                 .dump_user = &kd,
-                                .baseline = &baseline};
+                                .baseline = &baseline,
+                                .calib = cal};
     const size_t r = e8kv_ppl_run(m, ids, n_tok, &pp, res);
     if (e8kv_is_error(r)) {
         fprintf(stderr, "e8kv ppl: %s\n", e8kv_error_name(r));
@@ -332,6 +304,7 @@ int e8kv_cmd_ppl(int argc, char **argv) {
     rc = 0;
     if (dump && write_dump(dump, &kd, cfg)) rc = 1;
 out:
+    e8kv_calib_free(cal);
     free(kd.buf);
     free(res);
     free(ids);

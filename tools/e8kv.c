@@ -12,6 +12,7 @@ static void usage(FILE *f) {
             "commands:\n"
             "  ppl       perplexity / KLD / top-1 of a model with a given KV-cache format\n"
             "  generate  streaming text generation\n"
+            "  calibrate measure a model's K/V statistics for the e8t formats (transform coding)\n"
             "  tokenize  print the token ids of a text (checked against the reference tokenizer)\n"
             "  bench     benchmarks: `e8kv bench codec`, `e8kv bench attn`\n"
             "  compress / decompress / info   entropy-coded frames of K/V dumps and saved caches\n"
@@ -30,6 +31,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "generate")) return e8kv_cmd_generate(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return e8kv_cmd_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return e8kv_cmd_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "calibrate")) return e8kv_cmd_calibrate(argc - 1, argv + 1);
     if (!strcmp(cmd, "compress")) return e8kv_cmd_compress(argc - 1, argv + 1);
     if (!strcmp(cmd, "decompress")) return e8kv_cmd_decompress(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return e8kv_cmd_info(argc - 1, argv + 1);

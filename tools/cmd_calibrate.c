@@ -1,0 +1,141 @@
+/* e8kv calibrate: measure what the e8t formats need from a model (engine/calibrate.h) on calibration text
+ * and write it to a file (doc/format.md §5) that ppl and generate pick up by default. */
+#include "calibrate.h"
+#include "cli.h"
+#include "cli_util.h"
+#include "e8kv.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void usage(FILE *f) {
+    fprintf(
+        f,
+        "usage: e8kv calibrate [-m MODEL] -f TEXT [options]\n\n"
+        "Per layer, KV head and stream (K before RoPE, V): the covariance of the centred vectors over the\n"
+        "text, its eigenbasis and eigenvalues (the e8t formats code in that basis). Calibrate on text\n"
+        "other than what you evaluate on. The table printed is the transform-coding gain per head:\n"
+        "10 log10(arithmetic / geometric mean of the eigenvalues), and what e8t gets of it with one\n"
+        "scale per vector: 10 log10(mean(l) / mean(sqrt(l))^2).\n\n"
+        "  -m MODEL          GGUF or llama2.c checkpoint (default: $E8KV_MODEL or the fetched SmolLM2)\n"
+        "  -f TEXT           UTF-8 calibration text\n"
+        "  -o FILE           output (default: MODEL.e8cal, where ppl and generate look for it)\n"
+        "  --ctx N           tokens per chunk, each chunk one sequence (default 512)\n"
+        "  --chunks N        chunks observed (default 16; 0 = all)\n"
+        "  --threads N       threads (default: number of CPUs)\n");
+}
+
+/* 10·log10(AM / GM) of the eigenvalues (full transform-coding gain over a rotation) and 10·log10(mean λ /
+ * mean(√λ)²) (what e8t's weighting gets with one scale per vector, xform.c); λ floored at 1e-12 of the
+ * largest */
+static void gains_db(const float *eig, size_t d, double *full, double *e8t) {
+    double am = 0.0, lg = 0.0, rt = 0.0;
+    const double fl = 1e-12 * (eig[0] > 0.0f ? eig[0] : 1.0);
+    for (size_t i = 0; i < d; i++) {
+        const double v = eig[i] > fl ? eig[i] : fl;
+        am += v;
+        lg += log(v);
+        rt += sqrt(v);
+    }
+    am /= (double)d;
+    rt /= (double)d;
+    *full = 10.0 * log10(am / exp(lg / (double)d));
+    *e8t = 10.0 * log10(am / (rt * rt));
+}
+
+int e8kv_cmd_calibrate(int argc, char **argv) {
+    const char *model_arg = NULL, *text_path = NULL, *out_arg = NULL;
+    e8kv_calibrate_params p = {.n_ctx = 512, .n_chunks = 16};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const int has = i + 1 < argc;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (has && !strcmp(a, "-m")) {
+            model_arg = argv[++i];
+        } else if (has && !strcmp(a, "-f")) {
+            text_path = argv[++i];
+        } else if (has && !strcmp(a, "-o")) {
+            out_arg = argv[++i];
+        } else if (has && !strcmp(a, "--ctx")) {
+            p.n_ctx = strtoul(argv[++i], NULL, 10);
+        } else if (has && !strcmp(a, "--chunks")) {
+            p.n_chunks = strtoul(argv[++i], NULL, 10);
+        } else if (has && !strcmp(a, "--threads")) {
+            p.n_threads = atoi(argv[++i]);
+        } else {
+            fprintf(stderr, "e8kv calibrate: unknown or incomplete option '%s'\n\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!text_path) {
+        fprintf(stderr, "e8kv calibrate: -f TEXT is required\n\n");
+        usage(stderr);
+        return 2;
+    }
+    size_t n_bytes = 0;
+    char *text = e8kv_cli_read_all(text_path, &n_bytes);
+    if (!text) {
+        fprintf(stderr, "e8kv calibrate: cannot read %s\n", text_path);
+        return 1;
+    }
+    char path[4096], out[4200];
+    e8kv_model *m = e8kv_cli_load_model(model_arg, path, sizeof path);
+    if (!m) {
+        free(text);
+        return 1;
+    }
+    if (out_arg)
+        snprintf(out, sizeof out, "%s", out_arg);
+    else
+        e8kv_cli_calib_path(out, sizeof out, path);
+    int rc = 1;
+    size_t n_tok = 0;
+    e8kv_calib *cal = NULL;
+    int32_t *ids = e8kv_cli_tokenize(m, text, n_bytes, &n_tok, "e8kv calibrate");
+    if (!ids) goto out;
+    const e8kv_model_config *cfg = &m->cfg;
+    fprintf(stderr, "e8kv calibrate: %s, %zu tokens of %s, chunks of %zu (%zu observed)\n", path, n_tok,
+            text_path, p.n_ctx, p.n_chunks ? p.n_chunks : n_tok / (p.n_ctx ? p.n_ctx : 1));
+    const double t0 = e8kv_cli_now_s();
+    size_t err = 0;
+    cal = e8kv_calibrate_model(m, ids, n_tok, &p, &err);
+    if (!cal) {
+        fprintf(stderr, "e8kv calibrate: %s\n", e8kv_error_name(err));
+        goto out;
+    }
+    const size_t w = e8kv_calib_save_file(cal, out);
+    if (e8kv_is_error(w)) {
+        fprintf(stderr, "e8kv calibrate: cannot write %s: %s\n", out, e8kv_error_name(w));
+        goto out;
+    }
+    size_t n_obs = 0;
+    e8kv_calib_info(cal, NULL, NULL, NULL, &n_obs);
+    printf("gain dB per KV head: full transform-coding gain / what e8t gets (see --help)\n");
+    printf("layer  %-40s %-40s\n", "K", "V");
+    for (size_t l = 0; l < cfg->n_layer; l++) {
+        char b[2][128] = {"", ""};
+        for (int s = 0; s < 2; s++)
+            for (size_t h = 0; h < cfg->n_head_kv; h++) {
+                double full, e8t;
+                gains_db(e8kv_calib_eigenvalues(cal, l, s, h), cfg->head_dim, &full, &e8t);
+                const size_t n = strlen(b[s]);
+                snprintf(b[s] + n, sizeof b[s] - n, "%s%.1f/%.1f", h ? "  " : "", full, e8t);
+            }
+        printf("%5zu  %-40s %-40s\n", l, b[0], b[1]);
+    }
+    fprintf(stderr, "e8kv calibrate: %zu tokens per layer observed, %.1f s; wrote %s (%zu bytes)\n", n_obs,
+            e8kv_cli_now_s() - t0, out, w);
+    rc = 0;
+out:
+    e8kv_calib_free(cal);
+    free(ids);
+    free(text);
+    e8kv_model_free(m);
+    return rc;
+}
