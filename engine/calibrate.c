@@ -1,8 +1,12 @@
 /* Model calibration for the e8t formats (calibrate.h). Public API only: a context with an exact f32 cache
  * that wants keys before RoPE, whose K/V hook feeds e8kv_calib_observe. */
 #include "calibrate.h"
+#include "ppl.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define ERR(name) ((size_t) - (ptrdiff_t)E8KV_ERROR_##name)
 
@@ -61,4 +65,49 @@ e8kv_calib *e8kv_calibrate_model(const e8kv_model *m, const int32_t *tokens, siz
     if (e8kv_is_error(e)) return fail(cal, err, e);
 
     return cal;
+}
+
+size_t e8kv_calibrate_sensitivity(const e8kv_model *m, const int32_t *tokens, size_t n_tokens, e8kv_calib *cal,
+                                  const e8kv_sensitivity_params *p) {
+    if (!m || !tokens || !cal || !p) return ERR(BAD_ARGUMENT);
+    const char *probe = p->probe ? p->probe : "e8tv:2";
+    const char *colon = strchr(probe, ':');
+    const double rate = colon ? strtod(colon + 1, NULL) : 0.0;
+    if (!(rate > 0.0) || rate > 16.0 || strchr(probe, ',') || strchr(probe, '=')) return ERR(BAD_ARGUMENT);
+    const e8kv_model_config *cfg = &m->cfg;
+    const size_t n_s = 2 * cfg->n_layer;
+    char(*specs)[96] = calloc(n_s, sizeof *specs);
+    const char **ptr = calloc(n_s, sizeof *ptr);
+    e8kv_ppl_result *res = calloc(E8KV_PPL_MAX_SPECS, sizeof *res);
+    size_t r = specs && ptr && res ? 0 : ERR(OUT_OF_MEMORY);
+    for (size_t i = 0; i < n_s && !r; i++) { /* K of every layer, then V, as the cache orders streams */
+        snprintf(specs[i], sizeof specs[i], "f32,sink=%zu%s,layer%zu.%c=%s", p->sink,
+                 cfg->rope_theta > 0.0f ? ",rope=pre" : "", i % cfg->n_layer, i < cfg->n_layer ? 'k' : 'v', probe);
+        ptr[i] = specs[i];
+    }
+    for (size_t b = 0; b < n_s && !e8kv_is_error(r); b += E8KV_PPL_MAX_SPECS) {
+        const size_t n = n_s - b < E8KV_PPL_MAX_SPECS ? n_s - b : E8KV_PPL_MAX_SPECS;
+        const e8kv_ppl_params pp = {.n_ctx = p->n_ctx ? p->n_ctx : 512,
+                                    .n_chunks = p->n_chunks ? p->n_chunks : 1,
+                                    .n_threads = p->n_threads,
+                                    .specs = ptr + b,
+                                    .n_specs = n,
+                                    .calib = cal};
+        memset(res, 0, E8KV_PPL_MAX_SPECS * sizeof *res);
+        r = e8kv_ppl_run(m, tokens, n_tokens, &pp, res);
+        for (size_t i = 0; i < n && !e8kv_is_error(r); i++) {
+            if (res[i].status) {
+                r = res[i].status;
+                break;
+            }
+            const size_t s = b + i;
+            const double kld = res[i].kld > 0.0 ? res[i].kld : 0.0;
+            r = e8kv_calib_set_sensitivity(cal, s % cfg->n_layer, s >= cfg->n_layer, kld * pow(4.0, rate));
+        }
+        if (p->progress && !e8kv_is_error(r)) p->progress(p->progress_user, b + n, n_s);
+    }
+    free(specs);
+    free(ptr);
+    free(res);
+    return e8kv_is_error(r) ? r : 0;
 }

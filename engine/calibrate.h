@@ -18,4 +18,21 @@ typedef struct {
 e8kv_calib *e8kv_calibrate_model(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
                                  const e8kv_calibrate_params *p, size_t *err);
 
+/* Sensitivities for auto= allocation (e8kv_calib_set_sensitivity): every stream (layer, K or V) is
+ * coded alone with `probe` (e.g. "e8tv:2", a family:rate spec), every other stream exact, with sink
+ * exact first positions; the mean KLD against the exact run over n_chunks chunks of n_ctx tokens
+ * (llama-perplexity protocol, engine/ppl.h) gives c = KLD · 4^rate. Probes run 32 at a time. */
+typedef struct {
+    size_t n_ctx, n_chunks; /* 0: the calibration's chunk length; 1 chunk */
+    const char *probe;      /* NULL: "e8tv:2" */
+    size_t sink;            /* exact first positions in the probes (the presets keep 1) */
+    int n_threads;
+    void (*progress)(void *user, size_t done, size_t total); /* optional, after each batch */
+    void *progress_user;
+} e8kv_sensitivity_params;
+
+/* 0, or an error: BAD_ARGUMENT (probe not FAMILY:RATE), a ppl error, the first probe format's error. */
+size_t e8kv_calibrate_sensitivity(const e8kv_model *m, const int32_t *tokens, size_t n_tokens, e8kv_calib *cal,
+                                  const e8kv_sensitivity_params *p);
+
 #endif

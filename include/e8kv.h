@@ -85,6 +85,9 @@ void e8kv_set_log_callback(e8kv_log_fn fn, void *user);
  *   e8ball:B            ball-shaped E8 codebook (16-bit index per 8 values), residual Voronoi stage for B=3,4
  *   e8nest:B[:q=R]      nested-lattice (Voronoi) E8 code with per-vector scale and clamp; R = q_range
  *   d4nest:B[:q=R]      the same with the D4 lattice (head_dim multiple of 4)
+ *   e8v:B               E8 points entropy-coded (prefix codes) inside the same 2 + B*head_dim/8 bytes as
+ *                       e8:B, the step chosen per vector so the code just fits; B a multiple of 1/8 from
+ *                       1 to 8 ("e8v:3.5"); 1.5-2 dB better than e8:B, slower to decode (BENCHMARKS.md)
  * Options are appended with ':' (e.g. "e8nest:4:q=3.5"). See doc/format.md for every byte.
  */
 typedef struct e8kv_codec e8kv_codec;
@@ -130,7 +133,7 @@ size_t e8kv_codec_rotate(const e8kv_codec *codec, float *x, size_t n_vec, int in
  * _TRUNCATED / _CHECKSUM / _VERSION, a basis that is not orthonormal is CORRUPTED). */
 typedef struct e8kv_calib e8kv_calib;
 
-#define E8KV_CALIB_FORMAT_VERSION 1
+#define E8KV_CALIB_FORMAT_VERSION 2 /* written with sensitivities; files without them stay version 1 */
 
 e8kv_calib *e8kv_calib_create(size_t n_layer, size_t n_head_kv, size_t head_dim, size_t *err);
 void e8kv_calib_free(e8kv_calib *cal);
@@ -147,6 +150,15 @@ size_t e8kv_calib_info(const e8kv_calib *cal, size_t *n_layer, size_t *n_head_kv
 /* Eigenvalues (head_dim, decreasing) of one head's stream (is_v: 0 = K, 1 = V); NULL before finalize or
  * out of range. */
 const float *e8kv_calib_eigenvalues(const e8kv_calib *cal, size_t layer, int is_v, size_t head);
+/* Sensitivity of one stream (is_v: 0 = K, 1 = V) of a layer: the coefficient c of the model
+ * KLD ≈ c · 4^(−B), in nats per token, of that stream alone coded at B bits per value (all others exact),
+ * which the cache spec item auto=FAMILY:B uses to spread bits over the streams (reverse water-filling,
+ * src/cache/alloc.c). e8kv calibrate measures it (engine/calibrate.h). Set it on a finalized calibration
+ * before sharing it: c >= 0 and finite (E8KV_ERROR_BAD_ARGUMENT otherwise, or DIMENSION out of range).
+ * A calibration with any sensitivity set stores all of them (0 for the unset ones). */
+size_t e8kv_calib_set_sensitivity(e8kv_calib *cal, size_t layer, int is_v, double c);
+/* The coefficient, or -1.0 when the calibration has none (or layer is out of range). */
+double e8kv_calib_sensitivity(const e8kv_calib *cal, size_t layer, int is_v);
 /* Bytes a finalized calibration occupies in memory (bases and eigenvalues; shared, not per cache). */
 size_t e8kv_calib_bytes(const e8kv_calib *cal);
 size_t e8kv_calib_save_bound(const e8kv_calib *cal);
@@ -167,6 +179,12 @@ e8kv_calib *e8kv_calib_load_file(const char *path, size_t *err);
  *                        per vector) applied to w ⊙ (P·(x − mean)) with P the calibration's eigenbasis of
  *                        the stream and w_i = λ_i^(−1/4) (needs params.calib; keys before RoPE, so with
  *                        RoPE an e8t K needs rope=pre, the default); doc/format.md §5
+ *   e8tv:B               calibrated transform coding with entropy-coded E8 (doc/format.md §2.3): the
+ *                        e8v:B code of P·(x − mean) with the head's eigenvalues as the variance profile,
+ *                        so each eigen-coordinate gets the bits its variance needs (needs params.calib)
+ *   auto=FAMILY:B        FAMILY e8tv or e8v: every stream (each layer's K and V) in that family with its
+ *                        own rate, mean B, spread by the calibration's sensitivities (reverse water-
+ *                        filling, e8kv_calib_sensitivity); later items may still override streams
  *   k=SPEC, v=SPEC       the K or the V format; kv=SPEC sets both
  *   layersA-B=SPEC       both formats for layers A..B (inclusive); "layerA=SPEC" for one layer;
  *   layersA-B.k=SPEC     ... or only K (".v" only V). Example: "k=e8:4,v=e8:3,layers0-1=f16"

@@ -299,9 +299,13 @@ static void test_calib_serialization(void **state) {
     assert_null(e8kv_calib_load(g, n + 1, &err)); /* trailing byte */
     assert_error(err, CORRUPTED);
     memcpy(g, b, n);
-    e8kv_store_le32(g + 8, 2);
+    e8kv_store_le32(g + 8, 3);
     assert_null(e8kv_calib_load(g, n, &err));
     assert_error(err, VERSION);
+    memcpy(g, b, n);
+    e8kv_store_le32(g + 8, 2); /* version 2 needs the sensitivity section: the size says it is missing */
+    assert_null(e8kv_calib_load(g, n, &err));
+    assert_error(err, TRUNCATED);
     /* valid checksums, bad contents */
     const size_t first_eig = 32 + 8 * 2; /* header, token counts of 2 layers */
     memcpy(g, b, n);
@@ -685,6 +689,170 @@ static void test_e8t_persist(void **state) {
     source_free(&src);
 }
 
+/* ---------------------------------------------------------------- bit allocation (auto=) */
+
+static double alloc_cost(const int *r, const double *c, size_t n) {
+    double t = 0.0;
+    for (size_t s = 0; s < n; s++)
+        t += c[s] * pow(4.0, -r[s] / 8.0);
+    return t;
+}
+
+/* Greedy marginal allocation against exhaustive search on small grids; closed form for two streams
+ * (r_s = r̄ ± ½·log2(c_1/c_0)/2 when inside the bounds); bounds and budget always kept. */
+static void test_alloc_rates(void **state) {
+    (void)state;
+    int r[4];
+    const double eq[4] = {1.0, 1.0, 1.0, 1.0};
+    assert_ok(e8kv_alloc_rates(r, eq, 4, 24, 12, 64, 1));
+    for (int s = 0; s < 4; s++)
+        assert_int_equal(r[s], 24); /* equal sensitivities: the uniform rate */
+    const double two[2] = {1.0, 16.0}; /* 16x the distortion weight: 1 bit more each side of the mean */
+    assert_ok(e8kv_alloc_rates(r, two, 2, 32, 12, 64, 1));
+    assert_int_equal(r[0], 24);
+    assert_int_equal(r[1], 40);
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 40);
+    for (int trial = 0; trial < 30; trial++) {
+        double c[3];
+        for (int s = 0; s < 3; s++)
+            c[s] = trial % 5 == 0 && s == 1 ? 0.0 : exp(8.0 * e8kv_rng_uniform(&rng));
+        const int lo = 8, hi = 24, step = trial % 2 ? 1 : 2, mean = 16;
+        assert_ok(e8kv_alloc_rates(r, c, 3, mean, lo, hi, step));
+        int sum = 0;
+        for (int s = 0; s < 3; s++) {
+            assert_true(r[s] >= lo && r[s] <= hi && r[s] % step == 0);
+            sum += r[s];
+        }
+        assert_int_equal(sum, 3 * mean);
+        double best = INFINITY;
+        for (int a = lo; a <= hi; a += step)
+            for (int b = lo; b <= hi; b += step) {
+                const int cc = 3 * mean - a - b;
+                if (cc < lo || cc > hi || cc % step) continue;
+                const int t[3] = {a, b, cc};
+                const double v = alloc_cost(t, c, 3);
+                if (v < best) best = v;
+            }
+        if (alloc_cost(r, c, 3) > best * (1.0 + 1e-12))
+            fail_msg("trial %d: greedy %g > exhaustive %g", trial, alloc_cost(r, c, 3), best);
+    }
+    const double bad[2] = {1.0, NAN};
+    assert_error(e8kv_alloc_rates(r, bad, 2, 24, 12, 64, 1), BAD_ARGUMENT);
+    assert_error(e8kv_alloc_rates(r, eq, 4, 10, 12, 64, 1), BAD_ARGUMENT); /* mean below the floor */
+    assert_error(e8kv_alloc_rates(r, eq, 4, 24, 13, 64, 2), BAD_ARGUMENT); /* floor off the grid */
+}
+
+/* Sensitivities: setter checks, version 2 serialization round trip, corrupted values refused. */
+static void test_calib_sensitivity(void **state) {
+    (void)state;
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 41);
+    corr_source src;
+    source_init(&src, &rng, 2);
+    e8kv_calib *cal = make_calib(&src, &rng, 2, 1, 100);
+    assert_true(e8kv_calib_sensitivity(cal, 0, 0) == -1.0); /* none yet */
+    const size_t n1 = e8kv_calib_save_bound(cal);
+    assert_error(e8kv_calib_set_sensitivity(cal, 0, 0, -1.0), BAD_ARGUMENT);
+    assert_error(e8kv_calib_set_sensitivity(cal, 0, 1, NAN), BAD_ARGUMENT);
+    assert_error(e8kv_calib_set_sensitivity(cal, 2, 0, 1.0), DIMENSION);
+    assert_ok(e8kv_calib_set_sensitivity(cal, 1, 1, 0.25));
+    assert_true(e8kv_calib_sensitivity(cal, 1, 1) == 0.25);
+    assert_true(e8kv_calib_sensitivity(cal, 0, 0) == 0.0); /* unset ones are 0 */
+    assert_true(e8kv_calib_sensitivity(cal, 5, 0) == -1.0);
+    const size_t n = e8kv_calib_save_bound(cal);
+    assert_int_equal(n, n1 + 16 * 2);
+    uint8_t *b = malloc(n);
+    assert_int_equal(e8kv_calib_save(b, n, cal), n);
+    assert_int_equal(e8kv_load_le32(b + 8), 2);
+    size_t err = 0;
+    e8kv_calib *back = e8kv_calib_load(b, n, &err);
+    assert_non_null(back);
+    assert_true(e8kv_calib_sensitivity(back, 1, 1) == 0.25);
+    assert_true(e8kv_calib_sensitivity(back, 1, 0) == 0.0);
+    e8kv_calib_free(back);
+    const double bad[2] = {-1.0, NAN};
+    for (int i = 0; i < 2; i++) {
+        uint64_t u;
+        memcpy(&u, &bad[i], 8);
+        e8kv_store_le64(b + n - 8 - 16, u); /* layer 1's K */
+        fix_xxh(b, n);
+        assert_null(e8kv_calib_load(b, n, &err));
+        assert_error(err, CORRUPTED);
+    }
+    free(b);
+    e8kv_calib_free(cal);
+    source_free(&src);
+}
+
+/* auto=FAMILY:B: the streams share the mean rate by sensitivity (the most sensitive stream gets the most
+ * bits), the cache's rate is the mean, a saved cache reloads with the same formats; named errors without
+ * sensitivities, for other families and rates off the grid. */
+static void test_auto_alloc(void **state) {
+    (void)state;
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 42);
+    corr_source src;
+    source_init(&src, &rng, 2);
+    e8kv_calib *cal = make_calib(&src, &rng, 2, 1, 100), *plain = make_calib(&src, &rng, 2, 1, 100);
+    const dims s = {2, 2, 4};
+    size_t err = 0;
+    assert_null(make_e8t_cache(&s, "auto=e8tv:3", 10000.0f, plain, &err)); /* no sensitivities */
+    assert_error(err, SPEC);
+    assert_null(make_e8t_cache(&s, "auto=e8tv:3", 10000.0f, NULL, &err));
+    assert_error(err, SPEC);
+    const double c[2][2] = {{1e-4, 1.0}, {0.01, 0.01}}; /* [layer][K, V]: layer 0's V matters most */
+    for (size_t l = 0; l < 2; l++)
+        for (int v = 0; v < 2; v++)
+            assert_ok(e8kv_calib_set_sensitivity(cal, l, v, c[l][v]));
+    assert_null(make_e8t_cache(&s, "auto=e8:3", 10000.0f, cal, &err));
+    assert_error(err, SPEC);
+    assert_null(make_e8t_cache(&s, "auto=e8tv:1", 10000.0f, cal, &err)); /* below the 1.5-bit floor */
+    assert_error(err, RATE);
+    e8kv_cache *a = make_e8t_cache(&s, "auto=e8tv:3,sink=1", 10000.0f, cal, &err);
+    assert_non_null(a);
+    assert_true(fabs(e8kv_cache_bits_per_value(a) - (3.0 + 16.0 / D)) < 1e-9);
+    const double r_k0 = 8.0 * (double)a->layers[0].k.vector_bytes / D, r_v0 = 8.0 * (double)a->layers[0].v.vector_bytes / D;
+    const double r_k1 = 8.0 * (double)a->layers[1].k.vector_bytes / D;
+    assert_true(r_v0 > r_k1 && r_k1 > r_k0);
+    /* the same allocation written out: greedy on the 1/8-bit grid, c = (1e-4, 0.01, 1, 0.01) */
+    int want[4];
+    const double cc[4] = {1e-4, 0.01, 1.0, 0.01};
+    assert_ok(e8kv_alloc_rates(want, cc, 4, 24, 12, 64, 1));
+    assert_true(fabs(r_k0 - (want[0] / 8.0 + 0.25)) < 1e-9);
+    assert_true(fabs(r_v0 - (want[2] / 8.0 + 0.25)) < 1e-9);
+    /* persistence: the canonical spec names every stream's rate */
+    const size_t n = 90;
+    for (size_t l = 0; l < 2; l++) {
+        float *K = source_draw(&src, &rng, n, 0.0), *V = source_draw(&src, &rng, n, 0.0);
+        assert_int_equal(e8kv_cache_append(a, l, K, V, n), n);
+        free(K);
+        free(V);
+    }
+    const size_t cap = e8kv_cache_save_bound(a, 0);
+    uint8_t *f = malloc(cap);
+    const size_t sz = e8kv_cache_save(f, cap, a, NULL, 0);
+    assert_false(e8kv_is_error(sz));
+    e8kv_cache *b = e8kv_cache_load(f, sz, 1, &err);
+    assert_non_null(b);
+    float q[4 * D], o1[4 * D], o2[4 * D];
+    for (size_t i = 0; i < 4 * D; i++)
+        q[i] = (float)e8kv_rng_normal(&rng);
+    for (size_t l = 0; l < 2; l++) {
+        assert_int_equal(b->layers[l].k.vector_bytes, a->layers[l].k.vector_bytes);
+        assert_int_equal(b->layers[l].v.vector_bytes, a->layers[l].v.vector_bytes);
+        assert_int_equal(e8kv_cache_attend(a, o1, 4 * D, l, q, 4, 1, n - 1), 4 * D);
+        assert_int_equal(e8kv_cache_attend(b, o2, 4 * D, l, q, 4, 1, n - 1), 4 * D);
+        assert_memory_equal(o1, o2, sizeof o1);
+    }
+    free(f);
+    e8kv_cache_free(a);
+    e8kv_cache_free(b);
+    e8kv_calib_free(cal);
+    e8kv_calib_free(plain);
+    source_free(&src);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sym_eigen),
@@ -696,6 +864,9 @@ int main(void) {
         cmocka_unit_test(test_e8t_gain),
         cmocka_unit_test(test_e8t_errors),
         cmocka_unit_test(test_e8t_persist),
+        cmocka_unit_test(test_alloc_rates),
+        cmocka_unit_test(test_calib_sensitivity),
+        cmocka_unit_test(test_auto_alloc),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

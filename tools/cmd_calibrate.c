@@ -25,7 +25,19 @@ static void usage(FILE *f) {
         "  -o FILE           output (default: MODEL.e8cal, where ppl and generate look for it)\n"
         "  --ctx N           tokens per chunk, each chunk one sequence (default 512)\n"
         "  --chunks N        chunks observed (default 16; 0 = all)\n"
-        "  --threads N       threads (default: number of CPUs)\n");
+        "  --threads N       threads (default: number of CPUs)\n\n"
+        "Sensitivities (for the cache spec item auto=FAMILY:B, which spreads B bits per value over the\n"
+        "streams by them): each layer's K and V alone coded with the probe format, everything else\n"
+        "exact, on the first chunk(s) of the text; c = KLD x 4^rate is stored per stream.\n"
+        "  --no-sensitivity  skip them (auto= then refuses this calibration)\n"
+        "  --probe SPEC      probe format, FAMILY:RATE (default e8tv:2)\n"
+        "  --probe-chunks N  chunks per probe (default 1)\n"
+        "  --probe-sink S    exact first positions in the probes (default 1, as the presets)\n");
+}
+
+static void probe_progress(void *user, size_t done, size_t total) {
+    (void)user;
+    fprintf(stderr, "e8kv calibrate: sensitivity probes %zu/%zu\n", done, total);
 }
 
 /* 10·log10(AM / GM) of the eigenvalues (full transform-coding gain over a rotation) and 10·log10(mean λ /
@@ -49,6 +61,8 @@ static void gains_db(const float *eig, size_t d, double *full, double *e8t) {
 int e8kv_cmd_calibrate(int argc, char **argv) {
     const char *model_arg = NULL, *text_path = NULL, *out_arg = NULL;
     e8kv_calibrate_params p = {.n_ctx = 512, .n_chunks = 16};
+    e8kv_sensitivity_params sp = {.n_chunks = 1, .sink = 1, .progress = probe_progress};
+    int sens = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const int has = i + 1 < argc;
@@ -67,6 +81,14 @@ int e8kv_cmd_calibrate(int argc, char **argv) {
             p.n_chunks = strtoul(argv[++i], NULL, 10);
         } else if (has && !strcmp(a, "--threads")) {
             p.n_threads = atoi(argv[++i]);
+        } else if (!strcmp(a, "--no-sensitivity")) {
+            sens = 0;
+        } else if (has && !strcmp(a, "--probe")) {
+            sp.probe = argv[++i];
+        } else if (has && !strcmp(a, "--probe-chunks")) {
+            sp.n_chunks = strtoul(argv[++i], NULL, 10);
+        } else if (has && !strcmp(a, "--probe-sink")) {
+            sp.sink = strtoul(argv[++i], NULL, 10);
         } else {
             fprintf(stderr, "e8kv calibrate: unknown or incomplete option '%s'\n\n", a);
             usage(stderr);
@@ -109,6 +131,16 @@ int e8kv_cmd_calibrate(int argc, char **argv) {
         fprintf(stderr, "e8kv calibrate: %s\n", e8kv_error_name(err));
         goto out;
     }
+    const double t_cov = e8kv_cli_now_s() - t0;
+    if (sens) {
+        sp.n_ctx = p.n_ctx;
+        sp.n_threads = p.n_threads;
+        err = e8kv_calibrate_sensitivity(m, ids, n_tok, cal, &sp);
+        if (e8kv_is_error(err)) {
+            fprintf(stderr, "e8kv calibrate: sensitivity probes: %s\n", e8kv_error_name(err));
+            goto out;
+        }
+    }
     const size_t w = e8kv_calib_save_file(cal, out);
     if (e8kv_is_error(w)) {
         fprintf(stderr, "e8kv calibrate: cannot write %s: %s\n", out, e8kv_error_name(w));
@@ -117,7 +149,7 @@ int e8kv_cmd_calibrate(int argc, char **argv) {
     size_t n_obs = 0;
     e8kv_calib_info(cal, NULL, NULL, NULL, &n_obs);
     printf("gain dB per KV head: full transform-coding gain / what e8t gets (see --help)\n");
-    printf("layer  %-40s %-40s\n", "K", "V");
+    printf("layer  %-40s %-40s%s\n", "K", "V", sens ? "  sensitivity K / V (KLD x 4^rate)" : "");
     for (size_t l = 0; l < cfg->n_layer; l++) {
         char b[2][128] = {"", ""};
         for (int s = 0; s < 2; s++)
@@ -127,10 +159,12 @@ int e8kv_cmd_calibrate(int argc, char **argv) {
                 const size_t n = strlen(b[s]);
                 snprintf(b[s] + n, sizeof b[s] - n, "%s%.1f/%.1f", h ? "  " : "", full, e8t);
             }
-        printf("%5zu  %-40s %-40s\n", l, b[0], b[1]);
+        printf("%5zu  %-40s %-40s", l, b[0], b[1]);
+        if (sens) printf("  %.4g / %.4g", e8kv_calib_sensitivity(cal, l, 0), e8kv_calib_sensitivity(cal, l, 1));
+        printf("\n");
     }
-    fprintf(stderr, "e8kv calibrate: %zu tokens per layer observed, %.1f s; wrote %s (%zu bytes)\n", n_obs,
-            e8kv_cli_now_s() - t0, out, w);
+    fprintf(stderr, "e8kv calibrate: %zu tokens per layer observed, %.1f s (covariances %.1f s); wrote %s (%zu bytes)\n",
+            n_obs, e8kv_cli_now_s() - t0, t_cov, out, w);
     rc = 0;
 out:
     e8kv_calib_free(cal);

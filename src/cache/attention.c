@@ -108,7 +108,7 @@ void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head,
             run = P - pos % P < n - t ? P - pos % P : n - t;
             const uint8_t *src = pg->data + (pos % P) * vb;
             if (!read_fast(c, f, y, src, run))
-                for (size_t i = 0; i < run; i++) f->codec->ops->decode(f->codec, y + i * d, src + i * vb);
+                for (size_t i = 0; i < run; i++) e8kv_fmt_decode(f, head, y + i * d, src + i * vb);
             if (unrotate) e8kv_fmt_inverse(f, head, d, y, run);
             if (f->centered) { /* add back the mean subtracted before coding (kvcache.h) */
                 const float *mu = (is_k ? L->k_mu_read : L->v_mu_read) + head * d;

@@ -58,6 +58,7 @@ void e8kv_calib_free(e8kv_calib *cal) {
     free(cal->acc);
     free(cal->basis);
     free(cal->eig);
+    free(cal->sens);
     free(cal);
 }
 
@@ -145,32 +146,54 @@ const float *e8kv_calib_eigenvalues(const e8kv_calib *cal, size_t layer, int is_
     return cal->eig + e8kv_calib_slot(cal, layer, is_v, head) * cal->head_dim;
 }
 
+size_t e8kv_calib_set_sensitivity(e8kv_calib *cal, size_t layer, int is_v, double c) {
+    if (!cal || !cal->finalized || !(c >= 0.0) || !isfinite(c)) return E8KV_ERR(BAD_ARGUMENT);
+    if (layer >= cal->n_layer) return E8KV_ERR(DIMENSION);
+    if (!cal->sens) {
+        cal->sens = calloc(2 * cal->n_layer, sizeof *cal->sens);
+        if (!cal->sens) return E8KV_ERR(OUT_OF_MEMORY);
+    }
+    cal->sens[2 * layer + (is_v != 0)] = c;
+    return 0;
+}
+
+double e8kv_calib_sensitivity(const e8kv_calib *cal, size_t layer, int is_v) {
+    if (!cal || !cal->sens || layer >= cal->n_layer) return -1.0;
+    return cal->sens[2 * layer + (is_v != 0)];
+}
+
 size_t e8kv_calib_bytes(const e8kv_calib *cal) {
     if (!cal || !cal->finalized) return 0;
     return sizeof *cal + n_slots(cal) * cal->head_dim * (cal->head_dim + 1) * sizeof(float) +
-           cal->n_layer * sizeof(size_t);
+           cal->n_layer * sizeof(size_t) + (cal->sens ? 2 * cal->n_layer * sizeof(double) : 0);
 }
 
 /* ---------------------------------------------------------------- serialization (doc/format.md §5) */
 
-/* Total serialized size for these dimensions (no overflow: dims bounded by the create/load checks). */
-static size_t serialized_size(size_t n_layer, size_t n_head_kv, size_t d) {
+/* Total serialized size for these dimensions (no overflow: dims bounded by the create/load checks);
+ * version 2 adds the sensitivities, 2·n_layer f64. */
+static size_t serialized_size(size_t n_layer, size_t n_head_kv, size_t d, int version) {
     const size_t slots = n_layer * 2 * n_head_kv;
-    return CALIB_HEADER_BYTES + 8 * n_layer + slots * 4 * d * (d + 1) + 8;
+    return CALIB_HEADER_BYTES + 8 * n_layer + slots * 4 * d * (d + 1) + (version >= 2 ? 16 * n_layer : 0) + 8;
+}
+
+static int version_of(const e8kv_calib *cal) {
+    return cal->sens ? 2 : 1;
 }
 
 size_t e8kv_calib_save_bound(const e8kv_calib *cal) {
     if (!cal || !cal->finalized) return E8KV_ERR(BAD_ARGUMENT);
-    return serialized_size(cal->n_layer, cal->n_head_kv, cal->head_dim);
+    return serialized_size(cal->n_layer, cal->n_head_kv, cal->head_dim, version_of(cal));
 }
 
 size_t e8kv_calib_save(void *dst, size_t dst_capacity, const e8kv_calib *cal) {
     if (!dst || !cal || !cal->finalized) return E8KV_ERR(BAD_ARGUMENT);
-    const size_t d = cal->head_dim, total = serialized_size(cal->n_layer, cal->n_head_kv, d);
+    const int version = version_of(cal);
+    const size_t d = cal->head_dim, total = serialized_size(cal->n_layer, cal->n_head_kv, d, version);
     if (dst_capacity < total) return E8KV_ERR(DST_TOO_SMALL);
     uint8_t *const out = dst, *p = out;
     memcpy(p, CALIB_MAGIC, 8);
-    e8kv_store_le32(p + 8, E8KV_CALIB_FORMAT_VERSION);
+    e8kv_store_le32(p + 8, (uint32_t)version);
     e8kv_store_le32(p + 12, (uint32_t)cal->n_layer);
     e8kv_store_le32(p + 16, (uint32_t)cal->n_head_kv);
     e8kv_store_le32(p + 20, (uint32_t)d);
@@ -184,6 +207,11 @@ size_t e8kv_calib_save(void *dst, size_t dst_capacity, const e8kv_calib *cal) {
             e8kv_store_lef32(p, cal->eig[s * d + i]);
         for (size_t i = 0; i < d * d; i++, p += 4)
             e8kv_store_lef32(p, cal->basis[s * d * d + i]);
+    }
+    for (size_t i = 0; version >= 2 && i < 2 * cal->n_layer; i++, p += 8) {
+        uint64_t u;
+        memcpy(&u, &cal->sens[i], 8);
+        e8kv_store_le64(p, u);
     }
     e8kv_store_le64(p, XXH64(out, (size_t)(p - out), 0));
     return total;
@@ -213,7 +241,7 @@ e8kv_calib *e8kv_calib_load(const void *src, size_t src_size, size_t *err) {
         e = E8KV_ERR(TRUNCATED);
     else if (memcmp(in, CALIB_MAGIC, 8))
         e = E8KV_ERR(CORRUPTED);
-    else if (e8kv_load_le32(in + 8) != E8KV_CALIB_FORMAT_VERSION)
+    else if (e8kv_load_le32(in + 8) != 1 && e8kv_load_le32(in + 8) != 2)
         e = E8KV_ERR(VERSION);
     else if (src_size < CALIB_HEADER_BYTES + 8)
         e = E8KV_ERR(TRUNCATED);
@@ -223,7 +251,8 @@ e8kv_calib *e8kv_calib_load(const void *src, size_t src_size, size_t *err) {
         if (!n_layer || n_layer > CALIB_MAX_LAYERS || !n_head_kv || n_head_kv > CALIB_MAX_HEADS || !d ||
             d % 8 || d > E8KV_MAX_HEAD_DIM || e8kv_load_le32(in + 24) || e8kv_load_le32(in + 28))
             e = E8KV_ERR(CORRUPTED);
-        const size_t total = e ? 0 : serialized_size(n_layer, n_head_kv, d);
+        const int version = e ? 0 : (int)e8kv_load_le32(in + 8);
+        const size_t total = e ? 0 : serialized_size(n_layer, n_head_kv, d, version);
         if (!e && src_size < total)
             e = E8KV_ERR(TRUNCATED);
         else if (!e && src_size > total)
@@ -256,6 +285,15 @@ e8kv_calib *e8kv_calib_load(const void *src, size_t src_size, size_t *err) {
             for (size_t i = 0; !e && i < d; i++)
                 if (ev[i] < 0.0f || (i && ev[i] > ev[i - 1])) e = E8KV_ERR(CORRUPTED);
             if (!e && ortho_error(P, d) > CALIB_ORTHO_TOL) e = E8KV_ERR(CORRUPTED);
+        }
+        if (!e && version >= 2) {
+            c->sens = malloc(2 * n_layer * sizeof *c->sens);
+            if (!c->sens) e = E8KV_ERR(OUT_OF_MEMORY);
+        }
+        for (size_t i = 0; !e && version >= 2 && i < 2 * n_layer; i++, p += 8) {
+            const uint64_t u = e8kv_load_le64(p);
+            memcpy(&c->sens[i], &u, 8);
+            if (!(c->sens[i] >= 0.0) || !isfinite(c->sens[i])) e = E8KV_ERR(CORRUPTED);
         }
         if (c && !e) c->finalized = 1;
     }

@@ -13,6 +13,7 @@ struct e8kv_calib {
         *acc; /* (n_layer, 2, n_head_kv, d, d) Σ (x − μ_seq)(x − μ_seq)ᵀ, upper triangle; NULL once final */
     float *basis; /* (n_layer, 2, n_head_kv, d, d) row i = eigenvector i (klt.h); NULL until final */
     float *eig;   /* (n_layer, 2, n_head_kv, d) eigenvalues, decreasing, clamped at 0 */
+    double *sens; /* (n_layer, 2) sensitivity coefficients (e8kv_calib_set_sensitivity); NULL: none */
 };
 
 /* Index of the (layer, stream, head) slot; is_v 0 = K, 1 = V. */

@@ -12,8 +12,6 @@
 
 /* ---------------------------------------------------------------- spec grammar */
 
-#define MAX_SPEC_LEN 512
-#define MAX_LAYER_RULES 32
 
 typedef struct {
     size_t first, last;      /* layer range, inclusive */
@@ -26,8 +24,9 @@ typedef struct {
     size_t window, sink, page;
     int rope_pre;
     int center; /* -1 = default (1); 0 off, 1 e8kv's own formats, 2 = all coded formats */
-    layer_rule rules[MAX_LAYER_RULES];
+    layer_rule rules[E8KV_CACHE_RULES_MAX];
     size_t n_rules;
+    char auto_spec[64]; /* auto=FAMILY:B: streams whose format is this spec share the bits by sensitivity */
 } cache_config;
 
 typedef struct {
@@ -63,7 +62,7 @@ static size_t parse_item(cache_config *cfg, const char *it, size_t len, int dept
 
 static size_t parse_list(cache_config *cfg, const char *spec, int depth) {
     const size_t n = strlen(spec);
-    if (n == 0 || n >= MAX_SPEC_LEN) return E8KV_ERR(SPEC);
+    if (n == 0 || n > E8KV_CACHE_SPEC_MAX) return E8KV_ERR(SPEC);
     size_t start = 0;
     for (size_t i = 0; i <= n; i++) {
         if (i == n || spec[i] == ',') {
@@ -99,6 +98,12 @@ static size_t parse_item(cache_config *cfg, const char *it, size_t len, int dept
         memcpy(cfg->v, cfg->k, sizeof cfg->v);
         return 0;
     }
+    if (KEY_IS("auto")) { /* every stream in this family, rates from the calibration (expanded at create) */
+        if (!copy_codec_spec(cfg->auto_spec, val, vlen)) return E8KV_ERR(SPEC);
+        memcpy(cfg->k, cfg->auto_spec, sizeof cfg->k);
+        memcpy(cfg->v, cfg->auto_spec, sizeof cfg->v);
+        return 0;
+    }
     if (KEY_IS("window")) return parse_size(val, vlen, &cfg->window) ? 0 : E8KV_ERR(SPEC);
     if (KEY_IS("sink")) return parse_size(val, vlen, &cfg->sink) ? 0 : E8KV_ERR(SPEC);
     if (KEY_IS("page")) {
@@ -123,7 +128,7 @@ static size_t parse_item(cache_config *cfg, const char *it, size_t len, int dept
     if (klen > 6 && !memcmp(it, "layers", 6)) p = 6;
     else if (klen > 5 && !memcmp(it, "layer", 5)) p = 5;
     else return E8KV_ERR(SPEC);
-    if (cfg->n_rules >= MAX_LAYER_RULES) return E8KV_ERR(SPEC);
+    if (cfg->n_rules >= E8KV_CACHE_RULES_MAX) return E8KV_ERR(SPEC);
     layer_rule *r = &cfg->rules[cfg->n_rules];
     size_t q = p;
     while (q < klen && isdigit((unsigned char)it[q])) q++;
@@ -161,7 +166,7 @@ static size_t get_codec(e8kv_cache *c, const char *spec, uint64_t seed, const e8
 }
 
 static int is_e8t(const char *spec) {
-    return !strncmp(spec, "e8t", 3) && (spec[3] == 0 || spec[3] == ':');
+    return !strncmp(spec, "e8t", 3) && (spec[3] == 0 || spec[3] == ':' || !strncmp(spec + 3, "v:", 2));
 }
 
 static void set_format(kv_format *f, const e8kv_codec *codec, int rope_pre_key, int center) {
@@ -187,16 +192,66 @@ static void set_format(kv_format *f, const e8kv_codec *codec, int rope_pre_key, 
 
 /* The codec a stream spec uses: "e8t:B" codes with e8:B after its calibrated transform (xform.c). */
 static const char *codec_of(const char *spec, char buf[16]) {
-    if (!e8kv_xform_rate(spec)) return spec; /* not e8t, or an e8t spec with options: SPEC from get_codec */
-    snprintf(buf, 16, "e8:%d", e8kv_xform_rate(spec));
+    int vlc = 0;
+    if (!e8kv_xform_rate(spec, &vlc)) return spec; /* not e8t, or an e8t spec with options: SPEC from get_codec */
+    snprintf(buf, 16, "%s%s", vlc ? "e8v" : "e8", spec + (vlc ? 4 : 3)); /* "e8tv:3.5" → "e8v:3.5" */
     return buf;
 }
-
 static size_t fail_create(e8kv_cache *c, size_t *err, size_t code) {
     e8kv_cache_free(c);
     if (err) *err = code;
     return code;
 }
+
+/* auto=FAMILY:B: the streams whose format is FAMILY:B (lspec, K of every layer then V) get rates on the
+ * family's grid from the calibration's sensitivities with mean B (alloc.c); their names are written to
+ * names (2·n_layer entries) and lspec points there. SPEC: not an e8v/e8tv spec, or no calibration with
+ * sensitivities; RATE: B off the grid or outside [1.5, 8]. */
+#define AUTO_LO8 12 /* 1.5 bits: the lowest rate a stream is given */
+#define AUTO_HI8 64
+static size_t expand_auto(const e8kv_cache *c, const char *auto_spec, const char **lspec, char (*names)[24]) {
+    e8kv_spec sp;
+    if (e8kv_is_error(e8kv_spec_parse(&sp, auto_spec)) || sp.q_range > 0.0f ||
+        (strcmp(sp.family, "e8tv") && strcmp(sp.family, "e8v")))
+        return E8KV_ERR(SPEC);
+    if (!c->calib || e8kv_calib_sensitivity(c->calib, 0, 0) < 0.0) {
+        e8kv_log(0, "e8kv: auto= needs a calibration with sensitivities (e8kv calibrate)");
+        return E8KV_ERR(SPEC);
+    }
+    size_t n_layer = 0;
+    e8kv_calib_info(c->calib, &n_layer, NULL, NULL, NULL);
+    if (n_layer != c->n_layer) return E8KV_ERR(DIMENSION);
+    size_t g = 64, b = c->head_dim; /* step: the smallest rate with whole bytes per vector, 64/gcd(64, d) */
+    while (b) {
+        const size_t t = g % b;
+        g = b;
+        b = t;
+    }
+    const int step8 = (int)(64 / g), lo8 = (AUTO_LO8 + step8 - 1) / step8 * step8;
+    if (sp.rate8 % step8 || sp.rate8 < lo8 || sp.rate8 > AUTO_HI8) return E8KV_ERR(RATE);
+    const size_t n_s = 2 * c->n_layer;
+    double *coef = malloc(n_s * sizeof *coef);
+    int *rate8 = malloc(n_s * sizeof *rate8);
+    size_t *idx = malloc(n_s * sizeof *idx), n = 0;
+    size_t r = coef && rate8 && idx ? 0 : E8KV_ERR(OUT_OF_MEMORY);
+    for (size_t i = 0; i < n_s && !r; i++)
+        if (!strcmp(lspec[i], auto_spec)) {
+            idx[n] = i;
+            coef[n++] = e8kv_calib_sensitivity(c->calib, i % c->n_layer, i >= c->n_layer);
+        }
+    if (!r && n) r = e8kv_alloc_rates(rate8, coef, n, sp.rate8, lo8, AUTO_HI8, step8);
+    for (size_t j = 0; j < n && !e8kv_is_error(r); j++) {
+        /* "e8tv:2.375": family ≤ 4 chars, a rate of at most 8 with up to 3 decimals */
+        snprintf(names[idx[j]], sizeof names[0], "%.4s:%.5g", sp.family, rate8[j] / 8.0);
+        lspec[idx[j]] = names[idx[j]];
+    }
+    free(coef);
+    free(rate8);
+    free(idx);
+    return r;
+}
+
+static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cfg, size_t *err);
 
 e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
     if (err) *err = 0;
@@ -208,38 +263,47 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
         if (err) *err = E8KV_ERR(HEAD_DIM);
         return NULL;
     }
-    cache_config cfg;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.center = -1;
-    cfg.rope_pre = -1;
-    size_t r = parse_list(&cfg, params->spec, 0);
-    if (e8kv_is_error(r) || !cfg.k[0] || !cfg.v[0]) {
+    cache_config *cfg = calloc(1, sizeof *cfg); /* ~45 KB of rules: not on a caller's thread stack */
+    if (!cfg) {
+        if (err) *err = E8KV_ERR(OUT_OF_MEMORY);
+        return NULL;
+    }
+    e8kv_cache *c = create_from(params, cfg, err);
+    free(cfg);
+    return c;
+}
+
+static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cfg, size_t *err) {
+    cfg->center = -1;
+    cfg->rope_pre = -1;
+    size_t r = parse_list(cfg, params->spec, 0);
+    if (e8kv_is_error(r) || !cfg->k[0] || !cfg->v[0]) {
         if (err) *err = E8KV_ERR(SPEC);
         return NULL;
     }
-    for (size_t i = 0; i < cfg.n_rules; i++)
-        if (cfg.rules[i].last >= params->n_layer) {
+    for (size_t i = 0; i < cfg->n_rules; i++)
+        if (cfg->rules[i].last >= params->n_layer) {
             if (err) *err = E8KV_ERR(SPEC);
             return NULL;
         }
-    if (cfg.rope_pre < 0) {
+    if (cfg->rope_pre < 0) {
         /* default: keys coded before RoPE when the caller gives RoPE's parameters and K is one of
          * e8kv's formats (measured better at every rate on SmolLM2, BENCHMARKS.md); plain K and the
          * llama.cpp formats (post-RoPE in llama.cpp) stay post */
         e8kv_spec ks;
-        const int parsed = !e8kv_is_error(e8kv_spec_parse(&ks, cfg.k));
+        const int parsed = !e8kv_is_error(e8kv_spec_parse(&ks, cfg->k));
         const int ours = parsed && strcmp(ks.family, "f32") && strcmp(ks.family, "f16") &&
                          strncmp(ks.family, "q8_0", 4) && strncmp(ks.family, "q4_0", 4);
-        cfg.rope_pre = params->rope_theta > 0.0f && params->head_dim % 2 == 0 && ours;
+        cfg->rope_pre = params->rope_theta > 0.0f && params->head_dim % 2 == 0 && ours;
     }
     /* e8t keys are calibrated before RoPE: with RoPE they must be coded before it */
-    int e8t_k = is_e8t(cfg.k);
-    for (size_t i = 0; i < cfg.n_rules; i++) e8t_k |= (cfg.rules[i].which & 1) && is_e8t(cfg.rules[i].codec);
-    if (e8t_k && !cfg.rope_pre && params->rope_theta > 0.0f) {
+    int e8t_k = is_e8t(cfg->k);
+    for (size_t i = 0; i < cfg->n_rules; i++) e8t_k |= (cfg->rules[i].which & 1) && is_e8t(cfg->rules[i].codec);
+    if (e8t_k && !cfg->rope_pre && params->rope_theta > 0.0f) {
         if (err) *err = E8KV_ERR(SPEC);
         return NULL;
     }
-    if (cfg.rope_pre && (!(params->rope_theta > 0.0f) || params->head_dim % 2)) {
+    if (cfg->rope_pre && (!(params->rope_theta > 0.0f) || params->head_dim % 2)) {
         if (err) *err = E8KV_ERR(SPEC);
         return NULL;
     }
@@ -257,13 +321,13 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
     c->n_head_kv = params->n_head_kv;
     c->head_dim = params->head_dim;
     c->n_ctx = params->n_ctx;
-    c->page_tokens = cfg.page ? cfg.page : E8KV_CACHE_DEFAULT_PAGE;
+    c->page_tokens = cfg->page ? cfg->page : E8KV_CACHE_DEFAULT_PAGE;
     c->n_page_max = (c->n_ctx + c->page_tokens - 1) / c->page_tokens;
-    c->window = cfg.window;
-    c->n_sink = cfg.sink < c->n_ctx ? cfg.sink : c->n_ctx;
+    c->window = cfg->window;
+    c->n_sink = cfg->sink < c->n_ctx ? cfg->sink : c->n_ctx;
     c->n_threads = params->n_threads ? params->n_threads : 1;
-    c->rope_pre = cfg.rope_pre;
-    c->center = cfg.center < 0 ? 1 : cfg.center;
+    c->rope_pre = cfg->rope_pre;
+    c->center = cfg->center < 0 ? 1 : cfg->center;
     c->seed = params->seed;
     c->calib = params->calib;
     c->use_avx2 = e8kv_cpu_has_avx2() && c->head_dim % 8 == 0;
@@ -284,15 +348,20 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
         return NULL;
     }
     for (size_t l = 0; l < c->n_layer; l++) {
-        lspec[l] = cfg.k;
-        lspec[c->n_layer + l] = cfg.v;
-        for (size_t i = 0; i < cfg.n_rules; i++) /* later rules win */
-            if (l >= cfg.rules[i].first && l <= cfg.rules[i].last) {
-                if (cfg.rules[i].which & 1) lspec[l] = cfg.rules[i].codec;
-                if (cfg.rules[i].which & 2) lspec[c->n_layer + l] = cfg.rules[i].codec;
+        lspec[l] = cfg->k;
+        lspec[c->n_layer + l] = cfg->v;
+        for (size_t i = 0; i < cfg->n_rules; i++) /* later rules win */
+            if (l >= cfg->rules[i].first && l <= cfg->rules[i].last) {
+                if (cfg->rules[i].which & 1) lspec[l] = cfg->rules[i].codec;
+                if (cfg->rules[i].which & 2) lspec[c->n_layer + l] = cfg->rules[i].codec;
             }
     }
-    r = e8kv_xform_build(c, lspec, lspec + c->n_layer);
+    char(*auto_names)[24] = NULL; /* the per-stream specs of auto= */
+    if (cfg->auto_spec[0]) {
+        auto_names = calloc(2 * c->n_layer, sizeof *auto_names);
+        r = auto_names ? expand_auto(c, cfg->auto_spec, lspec, auto_names) : E8KV_ERR(OUT_OF_MEMORY);
+    }
+    if (!e8kv_is_error(r)) r = e8kv_xform_build(c, lspec, lspec + c->n_layer);
     for (size_t l = 0; l < c->n_layer && !e8kv_is_error(r); l++) {
         kv_layer *L = &c->layers[l];
         const char *ks = lspec[l], *vs = lspec[c->n_layer + l];
@@ -303,8 +372,8 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
         if (e8kv_is_error(r)) break;
         set_format(&L->k, kc, c->rope_pre, c->center);
         set_format(&L->v, vc, 0, c->center);
-        if (e8kv_xform_rate(ks)) L->k.xf = &c->xforms[2 * l];
-        if (e8kv_xform_rate(vs)) L->v.xf = &c->xforms[2 * l + 1];
+        if (e8kv_xform_rate(ks, NULL)) L->k.xf = &c->xforms[2 * l];
+        if (e8kv_xform_rate(vs, NULL)) L->v.xf = &c->xforms[2 * l + 1];
         L->k_pages = calloc(n_tab, sizeof *L->k_pages);
         L->v_pages = calloc(n_tab, sizeof *L->v_pages);
         if (!L->k_pages || !L->v_pages) {
@@ -336,13 +405,16 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
         }
     }
     free(lspec);
+    free(auto_names);
     if (e8kv_is_error(r)) {
         fail_create(c, err, r);
         return NULL;
     }
-    /* the transforms' weights; their bases belong to the shared calibration (e8kv_calib_bytes) */
+    /* the transforms' weights or entropy-code tables; their bases belong to the shared calibration
+     * (e8kv_calib_bytes) */
     for (size_t i = 0; c->xforms && i < 2 * c->n_layer; i++)
-        c->fixed_bytes += sizeof(kv_xform) + (c->xforms[i].w ? 2 * c->n_head_kv * c->head_dim * sizeof(float) : 0);
+        c->fixed_bytes += sizeof(kv_xform) + (c->xforms[i].w ? 2 * c->n_head_kv * c->head_dim * sizeof(float) : 0) +
+                          (c->xforms[i].vlc ? c->n_head_kv * (sizeof(e8kv_vlc) + c->head_dim * 9 / 8) : 0);
     return c;
 }
 

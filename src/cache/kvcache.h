@@ -13,9 +13,14 @@
 #define E8KV_KVCACHE_H
 
 #include "../quant/codec.h"
+#include "../quant/e8_vlc.h"
 #include "calib.h"
 
 #define E8KV_CACHE_DEFAULT_PAGE 64
+/* Cache specs are at most this many bytes, with at most this many layer rules (an auto= allocation of a
+ * 128-layer model needs up to 256 rules once written out as a canonical spec, persist.c). */
+#define E8KV_CACHE_SPEC_MAX 8191
+#define E8KV_CACHE_RULES_MAX 512
 #define E8KV_CACHE_MAX_CODECS 64
 
 typedef struct {
@@ -32,7 +37,8 @@ typedef enum { KV_FAST_NONE = 0, KV_FAST_F32, KV_FAST_F16, KV_FAST_E8BALL } kv_f
 typedef struct {
     char spec[16];      /* the format as the spec names it ("e8t:4") */
     const float *basis; /* (n_head_kv, d, d), borrowed from the calibration */
-    float *w, *w_inv;   /* (n_head_kv, d) each: λ^(−1/4) and λ^(1/4) (one allocation, w owns it) */
+    float *w, *w_inv;   /* e8t: (n_head_kv, d) each: λ^(−1/4) and λ^(1/4) (one allocation, w owns it) */
+    e8kv_vlc *vlc;      /* e8tv: (n_head_kv) entropy-coded E8 with each head's eigenvalues; NULL for e8t */
 } kv_xform;
 
 typedef struct {
@@ -94,15 +100,20 @@ struct e8kv_cache {
 void e8kv_fmt_forward(const kv_format *f, size_t h, size_t d, float *x, size_t n);
 void e8kv_fmt_inverse(const kv_format *f, size_t h, size_t d, float *x, size_t n);
 void e8kv_fmt_query(const kv_format *f, size_t h, size_t d, float *q, size_t n);
-/* Encode one vector of head h (centred, original domain); decoding is the codec's (coded domain). */
+/* Encode one vector of head h (centred, original domain); decode one into the coded domain. */
 size_t e8kv_fmt_encode(const kv_format *f, size_t h, uint8_t *dst, const float *x);
+void e8kv_fmt_decode(const kv_format *f, size_t h, float *y, const uint8_t *src);
 
-/* xform.c: B of an "e8t:B" spec, 0 for any other spec. */
-int e8kv_xform_rate(const char *spec);
+/* xform.c: the rate of an "e8t:B" or "e8tv:B" spec in eighths of a bit (is_vlc: which), 0 for any other. */
+int e8kv_xform_rate(const char *spec, int *is_vlc);
 /* Build the transforms of every e8t stream of c (per-layer specs in ks, vs). 0 or an error: SPEC without
  * a calibration, DIMENSION when it was made for other dimensions. */
 size_t e8kv_xform_build(struct e8kv_cache *c, const char *const *ks, const char *const *vs);
 void e8kv_xform_free(struct e8kv_cache *c);
+
+/* alloc.c: rates (eighths of a bit) for n streams with coefficients c minimising Σ c_s·4^(−r_s) at mean
+ * rate mean8 (rounded down to the grid), each r_s in [lo8, hi8] on the grid of step8. 0 or BAD_ARGUMENT. */
+size_t e8kv_alloc_rates(int *rate8, const double *c, size_t n, int mean8, int lo8, int hi8, int step8);
 
 /* Bytes of one page of `fmt` (raw pages hold f32). */
 static inline size_t kv_page_bytes(const struct e8kv_cache *c, const kv_format *fmt, int raw) {

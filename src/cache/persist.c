@@ -15,8 +15,8 @@
 #define CACHE_MAGIC "E8KC"
 #define CACHE_FLAG_CALIB 1u /* header flags (offset 60): a calibration section follows the meta */
 #define CACHE_HEADER_BYTES 64
-#define CANON_SPEC_MAX 511 /* kvcache.c parses specs shorter than 512 bytes */
-#define CANON_RULES_MAX 32 /* kvcache.c accepts at most 32 layer rules */
+#define CANON_SPEC_MAX E8KV_CACHE_SPEC_MAX /* what kvcache.c parses */
+#define CANON_RULES_MAX E8KV_CACHE_RULES_MAX
 #define FRAME_ROWS_PER_PAGE 1024
 #define PAGE_ABSENT 0
 #define PAGE_RAW 1

@@ -1,6 +1,7 @@
 /* The public codec API: spec parsing, the family registry, rotation, NaN/Inf screening and the plain
  * f32/f16 formats. Quantizers themselves live one per file (see codec.h). */
 #include "codec.h"
+#include "e8_vlc.h"
 
 #include "../common/fp16.h"
 
@@ -22,7 +23,7 @@ static const family_entry k_families[] = {
     {"q4_0", 0, e8kv_quant_init_q4_0},    {"q4_0h", 1, e8kv_quant_init_q4_0},
     {"lloyd", 1, e8kv_quant_init_lloyd},  {"e8", 1, e8kv_quant_init_e8ball},
     {"e8ball", 1, e8kv_quant_init_e8ball}, {"e8nest", 1, e8kv_quant_init_e8nest},
-    {"d4nest", 1, e8kv_quant_init_d4nest},
+    {"d4nest", 1, e8kv_quant_init_d4nest}, {"e8v", 1, e8kv_quant_init_e8v},
 };
 
 size_t e8kv_spec_parse(e8kv_spec *out, const char *spec) {
@@ -38,10 +39,12 @@ size_t e8kv_spec_parse(e8kv_spec *out, const char *spec) {
     while ((tok = strtok_r(NULL, ":", &save)) != NULL) {
         char *end = NULL;
         if (first && tok[0] >= '0' && tok[0] <= '9') {
-            const long b = strtol(tok, &end, 10);
+            const double b = strtod(tok, &end);
             if (*end) return E8KV_ERR(SPEC);
-            if (b <= 0 || b > 16) return E8KV_ERR(RATE); /* a number, but no format has that rate */
-            out->bits = (int)b;
+            /* a number, but no format has that rate: above 16, or not a multiple of 1/8 */
+            if (!(b > 0.0) || b > 16.0 || b * 8.0 != floor(b * 8.0)) return E8KV_ERR(RATE);
+            out->rate8 = (int)(b * 8.0);
+            out->bits = out->rate8 % 8 ? 0 : out->rate8 / 8;
         } else if (strncmp(tok, "q=", 2) == 0) {
             const float q = strtof(tok + 2, &end);
             if (*end || !(q > 0.0f) || q > 1e6f) return E8KV_ERR(SPEC);

@@ -26,7 +26,8 @@ typedef struct {
 /* Parsed spec: "family[:bits][:key=value]..." */
 typedef struct {
     char family[16];
-    int bits;        /* 0 when absent */
+    int bits;        /* 0 when absent or not a whole number */
+    int rate8;       /* the rate in eighths of a bit ("e8v:3.5" → 28), 0 when absent */
     float q_range;   /* 0 when absent */
 } e8kv_spec;
 
