@@ -3,12 +3,17 @@
  *
  * One row per (shape, ctx, format): a one-layer cache of `ctx` tokens is filled with N(0,1) keys and
  * values (a 1024-token pool reused cyclically), then one decode step (1 query token at position ctx-1,
- * all query heads) is timed: the fastest of --reps runs after one warm-up (the JSON adds the median). */
+ * all query heads) is timed: the fastest of --reps runs after one warm-up (the JSON adds the median).
+ * Before timing, the step is checked against the same cache read through the portable _ref twins (the
+ * cache's use_avx2 switched off, kvcache.h): `check` is max |fast − ref| / max |ref| over the outputs. */
 #include "bench.h"
 #include "cli_util.h"
 
+#include "cache/kvcache.h"
 #include "common/rng.h"
 #include "e8kv.h"
+
+#include <math.h>
 
 #include <errno.h>
 #include <stdio.h>
@@ -44,7 +49,8 @@ static void usage(FILE *f) {
             "  --json         one JSON object per row\n"
             "Columns: kv_bytes = e8kv_cache_bytes() (really allocated), bits/val = e8kv_cache_bits_per_value(),\n"
             "ns/step = one decode step (all heads of one layer), ns/token = ns/step / ctx, GB/s = kv_bytes /\n"
-            "step time, rss = VmRSS before and after filling the cache, fill = seconds to append ctx tokens.\n");
+            "step time, rss = VmRSS before and after filling the cache, fill = seconds to append ctx tokens,\n"
+            "check = max |fast - ref| / max |ref| against the same step through the portable _ref twins.\n");
 }
 
 static long vm_rss_kib(void) {
@@ -125,6 +131,23 @@ static int run_row(const attn_shape *sh, size_t ctx, const char *spec, size_t n_
     double t[64];
     if (reps > 64) reps = 64;
     const size_t n_out = sh->n_head * sh->head_dim;
+    /* the fast kernels against their portable twins on this very cache */
+    float *ref = malloc(n_out * sizeof *ref);
+    double check = 0.0;
+    if (ref) {
+        const int fast = c->use_avx2;
+        c->use_avx2 = 0;
+        const size_t r1 = e8kv_cache_attend(c, ref, n_out, 0, q, sh->n_head, 1, ctx - 1);
+        c->use_avx2 = fast;
+        const size_t r2 = e8kv_cache_attend(c, out, n_out, 0, q, sh->n_head, 1, ctx - 1);
+        double emax = 0.0, rmax = 0.0;
+        for (size_t i = 0; i < n_out && !e8kv_is_error(r1) && !e8kv_is_error(r2); i++) {
+            emax = fmax(emax, fabs((double)out[i] - ref[i]));
+            rmax = fmax(rmax, fabs((double)ref[i]));
+        }
+        check = rmax > 0.0 ? emax / rmax : emax;
+        free(ref);
+    }
     for (int i = -1; i < reps; i++) {
         const double t0 = e8kv_cli_now_s();
         const size_t r = e8kv_cache_attend(c, out, n_out, 0, q, sh->n_head, 1, ctx - 1);
@@ -145,13 +168,13 @@ static int run_row(const attn_shape *sh, size_t ctx, const char *spec, size_t n_
         printf("{\"bench\":\"attn\",\"shape\":\"%s\",\"n_head_kv\":%zu,\"n_head\":%zu,\"head_dim\":%zu,"
                "\"kv\":\"%s\",\"ctx\":%zu,\"threads\":%zu,\"kv_bytes\":%zu,\"bits_per_value\":%.4f,"
                "\"ns_per_step\":%.0f,\"ns_per_step_median\":%.0f,\"ns_per_token\":%.3f,\"gb_per_s\":%.3f,\"rss_before_kib\":%ld,"
-               "\"rss_after_kib\":%ld,\"fill_s\":%.3f}\n",
+               "\"rss_after_kib\":%ld,\"fill_s\":%.3f,\"check\":%.2e}\n",
                sh->name, sh->n_head_kv, sh->n_head, sh->head_dim, spec, ctx, n_threads, bytes, bpv, step * 1e9,
-               step_med * 1e9, step * 1e9 / (double)ctx, (double)bytes / step * 1e-9, rss0, rss1, fill_s);
+               step_med * 1e9, step * 1e9 / (double)ctx, (double)bytes / step * 1e-9, rss0, rss1, fill_s, check);
     else
-        printf("%-13s %6zu  %-24s %12zu %8.3f %12.0f %9.3f %7.2f %8ld %8ld %7.2f\n", sh->name, ctx, spec, bytes,
+        printf("%-13s %6zu  %-24s %12zu %8.3f %12.0f %9.3f %7.2f %8ld %8ld %7.2f %8.1e\n", sh->name, ctx, spec, bytes,
                bpv, step * 1e9, step * 1e9 / (double)ctx, (double)bytes / step * 1e-9, rss0 / 1024, rss1 / 1024,
-               fill_s);
+               fill_s, check);
     fflush(stdout);
 done:
     e8kv_cache_free(c);
@@ -222,8 +245,8 @@ int e8kv_bench_attn(int argc, char **argv) {
     }
     int matched = 0, rc = 0;
     if (!json)
-        printf("%-13s %6s  %-24s %12s %8s %12s %9s %7s %8s %8s %7s\n", "shape", "ctx", "kv", "kv_bytes", "bits/val",
-               "ns/step", "ns/token", "GB/s", "rss0 MiB", "rss1 MiB", "fill s");
+        printf("%-13s %6s  %-24s %12s %8s %12s %9s %7s %8s %8s %7s %8s\n", "shape", "ctx", "kv", "kv_bytes", "bits/val",
+               "ns/step", "ns/token", "GB/s", "rss0 MiB", "rss1 MiB", "fill s", "check");
     for (size_t si = 0; si < sizeof k_shapes / sizeof k_shapes[0]; si++) {
         if (strcmp(shape, "all") && strcmp(shape, k_shapes[si].name)) continue;
         matched = 1;

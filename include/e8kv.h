@@ -85,6 +85,9 @@ void e8kv_set_log_callback(e8kv_log_fn fn, void *user);
  *   e8ball:B            ball-shaped E8 codebook (16-bit index per 8 values), residual Voronoi stage for B=3,4
  *   e8nest:B[:q=R]      nested-lattice (Voronoi) E8 code with per-vector scale and clamp; R = q_range
  *   d4nest:B[:q=R]      the same with the D4 lattice (head_dim multiple of 4)
+ *   e8box:4             E8 points in a box: one nibble per value plus a coset bit per 8 values and a
+ *                       1-byte log-step per vector (4.25 bits/value at head_dim 64), built for reading
+ *                       speed: attention scores keys and sums values on the integers (kvcache.h)
  *   e8v:B               E8 points entropy-coded (prefix codes) inside the same 2 + B*head_dim/8 bytes as
  *                       e8:B, the step chosen per vector so the code just fits; B a multiple of 1/8 from
  *                       1 to 8 ("e8v:3.5"); 1.5-2 dB better than e8:B, slower to decode (BENCHMARKS.md)
@@ -199,7 +202,8 @@ e8kv_calib *e8kv_calib_load_file(const char *path, size_t *err);
  *                        1: e8kv's formats (e8*, d4nest, lloyd); the llama.cpp formats (q8_0, q4_0 and
  *                        their h variants) keep llama.cpp's semantics unless center=all. f32/f16: never
  *   rope=pre|post        (default: pre when params.rope_theta > 0 and K is one of e8kv's formats (e8*,
- *                        d4nest, lloyd), else post, as llama.cpp does for q8_0/q4_0;
+ *                        d4nest, lloyd) other than e8box, else post, as llama.cpp does for q8_0/q4_0 and
+ *                        as e8box's integer-domain attention needs;
  *                        callers ask e8kv_cache_keys_pre_rope() which keys to append)
  *                        keys arrive before RoPE (pre: stored un-rotated, RoPE applied to each decoded
  *                        key at attention time with params.rope_theta / rope_neox) or after it (post,

@@ -16,6 +16,7 @@
 #include "kvcache.h"
 
 #include "../common/cpu.h"
+#include "../quant/e8_box.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -68,6 +69,9 @@ static int read_fast(const e8kv_cache *c, const kv_format *f, float *restrict ds
     case KV_FAST_E8BALL:
         if (f->codec->bits == 4 && e8kv_cache_read_e8ball4_avx2(dst, src, n, d, f->vector_bytes)) return 1;
         e8kv_cache_read_e8ball_avx2(dst, src, n, d, f->codec->bits, f->vector_bytes);
+        return 1;
+    case KV_FAST_E8BOX:
+        for (size_t i = 0; i < n; i++) e8kv_box_decode_avx2(dst + i * d, src + i * f->vector_bytes, d);
         return 1;
     default: return 0;
     }
@@ -173,6 +177,36 @@ static void prefetch_tokens(const e8kv_cache *c, const kv_layer *L, size_t head,
     for (size_t o = 0; o < run * vb; o += 64) __builtin_prefetch(src + o);
 }
 
+/* ---------------------------------------------------------------- e8box:4 integer-domain tiles */
+
+#define BOX_QMAX 16 /* queries per chunk on the integer path (decode: the GQA group) */
+
+static int box_ok(const e8kv_cache *c, const kv_layer *L, size_t n_q) {
+    return L->k.fast == KV_FAST_E8BOX && L->v.fast == KV_FAST_E8BOX && L->k.rotated && L->v.rotated &&
+           c->head_dim % 64 == 0 && c->head_dim <= E8KV_BOX_MAX_D && n_q <= BOX_QMAX;
+}
+
+/* the tile [p, p + n) lies in one coded page of K and of V of head h, past the sinks, and every query
+ * of the chunk sees all of it (first_lim: what the chunk's first query sees) */
+static int box_tile_ok(const e8kv_cache *c, const kv_layer *L, size_t h, size_t p, size_t n, size_t first_lim) {
+    const size_t P = c->page_tokens;
+    if (p < c->n_sink || p / P != (p + n - 1) / P || p + n > first_lim) return 0;
+    const kv_page *kp = L->k_pages + h * c->n_page_max + p / P, *vp = L->v_pages + h * c->n_page_max + p / P;
+    return kp->data && vp->data && !kp->raw && !vp->raw;
+}
+
+static void box_tile(const e8kv_cache *c, const kv_layer *L, size_t h, const e8kv_box_query *bq, size_t n_q,
+                     size_t p, size_t n, float *m, float *l, float *const *accs) {
+    const size_t P = c->page_tokens, vb = L->k.vector_bytes, d = c->head_dim;
+    const uint8_t *const k = L->k_pages[h * c->n_page_max + p / P].data + (p % P) * vb;
+    const uint8_t *const v = L->v_pages[h * c->n_page_max + p / P].data + (p % P) * vb;
+    const float *const mu_v = L->v.centered ? L->v_mu_read + h * d : NULL;
+    if (c->use_avx2)
+        e8kv_attn_box_tile_avx2(bq, n_q, k, v, vb, n, d, mu_v, m, l, accs);
+    else
+        e8kv_attn_box_tile_ref(bq, n_q, k, v, vb, n, d, mu_v, m, l, accs);
+}
+
 static void attend_head(const attend_job *job, size_t h) {
     const e8kv_cache *c = job->c;
     const kv_layer *L = job->L;
@@ -197,6 +231,15 @@ static void attend_head(const attend_job *job, size_t h) {
             m[qi - a] = -INFINITY;
             l[qi - a] = 0.0f;
         }
+        /* e8box:4 keys and values read in the rotated domain: integer-domain tiles (attn_box.c) */
+        const int box = box_ok(c, L, b - a);
+        e8kv_box_query bq[BOX_QMAX];
+        float *accs[BOX_QMAX];
+        for (size_t qi = a; box && qi < b; qi++) {
+            const size_t t = qi / g, hq = h * g + qi % g;
+            e8kv_box_query_init(&bq[qi - a], qr + (qi - a) * d, L->k.centered ? L->k_mu_read + h * d : NULL, d);
+            accs[qi - a] = job->out + t * row + hq * d;
+        }
         size_t n_keys = job->pos0 + (b - 1) / g + 1; /* the chunk's last query sees this many */
         if (n_keys > job->k_end) n_keys = job->k_end;
         for (size_t p = job->k_begin; p < n_keys; p += tt) {
@@ -205,6 +248,10 @@ static void attend_head(const attend_job *job, size_t h) {
                 const size_t n2 = n_keys - p - n < tt ? n_keys - p - n : tt;
                 prefetch_tokens(c, L, h, 1, p + n, n2);
                 prefetch_tokens(c, L, h, 0, p + n, n2);
+            }
+            if (box && box_tile_ok(c, L, h, p, n, job->pos0 + a / g + 1)) {
+                box_tile(c, L, h, bq, b - a, p, n, m, l, accs);
+                continue;
             }
             e8kv_cache_read_tokens(c, L, h, 1, p, n, kt);
             e8kv_cache_read_tokens(c, L, h, 0, p, n, vt);

@@ -188,6 +188,8 @@ static void set_format(kv_format *f, const e8kv_codec *codec, int rope_pre_key, 
     else if ((!strcmp(sp.family, "e8") || !strcmp(sp.family, "e8ball")) && codec->bits >= 2 && codec->bits <= 4 &&
              codec->vector_bytes == 2 + codec->head_dim / 8 * (size_t)codec->bits)
         f->fast = KV_FAST_E8BALL; /* doc/format.md §2 layout: fp16 scale, then B bytes per 8 values */
+    else if (!strcmp(sp.family, "e8box") && codec->head_dim % 32 == 0)
+        f->fast = KV_FAST_E8BOX;
 }
 
 /* The codec a stream spec uses: "e8t:B" codes with e8:B after its calibrated transform (xform.c). */
@@ -289,11 +291,12 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
     if (cfg->rope_pre < 0) {
         /* default: keys coded before RoPE when the caller gives RoPE's parameters and K is one of
          * e8kv's formats (measured better at every rate on SmolLM2, BENCHMARKS.md); plain K and the
-         * llama.cpp formats (post-RoPE in llama.cpp) stay post */
+         * llama.cpp formats (post-RoPE in llama.cpp) stay post, and so does e8box, the format built for
+         * reading speed: its integer-domain attention needs keys in the rotated domain */
         e8kv_spec ks;
         const int parsed = !e8kv_is_error(e8kv_spec_parse(&ks, cfg->k));
         const int ours = parsed && strcmp(ks.family, "f32") && strcmp(ks.family, "f16") &&
-                         strncmp(ks.family, "q8_0", 4) && strncmp(ks.family, "q4_0", 4);
+                         strncmp(ks.family, "q8_0", 4) && strncmp(ks.family, "q4_0", 4) && strcmp(ks.family, "e8box");
         cfg->rope_pre = params->rope_theta > 0.0f && params->head_dim % 2 == 0 && ours;
     }
     /* e8t keys are calibrated before RoPE: with RoPE they must be coded before it */

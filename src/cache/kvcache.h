@@ -29,7 +29,7 @@ typedef struct {
 } kv_page;
 
 /* Formats with a fused page reader in attention_avx2.c (others go through the codec's decode). */
-typedef enum { KV_FAST_NONE = 0, KV_FAST_F32, KV_FAST_F16, KV_FAST_E8BALL } kv_fast_kind;
+typedef enum { KV_FAST_NONE = 0, KV_FAST_F32, KV_FAST_F16, KV_FAST_E8BALL, KV_FAST_E8BOX } kv_fast_kind;
 
 /* Calibrated transform coding of one stream of one layer (cache spec "e8t:B", xform.c): per KV head the
  * calibration's eigenbasis P (y = P·x, klt.h) and the weights w_i = λ_i^(−1/4) applied before the stream's
@@ -127,6 +127,36 @@ void e8kv_attn_tile_ref(const float *restrict q, const float *restrict K, const 
                         size_t d, float *restrict m, float *restrict l, float *restrict acc);
 void e8kv_attn_tile_avx2(const float *restrict q, const float *restrict K, const float *restrict V, size_t n,
                          size_t d, float *restrict m, float *restrict l, float *restrict acc);
+
+/* Integer-domain attention over e8box:4 pages (attn_box.c, attn_box_avx2.c), for keys read in the codec's
+ * rotated domain (rope=post) and head_dim 64 or 128. A value is (δ/2)·(u − 16) with u = 2n + k, n its
+ * nibble and k its block's coset bit (doc/format.md §2.4), so with the query q ≈ sq·q8 (int8, |q8| ≤ 127):
+ *   q·x_j = sq·(δ_j/2)·(Σ_i q8_i·u_ji − 16·Σ_i q8_i),
+ * the products summed exactly in integers, and the softmax-weighted values Σ_j w_j x_j (w_j = p_j·δ_j/2)
+ * from 7-bit weights w8_j = round(127·w_j / max w) times u, also exact integers. The only approximations
+ * against decoding to floats are the int8 query (error ≤ 1/254 of its largest coordinate per coordinate)
+ * and the 7-bit weights (≤ 1/254 of the tile's largest weight each): far below the 4-bit code's own error
+ * (tests/test_cache.c bounds it). */
+#define E8KV_BOX_MAX_D 128
+typedef struct {
+    int8_t q8[E8KV_BOX_MAX_D];
+    int32_t off;                           /* 16·Σ q8 */
+    float sq;                              /* q ≈ sq·q8 */
+    float qmu;                             /* q·(the keys' centering mean), exact; 0 without centering */
+} e8kv_box_query;
+
+/* Quantize one rotated, scaled query of d values (d = 64 or 128); mu_k: the keys' mean in the read
+ * domain, or NULL. */
+void e8kv_box_query_init(e8kv_box_query *bq, const float *q, const float *mu_k, size_t d);
+/* One tile: n ≤ 64 tokens of one page (k, v: their first vectors' bytes, vb bytes apart), n_q queries
+ * sharing it; per query the online-softmax state m, l and the unnormalised accumulator acc (d floats,
+ * the V read domain); mu_v the values' mean (read domain) or NULL. _ref and _avx2 give the same results
+ * up to float summation order and exp's last bits. */
+void e8kv_attn_box_tile_ref(const e8kv_box_query *bq, size_t n_q, const uint8_t *k, const uint8_t *v, size_t vb,
+                            size_t n, size_t d, const float *mu_v, float *m, float *l, float *const *acc);
+void e8kv_attn_box_tile_avx2(const e8kv_box_query *bq, size_t n_q, const uint8_t *k, const uint8_t *v,
+                             size_t vb, size_t n, size_t d, const float *mu_v, float *m, float *l,
+                             float *const *acc);
 
 /* Fused readers: n consecutive coded vectors of one page -> n * d floats, bit-identical to the codec's
  * decode in its rotated domain (tests/test_cache.c checks every one against e8kv_codec_decode_rotated). */

@@ -1,6 +1,7 @@
 /* The public codec API: spec parsing, the family registry, rotation, NaN/Inf screening and the plain
  * f32/f16 formats. Quantizers themselves live one per file (see codec.h). */
 #include "codec.h"
+#include "e8_box.h"
 #include "e8_vlc.h"
 
 #include "../common/fp16.h"
@@ -24,6 +25,7 @@ static const family_entry k_families[] = {
     {"lloyd", 1, e8kv_quant_init_lloyd},  {"e8", 1, e8kv_quant_init_e8ball},
     {"e8ball", 1, e8kv_quant_init_e8ball}, {"e8nest", 1, e8kv_quant_init_e8nest},
     {"d4nest", 1, e8kv_quant_init_d4nest}, {"e8v", 1, e8kv_quant_init_e8v},
+    {"e8box", 1, e8kv_quant_init_e8box},
 };
 
 size_t e8kv_spec_parse(e8kv_spec *out, const char *spec) {

@@ -1,0 +1,21 @@
+/* e8box:4, E8 points in a box with one nibble per value (layout and rationale in e8_box.c; bytes in
+ * doc/format.md §2.4). The codec glue is e8kv_quant_init_e8box (codec.h); the reader twins live here so
+ * the cache's attention path and the tests share them. */
+#ifndef E8KV_E8_BOX_H
+#define E8KV_E8_BOX_H
+
+#include "codec.h"
+
+/* Bytes of one vector: 1 + ceil(d/64) + d/2. */
+size_t e8kv_box_vector_bytes(size_t head_dim);
+/* The step of step code e (1..255): 2^((e − 160)/8), exact in binary32. */
+float e8kv_box_step(unsigned e);
+/* δ(e)/2 for every step code (index 0: the zero vector, 0), built once. */
+const float *e8kv_box_half_steps(void);
+/* Decode one vector of d values (the rotated domain). _avx2: d % 32 == 0, bit-identical. */
+void e8kv_box_decode_ref(float *restrict y, const uint8_t *restrict src, size_t d);
+void e8kv_box_decode_avx2(float *restrict y, const uint8_t *restrict src, size_t d);
+
+size_t e8kv_quant_init_e8box(e8kv_codec_t *codec, const e8kv_spec *spec);
+
+#endif
