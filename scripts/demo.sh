@@ -15,7 +15,7 @@ root=$(pwd)
 build="${BUILD_DIR:-build-demo}"
 threads="${E8KV_THREADS:-$(nproc 2>/dev/null || echo 2)}"
 chunks="${E8KV_DEMO_CHUNKS:-4}"
-formats="f16,q8_0,q4_0,q4_0h,e8:4,e8:3,e8:2"
+formats="f16,q8_0,q4_0,q4_0h,e8:4,e8box:4,e8v:4,e8:3,e8v:3,e8:2"
 presets="near-lossless balanced aggressive"
 
 echo "== building e8kv ($build/)" >&2
