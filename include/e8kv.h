@@ -252,6 +252,14 @@ size_t e8kv_cache_n_tokens(const e8kv_cache *cache, size_t layer);
 /* Keep only positions [0, n_keep) in every layer; returns the largest token count left in a layer.
  * Tokens already encoded stay encoded even if they fall back inside the window. */
 size_t e8kv_cache_truncate(e8kv_cache *cache, size_t n_keep);
+/* Remove positions [pos, pos + n) of every layer (positions a layer does not hold are ignored) and move
+ * the later tokens down by n, so they take the positions pos, pos + 1, ... (sequence reuse: drop a span,
+ * keep the rest without recomputing it). Keys shift with their positions only when the cache applies
+ * RoPE itself (rope=pre) or has none (rope_theta = 0): a cache of keys that already carry RoPE answers
+ * E8KV_ERROR_UNSUPPORTED, and so does a range inside the sink positions. Codes move as bytes; an exact
+ * (window) token that moves into a page of coded tokens is coded. Returns the largest token count of any
+ * layer; on an error (OUT_OF_MEMORY, or a codec's error coding a moved window token) nothing changed. */
+size_t e8kv_cache_remove(e8kv_cache *cache, size_t pos, size_t n);
 void e8kv_cache_clear(e8kv_cache *cache);
 /* Bytes the cache has allocated for its storage (real, not nominal): every live page (at the aligned
  * size the allocator reserves) plus e8kv_cache_fixed_bytes(). */

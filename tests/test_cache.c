@@ -18,7 +18,8 @@ typedef struct {
 static float *rand_vec(e8kv_rng *rng, size_t n, double sd) {
     float *x = malloc(n * sizeof *x);
     assert_non_null(x);
-    for (size_t i = 0; i < n; i++) x[i] = (float)(sd * e8kv_rng_normal(rng));
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(sd * e8kv_rng_normal(rng));
     return x;
 }
 
@@ -35,16 +36,20 @@ static void naive_attend(const shape *s, const float *K, const float *V, const f
             double mx = -INFINITY;
             for (size_t j = 0; j < n_keys; j++) {
                 double dot = 0;
-                for (size_t i = 0; i < d; i++) dot += (double)qv[i] * K[(j * s->n_head_kv + h) * d + i];
+                for (size_t i = 0; i < d; i++)
+                    dot += (double)qv[i] * K[(j * s->n_head_kv + h) * d + i];
                 sc[j] = dot / sqrt((double)d);
                 if (sc[j] > mx) mx = sc[j];
             }
             double z = 0;
-            for (size_t j = 0; j < n_keys; j++) z += (sc[j] = exp(sc[j] - mx));
-            double *o = out + (t * s->n_head + hq) * d;
-            for (size_t i = 0; i < d; i++) o[i] = 0;
             for (size_t j = 0; j < n_keys; j++)
-                for (size_t i = 0; i < d; i++) o[i] += sc[j] / z * V[(j * s->n_head_kv + h) * d + i];
+                z += (sc[j] = exp(sc[j] - mx));
+            double *o = out + (t * s->n_head + hq) * d;
+            for (size_t i = 0; i < d; i++)
+                o[i] = 0;
+            for (size_t j = 0; j < n_keys; j++)
+                for (size_t i = 0; i < d; i++)
+                    o[i] += sc[j] / z * V[(j * s->n_head_kv + h) * d + i];
         }
     free(sc);
 }
@@ -95,15 +100,16 @@ static void fill(e8kv_cache *c, const shape *s, float *const *K, float *const *V
 
 static double max_abs_diff(const float *a, const double *b, size_t n) {
     double m = 0;
-    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
+    for (size_t i = 0; i < n; i++)
+        m = fmax(m, fabs((double)a[i] - b[i]));
     return m;
 }
 
 /* Build a cache with `spec`, fill it, and compare decode (1 query token at the end) and chunked prefill
  * (n_tok > 1 at pos0 > 0) against naive attention over what the codec reconstructs. Returns 0 when the
  * spec is not implemented yet (E8KV_ERROR_UNSUPPORTED), 1 when checked. */
-static int check_spec_q(const char *spec, const char *k_codec, const char *v_codec, size_t n_threads, double tol,
-                        double q_sd) {
+static int check_spec_q(const char *spec, const char *k_codec, const char *v_codec, size_t n_threads,
+                        double tol, double q_sd) {
     const shape s = {2, 2, 6, 64, 300};
     const size_t n = 203, row = s.n_head_kv * s.d;
     size_t err = 0;
@@ -134,7 +140,8 @@ static int check_spec_q(const char *spec, const char *k_codec, const char *v_cod
             assert_int_equal(e8kv_cache_attend(c, out, n_out, l, q, s.n_head, nt, pos0), n_out);
             naive_attend(&s, Kd[l], Vd[l], q, nt, pos0, ref);
             const double e = max_abs_diff(out, ref, n_out);
-            if (e > tol) fail_msg("%s layer %zu n_tok %zu pos0 %zu: max |diff| %g > %g", spec, l, nt, pos0, e, tol);
+            if (e > tol)
+                fail_msg("%s layer %zu n_tok %zu pos0 %zu: max |diff| %g > %g", spec, l, nt, pos0, e, tol);
         }
         free(q);
         free(out);
@@ -150,7 +157,8 @@ static int check_spec_q(const char *spec, const char *k_codec, const char *v_cod
     return 1;
 }
 
-static int check_spec(const char *spec, const char *k_codec, const char *v_codec, size_t n_threads, double tol) {
+static int check_spec(const char *spec, const char *k_codec, const char *v_codec, size_t n_threads,
+                      double tol) {
     return check_spec_q(spec, k_codec, v_codec, n_threads, tol, 2.0);
 }
 
@@ -169,7 +177,8 @@ static void test_f16_and_mixed(void **state) {
 static void test_compressed_specs(void **state) {
     (void)state;
     /* compressed formats: the cache must match attention over the vectors the codec reconstructs */
-    static const char *specs[] = {"q8_0", "q4_0", "q8_0h", "q4_0h", "lloyd:3", "e8:4", "e8:3", "e8:2", "e8nest:4"};
+    static const char *specs[] = {"q8_0", "q4_0", "q8_0h", "q4_0h",   "lloyd:3",
+                                  "e8:4", "e8:3", "e8:2",  "e8nest:4"};
     size_t checked = 0;
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
         checked += (size_t)check_spec(specs[i], specs[i], specs[i], 2, 2e-5);
@@ -185,15 +194,17 @@ static void test_causal_mask(void **state) {
     float K[20 * 8], V[20 * 8];
     for (size_t j = 0; j < 20; j++)
         for (size_t i = 0; i < 8; i++) {
-            K[j * 8 + i] = 0.0f;                    /* uniform attention over visible keys */
+            K[j * 8 + i] = 0.0f;                     /* uniform attention over visible keys */
             V[j * 8 + i] = j > 13 ? 1e6f : (float)j; /* mean of 0..p for visible positions */
         }
     assert_int_equal(e8kv_cache_append(c, 0, K, V, 20), 20);
     float q[4 * 2 * 8], out[4 * 2 * 8];
-    for (size_t i = 0; i < 64; i++) q[i] = 1.0f;
+    for (size_t i = 0; i < 64; i++)
+        q[i] = 1.0f;
     assert_int_equal(e8kv_cache_attend(c, out, 64, 0, q, 2, 4, 10), 64);
     for (size_t t = 0; t < 4; t++)
-        for (size_t i = 0; i < 16; i++) assert_float_equal(out[t * 16 + i], (10.0 + (double)t) / 2.0, 1e-5);
+        for (size_t i = 0; i < 16; i++)
+            assert_float_equal(out[t * 16 + i], (10.0 + (double)t) / 2.0, 1e-5);
     e8kv_cache_free(c);
 }
 
@@ -205,7 +216,8 @@ static void test_bad_input(void **state) {
     assert_non_null(c);
     assert_int_equal(err, 0);
     float k[12 * 32] = {0}, v[12 * 32] = {0}, q[4 * 64] = {0}, out[4 * 64];
-    for (size_t i = 0; i < 12 * 32; i++) k[i] = v[i] = (float)(i % 7) - 3.0f;
+    for (size_t i = 0; i < 12 * 32; i++)
+        k[i] = v[i] = (float)(i % 7) - 3.0f;
     assert_int_equal(e8kv_cache_append(c, 0, k, v, 8), 8);
     const size_t bytes = e8kv_cache_bytes(c);
     assert_error(e8kv_cache_append(c, 0, k, v, 3), CONTEXT_FULL);
@@ -224,8 +236,8 @@ static void test_bad_input(void **state) {
     assert_int_equal(e8kv_cache_bytes(c), bytes);
     assert_error(e8kv_cache_n_tokens(c, 2), DIMENSION);
     /* attention dimensions */
-    assert_error(e8kv_cache_attend(c, out, 64, 2, q, 4, 1, 0), DIMENSION);     /* layer */
-    assert_error(e8kv_cache_attend(c, out, 64, 0, q, 3, 1, 0), DIMENSION);     /* 3 % 2 */
+    assert_error(e8kv_cache_attend(c, out, 64, 2, q, 4, 1, 0), DIMENSION); /* layer */
+    assert_error(e8kv_cache_attend(c, out, 64, 0, q, 3, 1, 0), DIMENSION); /* 3 % 2 */
     assert_error(e8kv_cache_attend(c, out, 64, 0, q, 0, 1, 0), DIMENSION);
     assert_error(e8kv_cache_attend(c, out, 64, 0, q, 4, 1, 8), DIMENSION);     /* position 8 not stored */
     assert_error(e8kv_cache_attend(c, out, 4 * 64, 0, q, 4, 2, 7), DIMENSION); /* 7, 8 */
@@ -249,12 +261,26 @@ static void test_bad_input(void **state) {
     e8kv_cache_free(c);
 
     /* create */
-    static const char *garbage[] = {"", "f33", "f16:3", "k=f16", "v=f16,k=", "f16,window=x", "f16,page=0",
-                                    "f16,layers3=f32", "f16,layers1-0=f32", "f16,foo=1", ",", "f16,",
-                                    "f16,rope=pre", "f16,rope=sideways", "f16,layersx=f32", "e8:4:z"};
+    static const char *garbage[] = {"",
+                                    "f33",
+                                    "f16:3",
+                                    "k=f16",
+                                    "v=f16,k=",
+                                    "f16,window=x",
+                                    "f16,page=0",
+                                    "f16,layers3=f32",
+                                    "f16,layers1-0=f32",
+                                    "f16,foo=1",
+                                    ",",
+                                    "f16,",
+                                    "f16,rope=pre",
+                                    "f16,rope=sideways",
+                                    "f16,layersx=f32",
+                                    "e8:4:z"};
     for (size_t i = 0; i < sizeof garbage / sizeof garbage[0]; i++) {
         assert_null(make_cache(&s, garbage[i], 1, &err));
-        if (e8kv_get_error_code(err) != E8KV_ERROR_SPEC) fail_msg("spec \"%s\": %s", garbage[i], e8kv_error_name(err));
+        if (e8kv_get_error_code(err) != E8KV_ERROR_SPEC)
+            fail_msg("spec \"%s\": %s", garbage[i], e8kv_error_name(err));
     }
     const shape s12 = {1, 1, 1, 12, 10};
     assert_null(make_cache(&s12, "e8:4", 1, &err));
@@ -284,7 +310,8 @@ static void test_truncate_clear(void **state) {
     assert_true(c1 && c2);
     const size_t empty = e8kv_cache_bytes(c1);
     assert_int_equal(empty, e8kv_cache_fixed_bytes(c1));
-    for (size_t l = 0; l < 2; l++) assert_int_equal(e8kv_cache_append(c1, l, A, A, nA), nA);
+    for (size_t l = 0; l < 2; l++)
+        assert_int_equal(e8kv_cache_append(c1, l, A, A, nA), nA);
     assert_int_equal(e8kv_cache_truncate(c1, n_keep), n_keep);
     assert_int_equal(e8kv_cache_truncate(c1, 1000), n_keep);
     for (size_t l = 0; l < 2; l++) {
@@ -348,7 +375,8 @@ static void check_mix(const char *spec, const char *codec, size_t W, size_t S, s
     }
     /* the mix really differs from the all-coded cache, so the check above has teeth */
     if (W || S) {
-        float *Kc = codec_roundtrip(codec, s.d, 1234, K[0], n), *Vc = codec_roundtrip(codec, s.d, 1234, V[0], n);
+        float *Kc = codec_roundtrip(codec, s.d, 1234, K[0], n),
+              *Vc = codec_roundtrip(codec, s.d, 1234, V[0], n);
         naive_attend(&s, Kc, Vc, q, nt, pos0, ref);
         assert_int_equal(e8kv_cache_attend(c, out, n_out, 0, q, s.n_head, nt, pos0), n_out);
         assert_true(max_abs_diff(out, ref, n_out) > 1e-4);
@@ -399,7 +427,8 @@ static void test_rope_pre(void **state) {
             p.n_head_kv = s.n_head_kv;
             p.head_dim = s.d;
             p.n_ctx = s.n_ctx;
-            p.spec = coded ? "q8_0h,rope=pre,sink=2,center=0" : "f32,rope=pre"; /* centering: test_centering */
+            p.spec =
+                coded ? "q8_0h,rope=pre,sink=2,center=0" : "f32,rope=pre"; /* centering: test_centering */
             p.seed = 1234;
             p.rope_theta = 10000.0f;
             p.rope_neox = neox;
@@ -418,7 +447,8 @@ static void test_rope_pre(void **state) {
                 memcpy(Vr, V, 2 * row * sizeof(float));
             }
             for (size_t t = 0; t < n; t++)
-                for (size_t h = 0; h < s.n_head_kv; h++) rope_ref(Kr + t * row + h * s.d, s.d, t, 10000.0, neox);
+                for (size_t h = 0; h < s.n_head_kv; h++)
+                    rope_ref(Kr + t * row + h * s.d, s.d, t, 10000.0, neox);
             assert_int_equal(e8kv_cache_append(c, 0, K, V, n), n);
             const size_t nt = 3, n_out = nt * s.n_head * s.d;
             float *q = rand_vec(&rng, n_out, 2.0), *out = malloc(n_out * sizeof(float));
@@ -455,7 +485,8 @@ static void test_bytes_accounting(void **state) {
         assert_non_null(c);
         const size_t fixed = e8kv_cache_fixed_bytes(c);
         assert_int_equal(e8kv_cache_bytes(c), fixed);
-        for (size_t l = 0; l < s.n_layer; l++) assert_int_equal(e8kv_cache_append(c, l, K, K, n), n);
+        for (size_t l = 0; l < s.n_layer; l++)
+            assert_int_equal(e8kv_cache_append(c, l, K, K, n), n);
         const double nominal = e8kv_cache_bits_per_value(c) / 8.0 * (double)(2 * s.n_layer * n * row);
         const double got = (double)(e8kv_cache_bytes(c) - fixed);
         print_message("  %-14s %.3f bits/value: %zu bytes (%zu fixed), nominal %.0f\n", specs[i],
@@ -506,7 +537,8 @@ static void test_tile_avx2_vs_ref(void **state) {
     for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
         const size_t d = dims[di];
         for (size_t n = 1; n <= 64; n += 9) {
-            float *q = rand_vec(&rng, d, 0.5), *K = rand_vec(&rng, n * d, 1.0), *V = rand_vec(&rng, n * d, 1.0);
+            float *q = rand_vec(&rng, d, 0.5), *K = rand_vec(&rng, n * d, 1.0),
+                  *V = rand_vec(&rng, n * d, 1.0);
             float *a1 = rand_vec(&rng, d, 1.0), *a2 = malloc(d * sizeof(float));
             memcpy(a2, a1, d * sizeof(float));
             float m1 = 0.3f, m2 = 0.3f, l1 = 2.0f, l2 = 2.0f;
@@ -515,7 +547,8 @@ static void test_tile_avx2_vs_ref(void **state) {
             /* dot products of d terms: rounding differences ~ d * eps * |q||k| */
             assert_float_equal(m1, m2, 1e-5 * (double)d);
             assert_float_equal(l1, l2, 1e-5 * fabs(l1) * (double)d);
-            for (size_t i = 0; i < d; i++) assert_float_equal(a1[i], a2[i], 1e-5 * (1.0 + fabs(a1[i])) * (double)d);
+            for (size_t i = 0; i < d; i++)
+                assert_float_equal(a1[i], a2[i], 1e-5 * (1.0 + fabs(a1[i])) * (double)d);
             free(q);
             free(K);
             free(V);
@@ -532,8 +565,9 @@ static void test_fused_readers(void **state) {
     if (!e8kv_cpu_has_avx2()) skip();
     /* center=0: this compares the readers with the codec's decode; the centering add-back on top of
      * them is test_centering's */
-    static const char *specs[] = {"f32",        "f16",       "e8:2,center=0",     "e8:3,center=0",
-                                  "e8:4,center=0", "e8ball:3,center=0", "q4_0,center=0"};
+    static const char *specs[] = {"f32",           "f16",           "e8:2,center=0",
+                                  "e8:3,center=0", "e8:4,center=0", "e8ball:3,center=0",
+                                  "q4_0,center=0"};
     const shape s = {1, 2, 6, 64, 300};
     e8kv_rng rng;
     e8kv_rng_seed(&rng, 21);
@@ -547,8 +581,10 @@ static void test_fused_readers(void **state) {
         assert_non_null(c);
         assert_int_equal(e8kv_cache_append(c, 0, K, V, n), n);
         const kv_layer *L = &c->layers[0];
-        if (!strncmp(specs[i], "q4_0", 4)) assert_int_equal(L->k.fast, KV_FAST_NONE);
-        else assert_int_not_equal(L->k.fast, KV_FAST_NONE);
+        if (!strncmp(specs[i], "q4_0", 4))
+            assert_int_equal(L->k.fast, KV_FAST_NONE);
+        else
+            assert_int_not_equal(L->k.fast, KV_FAST_NONE);
         for (int is_k = 0; is_k < 2; is_k++)
             for (size_t h = 0; h < s.n_head_kv; h++) {
                 c->use_avx2 = 1;
@@ -559,7 +595,8 @@ static void test_fused_readers(void **state) {
                 for (size_t p = 3; p < n; p++) {
                     const size_t P = c->page_tokens, vb = f->vector_bytes;
                     assert_int_equal(e8kv_codec_decode_rotated(f->codec, b + (p - 3) * s.d, s.d,
-                                                               tab[p / P].data + (p % P) * vb, vb, 1), s.d);
+                                                               tab[p / P].data + (p % P) * vb, vb, 1),
+                                     s.d);
                 }
                 assert_memory_equal(a, b, (n - 3) * s.d * sizeof(float));
             }
@@ -569,7 +606,8 @@ static void test_fused_readers(void **state) {
         assert_int_equal(e8kv_cache_attend(c, o1, n_out, 0, q, s.n_head, nt, n - nt), n_out);
         c->use_avx2 = 0;
         assert_int_equal(e8kv_cache_attend(c, o2, n_out, 0, q, s.n_head, nt, n - nt), n_out);
-        for (size_t j = 0; j < n_out; j++) assert_float_equal(o1[j], o2[j], 1e-5 * (1.0 + fabs(o2[j])));
+        for (size_t j = 0; j < n_out; j++)
+            assert_float_equal(o1[j], o2[j], 1e-5 * (1.0 + fabs(o2[j])));
         free(q);
         free(o1);
         free(o2);
@@ -608,7 +646,8 @@ static void test_e8ball4_nibble_reader(void **state) {
         const size_t vb = e8kv_codec_vector_bytes(codec);
         uint8_t *src = malloc(n * vb);
         float *a = malloc(n * d * sizeof(float)), *b = malloc(n * d * sizeof(float));
-        for (size_t i = 0; i < n * vb; i++) src[i] = (uint8_t)(e8kv_rng_next(&rng) >> 24);
+        for (size_t i = 0; i < n * vb; i++)
+            src[i] = (uint8_t)(e8kv_rng_next(&rng) >> 24);
         for (size_t t = 0; t < n; t++) { /* finite fp16 scales of both signs, 2^-14 .. 2^15 */
             src[t * vb] = (uint8_t)(e8kv_rng_next(&rng) >> 24);
             src[t * vb + 1] = (uint8_t)(0x04 + (e8kv_rng_next(&rng) >> 58) % 0x74) | (t & 1 ? 0x80 : 0);
@@ -651,10 +690,12 @@ static void test_context_split_threads(void **state) {
             c1->n_threads = 1;
             assert_int_equal(e8kv_cache_attend(c1, o1, n_out, 0, q, s.n_head, nt, n - nt), n_out);
             for (size_t thr = 2; thr <= 4; thr++) {
-                c1->n_threads = thr; /* 2, 3 and 4 slices (4 > n_head_kv: only a context split uses them all) */
+                c1->n_threads =
+                    thr; /* 2, 3 and 4 slices (4 > n_head_kv: only a context split uses them all) */
                 memset(o2, 0xff, n_out * 4);
                 assert_int_equal(e8kv_cache_attend(c1, o2, n_out, 0, q, s.n_head, nt, n - nt), n_out);
-                for (size_t j = 0; j < n_out; j++) assert_float_equal(o1[j], o2[j], 1e-5 * (1.0 + fabs(o1[j])));
+                for (size_t j = 0; j < n_out; j++)
+                    assert_float_equal(o1[j], o2[j], 1e-5 * (1.0 + fabs(o1[j])));
             }
             free(q);
             free(o1);
@@ -763,7 +804,8 @@ static void test_centering(void **state) {
 
     /* after clear, a new sequence measures its own means: shifted data is as accurate as before */
     e8kv_cache_clear(on);
-    for (size_t i = 0; i < n * row; i++) K[i] += 10.0f;
+    for (size_t i = 0; i < n * row; i++)
+        K[i] += 10.0f;
     naive_attend(&s, K, V, q, nt, n - nt, exact);
     assert_int_equal(e8kv_cache_append(on, 0, K, V, n), n);
     assert_int_equal(e8kv_cache_attend(on, o_on, n_out, 0, q, s.n_head, nt, n - nt), n_out);
@@ -771,8 +813,20 @@ static void test_centering(void **state) {
 
     e8kv_cache_free(on);
     e8kv_cache_free(plain);
-    free(K); free(V); free(off); free(q); free(exact); free(ref); free(o_on); free(o_off);
-    free(Kc); free(Vc); free(Kr); free(Vr); free(mk); free(mv);
+    free(K);
+    free(V);
+    free(off);
+    free(q);
+    free(exact);
+    free(ref);
+    free(o_on);
+    free(o_off);
+    free(Kc);
+    free(Vc);
+    free(Kr);
+    free(Vr);
+    free(mk);
+    free(mv);
 }
 
 /* rope= default: keys before RoPE when the caller gives RoPE's parameters and K is coded; else post. */
@@ -782,10 +836,10 @@ static void test_rope_default(void **state) {
         const char *spec;
         float theta;
         int want;
-    } cases[] = {{"e8:4", 10000.0f, 1},           {"e8:4", 0.0f, 0},          {"f16", 10000.0f, 0},
-                 {"f32", 10000.0f, 0},            {"e8:4,rope=post", 1e4f, 0}, {"k=f16,v=e8:3", 1e4f, 0},
+    } cases[] = {{"e8:4", 10000.0f, 1},          {"e8:4", 0.0f, 0},           {"f16", 10000.0f, 0},
+                 {"f32", 10000.0f, 0},           {"e8:4,rope=post", 1e4f, 0}, {"k=f16,v=e8:3", 1e4f, 0},
                  {"k=q4_0h,v=f16", 10000.0f, 0}, {"f16,rope=pre", 1e4f, 1},   {"balanced", 1e4f, 1},
-                 {"k=lloyd:4,v=f16", 1e4f, 1},  {"q8_0,rope=pre", 1e4f, 1},  {"near-lossless", 1e4f, 1}};
+                 {"k=lloyd:4,v=f16", 1e4f, 1},   {"q8_0,rope=pre", 1e4f, 1},  {"near-lossless", 1e4f, 1}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         e8kv_cache_params p = {0};
         p.n_layer = 1;
@@ -798,7 +852,8 @@ static void test_rope_default(void **state) {
         e8kv_cache *c = e8kv_cache_create(&p, &err);
         assert_non_null(c);
         if (e8kv_cache_keys_pre_rope(c) != cases[i].want)
-            fail_msg("%s theta %g: keys_pre_rope %d", cases[i].spec, cases[i].theta, e8kv_cache_keys_pre_rope(c));
+            fail_msg("%s theta %g: keys_pre_rope %d", cases[i].spec, cases[i].theta,
+                     e8kv_cache_keys_pre_rope(c));
         e8kv_cache_free(c);
     }
     assert_int_equal(e8kv_cache_keys_pre_rope(NULL), 0);
@@ -870,7 +925,8 @@ static void test_box_tile_twins(void **state) {
             for (size_t g = 0; g < nq; g++) {
                 assert_float_equal(m1[g], m2[g], 1e-6 * (1.0 + fabs(m1[g])));
                 assert_float_equal(l1[g], l2[g], 1e-5 * l1[g]);
-                for (size_t i = 0; i < d; i++) assert_float_equal(a1[g][i], a2[g][i], 1e-5 * (1.0 + fabs(a1[g][i])));
+                for (size_t i = 0; i < d; i++)
+                    assert_float_equal(a1[g][i], a2[g][i], 1e-5 * (1.0 + fabs(a1[g][i])));
                 free(a1[g]);
                 free(a2[g]);
             }
@@ -884,8 +940,8 @@ static void test_box_tile_twins(void **state) {
  * and the 7-bit weights each weight by ≤ 1/254 of its tile's largest: with queries of unit spread
  * (scores of spread ~1, as scaled attention logits) the largest output difference measured is 0.0045 on
  * values of unit spread (0.018 with the sharper queries of spread 2 the other formats are checked with,
- * the error growing with the logits' spread); bound 0.01. Decode and chunked prefill (tiles the causal mask cuts fall back to the float path),
- * 1 and 3 threads. */
+ * the error growing with the logits' spread); bound 0.01. Decode and chunked prefill (tiles the causal mask
+ * cuts fall back to the float path), 1 and 3 threads. */
 static void test_box_attention(void **state) {
     (void)state;
     assert_true(check_spec_q("e8box:4", "e8box:4", "e8box:4", 1, 1e-2, 1.0));
@@ -900,18 +956,190 @@ static void test_box_attention(void **state) {
     e8kv_cache_free(c);
 }
 
+/* ---------------------------------------------------------------- remove a range */
+
+/* A cache after e8kv_cache_remove(pos, cnt) attends exactly like a cache given the same tokens without
+ * the range (f32; coded formats without centering, whose codes are per vector; keys before RoPE, which
+ * take their new positions), and allocates the same bytes. */
+static void check_remove(const char *spec, float theta, size_t pos, size_t cnt_asked) {
+    const shape s = {2, 2, 6, 64, 400};
+    const size_t n = 300, row = s.n_head_kv * s.d, cnt = cnt_asked < n - pos ? cnt_asked : n - pos;
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 55);
+    float *K[2], *V[2], *K2[2], *V2[2];
+    for (size_t l = 0; l < 2; l++) {
+        K[l] = rand_vec(&rng, n * row, 1.0);
+        V[l] = rand_vec(&rng, n * row, 1.0);
+        K2[l] = malloc((n - cnt) * row * sizeof(float));
+        V2[l] = malloc((n - cnt) * row * sizeof(float));
+        memcpy(K2[l], K[l], pos * row * sizeof(float));
+        memcpy(V2[l], V[l], pos * row * sizeof(float));
+        memcpy(K2[l] + pos * row, K[l] + (pos + cnt) * row, (n - pos - cnt) * row * sizeof(float));
+        memcpy(V2[l] + pos * row, V[l] + (pos + cnt) * row, (n - pos - cnt) * row * sizeof(float));
+    }
+    e8kv_cache_params p = {.n_layer = 2,
+                           .n_head_kv = 2,
+                           .head_dim = 64,
+                           .n_ctx = 400,
+                           .spec = spec,
+                           .seed = 3,
+                           .rope_theta = theta};
+    size_t err = 0;
+    e8kv_cache *a = e8kv_cache_create(&p, &err), *b = e8kv_cache_create(&p, &err);
+    assert_non_null(a);
+    assert_non_null(b);
+    fill(a, &s, K, V, n);
+    fill(b, &s, K2, V2, n - cnt);
+    assert_int_equal(e8kv_cache_remove(a, pos, cnt_asked), n - cnt);
+    assert_int_equal(e8kv_cache_bytes(a), e8kv_cache_bytes(b));
+    const size_t n_out = s.n_head * s.d;
+    float *q = rand_vec(&rng, n_out, 1.0), *o1 = malloc(n_out * sizeof(float)),
+          *o2 = malloc(n_out * sizeof(float));
+    for (size_t l = 0; l < 2; l++) {
+        assert_int_equal(e8kv_cache_attend(a, o1, n_out, l, q, s.n_head, 1, n - cnt - 1), n_out);
+        assert_int_equal(e8kv_cache_attend(b, o2, n_out, l, q, s.n_head, 1, n - cnt - 1), n_out);
+        assert_memory_equal(o1, o2, n_out * sizeof(float));
+    }
+    /* and it keeps appending like the other */
+    float *k1 = rand_vec(&rng, row, 1.0), *v1 = rand_vec(&rng, row, 1.0);
+    for (size_t l = 0; l < 2; l++) {
+        assert_int_equal(e8kv_cache_append(a, l, k1, v1, 1), n - cnt + 1);
+        assert_int_equal(e8kv_cache_append(b, l, k1, v1, 1), n - cnt + 1);
+        assert_int_equal(e8kv_cache_attend(a, o1, n_out, l, q, s.n_head, 1, n - cnt), n_out);
+        assert_int_equal(e8kv_cache_attend(b, o2, n_out, l, q, s.n_head, 1, n - cnt), n_out);
+        assert_memory_equal(o1, o2, n_out * sizeof(float));
+    }
+    for (size_t l = 0; l < 2; l++) {
+        free(K[l]);
+        free(V[l]);
+        free(K2[l]);
+        free(V2[l]);
+    }
+    free(q);
+    free(o1);
+    free(o2);
+    free(k1);
+    free(v1);
+    e8kv_cache_free(a);
+    e8kv_cache_free(b);
+}
+
+/* With an exact window, every position afterwards holds either its token exactly (raw page) or the
+ * codec's reconstruction of it (coded page): moved window tokens that land among coded ones are coded. */
+static void test_remove_window(void **state) {
+    (void)state;
+    const shape s = {1, 2, 6, 64, 400};
+    const size_t n = 300, row = s.n_head_kv * s.d, pos = 150, cnt = 100;
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 56);
+    float *K = rand_vec(&rng, n * row, 1.0), *V = rand_vec(&rng, n * row, 1.0);
+    float *Kd = codec_roundtrip("q8_0", s.d, 3, K, n * s.n_head_kv),
+          *Vd = codec_roundtrip("q8_0", s.d, 3, V, n * s.n_head_kv);
+    e8kv_cache_params p = {
+        .n_layer = 1, .n_head_kv = 2, .head_dim = 64, .n_ctx = 400, .spec = "q8_0,window=70", .seed = 3};
+    size_t err = 0;
+    e8kv_cache *c = e8kv_cache_create(&p, &err);
+    assert_non_null(c);
+    fill(c, &s, &K, &V, n);
+    assert_int_equal(e8kv_cache_remove(c, pos, cnt), n - cnt);
+    float y[64];
+    size_t n_exact = 0, n_coded = 0;
+    for (size_t t = 0; t < n - cnt; t++) {
+        const size_t src = t < pos ? t : t + cnt;
+        for (size_t h = 0; h < 2; h++)
+            for (int is_k = 0; is_k < 2; is_k++) {
+                e8kv_cache_read_tokens(c, &c->layers[0], h, is_k, t, 1, y);
+                const float *x = (is_k ? K : V) + src * row + h * s.d,
+                            *xd = (is_k ? Kd : Vd) + src * row + h * s.d;
+                if (!memcmp(y, x, sizeof y))
+                    n_exact++;
+                else if (!memcmp(y, xd, sizeof y))
+                    n_coded++;
+                else
+                    fail_msg("position %zu (from %zu) head %zu %s: neither exact nor coded", t, src, h,
+                             is_k ? "K" : "V");
+            }
+    }
+    assert_true(n_exact > 0 && n_coded > 0);
+    free(K);
+    free(V);
+    free(Kd);
+    free(Vd);
+    e8kv_cache_free(c);
+}
+
+static void test_remove(void **state) {
+    (void)state;
+    check_remove("f32", 0.0f, 100, 50);
+    check_remove("f32", 0.0f, 0, 300 - 1); /* all but the last token */
+    check_remove("f32", 0.0f, 250, 80);    /* a range past the end is cut at the end */
+    check_remove("e8:4,center=0", 0.0f, 64, 64);
+    check_remove("e8box:4,center=0", 0.0f, 33, 70);
+    check_remove("f32,rope=pre", 10000.0f, 10, 5);    /* keys before RoPE take their new positions */
+    check_remove("e8:4,center=0", 10000.0f, 70, 130); /* e8:4 codes keys before RoPE by default */
+}
+
+static void test_remove_errors(void **state) {
+    (void)state;
+    const shape s = {1, 2, 6, 64, 400};
+    const size_t n = 100, row = s.n_head_kv * s.d;
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 57);
+    float *K = rand_vec(&rng, n * row, 1.0), *V = rand_vec(&rng, n * row, 1.0);
+    size_t err = 0;
+    assert_error(e8kv_cache_remove(NULL, 0, 1), BAD_ARGUMENT);
+    e8kv_cache_params p = {.n_layer = 1,
+                           .n_head_kv = 2,
+                           .head_dim = 64,
+                           .n_ctx = 400,
+                           .spec = "f16",
+                           .seed = 3,
+                           .rope_theta = 10000.0f};
+    e8kv_cache *post = e8kv_cache_create(&p, &err); /* f16 keys default to post-RoPE: they carry RoPE */
+    assert_non_null(post);
+    fill(post, &s, &K, &V, n);
+    const size_t bytes = e8kv_cache_bytes(post);
+    assert_error(e8kv_cache_remove(post, 10, 5), UNSUPPORTED);
+    assert_int_equal(e8kv_cache_n_tokens(post, 0), n); /* nothing changed */
+    assert_int_equal(e8kv_cache_bytes(post), bytes);
+    p.spec = "e8:4,sink=4";
+    e8kv_cache *sink = e8kv_cache_create(&p, &err);
+    assert_non_null(sink);
+    fill(sink, &s, &K, &V, n);
+    assert_error(e8kv_cache_remove(sink, 2, 5), UNSUPPORTED); /* inside the exact sink positions */
+    assert_int_equal(e8kv_cache_remove(sink, 4, 5), n - 5);   /* right after them: fine */
+    assert_int_equal(e8kv_cache_remove(sink, 0, 0), n - 5);   /* nothing to remove */
+    assert_int_equal(e8kv_cache_remove(sink, 500, 5), n - 5); /* positions no layer holds */
+    free(K);
+    free(V);
+    e8kv_cache_free(post);
+    e8kv_cache_free(sink);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_f32_exact),       cmocka_unit_test(test_f16_and_mixed),
-        cmocka_unit_test(test_compressed_specs), cmocka_unit_test(test_causal_mask),
-        cmocka_unit_test(test_bad_input),       cmocka_unit_test(test_truncate_clear),
-        cmocka_unit_test(test_window_sink_layers), cmocka_unit_test(test_rope_pre),
-        cmocka_unit_test(test_bytes_accounting), cmocka_unit_test(test_presets),
-        cmocka_unit_test(test_tile_avx2_vs_ref), cmocka_unit_test(test_fused_readers),
-        cmocka_unit_test(test_context_split_threads), cmocka_unit_test(test_e8ball4_nibble_reader),
-        cmocka_unit_test(test_centering), cmocka_unit_test(test_rope_default),
-        cmocka_unit_test(test_add_rows_twins), cmocka_unit_test(test_box_tile_twins),
+        cmocka_unit_test(test_f32_exact),
+        cmocka_unit_test(test_f16_and_mixed),
+        cmocka_unit_test(test_compressed_specs),
+        cmocka_unit_test(test_causal_mask),
+        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_truncate_clear),
+        cmocka_unit_test(test_window_sink_layers),
+        cmocka_unit_test(test_rope_pre),
+        cmocka_unit_test(test_bytes_accounting),
+        cmocka_unit_test(test_presets),
+        cmocka_unit_test(test_tile_avx2_vs_ref),
+        cmocka_unit_test(test_fused_readers),
+        cmocka_unit_test(test_context_split_threads),
+        cmocka_unit_test(test_e8ball4_nibble_reader),
+        cmocka_unit_test(test_centering),
+        cmocka_unit_test(test_rope_default),
+        cmocka_unit_test(test_add_rows_twins),
+        cmocka_unit_test(test_box_tile_twins),
         cmocka_unit_test(test_box_attention),
+        cmocka_unit_test(test_remove),
+        cmocka_unit_test(test_remove_window),
+        cmocka_unit_test(test_remove_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

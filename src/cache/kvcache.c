@@ -12,10 +12,9 @@
 
 /* ---------------------------------------------------------------- spec grammar */
 
-
 typedef struct {
-    size_t first, last;      /* layer range, inclusive */
-    int which;               /* 1 = K, 2 = V, 3 = both */
+    size_t first, last; /* layer range, inclusive */
+    int which;          /* 1 = K, 2 = V, 3 = both */
     char codec[64];
 } layer_rule;
 
@@ -111,38 +110,52 @@ static size_t parse_item(cache_config *cfg, const char *it, size_t len, int dept
         return 0;
     }
     if (KEY_IS("center")) {
-        if (vlen == 1 && (val[0] == '0' || val[0] == '1')) cfg->center = val[0] - '0';
-        else if (vlen == 3 && !memcmp(val, "all", 3)) cfg->center = 2;
-        else return E8KV_ERR(SPEC);
+        if (vlen == 1 && (val[0] == '0' || val[0] == '1'))
+            cfg->center = val[0] - '0';
+        else if (vlen == 3 && !memcmp(val, "all", 3))
+            cfg->center = 2;
+        else
+            return E8KV_ERR(SPEC);
         return 0;
     }
     if (KEY_IS("rope")) {
-        if (vlen == 3 && !memcmp(val, "pre", 3)) cfg->rope_pre = 1;
-        else if (vlen == 4 && !memcmp(val, "post", 4)) cfg->rope_pre = 0;
-        else return E8KV_ERR(SPEC);
+        if (vlen == 3 && !memcmp(val, "pre", 3))
+            cfg->rope_pre = 1;
+        else if (vlen == 4 && !memcmp(val, "post", 4))
+            cfg->rope_pre = 0;
+        else
+            return E8KV_ERR(SPEC);
         return 0;
     }
 #undef KEY_IS
     /* layersA[-B][.k|.v]=CODEC  (also "layerA") */
     size_t p = 0;
-    if (klen > 6 && !memcmp(it, "layers", 6)) p = 6;
-    else if (klen > 5 && !memcmp(it, "layer", 5)) p = 5;
-    else return E8KV_ERR(SPEC);
+    if (klen > 6 && !memcmp(it, "layers", 6))
+        p = 6;
+    else if (klen > 5 && !memcmp(it, "layer", 5))
+        p = 5;
+    else
+        return E8KV_ERR(SPEC);
     if (cfg->n_rules >= E8KV_CACHE_RULES_MAX) return E8KV_ERR(SPEC);
     layer_rule *r = &cfg->rules[cfg->n_rules];
     size_t q = p;
-    while (q < klen && isdigit((unsigned char)it[q])) q++;
+    while (q < klen && isdigit((unsigned char)it[q]))
+        q++;
     if (!parse_size(it + p, q - p, &r->first)) return E8KV_ERR(SPEC);
     r->last = r->first;
     if (q < klen && it[q] == '-') {
         const size_t s = ++q;
-        while (q < klen && isdigit((unsigned char)it[q])) q++;
+        while (q < klen && isdigit((unsigned char)it[q]))
+            q++;
         if (!parse_size(it + s, q - s, &r->last) || r->last < r->first) return E8KV_ERR(SPEC);
     }
     r->which = 3;
-    if (q + 2 == klen && it[q] == '.' && it[q + 1] == 'k') r->which = 1;
-    else if (q + 2 == klen && it[q] == '.' && it[q + 1] == 'v') r->which = 2;
-    else if (q != klen) return E8KV_ERR(SPEC);
+    if (q + 2 == klen && it[q] == '.' && it[q + 1] == 'k')
+        r->which = 1;
+    else if (q + 2 == klen && it[q] == '.' && it[q + 1] == 'v')
+        r->which = 2;
+    else if (q != klen)
+        return E8KV_ERR(SPEC);
     if (!copy_codec_spec(r->codec, val, vlen)) return E8KV_ERR(SPEC);
     cfg->n_rules++;
     return 0;
@@ -183,10 +196,12 @@ static void set_format(kv_format *f, const e8kv_codec *codec, int rope_pre_key, 
     const int plain = !strcmp(sp.family, "f32") || !strcmp(sp.family, "f16");
     const int llama = !strncmp(sp.family, "q8_0", 4) || !strncmp(sp.family, "q4_0", 4);
     f->centered = !plain && (center == 2 || (center == 1 && !llama));
-    if (!strcmp(sp.family, "f32")) f->fast = KV_FAST_F32;
-    else if (!strcmp(sp.family, "f16")) f->fast = KV_FAST_F16;
-    else if ((!strcmp(sp.family, "e8") || !strcmp(sp.family, "e8ball")) && codec->bits >= 2 && codec->bits <= 4 &&
-             codec->vector_bytes == 2 + codec->head_dim / 8 * (size_t)codec->bits)
+    if (!strcmp(sp.family, "f32"))
+        f->fast = KV_FAST_F32;
+    else if (!strcmp(sp.family, "f16"))
+        f->fast = KV_FAST_F16;
+    else if ((!strcmp(sp.family, "e8") || !strcmp(sp.family, "e8ball")) && codec->bits >= 2 &&
+             codec->bits <= 4 && codec->vector_bytes == 2 + codec->head_dim / 8 * (size_t)codec->bits)
         f->fast = KV_FAST_E8BALL; /* doc/format.md §2 layout: fp16 scale, then B bytes per 8 values */
     else if (!strcmp(sp.family, "e8box") && codec->head_dim % 32 == 0)
         f->fast = KV_FAST_E8BOX;
@@ -195,7 +210,8 @@ static void set_format(kv_format *f, const e8kv_codec *codec, int rope_pre_key, 
 /* The codec a stream spec uses: "e8t:B" codes with e8:B after its calibrated transform (xform.c). */
 static const char *codec_of(const char *spec, char buf[16]) {
     int vlc = 0;
-    if (!e8kv_xform_rate(spec, &vlc)) return spec; /* not e8t, or an e8t spec with options: SPEC from get_codec */
+    if (!e8kv_xform_rate(spec, &vlc))
+        return spec; /* not e8t, or an e8t spec with options: SPEC from get_codec */
     snprintf(buf, 16, "%s%s", vlc ? "e8v" : "e8", spec + (vlc ? 4 : 3)); /* "e8tv:3.5" → "e8v:3.5" */
     return buf;
 }
@@ -296,12 +312,14 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
         e8kv_spec ks;
         const int parsed = !e8kv_is_error(e8kv_spec_parse(&ks, cfg->k));
         const int ours = parsed && strcmp(ks.family, "f32") && strcmp(ks.family, "f16") &&
-                         strncmp(ks.family, "q8_0", 4) && strncmp(ks.family, "q4_0", 4) && strcmp(ks.family, "e8box");
+                         strncmp(ks.family, "q8_0", 4) && strncmp(ks.family, "q4_0", 4) &&
+                         strcmp(ks.family, "e8box");
         cfg->rope_pre = params->rope_theta > 0.0f && params->head_dim % 2 == 0 && ours;
     }
     /* e8t keys are calibrated before RoPE: with RoPE they must be coded before it */
     int e8t_k = is_e8t(cfg->k);
-    for (size_t i = 0; i < cfg->n_rules; i++) e8t_k |= (cfg->rules[i].which & 1) && is_e8t(cfg->rules[i].codec);
+    for (size_t i = 0; i < cfg->n_rules; i++)
+        e8t_k |= (cfg->rules[i].which & 1) && is_e8t(cfg->rules[i].codec);
     if (e8t_k && !cfg->rope_pre && params->rope_theta > 0.0f) {
         if (err) *err = E8KV_ERR(SPEC);
         return NULL;
@@ -416,7 +434,8 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
     /* the transforms' weights or entropy-code tables; their bases belong to the shared calibration
      * (e8kv_calib_bytes) */
     for (size_t i = 0; c->xforms && i < 2 * c->n_layer; i++)
-        c->fixed_bytes += sizeof(kv_xform) + (c->xforms[i].w ? 2 * c->n_head_kv * c->head_dim * sizeof(float) : 0) +
+        c->fixed_bytes += sizeof(kv_xform) +
+                          (c->xforms[i].w ? 2 * c->n_head_kv * c->head_dim * sizeof(float) : 0) +
                           (c->xforms[i].vlc ? c->n_head_kv * (sizeof(e8kv_vlc) + c->head_dim * 9 / 8) : 0);
     return c;
 }
@@ -453,7 +472,8 @@ void e8kv_cache_free(e8kv_cache *cache) {
         }
         free(cache->layers);
     }
-    for (size_t i = 0; i < cache->n_codecs; i++) e8kv_codec_free(cache->codecs[i]);
+    for (size_t i = 0; i < cache->n_codecs; i++)
+        e8kv_codec_free(cache->codecs[i]);
     e8kv_xform_free(cache);
     e8kv_calib_free(cache->calib_owned);
     free(cache);
@@ -475,7 +495,8 @@ static size_t encode_vector(const kv_format *f, size_t h, uint8_t *dst, const fl
                             size_t d) {
     if (!mu) return e8kv_fmt_encode(f, h, dst, x);
     float t[E8KV_MAX_HEAD_DIM];
-    for (size_t i = 0; i < d; i++) t[i] = x[i] - mu[i];
+    for (size_t i = 0; i < d; i++)
+        t[i] = x[i] - mu[i];
     return e8kv_fmt_encode(f, h, dst, t);
 }
 
@@ -587,7 +608,8 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
     for (size_t h = 0; h < cache->n_head_kv && !e8kv_is_error(r); h++) {
         float *ks = L->k_sink ? L->k_sink + h * cache->n_sink * d : NULL;
         float *vs = L->v_sink ? L->v_sink + h * cache->n_sink * d : NULL;
-        r = append_stream(cache, &L->k, h, L->k_pages + h * M, ks, k + h * d, stride, n0, n1, mean_of(L, 1, h, d));
+        r = append_stream(cache, &L->k, h, L->k_pages + h * M, ks, k + h * d, stride, n0, n1,
+                          mean_of(L, 1, h, d));
         if (!e8kv_is_error(r))
             r = append_stream(cache, &L->v, h, L->v_pages + h * M, vs, v + h * d, stride, n0, n1,
                               mean_of(L, 0, h, d));
@@ -608,7 +630,8 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
         }
     }
     if (e8kv_is_error(r)) {
-        for (size_t i = 0; i < n_pend; i++) e8kv_free_aligned(pend[i].coded);
+        for (size_t i = 0; i < n_pend; i++)
+            e8kv_free_aligned(pend[i].coded);
         free(pend);
         free_pages_from(cache, L, n0);
         return r;
@@ -632,7 +655,102 @@ size_t e8kv_cache_n_tokens(const e8kv_cache *cache, size_t layer) {
     return cache->layers[layer].n_tokens;
 }
 
-int e8kv_cache_keys_pre_rope(const e8kv_cache *cache) { return cache ? cache->rope_pre : 0; }
+int e8kv_cache_keys_pre_rope(const e8kv_cache *cache) {
+    return cache ? cache->rope_pre : 0;
+}
+
+/* Move one stream of one head: positions [pos + n, n_tok) to [pos, n_tok − n). Source and destination
+ * slots are either both coded (bytes copied), both raw (floats copied), or a raw source into a coded
+ * page (encoded: enc holds those codes, made beforehand). A coded source never lands in a raw page: raw
+ * pages hold the newest positions and everything moves toward older ones. */
+static void move_stream(const e8kv_cache *c, const kv_format *f, kv_page *tab, size_t pos, size_t n,
+                        size_t n_tok, const uint8_t *enc) {
+    const size_t d = c->head_dim, P = c->page_tokens, vb = f->vector_bytes;
+    size_t e = 0;
+    for (size_t dst = pos; dst + n < n_tok; dst++) {
+        const size_t src = dst + n;
+        const kv_page *sp = &tab[src / P];
+        kv_page *dp = &tab[dst / P];
+        assert(sp->data && dp->data && !(dp->raw && !sp->raw));
+        if (dp->raw)
+            memcpy((float *)(void *)dp->data + (dst % P) * d,
+                   (const float *)(const void *)sp->data + (src % P) * d, d * sizeof(float));
+        else if (!sp->raw)
+            memmove(dp->data + (dst % P) * vb, sp->data + (src % P) * vb, vb);
+        else
+            memcpy(dp->data + (dst % P) * vb, enc + vb * e++, vb);
+    }
+}
+
+/* Codes of the raw sources that move into coded pages (move_stream's order), or NULL when none. */
+static size_t encode_moves(const e8kv_cache *c, const kv_layer *L, const kv_format *f, int is_k, size_t h,
+                           const kv_page *tab, size_t pos, size_t n, size_t n_tok, uint8_t **out) {
+    const size_t d = c->head_dim, P = c->page_tokens, vb = f->vector_bytes;
+    size_t cnt = 0;
+    for (size_t dst = pos; dst + n < n_tok; dst++)
+        cnt += tab[(dst + n) / P].raw && !tab[dst / P].raw;
+    *out = NULL;
+    if (!cnt) return 0;
+    uint8_t *enc = malloc(cnt * vb);
+    if (!enc) return E8KV_ERR(OUT_OF_MEMORY);
+    size_t e = 0;
+    for (size_t dst = pos; dst + n < n_tok; dst++) {
+        const size_t src = dst + n;
+        if (!tab[src / P].raw || tab[dst / P].raw) continue;
+        const float *x = (const float *)(const void *)tab[src / P].data + (src % P) * d;
+        const size_t r = encode_vector(f, h, enc + vb * e++, x, mean_of(L, is_k, h, d), d);
+        if (e8kv_is_error(r)) {
+            free(enc);
+            return r;
+        }
+    }
+    *out = enc;
+    return 0;
+}
+
+size_t e8kv_cache_remove(e8kv_cache *cache, size_t pos, size_t n) {
+    if (!cache) return E8KV_ERR(BAD_ARGUMENT);
+    /* keys stored with the caller's RoPE would keep their old positions: only pre-RoPE keys (RoPE applied
+     * at attention time) or a cache told there is no RoPE can shift */
+    if (!cache->rope_pre && cache->rope_theta > 0.0f) return E8KV_ERR(UNSUPPORTED);
+    if (pos < cache->n_sink && n) return E8KV_ERR(UNSUPPORTED); /* sink positions stay exact forever */
+    const size_t H = cache->n_head_kv, M = cache->n_page_max;
+    /* every encode first, so a failure changes nothing */
+    uint8_t **enc = calloc(2 * H * cache->n_layer, sizeof *enc);
+    if (!enc) return E8KV_ERR(OUT_OF_MEMORY);
+    size_t r = 0;
+    for (size_t l = 0; l < cache->n_layer && !e8kv_is_error(r); l++) {
+        const kv_layer *L = &cache->layers[l];
+        if (pos >= L->n_tokens || !n) continue;
+        const size_t cut = n < L->n_tokens - pos ? n : L->n_tokens - pos;
+        for (size_t h = 0; h < H && !e8kv_is_error(r); h++) {
+            r = encode_moves(cache, L, &L->k, 1, h, L->k_pages + h * M, pos, cut, L->n_tokens,
+                             &enc[(l * H + h) * 2]);
+            if (!e8kv_is_error(r))
+                r = encode_moves(cache, L, &L->v, 0, h, L->v_pages + h * M, pos, cut, L->n_tokens,
+                                 &enc[(l * H + h) * 2 + 1]);
+        }
+    }
+    size_t n_max = 0;
+    for (size_t l = 0; l < cache->n_layer; l++) {
+        kv_layer *L = &cache->layers[l];
+        if (!e8kv_is_error(r) && pos < L->n_tokens && n) {
+            const size_t cut = n < L->n_tokens - pos ? n : L->n_tokens - pos;
+            for (size_t h = 0; h < H; h++) {
+                move_stream(cache, &L->k, L->k_pages + h * M, pos, cut, L->n_tokens, enc[(l * H + h) * 2]);
+                move_stream(cache, &L->v, L->v_pages + h * M, pos, cut, L->n_tokens,
+                            enc[(l * H + h) * 2 + 1]);
+            }
+            L->n_tokens -= cut;
+            free_pages_from(cache, L, L->n_tokens);
+        }
+        for (size_t i = 0; i < 2 * H; i++)
+            free(enc[l * 2 * H + i]);
+        if (L->n_tokens > n_max) n_max = L->n_tokens;
+    }
+    free(enc);
+    return e8kv_is_error(r) ? r : n_max;
+}
 
 size_t e8kv_cache_truncate(e8kv_cache *cache, size_t n_keep) {
     if (!cache) return E8KV_ERR(BAD_ARGUMENT);
@@ -658,7 +776,9 @@ size_t e8kv_cache_bytes(const e8kv_cache *cache) {
     return cache->page_bytes_alloc + cache->fixed_bytes;
 }
 
-size_t e8kv_cache_fixed_bytes(const e8kv_cache *cache) { return cache ? cache->fixed_bytes : 0; }
+size_t e8kv_cache_fixed_bytes(const e8kv_cache *cache) {
+    return cache ? cache->fixed_bytes : 0;
+}
 
 double e8kv_cache_bits_per_value(const e8kv_cache *cache) {
     if (!cache) return 0.0;
@@ -668,7 +788,9 @@ double e8kv_cache_bits_per_value(const e8kv_cache *cache) {
     return 8.0 * (double)bytes / (2.0 * (double)cache->n_layer * (double)cache->head_dim);
 }
 
-size_t e8kv_cache_page_tokens(const e8kv_cache *cache) { return cache ? cache->page_tokens : 0; }
+size_t e8kv_cache_page_tokens(const e8kv_cache *cache) {
+    return cache ? cache->page_tokens : 0;
+}
 
 const char *e8kv_cache_preset_spec(const char *name) {
     if (!name) return NULL;
