@@ -13,6 +13,7 @@
 #include "kvcache.h"
 
 #include "../quant/e8_box.h"
+#include "../quant/e8_box_avx2.h"
 #include "simd_avx2.h"
 
 #include <immintrin.h>
@@ -20,24 +21,6 @@
 
 #define TILE 64
 #define PAIR_FLUSH 8 /* pairs per int16 accumulation: 8 · 2 · 15 · 127 = 30480 < 32767 */
-
-/* the 32 nibbles of group g of a vector, in value order (u8 0..15) */
-static inline __m256i group_nibbles(const uint8_t *vec, size_t d, size_t g) {
-    const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(vec + 1 + d / 64 + 16 * g));
-    const __m128i m4 = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4), _mm_and_si128(b, m4));
-}
-
-/* u = 2n + k (0..31) of group g: the nibbles with the coset bits of the group's 4 blocks added */
-static inline __m256i group_u(const uint8_t *vec, size_t d, size_t g) {
-    const unsigned bits = (unsigned)(vec[1 + g / 2] >> (4 * (g % 2))) & 15u;
-    const __m256i sel = _mm256_setr_epi8(1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 4, 4, 4, 4, 4, 4, 4,
-                                         4, 8, 8, 8, 8, 8, 8, 8, 8);
-    const __m256i k =
-        _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_set1_epi8((char)bits), sel), sel); /* −1 / 0 */
-    const __m256i n = group_nibbles(vec, d, g);
-    return _mm256_sub_epi8(_mm256_add_epi8(n, n), k);
-}
 
 static inline int32_t hsum_epi32(__m256i v) {
     __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -72,7 +55,7 @@ static inline __attribute__((always_inline)) void tile_impl(const e8kv_box_query
             const uint8_t *const kj = k + j * vb;
             hk[j] = hs[kj[0]];
             for (size_t g = 0; g < n_grp; g++)
-                _mm256_store_si256((__m256i *)(void *)(ku[j] + 32 * g), group_u(kj, d, g));
+                _mm256_store_si256((__m256i *)(void *)(ku[j] + 32 * g), e8kv_box_group_u(kj, d, g));
         } else { /* padding to a multiple of 4 keys: u = 0, step 0 (score qmu, weight masked) */
             hk[j] = 0.0f;
             memset(ku[j], 0, d);
@@ -90,8 +73,8 @@ static inline __attribute__((always_inline)) void tile_impl(const e8kv_box_query
                 vc[c][j + 1] = v1[1 + c];
         }
         for (size_t g = 0; g < n_grp; g++) {
-            const __m256i a = group_nibbles(v0, d, g),
-                          b = v1 ? group_nibbles(v1, d, g) : _mm256_setzero_si256();
+            const __m256i a = e8kv_box_group_n(v0, d, g),
+                          b = v1 ? e8kv_box_group_n(v1, d, g) : _mm256_setzero_si256();
             _mm256_store_si256((__m256i *)(void *)(vp[pr] + 64 * g), _mm256_unpacklo_epi8(a, b));
             _mm256_store_si256((__m256i *)(void *)(vp[pr] + 64 * g + 32), _mm256_unpackhi_epi8(a, b));
         }
