@@ -114,9 +114,7 @@ static inline __attribute__((always_inline)) void tile_impl(const e8kv_box_query
                 _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - j)), lane));
             vmx = _mm256_max_ps(vmx, _mm256_blendv_ps(vmx, _mm256_loadu_ps(s + j), valid));
         }
-        vmx = _mm256_max_ps(vmx, _mm256_permute2f128_ps(vmx, vmx, 1));
-        vmx = _mm256_max_ps(vmx, _mm256_shuffle_ps(vmx, vmx, 0x4E));
-        vmx = _mm256_max_ps(vmx, _mm256_shuffle_ps(vmx, vmx, 0xB1));
+        vmx = hmax256(vmx);
         const float m_new = _mm256_cvtss_f32(vmx);
         /* weights p_j (lanes past n masked to 0), w_j = p_j·δ_j/2 */
         __m256 vsum = _mm256_setzero_ps(), vwmax = _mm256_setzero_ps();
@@ -132,10 +130,7 @@ static inline __attribute__((always_inline)) void tile_impl(const e8kv_box_query
             vwmax = _mm256_max_ps(vwmax, wj);
         }
         const float psum = hsum256(vsum);
-        vwmax = _mm256_max_ps(vwmax, _mm256_permute2f128_ps(vwmax, vwmax, 1));
-        vwmax = _mm256_max_ps(vwmax, _mm256_shuffle_ps(vwmax, vwmax, 0x4E));
-        vwmax = _mm256_max_ps(vwmax, _mm256_shuffle_ps(vwmax, vwmax, 0xB1));
-        const float wmax = _mm256_cvtss_f32(vwmax);
+        const float wmax = _mm256_cvtss_f32(hmax256(vwmax));
         const float corr = expf(m[qi] - m_new), to8 = wmax > 0.0f ? 127.0f / wmax : 0.0f;
         /* 7-bit weights as bytes in token order (round to nearest even, as lrintf); 0 past n */
         _Alignas(32) uint8_t w8[TILE] = {0};

@@ -12,6 +12,13 @@ static inline float hsum256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* max of the 8 lanes, in every lane */
+static inline __m256 hmax256(__m256 v) {
+    v = _mm256_max_ps(v, _mm256_permute2f128_ps(v, v, 1));
+    v = _mm256_max_ps(v, _mm256_shuffle_ps(v, v, 0x4E));
+    return _mm256_max_ps(v, _mm256_shuffle_ps(v, v, 0xB1));
+}
+
 /* e^x for x <= 0 (softmax arguments), 8 lanes: x = n·ln2 + r with |r| <= ln2/2 (ln2 split in two for
  * an exact reduction), e^r by a degree-6 polynomial (Taylor; relative error < 2e-7 on the range), 2^n
  * through the exponent bits. Inputs below -87.3 return 0 (the true value is below FLT_MIN; softmax
