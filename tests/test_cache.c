@@ -672,7 +672,7 @@ static void test_e8ball4_nibble_reader(void **state) {
  * key counts end inside different slices, and with window/sink positions present. */
 static void test_context_split_threads(void **state) {
     (void)state;
-    static const char *specs[] = {"f32", "e8:4", "k=e8:4,v=f16,window=100,sink=4"};
+    static const char *specs[] = {"f32", "e8:4", "k=e8:4,v=f16,window=100,sink=4", "e8box:4,window=64,sink=2"};
     const shape s = {1, 3, 9, 64, 5000};
     e8kv_rng rng;
     e8kv_rng_seed(&rng, 33);
@@ -680,8 +680,11 @@ static void test_context_split_threads(void **state) {
     float *K = rand_vec(&rng, n * row, 1.0), *V = rand_vec(&rng, n * row, 1.0);
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         size_t err = 0;
-        e8kv_cache *c1 = make_cache(&s, specs[i], 1, &err);
+        /* made with 4 threads: the pool (3 workers) serves every count below; threads per call serve
+         * the cache made with 1 (no pool) */
+        e8kv_cache *c1 = make_cache(&s, specs[i], i % 2 ? 1 : 4, &err);
         assert_non_null(c1);
+        assert_true((c1->pool != NULL) == (i % 2 == 0));
         assert_int_equal(e8kv_cache_append(c1, 0, K, V, n), n);
         static const size_t n_toks[] = {1, 3};
         for (size_t ti = 0; ti < 2; ti++) {

@@ -1,9 +1,15 @@
-/* common/: error codes and names, fp16/bf16 conversions against the compiler's own _Float16, rng. */
+/* common/: error codes and names, fp16/bf16 conversions against the compiler's own _Float16, rng, and the
+ * thread pool. */
 #include "test_util.h"
 
 #include "common/common.h"
 #include "common/fp16.h"
+#include "common/pool.h"
 #include "common/rng.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <unistd.h>
 
 #include <math.h>
 
@@ -84,6 +90,81 @@ static void test_rng_deterministic(void **state) {
     assert_true(fabs(s2 / n - 1.0) < 0.02);
 }
 
+/* pool: every share of every job runs exactly once, on the thread the header promises for share 0 */
+typedef struct {
+    atomic_int runs[8];
+    pthread_t caller;
+    atomic_int share0_on_caller;
+    int sleep_us; /* per share, so jobs overlap with other callers */
+} pool_job;
+
+static void pool_share(void *args, size_t i) {
+    pool_job *const j = args;
+    atomic_fetch_add(&j->runs[i], 1);
+    if (i == 0) atomic_store(&j->share0_on_caller, pthread_equal(pthread_self(), j->caller));
+    if (j->sleep_us) usleep((useconds_t)j->sleep_us);
+}
+
+static void test_pool_runs_every_share(void **state) {
+    (void)state;
+    assert_null(e8kv_pool_create(0));
+    e8kv_pool_free(NULL);
+    e8kv_pool *p = e8kv_pool_create(3);
+    assert_non_null(p);
+    assert_int_equal(e8kv_pool_workers(p), 3);
+    for (int rep = 0; rep < 2000; rep++) { /* back to back: workers still spinning */
+        const size_t n = 1 + (size_t)rep % 4;
+        pool_job j = {.caller = pthread_self()};
+        assert_true(e8kv_pool_try_run(p, pool_share, &j, n));
+        for (size_t i = 0; i < 8; i++)
+            assert_int_equal(atomic_load(&j.runs[i]), i < n ? 1 : 0);
+        assert_true(atomic_load(&j.share0_on_caller));
+        if (rep % 500 == 499) usleep(120000); /* past the spin: workers asleep, woken by the next job */
+    }
+    pool_job j = {.caller = pthread_self()};
+    assert_false(e8kv_pool_try_run(p, pool_share, &j, 5)); /* more shares than threads */
+    assert_false(e8kv_pool_try_run(p, pool_share, &j, 0));
+    assert_int_equal(atomic_load(&j.runs[0]), 0);
+    e8kv_pool_free(p);
+}
+
+/* two callers at once: the one that finds the pool busy is told so and nothing of its job runs */
+typedef struct {
+    e8kv_pool *p;
+    atomic_int ran, refused;
+} pool_race;
+
+static void *pool_caller(void *arg) {
+    pool_race *const r = arg;
+    for (int rep = 0; rep < 200; rep++) {
+        pool_job j = {.caller = pthread_self(), .sleep_us = 50};
+        if (e8kv_pool_try_run(r->p, pool_share, &j, 3)) {
+            for (size_t i = 0; i < 3; i++)
+                assert_int_equal(atomic_load(&j.runs[i]), 1);
+            atomic_fetch_add(&r->ran, 1);
+        } else {
+            for (size_t i = 0; i < 3; i++)
+                assert_int_equal(atomic_load(&j.runs[i]), 0);
+            atomic_fetch_add(&r->refused, 1);
+        }
+    }
+    return NULL;
+}
+
+static void test_pool_busy(void **state) {
+    (void)state;
+    pool_race r = {.p = e8kv_pool_create(2)};
+    assert_non_null(r.p);
+    pthread_t t[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, pool_caller, &r), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(t[i], NULL);
+    assert_int_equal(atomic_load(&r.ran) + atomic_load(&r.refused), 400);
+    assert_true(atomic_load(&r.ran) > 0);
+    e8kv_pool_free(r.p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
@@ -92,6 +173,8 @@ int main(void) {
 #endif
         cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_rng_deterministic),
+        cmocka_unit_test(test_pool_runs_every_share),
+        cmocka_unit_test(test_pool_busy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

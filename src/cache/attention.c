@@ -12,10 +12,12 @@
  * covering all KV heads over its slice (3 KV heads over 2 threads would leave one thread idle for a
  * third of the time); each slice leaves a partial softmax state (m, l, unnormalised acc) and the
  * partials are merged by log-sum-exp: out = Σ_i e^(m_i − M) acc_i / Σ_i e^(m_i − M) l_i, M = max_i m_i.
- * Prefill (many query tokens) splits over KV heads. */
+ * Prefill (many query tokens) splits over KV heads. The shares run on the cache's persistent pool
+ * (common/pool.h), made at create for n_threads > 1. */
 #include "kvcache.h"
 
 #include "../common/cpu.h"
+#include "../common/pool.h"
 #include "../quant/e8_box.h"
 
 #include <math.h>
@@ -284,7 +286,11 @@ static void *attend_worker(void *arg) {
     return NULL;
 }
 
-#define MAX_THREADS 64
+static void attend_share(void *jobs, size_t i) {
+    attend_worker((attend_job *)jobs + i);
+}
+
+#define MAX_THREADS E8KV_ATTEND_MAX_THREADS
 #define CTX_SLICE_MIN 1024       /* keys per context slice at least */
 #define CTX_PARTIAL_MAX 262144 /* floats of one slice's partial acc at most (1 MiB) */
 
@@ -315,8 +321,6 @@ size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, siz
         return n_out;
     }
     attend_job jobs[MAX_THREADS];
-    pthread_t tid[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
     for (size_t i = 0; i < n_thr; i++) {
         jobs[i] = base;
         if (by_ctx) {
@@ -334,14 +338,20 @@ size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, siz
             jobs[i].h_end = cache->n_head_kv * (i + 1) / n_thr;
         }
     }
-    /* the caller's thread takes the first share; a thread that fails to start runs inline */
-    for (size_t i = 1; i < n_thr; i++) started[i] = pthread_create(&tid[i], NULL, attend_worker, &jobs[i]) == 0;
-    attend_worker(&jobs[0]);
-    for (size_t i = 1; i < n_thr; i++) {
-        if (started[i])
-            pthread_join(tid[i], NULL);
-        else
-            attend_worker(&jobs[i]);
+    /* the cache's pool runs the shares (the caller's thread takes the first); when another caller holds
+     * the pool, threads of this call's own, and a thread that fails to start runs inline */
+    if (!e8kv_pool_try_run(cache->pool, attend_share, jobs, n_thr)) {
+        pthread_t tid[MAX_THREADS];
+        int started[MAX_THREADS] = {0};
+        for (size_t i = 1; i < n_thr; i++)
+            started[i] = pthread_create(&tid[i], NULL, attend_worker, &jobs[i]) == 0;
+        attend_worker(&jobs[0]);
+        for (size_t i = 1; i < n_thr; i++) {
+            if (started[i])
+                pthread_join(tid[i], NULL);
+            else
+                attend_worker(&jobs[i]);
+        }
     }
     if (by_ctx) {
         /* log-sum-exp merge of the slices' partial states into slice 0's acc (= out) */

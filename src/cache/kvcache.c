@@ -4,6 +4,7 @@
 #include "kvcache.h"
 
 #include "../common/cpu.h"
+#include "../common/pool.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -347,6 +348,9 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
     c->window = cfg->window;
     c->n_sink = cfg->sink < c->n_ctx ? cfg->sink : c->n_ctx;
     c->n_threads = params->n_threads ? params->n_threads : 1;
+    /* no pool is no error: attention then starts threads per call */
+    const size_t n_attend = c->n_threads < E8KV_ATTEND_MAX_THREADS ? c->n_threads : E8KV_ATTEND_MAX_THREADS;
+    c->pool = n_attend > 1 ? e8kv_pool_create(n_attend - 1) : NULL;
     c->rope_pre = cfg->rope_pre;
     c->center = cfg->center < 0 ? 1 : cfg->center;
     c->seed = params->seed;
@@ -460,6 +464,7 @@ static void free_pages_from(e8kv_cache *c, kv_layer *L, size_t n_keep) {
 
 void e8kv_cache_free(e8kv_cache *cache) {
     if (!cache) return;
+    e8kv_pool_free(cache->pool);
     if (cache->layers) {
         for (size_t l = 0; l < cache->n_layer; l++) {
             kv_layer *L = &cache->layers[l];

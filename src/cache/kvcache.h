@@ -70,12 +70,16 @@ typedef struct {
     int mu_set;        /* the means of the current sequence are fixed */
 } kv_layer;
 
+/* attention uses at most this many threads (the pool has one fewer workers) */
+#define E8KV_ATTEND_MAX_THREADS 64
+
 struct e8kv_cache {
     size_t n_layer, n_head_kv, head_dim, n_ctx;
     size_t page_tokens, n_page_max;
     size_t window;     /* newest tokens kept exact */
     size_t n_sink;     /* first positions kept exact */
     size_t n_threads;  /* attention worker threads (1 = caller's thread only) */
+    struct e8kv_pool *pool; /* n_threads - 1 persistent workers (attention.c); NULL: threads per call */
     int use_avx2;      /* fused AVX2 readers and tile kernel (e8kv_cpu_has_avx2() at create; tests flip it) */
     int rope_pre;      /* keys stored before RoPE: attention applies RoPE to decoded keys */
     float rope_theta;
