@@ -3,7 +3,8 @@
  *
  * One row per (shape, ctx, format): a one-layer cache of `ctx` tokens is filled with N(0,1) keys and
  * values (a 1024-token pool reused cyclically), then one decode step (1 query token at position ctx-1,
- * all query heads) is timed: the fastest of --reps runs after one warm-up (the JSON adds the median).
+ * all query heads) is timed: the fastest of --reps steps, the formats of one (shape, ctx) taking turns
+ * rep by rep (run_group); vs_f16 compares each rep with f16's step of the same rep.
  * Before timing, the step is checked against the same cache read through the portable _ref twins (the
  * cache's use_avx2 switched off, kvcache.h): `check` is max |fast − ref| / max |ref| over the outputs. */
 #include "bench.h"
@@ -35,22 +36,26 @@ static const attn_shape k_shapes[] = {
 };
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: e8kv bench attn [--ctx N[,N...]] [--kv SPEC]... [--shape NAME|all] [--threads T]\n"
-            "                       [--reps N] [--no-baseline] [--json]\n\n"
-            "Decode attention (one query token over the whole context, one layer) from the KV cache.\n"
-            "  --ctx LIST     context lengths (default 4096,16384,65536)\n"
-            "  --kv SPEC      cache spec (codec or full cache grammar, see e8kv.h); repeatable;\n"
-            "                 default e8:4. f16 and f32 rows are added unless --no-baseline\n"
-            "  --shape NAME   smollm2-135m (3 KV / 9 query heads, head_dim 64), llama3-8b (8 / 32, 128),\n"
-            "                 or all (default)\n"
-            "  --threads T    attention threads (cache param n_threads, default 1)\n"
-            "  --reps N       timed decode steps; the fastest is reported (default 7)\n"
-            "  --json         one JSON object per row\n"
-            "Columns: kv_bytes = e8kv_cache_bytes() (really allocated), bits/val = e8kv_cache_bits_per_value(),\n"
-            "ns/step = one decode step (all heads of one layer), ns/token = ns/step / ctx, GB/s = kv_bytes /\n"
-            "step time, rss = VmRSS before and after filling the cache, fill = seconds to append ctx tokens,\n"
-            "check = max |fast - ref| / max |ref| against the same step through the portable _ref twins.\n");
+    fprintf(
+        f,
+        "usage: e8kv bench attn [--ctx N[,N...]] [--kv SPEC]... [--shape NAME|all] [--threads T]\n"
+        "                       [--reps N] [--no-baseline] [--json]\n\n"
+        "Decode attention (one query token over the whole context, one layer) from the KV cache.\n"
+        "  --ctx LIST     context lengths (default 4096,16384,65536)\n"
+        "  --kv SPEC      cache spec (codec or full cache grammar, see e8kv.h); repeatable;\n"
+        "                 default e8:4. f16 and f32 rows are added unless --no-baseline\n"
+        "  --shape NAME   smollm2-135m (3 KV / 9 query heads, head_dim 64), llama3-8b (8 / 32, 128),\n"
+        "                 or all (default)\n"
+        "  --threads T    attention threads (cache param n_threads, default 1)\n"
+        "  --reps N       timed decode steps per format, the formats taking turns; the fastest is\n"
+        "                 reported (default 7, at most 64)\n"
+        "  --json         one JSON object per row\n"
+        "Columns: kv_bytes = e8kv_cache_bytes() (really allocated), bits/val = e8kv_cache_bits_per_value(),\n"
+        "ns/step = one decode step (all heads of one layer), ns/token = ns/step / ctx, GB/s = kv_bytes /\n"
+        "step time, rss = VmRSS before and after filling the cache, fill = seconds to append ctx tokens,\n"
+        "check = max |fast - ref| / max |ref| against the same step through the portable _ref twins,\n"
+        "kernel = the tile kernel that ran (ref, avx2, vnni), vs_f16 = median over reps of f16's step\n"
+        "time / this format's in the same rep (0 without an f16 row).\n");
 }
 
 static long vm_rss_kib(void) {
@@ -81,103 +86,147 @@ static int parse_size(const char *s, size_t *out) {
     return 1;
 }
 
-/* One row; returns 0 on success. */
-static int run_row(const attn_shape *sh, size_t ctx, const char *spec, size_t n_threads, int reps, int json) {
-    const size_t row = sh->n_head_kv * sh->head_dim;
-    e8kv_rng rng;
-    e8kv_rng_seed(&rng, 42);
-    float *pool_k = malloc(POOL_TOK * row * sizeof(float)), *pool_v = malloc(POOL_TOK * row * sizeof(float));
-    float *q = malloc(sh->n_head * sh->head_dim * sizeof(float)), *out = malloc(sh->n_head * sh->head_dim * sizeof(float));
-    if (!pool_k || !pool_v || !q || !out) {
-        fprintf(stderr, "bench attn: out of memory\n");
-        return 1;
-    }
-    for (size_t i = 0; i < POOL_TOK * row; i++) {
-        pool_k[i] = (float)e8kv_rng_normal(&rng);
-        pool_v[i] = (float)e8kv_rng_normal(&rng);
-    }
-    for (size_t i = 0; i < sh->n_head * sh->head_dim; i++) q[i] = (float)e8kv_rng_normal(&rng);
+/* One format's cache of one (shape, ctx), filled and checked, with its timed steps. */
+typedef struct {
+    const char *spec;
+    e8kv_cache *c;
+    long rss0, rss1;
+    double fill_s, check;
+    double t[64]; /* seconds per timed step, in rep order */
+} attn_row;
 
-    const long rss0 = vm_rss_kib();
+static const char *kernel_name(const e8kv_cache *c, const char *spec) {
+    if (!c->use_avx2) return "ref";
+    return strncmp(spec, "e8box", 5) ? "avx2" : c->use_vnni ? "vnni" : "avx2";
+}
+
+/* Fills row->c and checks its fast step against the _ref twins; 0 on success. */
+static int prepare_row(attn_row *row, const attn_shape *sh, size_t ctx, size_t n_threads, const float *pool_k,
+                       const float *pool_v, const float *q, float *out) {
+    row->rss0 = vm_rss_kib();
     e8kv_cache_params p = {0};
     p.n_layer = 1;
     p.n_head_kv = sh->n_head_kv;
     p.head_dim = sh->head_dim;
     p.n_ctx = ctx;
-    p.spec = spec;
+    p.spec = row->spec;
     p.seed = 1;
     p.n_threads = n_threads;
     size_t err = 0;
-    e8kv_cache *c = e8kv_cache_create(&p, &err);
-    int rc = 0;
-    if (!c) {
-        fprintf(stderr, "bench attn: %s: %s\n", spec, e8kv_error_name(err));
-        rc = 1;
-        goto done;
+    row->c = e8kv_cache_create(&p, &err);
+    if (!row->c) {
+        fprintf(stderr, "bench attn: %s: %s\n", row->spec, e8kv_error_name(err));
+        return 1;
     }
     const double t_fill = e8kv_cli_now_s();
     for (size_t done = 0; done < ctx;) {
-        size_t n = ctx - done < POOL_TOK ? ctx - done : POOL_TOK;
-        const size_t r = e8kv_cache_append(c, 0, pool_k, pool_v, n);
+        const size_t n = ctx - done < POOL_TOK ? ctx - done : POOL_TOK;
+        const size_t r = e8kv_cache_append(row->c, 0, pool_k, pool_v, n);
         if (e8kv_is_error(r)) {
             fprintf(stderr, "bench attn: append: %s\n", e8kv_error_name(r));
-            rc = 1;
-            goto done;
+            return 1;
         }
         done += n;
     }
-    const double fill_s = e8kv_cli_now_s() - t_fill;
-    const long rss1 = vm_rss_kib();
-    double t[64];
-    if (reps > 64) reps = 64;
-    const size_t n_out = sh->n_head * sh->head_dim;
+    row->fill_s = e8kv_cli_now_s() - t_fill;
+    row->rss1 = vm_rss_kib();
     /* the fast kernels against their portable twins on this very cache */
+    const size_t n_out = sh->n_head * sh->head_dim;
     float *ref = malloc(n_out * sizeof *ref);
-    double check = 0.0;
-    if (ref) {
-        const int fast = c->use_avx2;
-        c->use_avx2 = 0;
-        const size_t r1 = e8kv_cache_attend(c, ref, n_out, 0, q, sh->n_head, 1, ctx - 1);
-        c->use_avx2 = fast;
-        const size_t r2 = e8kv_cache_attend(c, out, n_out, 0, q, sh->n_head, 1, ctx - 1);
-        double emax = 0.0, rmax = 0.0;
-        for (size_t i = 0; i < n_out && !e8kv_is_error(r1) && !e8kv_is_error(r2); i++) {
-            emax = fmax(emax, fabs((double)out[i] - ref[i]));
-            rmax = fmax(rmax, fabs((double)ref[i]));
-        }
-        check = rmax > 0.0 ? emax / rmax : emax;
-        free(ref);
+    if (!ref) return 1;
+    const int fast = row->c->use_avx2;
+    row->c->use_avx2 = 0;
+    const size_t r1 = e8kv_cache_attend(row->c, ref, n_out, 0, q, sh->n_head, 1, ctx - 1);
+    row->c->use_avx2 = fast;
+    const size_t r2 = e8kv_cache_attend(row->c, out, n_out, 0, q, sh->n_head, 1, ctx - 1);
+    double emax = 0.0, rmax = 0.0;
+    for (size_t i = 0; i < n_out; i++) {
+        emax = fmax(emax, fabs((double)out[i] - ref[i]));
+        rmax = fmax(rmax, fabs((double)ref[i]));
     }
-    for (int i = -1; i < reps; i++) {
-        const double t0 = e8kv_cli_now_s();
-        const size_t r = e8kv_cache_attend(c, out, n_out, 0, q, sh->n_head, 1, ctx - 1);
-        const double dt = e8kv_cli_now_s() - t0;
-        if (e8kv_is_error(r)) {
-            fprintf(stderr, "bench attn: attend: %s\n", e8kv_error_name(r));
-            rc = 1;
-            goto done;
-        }
-        if (i >= 0) t[i] = dt;
+    free(ref);
+    if (e8kv_is_error(r1) || e8kv_is_error(r2)) {
+        fprintf(stderr, "bench attn: attend: %s\n", e8kv_error_name(e8kv_is_error(r1) ? r1 : r2));
+        return 1;
     }
-    qsort(t, (size_t)reps, sizeof t[0], cmp_double);
-    /* the fastest run: on a shared machine interference only adds time (the JSON keeps the median too) */
-    const double step = t[0], step_med = t[reps / 2];
-    const size_t bytes = e8kv_cache_bytes(c);
-    const double bpv = e8kv_cache_bits_per_value(c);
-    if (json)
-        printf("{\"bench\":\"attn\",\"shape\":\"%s\",\"n_head_kv\":%zu,\"n_head\":%zu,\"head_dim\":%zu,"
-               "\"kv\":\"%s\",\"ctx\":%zu,\"threads\":%zu,\"kv_bytes\":%zu,\"bits_per_value\":%.4f,"
-               "\"ns_per_step\":%.0f,\"ns_per_step_median\":%.0f,\"ns_per_token\":%.3f,\"gb_per_s\":%.3f,\"rss_before_kib\":%ld,"
-               "\"rss_after_kib\":%ld,\"fill_s\":%.3f,\"check\":%.2e}\n",
-               sh->name, sh->n_head_kv, sh->n_head, sh->head_dim, spec, ctx, n_threads, bytes, bpv, step * 1e9,
-               step_med * 1e9, step * 1e9 / (double)ctx, (double)bytes / step * 1e-9, rss0, rss1, fill_s, check);
-    else
-        printf("%-13s %6zu  %-24s %12zu %8.3f %12.0f %9.3f %7.2f %8ld %8ld %7.2f %8.1e\n", sh->name, ctx, spec, bytes,
-               bpv, step * 1e9, step * 1e9 / (double)ctx, (double)bytes / step * 1e-9, rss0 / 1024, rss1 / 1024,
-               fill_s, check);
+    row->check = rmax > 0.0 ? emax / rmax : emax;
+    return 0;
+}
+
+/* All formats of one (shape, ctx): every cache is built first, then the timed steps go round the caches
+ * rep by rep, so a slow phase of a shared machine hits every format alike; each timed step follows an
+ * untimed step of the same cache (warm caches, and the previous cache's pool workers gone to sleep).
+ * vs_f16 is the median over reps of t_f16 / t_format, the two steps of the same rep. */
+static int run_group(const attn_shape *sh, size_t ctx, const char *const *specs, size_t n_spec,
+                     size_t n_threads, int reps, int json) {
+    const size_t row_w = sh->n_head_kv * sh->head_dim, n_out = sh->n_head * sh->head_dim;
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 42);
+    float *pool_k = malloc(POOL_TOK * row_w * sizeof(float)),
+          *pool_v = malloc(POOL_TOK * row_w * sizeof(float));
+    float *q = malloc(n_out * sizeof(float)), *out = malloc(n_out * sizeof(float));
+    attn_row *rows = calloc(n_spec, sizeof *rows);
+    int rc = 0;
+    if (!pool_k || !pool_v || !q || !out || !rows) {
+        fprintf(stderr, "bench attn: out of memory\n");
+        rc = 1;
+        goto done;
+    }
+    for (size_t i = 0; i < POOL_TOK * row_w; i++) {
+        pool_k[i] = (float)e8kv_rng_normal(&rng);
+        pool_v[i] = (float)e8kv_rng_normal(&rng);
+    }
+    for (size_t i = 0; i < n_out; i++)
+        q[i] = (float)e8kv_rng_normal(&rng);
+    for (size_t k = 0; k < n_spec && !rc; k++) {
+        rows[k].spec = specs[k];
+        rc = prepare_row(&rows[k], sh, ctx, n_threads, pool_k, pool_v, q, out);
+    }
+    if (rc) goto done;
+    if (reps > 64) reps = 64;
+    for (int i = 0; i < reps; i++)
+        for (size_t k = 0; k < n_spec; k++) {
+            e8kv_cache_attend(rows[k].c, out, n_out, 0, q, sh->n_head, 1, ctx - 1); /* untimed */
+            const double t0 = e8kv_cli_now_s();
+            e8kv_cache_attend(rows[k].c, out, n_out, 0, q, sh->n_head, 1, ctx - 1);
+            rows[k].t[i] = e8kv_cli_now_s() - t0;
+        }
+    const attn_row *f16 = NULL;
+    for (size_t k = 0; k < n_spec; k++)
+        if (!strcmp(rows[k].spec, "f16")) f16 = &rows[k];
+    for (size_t k = 0; k < n_spec; k++) {
+        const attn_row *r = &rows[k];
+        double ts[64], ratio[64];
+        for (int i = 0; i < reps; i++) {
+            ts[i] = r->t[i];
+            ratio[i] = f16 ? f16->t[i] / r->t[i] : 0.0;
+        }
+        qsort(ts, (size_t)reps, sizeof ts[0], cmp_double);
+        qsort(ratio, (size_t)reps, sizeof ratio[0], cmp_double);
+        /* the fastest step: on a shared machine interference only adds time (the JSON has the median) */
+        const double step = ts[0], step_med = ts[reps / 2], vs_f16 = ratio[reps / 2];
+        const size_t bytes = e8kv_cache_bytes(r->c);
+        const double bpv = e8kv_cache_bits_per_value(r->c);
+        if (json)
+            printf("{\"bench\":\"attn\",\"shape\":\"%s\",\"n_head_kv\":%zu,\"n_head\":%zu,\"head_dim\":%zu,"
+                   "\"kv\":\"%s\",\"kernel\":\"%s\",\"ctx\":%zu,\"threads\":%zu,\"kv_bytes\":%zu,"
+                   "\"bits_per_value\":%.4f,\"ns_per_step\":%.0f,\"ns_per_step_median\":%.0f,"
+                   "\"ns_per_token\":%.3f,\"gb_per_s\":%.3f,\"vs_f16\":%.3f,\"rss_before_kib\":%ld,"
+                   "\"rss_after_kib\":%ld,\"fill_s\":%.3f,\"check\":%.2e}\n",
+                   sh->name, sh->n_head_kv, sh->n_head, sh->head_dim, r->spec, kernel_name(r->c, r->spec),
+                   ctx, n_threads, bytes, bpv, step * 1e9, step_med * 1e9, step * 1e9 / (double)ctx,
+                   (double)bytes / step * 1e-9, vs_f16, r->rss0, r->rss1, r->fill_s, r->check);
+        else
+            printf("%-13s %6zu  %-24s %-5s %12zu %8.3f %12.0f %9.3f %7.2f %6.2f %8ld %8ld %7.2f %8.1e\n",
+                   sh->name, ctx, r->spec, kernel_name(r->c, r->spec), bytes, bpv, step * 1e9,
+                   step * 1e9 / (double)ctx, (double)bytes / step * 1e-9, vs_f16, r->rss0 / 1024,
+                   r->rss1 / 1024, r->fill_s, r->check);
+    }
     fflush(stdout);
 done:
-    e8kv_cache_free(c);
+    for (size_t k = 0; rows && k < n_spec; k++)
+        e8kv_cache_free(rows[k].c);
+    free(rows);
     free(pool_k);
     free(pool_v);
     free(q);
@@ -245,13 +294,14 @@ int e8kv_bench_attn(int argc, char **argv) {
     }
     int matched = 0, rc = 0;
     if (!json)
-        printf("%-13s %6s  %-24s %12s %8s %12s %9s %7s %8s %8s %7s %8s\n", "shape", "ctx", "kv", "kv_bytes", "bits/val",
-               "ns/step", "ns/token", "GB/s", "rss0 MiB", "rss1 MiB", "fill s", "check");
+        printf("%-13s %6s  %-24s %-5s %12s %8s %12s %9s %7s %6s %8s %8s %7s %8s\n", "shape", "ctx", "kv",
+               "kernel", "kv_bytes", "bits/val", "ns/step", "ns/token", "GB/s", "vs_f16", "rss0 MiB",
+               "rss1 MiB", "fill s", "check");
     for (size_t si = 0; si < sizeof k_shapes / sizeof k_shapes[0]; si++) {
         if (strcmp(shape, "all") && strcmp(shape, k_shapes[si].name)) continue;
         matched = 1;
         for (size_t ci = 0; ci < n_ctx; ci++)
-            for (size_t ki = 0; ki < n_spec; ki++) rc |= run_row(&k_shapes[si], ctxs[ci], specs[ki], n_threads, reps, json);
+            rc |= run_group(&k_shapes[si], ctxs[ci], specs, n_spec, n_threads, reps, json);
     }
     if (!matched) {
         fprintf(stderr, "e8kv bench attn: unknown shape '%s'\n", shape);

@@ -896,18 +896,21 @@ static uint8_t *box_codes(e8kv_rng *rng, size_t n, size_t d, double sd) {
     return b;
 }
 
-/* The AVX2 tile against the reference tile: the same integers, so only float rounding and exp's last
- * bits differ (m within 1e-6 relative, l and acc within 1e-5); several tiles chained, centering means. */
-static void test_box_tile_twins(void **state) {
-    (void)state;
-    if (!e8kv_cpu_has_avx2()) skip();
+/* A fast tile against the reference tile: the same integers, so only float rounding and exp's last bits
+ * differ (m within 1e-6 relative, l and acc within 1e-5); several tiles chained, centering means, 1, 3, 4
+ * and 9 queries (one query alone, the GQA groups of the benchmark shapes and more). */
+typedef void (*box_tile_fn)(const e8kv_box_query *, size_t, const uint8_t *, const uint8_t *, size_t, size_t,
+                            size_t, const float *, float *, float *, float *const *);
+
+static void check_box_tile_twin(box_tile_fn fast) {
     e8kv_rng rng;
     e8kv_rng_seed(&rng, 31);
+    static const size_t nqs[] = {1, 3, 4, 9};
     for (size_t d = 64; d <= 128; d += 64)
-        for (size_t nq = 1; nq <= 4; nq += 3) {
-            const size_t vb = 1 + d / 64 + d / 2;
-            e8kv_box_query bq[4];
-            float m1[4], m2[4], l1[4], l2[4], *a1[4], *a2[4];
+        for (size_t qi = 0; qi < 4; qi++) {
+            const size_t nq = nqs[qi], vb = 1 + d / 64 + d / 2;
+            e8kv_box_query bq[9];
+            float m1[9], m2[9], l1[9], l2[9], *a1[9], *a2[9];
             float *mu_k = rand_vec(&rng, d, 0.5), *mu_v = rand_vec(&rng, d, 0.5);
             for (size_t g = 0; g < nq; g++) {
                 float *q = rand_vec(&rng, d, 0.4);
@@ -918,10 +921,11 @@ static void test_box_tile_twins(void **state) {
                 a1[g] = calloc(d, sizeof(float));
                 a2[g] = calloc(d, sizeof(float));
             }
-            for (size_t n = 1; n <= 64; n += 21) { /* tiles of 1, 22, 43, 64 tokens into the same state */
+            /* tiles of 1, 22, 43, 64 tokens (none a multiple of 8 but the last) into the same state */
+            for (size_t n = 1; n <= 64; n += 21) {
                 uint8_t *k = box_codes(&rng, n, d, 1.0 + (double)n / 10), *v = box_codes(&rng, n, d, 1.0);
                 e8kv_attn_box_tile_ref(bq, nq, k, v, vb, n, d, nq > 1 ? mu_v : NULL, m1, l1, a1);
-                e8kv_attn_box_tile_avx2(bq, nq, k, v, vb, n, d, nq > 1 ? mu_v : NULL, m2, l2, a2);
+                fast(bq, nq, k, v, vb, n, d, nq > 1 ? mu_v : NULL, m2, l2, a2);
                 free(k);
                 free(v);
             }
@@ -936,6 +940,23 @@ static void test_box_tile_twins(void **state) {
             free(mu_k);
             free(mu_v);
         }
+}
+
+static void test_box_tile_twins(void **state) {
+    (void)state;
+    if (!e8kv_cpu_has_avx2()) skip();
+    check_box_tile_twin(e8kv_attn_box_tile_avx2);
+}
+
+/* The AVX-VNNI tile (skipped where the CPU or the compiler lacks AVX-VNNI) */
+static void test_box_tile_vnni_twin(void **state) {
+    (void)state;
+#ifdef E8KV_HAVE_AVXVNNI
+    if (!e8kv_cpu_has_avxvnni()) skip();
+    check_box_tile_twin(e8kv_attn_box_tile_vnni);
+#else
+    skip();
+#endif
 }
 
 /* Whole attention through the integer-domain path (e8box:4, keys read in the rotated domain) against
@@ -1139,6 +1160,7 @@ int main(void) {
         cmocka_unit_test(test_rope_default),
         cmocka_unit_test(test_add_rows_twins),
         cmocka_unit_test(test_box_tile_twins),
+        cmocka_unit_test(test_box_tile_vnni_twin),
         cmocka_unit_test(test_box_attention),
         cmocka_unit_test(test_remove),
         cmocka_unit_test(test_remove_window),

@@ -60,32 +60,39 @@ static void rope_apply_run(const e8kv_cache *c, float *restrict x, size_t pos, s
 }
 
 /* The fused reader of a run of n coded vectors of one page, when the format has one; 0 otherwise. */
-static int read_fast(const e8kv_cache *c, const kv_format *f, float *restrict dst, const uint8_t *src, size_t n) {
+static int read_fast(const e8kv_cache *c, const kv_format *f, float *restrict dst, const uint8_t *src,
+                     size_t n) {
     if (!c->use_avx2) return 0;
     const size_t d = c->head_dim;
     switch (f->fast) {
     case KV_FAST_F32:
-        for (size_t i = 0; i < n * d; i++) dst[i] = e8kv_load_lef32(src + 4 * i);
+        for (size_t i = 0; i < n * d; i++)
+            dst[i] = e8kv_load_lef32(src + 4 * i);
         return 1;
-    case KV_FAST_F16: e8kv_cache_read_f16_avx2(dst, src, n, d); return 1;
+    case KV_FAST_F16:
+        e8kv_cache_read_f16_avx2(dst, src, n, d);
+        return 1;
     case KV_FAST_E8BALL:
         if (f->codec->bits == 4 && e8kv_cache_read_e8ball4_avx2(dst, src, n, d, f->vector_bytes)) return 1;
         e8kv_cache_read_e8ball_avx2(dst, src, n, d, f->codec->bits, f->vector_bytes);
         return 1;
     case KV_FAST_E8BOX:
-        for (size_t i = 0; i < n; i++) e8kv_box_decode_avx2(dst + i * d, src + i * f->vector_bytes, d);
+        for (size_t i = 0; i < n; i++)
+            e8kv_box_decode_avx2(dst + i * d, src + i * f->vector_bytes, d);
         return 1;
-    default: return 0;
+    default:
+        return 0;
     }
 }
 
 void e8kv_cache_add_rows_ref(float *restrict y, const float *restrict mu, size_t n, size_t d) {
     for (size_t t = 0; t < n; t++)
-        for (size_t j = 0; j < d; j++) y[t * d + j] += mu[j];
+        for (size_t j = 0; j < d; j++)
+            y[t * d + j] += mu[j];
 }
 
-void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head, int is_k, size_t p0, size_t n,
-                            float *restrict dst) {
+void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head, int is_k, size_t p0,
+                            size_t n, float *restrict dst) {
     const kv_format *f = is_k ? &L->k : &L->v;
     const kv_page *tab = (is_k ? L->k_pages : L->v_pages) + head * c->n_page_max;
     const float *sink = is_k ? L->k_sink : L->v_sink;
@@ -114,16 +121,18 @@ void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head,
             run = P - pos % P < n - t ? P - pos % P : n - t;
             const uint8_t *src = pg->data + (pos % P) * vb;
             if (!read_fast(c, f, y, src, run))
-                for (size_t i = 0; i < run; i++) e8kv_fmt_decode(f, head, y + i * d, src + i * vb);
+                for (size_t i = 0; i < run; i++)
+                    e8kv_fmt_decode(f, head, y + i * d, src + i * vb);
             if (unrotate) e8kv_fmt_inverse(f, head, d, y, run);
             if (f->centered) { /* add back the mean subtracted before coding (kvcache.h) */
                 const float *mu = (is_k ? L->k_mu_read : L->v_mu_read) + head * d;
-                if (c->use_avx2) e8kv_cache_add_rows_avx2(y, mu, run, d);
-                else e8kv_cache_add_rows_ref(y, mu, run, d);
+                if (c->use_avx2)
+                    e8kv_cache_add_rows_avx2(y, mu, run, d);
+                else
+                    e8kv_cache_add_rows_ref(y, mu, run, d);
             }
         }
-        if (rope)
-            rope_apply_run(c, y, pos, run);
+        if (rope) rope_apply_run(c, y, pos, run);
         t += run;
     }
 }
@@ -135,17 +144,20 @@ void e8kv_attn_tile_ref(const float *restrict q, const float *restrict K, const 
     float m_new = *m;
     for (size_t j = 0; j < n; j++) {
         float dot = 0.0f;
-        for (size_t i = 0; i < d; i++) dot += q[i] * K[j * d + i];
+        for (size_t i = 0; i < d; i++)
+            dot += q[i] * K[j * d + i];
         s[j] = dot;
         if (dot > m_new) m_new = dot;
     }
     const float corr = expf(*m - m_new); /* *m = -inf on the first tile: corr = 0 */
     float sum = *l * corr;
-    for (size_t i = 0; i < d; i++) acc[i] *= corr;
+    for (size_t i = 0; i < d; i++)
+        acc[i] *= corr;
     for (size_t j = 0; j < n; j++) {
         const float p = expf(s[j] - m_new);
         sum += p;
-        for (size_t i = 0; i < d; i++) acc[i] += p * V[j * d + i];
+        for (size_t i = 0; i < d; i++)
+            acc[i] += p * V[j * d + i];
     }
     *m = m_new;
     *l = sum;
@@ -168,7 +180,8 @@ typedef struct {
 
 /* Start loading the coded bytes of tokens [p0, p0 + n) of one stream of one head (the next tile), so
  * the page's first lines do not wait for the hardware prefetcher to notice a new page. */
-static void prefetch_tokens(const e8kv_cache *c, const kv_layer *L, size_t head, int is_k, size_t p0, size_t n) {
+static void prefetch_tokens(const e8kv_cache *c, const kv_layer *L, size_t head, int is_k, size_t p0,
+                            size_t n) {
     if (p0 < c->n_sink || !n) return;
     const kv_format *f = is_k ? &L->k : &L->v;
     const kv_page *pg = (is_k ? L->k_pages : L->v_pages) + head * c->n_page_max + p0 / c->page_tokens;
@@ -176,7 +189,8 @@ static void prefetch_tokens(const e8kv_cache *c, const kv_layer *L, size_t head,
     const size_t P = c->page_tokens, vb = pg->raw ? c->head_dim * sizeof(float) : f->vector_bytes;
     const size_t run = P - p0 % P < n ? P - p0 % P : n;
     const uint8_t *src = pg->data + (p0 % P) * vb;
-    for (size_t o = 0; o < run * vb; o += 64) __builtin_prefetch(src + o);
+    for (size_t o = 0; o < run * vb; o += 64)
+        __builtin_prefetch(src + o);
 }
 
 /* ---------------------------------------------------------------- e8box:4 integer-domain tiles */
@@ -190,7 +204,8 @@ static int box_ok(const e8kv_cache *c, const kv_layer *L, size_t n_q) {
 
 /* the tile [p, p + n) lies in one coded page of K and of V of head h, past the sinks, and every query
  * of the chunk sees all of it (first_lim: what the chunk's first query sees) */
-static int box_tile_ok(const e8kv_cache *c, const kv_layer *L, size_t h, size_t p, size_t n, size_t first_lim) {
+static int box_tile_ok(const e8kv_cache *c, const kv_layer *L, size_t h, size_t p, size_t n,
+                       size_t first_lim) {
     const size_t P = c->page_tokens;
     if (p < c->n_sink || p / P != (p + n - 1) / P || p + n > first_lim) return 0;
     const kv_page *kp = L->k_pages + h * c->n_page_max + p / P, *vp = L->v_pages + h * c->n_page_max + p / P;
@@ -203,10 +218,17 @@ static void box_tile(const e8kv_cache *c, const kv_layer *L, size_t h, const e8k
     const uint8_t *const k = L->k_pages[h * c->n_page_max + p / P].data + (p % P) * vb;
     const uint8_t *const v = L->v_pages[h * c->n_page_max + p / P].data + (p % P) * vb;
     const float *const mu_v = L->v.centered ? L->v_mu_read + h * d : NULL;
-    if (c->use_avx2)
-        e8kv_attn_box_tile_avx2(bq, n_q, k, v, vb, n, d, mu_v, m, l, accs);
-    else
+    if (!c->use_avx2) {
         e8kv_attn_box_tile_ref(bq, n_q, k, v, vb, n, d, mu_v, m, l, accs);
+        return;
+    }
+#ifdef E8KV_HAVE_AVXVNNI
+    if (c->use_vnni) {
+        e8kv_attn_box_tile_vnni(bq, n_q, k, v, vb, n, d, mu_v, m, l, accs);
+        return;
+    }
+#endif
+    e8kv_attn_box_tile_avx2(bq, n_q, k, v, vb, n, d, mu_v, m, l, accs);
 }
 
 static void attend_head(const attend_job *job, size_t h) {
@@ -227,7 +249,8 @@ static void attend_head(const attend_job *job, size_t h) {
             const size_t t = qi / g, hq = h * g + qi % g;
             float *qv = qr + (qi - a) * d;
             const float *src = job->q + t * row + hq * d;
-            for (size_t i = 0; i < d; i++) qv[i] = src[i] * scale;
+            for (size_t i = 0; i < d; i++)
+                qv[i] = src[i] * scale;
             if (L->k.rotated) e8kv_fmt_query(&L->k, h, d, qv, 1);
             memset(job->out + t * row + hq * d, 0, d * sizeof(float));
             m[qi - a] = -INFINITY;
@@ -239,7 +262,8 @@ static void attend_head(const attend_job *job, size_t h) {
         float *accs[BOX_QMAX];
         for (size_t qi = a; box && qi < b; qi++) {
             const size_t t = qi / g, hq = h * g + qi % g;
-            e8kv_box_query_init(&bq[qi - a], qr + (qi - a) * d, L->k.centered ? L->k_mu_read + h * d : NULL, d);
+            e8kv_box_query_init(&bq[qi - a], qr + (qi - a) * d, L->k.centered ? L->k_mu_read + h * d : NULL,
+                                d);
             accs[qi - a] = job->out + t * row + hq * d;
         }
         size_t n_keys = job->pos0 + (b - 1) / g + 1; /* the chunk's last query sees this many */
@@ -262,7 +286,8 @@ static void attend_head(const attend_job *job, size_t h) {
                 const size_t lim = job->pos0 + t + 1; /* causal: positions < lim */
                 if (lim <= p) continue;
                 const size_t nv = lim - p < n ? lim - p : n;
-                job->tile(qr + (qi - a) * d, kt, vt, nv, d, &m[qi - a], &l[qi - a], job->out + t * row + hq * d);
+                job->tile(qr + (qi - a) * d, kt, vt, nv, d, &m[qi - a], &l[qi - a],
+                          job->out + t * row + hq * d);
             }
         }
         for (size_t qi = a; qi < b; qi++) {
@@ -274,7 +299,8 @@ static void attend_head(const attend_job *job, size_t h) {
                 continue;
             }
             const float inv = 1.0f / l[qi - a]; /* l >= 1: the max term contributes e^0 */
-            for (size_t i = 0; i < d; i++) o[i] *= inv;
+            for (size_t i = 0; i < d; i++)
+                o[i] *= inv;
             if (L->v.rotated) e8kv_fmt_inverse(&L->v, h, d, o, 1);
         }
     }
@@ -282,7 +308,8 @@ static void attend_head(const attend_job *job, size_t h) {
 
 static void *attend_worker(void *arg) {
     const attend_job *job = arg;
-    for (size_t h = job->h_begin; h < job->h_end; h++) attend_head(job, h);
+    for (size_t h = job->h_begin; h < job->h_end; h++)
+        attend_head(job, h);
     return NULL;
 }
 
@@ -291,7 +318,7 @@ static void attend_share(void *jobs, size_t i) {
 }
 
 #define MAX_THREADS E8KV_ATTEND_MAX_THREADS
-#define CTX_SLICE_MIN 1024       /* keys per context slice at least */
+#define CTX_SLICE_MIN 1024     /* keys per context slice at least */
 #define CTX_PARTIAL_MAX 262144 /* floats of one slice's partial acc at most (1 MiB) */
 
 size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, size_t layer, const float *q,
@@ -304,8 +331,21 @@ size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, siz
     if (out_capacity < n_out) return E8KV_ERR(DST_TOO_SMALL);
 
     const size_t d = cache->head_dim, n_keys = pos0 + n_tok;
-    attend_job base = {cache, L, out, q, n_head, n_head / cache->n_head_kv, n_tok, pos0, 0, cache->n_head_kv,
-                       0, n_keys, NULL, NULL, cache->use_avx2 ? e8kv_attn_tile_avx2 : e8kv_attn_tile_ref};
+    attend_job base = {cache,
+                       L,
+                       out,
+                       q,
+                       n_head,
+                       n_head / cache->n_head_kv,
+                       n_tok,
+                       pos0,
+                       0,
+                       cache->n_head_kv,
+                       0,
+                       n_keys,
+                       NULL,
+                       NULL,
+                       cache->use_avx2 ? e8kv_attn_tile_avx2 : e8kv_attn_tile_ref};
     size_t n_thr = cache->n_threads > MAX_THREADS ? MAX_THREADS : cache->n_threads;
     /* context slices of at least CTX_SLICE_MIN keys, each with a partial of n_out + 2·n_tok·n_head floats */
     const int by_ctx = n_thr > 1 && n_keys >= n_thr * CTX_SLICE_MIN && n_out <= CTX_PARTIAL_MAX;
@@ -326,7 +366,8 @@ size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, siz
         if (by_ctx) {
             /* slice bounds on tile multiples, so slices read whole pages */
             const size_t n_tiles = (n_keys + TILE_MAX_TOKENS - 1) / TILE_MAX_TOKENS;
-            const size_t k0 = n_tiles * i / n_thr * TILE_MAX_TOKENS, k1 = n_tiles * (i + 1) / n_thr * TILE_MAX_TOKENS;
+            const size_t k0 = n_tiles * i / n_thr * TILE_MAX_TOKENS,
+                         k1 = n_tiles * (i + 1) / n_thr * TILE_MAX_TOKENS;
             float *const part = scratch + i * (n_out + 2 * n_tok * n_head);
             jobs[i].k_begin = k0;
             jobs[i].k_end = k1 < n_keys ? k1 : n_keys;
@@ -367,14 +408,17 @@ size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, siz
                 const float w = expf(jobs[i].m[r] - M);
                 sum += w * jobs[i].l[r];
                 if (i == 0) {
-                    for (size_t k = 0; k < d; k++) o[k] *= w;
+                    for (size_t k = 0; k < d; k++)
+                        o[k] *= w;
                 } else {
                     const float *const a = jobs[i].out + r * d;
-                    for (size_t k = 0; k < d; k++) o[k] += w * a[k];
+                    for (size_t k = 0; k < d; k++)
+                        o[k] += w * a[k];
                 }
             }
             const float inv = 1.0f / sum; /* ≥ 1: the slice holding the max contributes its l ≥ 1 */
-            for (size_t k = 0; k < d; k++) o[k] *= inv;
+            for (size_t k = 0; k < d; k++)
+                o[k] *= inv;
             if (L->v.rotated) e8kv_fmt_inverse(&L->v, r % n_head / base.group, d, o, 1);
         }
         free(scratch);

@@ -24,6 +24,18 @@ void e8kv_box_query_init(e8kv_box_query *bq, const float *q, const float *mu_k, 
         }
     }
     bq->off = 16 * sum;
+    /* coset table: the sum of q8 over block b, then every byte's sum by adding its lowest set bit's */
+    for (size_t c = 0; c < d / 64; c++) {
+        int32_t qb[8];
+        for (size_t b = 0; b < 8; b++) {
+            qb[b] = 0;
+            for (size_t i = 0; i < 8; i++)
+                qb[b] += bq->q8[64 * c + 8 * b + i];
+        }
+        bq->ctab[c][0] = c ? 0 : -bq->off;
+        for (unsigned x = 1; x < 256; x++)
+            bq->ctab[c][x] = bq->ctab[c][x & (x - 1)] + qb[__builtin_ctz(x)];
+    }
     double qm = 0.0;
     for (size_t i = 0; mu_k && i < d; i++)
         qm += (double)q[i] * mu_k[i];

@@ -356,6 +356,7 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
     c->seed = params->seed;
     c->calib = params->calib;
     c->use_avx2 = e8kv_cpu_has_avx2() && c->head_dim % 8 == 0;
+    c->use_vnni = c->use_avx2 && e8kv_cpu_has_avxvnni();
     c->rope_theta = params->rope_theta;
     c->rope_neox = params->rope_neox ? 1 : 0;
     for (size_t i = 0; i < c->head_dim / 2 && c->rope_pre; i++)

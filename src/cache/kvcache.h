@@ -81,6 +81,7 @@ struct e8kv_cache {
     size_t n_threads;  /* attention worker threads (1 = caller's thread only) */
     struct e8kv_pool *pool; /* n_threads - 1 persistent workers (attention.c); NULL: threads per call */
     int use_avx2;      /* fused AVX2 readers and tile kernel (e8kv_cpu_has_avx2() at create; tests flip it) */
+    int use_vnni;      /* with use_avx2: the AVX-VNNI e8box tile (e8kv_cpu_has_avxvnni() at create) */
     int rope_pre;      /* keys stored before RoPE: attention applies RoPE to decoded keys */
     float rope_theta;
     int rope_neox;     /* 1: split halves (NeoX/llama.cpp NEOX), 0: interleaved pairs */
@@ -147,6 +148,9 @@ typedef struct {
     int32_t off;                           /* 16·Σ q8 */
     float sq;                              /* q ≈ sq·q8 */
     float qmu;                             /* q·(the keys' centering mean), exact; 0 without centering */
+    /* coset terms of the fast tiles: ctab[c][byte] = Σ over the bits b set in coset byte c of the sum of
+     * q8 over block 8c + b, minus off in ctab[0] (so a key scores 2·Σ q8·n + Σ_c ctab[c][its byte c]) */
+    int32_t ctab[E8KV_BOX_MAX_D / 64][256];
 } e8kv_box_query;
 
 /* Quantize one rotated, scaled query of d values (d = 64 or 128); mu_k: the keys' mean in the read
@@ -159,6 +163,9 @@ void e8kv_box_query_init(e8kv_box_query *bq, const float *q, const float *mu_k, 
 void e8kv_attn_box_tile_ref(const e8kv_box_query *bq, size_t n_q, const uint8_t *k, const uint8_t *v, size_t vb,
                             size_t n, size_t d, const float *mu_v, float *m, float *l, float *const *acc);
 void e8kv_attn_box_tile_avx2(const e8kv_box_query *bq, size_t n_q, const uint8_t *k, const uint8_t *v,
+                             size_t vb, size_t n, size_t d, const float *mu_v, float *m, float *l,
+                             float *const *acc);
+void e8kv_attn_box_tile_vnni(const e8kv_box_query *bq, size_t n_q, const uint8_t *k, const uint8_t *v,
                              size_t vb, size_t n, size_t d, const float *mu_v, float *m, float *l,
                              float *const *acc);
 
