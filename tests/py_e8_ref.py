@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Independent numpy implementation of the e8ball / e8nest DECODERS (doc/format.md section 2), checked
-bit for bit against the library's decoder through ctypes on random code bytes.
+"""Independent numpy implementation of the e8ball / e8nest / e8box DECODERS (doc/format.md section 2),
+checked bit for bit against the library's decoder through ctypes on random code bytes.
 
 It rebuilds, from the written specification only: the 65536-point E8 ball codebook (enumeration of E8
 points of norm <= 12, order (norm, h(key), key)), the E8 generator matrix, the Voronoi coset
 representatives r - m*Q_E8(r/m) with the documented closest-point tie rules (exact rational arithmetic),
-and the reconstruction s/(2m) * (m*c + r) in float32.
+and the reconstruction s/(2m) * (m*c + r) in float32; for e8box (section 2.4) the step byte, the coset
+bits and the nibble groups, at head_dim 64, 128 and 40 (a last group of fewer than 32 values).
 
 Environment: E8KV_LIB = path of the shared library. Exit 77 (skip) when numpy or the library is missing.
 """
@@ -118,17 +119,17 @@ def main():
     d, n = 64, 2000
     failures = 0
 
-    def lib_decode(spec, raw):
+    def lib_decode(spec, raw, dim=d):
         err = ctypes.c_size_t(0)
-        c = lib.e8kv_codec_create(spec.encode(), d, 1, ctypes.byref(err))
+        c = lib.e8kv_codec_create(spec.encode(), dim, 1, ctypes.byref(err))
         assert c, spec
         vb = lib.e8kv_codec_vector_bytes(c)
         assert raw.shape[1] == vb, (spec, vb)
-        out = np.zeros((n, d), dtype=np.float32)
+        out = np.zeros((n, dim), dtype=np.float32)
         src = np.ascontiguousarray(raw)
         r = lib.e8kv_codec_decode_rotated(c, out.ctypes.data, out.size, src.ctypes.data, src.size, n)
         lib.e8kv_codec_free(c)
-        assert r == n * d, r
+        assert r == n * dim, r
         return out
 
     def random_bytes(vb):
@@ -170,6 +171,31 @@ def main():
         got = lib_decode("e8nest:%d" % bits, raw)
         bad = np.count_nonzero(ref.view(np.uint32) != got.view(np.uint32))
         print("e8nest:%d  %d vectors, %d values differ" % (bits, n, bad))
+        failures += bad != 0
+
+    # e8box:4: u8 e, ceil(d/64) coset bytes, nibble groups of m = min(32, d - 32g) values in m/2 bytes
+    for dd in (64, 128, 40):
+        n_cos = (dd + 63) // 64
+        vb = 1 + n_cos + dd // 2
+        raw = rng.integers(0, 256, size=(n, vb), dtype=np.uint8)
+        raw[::7, 0] = 0  # the zero vector
+        e = raw[:, 0].astype(np.int64)
+        frac = np.array([2.0 ** (j / 8) for j in range(8)]).astype(np.float32)
+        half = (np.ldexp(frac[e % 8].astype(np.float64), e // 8 - 20) / 2).astype(np.float32)
+        half[e == 0] = 0
+        nib = np.zeros((n, dd), dtype=np.int64)
+        area = raw[:, 1 + n_cos:].astype(np.int64)
+        for g in range((dd + 31) // 32):
+            m = min(32, dd - 32 * g)
+            b = area[:, 16 * g:16 * g + m // 2]
+            nib[:, 32 * g:32 * g + m // 2] = b & 15
+            nib[:, 32 * g + m // 2:32 * g + m] = b >> 4
+        blk = np.arange(dd) // 8
+        k = (raw[:, 1 + blk // 8].astype(np.int64) >> (blk % 8)) & 1
+        ref = ((2 * nib - 16 + k).astype(np.float32) * half[:, None]).astype(np.float32)
+        got = lib_decode("e8box:4", raw, dd)
+        bad = np.count_nonzero(ref.view(np.uint32) != got.view(np.uint32))
+        print("e8box:4 d=%d  %d vectors, %d values differ" % (dd, n, bad))
         failures += bad != 0
 
     return 1 if failures else 0
