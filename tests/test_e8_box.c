@@ -1,5 +1,6 @@
-/* e8box:4: the block quantizer against exhaustive search over the box, the decoder's AVX2 twin bit-exact
- * against the reference, rate–distortion on Gaussian data, determinism, errors, pinned SHA-256. */
+/* e8box:4: the block quantizer against exhaustive search over the box, the decoder's and the block
+ * quantizer's AVX2 twins bit-exact against the references, rate–distortion on Gaussian data,
+ * determinism, errors, pinned SHA-256. */
 #include "test_util.h"
 
 #include "common/cpu.h"
@@ -105,6 +106,33 @@ static void test_decode_twin(void **state) {
     }
 }
 
+/* The AVX2 block quantizer against the reference: the same point and distance for Gaussian blocks at
+ * scales from inside the box to far outside (clamping), inputs exactly on the half grid (rounding ties
+ * and equal-cost ±2 moves), and inputs past the fixed-point limit. */
+static void test_nearest_twin(void **state) {
+    (void)state;
+    if (!e8kv_cpu_has_avx2()) skip();
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 19);
+    static const float ks[] = {8192.0f / 0.37f, 8192.0f, 8192.0f / 1.9f, 8192.0f * 3.1f};
+    for (int t = 0; t < 200000; t++) {
+        float x[8];
+        const int kind = t % 4;
+        for (int i = 0; i < 8; i++) {
+            if (kind == 0) x[i] = (float)e8kv_rng_normal(&rng) * 3.0f;
+            if (kind == 1) x[i] = (float)(e8kv_rng_next(&rng) % 41) * 0.25f - 5.0f; /* quarter grid: ties */
+            if (kind == 2) x[i] = (float)e8kv_rng_normal(&rng) * 40.0f;             /* clamped */
+            if (kind == 3) x[i] = (float)(e8kv_rng_next(&rng) % 33) * 0.5f - 8.0f;  /* half grid */
+        }
+        if (t % 1000 == 0) x[t % 8] = t % 2000 ? 3e9f : -3e9f; /* beyond the fixed-point limit */
+        const float k = kind % 2 ? 8192.0f : ks[(size_t)t / 4 % 4];
+        int32_t a[8], b[8];
+        const int64_t da = e8kv_box_nearest_ref(a, x, k), db = e8kv_box_nearest_avx2(b, x, k);
+        assert_int_equal(da, db);
+        assert_memory_equal(a, b, sizeof a);
+    }
+}
+
 /* N(0,1): measured 21.10 dB at 4.25 bits (e8:4: 21.26 dB) and, at head_dim 128 (4.1875 bits: the step
  * covers the largest of 128 values), 20.58 dB; floors 21.0 and 20.45. */
 static void test_gaussian_snr(void **state) {
@@ -173,8 +201,8 @@ static void test_pinned_sha256(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_nearest_in_box), cmocka_unit_test(test_decode_twin),
-        cmocka_unit_test(test_gaussian_snr),   cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_pinned_sha256),
+        cmocka_unit_test(test_nearest_twin),   cmocka_unit_test(test_gaussian_snr),
+        cmocka_unit_test(test_errors),         cmocka_unit_test(test_pinned_sha256),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -108,8 +108,10 @@ static int64_t nearest_coset(int32_t p2[8], const int32_t X[8], int k) {
 }
 
 /* Nearest E8 point in the box: the closer coset (D8 on equal distance). */
-static int64_t nearest_box(int32_t p2[8], const int32_t X[8]) {
-    int32_t a[8], b[8];
+int64_t e8kv_box_nearest_ref(int32_t p2[8], const float *restrict x, float k) {
+    int32_t X[8], a[8], b[8];
+    for (int i = 0; i < 8; i++)
+        X[i] = e8kv_fx_round(x[i] * k);
     const int64_t da = nearest_coset(a, X, 0), db = nearest_coset(b, X, 1);
     memcpy(p2, db < da ? b : a, sizeof a);
     return db < da ? db : da;
@@ -117,9 +119,12 @@ static int64_t nearest_box(int32_t p2[8], const int32_t X[8]) {
 
 static size_t encode(const e8kv_codec_t *codec, uint8_t *restrict dst, const float *restrict x) {
     const size_t d = codec->head_dim, nb = e8kv_box_vector_bytes(d), n_cos = (d + 63) / 64;
+    const int avx2 = e8kv_cpu_has_avx2();
     float amax = 0.0f;
-    for (size_t i = 0; i < d; i++)
-        amax = fmaxf(amax, fabsf(x[i]));
+    for (size_t i = 0; i < d; i++) {
+        const float a = fabsf(x[i]);
+        amax = a > amax ? a : amax; /* inputs are finite (screened by the codec) */
+    }
     /* every candidate step above the grid: refused before anything is written */
     if (!(8.0 * log2((double)amax / k_ratio[N_RATIO - 1]) + STEP_ZERO < 255.5)) return E8KV_ERR(RANGE);
     memset(dst, 0, nb);
@@ -137,12 +142,8 @@ static size_t encode(const e8kv_codec_t *codec, uint8_t *restrict dst, const flo
         const float delta = e8kv_box_step(e), k = (float)E8KV_FX_ONE / delta;
         int32_t p2[E8KV_MAX_HEAD_DIM];
         int64_t dist = 0;
-        for (size_t j = 0; j < d; j += 8) {
-            int32_t X[8];
-            for (int i = 0; i < 8; i++)
-                X[i] = e8kv_fx_round(x[j + i] * k);
-            dist += nearest_box(p2 + j, X);
-        }
+        for (size_t j = 0; j < d; j += 8)
+            dist += avx2 ? e8kv_box_nearest_avx2(p2 + j, x + j, k) : e8kv_box_nearest_ref(p2 + j, x + j, k);
         const double err = (double)dist * ((double)delta * delta); /* in units of x² · 2^(2·FX) */
         if (err < best_err) {
             best_err = err;

@@ -16,6 +16,12 @@ const float *e8kv_box_half_steps(void);
 void e8kv_box_decode_ref(float *restrict y, const uint8_t *restrict src, size_t d);
 void e8kv_box_decode_avx2(float *restrict y, const uint8_t *restrict src, size_t d);
 
+/* One block of the encoder: X_i = round-half-even(x_i · k) (clamped to ±2^24 fixed-point units), then the
+ * nearest E8 point of the box to X / 2^E8KV_FX_BITS in doubled coordinates p2 (doc/format.md §2.4 tie
+ * rules); returns the squared distance in fixed-point units. _avx2 is bit-identical. */
+int64_t e8kv_box_nearest_ref(int32_t p2[8], const float *restrict x, float k);
+int64_t e8kv_box_nearest_avx2(int32_t p2[8], const float *restrict x, float k);
+
 size_t e8kv_quant_init_e8box(e8kv_codec_t *codec, const e8kv_spec *spec);
 
 #endif

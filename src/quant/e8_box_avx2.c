@@ -1,11 +1,21 @@
-/* AVX2 twin of e8kv_box_decode_ref (bit-exact: the same integer lattice coordinates, then the same single
- * float multiply). Per 32 values: 16 bytes of nibbles split into low and high halves (already in value
- * order, doc/format.md §2.4), each block's coset bit broadcast to its 8 bytes by a compare against the
- * bit masks, p2 = 2n − 16 + k in int8, widened to f32. */
+/* AVX2 twins of e8kv_box_decode_ref and e8kv_box_nearest_ref (e8_box.c), bit-exact.
+ *
+ * Decoder: per 32 values, 16 bytes of nibbles split into low and high halves (already in value order,
+ * doc/format.md §2.4), each block's coset bit broadcast to its 8 bytes by a compare against the bit
+ * masks, p2 = 2n − 16 + k in int8, widened to f32.
+ *
+ * Block quantizer: the 8 coordinates in the lanes. Per coset k the per-coordinate nearest p2 of parity k
+ * is 2·⌊(X − kH + H) / ONE⌋ + k (ONE = 2^FX_BITS, so the floor division is an arithmetic shift), clamped
+ * into the box. If Σ p2 ≢ 0 (mod 4), the reference's cheapest single ±2 move: with e = X − p2·H the
+ * move s changes the squared error by 4H² − 2sH·e, i.e. 4H·(H + e) for s = −2 and 4H·(H − e) for
+ * s = +2, so comparing H ± e in int32 orders the moves exactly as the reference's 64-bit costs; ties go
+ * to the first coordinate and to −2, as there. */
 #include "e8_box.h"
 #include "e8_box_avx2.h"
+#include "voronoi.h"
 
 #include <immintrin.h>
+#include <limits.h>
 
 void e8kv_box_decode_avx2(float *restrict y, const uint8_t *restrict src, size_t d) {
     assert(d % 32 == 0);
@@ -21,4 +31,66 @@ void e8kv_box_decode_avx2(float *restrict y, const uint8_t *restrict src, size_t
         _mm256_storeu_ps(o + 24,
                          _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), h));
     }
+}
+
+static inline int32_t hsum8_epi32(__m256i v) {
+    __m128i x = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0x4E));
+    x = _mm_add_epi32(x, _mm_shuffle_epi32(x, 0xB1));
+    return _mm_cvtsi128_si32(x);
+}
+
+/* Σ e_i² exactly (|e| < 2^25: the squares and their sum are integers below 2^53) */
+static inline int64_t sumsq(__m256i e) {
+    const __m256d a = _mm256_cvtepi32_pd(_mm256_castsi256_si128(e)),
+                  b = _mm256_cvtepi32_pd(_mm256_extracti128_si256(e, 1));
+    const __m256d s = _mm256_add_pd(_mm256_mul_pd(a, a), _mm256_mul_pd(b, b));
+    __m128d x = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    x = _mm_add_sd(x, _mm_unpackhi_pd(x, x));
+    return (int64_t)_mm_cvtsd_f64(x);
+}
+
+static inline int64_t nearest_coset_avx2(__m256i *p2, __m256i X, int k) {
+    const int32_t H = E8KV_FX_HALF, lo = k ? -15 : -16, hi = k ? 15 : 14;
+    const __m256i m = _mm256_srai_epi32(_mm256_add_epi32(X, _mm256_set1_epi32(H - k * H)), E8KV_FX_BITS);
+    __m256i v = _mm256_add_epi32(_mm256_slli_epi32(m, 1), _mm256_set1_epi32(k));
+    v = _mm256_min_epi32(_mm256_max_epi32(v, _mm256_set1_epi32(lo)), _mm256_set1_epi32(hi));
+    const __m256i e = _mm256_sub_epi32(X, _mm256_slli_epi32(v, E8KV_FX_BITS - 1));
+    const int64_t dist = sumsq(e);
+    if ((hsum8_epi32(v) & 3) == 0) {
+        *p2 = v;
+        return dist;
+    }
+    const __m256i vh = _mm256_set1_epi32(H), none = _mm256_set1_epi32(INT32_MAX);
+    /* −2 allowed where v ≥ lo + 2, +2 where v ≤ hi − 2 */
+    const __m256i cm =
+        _mm256_blendv_epi8(none, _mm256_add_epi32(vh, e), _mm256_cmpgt_epi32(v, _mm256_set1_epi32(lo + 1)));
+    const __m256i cp =
+        _mm256_blendv_epi8(none, _mm256_sub_epi32(vh, e), _mm256_cmpgt_epi32(_mm256_set1_epi32(hi - 1), v));
+    const __m256i c = _mm256_min_epi32(cm, cp);
+    __m256i mn = _mm256_min_epi32(c, _mm256_permute2x128_si256(c, c, 1));
+    mn = _mm256_min_epi32(mn, _mm256_shuffle_epi32(mn, 0x4E));
+    mn = _mm256_min_epi32(mn, _mm256_shuffle_epi32(mn, 0xB1));
+    const int32_t best = _mm256_cvtsi256_si32(mn);
+    assert(best != INT32_MAX); /* a box of 16 values per coordinate always leaves a move */
+    const unsigned lanes = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(c, mn)));
+    const int i = __builtin_ctz(lanes); /* the first coordinate of least cost */
+    _Alignas(32) int32_t cmv[8], cpv[8], vv[8];
+    _mm256_store_si256((__m256i *)(void *)cmv, cm);
+    _mm256_store_si256((__m256i *)(void *)cpv, cp);
+    _mm256_store_si256((__m256i *)(void *)vv, v);
+    vv[i] += cpv[i] < cmv[i] ? 2 : -2; /* −2 on equal cost */
+    *p2 = _mm256_load_si256((const __m256i *)(const void *)vv);
+    return dist + 4 * (int64_t)H * best;
+}
+
+int64_t e8kv_box_nearest_avx2(int32_t p2[8], const float *restrict x, float k) {
+    const __m256 lim = _mm256_set1_ps(E8KV_FX_LIMIT);
+    __m256 t = _mm256_mul_ps(_mm256_loadu_ps(x), _mm256_set1_ps(k));
+    t = _mm256_max_ps(_mm256_min_ps(t, lim), _mm256_sub_ps(_mm256_setzero_ps(), lim));
+    const __m256i X = _mm256_cvtps_epi32(t); /* round half to even, as lrintf in the default mode */
+    __m256i a, b;
+    const int64_t da = nearest_coset_avx2(&a, X, 0), db = nearest_coset_avx2(&b, X, 1);
+    _mm256_storeu_si256((__m256i *)(void *)p2, db < da ? b : a);
+    return db < da ? db : da;
 }
