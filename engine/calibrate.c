@@ -1,5 +1,6 @@
 /* Model calibration for the e8t formats (calibrate.h). Public API only: a context with an exact f32 cache
- * that wants keys before RoPE, whose K/V hook feeds e8kv_calib_observe. */
+ * that wants keys before RoPE, whose K/V hook feeds e8kv_calib_observe and whose query hook (queries
+ * before RoPE) e8kv_calib_observe_q. */
 #include "calibrate.h"
 #include "ppl.h"
 
@@ -12,6 +13,7 @@
 
 typedef struct {
     e8kv_calib *cal;
+    size_t n_head;
     size_t err;
 } observe_state;
 
@@ -22,6 +24,14 @@ static void observe_hook(void *user, size_t layer, const float *k, const float *
     (void)pos0;
     if (e8kv_is_error(s->err)) return;
     const size_t r = e8kv_calib_observe(s->cal, layer, k, v, n_tok);
+    if (e8kv_is_error(r)) s->err = r;
+}
+
+static void observe_q_hook(void *user, size_t layer, const float *q, size_t n_tok, size_t pos0) {
+    observe_state *s = user;
+    (void)pos0;
+    if (e8kv_is_error(s->err)) return;
+    const size_t r = e8kv_calib_observe_q(s->cal, layer, q, s->n_head, n_tok);
     if (e8kv_is_error(r)) s->err = r;
 }
 
@@ -44,14 +54,16 @@ e8kv_calib *e8kv_calibrate_model(const e8kv_model *m, const int32_t *tokens, siz
     e8kv_calib *cal = e8kv_calib_create(cfg->n_layer, cfg->n_head_kv, cfg->head_dim, &e);
     if (!cal) return fail(NULL, err, e);
 
-    observe_state st = {cal, 0};
+    observe_state st = {cal, cfg->n_head, 0};
     /* exact values, keys handed to the hook before RoPE (what an e8t cache receives) */
     const e8kv_context_params cp = {.n_ctx = p->n_ctx,
                                     .n_batch = p->n_ctx,
                                     .kv_spec = cfg->rope_theta > 0.0f ? "f32,rope=pre" : "f32",
                                     .n_threads = p->n_threads,
                                     .kv_hook = observe_hook,
-                                    .kv_hook_user = &st};
+                                    .kv_hook_user = &st,
+                                    .q_hook = observe_q_hook,
+                                    .q_hook_user = &st};
     e8kv_context *ctx = e8kv_context_create(m, &cp, &e);
     if (!ctx) return fail(cal, err, e);
     for (size_t c = 0; c < n_chunks && !e8kv_is_error(e) && !e8kv_is_error(st.err); c++) {

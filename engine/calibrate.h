@@ -1,6 +1,7 @@
 /* Calibration of a model for the e8t cache formats (transform coding): run the model with an exact cache
  * over calibration text and hand every layer's K (before RoPE) and V of each chunk to e8kv_calib_observe
- * (one chunk = one sequence, centred by its own mean like a cache), then finalize (eigenbases). */
+ * (one chunk = one sequence, centred by its own mean like a cache) and its queries (before RoPE) to
+ * e8kv_calib_observe_q (the score weights of e8t and e8tv keys), then finalize (eigenbases). */
 #ifndef E8KV_CALIBRATE_H
 #define E8KV_CALIBRATE_H
 

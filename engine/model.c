@@ -343,6 +343,8 @@ struct e8kv_context {
     int keys_pre_rope; /* the cache wants keys before RoPE (e8kv_cache_keys_pre_rope) */
     e8kv_kv_hook kv_hook;
     void *kv_hook_user;
+    e8kv_q_hook q_hook;
+    void *q_hook_user;
     float *rope_cos, *rope_sin; /* (n_ctx, head_dim / 2) */
     /* scratch, (n_batch, ...) each */
     float *x;   /* (n_batch, dim) residual stream */
@@ -401,6 +403,8 @@ e8kv_context *e8kv_context_create(const e8kv_model *m, const e8kv_context_params
     if (c->n_threads < 1) c->n_threads = 1;
     c->kv_hook = p->kv_hook;
     c->kv_hook_user = p->kv_hook_user;
+    c->q_hook = p->q_hook;
+    c->q_hook_user = p->q_hook_user;
     const char *spec = p->kv_spec ? p->kv_spec : "f32";
     const e8kv_cache_params cp = {.n_layer = cfg->n_layer,
                                   .n_head_kv = cfg->n_head_kv,
@@ -627,6 +631,7 @@ static size_t forward_batch(e8kv_context *c, float *logits, const int32_t *token
         add_bias(c->q, w->bq, n, q_dim);
         add_bias(c->k, w->bk, n, kv_dim);
         add_bias(c->v, w->bv, n, kv_dim);
+        if (c->q_hook) c->q_hook(c->q_hook_user, l, c->q, n, pos0);
         rope(c, c->q, n, cfg->n_head, pos0);
         if (!c->keys_pre_rope) rope(c, c->k, n, cfg->n_head_kv, pos0);
         if (c->kv_hook) c->kv_hook(c->kv_hook_user, l, c->k, c->v, n, pos0);

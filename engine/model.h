@@ -82,6 +82,9 @@ typedef struct e8kv_context e8kv_context;
  * k, v are (n_tok, n_head_kv * head_dim) of positions pos0 .. pos0 + n_tok - 1. Used by --dump-kv. */
 typedef void (*e8kv_kv_hook)(void *user, size_t layer, const float *k, const float *v, size_t n_tok,
                              size_t pos0);
+/* Called with each layer's queries of a batch before RoPE, q (n_tok, n_head * head_dim) of positions
+ * pos0 .. pos0 + n_tok - 1, before the keys' hook. Used by calibration (e8kv_calib_observe_q). */
+typedef void (*e8kv_q_hook)(void *user, size_t layer, const float *q, size_t n_tok, size_t pos0);
 
 typedef struct {
     size_t n_ctx;         /* cache capacity in tokens (<= cfg.n_ctx_train when known) */
@@ -91,6 +94,8 @@ typedef struct {
     int n_threads;        /* 0 = number of online CPUs */
     e8kv_kv_hook kv_hook; /* optional */
     void *kv_hook_user;
+    e8kv_q_hook q_hook; /* optional */
+    void *q_hook_user;
     const e8kv_calib *calib; /* calibration for e8t formats (must outlive the context), or NULL */
 } e8kv_context_params;
 

@@ -136,7 +136,8 @@ size_t e8kv_codec_rotate(const e8kv_codec *codec, float *x, size_t n_vec, int in
  * _TRUNCATED / _CHECKSUM / _VERSION, a basis that is not orthonormal is CORRUPTED). */
 typedef struct e8kv_calib e8kv_calib;
 
-#define E8KV_CALIB_FORMAT_VERSION 2 /* written with sensitivities; files without them stay version 1 */
+/* 3: written with query energies; without them, 2 with sensitivities and 1 with neither (bytes unchanged) */
+#define E8KV_CALIB_FORMAT_VERSION 3
 
 e8kv_calib *e8kv_calib_create(size_t n_layer, size_t n_head_kv, size_t head_dim, size_t *err);
 void e8kv_calib_free(e8kv_calib *cal);
@@ -144,8 +145,17 @@ void e8kv_calib_free(e8kv_calib *cal);
  * is centred by its own mean, as the cache centres a sequence. NaN/Inf: E8KV_ERROR_NONFINITE, nothing
  * recorded. E8KV_ERROR_BAD_ARGUMENT after finalize. Returns the layer's observed token count. */
 size_t e8kv_calib_observe(e8kv_calib *cal, size_t layer, const float *k, const float *v, size_t n_tok);
+/* Optional, for the e8tv formats' keys: the queries of one layer that score the keys observed, before
+ * RoPE, q (n_tok, n_head * head_dim), n_head a multiple of n_head_kv (query head hq scores KV head
+ * hq / (n_head / n_head_kv), GQA) and the same in every call. Accumulates Σ q_j² per layer, KV head and
+ * coordinate (the scale of q does not matter). Calibrations with them store them (format version 3) and
+ * e8tv key streams then code in a domain where the squared error is the error of attention scores
+ * (src/cache/xform.c). Errors: BAD_ARGUMENT (NULL, n_tok 0, after finalize), DIMENSION (layer out of
+ * range, n_head not a positive multiple of n_head_kv or different from earlier calls), NONFINITE (nothing
+ * recorded). Returns the layer's observed query token count. */
+size_t e8kv_calib_observe_q(e8kv_calib *cal, size_t layer, const float *q, size_t n_head, size_t n_tok);
 /* Eigendecomposition of every accumulated covariance. Every layer must have been observed with at least
- * 2 tokens (E8KV_ERROR_BAD_ARGUMENT otherwise). Returns 0. */
+ * 2 tokens, and with queries when any layer was (E8KV_ERROR_BAD_ARGUMENT otherwise). Returns 0. */
 size_t e8kv_calib_finalize(e8kv_calib *cal);
 /* Dimensions and the number of tokens observed in layer 0 (any pointer may be NULL). */
 size_t e8kv_calib_info(const e8kv_calib *cal, size_t *n_layer, size_t *n_head_kv, size_t *head_dim,
@@ -153,6 +163,10 @@ size_t e8kv_calib_info(const e8kv_calib *cal, size_t *n_layer, size_t *n_head_kv
 /* Eigenvalues (head_dim, decreasing) of one head's stream (is_v: 0 = K, 1 = V); NULL before finalize or
  * out of range. */
 const float *e8kv_calib_eigenvalues(const e8kv_calib *cal, size_t layer, int is_v, size_t head);
+/* Mean query energy E[q_j²] (head_dim) of the queries scoring one KV head's keys, over tokens and the
+ * head's GQA group; NULL when the calibration has none (no e8kv_calib_observe_q), before finalize or out
+ * of range. */
+const float *e8kv_calib_query_energy(const e8kv_calib *cal, size_t layer, size_t head);
 /* Sensitivity of one stream (is_v: 0 = K, 1 = V) of a layer: the coefficient c of the model
  * KLD ≈ c · 4^(−B), in nats per token, of that stream alone coded at B bits per value (all others exact),
  * which the cache spec item auto=FAMILY:B uses to spread bits over the streams (reverse water-filling,
@@ -184,7 +198,9 @@ e8kv_calib *e8kv_calib_load_file(const char *path, size_t *err);
  *                        RoPE an e8t K needs rope=pre, the default); doc/format.md §5
  *   e8tv:B               calibrated transform coding with entropy-coded E8 (doc/format.md §2.3): the
  *                        e8v:B code of P·(x − mean) with the head's eigenvalues as the variance profile,
- *                        so each eigen-coordinate gets the bits its variance needs (needs params.calib)
+ *                        so each eigen-coordinate gets the bits its variance needs (needs params.calib); when
+ *                        the calibration has query energies (e8kv_calib_observe_q), keys are coded in the
+ *                        domain where squared error is attention-score error (doc/format.md §5)
  *   auto=FAMILY:B        FAMILY e8tv or e8v: every stream (each layer's K and V) in that family with its
  *                        own rate, mean B, spread by the calibration's sensitivities (reverse water-
  *                        filling, e8kv_calib_sensitivity); later items may still override streams

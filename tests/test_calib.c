@@ -174,12 +174,27 @@ static float *source_draw(const corr_source *s, e8kv_rng *rng, size_t n, double 
     return x;
 }
 
-/* A finalized calibration of n_layer layers from n_seq sequences of n_tok tokens (K and V alike). */
-static e8kv_calib *make_calib(const corr_source *s, e8kv_rng *rng, size_t n_layer, size_t n_seq,
-                              size_t n_tok) {
+/* Query heads per KV head of the test queries (GQA) */
+#define QG 3
+
+/* n tokens of queries (n_head_kv * QG heads of D) with coordinate j ~ N(0, qe[j]), qe (D) */
+static float *query_draw(size_t n_head_kv, e8kv_rng *rng, size_t n, const double *qe) {
+    float *q = malloc(n * n_head_kv * QG * D * sizeof *q);
+    for (size_t i = 0; i < n * n_head_kv * QG * D; i++)
+        q[i] = (float)(sqrt(qe[i % D]) * e8kv_rng_normal(rng));
+    return q;
+}
+
+/* A finalized calibration of n_layer layers from n_seq sequences of n_tok tokens (K and V alike); with
+ * query energies qe (D, NULL: none) also queries drawn by query_draw (from their own generator, so the
+ * keys are the same with and without). */
+static e8kv_calib *make_calib_q(const corr_source *s, e8kv_rng *rng, size_t n_layer, size_t n_seq,
+                                size_t n_tok, const double *qe) {
     size_t err = 0;
     e8kv_calib *cal = e8kv_calib_create(n_layer, s->n_head_kv, D, &err);
     assert_non_null(cal);
+    e8kv_rng rq;
+    e8kv_rng_seed(&rq, 99);
     for (size_t q = 0; q < n_seq; q++)
         for (size_t l = 0; l < n_layer; l++) {
             float *k = source_draw(s, rng, n_tok, 3.0 * (double)q),
@@ -187,9 +202,25 @@ static e8kv_calib *make_calib(const corr_source *s, e8kv_rng *rng, size_t n_laye
             assert_int_equal(e8kv_calib_observe(cal, l, k, v, n_tok), (q + 1) * n_tok);
             free(k);
             free(v);
+            if (!qe) continue;
+            float *qq = query_draw(s->n_head_kv, &rq, n_tok, qe);
+            assert_int_equal(e8kv_calib_observe_q(cal, l, qq, s->n_head_kv * QG, n_tok), (q + 1) * n_tok);
+            free(qq);
         }
     assert_ok(e8kv_calib_finalize(cal));
     return cal;
+}
+
+static e8kv_calib *make_calib(const corr_source *s, e8kv_rng *rng, size_t n_layer, size_t n_seq,
+                              size_t n_tok) {
+    return make_calib_q(s, rng, n_layer, n_seq, n_tok, NULL);
+}
+
+/* Very unequal query energies: pair i (coordinates 2i, 2i+1, unequal within the pair too) falls from 1
+ * to 1e-3 across the pairs, as RoPE's low-frequency pairs carry most of a real query's energy. */
+static void query_profile(double *qe) {
+    for (size_t j = 0; j < D; j++)
+        qe[j] = pow(1e-3, (double)(j / 2) / (D / 2 - 1)) * (j % 2 ? 0.4 : 1.6);
 }
 
 static void test_calib_recovers_covariance(void **state) {
@@ -299,9 +330,13 @@ static void test_calib_serialization(void **state) {
     assert_null(e8kv_calib_load(g, n + 1, &err)); /* trailing byte */
     assert_error(err, CORRUPTED);
     memcpy(g, b, n);
-    e8kv_store_le32(g + 8, 3);
+    e8kv_store_le32(g + 8, 4);
     assert_null(e8kv_calib_load(g, n, &err));
     assert_error(err, VERSION);
+    memcpy(g, b, n);
+    e8kv_store_le32(g + 8, 3); /* version 3 needs the query flag */
+    assert_null(e8kv_calib_load(g, n, &err));
+    assert_error(err, CORRUPTED);
     memcpy(g, b, n);
     e8kv_store_le32(g + 8, 2); /* version 2 needs the sensitivity section: the size says it is missing */
     assert_null(e8kv_calib_load(g, n, &err));
@@ -623,17 +658,21 @@ static void test_e8t_errors(void **state) {
 }
 
 /* A saved e8t cache carries its calibration (format version 2) and reloads bit-identically; a cache made
- * with another calibration refuses it. */
-static void test_e8t_persist(void **state) {
-    (void)state;
+ * with another calibration refuses it. With query energies (calibration version 3, score-domain keys)
+ * too, for e8t and e8tv. */
+static void check_e8t_persist(const char *spec, int with_q) {
     const dims s = {2, 2, 4};
     e8kv_rng rng;
     e8kv_rng_seed(&rng, 14);
     corr_source src;
     source_init(&src, &rng, 2);
-    e8kv_calib *cal = make_calib(&src, &rng, 2, 2, 100), *other = make_calib(&src, &rng, 2, 2, 100);
+    double qe[D];
+    query_profile(qe);
+    e8kv_calib *cal = make_calib_q(&src, &rng, 2, 2, 100, with_q ? qe : NULL),
+               *other = make_calib_q(&src, &rng, 2, 2, 100, with_q ? qe : NULL);
     size_t err = 0;
-    e8kv_cache *c = make_e8t_cache(&s, "k=e8t:4,v=e8t:3,sink=1", 10000.0f, cal, &err);
+    e8kv_cache *c = make_e8t_cache(&s, spec, 10000.0f, cal, &err);
+    assert_true((c->layers[0].k.xf->s != NULL) == with_q);
     assert_non_null(c);
     const size_t n = 130, row = 2 * D;
     for (size_t l = 0; l < 2; l++) {
@@ -652,6 +691,7 @@ static void test_e8t_persist(void **state) {
     assert_int_equal(fi.calib_size, e8kv_calib_save_bound(cal));
     e8kv_cache *b = e8kv_cache_load(f, sz, 1, &err); /* a new cache with the saved calibration */
     assert_non_null(b);
+    assert_true((e8kv_calib_query_energy(b->calib, 1, 1) != NULL) == with_q);
     float q[4 * D], o1[4 * D], o2[4 * D];
     for (size_t i = 0; i < 4 * D; i++)
         q[i] = (float)e8kv_rng_normal(&rng);
@@ -662,10 +702,28 @@ static void test_e8t_persist(void **state) {
     }
     e8kv_cache_free(b);
     /* load_into: the same calibration works, another one is a different configuration */
-    e8kv_cache *same = make_e8t_cache(&s, "k=e8t:4,v=e8t:3,sink=1", 10000.0f, cal, &err);
-    e8kv_cache *diff = make_e8t_cache(&s, "k=e8t:4,v=e8t:3,sink=1", 10000.0f, other, &err);
+    e8kv_cache *same = make_e8t_cache(&s, spec, 10000.0f, cal, &err);
+    e8kv_cache *diff = make_e8t_cache(&s, spec, 10000.0f, other, &err);
     e8kv_cache *plain = make_e8t_cache(&s, "k=e8:4,v=e8:3,sink=1", 10000.0f, NULL, &err);
     assert_int_equal(e8kv_cache_load_into(same, f, sz), n);
+    /* a larger context reads the same codes the same way (the transforms do not depend on n_ctx) */
+    const e8kv_cache_params pl = {.n_layer = s.n_layer,
+                                  .n_head_kv = s.n_head_kv,
+                                  .head_dim = D,
+                                  .n_ctx = 1000,
+                                  .spec = spec,
+                                  .seed = 1234,
+                                  .rope_theta = 10000.0f,
+                                  .calib = cal};
+    e8kv_cache *large = e8kv_cache_create(&pl, &err);
+    assert_non_null(large);
+    assert_int_equal(e8kv_cache_load_into(large, f, sz), n);
+    for (size_t l = 0; l < 2; l++) {
+        assert_int_equal(e8kv_cache_attend(c, o1, 4 * D, l, q, 4, 1, n - 1), 4 * D);
+        assert_int_equal(e8kv_cache_attend(large, o2, 4 * D, l, q, 4, 1, n - 1), 4 * D);
+        assert_memory_equal(o1, o2, sizeof o1);
+    }
+    e8kv_cache_free(large);
     assert_error(e8kv_cache_load_into(diff, f, sz), SPEC);
     assert_error(e8kv_cache_load_into(plain, f, sz), SPEC);
     /* a damaged calibration section behind a valid file checksum */
@@ -686,6 +744,331 @@ static void test_e8t_persist(void **state) {
     e8kv_cache_free(plain);
     e8kv_calib_free(cal);
     e8kv_calib_free(other);
+    source_free(&src);
+}
+
+static void test_e8t_persist(void **state) {
+    (void)state;
+    check_e8t_persist("k=e8t:4,v=e8t:3,sink=1", 0);
+    check_e8t_persist("k=e8t:4,v=e8t:3,sink=1", 1);
+    check_e8t_persist("k=e8tv:3,v=e8tv:2.5,sink=1", 1);
+}
+
+/* ---------------------------------------------------------------- query energies, score-domain keys */
+
+/* e8kv_calib_observe_q: the mean energies against a direct computation (GQA grouping), named errors, and
+ * version 3 serialization: round trip with and without sensitivities, version 2 files unchanged, malformed
+ * query sections refused. */
+static void test_calib_query(void **state) {
+    (void)state;
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 50);
+    corr_source src;
+    source_init(&src, &rng, 2);
+    size_t err = 0;
+    e8kv_calib *cal = e8kv_calib_create(2, 2, D, &err);
+    assert_non_null(cal);
+    const size_t nt = 40, nh = 2 * QG;
+    double qe[D], direct[2][2][D] = {{{0}}};
+    query_profile(qe);
+    for (size_t l = 0; l < 2; l++) {
+        float *k = source_draw(&src, &rng, nt, 0.0), *v = source_draw(&src, &rng, nt, 0.0);
+        assert_int_equal(e8kv_calib_observe(cal, l, k, v, nt), nt);
+        free(k);
+        free(v);
+    }
+    float *q = query_draw(2, &rng, nt, qe);
+    for (size_t t = 0; t < nt; t++)
+        for (size_t hq = 0; hq < nh; hq++)
+            for (size_t j = 0; j < D; j++) {
+                const double x = q[(t * nh + hq) * D + j];
+                direct[0][hq / QG][j] += x * x / (double)(nt * QG);
+            }
+    assert_error(e8kv_calib_observe_q(NULL, 0, q, nh, nt), BAD_ARGUMENT);
+    assert_error(e8kv_calib_observe_q(cal, 0, NULL, nh, nt), BAD_ARGUMENT);
+    assert_error(e8kv_calib_observe_q(cal, 0, q, nh, 0), BAD_ARGUMENT);
+    assert_error(e8kv_calib_observe_q(cal, 2, q, nh, nt), DIMENSION);
+    assert_error(e8kv_calib_observe_q(cal, 0, q, 5, nt), DIMENSION); /* not a multiple of n_head_kv */
+    assert_error(e8kv_calib_observe_q(cal, 0, q, 0, nt), DIMENSION);
+    const float keep = q[7];
+    q[7] = INFINITY;
+    assert_error(e8kv_calib_observe_q(cal, 0, q, nh, nt), NONFINITE);
+    q[7] = keep;
+    assert_int_equal(e8kv_calib_observe_q(cal, 0, q, nh, nt), nt);   /* the rejected calls recorded nothing */
+    assert_error(e8kv_calib_observe_q(cal, 1, q, 2, nt), DIMENSION); /* another group size than before */
+    assert_error(e8kv_calib_finalize(cal), BAD_ARGUMENT);            /* layer 1 has no queries */
+    for (size_t t = 0; t < nt; t++)                                  /* layer 1: the same queries, doubled */
+        for (size_t i = 0; i < nh * D; i++)
+            q[t * nh * D + i] *= 2.0f;
+    assert_int_equal(e8kv_calib_observe_q(cal, 1, q, nh, nt / 2), nt / 2);
+    assert_int_equal(e8kv_calib_observe_q(cal, 1, q + nt / 2 * nh * D, nh, nt - nt / 2), nt);
+    assert_null(e8kv_calib_query_energy(cal, 0, 0)); /* not before finalize */
+    assert_ok(e8kv_calib_finalize(cal));
+    assert_error(e8kv_calib_observe_q(cal, 0, q, nh, nt), BAD_ARGUMENT);
+    assert_null(e8kv_calib_query_energy(cal, 2, 0));
+    assert_null(e8kv_calib_query_energy(cal, 0, 2));
+    for (size_t l = 0; l < 2; l++)
+        for (size_t h = 0; h < 2; h++) {
+            const float *e = e8kv_calib_query_energy(cal, l, h);
+            assert_non_null(e);
+            for (size_t j = 0; j < D; j++)
+                if (fabs(e[j] - direct[0][h][j] * (l ? 4.0 : 1.0)) > 1e-5 * direct[0][h][j] * 4.0)
+                    fail_msg("layer %zu head %zu coordinate %zu: %g vs %g", l, h, j, e[j], direct[0][h][j]);
+        }
+    free(q);
+    /* version 3 with and without sensitivities */
+    for (int sens = 0; sens < 2; sens++) {
+        if (sens) assert_ok(e8kv_calib_set_sensitivity(cal, 1, 0, 0.5));
+        const size_t n = e8kv_calib_save_bound(cal);
+        const size_t n_v1 = 32 + 8 * 2 + 2 * 2 * 2 * 4 * D * (D + 1) + 8;
+        assert_int_equal(n, n_v1 + (sens ? 16 * 2 : 0) + 4 * 2 * 2 * D);
+        uint8_t *b = malloc(n), *b2 = malloc(n), *g = malloc(n);
+        assert_int_equal(e8kv_calib_save(b, n, cal), n);
+        assert_int_equal(e8kv_load_le32(b + 8), 3);
+        assert_int_equal(e8kv_load_le32(b + 24), sens ? 3 : 2);
+        e8kv_calib *back = e8kv_calib_load(b, n, &err);
+        assert_non_null(back);
+        assert_int_equal(e8kv_calib_save(b2, n, back), n);
+        assert_memory_equal(b, b2, n);
+        assert_memory_equal(e8kv_calib_query_energy(back, 0, 0), e8kv_calib_query_energy(cal, 0, 0),
+                            2 * 2 * D * sizeof(float));
+        assert_true(e8kv_calib_sensitivity(back, 1, 0) == (sens ? 0.5 : -1.0));
+        assert_true(e8kv_calib_bytes(back) == e8kv_calib_bytes(cal));
+        e8kv_calib_free(back);
+        for (size_t k = n - 8 - 4 * 2 * 2 * D - 16; k < n; k += 13) { /* truncated inside the new section */
+            assert_null(e8kv_calib_load(b, k, &err));
+            assert_error(err, TRUNCATED);
+        }
+        const size_t first_q = n - 8 - 4 * 2 * 2 * D;
+        static const float bad[] = {NAN, -1.0f, INFINITY};
+        for (size_t i = 0; i < 3; i++) {
+            memcpy(g, b, n);
+            e8kv_store_lef32(g + first_q + 4 * (i * 37), bad[i]);
+            fix_xxh(g, n);
+            assert_null(e8kv_calib_load(g, n, &err));
+            assert_error(err, CORRUPTED);
+        }
+        memcpy(g, b, n);
+        g[first_q + 5] ^= 0x10; /* a flip behind the checksum */
+        assert_null(e8kv_calib_load(g, n, &err));
+        assert_error(err, CHECKSUM);
+        static const uint32_t bad_flags[] = {0, 1, 6, 0x80000002u};
+        for (size_t i = 0; i < 4; i++) { /* no query flag, unknown flags */
+            memcpy(g, b, n);
+            e8kv_store_le32(g + 24, bad_flags[i]);
+            fix_xxh(g, n);
+            assert_null(e8kv_calib_load(g, n, &err));
+            assert_error(err, CORRUPTED);
+        }
+        memcpy(g, b, n);
+        e8kv_store_le32(g + 24, sens ? 2 : 3); /* the other flag: the size disagrees */
+        fix_xxh(g, n);
+        assert_null(e8kv_calib_load(g, n, &err));
+        assert_int_equal(e8kv_get_error_code(err), sens ? E8KV_ERROR_CORRUPTED : E8KV_ERROR_TRUNCATED);
+        memcpy(g, b, n);
+        e8kv_store_le32(g + 8, 2); /* version 2 has no flags */
+        fix_xxh(g, n);
+        assert_null(e8kv_calib_load(g, n, &err));
+        assert_error(err, CORRUPTED);
+        free(b);
+        free(b2);
+        free(g);
+    }
+    e8kv_calib_free(cal);
+    /* without queries the bytes stay version 2 (sensitivities) or 1 */
+    e8kv_calib *old = make_calib(&src, &rng, 2, 1, 50);
+    assert_int_equal(e8kv_calib_save_bound(old), 32 + 8 * 2 + 2 * 2 * 2 * 4 * D * (D + 1) + 8);
+    assert_ok(e8kv_calib_set_sensitivity(old, 0, 1, 1.0));
+    const size_t n2 = e8kv_calib_save_bound(old);
+    uint8_t *b = malloc(n2);
+    assert_int_equal(e8kv_calib_save(b, n2, old), n2);
+    assert_int_equal(e8kv_load_le32(b + 8), 2);
+    assert_int_equal(e8kv_load_le32(b + 24), 0);
+    e8kv_calib *back = e8kv_calib_load(b, n2, &err);
+    assert_non_null(back);
+    assert_null(e8kv_calib_query_energy(back, 0, 0));
+    assert_true(e8kv_calib_sensitivity(back, 0, 1) == 1.0);
+    e8kv_calib_free(back);
+    free(b);
+    e8kv_calib_free(old);
+    source_free(&src);
+}
+
+/* The score-domain scale s written out (xform.c, doc/format.md §5) from the query energies e: mode 0 no
+ * RoPE (w = e), 1 interleaved pairs, 2 NeoX halves, mates mixed by κ = E[cos 2Δω] over Δ = 0 .. n_ctx − 1
+ * weighted by n_ctx − Δ (n_ctx = 512 whatever the cache's); floored at 1e-3 of the largest, mean 1,
+ * square root. */
+static void expected_scale(const float *e, int mode, size_t n_ctx, double theta, double *sx) {
+    double w[D], mx = 0.0, sum = 0.0;
+    for (size_t j = 0; j < D; j++) {
+        w[j] = e[j];
+        if (mode) {
+            const size_t mate = mode == 1 ? j ^ 1 : (j + D / 2) % D, pair = mode == 1 ? j / 2 : j % (D / 2);
+            const double omega = pow(theta, -2.0 * (double)pair / D);
+            double num = 0.0, den = 0.0;
+            for (size_t dl = 0; dl < n_ctx; dl++) {
+                num += (double)(n_ctx - dl) * cos(2.0 * omega * (double)dl);
+                den += (double)(n_ctx - dl);
+            }
+            w[j] = 0.5 * (e[j] + e[mate]) + 0.5 * num / den * (e[j] - e[mate]);
+        }
+        mx = fmax(mx, w[j]);
+    }
+    for (size_t j = 0; j < D; j++)
+        sum += (w[j] = fmax(w[j], 1e-3 * mx));
+    for (size_t j = 0; j < D; j++)
+        sx[j] = sqrt(w[j] * D / sum);
+}
+
+/* Score-domain keys: the stream's transforms agree with each other (inverse ∘ forward = identity, q·x =
+ * query(q)·forward(x)); S is expected_scale's; values and calibrations without queries are untouched. */
+static void test_score_domain_transform(void **state) {
+    (void)state;
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 51);
+    corr_source src;
+    source_init(&src, &rng, 2);
+    double qe[D];
+    query_profile(qe);
+    e8kv_calib *cal = make_calib_q(&src, &rng, 2, 2, 200, qe);
+    const dims s = {2, 2, 6};
+    static const char *const specs[] = {"e8tv:3", "e8t:3", "e8tv:2"};
+    for (size_t sp = 0; sp < 3; sp++)
+        for (int mode = 0; mode < 3; mode++) { /* no RoPE, interleaved pairs, NeoX halves */
+            size_t err = 0;
+            const e8kv_cache_params p = {.n_layer = s.n_layer,
+                                         .n_head_kv = s.n_head_kv,
+                                         .head_dim = D,
+                                         .n_ctx = 64,
+                                         .spec = specs[sp],
+                                         .seed = 1234,
+                                         .rope_theta = mode ? 10000.0f : 0.0f,
+                                         .rope_neox = mode == 2,
+                                         .calib = cal};
+            e8kv_cache *c = e8kv_cache_create(&p, &err);
+            if (!c) fail_msg("%s: %s", specs[sp], e8kv_error_name(err));
+            for (size_t l = 0; l < 2; l++)
+                for (size_t h = 0; h < 2; h++) {
+                    const kv_format *fk = &c->layers[l].k, *fv = &c->layers[l].v;
+                    assert_non_null(fk->xf->s);
+                    assert_null(fv->xf->s);
+                    const float *sc = fk->xf->s + h * D;
+                    double mean_w = 0.0, sx[D];
+                    expected_scale(e8kv_calib_query_energy(cal, l, h), mode, 512, p.rope_theta, sx);
+                    for (size_t j = 0; j < D; j++) {
+                        mean_w += (double)sc[j] * sc[j] / D;
+                        if (fabs(sc[j] - sx[j]) > 1e-5 * sx[j])
+                            fail_msg("mode %d head %zu: s[%zu] = %g, expected %g", mode, h, j, sc[j], sx[j]);
+                        if (!mode && j % 2 == 0 && j < D / 2)      /* no RoPE, no pairs (above the floor) */
+                            assert_true(sc[j] > 1.7f * sc[j + 1]); /* √4, sampled */
+                        assert_true(sc[j] * fk->xf->s_inv[h * D + j] > 0.9999f &&
+                                    sc[j] * fk->xf->s_inv[h * D + j] < 1.0001f);
+                    }
+                    assert_true(fabs(mean_w - 1.0) < 1e-4);
+                    float x[D], y[D], q[D];
+                    for (int trial = 0; trial < 8; trial++) {
+                        for (size_t j = 0; j < D; j++) {
+                            x[j] = (float)e8kv_rng_normal(&rng);
+                            q[j] = (float)e8kv_rng_normal(&rng);
+                        }
+                        memcpy(y, x, sizeof x);
+                        e8kv_fmt_forward(fk, h, D, y, 1);
+                        double qx = 0.0, qy = 0.0;
+                        for (size_t j = 0; j < D; j++)
+                            qx += (double)q[j] * x[j];
+                        e8kv_fmt_query(fk, h, D, q, 1);
+                        for (size_t j = 0; j < D; j++)
+                            qy += (double)q[j] * y[j];
+                        if (fabs(qx - qy) > 1e-4 * (1.0 + fabs(qx)))
+                            fail_msg("%s: q·x %g, query·forward %g", specs[sp], qx, qy);
+                        e8kv_fmt_inverse(fk, h, D, y, 1);
+                        for (size_t j = 0; j < D; j++)
+                            if (fabsf(y[j] - x[j]) > 1e-4f * (1.0f + fabsf(x[j])))
+                                fail_msg("%s: inverse(forward(x))[%zu] = %g, x = %g", specs[sp], j, y[j],
+                                         x[j]);
+                    }
+                }
+            e8kv_cache_free(c);
+        }
+    e8kv_calib *plain = make_calib(&src, &rng, 2, 1, 100);
+    const dims s2 = {2, 2, 4};
+    size_t err = 0;
+    e8kv_cache *c = make_e8t_cache(&s2, "e8tv:3", 10000.0f, plain, &err);
+    assert_non_null(c);
+    assert_null(c->layers[0].k.xf->s);
+    assert_true(c->layers[0].k.xf->basis == e8kv_calib_basis(plain, 0, 0, 0));
+    e8kv_cache_free(c);
+    e8kv_calib_free(plain);
+    e8kv_calib_free(cal);
+    source_free(&src);
+}
+
+/* The point of score-domain keys: on keys whose calibration saw queries with very unequal energies per
+ * RoPE pair, the score error Σ (q·R_Δ(x − x̂))² over queries q of that profile and random relative
+ * positions Δ is clearly lower than with the plain (MSE) transform at the same bytes, while the plain
+ * transform keeps the lower MSE. */
+static void test_score_domain_gain(void **state) {
+    (void)state;
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 52);
+    corr_source src;
+    source_init(&src, &rng, 1);
+    double qe[D];
+    query_profile(qe);
+    e8kv_rng r2 = rng; /* the same keys for both calibrations */
+    e8kv_calib *cw = make_calib_q(&src, &rng, 1, 2, 500, qe), *cu = make_calib(&src, &r2, 1, 2, 500);
+    const size_t n = 300, n_q = 16;
+    float *x = source_draw(&src, &rng, n, 0.0);
+    float *q = query_draw(1, &rng, n_q, qe); /* n_q · QG query vectors */
+    /* e8tv allocates bits by variance, so the weighting moves bits to the coordinates the scores need;
+     * e8t's per-coordinate noise is fixed by its weights, so it gains far less */
+    static const char *const specs[] = {"e8tv:3", "e8tv:2", "e8t:3"};
+    static const double min_gain_db[] = {3.0, 3.0, 0.5};
+    for (size_t sp = 0; sp < 3; sp++) {
+        double score[2] = {0, 0}, mse[2] = {0, 0};
+        for (int weighted = 0; weighted < 2; weighted++) {
+            const dims s = {1, 1, QG};
+            size_t err = 0;
+            e8kv_cache *c = make_e8t_cache(&s, specs[sp], 10000.0f, weighted ? cw : cu, &err);
+            assert_non_null(c);
+            const kv_format *f = &c->layers[0].k;
+            assert_true((f->xf->s != NULL) == weighted);
+            e8kv_rng rd;
+            e8kv_rng_seed(&rd, 53); /* the same relative positions for both */
+            uint8_t buf[256];
+            for (size_t t = 0; t < n; t++) {
+                float y[D], e[D];
+                assert_false(e8kv_is_error(e8kv_fmt_encode(f, 0, buf, x + t * D)));
+                e8kv_fmt_decode(f, 0, y, buf);
+                e8kv_fmt_inverse(f, 0, D, y, 1);
+                for (size_t j = 0; j < D; j++) {
+                    e[j] = x[t * D + j] - y[j];
+                    mse[weighted] += (double)e[j] * e[j];
+                }
+                for (size_t i = 0; i < n_q * QG; i++) {
+                    float er[D];
+                    memcpy(er, e, sizeof e);
+                    /* Δ as causal attention in 512 tokens sees it: density ∝ 512 − Δ */
+                    const double u1 = e8kv_rng_uniform(&rd), u2 = e8kv_rng_uniform(&rd);
+                    rope_ref(er, (size_t)(512.0 * fmin(u1, u2)), 10000.0);
+                    double dot = 0.0;
+                    for (size_t j = 0; j < D; j++)
+                        dot += (double)q[i * D + j] * er[j];
+                    score[weighted] += dot * dot;
+                }
+            }
+            e8kv_cache_free(c);
+        }
+        const double gain = 10.0 * log10(score[0] / score[1]), mse_loss = 10.0 * log10(mse[1] / mse[0]);
+        print_message("%s score-domain keys: score error %.2f dB lower, MSE %.2f dB higher\n", specs[sp],
+                      gain, mse_loss);
+        if (gain < min_gain_db[sp]) fail_msg("%s: score error only %.2f dB lower", specs[sp], gain);
+        assert_true(mse_loss > 0.0);
+    }
+    free(x);
+    free(q);
+    e8kv_calib_free(cw);
+    e8kv_calib_free(cu);
     source_free(&src);
 }
 
@@ -864,6 +1247,9 @@ int main(void) {
         cmocka_unit_test(test_e8t_gain),
         cmocka_unit_test(test_e8t_errors),
         cmocka_unit_test(test_e8t_persist),
+        cmocka_unit_test(test_calib_query),
+        cmocka_unit_test(test_score_domain_transform),
+        cmocka_unit_test(test_score_domain_gain),
         cmocka_unit_test(test_alloc_rates),
         cmocka_unit_test(test_calib_sensitivity),
         cmocka_unit_test(test_auto_alloc),

@@ -14,6 +14,11 @@ struct e8kv_calib {
     float *basis; /* (n_layer, 2, n_head_kv, d, d) row i = eigenvector i (klt.h); NULL until final */
     float *eig;   /* (n_layer, 2, n_head_kv, d) eigenvalues, decreasing, clamped at 0 */
     double *sens; /* (n_layer, 2) sensitivity coefficients (e8kv_calib_set_sensitivity); NULL: none */
+    /* Query energies (e8kv_calib_observe_q): what a key error costs in attention scores, per coordinate */
+    double *q_acc;   /* (n_layer, n_head_kv, d) Σ q_j² over tokens and group heads; NULL: none observed */
+    size_t *q_n;     /* (n_layer) query tokens observed; NULL with q_acc */
+    size_t q_group;  /* query heads per KV head of the observed queries (0: none yet) */
+    float *q_energy; /* (n_layer, n_head_kv, d) mean q_j² once final; NULL: the calibration has none */
 };
 
 /* Index of the (layer, stream, head) slot; is_v 0 = K, 1 = V. */

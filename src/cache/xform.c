@@ -14,7 +14,25 @@
  * scale keeps working.
  *
  * Decode: ŷ (the codec's rotated domain) → inverse rotation → /w → Pᵀ; with x = G·t, G = Pᵀ·W⁻¹, so a
- * query scores a rotated key as (Gᵀ q)·t: the query transform is P, ·W⁻¹, then the rotation. */
+ * query scores a rotated key as (Gᵀ q)·t: the query transform is P, ·W⁻¹, then the rotation.
+ *
+ * Keys in the score domain (a calibration with query energies, e8kv_calib_observe_q). What a key error e
+ * costs is the error of the scores q·R_Δ·e (keys are coded before RoPE, R_Δ the rotation by the relative
+ * position Δ), not |e|². Within a RoPE pair (a, b) turning by θ = Δω, with query energies E[q_a²] = α,
+ * E[q_b²] = β: E[((R_θ e)·q)²] = e_a²·(α cos²θ + β sin²θ) + e_b²·(α sin²θ + β cos²θ) + (a cross term
+ * in sin 2θ, left out), so averaged over Δ the weight of coordinate a is
+ *     w_a = (α + β)/2 + κ·(α − β)/2,  κ = E_Δ[cos 2Δω]
+ * and likewise w_b with α and β swapped; query covariances between different coordinates are left out
+ * (they average out for pairs that turn). κ ≈ 0 for fast pairs (the energy spread evenly over the pair)
+ * and ≈ 1 for slow ones, which barely turn over a context: there the score sees the coordinates
+ * separately (SmolLM2's queries carry much of their energy in one slow pair, 50–150× more on one of its
+ * coordinates than on the other). Δ is taken over causal attention in a context of XFORM_QW_SPAN
+ * tokens, weighted by XFORM_QW_SPAN − Δ. Without RoPE, w_j = E[q_j²]. So the key is coded as x' = S·x,
+ * S = diag(√w) (w normalised to mean 1 and raised to at least XFORM_QW_FLOOR of its largest, so S⁻¹ stays
+ * bounded), where the squared error is the score error: the transform becomes P·S with P, λ the eigenbasis of
+ * S·C·S (C = Pcᵀ·diag(λc)·Pc the calibration's key covariance), decode x̂ = S⁻¹·Pᵀ·ŷ, and a query scores a
+ * coded key as (P·S⁻¹·q)·ŷ. Values keep the plain transform (what they cost is the output error, already
+ * MSE). */
 #include "kvcache.h"
 
 #include "../common/cpu.h"
@@ -26,6 +44,12 @@
 
 /* λ_i below this fraction of the largest are raised to it (w stays bounded) */
 #define XFORM_EIG_FLOOR 1e-6
+/* score-domain key weights below this fraction of the largest are raised to it (S⁻¹ stays bounded) */
+#define XFORM_QW_FLOOR 1e-3
+/* the context over which relative positions are averaged for score-domain keys: that of e8kv calibrate
+ * (--ctx) and of the perplexity protocol; a constant rather than the cache's n_ctx so that a saved cache
+ * decodes the same in any cache it is loaded into (e8kv_cache_load_into) */
+#define XFORM_QW_SPAN 512
 
 /* ---------------------------------------------------------------- basis helpers */
 
@@ -52,9 +76,10 @@ static void scale_rows(float *x, const float *w, size_t d, size_t n) {
 /* ---------------------------------------------------------------- format helpers */
 
 /* e8tv streams code the eigenbasis coordinates themselves (no weights, no rotation: the entropy code
- * gives each coordinate the bits its variance needs) */
+ * gives each coordinate the bits its variance needs); score-domain keys are scaled by S first */
 void e8kv_fmt_forward(const kv_format *f, size_t h, size_t d, float *x, size_t n) {
     if (f->xf) {
+        if (f->xf->s) scale_rows(x, f->xf->s + h * d, d, n);
         basis_forward(f->xf->basis + h * d * d, d, x, n);
         if (f->xf->vlc) return;
         scale_rows(x, f->xf->w + h * d, d, n);
@@ -65,19 +90,22 @@ void e8kv_fmt_forward(const kv_format *f, size_t h, size_t d, float *x, size_t n
 void e8kv_fmt_inverse(const kv_format *f, size_t h, size_t d, float *x, size_t n) {
     if (f->xf && f->xf->vlc) {
         basis_inverse(f->xf->basis + h * d * d, d, x, n);
+        if (f->xf->s) scale_rows(x, f->xf->s_inv + h * d, d, n);
         return;
     }
     if (f->codec->rotate) e8kv_rot_inverse(&f->codec->rot, x, n);
     if (f->xf) {
         scale_rows(x, f->xf->w_inv + h * d, d, n);
         basis_inverse(f->xf->basis + h * d * d, d, x, n);
+        if (f->xf->s) scale_rows(x, f->xf->s_inv + h * d, d, n);
     }
 }
 
 void e8kv_fmt_query(const kv_format *f, size_t h, size_t d, float *q, size_t n) {
     if (f->xf) {
+        if (f->xf->s) scale_rows(q, f->xf->s_inv + h * d, d, n); /* S⁻¹ where the keys have S */
         basis_forward(f->xf->basis + h * d * d, d, q, n);
-        if (f->xf->vlc) return; /* orthonormal: the query map is the forward map */
+        if (f->xf->vlc) return; /* P orthonormal: the query takes P as the key does */
         scale_rows(q, f->xf->w_inv + h * d, d, n);
     }
     if (f->codec->rotate) e8kv_rot_forward(&f->codec->rot, q, n);
@@ -88,6 +116,7 @@ size_t e8kv_fmt_encode(const kv_format *f, size_t h, uint8_t *dst, const float *
     const size_t d = f->codec->head_dim;
     float t[E8KV_MAX_HEAD_DIM];
     memcpy(t, x, d * sizeof(float));
+    if (f->xf->s) scale_rows(t, f->xf->s + h * d, d, 1);
     basis_forward(f->xf->basis + h * d * d, d, t, 1);
     if (f->xf->vlc) return e8kv_vlc_encode(&f->xf->vlc[h], dst, t);
     scale_rows(t, f->xf->w + h * d, d, 1);
@@ -113,25 +142,113 @@ int e8kv_xform_rate(const char *spec, int *is_vlc) {
     return sp.rate8;
 }
 
+/* E[cos 2Δω] over the relative positions Δ = 0 .. n − 1 of causal attention in a context of n tokens,
+ * weighted by how many (query, key) pairs are Δ apart (n − Δ) */
+static double mean_cos2(double omega, size_t n) {
+    double num = 0.0, den = 0.0;
+    for (size_t dl = 0; dl < n; dl++) {
+        num += (double)(n - dl) * cos(2.0 * (double)dl * omega);
+        den += (double)(n - dl);
+    }
+    return num / den;
+}
+
+/* The score weights of one KV head's keys (file comment): w_j from the query energies e over RoPE's pairs
+ * when the cache applies RoPE, floored, normalised to mean 1; s = √w. */
+static void score_weights(const e8kv_cache *c, const float *e, double *s) {
+    const size_t d = c->head_dim, half = d / 2;
+    double mx = 0.0, sum = 0.0, kappa[E8KV_MAX_HEAD_DIM / 2];
+    for (size_t i = 0; i < half && c->rope_theta > 0.0f; i++)
+        kappa[i] = mean_cos2(c->rope_inv_freq[i], XFORM_QW_SPAN);
+    for (size_t j = 0; j < d; j++) {
+        double w = e[j];
+        if (c->rope_theta > 0.0f) { /* pairs (2i, 2i+1), NeoX: (i, i + d/2) */
+            const size_t mate = c->rope_neox ? (j < half ? j + half : j - half) : j ^ 1;
+            const size_t pair = c->rope_neox ? j % half : j / 2;
+            w = 0.5 * ((double)e[j] + e[mate]) + 0.5 * kappa[pair] * ((double)e[j] - e[mate]);
+        }
+        s[j] = w;
+        if (w > mx) mx = w;
+    }
+    for (size_t j = 0; j < d; j++)
+        sum += (s[j] = mx > 0.0 && s[j] < XFORM_QW_FLOOR * mx ? XFORM_QW_FLOOR * mx : s[j]);
+    for (size_t j = 0; j < d; j++) /* all-zero energies: no weighting */
+        s[j] = mx > 0.0 ? sqrt(s[j] * (double)d / sum) : 1.0;
+}
+
+/* Score-domain keys of one layer: per head S, and P, λ (eig, (H, d)) the eigenbasis of S·C·S. */
+static size_t build_score_domain(e8kv_cache *c, kv_xform *xf, size_t layer, float *eig) {
+    const size_t d = c->head_dim, H = c->n_head_kv;
+    xf->basis_owned = malloc(H * d * d * sizeof *xf->basis_owned);
+    xf->s = malloc(2 * H * d * sizeof *xf->s);
+    double *a = malloc(d * d * sizeof *a), *vec = malloc(d * d * sizeof *vec), *ev = malloc(d * sizeof *ev),
+           *s = malloc(d * sizeof *s);
+    size_t r = xf->basis_owned && xf->s && a && vec && ev && s ? 0 : E8KV_ERR(OUT_OF_MEMORY);
+    if (xf->s) xf->s_inv = xf->s + H * d;
+    for (size_t h = 0; h < H && !e8kv_is_error(r); h++) {
+        const float *const Pc = e8kv_calib_basis(c->calib, layer, 0, h);
+        const float *const lc = e8kv_calib_eigenvalues(c->calib, layer, 0, h);
+        score_weights(c, e8kv_calib_query_energy(c->calib, layer, h), s);
+        memset(a, 0, d * d * sizeof *a);
+        for (size_t i = 0; i < d; i++) /* C = Pcᵀ·diag(λc)·Pc, upper triangle */
+            for (size_t p = 0; p < d; p++) {
+                const double li = (double)lc[i] * Pc[i * d + p];
+                for (size_t q = p; q < d; q++)
+                    a[p * d + q] += li * Pc[i * d + q];
+            }
+        for (size_t p = 0; p < d; p++) /* S·C·S */
+            for (size_t q = p; q < d; q++)
+                a[p * d + q] = a[q * d + p] = a[p * d + q] * s[p] * s[q];
+        r = e8kv_sym_eigen(a, d, ev, vec);
+        for (size_t i = 0; i < d && !e8kv_is_error(r); i++) {
+            eig[h * d + i] = ev[i] > 0.0 ? (float)ev[i] : 0.0f;
+            for (size_t j = 0; j < d; j++)
+                xf->basis_owned[(h * d + i) * d + j] = (float)vec[i * d + j];
+            xf->s[h * d + i] = (float)s[i];
+            xf->s_inv[h * d + i] = (float)(1.0 / s[i]);
+        }
+    }
+    free(a);
+    free(vec);
+    free(ev);
+    free(s);
+    xf->basis = xf->basis_owned;
+    return r;
+}
+
 static size_t build_stream(e8kv_cache *c, kv_xform *xf, size_t layer, int is_v, const char *spec) {
     const size_t d = c->head_dim, H = c->n_head_kv;
     snprintf(xf->spec, sizeof xf->spec, "%s", spec);
     xf->basis = e8kv_calib_basis(c->calib, layer, is_v, 0);
     int vlc = 0;
     const int rate = e8kv_xform_rate(spec, &vlc);
+    float *eig_s = NULL; /* score-domain keys: (H, d) the eigenvalues of S·C·S */
+    if (!is_v && e8kv_calib_query_energy(c->calib, layer, 0)) {
+        eig_s = malloc(H * d * sizeof *eig_s);
+        const size_t r = eig_s ? build_score_domain(c, xf, layer, eig_s) : E8KV_ERR(OUT_OF_MEMORY);
+        if (e8kv_is_error(r)) {
+            free(eig_s);
+            return r;
+        }
+    }
+    size_t r = 0;
     if (vlc) { /* the same bytes as e8:B */
         xf->vlc = calloc(H, sizeof *xf->vlc);
-        if (!xf->vlc) return E8KV_ERR(OUT_OF_MEMORY);
-        for (size_t h = 0; h < H; h++)
-            E8KV_RETURN_IF_ERROR(e8kv_vlc_init(&xf->vlc[h], d, 2 + (size_t)rate * d / 64,
-                                               e8kv_calib_eigenvalues(c->calib, layer, is_v, h)));
-        return 0;
+        if (!xf->vlc) r = E8KV_ERR(OUT_OF_MEMORY);
+        for (size_t h = 0; h < H && !e8kv_is_error(r); h++)
+            r = e8kv_vlc_init(&xf->vlc[h], d, 2 + (size_t)rate * d / 64,
+                              eig_s ? eig_s + h * d : e8kv_calib_eigenvalues(c->calib, layer, is_v, h));
+        free(eig_s);
+        return r;
     }
     xf->w = malloc(2 * H * d * sizeof *xf->w);
-    if (!xf->w) return E8KV_ERR(OUT_OF_MEMORY);
+    if (!xf->w) {
+        free(eig_s);
+        return E8KV_ERR(OUT_OF_MEMORY);
+    }
     xf->w_inv = xf->w + H * d;
     for (size_t h = 0; h < H; h++) {
-        const float *eig = e8kv_calib_eigenvalues(c->calib, layer, is_v, h);
+        const float *eig = eig_s ? eig_s + h * d : e8kv_calib_eigenvalues(c->calib, layer, is_v, h);
         const double fl = XFORM_EIG_FLOOR * (eig[0] > 0.0f ? (double)eig[0] : 1.0);
         for (size_t i = 0; i < d; i++) {
             const double lam = eig[i] > fl ? (double)eig[i] : fl;
@@ -139,6 +256,7 @@ static size_t build_stream(e8kv_cache *c, kv_xform *xf, size_t layer, int is_v, 
             xf->w_inv[h * d + i] = (float)pow(lam, 0.25);
         }
     }
+    free(eig_s);
     return 0;
 }
 
@@ -171,6 +289,8 @@ void e8kv_xform_free(e8kv_cache *c) {
     if (!c->xforms) return;
     for (size_t i = 0; i < 2 * c->n_layer; i++) {
         free(c->xforms[i].w);
+        free(c->xforms[i].basis_owned);
+        free(c->xforms[i].s);
         for (size_t h = 0; c->xforms[i].vlc && h < c->n_head_kv; h++) e8kv_vlc_free(&c->xforms[i].vlc[h]);
         free(c->xforms[i].vlc);
     }
