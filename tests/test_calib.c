@@ -952,7 +952,7 @@ static void test_score_domain_transform(void **state) {
                     const kv_format *fk = &c->layers[l].k, *fv = &c->layers[l].v;
                     assert_non_null(fk->xf->s);
                     assert_null(fv->xf->s);
-                    const float *sc = fk->xf->s + h * D;
+                    const float *sc = fk->xf->s + 2 * h * D, *sc_inv = sc + D;
                     double mean_w = 0.0, sx[D];
                     expected_scale(e8kv_calib_query_energy(cal, l, h), mode, 512, p.rope_theta, sx);
                     for (size_t j = 0; j < D; j++) {
@@ -961,8 +961,7 @@ static void test_score_domain_transform(void **state) {
                             fail_msg("mode %d head %zu: s[%zu] = %g, expected %g", mode, h, j, sc[j], sx[j]);
                         if (!mode && j % 2 == 0 && j < D / 2)      /* no RoPE, no pairs (above the floor) */
                             assert_true(sc[j] > 1.7f * sc[j + 1]); /* √4, sampled */
-                        assert_true(sc[j] * fk->xf->s_inv[h * D + j] > 0.9999f &&
-                                    sc[j] * fk->xf->s_inv[h * D + j] < 1.0001f);
+                        assert_true(sc[j] * sc_inv[j] > 0.9999f && sc[j] * sc_inv[j] < 1.0001f);
                     }
                     assert_true(fabs(mean_w - 1.0) < 1e-4);
                     float x[D], y[D], q[D];
@@ -999,6 +998,48 @@ static void test_score_domain_transform(void **state) {
     assert_true(c->layers[0].k.xf->basis == e8kv_calib_basis(plain, 0, 0, 0));
     e8kv_cache_free(c);
     e8kv_calib_free(plain);
+    e8kv_calib_free(cal);
+    source_free(&src);
+}
+
+/* The score-domain transforms are model data, like the bases: built once per calibration and RoPE setting,
+ * shared by every cache with that setting and counted in e8kv_calib_bytes, not in the caches; a cache
+ * with another RoPE setting builds and counts its own. */
+static void test_score_domain_shared(void **state) {
+    (void)state;
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 52);
+    corr_source src;
+    source_init(&src, &rng, 2);
+    double qe[D];
+    query_profile(qe);
+    e8kv_calib *cal = make_calib_q(&src, &rng, 2, 2, 100, qe);
+    const dims s = {2, 2, 4};
+    const size_t before = e8kv_calib_bytes(cal), set = 2 * 2 * D * (D + 3) * sizeof(float);
+    size_t err = 0;
+    e8kv_cache *c1 = make_e8t_cache(&s, "e8tv:3", 10000.0f, cal, &err);
+    assert_non_null(c1);
+    const size_t after = e8kv_calib_bytes(cal);
+    assert_true(after >= before + set && after < before + set + 4096);
+    e8kv_cache *c2 = make_e8t_cache(&s, "e8tv:3", 10000.0f, cal, &err);
+    e8kv_cache *c3 = make_e8t_cache(&s, "e8tv:3", 500000.0f, cal, &err);
+    assert_non_null(c2);
+    assert_non_null(c3);
+    assert_int_equal(e8kv_calib_bytes(cal), after);
+    assert_null(c1->score_owned);
+    assert_null(c2->score_owned);
+    assert_non_null(c3->score_owned);
+    for (size_t l = 0; l < 2; l++) {
+        assert_ptr_equal(c1->layers[l].k.xf->basis, c2->layers[l].k.xf->basis);
+        assert_ptr_equal(c1->layers[l].k.xf->s, c2->layers[l].k.xf->s);
+        assert_ptr_not_equal(c1->layers[l].k.xf->basis, c3->layers[l].k.xf->basis);
+    }
+    assert_int_equal(e8kv_cache_fixed_bytes(c1), e8kv_cache_fixed_bytes(c2));
+    const size_t own = e8kv_cache_fixed_bytes(c3) - e8kv_cache_fixed_bytes(c1);
+    assert_true(own >= set && own < set + 4096);
+    e8kv_cache_free(c1);
+    e8kv_cache_free(c2);
+    e8kv_cache_free(c3);
     e8kv_calib_free(cal);
     source_free(&src);
 }
@@ -1089,7 +1130,7 @@ static void test_alloc_rates(void **state) {
     const double eq[4] = {1.0, 1.0, 1.0, 1.0};
     assert_ok(e8kv_alloc_rates(r, eq, 4, 24, 12, 64, 1));
     for (int s = 0; s < 4; s++)
-        assert_int_equal(r[s], 24); /* equal sensitivities: the uniform rate */
+        assert_int_equal(r[s], 24);    /* equal sensitivities: the uniform rate */
     const double two[2] = {1.0, 16.0}; /* 16x the distortion weight: 1 bit more each side of the mean */
     assert_ok(e8kv_alloc_rates(r, two, 2, 32, 12, 64, 1));
     assert_int_equal(r[0], 24);
@@ -1195,7 +1236,8 @@ static void test_auto_alloc(void **state) {
     e8kv_cache *a = make_e8t_cache(&s, "auto=e8tv:3,sink=1", 10000.0f, cal, &err);
     assert_non_null(a);
     assert_true(fabs(e8kv_cache_bits_per_value(a) - (3.0 + 16.0 / D)) < 1e-9);
-    const double r_k0 = 8.0 * (double)a->layers[0].k.vector_bytes / D, r_v0 = 8.0 * (double)a->layers[0].v.vector_bytes / D;
+    const double r_k0 = 8.0 * (double)a->layers[0].k.vector_bytes / D,
+                 r_v0 = 8.0 * (double)a->layers[0].v.vector_bytes / D;
     const double r_k1 = 8.0 * (double)a->layers[1].k.vector_bytes / D;
     assert_true(r_v0 > r_k1 && r_k1 > r_k0);
     /* the same allocation written out: greedy on the 1/8-bit grid, c = (1e-4, 0.01, 1, 0.01) */
@@ -1249,6 +1291,7 @@ int main(void) {
         cmocka_unit_test(test_e8t_persist),
         cmocka_unit_test(test_calib_query),
         cmocka_unit_test(test_score_domain_transform),
+        cmocka_unit_test(test_score_domain_shared),
         cmocka_unit_test(test_score_domain_gain),
         cmocka_unit_test(test_alloc_rates),
         cmocka_unit_test(test_calib_sensitivity),

@@ -38,6 +38,10 @@ e8kv_calib *e8kv_calib_create(size_t n_layer, size_t n_head_kv, size_t head_dim,
     e8kv_calib *c = NULL;
     if (!e) {
         c = calloc(1, sizeof *c);
+        if (c && pthread_mutex_init(&c->score_mu, NULL)) {
+            free(c);
+            c = NULL;
+        }
         if (c) {
             c->n_layer = n_layer;
             c->n_head_kv = n_head_kv;
@@ -66,6 +70,8 @@ void e8kv_calib_free(e8kv_calib *cal) {
     free(cal->q_acc);
     free(cal->q_n);
     free(cal->q_energy);
+    e8kv_calib_score_free(cal->score);
+    pthread_mutex_destroy(&cal->score_mu);
     free(cal);
 }
 
@@ -216,11 +222,24 @@ double e8kv_calib_sensitivity(const e8kv_calib *cal, size_t layer, int is_v) {
     return cal->sens[2 * layer + (is_v != 0)];
 }
 
+void e8kv_calib_score_free(e8kv_calib_score *sc) {
+    if (!sc) return;
+    free(sc->basis);
+    free(sc->eig);
+    free(sc->s);
+    free(sc);
+}
+
 size_t e8kv_calib_bytes(const e8kv_calib *cal) {
     if (!cal || !cal->finalized) return 0;
-    return sizeof *cal + n_slots(cal) * cal->head_dim * (cal->head_dim + 1) * sizeof(float) +
-           cal->n_layer * sizeof(size_t) + (cal->sens ? 2 * cal->n_layer * sizeof(double) : 0) +
-           (cal->q_energy ? cal->n_layer * cal->n_head_kv * cal->head_dim * sizeof(float) : 0);
+    const size_t d = cal->head_dim, n_kh = cal->n_layer * cal->n_head_kv;
+    pthread_mutex_t *const mu = &((e8kv_calib *)(uintptr_t)cal)->score_mu; /* the lock is not state */
+    pthread_mutex_lock(mu);
+    const size_t score = cal->score ? sizeof *cal->score + n_kh * d * (d + 3) * sizeof(float) : 0;
+    pthread_mutex_unlock(mu);
+    return sizeof *cal + n_slots(cal) * d * (d + 1) * sizeof(float) + cal->n_layer * sizeof(size_t) +
+           (cal->sens ? 2 * cal->n_layer * sizeof(double) : 0) +
+           (cal->q_energy ? n_kh * d * sizeof(float) : 0) + score;
 }
 
 /* ---------------------------------------------------------------- serialization (doc/format.md §5) */

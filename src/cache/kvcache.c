@@ -436,14 +436,15 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
         fail_create(c, err, r);
         return NULL;
     }
-    /* the transforms' weights or entropy-code tables; their bases belong to the shared calibration
-     * (e8kv_calib_bytes), except the score-domain bases of keys (xform.c) */
+    /* the transforms' weights or entropy-code tables; their bases and score weights belong to the shared
+     * calibration (e8kv_calib_bytes), unless built for this cache alone (score_owned) */
     for (size_t i = 0; c->xforms && i < 2 * c->n_layer; i++)
-        c->fixed_bytes +=
-            sizeof(kv_xform) + (c->xforms[i].w ? 2 * c->n_head_kv * c->head_dim * sizeof(float) : 0) +
-            (c->xforms[i].basis_owned ? c->n_head_kv * c->head_dim * c->head_dim * sizeof(float) : 0) +
-            (c->xforms[i].s ? 2 * c->n_head_kv * c->head_dim * sizeof(float) : 0) +
-            (c->xforms[i].vlc ? c->n_head_kv * (sizeof(e8kv_vlc) + c->head_dim * 9 / 8) : 0);
+        c->fixed_bytes += sizeof(kv_xform) +
+                          (c->xforms[i].w ? 2 * c->n_head_kv * c->head_dim * sizeof(float) : 0) +
+                          (c->xforms[i].vlc ? c->n_head_kv * (sizeof(e8kv_vlc) + c->head_dim * 9 / 8) : 0);
+    if (c->score_owned)
+        c->fixed_bytes += sizeof *c->score_owned +
+                          c->n_layer * c->n_head_kv * c->head_dim * (c->head_dim + 3) * sizeof(float);
     return c;
 }
 

@@ -34,14 +34,14 @@ typedef enum { KV_FAST_NONE = 0, KV_FAST_F32, KV_FAST_F16, KV_FAST_E8BALL, KV_FA
 /* Calibrated transform coding of one stream of one layer (cache spec "e8t:B", xform.c): per KV head the
  * calibration's eigenbasis P (y = P·x, klt.h) and the weights w_i = λ_i^(−1/4) applied before the stream's
  * codec (e8:B): it codes w ⊙ (P·x). Keys with the calibration's query energies code in the score domain
- * first: P·S·x with S = diag(s) and P, λ the eigenbasis of S·C·S (C the key covariance), built here. */
+ * first: P·S·x with S = diag(s) and P, λ the eigenbasis of S·C·S (C the key covariance), built once per
+ * calibration and RoPE setting and shared (calib.h, e8kv_calib_score). */
 typedef struct {
     char spec[16];      /* the format as the spec names it ("e8t:4") */
-    const float *basis; /* (n_head_kv, d, d), borrowed from the calibration, or basis_owned */
+    const float *basis; /* (n_head_kv, d, d), borrowed from the calibration (or score_owned) */
     float *w, *w_inv;   /* e8t: (n_head_kv, d) each: λ^(−1/4) and λ^(1/4) (one allocation, w owns it) */
     e8kv_vlc *vlc;      /* e8tv: (n_head_kv) entropy-coded E8 with each head's eigenvalues; NULL for e8t */
-    float *basis_owned; /* score-weighted keys: (n_head_kv, d, d) the eigenbases of S·C·S; else NULL */
-    float *s, *s_inv;   /* score-weighted keys: (n_head_kv, d) each, s and 1/s (one allocation); else NULL */
+    const float *s;     /* score-weighted keys: (n_head_kv, 2, d) s and 1/s (borrowed like basis); else NULL */
 } kv_xform;
 
 typedef struct {
@@ -93,6 +93,9 @@ struct e8kv_cache {
     const e8kv_calib *calib; /* transform coding: the calibration (borrowed, or calib_owned) */
     e8kv_calib *calib_owned; /* the calibration of a loaded cache, owned */
     kv_xform *xforms;  /* (n_layer, 2): the e8t streams' transforms (K at 2l, V at 2l + 1), NULL if none */
+    /* score-domain key transforms built for this cache alone, when the calibration's shared set is for
+     * another RoPE setting (xform.c); NULL otherwise */
+    e8kv_calib_score *score_owned;
     double rope_inv_freq[E8KV_MAX_HEAD_DIM / 2]; /* theta^(-2i/head_dim), double like the engine's tables */
     kv_layer *layers;
     e8kv_codec *codecs[E8KV_CACHE_MAX_CODECS]; /* unique codecs, owned */

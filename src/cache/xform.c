@@ -79,7 +79,7 @@ static void scale_rows(float *x, const float *w, size_t d, size_t n) {
  * gives each coordinate the bits its variance needs); score-domain keys are scaled by S first */
 void e8kv_fmt_forward(const kv_format *f, size_t h, size_t d, float *x, size_t n) {
     if (f->xf) {
-        if (f->xf->s) scale_rows(x, f->xf->s + h * d, d, n);
+        if (f->xf->s) scale_rows(x, f->xf->s + 2 * h * d, d, n);
         basis_forward(f->xf->basis + h * d * d, d, x, n);
         if (f->xf->vlc) return;
         scale_rows(x, f->xf->w + h * d, d, n);
@@ -90,20 +90,20 @@ void e8kv_fmt_forward(const kv_format *f, size_t h, size_t d, float *x, size_t n
 void e8kv_fmt_inverse(const kv_format *f, size_t h, size_t d, float *x, size_t n) {
     if (f->xf && f->xf->vlc) {
         basis_inverse(f->xf->basis + h * d * d, d, x, n);
-        if (f->xf->s) scale_rows(x, f->xf->s_inv + h * d, d, n);
+        if (f->xf->s) scale_rows(x, f->xf->s + (2 * h + 1) * d, d, n);
         return;
     }
     if (f->codec->rotate) e8kv_rot_inverse(&f->codec->rot, x, n);
     if (f->xf) {
         scale_rows(x, f->xf->w_inv + h * d, d, n);
         basis_inverse(f->xf->basis + h * d * d, d, x, n);
-        if (f->xf->s) scale_rows(x, f->xf->s_inv + h * d, d, n);
+        if (f->xf->s) scale_rows(x, f->xf->s + (2 * h + 1) * d, d, n);
     }
 }
 
 void e8kv_fmt_query(const kv_format *f, size_t h, size_t d, float *q, size_t n) {
     if (f->xf) {
-        if (f->xf->s) scale_rows(q, f->xf->s_inv + h * d, d, n); /* S⁻¹ where the keys have S */
+        if (f->xf->s) scale_rows(q, f->xf->s + (2 * h + 1) * d, d, n); /* S⁻¹ where the keys have S */
         basis_forward(f->xf->basis + h * d * d, d, q, n);
         if (f->xf->vlc) return; /* P orthonormal: the query takes P as the key does */
         scale_rows(q, f->xf->w_inv + h * d, d, n);
@@ -116,7 +116,7 @@ size_t e8kv_fmt_encode(const kv_format *f, size_t h, uint8_t *dst, const float *
     const size_t d = f->codec->head_dim;
     float t[E8KV_MAX_HEAD_DIM];
     memcpy(t, x, d * sizeof(float));
-    if (f->xf->s) scale_rows(t, f->xf->s + h * d, d, 1);
+    if (f->xf->s) scale_rows(t, f->xf->s + 2 * h * d, d, 1);
     basis_forward(f->xf->basis + h * d * d, d, t, 1);
     if (f->xf->vlc) return e8kv_vlc_encode(&f->xf->vlc[h], dst, t);
     scale_rows(t, f->xf->w + h * d, d, 1);
@@ -176,16 +176,21 @@ static void score_weights(const e8kv_cache *c, const float *e, double *s) {
         s[j] = mx > 0.0 ? sqrt(s[j] * (double)d / sum) : 1.0;
 }
 
-/* Score-domain keys of one layer: per head S, and P, λ (eig, (H, d)) the eigenbasis of S·C·S. */
-static size_t build_score_domain(e8kv_cache *c, kv_xform *xf, size_t layer, float *eig) {
-    const size_t d = c->head_dim, H = c->n_head_kv;
-    xf->basis_owned = malloc(H * d * d * sizeof *xf->basis_owned);
-    xf->s = malloc(2 * H * d * sizeof *xf->s);
+/* Score-domain keys of every layer and head for the cache's RoPE setting (sc zeroed): per head S, and P, λ
+ * the eigenbasis of S·C·S. */
+static size_t build_score(const e8kv_cache *c, e8kv_calib_score *sc) {
+    const size_t d = c->head_dim, H = c->n_head_kv, n_kh = c->n_layer * H;
+    sc->rope = c->rope_theta > 0.0f;
+    sc->neox = c->rope_neox;
+    memcpy(sc->inv_freq, c->rope_inv_freq, sizeof sc->inv_freq);
+    sc->basis = malloc(n_kh * d * d * sizeof *sc->basis);
+    sc->eig = malloc(n_kh * d * sizeof *sc->eig);
+    sc->s = malloc(2 * n_kh * d * sizeof *sc->s);
     double *a = malloc(d * d * sizeof *a), *vec = malloc(d * d * sizeof *vec), *ev = malloc(d * sizeof *ev),
            *s = malloc(d * sizeof *s);
-    size_t r = xf->basis_owned && xf->s && a && vec && ev && s ? 0 : E8KV_ERR(OUT_OF_MEMORY);
-    if (xf->s) xf->s_inv = xf->s + H * d;
-    for (size_t h = 0; h < H && !e8kv_is_error(r); h++) {
+    size_t r = sc->basis && sc->eig && sc->s && a && vec && ev && s ? 0 : E8KV_ERR(OUT_OF_MEMORY);
+    for (size_t kh = 0; kh < n_kh && !e8kv_is_error(r); kh++) {
+        const size_t layer = kh / H, h = kh % H;
         const float *const Pc = e8kv_calib_basis(c->calib, layer, 0, h);
         const float *const lc = e8kv_calib_eigenvalues(c->calib, layer, 0, h);
         score_weights(c, e8kv_calib_query_energy(c->calib, layer, h), s);
@@ -201,19 +206,54 @@ static size_t build_score_domain(e8kv_cache *c, kv_xform *xf, size_t layer, floa
                 a[p * d + q] = a[q * d + p] = a[p * d + q] * s[p] * s[q];
         r = e8kv_sym_eigen(a, d, ev, vec);
         for (size_t i = 0; i < d && !e8kv_is_error(r); i++) {
-            eig[h * d + i] = ev[i] > 0.0 ? (float)ev[i] : 0.0f;
+            sc->eig[kh * d + i] = ev[i] > 0.0 ? (float)ev[i] : 0.0f;
             for (size_t j = 0; j < d; j++)
-                xf->basis_owned[(h * d + i) * d + j] = (float)vec[i * d + j];
-            xf->s[h * d + i] = (float)s[i];
-            xf->s_inv[h * d + i] = (float)(1.0 / s[i]);
+                sc->basis[(kh * d + i) * d + j] = (float)vec[i * d + j];
+            sc->s[2 * kh * d + i] = (float)s[i];
+            sc->s[(2 * kh + 1) * d + i] = (float)(1.0 / s[i]);
         }
     }
     free(a);
     free(vec);
     free(ev);
     free(s);
-    xf->basis = xf->basis_owned;
     return r;
+}
+
+static int score_matches(const e8kv_cache *c, const e8kv_calib_score *sc) {
+    const int rope = c->rope_theta > 0.0f;
+    return sc->rope == rope && (!rope || (sc->neox == c->rope_neox &&
+                                          !memcmp(sc->inv_freq, c->rope_inv_freq, sizeof sc->inv_freq)));
+}
+
+/* The score-domain transforms for this cache: the calibration's shared set (built now, under its lock,
+ * if it has none yet), or, when that set was built for another RoPE setting, the cache's own. */
+static size_t score_set(e8kv_cache *c, const e8kv_calib_score **out) {
+    e8kv_calib *const cal = (e8kv_calib *)(uintptr_t)c->calib; /* derived data only, under the lock */
+    size_t r = 0;
+    pthread_mutex_lock(&cal->score_mu);
+    if (!cal->score) {
+        e8kv_calib_score *sc = calloc(1, sizeof *sc);
+        r = sc ? build_score(c, sc) : E8KV_ERR(OUT_OF_MEMORY);
+        if (e8kv_is_error(r))
+            e8kv_calib_score_free(sc);
+        else
+            cal->score = sc;
+    }
+    const e8kv_calib_score *shared = cal->score;
+    pthread_mutex_unlock(&cal->score_mu);
+    if (e8kv_is_error(r)) return r;
+    if (score_matches(c, shared)) {
+        *out = shared;
+        return 0;
+    }
+    if (!c->score_owned) {
+        c->score_owned = calloc(1, sizeof *c->score_owned);
+        r = c->score_owned ? build_score(c, c->score_owned) : E8KV_ERR(OUT_OF_MEMORY);
+        if (e8kv_is_error(r)) return r; /* freed with the cache */
+    }
+    *out = c->score_owned;
+    return 0;
 }
 
 static size_t build_stream(e8kv_cache *c, kv_xform *xf, size_t layer, int is_v, const char *spec) {
@@ -222,14 +262,13 @@ static size_t build_stream(e8kv_cache *c, kv_xform *xf, size_t layer, int is_v, 
     xf->basis = e8kv_calib_basis(c->calib, layer, is_v, 0);
     int vlc = 0;
     const int rate = e8kv_xform_rate(spec, &vlc);
-    float *eig_s = NULL; /* score-domain keys: (H, d) the eigenvalues of S·C·S */
+    const float *eig_s = NULL; /* score-domain keys: (H, d) the eigenvalues of S·C·S */
     if (!is_v && e8kv_calib_query_energy(c->calib, layer, 0)) {
-        eig_s = malloc(H * d * sizeof *eig_s);
-        const size_t r = eig_s ? build_score_domain(c, xf, layer, eig_s) : E8KV_ERR(OUT_OF_MEMORY);
-        if (e8kv_is_error(r)) {
-            free(eig_s);
-            return r;
-        }
+        const e8kv_calib_score *sc = NULL;
+        E8KV_RETURN_IF_ERROR(score_set(c, &sc));
+        xf->basis = sc->basis + layer * H * d * d;
+        eig_s = sc->eig + layer * H * d;
+        xf->s = sc->s + 2 * layer * H * d; /* head h: s at 2hd, 1/s at (2h + 1)d */
     }
     size_t r = 0;
     if (vlc) { /* the same bytes as e8:B */
@@ -238,14 +277,10 @@ static size_t build_stream(e8kv_cache *c, kv_xform *xf, size_t layer, int is_v, 
         for (size_t h = 0; h < H && !e8kv_is_error(r); h++)
             r = e8kv_vlc_init(&xf->vlc[h], d, 2 + (size_t)rate * d / 64,
                               eig_s ? eig_s + h * d : e8kv_calib_eigenvalues(c->calib, layer, is_v, h));
-        free(eig_s);
         return r;
     }
     xf->w = malloc(2 * H * d * sizeof *xf->w);
-    if (!xf->w) {
-        free(eig_s);
-        return E8KV_ERR(OUT_OF_MEMORY);
-    }
+    if (!xf->w) return E8KV_ERR(OUT_OF_MEMORY);
     xf->w_inv = xf->w + H * d;
     for (size_t h = 0; h < H; h++) {
         const float *eig = eig_s ? eig_s + h * d : e8kv_calib_eigenvalues(c->calib, layer, is_v, h);
@@ -256,7 +291,6 @@ static size_t build_stream(e8kv_cache *c, kv_xform *xf, size_t layer, int is_v, 
             xf->w_inv[h * d + i] = (float)pow(lam, 0.25);
         }
     }
-    free(eig_s);
     return 0;
 }
 
@@ -286,12 +320,13 @@ size_t e8kv_xform_build(e8kv_cache *c, const char *const *ks, const char *const 
 }
 
 void e8kv_xform_free(e8kv_cache *c) {
+    e8kv_calib_score_free(c->score_owned);
+    c->score_owned = NULL;
     if (!c->xforms) return;
     for (size_t i = 0; i < 2 * c->n_layer; i++) {
         free(c->xforms[i].w);
-        free(c->xforms[i].basis_owned);
-        free(c->xforms[i].s);
-        for (size_t h = 0; c->xforms[i].vlc && h < c->n_head_kv; h++) e8kv_vlc_free(&c->xforms[i].vlc[h]);
+        for (size_t h = 0; c->xforms[i].vlc && h < c->n_head_kv; h++)
+            e8kv_vlc_free(&c->xforms[i].vlc[h]);
         free(c->xforms[i].vlc);
     }
     free(c->xforms);
