@@ -45,6 +45,13 @@ static inline __m256i masked_sad(const uint8_t *cos, __m256i w0, __m256i w1, __m
                             _mm256_sad_epu8(_mm256_and_si256(k1, w1), z));
 }
 
+/* the low and high nibbles of the 32 bytes x, each in its byte, to lo and hi (32-byte aligned) */
+static inline void store_nibbles(uint8_t *lo, uint8_t *hi, __m256i x) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    _mm256_store_si256((__m256i *)(void *)lo, _mm256_and_si256(x, m4));
+    _mm256_store_si256((__m256i *)(void *)hi, _mm256_and_si256(_mm256_srli_epi16(x, 4), m4));
+}
+
 /* the 8 per-key sums of a[0..7] (8 int32 lanes each), in key order */
 static inline __m256i reduce8(const __m256i *a) {
     const __m256i h0 = _mm256_hadd_epi32(a[0], a[1]), h1 = _mm256_hadd_epi32(a[2], a[3]),
@@ -71,7 +78,6 @@ static inline __attribute__((always_inline)) void tile_impl(const e8kv_box_query
     const float *const hs = e8kv_box_half_steps();
     const size_t n_ch = d / 64, n_cos = d / 64, off = 1 + n_cos, n8 = (n + 7) & ~(size_t)7;
     const size_t n_il = (n + TOK_IL - 1) / TOK_IL;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
     _Alignas(32) uint8_t klo[TILE][NCH_MAX][32], khi[TILE][NCH_MAX][32]; /* keys' nibbles */
     _Alignas(32) int32_t kc[NCH_MAX][TILE];                              /* keys' coset bytes */
     _Alignas(32) uint8_t vn[TILE / TOK_IL][NCH_MAX][2 * TOK_IL][32];     /* values' nibbles, interleaved */
@@ -84,10 +90,8 @@ static inline __attribute__((always_inline)) void tile_impl(const e8kv_box_query
             E8KV_UNROLL
             for (size_t c = 0; c < n_ch; c++) {
                 kc[c][j] = kj[1 + c];
-                const __m256i x = _mm256_loadu_si256((const __m256i *)(const void *)(kj + off + 32 * c));
-                _mm256_store_si256((__m256i *)(void *)klo[j][c], _mm256_and_si256(x, m4));
-                _mm256_store_si256((__m256i *)(void *)khi[j][c],
-                                   _mm256_and_si256(_mm256_srli_epi16(x, 4), m4));
+                store_nibbles(klo[j][c], khi[j][c],
+                              _mm256_loadu_si256((const __m256i *)(const void *)(kj + off + 32 * c)));
             }
         } else { /* padding to a multiple of 8 keys: nibbles 0, step 0 (score qmu, weight masked) */
             hk[j] = 0.0f;
@@ -124,26 +128,17 @@ static inline __attribute__((always_inline)) void tile_impl(const e8kv_box_query
                           ab1 = _mm256_unpackhi_epi8(raw[0][c], raw[1][c]),
                           cd0 = _mm256_unpacklo_epi8(raw[2][c], raw[3][c]),
                           cd1 = _mm256_unpackhi_epi8(raw[2][c], raw[3][c]);
-            const __m256i r[4] = {_mm256_unpacklo_epi16(ab0, cd0), _mm256_unpackhi_epi16(ab0, cd0),
-                                  _mm256_unpacklo_epi16(ab1, cd1), _mm256_unpackhi_epi16(ab1, cd1)};
-            E8KV_UNROLL
-            for (int i = 0; i < 4; i++) {
-                _mm256_store_si256((__m256i *)(void *)vn[t][c][2 * i], _mm256_and_si256(r[i], m4));
-                _mm256_store_si256((__m256i *)(void *)vn[t][c][2 * i + 1],
-                                   _mm256_and_si256(_mm256_srli_epi16(r[i], 4), m4));
-            }
+            const __m256i r[TOK_IL] = {_mm256_unpacklo_epi16(ab0, cd0), _mm256_unpackhi_epi16(ab0, cd0),
+                                       _mm256_unpacklo_epi16(ab1, cd1), _mm256_unpackhi_epi16(ab1, cd1)};
 #else
             /* pairs: r_0 lane 0 holds raw bytes 0 .. 7 of tokens a, b byte by byte, lane 1 raw bytes 16 ..
              * 23; r_1 raw bytes 8 .. 15 and 24 .. 31 */
-            const __m256i r[2] = {_mm256_unpacklo_epi8(raw[0][c], raw[1][c]),
-                                  _mm256_unpackhi_epi8(raw[0][c], raw[1][c])};
-            E8KV_UNROLL
-            for (int i = 0; i < 2; i++) {
-                _mm256_store_si256((__m256i *)(void *)vn[t][c][2 * i], _mm256_and_si256(r[i], m4));
-                _mm256_store_si256((__m256i *)(void *)vn[t][c][2 * i + 1],
-                                   _mm256_and_si256(_mm256_srli_epi16(r[i], 4), m4));
-            }
+            const __m256i r[TOK_IL] = {_mm256_unpacklo_epi8(raw[0][c], raw[1][c]),
+                                       _mm256_unpackhi_epi8(raw[0][c], raw[1][c])};
 #endif
+            E8KV_UNROLL
+            for (int i = 0; i < TOK_IL; i++)
+                store_nibbles(vn[t][c][2 * i], vn[t][c][2 * i + 1], r[i]);
         }
     }
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);

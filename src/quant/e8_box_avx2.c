@@ -11,17 +11,35 @@
  * s = +2, so comparing H ± e in int32 orders the moves exactly as the reference's 64-bit costs; ties go
  * to the first coordinate and to −2, as there. */
 #include "e8_box.h"
-#include "e8_box_avx2.h"
 #include "voronoi.h"
 
 #include <immintrin.h>
 #include <limits.h>
 
+/* The 32 nibbles n of group g of a vector (d % 32 == 0), in value order (doc/format.md §2.4). */
+static inline __m256i group_n(const uint8_t *vec, size_t d, size_t g) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(vec + 1 + (d + 63) / 64 + 16 * g));
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4), _mm_and_si128(b, m4));
+}
+
+/* u = 2n + k (0..31) of group g: the doubled E8 coordinate plus 16; each block's coset bit k is broadcast
+ * to its 8 bytes by comparing against the bit masks. */
+static inline __m256i group_u(const uint8_t *vec, size_t d, size_t g) {
+    const unsigned bits = (unsigned)(vec[1 + g / 2] >> (4 * (g % 2))) & 15u; /* blocks 4g .. 4g+3 */
+    const __m256i sel = _mm256_setr_epi8(1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 4, 4, 4, 4, 4, 4, 4,
+                                         4, 8, 8, 8, 8, 8, 8, 8, 8);
+    const __m256i k =
+        _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_set1_epi8((char)bits), sel), sel); /* −1 / 0 */
+    const __m256i n = group_n(vec, d, g);
+    return _mm256_sub_epi8(_mm256_add_epi8(n, n), k);
+}
+
 void e8kv_box_decode_avx2(float *restrict y, const uint8_t *restrict src, size_t d) {
     assert(d % 32 == 0);
     const __m256 h = _mm256_set1_ps(e8kv_box_half_steps()[src[0]]);
     for (size_t g = 0; g < d / 32; g++) {
-        const __m256i p = _mm256_sub_epi8(e8kv_box_group_u(src, d, g), _mm256_set1_epi8(16)); /* p2 */
+        const __m256i p = _mm256_sub_epi8(group_u(src, d, g), _mm256_set1_epi8(16)); /* p2 */
         const __m128i lo = _mm256_castsi256_si128(p), hi = _mm256_extracti128_si256(p, 1);
         float *const o = y + 32 * g;
         _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), h));
