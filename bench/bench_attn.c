@@ -35,6 +35,8 @@ static const attn_shape k_shapes[] = {
     {"llama3-8b", 8, 32, 128},
 };
 
+#define WHO "e8kv bench attn"
+
 static void usage(FILE *f) {
     fprintf(
         f,
@@ -42,13 +44,14 @@ static void usage(FILE *f) {
         "                       [--reps N] [--no-baseline] [--json]\n\n"
         "Decode attention (one query token over the whole context, one layer) from the KV cache.\n"
         "  --ctx LIST     context lengths (default 4096,16384,65536)\n"
-        "  --kv SPEC      cache spec (codec or full cache grammar, see e8kv.h); repeatable;\n"
-        "                 default e8:4. f16 and f32 rows are added unless --no-baseline\n"
+        "  --kv FORMATS   cache specs, as e8kv ppl --kv (repeatable; ';' separates formats, and ','\n"
+        "                 in a value without '='); default e8:4. f16 and f32 rows are added unless\n"
+        "                 --no-baseline\n"
         "  --shape NAME   smollm2-135m (3 KV / 9 query heads, head_dim 64), llama3-8b (8 / 32, 128),\n"
         "                 or all (default)\n"
-        "  --threads T    attention threads (cache param n_threads, default 1)\n"
-        "  --reps N       timed decode steps per format, the formats taking turns; the fastest is\n"
-        "                 reported (default 7, at most 64)\n"
+        "  --threads T    attention threads, 1 to 64 (cache param n_threads, default 1)\n"
+        "  --reps N       timed decode steps per format, 1 to 64, the formats taking turns; the\n"
+        "                 fastest is reported (default 7)\n"
         "  --json         one JSON object per row\n"
         "Columns: kv_bytes = e8kv_cache_bytes() (really allocated), bits/val = e8kv_cache_bits_per_value(),\n"
         "ns/step = one decode step (all heads of one layer), ns/token = ns/step / ctx, GB/s = kv_bytes /\n"
@@ -75,15 +78,6 @@ static long vm_rss_kib(void) {
 static int cmp_double(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
-}
-
-static int parse_size(const char *s, size_t *out) {
-    char *end = NULL;
-    errno = 0;
-    const unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || (*end && *end != ',') || v == 0) return 0;
-    *out = (size_t)v;
-    return 1;
 }
 
 /* One format's cache of one (shape, ctx), filled and checked, with its timed steps. */
@@ -235,54 +229,53 @@ done:
 }
 
 int e8kv_bench_attn(int argc, char **argv) {
-    size_t ctxs[MAX_LIST] = {4096, 16384, 65536}, n_ctx = 3, n_threads = 1;
+    size_t ctxs[MAX_LIST] = {4096, 16384, 65536}, n_ctx = 3, n_threads = 1, reps_arg = 7;
     const char *specs[MAX_LIST];
     size_t n_spec = 0;
-    const char *shape = "all";
-    int reps = 7, json = 0, baseline = 1, ctx_set = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--json")) {
-            json = 1;
-        } else if (!strcmp(a, "--no-baseline")) {
-            baseline = 0;
-        } else if (!strcmp(a, "--ctx") && val) {
-            if (!ctx_set) n_ctx = 0;
-            ctx_set = 1;
-            for (const char *s = val; s; s = strchr(s, ',') ? strchr(s, ',') + 1 : NULL) {
-                if (n_ctx >= MAX_LIST || !parse_size(s, &ctxs[n_ctx])) {
-                    fprintf(stderr, "e8kv bench attn: bad --ctx '%s'\n", val);
-                    return 2;
-                }
-                n_ctx++;
+    const char *shape = "all", *ctx_list = NULL;
+    int json = 0, no_baseline = 0;
+    e8kv_cli_list kv = {0};
+    const e8kv_cli_opt opts[] = {
+        E8KV_OPT_FLAG("--json", &json),
+        E8KV_OPT_FLAG("--no-baseline", &no_baseline),
+        E8KV_OPT_STR("--ctx", &ctx_list),
+        E8KV_OPT_LIST("--kv", &kv),
+        E8KV_OPT_STR("--shape", &shape),
+        E8KV_OPT_SIZE("--threads", &n_threads, 1, E8KV_MAX_THREADS),
+        E8KV_OPT_SIZE("--reps", &reps_arg, 1, 64),
+    };
+    const int pr = e8kv_cli_parse(WHO, usage, argc, argv, opts, sizeof opts / sizeof opts[0], NULL, 0, NULL);
+    if (pr >= 0) return e8kv_cli_list_free(&kv), pr;
+    const int reps = (int)reps_arg, baseline = !no_baseline;
+    if (ctx_list) {
+        n_ctx = 0;
+        for (const char *s = ctx_list; s; s = strchr(s, ',') ? strchr(s, ',') + 1 : NULL) {
+            char item[32];
+            const size_t len = strcspn(s, ",");
+            snprintf(item, sizeof item, "%.*s", (int)(len < sizeof item ? len : sizeof item - 1), s);
+            if (n_ctx >= MAX_LIST) {
+                e8kv_cli_list_free(&kv);
+                return e8kv_cli_usage_error(WHO, "--ctx: at most %d lengths", MAX_LIST);
             }
-            i++;
-        } else if (!strcmp(a, "--kv") && val) {
-            if (n_spec >= MAX_LIST - 2) return 2;
-            specs[n_spec++] = val;
-            i++;
-        } else if (!strcmp(a, "--shape") && val) {
-            shape = val;
-            i++;
-        } else if (!strcmp(a, "--threads") && val) {
-            if (!parse_size(val, &n_threads)) return 2;
-            i++;
-        } else if (!strcmp(a, "--reps") && val) {
-            size_t r = 0;
-            if (!parse_size(val, &r)) return 2;
-            reps = r > 64 ? 64 : (int)r;
-            i++;
-        } else {
-            fprintf(stderr, "e8kv bench attn: unknown or incomplete option '%s'\n", a);
-            usage(stderr);
-            return 2;
+            if (len >= sizeof item) {
+                e8kv_cli_list_free(&kv);
+                return e8kv_cli_usage_error(WHO, "--ctx '%s': expected whole numbers separated by ','", ctx_list);
+            }
+            if (!e8kv_cli_parse_size(WHO, "--ctx", item, 1, 1u << 26, &ctxs[n_ctx++]))
+                return e8kv_cli_list_free(&kv), 2;
         }
     }
-    if (!n_spec) specs[n_spec++] = "e8:4";
+    e8kv_cli_specs fs;
+    if (!e8kv_cli_split_specs(&fs, WHO, kv.v, kv.n, "e8:4")) return e8kv_cli_list_free(&kv), 2;
+    e8kv_cli_list_free(&kv);
+    if (fs.n > MAX_LIST - 2) {
+        e8kv_cli_specs_free(&fs);
+        return e8kv_cli_usage_error(WHO, "--kv: at most %d formats", MAX_LIST - 2);
+    }
+    for (size_t i = 0; i < fs.n; i++) {
+        if (!e8kv_cli_check_spec(WHO, "--kv", fs.v[i])) return e8kv_cli_specs_free(&fs), 2;
+        specs[n_spec++] = fs.v[i];
+    }
     if (baseline) {
         int has16 = 0, has32 = 0;
         for (size_t i = 0; i < n_spec; i++) {
@@ -303,9 +296,7 @@ int e8kv_bench_attn(int argc, char **argv) {
         for (size_t ci = 0; ci < n_ctx; ci++)
             rc |= run_group(&k_shapes[si], ctxs[ci], specs, n_spec, n_threads, reps, json);
     }
-    if (!matched) {
-        fprintf(stderr, "e8kv bench attn: unknown shape '%s'\n", shape);
-        return 2;
-    }
+    e8kv_cli_specs_free(&fs);
+    if (!matched) return e8kv_cli_usage_error(WHO, "unknown shape '%s' (smollm2-135m, llama3-8b or all)", shape);
     return rc;
 }

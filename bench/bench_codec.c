@@ -79,15 +79,6 @@ typedef struct {
     size_t n_rows;
 } options;
 
-static int parse_size(const char *s, size_t *out) {
-    char *end = NULL;
-    errno = 0;
-    const unsigned long long v = strtoull(s, &end, 10);
-    if (errno || !end || *end || s[0] == '-' || s[0] == 0) return 0;
-    *out = (size_t)v;
-    return 1;
-}
-
 static int add_row(options *o, const char *spec) {
     if (o->n_rows >= MAX_ROWS) return 0;
     o->rows[o->n_rows++] = spec;
@@ -441,43 +432,23 @@ int e8kv_bench_codec(int argc, char **argv) {
     o.data = "gauss";
     o.seed = 1;
     o.reps = 5;
-    char *list = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const int has_val = i + 1 < argc;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--json")) {
-            o.json = 1;
-        } else if (!strcmp(a, "--data") && has_val) {
-            o.data = argv[++i];
-        } else if (!strcmp(a, "--n-vec") && has_val) {
-            if (!parse_size(argv[++i], &o.n_vec) || o.n_vec == 0) goto bad;
-            o.n_vec_set = 1;
-        } else if (!strcmp(a, "--head-dim") && has_val) {
-            if (!parse_size(argv[++i], &o.head_dim) || o.head_dim == 0) goto bad;
-            o.head_dim_set = 1;
-        } else if (!strcmp(a, "--seed") && has_val) {
-            size_t s;
-            if (!parse_size(argv[++i], &s)) goto bad;
-            o.seed = (uint64_t)s;
-        } else if (!strcmp(a, "--reps") && has_val) {
-            size_t s;
-            if (!parse_size(argv[++i], &s) || s < 1 || s > 64) goto bad;
-            o.reps = (int)s;
-        } else if (!strcmp(a, "--codecs") && has_val) {
-            list = argv[++i];
-        } else {
-            fprintf(stderr, "e8kv bench codec: unknown or incomplete option '%s'\n\n", a);
-            usage(stderr);
-            return 2;
-        }
-        continue;
-    bad:
-        fprintf(stderr, "e8kv bench codec: bad value '%s' for %s\n", argv[i], a);
-        return 2;
-    }
+    const char *list = NULL;
+    int reps = 5;
+    const e8kv_cli_opt opts[] = {
+        E8KV_OPT_FLAG("--json", &o.json),
+        E8KV_OPT_STR("--data", &o.data),
+        E8KV_OPT_SIZE("--n-vec", &o.n_vec, 1, SIZE_MAX),
+        E8KV_OPT_SIZE("--head-dim", &o.head_dim, 1, 65536),
+        E8KV_OPT_U64("--seed", &o.seed),
+        E8KV_OPT_INT("--reps", &reps, 1, 64),
+        E8KV_OPT_STR("--codecs", &list),
+    };
+    const int pr = e8kv_cli_parse("e8kv bench codec", usage, argc, argv, opts, sizeof opts / sizeof opts[0], NULL,
+                                  0, NULL);
+    if (pr >= 0) return pr;
+    o.reps = reps;
+    o.n_vec_set = o.n_vec != 0;
+    o.head_dim_set = o.head_dim != 0;
     char list_buf[4096];
     snprintf(list_buf, sizeof list_buf, "%s", list ? list : "all");
     if (!add_list(&o, list_buf) || o.n_rows == 0) {

@@ -179,29 +179,17 @@ int e8kv_bench_entropy(int argc, char **argv) {
     size_t n_vec = 0, page = 256;
     int reps = 5;
     uint64_t seed = 1;
-    for (int i = 1; i < argc; i++) {
-        const int has = i + 1 < argc;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
-            return 0;
-        } else if (has && !strcmp(argv[i], "--data"))
-            data = argv[++i];
-        else if (has && !strcmp(argv[i], "--n-vec"))
-            n_vec = strtoul(argv[++i], NULL, 10);
-        else if (has && !strcmp(argv[i], "--codec"))
-            codec_spec = argv[++i];
-        else if (has && !strcmp(argv[i], "--page"))
-            page = strtoul(argv[++i], NULL, 10);
-        else if (has && !strcmp(argv[i], "--reps"))
-            reps = atoi(argv[++i]);
-        else if (has && !strcmp(argv[i], "--seed"))
-            seed = strtoull(argv[++i], NULL, 10);
-        else {
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (reps < 1) reps = 1;
+    const e8kv_cli_opt opts[] = {
+        E8KV_OPT_STR("--data", &data),
+        E8KV_OPT_SIZE("--n-vec", &n_vec, 1, SIZE_MAX),
+        E8KV_OPT_STR("--codec", &codec_spec),
+        E8KV_OPT_SIZE("--page", &page, 1, UINT32_MAX),
+        E8KV_OPT_INT("--reps", &reps, 1, 1000),
+        E8KV_OPT_U64("--seed", &seed),
+    };
+    const int pr = e8kv_cli_parse("e8kv bench entropy", usage, argc, argv, opts, sizeof opts / sizeof opts[0],
+                                  NULL, 0, NULL);
+    if (pr >= 0) return pr;
     e8kv_kvdump kd = {0};
     if (!strcmp(data, "gauss")) {
         kd.head_dim = 64;
@@ -222,18 +210,29 @@ int e8kv_bench_entropy(int argc, char **argv) {
     const size_t d = kd.head_dim, n = kd.n_vec, nv = n * d;
     size_t err = 0;
     e8kv_codec *codec = e8kv_codec_create(codec_spec, d, seed, &err);
+    const size_t vb = codec ? e8kv_codec_vector_bytes(codec) : 0;
+    uint8_t *rows = codec ? malloc(n * vb) : NULL;
+    float *y = codec ? malloc(nv * sizeof *y) : NULL;
+    int16_t *q = codec ? malloc(nv * sizeof *q) : NULL;
     if (!codec) {
         fprintf(stderr, "e8kv bench entropy: codec %s: %s\n", codec_spec, e8kv_error_name(err));
+    } else if (!kd.data || !rows || !y || !q) {
+        err = E8KV_ERR(OUT_OF_MEMORY);
+    } else {
+        err = e8kv_codec_encode(codec, rows, n * vb, kd.data, n);
+        if (!e8kv_is_error(err)) err = e8kv_codec_decode(codec, y, nv, rows, n * vb, n);
+        if (!e8kv_is_error(err)) err = 0;
+    }
+    if (!codec || err) { /* everything allocated so far is released (LeakSanitizer checks this path) */
+        if (codec) fprintf(stderr, "e8kv bench entropy: %s: %s\n", codec_spec, e8kv_error_name(err));
+        free(rows), free(y), free(q);
+        e8kv_codec_free(codec);
+        if (!strcmp(data, "gauss"))
+            free(kd.data);
+        else
+            e8kv_kvdump_free(&kd);
         return 1;
     }
-    const size_t vb = e8kv_codec_vector_bytes(codec);
-    uint8_t *rows = malloc(n * vb);
-    float *y = malloc(nv * sizeof *y);
-    int16_t *q = malloc(nv * sizeof *q);
-    if (!rows || !y || !q) return 1;
-    if (e8kv_is_error(e8kv_codec_encode(codec, rows, n * vb, kd.data, n)) ||
-        e8kv_is_error(e8kv_codec_decode(codec, y, nv, rows, n * vb, n)))
-        return 1;
     const double mse_ref = mse_of(kd.data, y, nv), bits_ref = e8kv_codec_bits_per_value(codec);
     printf(
         "data %s: %zu vectors x %zu; reference %s: %.4f bits/value, MSE %.6g (one thread, page %zu rows)\n\n",

@@ -86,12 +86,15 @@ typedef void (*e8kv_kv_hook)(void *user, size_t layer, const float *k, const flo
  * pos0 .. pos0 + n_tok - 1, before the keys' hook. Used by calibration (e8kv_calib_observe_q). */
 typedef void (*e8kv_q_hook)(void *user, size_t layer, const float *q, size_t n_tok, size_t pos0);
 
+/* The most threads a context (and ppl, calibration) uses; the CLI refuses larger --threads. */
+#define E8KV_MAX_THREADS 64
+
 typedef struct {
     size_t n_ctx;         /* cache capacity in tokens (<= cfg.n_ctx_train when known) */
     size_t n_batch;       /* most tokens per forward step; longer inputs are split (0 = n_ctx) */
     const char *kv_spec;  /* e8kv_cache spec: "f32", "q4_0h", "k=SPEC,v=SPEC" ... (NULL = f32) */
     uint64_t seed;        /* the cache's rotation seed */
-    int n_threads;        /* 0 = number of online CPUs */
+    int n_threads;        /* 0 = number of online CPUs; at most E8KV_MAX_THREADS */
     e8kv_kv_hook kv_hook; /* optional */
     void *kv_hook_user;
     e8kv_q_hook q_hook; /* optional */

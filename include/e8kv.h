@@ -226,9 +226,12 @@ e8kv_calib *e8kv_calib_load_file(const char *path, size_t *err);
  *                        default: keys are stored as given and q must carry RoPE too)
  *   near-lossless, balanced, aggressive
  *                        presets, expanded in place (see e8kv_cache_preset_spec()).
+ * A codec spec or preset may only be the first item (later items refine it), so "f16,e8:4" is not a
+ * spec (tools split such lists into formats, README). A spec is at most E8KV_CACHE_SPEC_MAX_LEN bytes.
  * A spec the grammar or a codec rejects is E8KV_ERROR_SPEC (a codec may also answer HEAD_DIM, RATE or
  * UNSUPPORTED).
  */
+#define E8KV_CACHE_SPEC_MAX_LEN 8191
 typedef struct e8kv_cache e8kv_cache;
 
 typedef struct {

@@ -2,11 +2,216 @@
  * text and calibration loading with the messages every command prints alike. */
 #include "cli_util.h"
 
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+int e8kv_cli_usage_error(const char *who, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: ", who);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " [%s]\n", e8kv_error_code_name(E8KV_ERROR_BAD_ARGUMENT));
+    va_end(ap);
+    return 2;
+}
+
+/* A whole unsigned number: decimal digits only, or "0x" and hex digits when hex is allowed; no sign, no
+ * space, no overflow. */
+static int parse_u64(const char *s, int hex, uint64_t *out) {
+    int base = 10;
+    if (hex && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+        base = 16;
+        s += 2;
+    }
+    if (!s[0]) return 0;
+    for (const char *c = s; *c; c++)
+        if (base == 10 ? !(*c >= '0' && *c <= '9') : !isxdigit((unsigned char)*c)) return 0;
+    errno = 0;
+    char *end = NULL;
+    const unsigned long long v = strtoull(s, &end, base);
+    if (errno || *end) return 0;
+    *out = (uint64_t)v;
+    return 1;
+}
+
+static int number_error(const char *who, const char *what, const char *s, uint64_t lo, uint64_t hi) {
+    if (hi == UINT64_MAX || hi == SIZE_MAX)
+        return e8kv_cli_usage_error(who, "%s '%s': expected a whole number >= %llu", what, s,
+                                    (unsigned long long)lo);
+    return e8kv_cli_usage_error(who, "%s '%s': expected a whole number from %llu to %llu", what, s,
+                                (unsigned long long)lo, (unsigned long long)hi);
+}
+
+int e8kv_cli_parse_size(const char *who, const char *what, const char *s, size_t lo, size_t hi, size_t *out) {
+    uint64_t v = 0;
+    if (!parse_u64(s, 0, &v) || v < lo || v > hi) return number_error(who, what, s, lo, hi), 0;
+    *out = (size_t)v;
+    return 1;
+}
+
+int e8kv_cli_threads(int n_threads) {
+    if (n_threads > 0) return n_threads;
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > E8KV_MAX_THREADS ? E8KV_MAX_THREADS : (int)n;
+}
+
+void e8kv_cli_list_free(e8kv_cli_list *l) {
+    free(l->v);
+    l->v = NULL;
+    l->n = l->cap = 0;
+}
+
+static int set_value(const char *who, const e8kv_cli_opt *o, const char *val) {
+    uint64_t u = 0;
+    switch (o->kind) {
+    case E8KV_OPT_STR: *(const char **)o->dst = val; return 1;
+    case E8KV_OPT_LIST: {
+        e8kv_cli_list *l = o->dst;
+        if (l->n == l->cap) {
+            const size_t cap = l->cap ? 2 * l->cap : 8;
+            const char **nv = realloc(l->v, cap * sizeof *nv);
+            if (!nv) return e8kv_cli_usage_error(who, "out of memory"), 0;
+            l->v = nv;
+            l->cap = cap;
+        }
+        l->v[l->n++] = val;
+        return 1;
+    }
+    case E8KV_OPT_SIZE:
+    case E8KV_OPT_U64:
+    case E8KV_OPT_INT:
+        if (!parse_u64(val, o->kind == E8KV_OPT_U64, &u) || u < o->lo || u > o->hi)
+            return number_error(who, o->name, val, o->lo, o->hi), 0;
+        if (o->kind == E8KV_OPT_SIZE) *(size_t *)o->dst = (size_t)u;
+        else if (o->kind == E8KV_OPT_U64) *(uint64_t *)o->dst = u;
+        else *(int *)o->dst = (int)u;
+        return 1;
+    case E8KV_OPT_FLOAT: {
+        char *end = NULL;
+        errno = 0;
+        const double v = strtod(val, &end);
+        if (!val[0] || isspace((unsigned char)val[0]) || *end || errno || !isfinite(v) || v < o->flo ||
+            v > o->fhi)
+            return e8kv_cli_usage_error(who, "%s '%s': expected a number from %g to %g", o->name, val, o->flo,
+                                        o->fhi),
+                   0;
+        *(float *)o->dst = (float)v;
+        return 1;
+    }
+    case E8KV_OPT_FLAG: break;
+    }
+    return 0;
+}
+
+int e8kv_cli_parse(const char *who, void (*usage)(FILE *), int argc, char **argv, const e8kv_cli_opt *opts,
+                   size_t n_opts, const char **pos, size_t max_pos, size_t *n_pos) {
+    size_t np = 0;
+    int only_pos = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!only_pos && (!strcmp(a, "-h") || !strcmp(a, "--help"))) {
+            usage(stdout);
+            return 0;
+        }
+        if (!only_pos && !strcmp(a, "--")) {
+            only_pos = 1;
+            continue;
+        }
+        if (only_pos || a[0] != '-' || !a[1]) {
+            if (np == max_pos) {
+                e8kv_cli_usage_error(who, "unexpected argument '%s'", a);
+                fprintf(stderr, "(`%s --help` lists the options)\n", who);
+                return 2;
+            }
+            pos[np++] = a;
+            continue;
+        }
+        const e8kv_cli_opt *o = NULL;
+        for (size_t k = 0; k < n_opts && !o; k++)
+            if (!strcmp(a, opts[k].name) || (opts[k].alias && !strcmp(a, opts[k].alias))) o = &opts[k];
+        if (!o) {
+            e8kv_cli_usage_error(who, "unknown option '%s'", a);
+            fprintf(stderr, "(`%s --help` lists the options)\n", who);
+            return 2;
+        }
+        if (o->kind == E8KV_OPT_FLAG) {
+            *(int *)o->dst = 1;
+            continue;
+        }
+        if (i + 1 >= argc) return e8kv_cli_usage_error(who, "%s needs a value", a);
+        if (!set_value(who, o, argv[++i])) return 2;
+    }
+    if (n_pos) *n_pos = np;
+    return -1;
+}
+
+void e8kv_cli_specs_free(e8kv_cli_specs *s) {
+    free(s->v);
+    free(s->buf);
+    memset(s, 0, sizeof *s);
+}
+
+int e8kv_cli_specs_add(e8kv_cli_specs *s, const char *spec) {
+    const char **nv = realloc(s->v, (s->n + 1) * sizeof *nv);
+    if (!nv) return 0;
+    s->v = nv;
+    s->v[s->n++] = spec;
+    return 1;
+}
+
+int e8kv_cli_split_specs(e8kv_cli_specs *out, const char *who, const char *const *vals, size_t n_vals,
+                         const char *dflt) {
+    memset(out, 0, sizeof *out);
+    size_t total = 1;
+    for (size_t i = 0; i < n_vals; i++) total += strlen(vals[i]) + 1;
+    if (!(out->buf = malloc(total))) return fprintf(stderr, "%s: out of memory\n", who), 0;
+    char *p = out->buf;
+    for (size_t i = 0; i < n_vals; i++) {
+        const size_t len = strlen(vals[i]);
+        memcpy(p, vals[i], len + 1);
+        char *const end = p + len;
+        for (char *part = p; part <= end;) {
+            char *semi = memchr(part, ';', (size_t)(end - part));
+            if (!semi) semi = end;
+            *semi = 0;
+            const int whole = strchr(part, '=') != NULL;
+            for (char *item = part; item <= semi;) {
+                char *comma = whole ? NULL : memchr(item, ',', (size_t)(semi - item));
+                if (!comma) comma = semi;
+                *comma = 0;
+                if (!*item) {
+                    e8kv_cli_usage_error(who, "empty format in '%s' (formats are separated by ';', or by ','"
+                                              " when none has '=')", vals[i]);
+                    return e8kv_cli_specs_free(out), 0;
+                }
+                if (!e8kv_cli_specs_add(out, item))
+                    return fprintf(stderr, "%s: out of memory\n", who), e8kv_cli_specs_free(out), 0;
+                item = comma + 1;
+            }
+            part = semi + 1;
+        }
+        p = end + 1;
+    }
+    if (out->n == 0 && dflt && !e8kv_cli_specs_add(out, dflt))
+        return fprintf(stderr, "%s: out of memory\n", who), e8kv_cli_specs_free(out), 0;
+    return 1;
+}
+
+int e8kv_cli_check_spec(const char *who, const char *opt, const char *spec) {
+    const size_t n = strlen(spec);
+    if (n <= E8KV_CACHE_SPEC_MAX_LEN) return 1;
+    fprintf(stderr, "%s: %s: a spec of %zu characters; the longest the library takes is %d [%s]\n", who, opt, n,
+            E8KV_CACHE_SPEC_MAX_LEN, e8kv_error_code_name(E8KV_ERROR_SPEC));
+    return 0;
+}
 
 double e8kv_cli_now_s(void) {
     struct timespec ts;

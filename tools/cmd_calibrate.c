@@ -11,6 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#define WHO "e8kv calibrate"
+
 static void usage(FILE *f) {
     fprintf(
         f,
@@ -23,9 +25,9 @@ static void usage(FILE *f) {
         "  -m MODEL          GGUF or llama2.c checkpoint (default: $E8KV_MODEL or the fetched SmolLM2)\n"
         "  -f TEXT           UTF-8 calibration text\n"
         "  -o FILE           output (default: MODEL.e8cal, where ppl and generate look for it)\n"
-        "  --ctx N           tokens per chunk, each chunk one sequence (default 512)\n"
+        "  --ctx N           tokens per chunk, each chunk one sequence, >= 16 (default 512)\n"
         "  --chunks N        chunks observed (default 16; 0 = all)\n"
-        "  --threads N       threads (default: number of CPUs)\n\n"
+        "  --threads N       threads, 1 to 64 (default 0: number of CPUs)\n\n"
         "Sensitivities (for the cache spec item auto=FAMILY:B, which spreads B bits per value over the\n"
         "streams by them): each layer's K and V alone coded with the probe format, everything else\n"
         "exact, on the first chunk(s) of the text; c = KLD x 4^rate is stored per stream.\n"
@@ -62,44 +64,23 @@ int e8kv_cmd_calibrate(int argc, char **argv) {
     const char *model_arg = NULL, *text_path = NULL, *out_arg = NULL;
     e8kv_calibrate_params p = {.n_ctx = 512, .n_chunks = 16};
     e8kv_sensitivity_params sp = {.n_chunks = 1, .sink = 1, .progress = probe_progress};
-    int sens = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const int has = i + 1 < argc;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (has && !strcmp(a, "-m")) {
-            model_arg = argv[++i];
-        } else if (has && !strcmp(a, "-f")) {
-            text_path = argv[++i];
-        } else if (has && !strcmp(a, "-o")) {
-            out_arg = argv[++i];
-        } else if (has && !strcmp(a, "--ctx")) {
-            p.n_ctx = strtoul(argv[++i], NULL, 10);
-        } else if (has && !strcmp(a, "--chunks")) {
-            p.n_chunks = strtoul(argv[++i], NULL, 10);
-        } else if (has && !strcmp(a, "--threads")) {
-            p.n_threads = atoi(argv[++i]);
-        } else if (!strcmp(a, "--no-sensitivity")) {
-            sens = 0;
-        } else if (has && !strcmp(a, "--probe")) {
-            sp.probe = argv[++i];
-        } else if (has && !strcmp(a, "--probe-chunks")) {
-            sp.n_chunks = strtoul(argv[++i], NULL, 10);
-        } else if (has && !strcmp(a, "--probe-sink")) {
-            sp.sink = strtoul(argv[++i], NULL, 10);
-        } else {
-            fprintf(stderr, "e8kv calibrate: unknown or incomplete option '%s'\n\n", a);
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (!text_path) {
-        fprintf(stderr, "e8kv calibrate: -f TEXT is required\n\n");
-        usage(stderr);
-        return 2;
-    }
+    int sens = 1, no_sens = 0;
+    const e8kv_cli_opt opts[] = {
+        E8KV_OPT_STR("-m", &model_arg),
+        E8KV_OPT_STR("-f", &text_path),
+        E8KV_OPT_STR("-o", &out_arg),
+        E8KV_OPT_SIZE("--ctx", &p.n_ctx, 16, 1u << 24),
+        E8KV_OPT_SIZE("--chunks", &p.n_chunks, 0, SIZE_MAX),
+        E8KV_OPT_THREADS(&p.n_threads),
+        E8KV_OPT_FLAG("--no-sensitivity", &no_sens),
+        E8KV_OPT_STR("--probe", &sp.probe),
+        E8KV_OPT_SIZE("--probe-chunks", &sp.n_chunks, 1, SIZE_MAX),
+        E8KV_OPT_SIZE("--probe-sink", &sp.sink, 0, 1u << 24),
+    };
+    const int pr = e8kv_cli_parse(WHO, usage, argc, argv, opts, sizeof opts / sizeof opts[0], NULL, 0, NULL);
+    if (pr >= 0) return pr;
+    sens = !no_sens;
+    if (!text_path) return e8kv_cli_usage_error(WHO, "-f TEXT is required");
     size_t n_bytes = 0;
     char *text = e8kv_cli_read_all(text_path, &n_bytes);
     if (!text) {

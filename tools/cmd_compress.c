@@ -15,6 +15,10 @@
 #include <time.h>
 
 #define KVD_HEADER 40
+#define WHO_C "e8kv compress"
+#define WHO_D "e8kv decompress"
+#define WHO_I "e8kv info"
+
 
 typedef struct {
     uint32_t head_dim, flags, n_layer, n_head_kv;
@@ -60,37 +64,47 @@ static void make_kvd_header(uint8_t *b, const kvd_header *h) {
     wr32(b + 32, h->n_head_kv);
 }
 
-static void usage_compress(void) {
-    fprintf(stderr, "usage: e8kv compress IN.kvd OUT.e8f [--codec SPEC | --step X] [--method rans|zstd|stored]\n"
-                    "                     [--delta] [--page ROWS] [--seed S] [--level L]\n"
-                    "  default: --codec e8:4 --method rans --page 256\n");
+static void usage_compress(FILE *f) {
+    fprintf(f, "usage: e8kv compress IN.kvd OUT.e8f [--codec SPEC | --step X] [--method rans|zstd|stored]\n"
+               "                     [--delta] [--page ROWS] [--seed S] [--level L]\n\n"
+               "  --codec SPEC    a fixed-rate codec (include/e8kv.h), its bytes then coded losslessly\n"
+               "  --step X        E8 lattice points at step X > 0, entropy-coded (lossy; no codec)\n"
+               "  --method M      rans (default), zstd or stored\n"
+               "  --delta         code each row's difference from the row before\n"
+               "  --page ROWS     rows per independently decodable page, >= 1 (default 256)\n"
+               "  --seed S        rotation seed (default 0x5eed)\n"
+               "  --level L       zstd level, 1 to 22 (default 3)\n"
+               "  default: --codec e8:4 --method rans --page 256. OUT must not be IN (also through links).\n");
 }
 
 int e8kv_cmd_compress(int argc, char **argv) {
-    if (argc < 3) return usage_compress(), 2;
-    const char *in = argv[1], *out = argv[2], *spec = NULL;
+    const char *spec = NULL, *method = "rans", *pos[2];
     float step = 0.0f;
+    int delta = 0;
     e8kv_frame_params p = {.content = E8KV_FRAME_BYTES, .coder = E8KV_FRAME_RANS, .rows_per_page = 256};
     uint64_t seed = 0x5eed;
-    for (int i = 3; i < argc; i++) {
-        const int more = i + 1 < argc;
-        if (!strcmp(argv[i], "--codec") && more) spec = argv[++i];
-        else if (!strcmp(argv[i], "--step") && more) step = strtof(argv[++i], NULL);
-        else if (!strcmp(argv[i], "--method") && more) {
-            const char *m = argv[++i];
-            if (!strcmp(m, "rans")) p.coder = E8KV_FRAME_RANS;
-            else if (!strcmp(m, "zstd")) p.coder = E8KV_FRAME_ZSTD;
-            else if (!strcmp(m, "stored")) p.coder = E8KV_FRAME_STORED;
-            else return usage_compress(), 2;
-        } else if (!strcmp(argv[i], "--delta")) p.delta = 1;
-        else if (!strcmp(argv[i], "--page") && more) p.rows_per_page = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--seed") && more) seed = strtoull(argv[++i], NULL, 0);
-        else if (!strcmp(argv[i], "--level") && more) p.zstd_level = atoi(argv[++i]);
-        else return usage_compress(), 2;
-    }
-    if (spec && step != 0.0f) return fprintf(stderr, "e8kv compress: --codec and --step exclude each other\n"), 2;
+    size_t n_pos = 0;
+    const e8kv_cli_opt opts[] = {
+        E8KV_OPT_STR("--codec", &spec),
+        E8KV_OPT_FLOAT("--step", &step, 1e-30, 1e30),
+        E8KV_OPT_STR("--method", &method),
+        E8KV_OPT_FLAG("--delta", &delta),
+        E8KV_OPT_SIZE("--page", &p.rows_per_page, 1, UINT32_MAX),
+        E8KV_OPT_U64("--seed", &seed),
+        E8KV_OPT_INT("--level", &p.zstd_level, 1, 22),
+    };
+    const int pr = e8kv_cli_parse(WHO_C, usage_compress, argc, argv, opts, sizeof opts / sizeof opts[0], pos, 2,
+                                  &n_pos);
+    if (pr >= 0) return pr;
+    if (n_pos != 2) return e8kv_cli_usage_error(WHO_C, "give IN.kvd and OUT.e8f");
+    const char *in = pos[0], *out = pos[1];
+    p.delta = delta;
+    if (!strcmp(method, "rans")) p.coder = E8KV_FRAME_RANS;
+    else if (!strcmp(method, "zstd")) p.coder = E8KV_FRAME_ZSTD;
+    else if (!strcmp(method, "stored")) p.coder = E8KV_FRAME_STORED;
+    else return e8kv_cli_usage_error(WHO_C, "--method '%s': expected rans, zstd or stored", method);
+    if (spec && step != 0.0f) return e8kv_cli_usage_error(WHO_C, "--codec and --step exclude each other");
     if (!spec && step == 0.0f) spec = "e8:4";
-    if (!spec && !(step > 0.0f)) return fprintf(stderr, "e8kv compress: --step must be > 0\n"), 2;
 
     size_t size;
     uint8_t *buf = (uint8_t *)e8kv_cli_read_all(in, &size);
@@ -169,20 +183,31 @@ static int meta_get(char *out, size_t cap, const char *meta, size_t meta_size, c
     return -1;
 }
 
+static void usage_decompress(FILE *f) {
+    fprintf(f, "usage: e8kv decompress IN.e8f OUT.kvd\n\n"
+               "Decodes a frame written by e8kv compress back to a K/V dump (doc/format.md §1). OUT must not\n"
+               "be IN (also through links).\n");
+}
+
 int e8kv_cmd_decompress(int argc, char **argv) {
-    if (argc != 3) return fprintf(stderr, "usage: e8kv decompress IN.e8f OUT.kvd\n"), 2;
+    const char *pos[2];
+    size_t n_pos = 0;
+    const int pr = e8kv_cli_parse(WHO_D, usage_decompress, argc, argv, NULL, 0, pos, 2, &n_pos);
+    if (pr >= 0) return pr;
+    if (n_pos != 2) return e8kv_cli_usage_error(WHO_D, "give IN.e8f and OUT.kvd");
+    const char *in = pos[0], *out = pos[1];
     size_t size;
-    uint8_t *buf = (uint8_t *)e8kv_cli_read_all(argv[1], &size);
-    if (!buf) return fprintf(stderr, "e8kv decompress: cannot read %s\n", argv[1]), 1;
+    uint8_t *buf = (uint8_t *)e8kv_cli_read_all(in, &size);
+    if (!buf) return fprintf(stderr, "e8kv decompress: cannot read %s\n", in), 1;
     e8kv_frame_info fi;
     size_t r = e8kv_frame_get_info(&fi, buf, size);
-    if (e8kv_is_error(r)) return fprintf(stderr, "e8kv decompress: %s: %s\n", argv[1], e8kv_error_name(r)), free(buf), 1;
+    if (e8kv_is_error(r)) return fprintf(stderr, "e8kv decompress: %s: %s\n", in, e8kv_error_name(r)), free(buf), 1;
     const char *meta = (const char *)buf + fi.meta_offset;
     char mode[16], v[64];
     kvd_header h;
     uint64_t seed;
     if (meta_get(mode, sizeof mode, meta, fi.meta_size, "mode") || meta_get(v, sizeof v, meta, fi.meta_size, "seed"))
-        return fprintf(stderr, "e8kv decompress: %s: not a K/V frame (meta)\n", argv[1]), free(buf), 1;
+        return fprintf(stderr, "e8kv decompress: %s: not a K/V frame (meta)\n", in), free(buf), 1;
     seed = strtoull(v, NULL, 10);
     const char *keys[4] = {"head_dim", "flags", "n_layer", "n_head_kv"};
     uint32_t *dst[4] = {&h.head_dim, &h.flags, &h.n_layer, &h.n_head_kv};
@@ -220,16 +245,16 @@ int e8kv_cmd_decompress(int argc, char **argv) {
     const double t2 = e8kv_cli_now_s();
     int rc = 0;
     if (e8kv_is_error(r)) {
-        fprintf(stderr, "e8kv decompress: %s: %s\n", argv[1], e8kv_error_name(r));
+        fprintf(stderr, "e8kv decompress: %s: %s\n", in, e8kv_error_name(r));
         rc = 1;
     } else {
         uint8_t hdr[KVD_HEADER];
         make_kvd_header(hdr, &h);
-        if (write_all(argv[2], hdr, KVD_HEADER, x, n * d * sizeof *x) != 0) {
-            fprintf(stderr, "e8kv decompress: cannot write %s\n", argv[2]);
+        if (write_all(out, hdr, KVD_HEADER, x, n * d * sizeof *x) != 0) {
+            fprintf(stderr, "e8kv decompress: cannot write %s\n", out);
             rc = 1;
         } else {
-            printf("%s: %zu vectors x %zu; frame decode %.3f s (%.1f MB/s of rows), dequantize %.3f s\n", argv[2], n,
+            printf("%s: %zu vectors x %zu; frame decode %.3f s (%.1f MB/s of rows), dequantize %.3f s\n", out, n,
                    d, t1 - t0, (double)(fi.row_bytes * n) / (t1 - t0) / 1e6, t2 - t1);
         }
     }
@@ -237,33 +262,44 @@ int e8kv_cmd_decompress(int argc, char **argv) {
     return rc;
 }
 
+static void usage_info(FILE *f) {
+    fprintf(f, "usage: e8kv info FILE\n\n"
+               "Describes a K/V dump (.kvd, ppl --dump-kv), an entropy-coded frame (.e8f, e8kv compress) or a\n"
+               "saved cache (generate --save-cache, e8kv_cache_save_file).\n");
+}
+
 int e8kv_cmd_info(int argc, char **argv) {
-    if (argc != 2) return fprintf(stderr, "usage: e8kv info FILE (.kvd or .e8f)\n"), 2;
+    const char *pos[1];
+    size_t n_pos = 0;
+    const int pr = e8kv_cli_parse(WHO_I, usage_info, argc, argv, NULL, 0, pos, 1, &n_pos);
+    if (pr >= 0) return pr;
+    if (n_pos != 1) return e8kv_cli_usage_error(WHO_I, "give one FILE");
+    const char *in = pos[0];
     size_t size;
-    uint8_t *buf = (uint8_t *)e8kv_cli_read_all(argv[1], &size);
-    if (!buf) return fprintf(stderr, "e8kv info: cannot read %s\n", argv[1]), 1;
+    uint8_t *buf = (uint8_t *)e8kv_cli_read_all(in, &size);
+    if (!buf) return fprintf(stderr, "e8kv info: cannot read %s\n", in), 1;
     int rc = 0;
     if (size >= 8 && !memcmp(buf, "E8KVDUMP", 8)) {
         kvd_header h;
         const char *msg = parse_kvd(&h, buf, size);
         if (msg) {
-            fprintf(stderr, "e8kv info: %s: %s\n", argv[1], msg);
+            fprintf(stderr, "e8kv info: %s: %s\n", in, msg);
             rc = 1;
         } else {
             printf("%s: K/V dump v1, %llu vectors x head_dim %u, flags %u (%s%s%s), n_layer %u, n_head_kv %u, %zu bytes\n",
-                   argv[1], (unsigned long long)h.n_vec, h.head_dim, h.flags, h.flags & 1 ? "keys " : "",
+                   in, (unsigned long long)h.n_vec, h.head_dim, h.flags, h.flags & 1 ? "keys " : "",
                    h.flags & 2 ? "values " : "", h.flags & 4 ? "pre-RoPE" : "", h.n_layer, h.n_head_kv, size);
         }
     } else {
         e8kv_frame_info fi;
         const size_t r = e8kv_frame_get_info(&fi, buf, size);
         if (e8kv_is_error(r)) {
-            fprintf(stderr, "e8kv info: %s: %s\n", argv[1], e8kv_error_name(r));
+            fprintf(stderr, "e8kv info: %s: %s\n", in, e8kv_error_name(r));
             rc = 1;
         } else {
             static const char *coder[] = {"stored", "rans", "zstd"};
             printf("%s: e8kv frame v%u, %s rows, coder %s%s, %zu rows x %zu bytes, %zu pages of %zu rows\n",
-                   argv[1], fi.version, fi.content == E8KV_FRAME_E8 ? "E8 point" : "byte", coder[fi.coder],
+                   in, fi.version, fi.content == E8KV_FRAME_E8 ? "E8 point" : "byte", coder[fi.coder],
                    fi.delta ? "+delta" : "", fi.n_rows, fi.row_bytes, fi.n_pages, fi.rows_per_page);
             printf("  header %zu B (tables and page index included), frame %zu B%s, raw rows %zu B (%.3fx)\n",
                    fi.header_size, fi.frame_size, size == fi.frame_size ? "" : " (FILE SIZE DIFFERS)",

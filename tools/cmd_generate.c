@@ -17,6 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#define WHO "e8kv generate"
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: e8kv generate [-m MODEL] -p PROMPT [options]\n\n"
@@ -27,8 +29,9 @@ static void usage(FILE *f) {
             "  --temp T          temperature (default 0 = greedy)\n"
             "  --top-p P         nucleus sampling threshold (default 0.9)\n"
             "  --seed S          sampling seed (default: time)\n"
-            "  --ctx N           context length (default: prompt + N, at most the model's)\n"
-            "  --threads N       threads (default: number of CPUs)\n"
+            "  --ctx N           context length (default: prompt + N, at most the model's); generation\n"
+            "                    stops, with a message, when it is full\n"
+            "  --threads N       threads, 1 to 64 (default 0: number of CPUs)\n"
             "  --tokens IDS      comma-separated token ids instead of -p (no BOS added)\n"
             "  --ignore-eos      keep generating past the end-of-text token\n"
             "  --dump-logits F   write the prompt tokens' logits to F (f32, (n_prompt, vocab))\n"
@@ -99,57 +102,35 @@ static void print_piece(const e8kv_model *m, int32_t id) {
 int e8kv_cmd_generate(int argc, char **argv) {
     const char *model_arg = NULL, *prompt = NULL, *kv = NULL, *tokens_arg = NULL, *dump = NULL;
     const char *save_path = NULL, *load_path = NULL, *calib_arg = NULL;
-    long n_gen = 128;
+    size_t n_gen = 128;
     size_t n_ctx_arg = 0;
     float temp = 0.0f, top_p = 0.9f;
     uint64_t seed = (uint64_t)time(NULL);
     int n_threads = 0, ignore_eos = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const int has = i + 1 < argc;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--ignore-eos")) {
-            ignore_eos = 1;
-        } else if (has && !strcmp(a, "-m")) {
-            model_arg = argv[++i];
-        } else if (has && !strcmp(a, "-p")) {
-            prompt = argv[++i];
-        } else if (has && !strcmp(a, "-n")) {
-            n_gen = atol(argv[++i]);
-        } else if (has && !strcmp(a, "--kv")) {
-            kv = argv[++i];
-        } else if (has && !strcmp(a, "--temp")) {
-            temp = strtof(argv[++i], NULL);
-        } else if (has && !strcmp(a, "--top-p")) {
-            top_p = strtof(argv[++i], NULL);
-        } else if (has && !strcmp(a, "--seed")) {
-            seed = strtoull(argv[++i], NULL, 10);
-        } else if (has && !strcmp(a, "--ctx")) {
-            n_ctx_arg = strtoul(argv[++i], NULL, 10);
-        } else if (has && !strcmp(a, "--threads")) {
-            n_threads = atoi(argv[++i]);
-        } else if (has && !strcmp(a, "--tokens")) {
-            tokens_arg = argv[++i];
-        } else if (has && !strcmp(a, "--dump-logits")) {
-            dump = argv[++i];
-        } else if (has && !strcmp(a, "--save-cache")) {
-            save_path = argv[++i];
-        } else if (has && !strcmp(a, "--load-cache")) {
-            load_path = argv[++i];
-        } else if (has && !strcmp(a, "--calib")) {
-            calib_arg = argv[++i];
-        } else {
-            fprintf(stderr, "e8kv generate: unknown or incomplete option '%s'\n\n", a);
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (n_gen < 0 || (!prompt && !tokens_arg && !load_path) || (load_path && (save_path || dump))) {
-        usage(stderr);
-        return 2;
-    }
+    const e8kv_cli_opt opts[] = {
+        E8KV_OPT_STR("-m", &model_arg),
+        E8KV_OPT_STR("-p", &prompt),
+        E8KV_OPT_SIZE("-n", &n_gen, 0, 1u << 30),
+        E8KV_OPT_STR("--kv", &kv),
+        E8KV_OPT_FLOAT("--temp", &temp, 0.0, 1e6),
+        E8KV_OPT_FLOAT("--top-p", &top_p, 1e-9, 1.0),
+        E8KV_OPT_U64("--seed", &seed),
+        E8KV_OPT_SIZE("--ctx", &n_ctx_arg, 1, 1u << 24),
+        E8KV_OPT_THREADS(&n_threads),
+        E8KV_OPT_STR("--tokens", &tokens_arg),
+        E8KV_OPT_FLAG("--ignore-eos", &ignore_eos),
+        E8KV_OPT_STR("--dump-logits", &dump),
+        E8KV_OPT_STR("--save-cache", &save_path),
+        E8KV_OPT_STR("--load-cache", &load_path),
+        E8KV_OPT_STR("--calib", &calib_arg),
+    };
+    const int pr = e8kv_cli_parse(WHO, usage, argc, argv, opts, sizeof opts / sizeof opts[0], NULL, 0, NULL);
+    if (pr >= 0) return pr;
+    if (!prompt && !tokens_arg && !load_path)
+        return e8kv_cli_usage_error(WHO, "give -p PROMPT, --tokens IDS or --load-cache FILE");
+    if (load_path && (save_path || dump))
+        return e8kv_cli_usage_error(WHO, "--load-cache goes with neither --save-cache nor --dump-logits");
+    if (kv && !e8kv_cli_check_spec(WHO, "--kv", kv)) return 2;
     /* --load-cache: the saved state, checked before the model is loaded */
     void *saved = NULL;
     size_t saved_size = 0;
@@ -256,7 +237,7 @@ int e8kv_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "e8kv generate: empty prompt\n");
         goto out;
     }
-    size_t n_ctx = n_ctx_arg ? n_ctx_arg : n_prompt + (size_t)n_gen;
+    size_t n_ctx = n_ctx_arg ? n_ctx_arg : n_prompt + n_gen;
     if (!n_ctx_arg && cfg->n_ctx_train && n_ctx > cfg->n_ctx_train) n_ctx = cfg->n_ctx_train;
     if (n_prompt > n_ctx) {
         fprintf(stderr, "e8kv generate: the prompt (%zu tokens) does not fit the context (%zu)\n", n_prompt,
@@ -319,7 +300,7 @@ int e8kv_cmd_generate(int argc, char **argv) {
     const float *last = logits + (n_rows - 1) * cfg->vocab_size;
     if (save_path && !save_state(ctx, save_path, ids, n_prompt, last, cfg->vocab_size)) goto out;
     const int32_t eos = m->tokenizer ? e8kv_tokenizer_eos(m->tokenizer) : -1;
-    long n_done = 0;
+    size_t n_done = 0;
     t0 = e8kv_cli_now_s();
     for (; n_done < n_gen && e8kv_context_pos(ctx) < n_ctx; n_done++) {
         const int32_t next = e8kv_sampler_sample(&smp, last);
@@ -339,7 +320,7 @@ int e8kv_cmd_generate(int argc, char **argv) {
     printf("\n");
     fflush(stdout);
     fprintf(stderr,
-            "e8kv generate: --kv %s: prompt %zu tokens at %.1f tok/s, generated %ld tokens at %.1f tok/s\n",
+            "e8kv generate: --kv %s: prompt %zu tokens at %.1f tok/s, generated %zu tokens at %.1f tok/s\n",
             kv, n_prompt, t_prompt > 0 ? (double)n_prompt / t_prompt : 0.0, n_done,
             t_gen > 0 ? (double)n_done / t_gen : 0.0);
     rc = 0;

@@ -11,6 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#define WHO "e8kv ppl"
+
 static void usage(FILE *f) {
     fprintf(
         f, "usage: e8kv ppl [-m MODEL] -f TEXT [options]\n\n"
@@ -19,12 +21,14 @@ static void usage(FILE *f) {
            "  -f TEXT           UTF-8 text file, tokenized once (e.g. wikitext-2-raw/wiki.test.raw)\n"
            "  --ctx N           tokens per chunk (default 512); the second half of each chunk is scored\n"
            "  --chunks N        evaluate the first N chunks only (default: all)\n"
-           "  --kv SPEC[,SPEC]  KV formats to compare with the f32 baseline (default f32), e.g.\n"
-           "                    f16,q8_0,q4_0,q4_0h,e8:4,e8:3,e8:2. Repeatable; a value containing '='\n"
-           "                    is one cache spec of the full grammar (include/e8kv.h), e.g.\n"
-           "                    --kv 'k=e8:4,v=e8:3,rope=pre' or a preset name: --kv balanced\n"
+           "  --kv FORMATS      KV formats to compare with the f32 baseline (default f32). Repeatable;\n"
+           "                    formats are also separated by ';'. A format with '=' in it is one cache\n"
+           "                    spec of the full grammar (include/e8kv.h), passed as is, e.g.\n"
+           "                    --kv 'k=e8:4,v=e8:3,rope=pre'; one without is a ','-separated list of\n"
+           "                    codec specs and presets, e.g. f16,q8_0,q4_0h,e8:4,balanced. Specs of up\n"
+           "                    to 8191 characters, never cut\n"
            "  --kv-k SPEC --kv-v SPEC   one format with different keys and values\n"
-           "  --threads N       threads (default: number of CPUs)\n"
+           "  --threads N       threads, 1 to 64 (default 0: number of CPUs)\n"
            "  --seed S          rotation seed of the caches (default 0)\n"
            "  --json            one JSON object per format instead of the table\n"
            "  --calib FILE      calibration for the e8t formats (default: $E8KV_CALIB, else MODEL.e8cal\n"
@@ -101,111 +105,76 @@ static void progress(void *user, size_t chunk, size_t n_chunk, const e8kv_ppl_re
 }
 
 int e8kv_cmd_ppl(int argc, char **argv) {
-    const char *model_path = NULL, *text_path = NULL, *kv = NULL, *kv_k = NULL, *kv_v = NULL, *dump = NULL;
+    const char *model_path = NULL, *text_path = NULL, *kv_k = NULL, *kv_v = NULL, *dump = NULL;
     const char *calib_arg = NULL;
-    char kv_all[2048] = "";
+    e8kv_cli_list kv = {0};
     size_t n_ctx = 512, n_chunks = 0;
     int n_threads = 0, json = 0;
     uint64_t seed = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const int has = i + 1 < argc;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--json")) {
-            json = 1;
-        } else if (has && !strcmp(a, "-m")) {
-            model_path = argv[++i];
-        } else if (has && !strcmp(a, "-f")) {
-            text_path = argv[++i];
-        } else if (has && !strcmp(a, "--ctx")) {
-            n_ctx = strtoul(argv[++i], NULL, 10);
-        } else if (has && !strcmp(a, "--chunks")) {
-            n_chunks = strtoul(argv[++i], NULL, 10);
-        } else if (has && !strcmp(a, "--kv")) {
-            /* repeatable: the values are joined with ';' and split below */
-            const size_t used = strlen(kv_all);
-            if (used + strlen(argv[i + 1]) + 2 > sizeof kv_all) {
-                fprintf(stderr, "e8kv ppl: --kv lists too long\n");
-                return 2;
-            }
-            snprintf(kv_all + used, sizeof kv_all - used, "%s%s", used ? ";" : "", argv[i + 1]);
-            kv = kv_all;
-            i++;
-        } else if (has && !strcmp(a, "--kv-k")) {
-            kv_k = argv[++i];
-        } else if (has && !strcmp(a, "--kv-v")) {
-            kv_v = argv[++i];
-        } else if (has && !strcmp(a, "--threads")) {
-            n_threads = atoi(argv[++i]);
-        } else if (has && !strcmp(a, "--seed")) {
-            seed = strtoull(argv[++i], NULL, 10);
-        } else if (has && !strcmp(a, "--dump-kv")) {
-            dump = argv[++i];
-        } else if (has && !strcmp(a, "--calib")) {
-            calib_arg = argv[++i];
-        } else {
-            fprintf(stderr, "e8kv ppl: unknown or incomplete option '%s'\n\n", a);
-            usage(stderr);
-            return 2;
-        }
-    }
+    const e8kv_cli_opt opts[] = {
+        E8KV_OPT_STR("-m", &model_path),        E8KV_OPT_STR("-f", &text_path),
+        E8KV_OPT_SIZE("--ctx", &n_ctx, 4, 1u << 24), E8KV_OPT_SIZE("--chunks", &n_chunks, 0, SIZE_MAX),
+        E8KV_OPT_LIST("--kv", &kv),             E8KV_OPT_STR("--kv-k", &kv_k),
+        E8KV_OPT_STR("--kv-v", &kv_v),          E8KV_OPT_THREADS(&n_threads),
+        E8KV_OPT_U64("--seed", &seed),          E8KV_OPT_FLAG("--json", &json),
+        E8KV_OPT_STR("--dump-kv", &dump),       E8KV_OPT_STR("--calib", &calib_arg),
+    };
+    const int pr = e8kv_cli_parse(WHO, usage, argc, argv, opts, sizeof opts / sizeof opts[0], NULL, 0, NULL);
+    if (pr >= 0) return e8kv_cli_list_free(&kv), pr;
+    int rc = 2;
+    e8kv_cli_specs fs = {0};
+    char *kv_pair = NULL;
     if (!text_path) {
-        fprintf(stderr, "e8kv ppl: -f TEXT is required\n\n");
-        usage(stderr);
-        return 2;
+        e8kv_cli_usage_error(WHO, "-f TEXT is required");
+        goto args_out;
+    }
+    if (n_ctx % 2) {
+        e8kv_cli_usage_error(WHO, "--ctx %zu: must be even (the second half of each chunk is scored)", n_ctx);
+        goto args_out;
     }
     if ((kv_k == NULL) != (kv_v == NULL)) {
-        fprintf(stderr, "e8kv ppl: --kv-k and --kv-v go together\n");
-        return 2;
+        e8kv_cli_usage_error(WHO, "--kv-k and --kv-v go together");
+        goto args_out;
     }
-    /* format list: --kv values (repeatable, or separated by ';'); a value with '=' in it is one cache
-     * spec of the full grammar ("k=e8:4,v=e8:3,rope=pre"), any other value is a ','-separated list of
-     * codec specs ("f16,q4_0,e8:4"); then --kv-k/--kv-v */
-    char list[2048];
-    const char *specs[E8KV_PPL_MAX_SPECS];
-    size_t n_specs = 0;
-    snprintf(list, sizeof list, "%s", kv ? kv : (kv_k ? "" : "f32"));
-    for (char *save = NULL, *item = strtok_r(list, ";", &save); item; item = strtok_r(NULL, ";", &save)) {
-        const int whole = strchr(item, '=') != NULL;
-        for (char *save2 = NULL, *tok = whole ? item : strtok_r(item, ",", &save2); tok;
-             tok = whole ? NULL : strtok_r(NULL, ",", &save2)) {
-            if (n_specs == E8KV_PPL_MAX_SPECS) {
-                fprintf(stderr, "e8kv ppl: at most %d formats\n", E8KV_PPL_MAX_SPECS);
-                return 2;
-            }
-            specs[n_specs++] = tok;
-        }
-    }
-    char kv_pair[512];
+    /* the formats: the --kv values split by the CLI's one list rule (cli_util.h), then --kv-k/--kv-v */
+    if (!e8kv_cli_split_specs(&fs, WHO, kv.v, kv.n, kv_k ? NULL : "f32")) goto args_out;
     if (kv_k) {
-        snprintf(kv_pair, sizeof kv_pair, "k=%s,v=%s", kv_k, kv_v);
-        if (n_specs < E8KV_PPL_MAX_SPECS) specs[n_specs++] = kv_pair;
+        const size_t len = strlen(kv_k) + strlen(kv_v) + 5;
+        if (!(kv_pair = malloc(len)) || !e8kv_cli_specs_add(&fs, kv_pair)) {
+            fprintf(stderr, "%s: out of memory\n", WHO);
+            rc = 1;
+            goto args_out;
+        }
+        snprintf(kv_pair, len, "k=%s,v=%s", kv_k, kv_v);
     }
-    if (n_specs == 0) {
-        fprintf(stderr, "e8kv ppl: no KV format given\n");
-        return 2;
+    if (fs.n > E8KV_PPL_MAX_SPECS) {
+        e8kv_cli_usage_error(WHO, "%zu formats: at most %d in one run", fs.n, E8KV_PPL_MAX_SPECS);
+        goto args_out;
     }
+    for (size_t i = 0; i < fs.n; i++)
+        if (!e8kv_cli_check_spec(WHO, "--kv", fs.v[i])) goto args_out;
+    const char *const *specs = fs.v;
+    const size_t n_specs = fs.n;
 
+    rc = 1;
     char *text = NULL;
     size_t n_bytes = 0;
     if (!(text = e8kv_cli_read_all(text_path, &n_bytes))) {
         fprintf(stderr, "e8kv ppl: cannot read %s\n", text_path);
-        return 1;
+        goto args_out;
     }
     if (n_bytes == 0) {
         fprintf(stderr, "e8kv ppl: %s is empty [%s]\n", text_path, e8kv_error_code_name(E8KV_ERROR_SRC_SIZE));
         free(text);
-        return 1;
+        goto args_out;
     }
     char mpath[4096];
     e8kv_model *m = e8kv_cli_load_model(model_path, mpath, sizeof mpath);
     if (!m) {
         free(text);
-        return 1;
+        goto args_out;
     }
-    int rc = 1, cal_failed = 0;
+    int cal_failed = 0;
     int32_t *ids = NULL;
     kv_dump kd = {0};
     e8kv_ppl_result *res = calloc(n_specs, sizeof *res);
@@ -237,7 +206,7 @@ int e8kv_cmd_ppl(int argc, char **argv) {
     }
     const size_t n_chunk_all = n_tok / n_ctx;
     const size_t n_chunk = n_chunks && n_chunks < n_chunk_all ? n_chunks : n_chunk_all;
-    const int threads = n_threads > 0 ? n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    const int threads = e8kv_cli_threads(n_threads);
     fprintf(stderr,
             "e8kv ppl: %s (%s, %zu layers, dim %zu, %zu/%zu heads, head_dim %zu), %zu tokens, "
             "%zu chunks of %zu, %d threads\n",
@@ -310,5 +279,9 @@ out:
     free(ids);
     free(text);
     e8kv_model_free(m);
+args_out:
+    e8kv_cli_specs_free(&fs);
+    e8kv_cli_list_free(&kv);
+    free(kv_pair);
     return rc;
 }

@@ -15,6 +15,8 @@
 #include <time.h>
 
 
+#define WHO "e8kv tokenize"
+
 static void usage(FILE *f) {
     fprintf(f,
             "usage: e8kv tokenize [-m MODEL.gguf | --llama2c-tokenizer TOK.bin [--vocab-size N]]\n"
@@ -74,49 +76,24 @@ static size_t encode(const e8kv_tokenizer *t, int32_t **ids, size_t *cap, const 
 int e8kv_cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *l2c = NULL, *file = NULL, *prompt = NULL;
     size_t vocab_size = 0;
-    int add_bos = -1, nul_split = 0, pieces = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const int has = i + 1 < argc;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "-m") && has) {
-            model = argv[++i];
-        } else if (!strcmp(a, "--llama2c-tokenizer") && has) {
-            l2c = argv[++i];
-        } else if (!strcmp(a, "--vocab-size") && has) {
-            char *end = NULL;
-            const long long v = strtoll(argv[++i], &end, 10);
-            if (!end || *end || v <= 0) {
-                fprintf(stderr, "e8kv tokenize: bad --vocab-size '%s'\n", argv[i]);
-                return 2;
-            }
-            vocab_size = (size_t)v;
-        } else if (!strcmp(a, "-f") && has) {
-            file = argv[++i];
-        } else if (!strcmp(a, "-p") && has) {
-            prompt = argv[++i];
-        } else if (!strcmp(a, "--no-bos")) {
-            add_bos = 0;
-        } else if (!strcmp(a, "--bos")) {
-            add_bos = 1;
-        } else if (!strcmp(a, "-0")) {
-            nul_split = 1;
-        } else if (!strcmp(a, "--pieces")) {
-            pieces = 1;
-        } else {
-            fprintf(stderr, "e8kv tokenize: unknown or incomplete option '%s'\n\n", a);
-            usage(stderr);
-            return 2;
-        }
-    }
+    int add_bos = -1, nul_split = 0, pieces = 0, bos = 0, no_bos = 0;
+    const e8kv_cli_opt opts[] = {
+        E8KV_OPT_STR("-m", &model),
+        E8KV_OPT_STR("--llama2c-tokenizer", &l2c),
+        E8KV_OPT_SIZE("--vocab-size", &vocab_size, 1, INT32_MAX),
+        E8KV_OPT_STR("-f", &file),
+        E8KV_OPT_STR("-p", &prompt),
+        E8KV_OPT_FLAG("--no-bos", &no_bos),
+        E8KV_OPT_FLAG("--bos", &bos),
+        E8KV_OPT_FLAG("-0", &nul_split),
+        E8KV_OPT_FLAG("--pieces", &pieces),
+    };
+    const int pr = e8kv_cli_parse(WHO, usage, argc, argv, opts, sizeof opts / sizeof opts[0], NULL, 0, NULL);
+    if (pr >= 0) return pr;
+    if (bos && no_bos) return e8kv_cli_usage_error(WHO, "--bos and --no-bos exclude each other");
+    if (bos || no_bos) add_bos = bos;
     if ((!file) == (!prompt) || (model && l2c)) {
-        fprintf(
-            stderr,
-            "e8kv tokenize: give exactly one of -f / -p, and at most one of -m / --llama2c-tokenizer\n\n");
-        usage(stderr);
-        return 2;
+        return e8kv_cli_usage_error(WHO, "give exactly one of -f / -p, and at most one of -m / --llama2c-tokenizer");
     }
 
     /* the tokenizer */

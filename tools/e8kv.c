@@ -14,7 +14,7 @@ static void usage(FILE *f) {
             "  generate  streaming text generation\n"
             "  calibrate measure a model's K/V statistics for the e8t formats (transform coding)\n"
             "  tokenize  print the token ids of a text (checked against the reference tokenizer)\n"
-            "  bench     benchmarks: `e8kv bench codec`, `e8kv bench attn`\n"
+            "  bench     benchmarks: `e8kv bench codec`, `e8kv bench attn`, `e8kv bench entropy`\n"
             "  compress / decompress / info   entropy-coded frames of K/V dumps and saved caches\n"
             "  version   print the version\n\n"
             "`e8kv <command> --help` shows a command's options.\n",

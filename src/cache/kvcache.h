@@ -19,7 +19,7 @@
 #define E8KV_CACHE_DEFAULT_PAGE 64
 /* Cache specs are at most this many bytes, with at most this many layer rules (an auto= allocation of a
  * 128-layer model needs up to 256 rules once written out as a canonical spec, persist.c). */
-#define E8KV_CACHE_SPEC_MAX 8191
+#define E8KV_CACHE_SPEC_MAX E8KV_CACHE_SPEC_MAX_LEN
 #define E8KV_CACHE_RULES_MAX 512
 #define E8KV_CACHE_MAX_CODECS 64
 

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Bad input to the e8kv CLI: every case must end with the expected exit status and, for errors, a message
+# naming the error ("[bad argument]" ...); nothing may crash (the sanitizer build runs this script too).
+# Usage: tests/cli_errors.sh [path/to/e8kv]   (default $E8KV_CLI); model cases skip without stories260K.
+set -u
+CLI=${1:-${E8KV_CLI:-}}
+DATA=${E8KV_SHARED_DATA:-$(dirname "$0")/../../shared/data}
+if [ -z "$CLI" ] || [ ! -x "$CLI" ]; then
+    echo "skip: no e8kv CLI (pass its path or set E8KV_CLI)"
+    exit 77
+fi
+M=$DATA/stories260K/stories260K.bin
+TXT=$DATA/tinyshakespeare/input.txt
+have_model=0
+[ -f "$M" ] && [ -f "$TXT" ] && have_model=1
+# a sanitizer's own exit status must not pass for an expected 1
+export ASAN_OPTIONS="${ASAN_OPTIONS:-}:exitcode=86"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fails=0
+n=0
+
+# expect STATUS 'PATTERN' ARGS...: run the CLI, check its exit status and that stdout+stderr contain
+# PATTERN (a fixed string; '' for none)
+expect() {
+    local want=$1 pat=$2
+    shift 2
+    n=$((n + 1))
+    "$CLI" "$@" >"$TMP/out" 2>&1
+    local got=$?
+    if grep -qE "Sanitizer|runtime error:" "$TMP/out"; then
+        echo "FAIL: e8kv $* -> sanitizer report:"
+        head -c 2000 "$TMP/out" | sed 's/^/    /'
+        fails=$((fails + 1))
+    elif [ "$got" != "$want" ]; then
+        echo "FAIL: e8kv $* -> exit $got, want $want"
+        head -c 600 "$TMP/out" | sed 's/^/    /'
+        fails=$((fails + 1))
+    elif [ -n "$pat" ] && ! grep -qF -- "$pat" "$TMP/out"; then
+        echo "FAIL: e8kv $* -> no '$pat' in:"
+        head -c 600 "$TMP/out" | sed 's/^/    /'
+        fails=$((fails + 1))
+    fi
+}
+BAD="[bad argument]"
+
+# ---- strict numbers, every subcommand (checked before any file is read)
+for v in 0 abc -5 512abc 513 "" " 64" 99999999999999999999999; do
+    expect 2 "$BAD" ppl -f x --ctx "$v"
+done
+expect 2 "--ctx '-5'" ppl -f x --ctx -5
+expect 2 "$BAD" ppl -f x --chunks -1
+expect 2 "$BAD" ppl -f x --threads -3
+expect 2 "$BAD" ppl -f x --threads 65
+expect 2 "$BAD" ppl -f x --threads 1000
+expect 2 "$BAD" ppl -f x --seed abc
+expect 2 "$BAD" ppl -f x --seed -1
+expect 2 "needs a value" ppl -f x --ctx
+expect 2 "unknown option '--bogus'" ppl -f x --bogus
+expect 2 "-f TEXT is required" ppl
+expect 2 "$BAD" generate -p a --ctx 0
+expect 2 "$BAD" generate -p a -n -1
+expect 2 "$BAD" generate -p a -n 5x
+expect 2 "$BAD" generate -p a --threads -3
+expect 2 "$BAD" generate -p a --threads 100
+expect 2 "$BAD" generate -p a --seed abc
+expect 2 "$BAD" generate -p a --temp x
+expect 2 "$BAD" generate -p a --temp -1
+expect 2 "$BAD" generate -p a --top-p 0
+expect 2 "$BAD" generate -p a --top-p 1.5
+expect 2 "unknown option '--nope'" generate -p a --nope
+expect 2 "$BAD" calibrate -f x --ctx 8
+expect 2 "$BAD" calibrate -f x --chunks -1
+expect 2 "$BAD" calibrate -f x --threads 65
+expect 2 "$BAD" calibrate -f x --probe-chunks 0
+expect 2 "$BAD" calibrate -f x --probe-sink -1
+expect 2 "$BAD" tokenize -p a --vocab-size 0
+expect 2 "$BAD" tokenize -p a --vocab-size 12x
+expect 2 "unknown option '-q'" tokenize -p a -q
+expect 2 "$BAD" compress a b --page 0
+expect 2 "$BAD" compress a b --page -1
+expect 2 "$BAD" compress a b --step 0
+expect 2 "$BAD" compress a b --step -1
+expect 2 "$BAD" compress a b --step nan
+expect 2 "$BAD" compress a b --level 99
+expect 2 "$BAD" compress a b --level 0
+expect 2 "$BAD" compress a b --seed 1.5
+expect 2 "$BAD" compress a b --method lz4
+expect 2 "$BAD" compress a
+expect 2 "unexpected argument 'c'" compress a b c
+expect 2 "unknown option '--zz'" compress a b --zz
+expect 2 "$BAD" decompress a
+expect 2 "$BAD" info
+expect 2 "$BAD" info a b
+expect 2 "$BAD" bench attn --reps 0
+expect 2 "$BAD" bench attn --reps 65
+expect 2 "$BAD" bench attn --threads 0
+expect 2 "$BAD" bench attn --threads 65
+expect 2 "$BAD" bench attn --ctx 4096,x
+expect 2 "$BAD" bench attn --shape nope
+expect 2 "$BAD" bench codec --reps 0
+expect 2 "$BAD" bench codec --n-vec -4
+expect 2 "$BAD" bench entropy --reps 0
+expect 2 "$BAD" bench entropy --page 0
+expect 2 "$BAD" bench entropy --n-vec abc
+expect 2 "unknown benchmark" bench nope
+
+# ---- --help of every command exits 0 and prints its usage
+for c in ppl generate calibrate tokenize compress decompress info "bench codec" "bench attn" "bench entropy"; do
+    # shellcheck disable=SC2086
+    expect 0 "usage: e8kv $c" $c --help
+done
+expect 0 "bench entropy" --help
+expect 0 "usage: e8kv bench" bench --help
+expect 2 "" bench
+expect 2 "unknown command" nope
+
+echo "cli_errors: $n cases, $fails failed"
+[ "$fails" = 0 ]
