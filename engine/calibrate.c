@@ -88,14 +88,18 @@ size_t e8kv_calibrate_sensitivity(const e8kv_model *m, const int32_t *tokens, si
     if (!(rate > 0.0) || rate > 16.0 || strchr(probe, ',') || strchr(probe, '=')) return ERR(BAD_ARGUMENT);
     const e8kv_model_config *cfg = &m->cfg;
     const size_t n_s = 2 * cfg->n_layer;
-    char(*specs)[96] = calloc(n_s, sizeof *specs);
+    /* each probe's spec in full, never cut: "f32,sink=S,rope=pre,layerL.k=PROBE" */
+    const size_t spec_cap = strlen(probe) + 96;
+    char *specs = calloc(n_s, spec_cap);
     const char **ptr = calloc(n_s, sizeof *ptr);
     e8kv_ppl_result *res = calloc(E8KV_PPL_MAX_SPECS, sizeof *res);
     size_t r = specs && ptr && res ? 0 : ERR(OUT_OF_MEMORY);
     for (size_t i = 0; i < n_s && !r; i++) { /* K of every layer, then V, as the cache orders streams */
-        snprintf(specs[i], sizeof specs[i], "f32,sink=%zu%s,layer%zu.%c=%s", p->sink,
-                 cfg->rope_theta > 0.0f ? ",rope=pre" : "", i % cfg->n_layer, i < cfg->n_layer ? 'k' : 'v', probe);
-        ptr[i] = specs[i];
+        const int w = snprintf(specs + i * spec_cap, spec_cap, "f32,sink=%zu%s,layer%zu.%c=%s", p->sink,
+                               cfg->rope_theta > 0.0f ? ",rope=pre" : "", i % cfg->n_layer,
+                               i < cfg->n_layer ? 'k' : 'v', probe);
+        if (w < 0 || (size_t)w >= spec_cap) r = ERR(SPEC);
+        ptr[i] = specs + i * spec_cap;
     }
     for (size_t b = 0; b < n_s && !e8kv_is_error(r); b += E8KV_PPL_MAX_SPECS) {
         const size_t n = n_s - b < E8KV_PPL_MAX_SPECS ? n_s - b : E8KV_PPL_MAX_SPECS;

@@ -77,7 +77,7 @@ size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
 
     memset(results, 0, p->n_specs * sizeof *results);
     for (size_t i = 0; i < p->n_specs; i++) {
-        strncpy(results[i].spec, p->specs[i] ? p->specs[i] : "", sizeof results[i].spec - 1);
+        results[i].spec = p->specs[i] ? p->specs[i] : "";
         if (!p->specs[i]) results[i].status = ERR(SPEC);
     }
 
@@ -107,7 +107,7 @@ size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
     float *lsm = malloc(nv * sizeof *lsm);
     size_t *base_top = malloc(n_scored * sizeof *base_top);
     e8kv_ppl_result b = {0};
-    snprintf(b.spec, sizeof b.spec, "f32");
+    b.spec = "f32";
     if (!base) goto done;
     if (!chunk || !logits || !base_lsm || !lsm || !base_top) {
         ret = ERR(OUT_OF_MEMORY);
@@ -145,10 +145,9 @@ size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
             e8kv_ppl_result *r = &results[i];
             if (r->status) continue;
             if (!ctx[i]) { /* "f32": the baseline itself */
-                char spec[sizeof r->spec];
-                memcpy(spec, r->spec, sizeof spec);
+                const char *spec = r->spec;
                 *r = b;
-                memcpy(r->spec, spec, sizeof spec);
+                r->spec = spec;
                 continue;
             }
             e8kv_context_reset(ctx[i]);

@@ -15,7 +15,7 @@
 #define E8KV_PPL_MAX_SPECS 32
 
 typedef struct {
-    char spec[96];
+    const char *spec; /* p->specs[i] itself (borrowed, never copied or cut); "f32" for the baseline */
     size_t status; /* 0, or the error that made the format unavailable (context creation) */
     size_t count;  /* scored tokens so far */
     double sum_nll, sum_nll2;

@@ -374,7 +374,7 @@ typedef struct {
     uint64_t seed;
     float rope_theta;
     int rope_neox;
-    char spec[512];               /* the canonical cache spec that recreates the configuration */
+    char spec[E8KV_CACHE_SPEC_MAX_LEN + 1]; /* the canonical cache spec that recreates the configuration */
     size_t meta_offset, meta_size; /* meta bytes are src[meta_offset .. meta_offset + meta_size) */
     size_t file_size;
     size_t calib_offset, calib_size; /* the saved calibration (version 2, e8t streams); size 0 when absent */

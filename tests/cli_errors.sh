@@ -115,5 +115,32 @@ expect 0 "usage: e8kv bench" bench --help
 expect 2 "" bench
 expect 2 "unknown command" nope
 
+# ---- specs are never cut: one of 8191 characters (the library's limit) goes through unchanged, 8192 is
+# a named error before anything runs
+pad() { printf '%*s' "$1" '' | tr ' ' 0; }
+C63="e8:$(pad 59)4" # a codec spec of 63 characters, the codec limit: e8:4
+SPEC="e8:4"
+for _ in $(seq 110); do SPEC="$SPEC,layers0-0=$C63"; done
+SPEC="$SPEC,layers0-0=e8:$(pad 25)4,sink=2"
+LONG="${SPEC%,sink=2},sink=22"
+[ ${#SPEC} = 8191 ] && [ ${#LONG} = 8192 ] || { echo "FAIL: test specs of ${#SPEC}/${#LONG} characters"; fails=$((fails + 1)); }
+expect 2 "the longest the library takes is 8191 [invalid format spec]" ppl -f x --kv "$LONG"
+expect 2 "the longest the library takes is 8191 [invalid format spec]" ppl -f x --kv f16 --kv "$LONG"
+expect 2 "the longest the library takes is 8191 [invalid format spec]" ppl -f x --kv-k "$LONG" --kv-v f16
+expect 2 "the longest the library takes is 8191 [invalid format spec]" generate -p a --kv "$LONG"
+expect 2 "the longest the library takes is 8191 [invalid format spec]" bench attn --kv "$LONG"
+expect 0 "\"kv\":\"$SPEC\"" bench attn --kv "$SPEC" --ctx 64 --shape smollm2-135m --reps 1 --no-baseline --json
+# a list is split by ';' (or repeated options), by ',' only where no part has '='; "f16,e8:4,sink=1" is
+# not one spec (a codec only as the first item), so it is refused, not read as e8:4
+expect 0 "\"kv\":\"e8:4,sink=1\"" bench attn --kv "f16;e8:4,sink=1" --ctx 64 --shape smollm2-135m --reps 1 --no-baseline --json
+expect 2 "empty format" bench attn --kv "f16;" --ctx 64 --shape smollm2-135m
+# codec specs: 63 characters work end to end, 64 are refused by name
+if [ $have_model = 1 ]; then
+    expect 0 "\"spec\":\"$SPEC\",\"available\":true" ppl -m "$M" -f "$TXT" --ctx 64 --chunks 1 --threads 1 --kv "$SPEC" --json
+    expect 0 "\"spec\":\"k=$C63,v=f16\",\"available\":true" ppl -m "$M" -f "$TXT" --ctx 64 --chunks 1 --threads 1 --kv-k "$C63" --kv-v f16 --json
+    expect 0 "--kv $SPEC: prompt" generate -m "$M" -p "Once" -n 4 --temp 0 --threads 1 --kv "$SPEC"
+    expect 1 "unavailable: invalid format spec" ppl -m "$M" -f "$TXT" --ctx 64 --chunks 1 --threads 1 --kv "f16,e8:4,sink=1"
+fi
+
 echo "cli_errors: $n cases, $fails failed"
 [ "$fails" = 0 ]

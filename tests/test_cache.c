@@ -276,7 +276,12 @@ static void test_bad_input(void **state) {
                                     "f16,rope=pre",
                                     "f16,rope=sideways",
                                     "f16,layersx=f32",
-                                    "e8:4:z"};
+                                    "e8:4:z",
+                                    /* a codec or preset only as the first item: a list is not a spec */
+                                    "f16,e8:4",
+                                    "k=e8:4,f16",
+                                    "sink=1,balanced",
+                                    "e8:4,sink=1,f16"};
     for (size_t i = 0; i < sizeof garbage / sizeof garbage[0]; i++) {
         assert_null(make_cache(&s, garbage[i], 1, &err));
         if (e8kv_get_error_code(err) != E8KV_ERROR_SPEC)

@@ -397,6 +397,36 @@ static void test_files(void **state) {
     e8kv_cache_free(a), e8kv_cache_free(b);
 }
 
+/* A canonical spec longer than 511 characters (40 layer rules) is saved and read back whole: the file
+ * info holds any spec the library writes (it once held 512 bytes and was overrun). */
+static void test_long_spec(void **state) {
+    (void)state;
+    char spec[1024] = "f32";
+    for (size_t l = 0; l < 40; l += 2) {
+        const size_t n = strlen(spec);
+        snprintf(spec + n, sizeof spec - n, ",layers%zu-%zu=f16", l, l);
+    }
+    const shape s = {40, 1, 1, 8, 16, spec};
+    size_t err = 0;
+    e8kv_cache *a = make(&s, &err);
+    assert_non_null(a);
+    append_all(&a, 1, &s, 16, 3);
+    const size_t cap = e8kv_cache_save_bound(a, 0);
+    assert_ok(cap);
+    uint8_t *buf = malloc(cap);
+    const size_t n = e8kv_cache_save(buf, cap, a, NULL, 0);
+    assert_ok(n);
+    e8kv_cache_file_info *fi = malloc(sizeof *fi);
+    assert_int_equal(e8kv_cache_file_get_info(fi, buf, n), n);
+    assert_true(strlen(fi->spec) > 600);
+    if (!strstr(fi->spec, ",layers39-39.v=f32,window=")) fail_msg("%s", fi->spec); /* layer 0 is f16 */
+    e8kv_cache *b = e8kv_cache_load(buf, n, 1, &err);
+    assert_non_null(b);
+    check_same_attention(a, b, &s, 1);
+    free(fi), free(buf);
+    e8kv_cache_free(a), e8kv_cache_free(b);
+}
+
 /* tests/data/golden_caches/f32_window.e8kc, written from doc/format.md alone by make_golden.py there:
  * loads into the cache that appending the same K/V builds, attention bit-identical at every position. */
 static void test_golden(void **state) {
@@ -474,6 +504,7 @@ int main(void) {
         cmocka_unit_test(test_malformed),
         cmocka_unit_test(test_mismatched_target),
         cmocka_unit_test(test_files),
+        cmocka_unit_test(test_long_spec),
         cmocka_unit_test(test_golden),
         cmocka_unit_test(test_fuzz_corpus),
     };

@@ -139,7 +139,7 @@ int e8kv_cmd_ppl(int argc, char **argv) {
     /* the formats: the --kv values split by the CLI's one list rule (cli_util.h), then --kv-k/--kv-v */
     if (!e8kv_cli_split_specs(&fs, WHO, kv.v, kv.n, kv_k ? NULL : "f32")) goto args_out;
     if (kv_k) {
-        const size_t len = strlen(kv_k) + strlen(kv_v) + 5;
+        const size_t len = strlen(kv_k) + strlen(kv_v) + 6; /* "k=" "," "v=" and the NUL */
         if (!(kv_pair = malloc(len)) || !e8kv_cli_specs_add(&fs, kv_pair)) {
             fprintf(stderr, "%s: out of memory\n", WHO);
             rc = 1;
@@ -270,7 +270,14 @@ int e8kv_cmd_ppl(int argc, char **argv) {
                    top, x->tokens_per_s);
         }
     }
+    size_t n_ok = 0;
+    for (size_t i = 0; i < n_specs; i++) n_ok += res[i].status == 0;
     rc = 0;
+    if (n_ok == 0) {
+        fprintf(stderr, "e8kv ppl: none of the %zu format%s requested is available\n", n_specs,
+                n_specs == 1 ? "" : "s");
+        rc = 1;
+    }
     if (dump && write_dump(dump, &kd, cfg)) rc = 1;
 out:
     e8kv_calib_free(cal);

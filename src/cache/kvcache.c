@@ -16,17 +16,17 @@
 typedef struct {
     size_t first, last; /* layer range, inclusive */
     int which;          /* 1 = K, 2 = V, 3 = both */
-    char codec[64];
+    char codec[E8KV_CODEC_SPEC_MAX + 1];
 } layer_rule;
 
 typedef struct {
-    char k[64], v[64];
+    char k[E8KV_CODEC_SPEC_MAX + 1], v[E8KV_CODEC_SPEC_MAX + 1];
     size_t window, sink, page;
     int rope_pre;
     int center; /* -1 = default (1); 0 off, 1 e8kv's own formats, 2 = all coded formats */
     layer_rule rules[E8KV_CACHE_RULES_MAX];
     size_t n_rules;
-    char auto_spec[64]; /* auto=FAMILY:B: streams whose format is this spec share the bits by sensitivity */
+    char auto_spec[E8KV_CODEC_SPEC_MAX + 1]; /* auto=FAMILY:B: streams whose format is this spec share the bits by sensitivity */
 } cache_config;
 
 typedef struct {
@@ -40,8 +40,8 @@ static const preset k_presets[] = {
     {"aggressive", "k=e8:4,v=e8:3,sink=1"},
 };
 
-static int copy_codec_spec(char dst[64], const char *src, size_t len) {
-    if (len == 0 || len >= 64) return 0;
+static int copy_codec_spec(char dst[E8KV_CODEC_SPEC_MAX + 1], const char *src, size_t len) {
+    if (len == 0 || len > E8KV_CODEC_SPEC_MAX) return 0;
     memcpy(dst, src, len);
     dst[len] = 0;
     return 1;
@@ -58,7 +58,7 @@ static int parse_size(const char *s, size_t len, size_t *out) {
     return 1;
 }
 
-static size_t parse_item(cache_config *cfg, const char *it, size_t len, int depth);
+static size_t parse_item(cache_config *cfg, const char *it, size_t len, int depth, int first);
 
 static size_t parse_list(cache_config *cfg, const char *spec, int depth) {
     const size_t n = strlen(spec);
@@ -66,18 +66,20 @@ static size_t parse_list(cache_config *cfg, const char *spec, int depth) {
     size_t start = 0;
     for (size_t i = 0; i <= n; i++) {
         if (i == n || spec[i] == ',') {
-            E8KV_RETURN_IF_ERROR(parse_item(cfg, spec + start, i - start, depth));
+            E8KV_RETURN_IF_ERROR(parse_item(cfg, spec + start, i - start, depth, start == 0));
             start = i + 1;
         }
     }
     return 0;
 }
 
-static size_t parse_item(cache_config *cfg, const char *it, size_t len, int depth) {
+/* A codec spec or a preset sets every stream's format: only as the first item, so that "f16,e8:4" (a list
+ * of formats, not a format) is refused instead of meaning e8:4. */
+static size_t parse_item(cache_config *cfg, const char *it, size_t len, int depth, int first) {
     if (len == 0) return E8KV_ERR(SPEC);
     for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++)
         if (strlen(k_presets[i].name) == len && !memcmp(k_presets[i].name, it, len)) {
-            if (depth > 0) return E8KV_ERR(SPEC);
+            if (depth > 0 || !first) return E8KV_ERR(SPEC);
             return parse_list(cfg, k_presets[i].spec, depth + 1);
         }
     const char *eq = memchr(it, '=', len);
@@ -86,7 +88,7 @@ static size_t parse_item(cache_config *cfg, const char *it, size_t len, int dept
     const size_t vlen = eq ? len - klen - 1 : 0;
     /* a bare codec spec (its own options use ':' and may contain '=' after a ':') */
     if (!eq || memchr(it, ':', klen)) {
-        if (!copy_codec_spec(cfg->k, it, len)) return E8KV_ERR(SPEC);
+        if (!first || !copy_codec_spec(cfg->k, it, len)) return E8KV_ERR(SPEC);
         memcpy(cfg->v, cfg->k, sizeof cfg->v);
         return 0;
     }
@@ -209,11 +211,12 @@ static void set_format(kv_format *f, const e8kv_codec *codec, int rope_pre_key, 
 }
 
 /* The codec a stream spec uses: "e8t:B" codes with e8:B after its calibrated transform (xform.c). */
-static const char *codec_of(const char *spec, char buf[16]) {
+static const char *codec_of(const char *spec, char buf[E8KV_CODEC_SPEC_MAX + 1]) {
     int vlc = 0;
     if (!e8kv_xform_rate(spec, &vlc))
         return spec; /* not e8t, or an e8t spec with options: SPEC from get_codec */
-    snprintf(buf, 16, "%s%s", vlc ? "e8v" : "e8", spec + (vlc ? 4 : 3)); /* "e8tv:3.5" → "e8v:3.5" */
+    /* "e8tv:3.5" → "e8v:3.5": one character shorter, never cut */
+    snprintf(buf, E8KV_CODEC_SPEC_MAX + 1, "%s%s", vlc ? "e8v" : "e8", spec + (vlc ? 4 : 3));
     return buf;
 }
 static size_t fail_create(e8kv_cache *c, size_t *err, size_t code) {
@@ -391,7 +394,7 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
     for (size_t l = 0; l < c->n_layer && !e8kv_is_error(r); l++) {
         kv_layer *L = &c->layers[l];
         const char *ks = lspec[l], *vs = lspec[c->n_layer + l];
-        char kbuf[16], vbuf[16];
+        char kbuf[E8KV_CODEC_SPEC_MAX + 1], vbuf[E8KV_CODEC_SPEC_MAX + 1];
         const e8kv_codec *kc = NULL, *vc = NULL;
         r = get_codec(c, codec_of(ks, kbuf), params->seed, &kc);
         if (!e8kv_is_error(r)) r = get_codec(c, codec_of(vs, vbuf), params->seed, &vc);

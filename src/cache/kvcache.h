@@ -37,7 +37,7 @@ typedef enum { KV_FAST_NONE = 0, KV_FAST_F32, KV_FAST_F16, KV_FAST_E8BALL, KV_FA
  * first: P·S·x with S = diag(s) and P, λ the eigenbasis of S·C·S (C the key covariance), built once per
  * calibration and RoPE setting and shared (calib.h, e8kv_calib_score). */
 typedef struct {
-    char spec[16];      /* the format as the spec names it ("e8t:4") */
+    char spec[E8KV_CODEC_SPEC_MAX + 1]; /* the format as the spec names it ("e8t:4") */
     const float *basis; /* (n_head_kv, d, d), borrowed from the calibration (or score_owned) */
     float *w, *w_inv;   /* e8t: (n_head_kv, d) each: λ^(−1/4) and λ^(1/4) (one allocation, w owns it) */
     e8kv_vlc *vlc;      /* e8tv: (n_head_kv) entropy-coded E8 with each head's eigenvalues; NULL for e8t */

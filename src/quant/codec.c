@@ -30,8 +30,8 @@ static const family_entry k_families[] = {
 
 size_t e8kv_spec_parse(e8kv_spec *out, const char *spec) {
     memset(out, 0, sizeof *out);
-    if (!spec || !spec[0] || strlen(spec) >= 64) return E8KV_ERR(SPEC);
-    char buf[64];
+    if (!spec || !spec[0] || strlen(spec) > E8KV_CODEC_SPEC_MAX) return E8KV_ERR(SPEC);
+    char buf[E8KV_CODEC_SPEC_MAX + 1];
     memcpy(buf, spec, strlen(spec) + 1);
     char *save = NULL;
     char *tok = strtok_r(buf, ":", &save);

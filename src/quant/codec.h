@@ -23,6 +23,9 @@ typedef struct {
     void (*destroy)(struct e8kv_codec *codec);
 } e8kv_quant_ops;
 
+/* Codec specs are at most this many characters (longer: E8KV_ERROR_SPEC, never cut). */
+#define E8KV_CODEC_SPEC_MAX 63
+
 /* Parsed spec: "family[:bits][:key=value]..." */
 typedef struct {
     char family[16];
@@ -32,7 +35,7 @@ typedef struct {
 } e8kv_spec;
 
 struct e8kv_codec {
-    char spec[64];
+    char spec[E8KV_CODEC_SPEC_MAX + 1];
     size_t head_dim;
     size_t vector_bytes;
     int bits;
