@@ -66,6 +66,24 @@ e8kv_error_code e8kv_get_error_code(size_t code);
 const char *e8kv_error_name(size_t code);
 const char *e8kv_error_code_name(e8kv_error_code code);
 
+/* Atomic file writes (every file the library and the CLI write goes through them): the bytes go to a new
+ * file beside `path`, which at commit is flushed to disk and renamed over `path`; on any failure (open,
+ * write, a full disk, a file size limit, fsync, rename) the new file is removed and `path` keeps its old
+ * contents. A `path` that is a symbolic link is written through (its target is replaced, the link stays).
+ * Errors: E8KV_ERROR_BAD_ARGUMENT, E8KV_ERROR_IO (also for a directory or a dangling link),
+ * E8KV_ERROR_OUT_OF_MEMORY. */
+typedef struct e8kv_file_writer e8kv_file_writer;
+e8kv_file_writer *e8kv_file_writer_open(const char *path, size_t *err);
+/* Returns n or an error; after an error the writer can only be aborted (commit answers E8KV_ERROR_IO). */
+size_t e8kv_file_writer_write(e8kv_file_writer *w, const void *src, size_t n);
+/* Flush, fsync, rename over the path, fsync its directory; frees w. Returns the bytes written or
+ * E8KV_ERROR_IO (the path then keeps its old contents). */
+size_t e8kv_file_writer_commit(e8kv_file_writer *w);
+/* Removes the new file and frees w; NULL is a no-op. */
+void e8kv_file_writer_abort(e8kv_file_writer *w);
+/* The three in one: returns n or an error. */
+size_t e8kv_file_write(const char *path, const void *src, size_t n);
+
 /* Optional log sink; level 0 = error, 1 = warning, 2 = info, 3 = debug. NULL restores silence. */
 typedef void (*e8kv_log_fn)(int level, const char *msg, void *user);
 void e8kv_set_log_callback(e8kv_log_fn fn, void *user);

@@ -7,7 +7,11 @@
 #include "common/pool.h"
 #include "common/rng.h"
 
+#include <dirent.h>
 #include <pthread.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <stdatomic.h>
 #include <unistd.h>
 
@@ -165,6 +169,81 @@ static void test_pool_busy(void **state) {
     e8kv_pool_free(r.p);
 }
 
+/* Files in dir whose name starts with prefix. */
+static size_t count_prefixed(const char *dir, const char *prefix) {
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    size_t n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    closedir(d);
+    return n;
+}
+
+static int same_bytes(const char *path, const void *want, size_t n) {
+    void *got = NULL;
+    const size_t r = e8kv_cache_read_file(&got, path);
+    const int same = r == n && memcmp(got, want, n) == 0;
+    free(got);
+    return same;
+}
+
+/* e8kv_file_write replaces a file whole or not at all: over RLIMIT_FSIZE (SIGXFSZ ignored, so write()
+ * fails with EFBIG) the old contents stay and no temporary file is left; a directory or a missing
+ * directory is an I/O error; writing through a symbolic link keeps the link. */
+static void test_atomic_write(void **state) {
+    (void)state;
+    char dir[] = "/tmp/e8kv_test_file_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256], link_path[256];
+    snprintf(path, sizeof path, "%s/f.bin", dir);
+    snprintf(link_path, sizeof link_path, "%s/l.bin", dir);
+    static uint8_t old_bytes[3000], new_bytes[200000];
+    for (size_t i = 0; i < sizeof old_bytes; i++) old_bytes[i] = (uint8_t)(i * 7);
+    for (size_t i = 0; i < sizeof new_bytes; i++) new_bytes[i] = (uint8_t)(i * 13 + 1);
+    assert_int_equal(e8kv_file_write(path, old_bytes, sizeof old_bytes), sizeof old_bytes);
+    assert_true(same_bytes(path, old_bytes, sizeof old_bytes));
+
+    struct rlimit saved, lim;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &saved), 0);
+    lim = saved;
+    lim.rlim_cur = 65536;
+    void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    const size_t r = e8kv_file_write(path, new_bytes, sizeof new_bytes);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &saved), 0);
+    signal(SIGXFSZ, old_handler);
+    assert_int_equal(e8kv_get_error_code(r), E8KV_ERROR_IO);
+    assert_true(same_bytes(path, old_bytes, sizeof old_bytes));
+    assert_int_equal(count_prefixed(dir, "f.bin.tmp"), 0);
+
+    /* the writer API: abort leaves the old file; commit replaces it */
+    size_t err = 0;
+    e8kv_file_writer *w = e8kv_file_writer_open(path, &err);
+    assert_non_null(w);
+    assert_int_equal(e8kv_file_writer_write(w, new_bytes, 100), 100);
+    e8kv_file_writer_abort(w);
+    assert_true(same_bytes(path, old_bytes, sizeof old_bytes));
+    assert_int_equal(count_prefixed(dir, "f.bin.tmp"), 0);
+    assert_int_equal(symlink("f.bin", link_path), 0);
+    w = e8kv_file_writer_open(link_path, &err);
+    assert_non_null(w);
+    assert_int_equal(e8kv_file_writer_write(w, new_bytes, 1000), 1000);
+    assert_int_equal(e8kv_file_writer_write(w, new_bytes + 1000, sizeof new_bytes - 1000), sizeof new_bytes - 1000);
+    assert_int_equal(e8kv_file_writer_commit(w), sizeof new_bytes);
+    struct stat st;
+    assert_int_equal(lstat(link_path, &st), 0);
+    assert_true(S_ISLNK(st.st_mode));
+    assert_true(same_bytes(path, new_bytes, sizeof new_bytes));
+
+    assert_int_equal(e8kv_get_error_code(e8kv_file_write(dir, old_bytes, 10)), E8KV_ERROR_IO);
+    assert_int_equal(e8kv_get_error_code(e8kv_file_write("/nonexistent-e8kv-dir/x", old_bytes, 10)), E8KV_ERROR_IO);
+    assert_int_equal(e8kv_get_error_code(e8kv_file_write(NULL, old_bytes, 10)), E8KV_ERROR_BAD_ARGUMENT);
+    assert_int_equal(count_prefixed(dir, "f.bin.tmp") + count_prefixed(dir, "l.bin"), 1);
+    unlink(link_path);
+    unlink(path);
+    assert_int_equal(rmdir(dir), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
@@ -175,6 +254,7 @@ int main(void) {
         cmocka_unit_test(test_rng_deterministic),
         cmocka_unit_test(test_pool_runs_every_share),
         cmocka_unit_test(test_pool_busy),
+        cmocka_unit_test(test_atomic_write),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

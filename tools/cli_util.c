@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -55,6 +56,11 @@ int e8kv_cli_parse_size(const char *who, const char *what, const char *s, size_t
     if (!parse_u64(s, 0, &v) || v < lo || v > hi) return number_error(who, what, s, lo, hi), 0;
     *out = (size_t)v;
     return 1;
+}
+
+int e8kv_cli_same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 int e8kv_cli_threads(int n_threads) {

@@ -80,6 +80,10 @@ void e8kv_cli_specs_free(e8kv_cli_specs *s);
  * naming the option; specs are never cut. */
 int e8kv_cli_check_spec(const char *who, const char *opt, const char *spec);
 
+/* 1 when a and b name the same existing file (same device and inode: also through symbolic or hard
+ * links). */
+int e8kv_cli_same_file(const char *a, const char *b);
+
 /* --threads as given, or the online CPUs (at most E8KV_MAX_THREADS) for 0. */
 int e8kv_cli_threads(int n_threads);
 /* Prints "WHO: MESSAGE [error name]" on stderr and returns 2 (a usage error: a bad option or value). */

@@ -30,12 +30,18 @@ static uint64_t rd64(const uint8_t *p) { return rd32(p) | (uint64_t)rd32(p + 4) 
 static void wr32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
 static void wr64(uint8_t *p, uint64_t v) { wr32(p, (uint32_t)v), wr32(p + 4, (uint32_t)(v >> 32)); }
 
-static int write_all(const char *path, const void *a, size_t na, const void *b, size_t nb) {
-    FILE *f = fopen(path, "wb");
-    if (!f) return -1;
-    int ok = fwrite(a, 1, na, f) == na && (nb == 0 || fwrite(b, 1, nb, f) == nb);
-    ok = (fclose(f) == 0) && ok;
-    return ok ? 0 : -1;
+/* a + b written atomically (e8kv_file_writer): a failure leaves an existing file as it was */
+static size_t write_all(const char *path, const void *a, size_t na, const void *b, size_t nb) {
+    size_t r = 0;
+    e8kv_file_writer *w = e8kv_file_writer_open(path, &r);
+    if (!w) return r;
+    r = e8kv_file_writer_write(w, a, na);
+    if (!e8kv_is_error(r) && nb) r = e8kv_file_writer_write(w, b, nb);
+    if (e8kv_is_error(r)) {
+        e8kv_file_writer_abort(w);
+        return r;
+    }
+    return e8kv_file_writer_commit(w);
 }
 
 /* Parse a .kvd; returns a message on failure. */
@@ -98,6 +104,8 @@ int e8kv_cmd_compress(int argc, char **argv) {
     if (pr >= 0) return pr;
     if (n_pos != 2) return e8kv_cli_usage_error(WHO_C, "give IN.kvd and OUT.e8f");
     const char *in = pos[0], *out = pos[1];
+    if (e8kv_cli_same_file(in, out))
+        return e8kv_cli_usage_error(WHO_C, "%s and %s are the same file: the input would be lost", in, out);
     p.delta = delta;
     if (!strcmp(method, "rans")) p.coder = E8KV_FRAME_RANS;
     else if (!strcmp(method, "zstd")) p.coder = E8KV_FRAME_ZSTD;
@@ -147,7 +155,10 @@ int e8kv_cmd_compress(int argc, char **argv) {
     const size_t fs = frame ? e8kv_frame_encode(frame, cap, rows, row_bytes, n, &p) : cap;
     const double t2 = e8kv_cli_now_s();
     if (e8kv_is_error(fs)) return fprintf(stderr, "e8kv compress: %s\n", e8kv_error_name(fs)), free(frame), free(rows), free(buf), 1;
-    if (write_all(out, frame, fs, NULL, 0) != 0) return fprintf(stderr, "e8kv compress: cannot write %s\n", out), 1;
+    const size_t wr = write_all(out, frame, fs, NULL, 0);
+    if (e8kv_is_error(wr))
+        return fprintf(stderr, "e8kv compress: cannot write %s: %s\n", out, e8kv_error_name(wr)), free(frame), free(rows),
+               free(buf), 1;
     const double vals = (double)n * (double)d;
     char what[96];
     if (spec) snprintf(what, sizeof what, "codec %s", spec);
@@ -196,6 +207,8 @@ int e8kv_cmd_decompress(int argc, char **argv) {
     if (pr >= 0) return pr;
     if (n_pos != 2) return e8kv_cli_usage_error(WHO_D, "give IN.e8f and OUT.kvd");
     const char *in = pos[0], *out = pos[1];
+    if (e8kv_cli_same_file(in, out))
+        return e8kv_cli_usage_error(WHO_D, "%s and %s are the same file: the input would be lost", in, out);
     size_t size;
     uint8_t *buf = (uint8_t *)e8kv_cli_read_all(in, &size);
     if (!buf) return fprintf(stderr, "e8kv decompress: cannot read %s\n", in), 1;
@@ -250,8 +263,9 @@ int e8kv_cmd_decompress(int argc, char **argv) {
     } else {
         uint8_t hdr[KVD_HEADER];
         make_kvd_header(hdr, &h);
-        if (write_all(out, hdr, KVD_HEADER, x, n * d * sizeof *x) != 0) {
-            fprintf(stderr, "e8kv decompress: cannot write %s\n", out);
+        const size_t wr = write_all(out, hdr, KVD_HEADER, x, n * d * sizeof *x);
+        if (e8kv_is_error(wr)) {
+            fprintf(stderr, "e8kv decompress: cannot write %s: %s\n", out, e8kv_error_name(wr));
             rc = 1;
         } else {
             printf("%s: %zu vectors x %zu; frame decode %.3f s (%.1f MB/s of rows), dequantize %.3f s\n", out, n,

@@ -289,11 +289,9 @@ int e8kv_cmd_generate(int argc, char **argv) {
         goto out;
     }
     if (dump) {
-        FILE *f = fopen(dump, "wb");
-        const int ok =
-            f && fwrite(logits, sizeof(float), n_rows * cfg->vocab_size, f) == n_rows * cfg->vocab_size;
-        if (!f || fclose(f) != 0 || !ok) {
-            fprintf(stderr, "e8kv generate: cannot write %s\n", dump);
+        r = e8kv_file_write(dump, logits, n_rows * cfg->vocab_size * sizeof(float)); /* atomic */
+        if (e8kv_is_error(r)) {
+            fprintf(stderr, "e8kv generate: cannot write %s: %s\n", dump, e8kv_error_name(r));
             goto out;
         }
     }

@@ -59,11 +59,6 @@ static void put32(unsigned char *p, uint32_t v) {
 }
 
 static int write_dump(const char *path, const kv_dump *d, const e8kv_model_config *cfg) {
-    FILE *f = fopen(path, "wb");
-    if (!f) {
-        fprintf(stderr, "e8kv ppl: cannot write %s\n", path);
-        return 1;
-    }
     const uint64_t n_vec = (uint64_t)cfg->n_layer * 2 * d->n_tok * cfg->n_head_kv;
     unsigned char h[40] = {'E', '8', 'K', 'V', 'D', 'U', 'M', 'P'};
     put32(h + 8, 1);
@@ -73,21 +68,26 @@ static int write_dump(const char *path, const kv_dump *d, const e8kv_model_confi
     put32(h + 24, 3); /* keys and values present; keys after RoPE */
     put32(h + 28, (uint32_t)cfg->n_layer);
     put32(h + 32, (uint32_t)cfg->n_head_kv);
-    int ok = fwrite(h, 1, sizeof h, f) == sizeof h;
+    /* atomic (e8kv_file_writer): a failed write leaves an existing file as it was */
+    size_t r = 0;
+    e8kv_file_writer *w = e8kv_file_writer_open(path, &r);
+    if (w) r = e8kv_file_writer_write(w, h, sizeof h);
     /* little-endian f32 on every target we build for */
-    for (size_t l = 0; l < cfg->n_layer && ok; l++) {
+    const size_t n = d->n_tok * d->kv_dim * sizeof(float);
+    for (size_t l = 0; w && l < cfg->n_layer && !e8kv_is_error(r); l++) {
         const float *base = d->buf + l * 2 * d->n_ctx * d->kv_dim;
-        ok = fwrite(base, sizeof(float), d->n_tok * d->kv_dim, f) == d->n_tok * d->kv_dim &&
-             fwrite(base + d->n_ctx * d->kv_dim, sizeof(float), d->n_tok * d->kv_dim, f) ==
-                 d->n_tok * d->kv_dim;
+        r = e8kv_file_writer_write(w, base, n);
+        if (!e8kv_is_error(r)) r = e8kv_file_writer_write(w, base + d->n_ctx * d->kv_dim, n);
     }
-    ok = (fclose(f) == 0) && ok;
-    if (!ok)
-        fprintf(stderr, "e8kv ppl: write error on %s\n", path);
-    else
-        fprintf(stderr, "e8kv ppl: wrote %llu vectors of %zu floats to %s\n", (unsigned long long)n_vec,
-                cfg->head_dim, path);
-    return ok ? 0 : 1;
+    if (w && e8kv_is_error(r)) e8kv_file_writer_abort(w);
+    else if (w) r = e8kv_file_writer_commit(w);
+    if (e8kv_is_error(r)) {
+        fprintf(stderr, "e8kv ppl: cannot write %s: %s\n", path, e8kv_error_name(r));
+        return 1;
+    }
+    fprintf(stderr, "e8kv ppl: wrote %llu vectors of %zu floats to %s\n", (unsigned long long)n_vec, cfg->head_dim,
+            path);
+    return 0;
 }
 
 typedef struct {

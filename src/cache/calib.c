@@ -415,12 +415,7 @@ size_t e8kv_calib_save_file(const e8kv_calib *cal, const char *path) {
     uint8_t *buf = malloc(cap);
     if (!buf) return E8KV_ERR(OUT_OF_MEMORY);
     size_t r = e8kv_calib_save(buf, cap, cal);
-    if (!e8kv_is_error(r)) {
-        FILE *f = fopen(path, "wb");
-        const int ok = f && fwrite(buf, 1, r, f) == r;
-        if (f && fclose(f) != 0) r = E8KV_ERR(IO);
-        if (!ok) r = E8KV_ERR(IO);
-    }
+    if (!e8kv_is_error(r)) r = e8kv_file_write(path, buf, r); /* atomic: the old file survives a failure */
     free(buf);
     return r;
 }
