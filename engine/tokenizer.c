@@ -686,6 +686,13 @@ static void encode_fragment(const e8kv_tokenizer *t, enc *e, const uint8_t *s, s
         spm_fragment(t, e, s, n);
 }
 
+size_t e8kv_tokenizer_unknown_bytes(const e8kv_tokenizer *t, const char *text, size_t n_bytes) {
+    size_t n = 0;
+    if (!t || !text || t->kind != KIND_BPE) return 0;
+    for (size_t i = 0; i < n_bytes; i++) n += t->byte_id[(uint8_t)text[i]] < 0;
+    return n;
+}
+
 size_t e8kv_tokenizer_encode(const e8kv_tokenizer *t, int32_t *ids, size_t capacity, const char *text,
                              size_t n_bytes, int add_bos) {
     if (!t || (!ids && capacity) || (!text && n_bytes)) return TOK_ERR(BAD_ARGUMENT);

@@ -76,6 +76,10 @@ void e8kv_tokenizer_free(e8kv_tokenizer *t);
  * past capacity is written and the caller retries with a larger buffer). */
 size_t e8kv_tokenizer_encode(const e8kv_tokenizer *t, int32_t *ids, size_t capacity, const char *text,
                              size_t n_bytes, int add_bos);
+/* How many bytes of the text a byte-level vocabulary has no token for (encode drops them, as Hugging Face
+ * does without an unk token); 0 for SentencePiece vocabularies, where byte tokens or unk stand in. Lets
+ * callers warn that text was lost. */
+size_t e8kv_tokenizer_unknown_bytes(const e8kv_tokenizer *t, const char *text, size_t n_bytes);
 /* Bytes of one token's text (raw bytes, GPT-2 byte mapping undone, U+2581 turned back into a space,
  * <0xXX> byte tokens to their byte; a leading space is NOT stripped). Returns length; *piece points into
  * the tokenizer's storage (not NUL-terminated). Bad id: E8KV_ERROR_BAD_ARGUMENT. */

@@ -3,6 +3,7 @@
 # naming the error ("[bad argument]" ...); nothing may crash (the sanitizer build runs this script too).
 # Usage: tests/cli_errors.sh [path/to/e8kv]   (default $E8KV_CLI); model cases skip without stories260K.
 set -u
+unset E8KV_CALIB
 CLI=${1:-${E8KV_CLI:-}}
 DATA=${E8KV_SHARED_DATA:-$(dirname "$0")/../../shared/data}
 if [ -z "$CLI" ] || [ ! -x "$CLI" ]; then
@@ -140,6 +141,34 @@ if [ $have_model = 1 ]; then
     expect 0 "\"spec\":\"k=$C63,v=f16\",\"available\":true" ppl -m "$M" -f "$TXT" --ctx 64 --chunks 1 --threads 1 --kv-k "$C63" --kv-v f16 --json
     expect 0 "--kv $SPEC: prompt" generate -m "$M" -p "Once" -n 4 --temp 0 --threads 1 --kv "$SPEC"
     expect 1 "unavailable: invalid format spec" ppl -m "$M" -f "$TXT" --ctx 64 --chunks 1 --threads 1 --kv "f16,e8:4,sink=1"
+    expect 1 "none of the 2 formats requested is available" ppl -m "$M" -f "$TXT" --ctx 64 --chunks 1 --kv bogus --kv e8:99
+fi
+
+# ---- messages
+if [ $have_model = 1 ]; then
+    G=(generate -m "$M" --temp 0 --threads 1)
+    # calibrated formats without a calibration point to e8kv calibrate / --calib
+    expect 1 "run \`e8kv calibrate -f TEXT\`" ppl -m "$M" -f "$TXT" --ctx 64 --chunks 1 --kv e8tv:4
+    expect 1 "or pass --calib FILE" "${G[@]}" -p Once -n 2 --kv e8tv:4
+    expect 1 "e8kv calibrate" "${G[@]}" -p Once -n 2 --kv "auto=e8tv:3,sink=1"
+    # a bad probe fails before the covariance pass, with its name
+    expect 2 "--probe 'bogus': invalid format spec" calibrate -m "$M" -f "$TXT" --probe bogus -o "$TMP/c.e8cal"
+    expect 2 "--probe 'e8tv'" calibrate -m "$M" -f "$TXT" --probe e8tv -o "$TMP/c.e8cal"
+    [ -e "$TMP/c.e8cal" ] && { echo "FAIL: calibrate --probe bogus wrote a file"; fails=$((fails + 1)); }
+    # generate says when the context is full
+    expect 0 "stopped after 5 of 50 tokens: the context of 8 tokens is full (--ctx)" "${G[@]}" -p "Once upon" -n 50 --ctx 8 --ignore-eos
+    # a saved cache: info describes it; loading it with another --kv names the saved spec
+    expect 0 "saved the cache" "${G[@]}" -p "Once upon a time" -n 2 --kv e8:4 --save-cache "$TMP/s.e8kc"
+    expect 0 "e8kv saved cache v1, 5 layers x 4 KV heads, head_dim 8" info "$TMP/s.e8kc"
+    expect 0 "generate --save-cache state, prompt of" info "$TMP/s.e8kc"
+    expect 1 "was saved with the spec 'k=e8:4,v=e8:4" "${G[@]}" -n 2 --load-cache "$TMP/s.e8kc" --kv f16
+    expect 0 "" "${G[@]}" -n 2 --load-cache "$TMP/s.e8kc"
+    expect 2 "--load-cache goes with neither" "${G[@]}" -n 2 --load-cache "$TMP/s.e8kc" --save-cache "$TMP/t.e8kc"
+    printf 'E8KCxxxx' >"$TMP/bad.e8kc"
+    expect 1 "a saved cache, but" info "$TMP/bad.e8kc"
+    expect 1 "not a K/V dump, frame, saved cache or calibration" info "$TXT"
+    # tokenize --pieces escapes high bytes (UTF-8 pieces of a character) as \xNN
+    expect 0 '\xc3' tokenize --llama2c-tokenizer "$DATA/stories260K/tok512.bin" -p "caf$(printf '\303\251')" --pieces
 fi
 
 echo "cli_errors: $n cases, $fails failed"

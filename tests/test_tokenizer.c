@@ -340,6 +340,17 @@ static void test_bpe_rules(void **state) {
     }
     assert_int_equal(len, 256);
     assert_memory_equal(back, all, 256);
+    /* a byte the vocabulary has no token for is dropped, and counted so that callers can warn */
+    assert_int_equal(e8kv_tokenizer_unknown_bytes(t, "aqbq", 4), 0);
+    e8kv_tokenizer_free(t);
+    v = mini_bpe(&m, "gpt2");
+    m.tokens['q'] = "qq"; /* no token is "q" any more */
+    m.lens['q'] = 2;
+    assert_ok(e8kv_tokenizer_create(&t, &v));
+    assert_int_equal(e8kv_tokenizer_unknown_bytes(t, "aqbq", 4), 2);
+    assert_int_equal(enc(t, "aqcq", ids), 2);
+    assert_int_equal(ids[0], 'a');
+    assert_int_equal(ids[1], 'c');
     e8kv_tokenizer_free(t);
 
     /* smollm: digits are single tokens even inside a number run */

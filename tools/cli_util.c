@@ -284,6 +284,7 @@ int32_t *e8kv_cli_tokenize(const e8kv_model *m, const char *text, size_t n_bytes
         fprintf(stderr, "%s: the model has no tokenizer\n", who);
         return NULL;
     }
+    e8kv_cli_warn_unknown_bytes(m->tokenizer, text, n_bytes, who);
     size_t cap = n_bytes + 16, n = 0;
     int32_t *ids = malloc(cap * sizeof *ids);
     n = ids ? e8kv_tokenizer_encode(m->tokenizer, ids, cap, text, n_bytes, -1) : 0;
@@ -300,6 +301,21 @@ int32_t *e8kv_cli_tokenize(const e8kv_model *m, const char *text, size_t n_bytes
     }
     *n_tok = n;
     return ids;
+}
+
+void e8kv_cli_warn_unknown_bytes(const e8kv_tokenizer *t, const char *text, size_t n_bytes, const char *who) {
+    const size_t n = e8kv_tokenizer_unknown_bytes(t, text, n_bytes);
+    if (n)
+        fprintf(stderr, "%s: warning: %zu byte%s of the text ha%s no token in the vocabulary and %s left out\n", who,
+                n, n == 1 ? "" : "s", n == 1 ? "s" : "ve", n == 1 ? "is" : "are");
+}
+
+void e8kv_cli_spec_error(const char *who, const char *spec, size_t err, int have_calib) {
+    fprintf(stderr, "%s: cannot use --kv '%s': %s\n", who, spec, e8kv_error_name(err));
+    /* e8t, e8tv and auto= formats code in a calibrated basis (include/e8kv.h) */
+    if (!have_calib && e8kv_get_error_code(err) == E8KV_ERROR_SPEC && strstr(spec, "e8t"))
+        fprintf(stderr, "%s: the e8t/e8tv formats need a calibration of the model: run `e8kv calibrate -f TEXT`\n"
+                        "      (it writes MODEL.e8cal, used by default) or pass --calib FILE\n", who);
 }
 
 void e8kv_cli_calib_path(char *dst, size_t cap, const char *model_path) {

@@ -100,6 +100,11 @@ char *e8kv_cli_read_all(const char *path, size_t *n_bytes);
 e8kv_model *e8kv_cli_load_model(const char *arg, char *path, size_t cap);
 /* Token ids of a whole text (BOS in front when the vocabulary adds it), malloc'd; NULL with a message. */
 int32_t *e8kv_cli_tokenize(const e8kv_model *m, const char *text, size_t n_bytes, size_t *n_tok, const char *who);
+/* Warns on stderr when bytes of the text have no token in the vocabulary (the tokenizer drops them). */
+void e8kv_cli_warn_unknown_bytes(const e8kv_tokenizer *t, const char *text, size_t n_bytes, const char *who);
+/* Prints why a cache spec could not be used (err from context or cache creation), with a hint at
+ * e8kv calibrate / --calib when the spec names a calibrated format and no calibration was loaded. */
+void e8kv_cli_spec_error(const char *who, const char *spec, size_t err, int have_calib);
 /* Where the calibration of the model at model_path lives by default: "<model_path>.e8cal". */
 void e8kv_cli_calib_path(char *dst, size_t cap, const char *model_path);
 /* The calibration for the e8t formats: --calib `arg` if given (a failure to load it is an error: *failed

@@ -18,6 +18,7 @@
 #define WHO_C "e8kv compress"
 #define WHO_D "e8kv decompress"
 #define WHO_I "e8kv info"
+#define E8KV_ERR_OOM ((size_t) - (ptrdiff_t)E8KV_ERROR_OUT_OF_MEMORY)
 
 
 typedef struct {
@@ -282,6 +283,31 @@ static void usage_info(FILE *f) {
                "saved cache (generate --save-cache, e8kv_cache_save_file).\n");
 }
 
+/* A saved cache (doc/format.md §4): its configuration, and the prompt when generate --save-cache wrote it. */
+static int info_cache(const char *in, const uint8_t *buf, size_t size) {
+    e8kv_cache_file_info *fi = malloc(sizeof *fi);
+    const size_t r = fi ? e8kv_cache_file_get_info(fi, buf, size) : E8KV_ERR_OOM;
+    if (e8kv_is_error(r)) {
+        fprintf(stderr, "e8kv info: %s: a saved cache, but %s\n", in, e8kv_error_name(r));
+        free(fi);
+        return 1;
+    }
+    printf("%s: e8kv saved cache v%u, %zu layers x %zu KV heads, head_dim %zu, n_ctx %zu, pages of %zu tokens, "
+           "seed %llu, RoPE theta %g%s, %zu bytes\n",
+           in, fi->version, fi->n_layer, fi->n_head_kv, fi->head_dim, fi->n_ctx, fi->page_tokens,
+           (unsigned long long)fi->seed, (double)fi->rope_theta, fi->rope_neox ? " (NeoX)" : "", fi->file_size);
+    printf("  spec: %s\n", fi->spec);
+    if (fi->calib_size) printf("  calibration inside: %zu bytes\n", fi->calib_size);
+    const uint8_t *meta = buf + fi->meta_offset;
+    if (fi->meta_size >= 12 && !memcmp(meta, "E8KVGEN1", 8)) /* generate --save-cache (doc/format.md §4.5) */
+        printf("  meta: generate --save-cache state, prompt of %u tokens (%zu bytes)\n", rd32(meta + 8),
+               fi->meta_size);
+    else
+        printf("  meta: %zu bytes\n", fi->meta_size);
+    free(fi);
+    return 0;
+}
+
 int e8kv_cmd_info(int argc, char **argv) {
     const char *pos[1];
     size_t n_pos = 0;
@@ -304,11 +330,30 @@ int e8kv_cmd_info(int argc, char **argv) {
                    in, (unsigned long long)h.n_vec, h.head_dim, h.flags, h.flags & 1 ? "keys " : "",
                    h.flags & 2 ? "values " : "", h.flags & 4 ? "pre-RoPE" : "", h.n_layer, h.n_head_kv, size);
         }
+    } else if (size >= 4 && !memcmp(buf, "E8KC", 4)) {
+        rc = info_cache(in, buf, size);
+    } else if (size >= 8 && !memcmp(buf, "E8KVCALB", 8)) {
+        size_t err = 0;
+        e8kv_calib *cal = e8kv_calib_load(buf, size, &err);
+        if (!cal) {
+            fprintf(stderr, "e8kv info: %s: a calibration, but %s\n", in, e8kv_error_name(err));
+            rc = 1;
+        } else {
+            size_t n_layer = 0, n_head_kv = 0, head_dim = 0, n_tok = 0;
+            e8kv_calib_info(cal, &n_layer, &n_head_kv, &head_dim, &n_tok);
+            printf("%s: e8kv calibration (e8kv calibrate), %zu layers x %zu KV heads, head_dim %zu, %zu tokens "
+                   "per layer observed, %s, %s, %zu bytes\n",
+                   in, n_layer, n_head_kv, head_dim, n_tok,
+                   e8kv_calib_query_energy(cal, 0, 0) ? "query energies (score-domain keys)" : "no query energies",
+                   e8kv_calib_sensitivity(cal, 0, 0) >= 0.0 ? "sensitivities (auto=)" : "no sensitivities", size);
+            e8kv_calib_free(cal);
+        }
     } else {
         e8kv_frame_info fi;
         const size_t r = e8kv_frame_get_info(&fi, buf, size);
         if (e8kv_is_error(r)) {
-            fprintf(stderr, "e8kv info: %s: %s\n", in, e8kv_error_name(r));
+            fprintf(stderr, "e8kv info: %s: %s%s\n", in, e8kv_error_name(r),
+                    size >= 4 && memcmp(buf, "E8KF", 4) ? " (not a K/V dump, frame, saved cache or calibration)" : "");
             rc = 1;
         } else {
             static const char *coder[] = {"stored", "rans", "zstd"};

@@ -271,7 +271,10 @@ int e8kv_cmd_ppl(int argc, char **argv) {
         }
     }
     size_t n_ok = 0;
-    for (size_t i = 0; i < n_specs; i++) n_ok += res[i].status == 0;
+    for (size_t i = 0; i < n_specs; i++) {
+        n_ok += res[i].status == 0;
+        if (res[i].status) e8kv_cli_spec_error(WHO, res[i].spec, res[i].status, cal != NULL);
+    }
     rc = 0;
     if (n_ok == 0) {
         fprintf(stderr, "e8kv ppl: none of the %zu format%s requested is available\n", n_specs,

@@ -32,7 +32,8 @@ static void usage(FILE *f) {
             "                         SmolLM2: none, llama2.c: BOS)\n"
             "  -0                     the input holds NUL-separated texts: one output line per text,\n"
             "                         ids separated by spaces\n"
-            "  --pieces               print 'id<TAB>piece' per token (piece bytes C-escaped)\n\n"
+            "  --pieces               print 'id<TAB>piece' per token (piece bytes C-escaped: \\\\, \\n, \\t,\n"
+            "                         other bytes below 32 or above 126 as \\xNN)\n\n"
             "Output: token ids on stdout, one per line; count and tokens/s on stderr.\n");
 }
 
@@ -52,7 +53,7 @@ static void print_piece(const e8kv_tokenizer *t, int32_t id) {
             printf("\\n");
         else if (c == '\t')
             printf("\\t");
-        else if (c < 32 || c == 127)
+        else if (c < 32 || c >= 127) /* control and high bytes: pieces may be parts of a UTF-8 character */
             printf("\\x%02x", c);
         else
             putchar(c);
@@ -162,6 +163,7 @@ int e8kv_cmd_tokenize(int argc, char **argv) {
             const char *z = memchr(text + start, 0, n_text - start);
             if (z) end = (size_t)(z - text);
         }
+        e8kv_cli_warn_unknown_bytes(tok, text + start, end - start, WHO);
         const double t0 = e8kv_cli_now_s();
         r = encode(tok, &ids, &cap, text + start, end - start, add_bos);
         enc_s += e8kv_cli_now_s() - t0;
