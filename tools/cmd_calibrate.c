@@ -62,32 +62,32 @@ static void gains_db(const float *eig, size_t d, double *full, double *e8t) {
 
 /* The probe format, checked before the covariance pass (minutes on a real model) rather than after it: a
  * cache coding layer 0's K and V with it, over a stand-in calibration of the model's shape (random
- * vectors), must be creatable. 0 or the error. */
-static size_t check_probe(const e8kv_model *m, const char *probe, size_t sink) {
+ * vectors), must be creatable. E8KV_ERROR_NO_ERROR or why not. */
+static e8kv_error_code check_probe(const e8kv_model *m, const char *probe, size_t sink) {
     const e8kv_model_config *cfg = &m->cfg;
     const char *colon = strchr(probe, ':');
     if (!colon || colon == probe || strchr(probe, ',') || strchr(probe, '=') || strlen(probe) > 64)
-        return (size_t) - (ptrdiff_t)E8KV_ERROR_SPEC;
+        return E8KV_ERROR_SPEC;
     size_t err = 0;
     e8kv_calib *cal = e8kv_calib_create(cfg->n_layer, cfg->n_head_kv, cfg->head_dim, &err);
-    if (!cal) return err;
+    if (!cal) return e8kv_get_error_code(err);
     const size_t n_tok = 2 * cfg->head_dim + 16, kv_dim = cfg->n_head_kv * cfg->head_dim;
     float *k = malloc(n_tok * kv_dim * sizeof *k), *v = malloc(n_tok * kv_dim * sizeof *v);
     float *q = malloc(n_tok * cfg->n_head * cfg->head_dim * sizeof *q);
-    err = k && v && q ? 0 : (size_t) - (ptrdiff_t)E8KV_ERROR_OUT_OF_MEMORY;
+    e8kv_error_code code = k && v && q ? E8KV_ERROR_NO_ERROR : E8KV_ERROR_OUT_OF_MEMORY;
     uint64_t x = 0x9e3779b97f4a7c15ull; /* xorshift: any full-rank data will do */
-    for (size_t i = 0; !err && i < n_tok * cfg->n_head * cfg->head_dim; i++) {
+    for (size_t i = 0; !code && i < n_tok * cfg->n_head * cfg->head_dim; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         const float r = (float)(x >> 40) / (float)(1u << 24) - 0.5f;
         q[i] = r;
         if (i < n_tok * kv_dim) k[i] = r * 3.0f, v[i] = -r;
     }
-    for (size_t l = 0; l < cfg->n_layer && !e8kv_is_error(err); l++) {
+    for (size_t l = 0; l < cfg->n_layer && !code && !e8kv_is_error(err); l++) {
         err = e8kv_calib_observe(cal, l, k, v, n_tok);
         if (!e8kv_is_error(err)) err = e8kv_calib_observe_q(cal, l, q, cfg->n_head, n_tok);
     }
-    if (!e8kv_is_error(err)) err = e8kv_calib_finalize(cal);
-    if (!e8kv_is_error(err)) {
+    if (!code && !e8kv_is_error(err)) err = e8kv_calib_finalize(cal);
+    if (!code && !e8kv_is_error(err)) {
         const size_t cap = strlen(probe) * 2 + 96;
         char *spec = malloc(cap);
         if (spec) {
@@ -106,12 +106,12 @@ static size_t check_probe(const e8kv_model *m, const char *probe, size_t sink) {
             e8kv_cache_free(c);
             free(spec);
         } else {
-            err = (size_t) - (ptrdiff_t)E8KV_ERROR_OUT_OF_MEMORY;
+            code = E8KV_ERROR_OUT_OF_MEMORY;
         }
     }
     free(k), free(v), free(q);
     e8kv_calib_free(cal);
-    return e8kv_is_error(err) ? err : 0;
+    return code ? code : e8kv_get_error_code(err);
 }
 
 int e8kv_cmd_calibrate(int argc, char **argv) {
@@ -155,10 +155,10 @@ int e8kv_cmd_calibrate(int argc, char **argv) {
     size_t n_tok = 0;
     e8kv_calib *cal = NULL;
     if (sens) {
-        const size_t pe = check_probe(m, sp.probe ? sp.probe : "e8tv:2", sp.sink);
+        const e8kv_error_code pe = check_probe(m, sp.probe ? sp.probe : "e8tv:2", sp.sink);
         if (pe) {
             fprintf(stderr, "e8kv calibrate: --probe '%s': %s (expected FAMILY:RATE of a cache format, e.g. "
-                            "e8tv:2 or e8v:3)\n", sp.probe ? sp.probe : "e8tv:2", e8kv_error_name(pe));
+                            "e8tv:2 or e8v:3)\n", sp.probe ? sp.probe : "e8tv:2", e8kv_error_code_name(pe));
             rc = 2;
             free(text);
             e8kv_model_free(m);

@@ -18,7 +18,6 @@
 #define WHO_C "e8kv compress"
 #define WHO_D "e8kv decompress"
 #define WHO_I "e8kv info"
-#define E8KV_ERR_OOM ((size_t) - (ptrdiff_t)E8KV_ERROR_OUT_OF_MEMORY)
 
 
 typedef struct {
@@ -134,14 +133,16 @@ int e8kv_cmd_compress(int argc, char **argv) {
         if (!c) return fprintf(stderr, "e8kv compress: codec %s: %s\n", spec, e8kv_error_name(err)), free(buf), 1;
         row_bytes = e8kv_codec_vector_bytes(c);
         rows = malloc(row_bytes * n + 1);
-        r = rows ? e8kv_codec_encode(c, rows, row_bytes * n, x, n) : (size_t)-7;
+        if (!rows) return fprintf(stderr, "e8kv compress: out of memory\n"), e8kv_codec_free(c), free(buf), 1;
+        r = e8kv_codec_encode(c, rows, row_bytes * n, x, n);
         e8kv_codec_free(c);
         snprintf(meta, sizeof meta, "mode=codec;spec=%s;", spec);
     } else {
         p.content = E8KV_FRAME_E8;
         row_bytes = 2 * d;
         rows = malloc(row_bytes * n + 1);
-        r = rows ? e8kv_frame_e8_quantize((int16_t *)rows, d * n, x, n, d, step, seed) : (size_t)-7;
+        if (!rows) return fprintf(stderr, "e8kv compress: out of memory\n"), free(buf), 1;
+        r = e8kv_frame_e8_quantize((int16_t *)rows, d * n, x, n, d, step, seed);
         snprintf(meta, sizeof meta, "mode=e8;step=%.9g;", (double)step);
     }
     if (e8kv_is_error(r)) return fprintf(stderr, "e8kv compress: quantize: %s\n", e8kv_error_name(r)), free(rows), free(buf), 1;
@@ -238,27 +239,32 @@ int e8kv_cmd_decompress(int argc, char **argv) {
         return fprintf(stderr, "e8kv decompress: frame too large\n"), free(buf), 1;
     uint8_t *rows = malloc(fi.row_bytes * n + 1);
     float *x = malloc(n * d * sizeof *x + 1);
-    if (!rows || !x) return fprintf(stderr, "e8kv decompress: out of memory\n"), 1;
+    if (!rows || !x) return fprintf(stderr, "e8kv decompress: out of memory\n"), free(rows), free(x), free(buf), 1;
     const double t0 = e8kv_cli_now_s();
     r = e8kv_frame_decode(rows, fi.row_bytes * n, buf, size);
     const double t1 = e8kv_cli_now_s();
+    const char *bad_meta = NULL; /* the frame decodes, but its meta does not describe K/V rows */
     if (!e8kv_is_error(r)) {
         if (!strcmp(mode, "codec")) {
-            size_t err;
-            if (meta_get(v, sizeof v, meta, fi.meta_size, "spec")) r = (size_t)-(ptrdiff_t)E8KV_ERROR_CORRUPTED;
-            e8kv_codec *c = e8kv_is_error(r) ? NULL : e8kv_codec_create(v, d, seed, &err);
-            if (!e8kv_is_error(r)) r = c ? e8kv_codec_decode(c, x, n * d, rows, fi.row_bytes * n, n) : err;
+            size_t err = 0;
+            e8kv_codec *c = NULL;
+            if (meta_get(v, sizeof v, meta, fi.meta_size, "spec")) bad_meta = "no codec spec in its meta";
+            else if (!(c = e8kv_codec_create(v, d, seed, &err))) r = err;
+            else r = e8kv_codec_decode(c, x, n * d, rows, fi.row_bytes * n, n);
             e8kv_codec_free(c);
         } else if (!strcmp(mode, "e8") && !meta_get(v, sizeof v, meta, fi.meta_size, "step") &&
                    fi.row_bytes == 2 * d) {
             r = e8kv_frame_e8_dequantize(x, n * d, (const int16_t *)rows, n, d, strtof(v, NULL), seed);
         } else {
-            r = (size_t)-(ptrdiff_t)E8KV_ERROR_CORRUPTED;
+            bad_meta = "an unknown mode or row size in its meta";
         }
     }
     const double t2 = e8kv_cli_now_s();
     int rc = 0;
-    if (e8kv_is_error(r)) {
+    if (bad_meta) {
+        fprintf(stderr, "e8kv decompress: %s: %s [%s]\n", in, bad_meta, e8kv_error_code_name(E8KV_ERROR_CORRUPTED));
+        rc = 1;
+    } else if (e8kv_is_error(r)) {
         fprintf(stderr, "e8kv decompress: %s: %s\n", in, e8kv_error_name(r));
         rc = 1;
     } else {
@@ -286,9 +292,10 @@ static void usage_info(FILE *f) {
 /* A saved cache (doc/format.md §4): its configuration, and the prompt when generate --save-cache wrote it. */
 static int info_cache(const char *in, const uint8_t *buf, size_t size) {
     e8kv_cache_file_info *fi = malloc(sizeof *fi);
-    const size_t r = fi ? e8kv_cache_file_get_info(fi, buf, size) : E8KV_ERR_OOM;
-    if (e8kv_is_error(r)) {
-        fprintf(stderr, "e8kv info: %s: a saved cache, but %s\n", in, e8kv_error_name(r));
+    const size_t r = fi ? e8kv_cache_file_get_info(fi, buf, size) : 0;
+    if (!fi || e8kv_is_error(r)) {
+        fprintf(stderr, "e8kv info: %s: a saved cache, but %s\n", in,
+                fi ? e8kv_error_name(r) : e8kv_error_code_name(E8KV_ERROR_OUT_OF_MEMORY));
         free(fi);
         return 1;
     }

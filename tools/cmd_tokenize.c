@@ -61,14 +61,15 @@ static void print_piece(const e8kv_tokenizer *t, int32_t id) {
     putchar('\n');
 }
 
-/* Tokenize one text into *ids (grown as needed). Returns the count or an error. */
+/* Tokenize one text into *ids (grown as needed). Returns the count or the tokenizer's error; *oom is set
+ * (and 0 returned) when the ids cannot grow. */
 static size_t encode(const e8kv_tokenizer *t, int32_t **ids, size_t *cap, const char *text, size_t n,
-                     int add_bos) {
+                     int add_bos, int *oom) {
     for (;;) {
         const size_t r = e8kv_tokenizer_encode(t, *ids, *cap, text, n, add_bos);
         if (e8kv_is_error(r) || r <= *cap) return r;
         int32_t *nb = realloc(*ids, r * sizeof *nb);
-        if (!nb) return (size_t) - (ptrdiff_t)E8KV_ERROR_OUT_OF_MEMORY;
+        if (!nb) return *oom = 1, 0;
         *ids = nb;
         *cap = r;
     }
@@ -165,10 +166,12 @@ int e8kv_cmd_tokenize(int argc, char **argv) {
         }
         e8kv_cli_warn_unknown_bytes(tok, text + start, end - start, WHO);
         const double t0 = e8kv_cli_now_s();
-        r = encode(tok, &ids, &cap, text + start, end - start, add_bos);
+        int oom = 0;
+        r = encode(tok, &ids, &cap, text + start, end - start, add_bos, &oom);
         enc_s += e8kv_cli_now_s() - t0;
-        if (e8kv_is_error(r)) {
-            fprintf(stderr, "e8kv tokenize: %s\n", e8kv_error_name(r));
+        if (oom || e8kv_is_error(r)) {
+            fprintf(stderr, "e8kv tokenize: %s\n",
+                    oom ? e8kv_error_code_name(E8KV_ERROR_OUT_OF_MEMORY) : e8kv_error_name(r));
             status = 1;
             break;
         }

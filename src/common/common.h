@@ -4,19 +4,13 @@
 #define E8KV_COMMON_H
 
 #include "e8kv.h"
+#include "error.h" /* E8KV_ERR, E8KV_RETURN_IF_ERROR */
 
 #include <assert.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
-/* zstd-style error values: the negated enum value as a size_t. */
-#define E8KV_ERR(name) ((size_t) - (ptrdiff_t)E8KV_ERROR_##name)
-#define E8KV_RETURN_IF_ERROR(expr)                                                                       \
-    do {                                                                                               \
-        const size_t e8kv_r_ = (expr);                                                                 \
-        if (e8kv_is_error(e8kv_r_)) return e8kv_r_;                                                    \
-    } while (0)
 
 #define E8KV_ALIGN 64
 

@@ -14,7 +14,7 @@ const char *e8kv_version_string(void) {
     return E8KV_STR(E8KV_VERSION_MAJOR) "." E8KV_STR(E8KV_VERSION_MINOR) "." E8KV_STR(E8KV_VERSION_PATCH);
 }
 
-unsigned e8kv_is_error(size_t code) { return code > (size_t) - (ptrdiff_t)E8KV_ERROR_MAX_CODE; }
+unsigned e8kv_is_error(size_t code) { return code > E8KV_ERR(MAX_CODE); }
 
 e8kv_error_code e8kv_get_error_code(size_t code) {
     if (!e8kv_is_error(code)) return E8KV_ERROR_NO_ERROR;
