@@ -201,20 +201,24 @@ static int run_group(const attn_shape *sh, size_t ctx, const char *const *specs,
         const double step = ts[0], step_med = ts[reps / 2], vs_f16 = ratio[reps / 2];
         const size_t bytes = e8kv_cache_bytes(r->c);
         const double bpv = e8kv_cache_bits_per_value(r->c);
-        if (json)
+        if (json) {
             printf("{\"bench\":\"attn\",\"shape\":\"%s\",\"n_head_kv\":%zu,\"n_head\":%zu,\"head_dim\":%zu,"
-                   "\"kv\":\"%s\",\"kernel\":\"%s\",\"ctx\":%zu,\"threads\":%zu,\"kv_bytes\":%zu,"
+                   "\"kv\":",
+                   sh->name, sh->n_head_kv, sh->n_head, sh->head_dim);
+            e8kv_cli_json_string(stdout, r->spec);
+            printf(",\"kernel\":\"%s\",\"ctx\":%zu,\"threads\":%zu,\"kv_bytes\":%zu,"
                    "\"bits_per_value\":%.4f,\"ns_per_step\":%.0f,\"ns_per_step_median\":%.0f,"
                    "\"ns_per_token\":%.3f,\"gb_per_s\":%.3f,\"vs_f16\":%.3f,\"rss_before_kib\":%ld,"
                    "\"rss_after_kib\":%ld,\"fill_s\":%.3f,\"check\":%.2e}\n",
-                   sh->name, sh->n_head_kv, sh->n_head, sh->head_dim, r->spec, kernel_name(r->c, r->spec),
-                   ctx, n_threads, bytes, bpv, step * 1e9, step_med * 1e9, step * 1e9 / (double)ctx,
-                   (double)bytes / step * 1e-9, vs_f16, r->rss0, r->rss1, r->fill_s, r->check);
-        else
+                   kernel_name(r->c, r->spec), ctx, n_threads, bytes, bpv, step * 1e9, step_med * 1e9,
+                   step * 1e9 / (double)ctx, (double)bytes / step * 1e-9, vs_f16, r->rss0, r->rss1, r->fill_s,
+                   r->check);
+        } else {
             printf("%-13s %6zu  %-24s %-5s %12zu %8.3f %12.0f %9.3f %7.2f %6.2f %8ld %8ld %7.2f %8.1e\n",
                    sh->name, ctx, r->spec, kernel_name(r->c, r->spec), bytes, bpv, step * 1e9,
                    step * 1e9 / (double)ctx, (double)bytes / step * 1e-9, vs_f16, r->rss0 / 1024,
                    r->rss1 / 1024, r->fill_s, r->check);
+        }
     }
     fflush(stdout);
 done:

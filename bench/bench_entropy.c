@@ -238,7 +238,7 @@ int e8kv_bench_entropy(int argc, char **argv) {
         "data %s: %zu vectors x %zu; reference %s: %.4f bits/value, MSE %.6g (one thread, page %zu rows)\n\n",
         data, n, d, codec_spec, bits_ref, mse_ref, page);
     printf("  %-22s %-11s %12s %9s %9s %10s\n", "rows", "coder", "bytes", "bits/val", "vs ref", "dec MB/s");
-    char name[64];
+    char name[128]; /* a codec spec has at most 63 characters */
     snprintf(name, sizeof name, "%s pages (lossless)", codec_spec);
     print_frame_rows(name, rows, vb, n, E8KV_FRAME_BYTES, nv, page, reps, bits_ref);
 

@@ -141,6 +141,8 @@ if [ $have_model = 1 ]; then
     expect 0 "\"spec\":\"k=$C63,v=f16\",\"available\":true" ppl -m "$M" -f "$TXT" --ctx 64 --chunks 1 --threads 1 --kv-k "$C63" --kv-v f16 --json
     expect 0 "--kv $SPEC: prompt" generate -m "$M" -p "Once" -n 4 --temp 0 --threads 1 --kv "$SPEC"
     expect 1 "unavailable: invalid format spec" ppl -m "$M" -f "$TXT" --ctx 64 --chunks 1 --threads 1 --kv "f16,e8:4,sink=1"
+    # the JSON stays JSON whatever the spec holds
+    expect 1 '"spec":"a\"b\\c","available":false' ppl -m "$M" -f "$TXT" --ctx 64 --chunks 1 --kv 'a"b\c' --json
     expect 1 "none of the 2 formats requested is available" ppl -m "$M" -f "$TXT" --ctx 64 --chunks 1 --kv bogus --kv e8:99
 fi
 

@@ -63,6 +63,16 @@ int e8kv_cli_same_file(const char *a, const char *b) {
     return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
+void e8kv_cli_json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\') fprintf(f, "\\%c", *c);
+        else if (*c < 0x20) fprintf(f, "\\u%04x", *c);
+        else fputc(*c, f);
+    }
+    fputc('"', f);
+}
+
 int e8kv_cli_threads(int n_threads) {
     if (n_threads > 0) return n_threads;
     const long n = sysconf(_SC_NPROCESSORS_ONLN);

@@ -84,6 +84,9 @@ int e8kv_cli_check_spec(const char *who, const char *opt, const char *spec);
  * links). */
 int e8kv_cli_same_file(const char *a, const char *b);
 
+/* s as a JSON string (quotes included, '"', '\\' and control bytes escaped) on f. */
+void e8kv_cli_json_string(FILE *f, const char *s);
+
 /* --threads as given, or the online CPUs (at most E8KV_MAX_THREADS) for 0. */
 int e8kv_cli_threads(int n_threads);
 /* Prints "WHO: MESSAGE [error name]" on stderr and returns 2 (a usage error: a bad option or value). */

@@ -234,8 +234,13 @@ int e8kv_cmd_ppl(int argc, char **argv) {
     if (json) {
         for (size_t i = 0; i < n_specs; i++) {
             const e8kv_ppl_result *x = &res[i];
-            printf("{\"model\":\"%s\",\"arch\":\"%s\",\"spec\":\"%s\",\"available\":%s",
-                   model_path ? model_path : "default", cfg->arch, x->spec, x->status ? "false" : "true");
+            printf("{\"model\":");
+            e8kv_cli_json_string(stdout, model_path ? model_path : "default");
+            printf(",\"arch\":");
+            e8kv_cli_json_string(stdout, cfg->arch);
+            printf(",\"spec\":");
+            e8kv_cli_json_string(stdout, x->spec);
+            printf(",\"available\":%s", x->status ? "false" : "true");
             if (x->status) {
                 printf(",\"error\":\"%s\"}\n", e8kv_error_name(x->status));
                 continue;
