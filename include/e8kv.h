@@ -69,7 +69,8 @@ const char *e8kv_error_code_name(e8kv_error_code code);
 /* Atomic file writes (every file the library and the CLI write goes through them): the bytes go to a new
  * file beside `path`, which at commit is flushed to disk and renamed over `path`; on any failure (open,
  * write, a full disk, a file size limit, fsync, rename) the new file is removed and `path` keeps its old
- * contents. A `path` that is a symbolic link is written through (its target is replaced, the link stays).
+ * contents. A `path` that is a symbolic link is written through (its target is replaced, the link stays);
+ * one that exists and is not a regular file (/dev/null, a terminal, a FIFO) is written in place.
  * Errors: E8KV_ERROR_BAD_ARGUMENT, E8KV_ERROR_IO (also for a directory or a dangling link),
  * E8KV_ERROR_OUT_OF_MEMORY. */
 typedef struct e8kv_file_writer e8kv_file_writer;

@@ -236,6 +236,10 @@ static void test_atomic_write(void **state) {
     assert_true(same_bytes(path, new_bytes, sizeof new_bytes));
 
     assert_int_equal(e8kv_get_error_code(e8kv_file_write(dir, old_bytes, 10)), E8KV_ERROR_IO);
+    /* a device is written in place: nothing is created beside it */
+    const size_t n_dev = count_prefixed("/dev", "null.tmp");
+    assert_int_equal(e8kv_file_write("/dev/null", old_bytes, 10), 10);
+    assert_int_equal(count_prefixed("/dev", "null.tmp"), n_dev);
     assert_int_equal(e8kv_get_error_code(e8kv_file_write("/nonexistent-e8kv-dir/x", old_bytes, 10)), E8KV_ERROR_IO);
     assert_int_equal(e8kv_get_error_code(e8kv_file_write(NULL, old_bytes, 10)), E8KV_ERROR_BAD_ARGUMENT);
     assert_int_equal(count_prefixed(dir, "f.bin.tmp") + count_prefixed(dir, "l.bin"), 1);

@@ -2,7 +2,8 @@
  * renamed over the target, then the directory is fsync'd, so a reader (or a crash) sees the old file or the
  * complete new one, never a mix. Any failure (a full disk, RLIMIT_FSIZE, a short write) removes the
  * temporary file and leaves the target as it was. A target that is a symbolic link is written through:
- * its final target is replaced, the link stays. */
+ * its final target is replaced, the link stays. A target that exists and is not a regular file (a
+ * character device such as /dev/null or a terminal, a FIFO) cannot be replaced and is written in place. */
 #include "common.h"
 
 #include <errno.h>
@@ -18,6 +19,7 @@ struct e8kv_file_writer {
     size_t n_bytes;
     char *path; /* the file replaced at commit (links resolved) */
     char *tmp;  /* "<path>.tmp.<pid>.<n>", removed unless renamed */
+    int in_place; /* not a regular file: written directly, nothing to rename */
 };
 
 static void writer_discard(e8kv_file_writer *w) {
@@ -61,6 +63,17 @@ e8kv_file_writer *e8kv_file_writer_open(const char *path, size_t *err) {
     if (stat(w->path, &st) == 0 && S_ISDIR(st.st_mode)) {
         e = E8KV_ERR(IO);
         goto fail;
+    }
+    if (stat(w->path, &st) == 0 && !S_ISREG(st.st_mode)) { /* a device or FIFO: in place, no rename */
+        free(w->tmp);
+        w->tmp = NULL;
+        w->fd = open(w->path, O_WRONLY | O_CLOEXEC);
+        if (w->fd < 0) {
+            e = E8KV_ERR(IO);
+            goto fail;
+        }
+        w->in_place = 1;
+        return w;
     }
     static unsigned counter; /* a name another writer of this process is not using; O_EXCL checks */
     for (int attempt = 0; attempt < 100 && w->fd < 0; attempt++) {
@@ -109,6 +122,13 @@ size_t e8kv_file_writer_write(e8kv_file_writer *w, const void *src, size_t n) {
 size_t e8kv_file_writer_commit(e8kv_file_writer *w) {
     if (!w) return E8KV_ERR(BAD_ARGUMENT);
     size_t r = E8KV_ERR(IO);
+    if (w->in_place) {
+        const int c = w->fd >= 0 ? close(w->fd) : -1;
+        w->fd = -1;
+        if (c == 0) r = w->n_bytes;
+        writer_discard(w);
+        return r;
+    }
     if (w->fd >= 0 && fsync(w->fd) == 0) {
         const int c = close(w->fd);
         w->fd = -1;
