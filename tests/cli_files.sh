@@ -74,6 +74,17 @@ for args in "--codec e8:4" "--codec e8:2 --page 7" "--step 0.25" "--step 0.5 --m
     has "2560 vectors x head_dim 8"
     [ "$(stat -c %s back.kvd)" = "$(stat -c %s d.kvd)" ] || fail "compress $args: size differs after decompress"
 done
+# a codec spec of 63 characters (the codec limit) travels in the frame's meta and back; 64 is refused by name
+C63="e8:$(printf '%59s' '' | tr ' ' 0)4"
+run 0 compress d.kvd f.e8f --codec "$C63"
+run 0 info f.e8f
+has "spec=$C63;"
+run 0 decompress f.e8f back.kvd
+run 0 compress d.kvd f4.e8f --codec e8:4
+run 0 decompress f4.e8f back4.kvd
+cmp -s back.kvd back4.kvd || fail "--codec $C63 decodes differently from e8:4"
+run 1 compress d.kvd f.e8f --codec "e8:0${C63#e8:}"
+has "invalid format spec"
 run 1 info "$M"
 run 1 decompress d.kvd x.kvd
 run 1 compress f.e8f x.e8f
