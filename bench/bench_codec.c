@@ -449,7 +449,7 @@ int e8kv_bench_codec(int argc, char **argv) {
     o.reps = reps;
     o.n_vec_set = o.n_vec != 0;
     o.head_dim_set = o.head_dim != 0;
-    char list_buf[4096]; /* MAX_ROWS codec specs of up to 63 characters fit; a longer list is refused, not cut */
+    char list_buf[4096]; /* MAX_ROWS specs of up to 63 characters fit; a longer list is refused, not cut */
     if (list && strlen(list) >= sizeof list_buf)
         return e8kv_cli_usage_error("e8kv bench codec", "--codecs: a list of %zu characters (at most %zu)",
                                     strlen(list), sizeof list_buf - 1);

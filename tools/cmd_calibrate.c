@@ -134,6 +134,7 @@ int e8kv_cmd_calibrate(int argc, char **argv) {
     const int pr = e8kv_cli_parse(WHO, usage, argc, argv, opts, sizeof opts / sizeof opts[0], NULL, 0, NULL);
     if (pr >= 0) return pr;
     sens = !no_sens;
+    p.n_threads = e8kv_cli_threads(p.n_threads); /* 0: the online CPUs, at most E8KV_MAX_THREADS */
     if (!text_path) return e8kv_cli_usage_error(WHO, "-f TEXT is required");
     size_t n_bytes = 0;
     char *text = e8kv_cli_read_all(text_path, &n_bytes);

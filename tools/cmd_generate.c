@@ -246,7 +246,7 @@ int e8kv_cmd_generate(int argc, char **argv) {
         goto out;
     }
     const e8kv_context_params cp = {
-        .n_ctx = n_ctx, .n_batch = 512, .kv_spec = kv, .seed = 0, .n_threads = n_threads, .calib = cal};
+        .n_ctx = n_ctx, .n_batch = 512, .kv_spec = kv, .seed = 0, .n_threads = e8kv_cli_threads(n_threads), .calib = cal};
     ctx = e8kv_context_create(m, &cp, &r);
     if (!ctx) {
         if (e8kv_get_error_code(r) == E8KV_ERROR_SPEC) e8kv_cli_spec_error(WHO, kv, r, cal != NULL);
