@@ -263,7 +263,8 @@ int e8kv_bench_attn(int argc, char **argv) {
             }
             if (len >= sizeof item) {
                 e8kv_cli_list_free(&kv);
-                return e8kv_cli_usage_error(WHO, "--ctx '%s': expected whole numbers separated by ','", ctx_list);
+                return e8kv_cli_usage_error(WHO, "--ctx '%s': expected whole numbers separated by ','",
+                                            ctx_list);
             }
             if (!e8kv_cli_parse_size(WHO, "--ctx", item, 1, 1u << 26, &ctxs[n_ctx++]))
                 return e8kv_cli_list_free(&kv), 2;
@@ -301,6 +302,7 @@ int e8kv_bench_attn(int argc, char **argv) {
             rc |= run_group(&k_shapes[si], ctxs[ci], specs, n_spec, n_threads, reps, json);
     }
     e8kv_cli_specs_free(&fs);
-    if (!matched) return e8kv_cli_usage_error(WHO, "unknown shape '%s' (smollm2-135m, llama3-8b or all)", shape);
+    if (!matched)
+        return e8kv_cli_usage_error(WHO, "unknown shape '%s' (smollm2-135m, llama3-8b or all)", shape);
     return rc;
 }

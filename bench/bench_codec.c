@@ -443,8 +443,8 @@ int e8kv_bench_codec(int argc, char **argv) {
         E8KV_OPT_INT("--reps", &reps, 1, 64),
         E8KV_OPT_STR("--codecs", &list),
     };
-    const int pr = e8kv_cli_parse("e8kv bench codec", usage, argc, argv, opts, sizeof opts / sizeof opts[0], NULL,
-                                  0, NULL);
+    const int pr = e8kv_cli_parse("e8kv bench codec", usage, argc, argv, opts, sizeof opts / sizeof opts[0],
+                                  NULL, 0, NULL);
     if (pr >= 0) return pr;
     o.reps = reps;
     o.n_vec_set = o.n_vec != 0;

@@ -34,7 +34,8 @@ static int setup(void **state) {
     f.tokens = malloc(f.n_tokens * sizeof *f.tokens);
     e8kv_rng rng;
     e8kv_rng_seed(&rng, 5);
-    for (size_t i = 0; i < f.n_tokens; i++) f.tokens[i] = (int32_t)(3 + e8kv_rng_next(&rng) % (f.m->cfg.vocab_size - 3));
+    for (size_t i = 0; i < f.n_tokens; i++)
+        f.tokens[i] = (int32_t)(3 + e8kv_rng_next(&rng) % (f.m->cfg.vocab_size - 3));
     const e8kv_calibrate_params cp = {.n_ctx = N_CTX, .n_chunks = 4, .n_threads = 1};
     size_t err = 0;
     f.cal = e8kv_calibrate_model(f.m, f.tokens, f.n_tokens, &cp, &err);
@@ -66,10 +67,12 @@ static size_t probe_into(const fixture *f, const char *probe, size_t sink, doubl
     e8kv_calib *cal = e8kv_calib_load(buf, n, &err);
     free(buf);
     assert_non_null(cal);
-    const e8kv_sensitivity_params sp = {.n_ctx = N_CTX, .n_chunks = 2, .probe = probe, .sink = sink, .n_threads = 1};
+    const e8kv_sensitivity_params sp = {
+        .n_ctx = N_CTX, .n_chunks = 2, .probe = probe, .sink = sink, .n_threads = 1};
     const size_t r = e8kv_calibrate_sensitivity(f->m, f->tokens, f->n_tokens, cal, &sp);
     const size_t L = f->m->cfg.n_layer;
-    for (size_t s = 0; s < 2 * L && !e8kv_is_error(r); s++) c[s] = e8kv_calib_sensitivity(cal, s % L, s >= L);
+    for (size_t s = 0; s < 2 * L && !e8kv_is_error(r); s++)
+        c[s] = e8kv_calib_sensitivity(cal, s % L, s >= L);
     e8kv_calib_free(cal);
     return r;
 }
@@ -103,12 +106,13 @@ static void test_probes_match_ppl(void **state) {
     char specs[64][96];
     const char *ptr[64];
     for (size_t s = 0; s < 2 * L; s++) {
-        snprintf(specs[s], sizeof specs[s], "f32,sink=1,rope=pre,layer%zu.%c=e8tv:2", s % L, s < L ? 'k' : 'v');
+        snprintf(specs[s], sizeof specs[s], "f32,sink=1,rope=pre,layer%zu.%c=e8tv:2", s % L,
+                 s < L ? 'k' : 'v');
         ptr[s] = specs[s];
     }
     e8kv_ppl_result res[64];
-    const e8kv_ppl_params pp = {.n_ctx = N_CTX, .n_chunks = 2, .n_threads = 1, .specs = ptr, .n_specs = 2 * L,
-                                .calib = f->cal};
+    const e8kv_ppl_params pp = {
+        .n_ctx = N_CTX, .n_chunks = 2, .n_threads = 1, .specs = ptr, .n_specs = 2 * L, .calib = f->cal};
     assert_int_equal(e8kv_ppl_run(f->m, f->tokens, f->n_tokens, &pp, res), 2);
     double total = 0.0;
     for (size_t s = 0; s < 2 * L; s++) {
@@ -130,22 +134,24 @@ static void test_long_probe(void **state) {
     const size_t L = f->m->cfg.n_layer;
     double a[64], b[64];
     char probe[64] = "e8tv:";
-    while (strlen(probe) < 62) strcat(probe, "0");
+    while (strlen(probe) < 62)
+        strcat(probe, "0");
     strcat(probe, "2");
     assert_int_equal(strlen(probe), 63);
     assert_ok(probe_into(f, "e8tv:2", 1000000, a));
     assert_ok(probe_into(f, probe, 1000000, b));
-    for (size_t s = 0; s < 2 * L; s++) assert_true(a[s] == b[s]);
+    for (size_t s = 0; s < 2 * L; s++)
+        assert_true(a[s] == b[s]);
 }
 
 static void test_bad_probes(void **state) {
     fixture *f = *state;
     SKIP_WITHOUT_MODEL(f);
     double c[64];
-    assert_error(probe_into(f, "bogus", 1, c), BAD_ARGUMENT);      /* not FAMILY:RATE */
-    assert_error(probe_into(f, "e8tv:0", 1, c), BAD_ARGUMENT);     /* no rate */
+    assert_error(probe_into(f, "bogus", 1, c), BAD_ARGUMENT);         /* not FAMILY:RATE */
+    assert_error(probe_into(f, "e8tv:0", 1, c), BAD_ARGUMENT);        /* no rate */
     assert_error(probe_into(f, "e8tv:2,sink=3", 1, c), BAD_ARGUMENT); /* a cache spec, not a format */
-    assert_error(probe_into(f, "nope:2", 1, c), SPEC);              /* the first probe's own error */
+    assert_error(probe_into(f, "nope:2", 1, c), SPEC);                /* the first probe's own error */
 }
 
 int main(void) {

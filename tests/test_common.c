@@ -174,7 +174,8 @@ static size_t count_prefixed(const char *dir, const char *prefix) {
     DIR *d = opendir(dir);
     assert_non_null(d);
     size_t n = 0;
-    for (struct dirent *e; (e = readdir(d)) != NULL;) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
     closedir(d);
     return n;
 }
@@ -198,8 +199,10 @@ static void test_atomic_write(void **state) {
     snprintf(path, sizeof path, "%s/f.bin", dir);
     snprintf(link_path, sizeof link_path, "%s/l.bin", dir);
     static uint8_t old_bytes[3000], new_bytes[200000];
-    for (size_t i = 0; i < sizeof old_bytes; i++) old_bytes[i] = (uint8_t)(i * 7);
-    for (size_t i = 0; i < sizeof new_bytes; i++) new_bytes[i] = (uint8_t)(i * 13 + 1);
+    for (size_t i = 0; i < sizeof old_bytes; i++)
+        old_bytes[i] = (uint8_t)(i * 7);
+    for (size_t i = 0; i < sizeof new_bytes; i++)
+        new_bytes[i] = (uint8_t)(i * 13 + 1);
     assert_int_equal(e8kv_file_write(path, old_bytes, sizeof old_bytes), sizeof old_bytes);
     assert_true(same_bytes(path, old_bytes, sizeof old_bytes));
 
@@ -228,7 +231,8 @@ static void test_atomic_write(void **state) {
     w = e8kv_file_writer_open(link_path, &err);
     assert_non_null(w);
     assert_int_equal(e8kv_file_writer_write(w, new_bytes, 1000), 1000);
-    assert_int_equal(e8kv_file_writer_write(w, new_bytes + 1000, sizeof new_bytes - 1000), sizeof new_bytes - 1000);
+    assert_int_equal(e8kv_file_writer_write(w, new_bytes + 1000, sizeof new_bytes - 1000),
+                     sizeof new_bytes - 1000);
     assert_int_equal(e8kv_file_writer_commit(w), sizeof new_bytes);
     struct stat st;
     assert_int_equal(lstat(link_path, &st), 0);
@@ -240,7 +244,8 @@ static void test_atomic_write(void **state) {
     const size_t n_dev = count_prefixed("/dev", "null.tmp");
     assert_int_equal(e8kv_file_write("/dev/null", old_bytes, 10), 10);
     assert_int_equal(count_prefixed("/dev", "null.tmp"), n_dev);
-    assert_int_equal(e8kv_get_error_code(e8kv_file_write("/nonexistent-e8kv-dir/x", old_bytes, 10)), E8KV_ERROR_IO);
+    assert_int_equal(e8kv_get_error_code(e8kv_file_write("/nonexistent-e8kv-dir/x", old_bytes, 10)),
+                     E8KV_ERROR_IO);
     assert_int_equal(e8kv_get_error_code(e8kv_file_write(NULL, old_bytes, 10)), E8KV_ERROR_BAD_ARGUMENT);
     assert_int_equal(count_prefixed(dir, "f.bin.tmp") + count_prefixed(dir, "l.bin"), 1);
     unlink(link_path);

@@ -66,9 +66,12 @@ int e8kv_cli_same_file(const char *a, const char *b) {
 void e8kv_cli_json_string(FILE *f, const char *s) {
     fputc('"', f);
     for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        if (*c == '"' || *c == '\\') fprintf(f, "\\%c", *c);
-        else if (*c < 0x20) fprintf(f, "\\u%04x", *c);
-        else fputc(*c, f);
+        if (*c == '"' || *c == '\\')
+            fprintf(f, "\\%c", *c);
+        else if (*c < 0x20)
+            fprintf(f, "\\u%04x", *c);
+        else
+            fputc(*c, f);
     }
     fputc('"', f);
 }
@@ -88,7 +91,9 @@ void e8kv_cli_list_free(e8kv_cli_list *l) {
 static int set_value(const char *who, const e8kv_cli_opt *o, const char *val) {
     uint64_t u = 0;
     switch (o->kind) {
-    case E8KV_OPT_STR: *(const char **)o->dst = val; return 1;
+    case E8KV_OPT_STR:
+        *(const char **)o->dst = val;
+        return 1;
     case E8KV_OPT_LIST: {
         e8kv_cli_list *l = o->dst;
         if (l->n == l->cap) {
@@ -106,9 +111,12 @@ static int set_value(const char *who, const e8kv_cli_opt *o, const char *val) {
     case E8KV_OPT_INT:
         if (!parse_u64(val, o->kind == E8KV_OPT_U64, &u) || u < o->lo || u > o->hi)
             return number_error(who, o->name, val, o->lo, o->hi), 0;
-        if (o->kind == E8KV_OPT_SIZE) *(size_t *)o->dst = (size_t)u;
-        else if (o->kind == E8KV_OPT_U64) *(uint64_t *)o->dst = u;
-        else *(int *)o->dst = (int)u;
+        if (o->kind == E8KV_OPT_SIZE)
+            *(size_t *)o->dst = (size_t)u;
+        else if (o->kind == E8KV_OPT_U64)
+            *(uint64_t *)o->dst = u;
+        else
+            *(int *)o->dst = (int)u;
         return 1;
     case E8KV_OPT_FLOAT: {
         char *end = NULL;
@@ -122,7 +130,8 @@ static int set_value(const char *who, const e8kv_cli_opt *o, const char *val) {
         *(float *)o->dst = (float)v;
         return 1;
     }
-    case E8KV_OPT_FLAG: break;
+    case E8KV_OPT_FLAG:
+        break;
     }
     return 0;
 }
@@ -187,7 +196,8 @@ int e8kv_cli_split_specs(e8kv_cli_specs *out, const char *who, const char *const
                          const char *dflt) {
     memset(out, 0, sizeof *out);
     size_t total = 1;
-    for (size_t i = 0; i < n_vals; i++) total += strlen(vals[i]) + 1;
+    for (size_t i = 0; i < n_vals; i++)
+        total += strlen(vals[i]) + 1;
     if (!(out->buf = malloc(total))) return fprintf(stderr, "%s: out of memory\n", who), 0;
     char *p = out->buf;
     for (size_t i = 0; i < n_vals; i++) {
@@ -204,8 +214,10 @@ int e8kv_cli_split_specs(e8kv_cli_specs *out, const char *who, const char *const
                 if (!comma) comma = semi;
                 *comma = 0;
                 if (!*item) {
-                    e8kv_cli_usage_error(who, "empty format in '%s' (formats are separated by ';', or by ','"
-                                              " when none has '=')", vals[i]);
+                    e8kv_cli_usage_error(who,
+                                         "empty format in '%s' (formats are separated by ';', or by ','"
+                                         " when none has '=')",
+                                         vals[i]);
                     return e8kv_cli_specs_free(out), 0;
                 }
                 if (!e8kv_cli_specs_add(out, item))
@@ -224,8 +236,8 @@ int e8kv_cli_split_specs(e8kv_cli_specs *out, const char *who, const char *const
 int e8kv_cli_check_spec(const char *who, const char *opt, const char *spec) {
     const size_t n = strlen(spec);
     if (n <= E8KV_CACHE_SPEC_MAX_LEN) return 1;
-    fprintf(stderr, "%s: %s: a spec of %zu characters; the longest the library takes is %d [%s]\n", who, opt, n,
-            E8KV_CACHE_SPEC_MAX_LEN, e8kv_error_code_name(E8KV_ERROR_SPEC));
+    fprintf(stderr, "%s: %s: a spec of %zu characters; the longest the library takes is %d [%s]\n", who, opt,
+            n, E8KV_CACHE_SPEC_MAX_LEN, e8kv_error_code_name(E8KV_ERROR_SPEC));
     return 0;
 }
 
@@ -316,7 +328,8 @@ int32_t *e8kv_cli_tokenize(const e8kv_model *m, const char *text, size_t n_bytes
 void e8kv_cli_warn_unknown_bytes(const e8kv_tokenizer *t, const char *text, size_t n_bytes, const char *who) {
     const size_t n = e8kv_tokenizer_unknown_bytes(t, text, n_bytes);
     if (n)
-        fprintf(stderr, "%s: warning: %zu byte%s of the text ha%s no token in the vocabulary and %s left out\n", who,
+        fprintf(stderr,
+                "%s: warning: %zu byte%s of the text ha%s no token in the vocabulary and %s left out\n", who,
                 n, n == 1 ? "" : "s", n == 1 ? "s" : "ve", n == 1 ? "is" : "are");
 }
 
@@ -324,8 +337,10 @@ void e8kv_cli_spec_error(const char *who, const char *spec, size_t err, int have
     fprintf(stderr, "%s: cannot use --kv '%s': %s\n", who, spec, e8kv_error_name(err));
     /* e8t, e8tv and auto= formats code in a calibrated basis (include/e8kv.h) */
     if (!have_calib && e8kv_get_error_code(err) == E8KV_ERROR_SPEC && strstr(spec, "e8t"))
-        fprintf(stderr, "%s: the e8t/e8tv formats need a calibration of the model: run `e8kv calibrate -f TEXT`\n"
-                        "      (it writes MODEL.e8cal, used by default) or pass --calib FILE\n", who);
+        fprintf(stderr,
+                "%s: the e8t/e8tv formats need a calibration of the model: run `e8kv calibrate -f TEXT`\n"
+                "      (it writes MODEL.e8cal, used by default) or pass --calib FILE\n",
+                who);
 }
 
 void e8kv_cli_calib_path(char *dst, size_t cap, const char *model_path) {

@@ -30,17 +30,24 @@ typedef struct {
     const char *alias; /* another spelling ("-h"), or NULL */
     e8kv_opt_kind kind;
     void *dst;
-    uint64_t lo, hi;   /* integer kinds */
-    double flo, fhi;   /* E8KV_OPT_FLOAT */
+    uint64_t lo, hi; /* integer kinds */
+    double flo, fhi; /* E8KV_OPT_FLOAT */
 } e8kv_cli_opt;
 
-#define E8KV_OPT_FLAG(n, d) {n, NULL, E8KV_OPT_FLAG, d, 0, 0, 0, 0}
-#define E8KV_OPT_STR(n, d) {n, NULL, E8KV_OPT_STR, d, 0, 0, 0, 0}
-#define E8KV_OPT_LIST(n, d) {n, NULL, E8KV_OPT_LIST, d, 0, 0, 0, 0}
-#define E8KV_OPT_SIZE(n, d, lo, hi) {n, NULL, E8KV_OPT_SIZE, d, lo, hi, 0, 0}
-#define E8KV_OPT_U64(n, d) {n, NULL, E8KV_OPT_U64, d, 0, UINT64_MAX, 0, 0}
-#define E8KV_OPT_INT(n, d, lo, hi) {n, NULL, E8KV_OPT_INT, d, lo, hi, 0, 0}
-#define E8KV_OPT_FLOAT(n, d, lo, hi) {n, NULL, E8KV_OPT_FLOAT, d, 0, 0, lo, hi}
+#define E8KV_OPT_FLAG(n, d)                                                                                  \
+    { n, NULL, E8KV_OPT_FLAG, d, 0, 0, 0, 0 }
+#define E8KV_OPT_STR(n, d)                                                                                   \
+    { n, NULL, E8KV_OPT_STR, d, 0, 0, 0, 0 }
+#define E8KV_OPT_LIST(n, d)                                                                                  \
+    { n, NULL, E8KV_OPT_LIST, d, 0, 0, 0, 0 }
+#define E8KV_OPT_SIZE(n, d, lo, hi)                                                                          \
+    { n, NULL, E8KV_OPT_SIZE, d, lo, hi, 0, 0 }
+#define E8KV_OPT_U64(n, d)                                                                                   \
+    { n, NULL, E8KV_OPT_U64, d, 0, UINT64_MAX, 0, 0 }
+#define E8KV_OPT_INT(n, d, lo, hi)                                                                           \
+    { n, NULL, E8KV_OPT_INT, d, lo, hi, 0, 0 }
+#define E8KV_OPT_FLOAT(n, d, lo, hi)                                                                         \
+    { n, NULL, E8KV_OPT_FLOAT, d, 0, 0, lo, hi }
 /* --threads N: 0 = every online CPU (at most E8KV_MAX_THREADS), else 1 .. E8KV_MAX_THREADS */
 #define E8KV_OPT_THREADS(d) E8KV_OPT_INT("--threads", d, 0, E8KV_MAX_THREADS)
 

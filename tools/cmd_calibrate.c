@@ -158,8 +158,10 @@ int e8kv_cmd_calibrate(int argc, char **argv) {
     if (sens) {
         const e8kv_error_code pe = check_probe(m, sp.probe ? sp.probe : "e8tv:2", sp.sink);
         if (pe) {
-            fprintf(stderr, "e8kv calibrate: --probe '%s': %s (expected FAMILY:RATE of a cache format, e.g. "
-                            "e8tv:2 or e8v:3)\n", sp.probe ? sp.probe : "e8tv:2", e8kv_error_code_name(pe));
+            fprintf(stderr,
+                    "e8kv calibrate: --probe '%s': %s (expected FAMILY:RATE of a cache format, e.g. "
+                    "e8tv:2 or e8v:3)\n",
+                    sp.probe ? sp.probe : "e8tv:2", e8kv_error_code_name(pe));
             rc = 2;
             free(text);
             e8kv_model_free(m);

@@ -19,7 +19,6 @@
 #define WHO_D "e8kv decompress"
 #define WHO_I "e8kv info"
 
-
 typedef struct {
     uint32_t head_dim, flags, n_layer, n_head_kv;
     uint64_t n_vec;
@@ -71,16 +70,17 @@ static void make_kvd_header(uint8_t *b, const kvd_header *h) {
 }
 
 static void usage_compress(FILE *f) {
-    fprintf(f, "usage: e8kv compress IN.kvd OUT.e8f [--codec SPEC | --step X] [--method rans|zstd|stored]\n"
-               "                     [--delta] [--page ROWS] [--seed S] [--level L]\n\n"
-               "  --codec SPEC    a fixed-rate codec (include/e8kv.h), its bytes then coded losslessly\n"
-               "  --step X        E8 lattice points at step X > 0, entropy-coded (lossy; no codec)\n"
-               "  --method M      rans (default), zstd or stored\n"
-               "  --delta         code each row's difference from the row before\n"
-               "  --page ROWS     rows per independently decodable page, >= 1 (default 256)\n"
-               "  --seed S        rotation seed (default 0x5eed)\n"
-               "  --level L       zstd level, 1 to 22 (default 3)\n"
-               "  default: --codec e8:4 --method rans --page 256. OUT must not be IN (also through links).\n");
+    fprintf(f,
+            "usage: e8kv compress IN.kvd OUT.e8f [--codec SPEC | --step X] [--method rans|zstd|stored]\n"
+            "                     [--delta] [--page ROWS] [--seed S] [--level L]\n\n"
+            "  --codec SPEC    a fixed-rate codec (include/e8kv.h), its bytes then coded losslessly\n"
+            "  --step X        E8 lattice points at step X > 0, entropy-coded (lossy; no codec)\n"
+            "  --method M      rans (default), zstd or stored\n"
+            "  --delta         code each row's difference from the row before\n"
+            "  --page ROWS     rows per independently decodable page, >= 1 (default 256)\n"
+            "  --seed S        rotation seed (default 0x5eed)\n"
+            "  --level L       zstd level, 1 to 22 (default 3)\n"
+            "  default: --codec e8:4 --method rans --page 256. OUT must not be IN (also through links).\n");
 }
 
 int e8kv_cmd_compress(int argc, char **argv) {
@@ -99,18 +99,22 @@ int e8kv_cmd_compress(int argc, char **argv) {
         E8KV_OPT_U64("--seed", &seed),
         E8KV_OPT_INT("--level", &p.zstd_level, 1, 22),
     };
-    const int pr = e8kv_cli_parse(WHO_C, usage_compress, argc, argv, opts, sizeof opts / sizeof opts[0], pos, 2,
-                                  &n_pos);
+    const int pr =
+        e8kv_cli_parse(WHO_C, usage_compress, argc, argv, opts, sizeof opts / sizeof opts[0], pos, 2, &n_pos);
     if (pr >= 0) return pr;
     if (n_pos != 2) return e8kv_cli_usage_error(WHO_C, "give IN.kvd and OUT.e8f");
     const char *in = pos[0], *out = pos[1];
     if (e8kv_cli_same_file(in, out))
         return e8kv_cli_usage_error(WHO_C, "%s and %s are the same file: the input would be lost", in, out);
     p.delta = delta;
-    if (!strcmp(method, "rans")) p.coder = E8KV_FRAME_RANS;
-    else if (!strcmp(method, "zstd")) p.coder = E8KV_FRAME_ZSTD;
-    else if (!strcmp(method, "stored")) p.coder = E8KV_FRAME_STORED;
-    else return e8kv_cli_usage_error(WHO_C, "--method '%s': expected rans, zstd or stored", method);
+    if (!strcmp(method, "rans"))
+        p.coder = E8KV_FRAME_RANS;
+    else if (!strcmp(method, "zstd"))
+        p.coder = E8KV_FRAME_ZSTD;
+    else if (!strcmp(method, "stored"))
+        p.coder = E8KV_FRAME_STORED;
+    else
+        return e8kv_cli_usage_error(WHO_C, "--method '%s': expected rans, zstd or stored", method);
     if (spec && step != 0.0f) return e8kv_cli_usage_error(WHO_C, "--codec and --step exclude each other");
     if (!spec && step == 0.0f) spec = "e8:4";
 
@@ -159,8 +163,8 @@ int e8kv_cmd_compress(int argc, char **argv) {
     if (e8kv_is_error(fs)) return fprintf(stderr, "e8kv compress: %s\n", e8kv_error_name(fs)), free(frame), free(rows), free(buf), 1;
     const size_t wr = write_all(out, frame, fs, NULL, 0);
     if (e8kv_is_error(wr))
-        return fprintf(stderr, "e8kv compress: cannot write %s: %s\n", out, e8kv_error_name(wr)), free(frame), free(rows),
-               free(buf), 1;
+        return fprintf(stderr, "e8kv compress: cannot write %s: %s\n", out, e8kv_error_name(wr)), free(frame),
+               free(rows), free(buf), 1;
     const double vals = (double)n * (double)d;
     char what[96];
     if (spec) snprintf(what, sizeof what, "codec %s", spec);
@@ -197,9 +201,10 @@ static int meta_get(char *out, size_t cap, const char *meta, size_t meta_size, c
 }
 
 static void usage_decompress(FILE *f) {
-    fprintf(f, "usage: e8kv decompress IN.e8f OUT.kvd\n\n"
-               "Decodes a frame written by e8kv compress back to a K/V dump (doc/format.md §1). OUT must not\n"
-               "be IN (also through links).\n");
+    fprintf(f,
+            "usage: e8kv decompress IN.e8f OUT.kvd\n\n"
+            "Decodes a frame written by e8kv compress back to a K/V dump (doc/format.md §1). OUT must not\n"
+            "be IN (also through links).\n");
 }
 
 int e8kv_cmd_decompress(int argc, char **argv) {
@@ -216,7 +221,8 @@ int e8kv_cmd_decompress(int argc, char **argv) {
     if (!buf) return fprintf(stderr, "e8kv decompress: cannot read %s\n", in), 1;
     e8kv_frame_info fi;
     size_t r = e8kv_frame_get_info(&fi, buf, size);
-    if (e8kv_is_error(r)) return fprintf(stderr, "e8kv decompress: %s: %s\n", in, e8kv_error_name(r)), free(buf), 1;
+    if (e8kv_is_error(r))
+        return fprintf(stderr, "e8kv decompress: %s: %s\n", in, e8kv_error_name(r)), free(buf), 1;
     const char *meta = (const char *)buf + fi.meta_offset;
     char mode[16], v[64];
     kvd_header h;
@@ -239,7 +245,8 @@ int e8kv_cmd_decompress(int argc, char **argv) {
         return fprintf(stderr, "e8kv decompress: frame too large\n"), free(buf), 1;
     uint8_t *rows = malloc(fi.row_bytes * n + 1);
     float *x = malloc(n * d * sizeof *x + 1);
-    if (!rows || !x) return fprintf(stderr, "e8kv decompress: out of memory\n"), free(rows), free(x), free(buf), 1;
+    if (!rows || !x)
+        return fprintf(stderr, "e8kv decompress: out of memory\n"), free(rows), free(x), free(buf), 1;
     const double t0 = e8kv_cli_now_s();
     r = e8kv_frame_decode(rows, fi.row_bytes * n, buf, size);
     const double t1 = e8kv_cli_now_s();
@@ -248,9 +255,12 @@ int e8kv_cmd_decompress(int argc, char **argv) {
         if (!strcmp(mode, "codec")) {
             size_t err = 0;
             e8kv_codec *c = NULL;
-            if (meta_get(v, sizeof v, meta, fi.meta_size, "spec")) bad_meta = "no codec spec in its meta";
-            else if (!(c = e8kv_codec_create(v, d, seed, &err))) r = err;
-            else r = e8kv_codec_decode(c, x, n * d, rows, fi.row_bytes * n, n);
+            if (meta_get(v, sizeof v, meta, fi.meta_size, "spec"))
+                bad_meta = "no codec spec in its meta";
+            else if (!(c = e8kv_codec_create(v, d, seed, &err)))
+                r = err;
+            else
+                r = e8kv_codec_decode(c, x, n * d, rows, fi.row_bytes * n, n);
             e8kv_codec_free(c);
         } else if (!strcmp(mode, "e8") && !meta_get(v, sizeof v, meta, fi.meta_size, "step") &&
                    fi.row_bytes == 2 * d) {
@@ -262,7 +272,8 @@ int e8kv_cmd_decompress(int argc, char **argv) {
     const double t2 = e8kv_cli_now_s();
     int rc = 0;
     if (bad_meta) {
-        fprintf(stderr, "e8kv decompress: %s: %s [%s]\n", in, bad_meta, e8kv_error_code_name(E8KV_ERROR_CORRUPTED));
+        fprintf(stderr, "e8kv decompress: %s: %s [%s]\n", in, bad_meta,
+                e8kv_error_code_name(E8KV_ERROR_CORRUPTED));
         rc = 1;
     } else if (e8kv_is_error(r)) {
         fprintf(stderr, "e8kv decompress: %s: %s\n", in, e8kv_error_name(r));
@@ -275,8 +286,8 @@ int e8kv_cmd_decompress(int argc, char **argv) {
             fprintf(stderr, "e8kv decompress: cannot write %s: %s\n", out, e8kv_error_name(wr));
             rc = 1;
         } else {
-            printf("%s: %zu vectors x %zu; frame decode %.3f s (%.1f MB/s of rows), dequantize %.3f s\n", out, n,
-                   d, t1 - t0, (double)(fi.row_bytes * n) / (t1 - t0) / 1e6, t2 - t1);
+            printf("%s: %zu vectors x %zu; frame decode %.3f s (%.1f MB/s of rows), dequantize %.3f s\n", out,
+                   n, d, t1 - t0, (double)(fi.row_bytes * n) / (t1 - t0) / 1e6, t2 - t1);
         }
     }
     free(rows), free(x), free(buf);
@@ -284,9 +295,10 @@ int e8kv_cmd_decompress(int argc, char **argv) {
 }
 
 static void usage_info(FILE *f) {
-    fprintf(f, "usage: e8kv info FILE\n\n"
-               "Describes a K/V dump (.kvd, ppl --dump-kv), an entropy-coded frame (.e8f, e8kv compress) or a\n"
-               "saved cache (generate --save-cache, e8kv_cache_save_file).\n");
+    fprintf(f,
+            "usage: e8kv info FILE\n\n"
+            "Describes a K/V dump (.kvd, ppl --dump-kv), an entropy-coded frame (.e8f, e8kv compress) or a\n"
+            "saved cache (generate --save-cache, e8kv_cache_save_file).\n");
 }
 
 /* A saved cache (doc/format.md §4): its configuration, and the prompt when generate --save-cache wrote it. */
@@ -299,10 +311,11 @@ static int info_cache(const char *in, const uint8_t *buf, size_t size) {
         free(fi);
         return 1;
     }
-    printf("%s: e8kv saved cache v%u, %zu layers x %zu KV heads, head_dim %zu, n_ctx %zu, pages of %zu tokens, "
-           "seed %llu, RoPE theta %g%s, %zu bytes\n",
-           in, fi->version, fi->n_layer, fi->n_head_kv, fi->head_dim, fi->n_ctx, fi->page_tokens,
-           (unsigned long long)fi->seed, (double)fi->rope_theta, fi->rope_neox ? " (NeoX)" : "", fi->file_size);
+    printf(
+        "%s: e8kv saved cache v%u, %zu layers x %zu KV heads, head_dim %zu, n_ctx %zu, pages of %zu tokens, "
+        "seed %llu, RoPE theta %g%s, %zu bytes\n",
+        in, fi->version, fi->n_layer, fi->n_head_kv, fi->head_dim, fi->n_ctx, fi->page_tokens,
+        (unsigned long long)fi->seed, (double)fi->rope_theta, fi->rope_neox ? " (NeoX)" : "", fi->file_size);
     printf("  spec: %s\n", fi->spec);
     if (fi->calib_size) printf("  calibration inside: %zu bytes\n", fi->calib_size);
     const uint8_t *meta = buf + fi->meta_offset;
@@ -333,7 +346,8 @@ int e8kv_cmd_info(int argc, char **argv) {
             fprintf(stderr, "e8kv info: %s: %s\n", in, msg);
             rc = 1;
         } else {
-            printf("%s: K/V dump v1, %llu vectors x head_dim %u, flags %u (%s%s%s), n_layer %u, n_head_kv %u, %zu bytes\n",
+            printf("%s: K/V dump v1, %llu vectors x head_dim %u, flags %u (%s%s%s), n_layer %u, n_head_kv "
+                   "%u, %zu bytes\n",
                    in, (unsigned long long)h.n_vec, h.head_dim, h.flags, h.flags & 1 ? "keys " : "",
                    h.flags & 2 ? "values " : "", h.flags & 4 ? "pre-RoPE" : "", h.n_layer, h.n_head_kv, size);
         }
@@ -348,11 +362,14 @@ int e8kv_cmd_info(int argc, char **argv) {
         } else {
             size_t n_layer = 0, n_head_kv = 0, head_dim = 0, n_tok = 0;
             e8kv_calib_info(cal, &n_layer, &n_head_kv, &head_dim, &n_tok);
-            printf("%s: e8kv calibration (e8kv calibrate), %zu layers x %zu KV heads, head_dim %zu, %zu tokens "
-                   "per layer observed, %s, %s, %zu bytes\n",
-                   in, n_layer, n_head_kv, head_dim, n_tok,
-                   e8kv_calib_query_energy(cal, 0, 0) ? "query energies (score-domain keys)" : "no query energies",
-                   e8kv_calib_sensitivity(cal, 0, 0) >= 0.0 ? "sensitivities (auto=)" : "no sensitivities", size);
+            printf(
+                "%s: e8kv calibration (e8kv calibrate), %zu layers x %zu KV heads, head_dim %zu, %zu tokens "
+                "per layer observed, %s, %s, %zu bytes\n",
+                in, n_layer, n_head_kv, head_dim, n_tok,
+                e8kv_calib_query_energy(cal, 0, 0) ? "query energies (score-domain keys)"
+                                                   : "no query energies",
+                e8kv_calib_sensitivity(cal, 0, 0) >= 0.0 ? "sensitivities (auto=)" : "no sensitivities",
+                size);
             e8kv_calib_free(cal);
         }
     } else {
@@ -360,7 +377,9 @@ int e8kv_cmd_info(int argc, char **argv) {
         const size_t r = e8kv_frame_get_info(&fi, buf, size);
         if (e8kv_is_error(r)) {
             fprintf(stderr, "e8kv info: %s: %s%s\n", in, e8kv_error_name(r),
-                    size >= 4 && memcmp(buf, "E8KF", 4) ? " (not a K/V dump, frame, saved cache or calibration)" : "");
+                    size >= 4 && memcmp(buf, "E8KF", 4)
+                        ? " (not a K/V dump, frame, saved cache or calibration)"
+                        : "");
             rc = 1;
         } else {
             static const char *coder[] = {"stored", "rans", "zstd"};

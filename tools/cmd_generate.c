@@ -245,13 +245,19 @@ int e8kv_cmd_generate(int argc, char **argv) {
                 n_ctx);
         goto out;
     }
-    const e8kv_context_params cp = {
-        .n_ctx = n_ctx, .n_batch = 512, .kv_spec = kv, .seed = 0, .n_threads = e8kv_cli_threads(n_threads), .calib = cal};
+    const e8kv_context_params cp = {.n_ctx = n_ctx,
+                                    .n_batch = 512,
+                                    .kv_spec = kv,
+                                    .seed = 0,
+                                    .n_threads = e8kv_cli_threads(n_threads),
+                                    .calib = cal};
     ctx = e8kv_context_create(m, &cp, &r);
     if (!ctx) {
-        if (e8kv_get_error_code(r) == E8KV_ERROR_SPEC) e8kv_cli_spec_error(WHO, kv, r, cal != NULL);
-        else fprintf(stderr, "e8kv generate: cannot create a context with --kv %s, ctx %zu: %s\n", kv, n_ctx,
-                     e8kv_error_name(r));
+        if (e8kv_get_error_code(r) == E8KV_ERROR_SPEC)
+            e8kv_cli_spec_error(WHO, kv, r, cal != NULL);
+        else
+            fprintf(stderr, "e8kv generate: cannot create a context with --kv %s, ctx %zu: %s\n", kv, n_ctx,
+                    e8kv_error_name(r));
         goto out;
     }
     r = e8kv_sampler_init(&smp, cfg->vocab_size, temp, top_p, seed);
@@ -277,8 +283,10 @@ int e8kv_cmd_generate(int argc, char **argv) {
             fprintf(stderr, "\ne8kv generate: cannot continue from %s with --kv %s, ctx %zu: %s\n", load_path, kv,
                     n_ctx, e8kv_error_name(r));
             if (e8kv_get_error_code(r) == E8KV_ERROR_SPEC && kv != sfi.spec)
-                fprintf(stderr, "e8kv generate: %s was saved with the spec '%s', which --kv '%s' does not match;\n"
-                                "      leave out --kv to continue with the saved one\n", load_path, sfi.spec, kv);
+                fprintf(stderr,
+                        "e8kv generate: %s was saved with the spec '%s', which --kv '%s' does not match;\n"
+                        "      leave out --kv to continue with the saved one\n",
+                        load_path, sfi.spec, kv);
             goto out;
         }
         for (size_t i = 0; i < cfg->vocab_size; i++) {
@@ -323,8 +331,9 @@ int e8kv_cmd_generate(int argc, char **argv) {
     printf("\n");
     fflush(stdout);
     if (n_done < n_gen && e8kv_context_pos(ctx) >= n_ctx)
-        fprintf(stderr, "e8kv generate: stopped after %zu of %zu tokens: the context of %zu tokens is full%s\n", n_done,
-                n_gen, n_ctx, n_ctx_arg ? " (--ctx)" : " (the model's)");
+        fprintf(stderr,
+                "e8kv generate: stopped after %zu of %zu tokens: the context of %zu tokens is full%s\n",
+                n_done, n_gen, n_ctx, n_ctx_arg ? " (--ctx)" : " (the model's)");
     fprintf(stderr,
             "e8kv generate: --kv %s: prompt %zu tokens at %.1f tok/s, generated %zu tokens at %.1f tok/s\n",
             kv, n_prompt, t_prompt > 0 ? (double)n_prompt / t_prompt : 0.0, n_done,

@@ -79,14 +79,16 @@ static int write_dump(const char *path, const kv_dump *d, const e8kv_model_confi
         r = e8kv_file_writer_write(w, base, n);
         if (!e8kv_is_error(r)) r = e8kv_file_writer_write(w, base + d->n_ctx * d->kv_dim, n);
     }
-    if (w && e8kv_is_error(r)) e8kv_file_writer_abort(w);
-    else if (w) r = e8kv_file_writer_commit(w);
+    if (w && e8kv_is_error(r))
+        e8kv_file_writer_abort(w);
+    else if (w)
+        r = e8kv_file_writer_commit(w);
     if (e8kv_is_error(r)) {
         fprintf(stderr, "e8kv ppl: cannot write %s: %s\n", path, e8kv_error_name(r));
         return 1;
     }
-    fprintf(stderr, "e8kv ppl: wrote %llu vectors of %zu floats to %s\n", (unsigned long long)n_vec, cfg->head_dim,
-            path);
+    fprintf(stderr, "e8kv ppl: wrote %llu vectors of %zu floats to %s\n", (unsigned long long)n_vec,
+            cfg->head_dim, path);
     return 0;
 }
 
@@ -112,12 +114,18 @@ int e8kv_cmd_ppl(int argc, char **argv) {
     int n_threads = 0, json = 0;
     uint64_t seed = 0;
     const e8kv_cli_opt opts[] = {
-        E8KV_OPT_STR("-m", &model_path),        E8KV_OPT_STR("-f", &text_path),
-        E8KV_OPT_SIZE("--ctx", &n_ctx, 4, 1u << 24), E8KV_OPT_SIZE("--chunks", &n_chunks, 0, SIZE_MAX),
-        E8KV_OPT_LIST("--kv", &kv),             E8KV_OPT_STR("--kv-k", &kv_k),
-        E8KV_OPT_STR("--kv-v", &kv_v),          E8KV_OPT_THREADS(&n_threads),
-        E8KV_OPT_U64("--seed", &seed),          E8KV_OPT_FLAG("--json", &json),
-        E8KV_OPT_STR("--dump-kv", &dump),       E8KV_OPT_STR("--calib", &calib_arg),
+        E8KV_OPT_STR("-m", &model_path),
+        E8KV_OPT_STR("-f", &text_path),
+        E8KV_OPT_SIZE("--ctx", &n_ctx, 4, 1u << 24),
+        E8KV_OPT_SIZE("--chunks", &n_chunks, 0, SIZE_MAX),
+        E8KV_OPT_LIST("--kv", &kv),
+        E8KV_OPT_STR("--kv-k", &kv_k),
+        E8KV_OPT_STR("--kv-v", &kv_v),
+        E8KV_OPT_THREADS(&n_threads),
+        E8KV_OPT_U64("--seed", &seed),
+        E8KV_OPT_FLAG("--json", &json),
+        E8KV_OPT_STR("--dump-kv", &dump),
+        E8KV_OPT_STR("--calib", &calib_arg),
     };
     const int pr = e8kv_cli_parse(WHO, usage, argc, argv, opts, sizeof opts / sizeof opts[0], NULL, 0, NULL);
     if (pr >= 0) return e8kv_cli_list_free(&kv), pr;

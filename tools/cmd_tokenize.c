@@ -14,27 +14,27 @@
 #include <string.h>
 #include <time.h>
 
-
 #define WHO "e8kv tokenize"
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: e8kv tokenize [-m MODEL.gguf | --llama2c-tokenizer TOK.bin [--vocab-size N]]\n"
-            "                     (-f FILE | -p TEXT) [options]\n\n"
-            "  -m MODEL.gguf          tokenizer of a GGUF model (only its metadata is read); default\n"
-            "                         $E8KV_MODEL, else $E8KV_CACHE_DIR or ~/.cache/e8kv/" E8KV_DEFAULT_MODEL_NAME
-            "\n"
-            "  --llama2c-tokenizer F  llama2.c tokenizer.bin (SentencePiece BPE with scores)\n"
-            "  --vocab-size N         tokens in that file (must match it; default: all it holds)\n"
-            "  -f FILE                text to tokenize (UTF-8; '-' reads stdin)\n"
-            "  -p TEXT                text given on the command line\n"
-            "  --no-bos / --bos       never / always prepend BOS (default: the vocabulary's own setting;\n"
-            "                         SmolLM2: none, llama2.c: BOS)\n"
-            "  -0                     the input holds NUL-separated texts: one output line per text,\n"
-            "                         ids separated by spaces\n"
-            "  --pieces               print 'id<TAB>piece' per token (piece bytes C-escaped: \\\\, \\n, \\t,\n"
-            "                         other bytes below 32 or above 126 as \\xNN)\n\n"
-            "Output: token ids on stdout, one per line; count and tokens/s on stderr.\n");
+    fprintf(
+        f,
+        "usage: e8kv tokenize [-m MODEL.gguf | --llama2c-tokenizer TOK.bin [--vocab-size N]]\n"
+        "                     (-f FILE | -p TEXT) [options]\n\n"
+        "  -m MODEL.gguf          tokenizer of a GGUF model (only its metadata is read); default\n"
+        "                         $E8KV_MODEL, else $E8KV_CACHE_DIR or ~/.cache/e8kv/" E8KV_DEFAULT_MODEL_NAME
+        "\n"
+        "  --llama2c-tokenizer F  llama2.c tokenizer.bin (SentencePiece BPE with scores)\n"
+        "  --vocab-size N         tokens in that file (must match it; default: all it holds)\n"
+        "  -f FILE                text to tokenize (UTF-8; '-' reads stdin)\n"
+        "  -p TEXT                text given on the command line\n"
+        "  --no-bos / --bos       never / always prepend BOS (default: the vocabulary's own setting;\n"
+        "                         SmolLM2: none, llama2.c: BOS)\n"
+        "  -0                     the input holds NUL-separated texts: one output line per text,\n"
+        "                         ids separated by spaces\n"
+        "  --pieces               print 'id<TAB>piece' per token (piece bytes C-escaped: \\\\, \\n, \\t,\n"
+        "                         other bytes below 32 or above 126 as \\xNN)\n\n"
+        "Output: token ids on stdout, one per line; count and tokens/s on stderr.\n");
 }
 
 static void print_piece(const e8kv_tokenizer *t, int32_t id) {
@@ -95,7 +95,8 @@ int e8kv_cmd_tokenize(int argc, char **argv) {
     if (bos && no_bos) return e8kv_cli_usage_error(WHO, "--bos and --no-bos exclude each other");
     if (bos || no_bos) add_bos = bos;
     if ((!file) == (!prompt) || (model && l2c)) {
-        return e8kv_cli_usage_error(WHO, "give exactly one of -f / -p, and at most one of -m / --llama2c-tokenizer");
+        return e8kv_cli_usage_error(
+            WHO, "give exactly one of -f / -p, and at most one of -m / --llama2c-tokenizer");
     }
 
     /* the tokenizer */

@@ -11,7 +11,6 @@
 #include <stdint.h>
 #include <string.h>
 
-
 #define E8KV_ALIGN 64
 
 /* Aligned allocation; size rounded up to a multiple of E8KV_ALIGN. Free with e8kv_free_aligned. */

@@ -8,10 +8,10 @@
 #include <stddef.h>
 
 #define E8KV_ERR(name) ((size_t) - (ptrdiff_t)E8KV_ERROR_##name)
-#define E8KV_RETURN_IF_ERROR(expr)                                                                       \
-    do {                                                                                               \
-        const size_t e8kv_r_ = (expr);                                                                 \
-        if (e8kv_is_error(e8kv_r_)) return e8kv_r_;                                                    \
+#define E8KV_RETURN_IF_ERROR(expr)                                                                           \
+    do {                                                                                                     \
+        const size_t e8kv_r_ = (expr);                                                                       \
+        if (e8kv_is_error(e8kv_r_)) return e8kv_r_;                                                          \
     } while (0)
 
 #endif

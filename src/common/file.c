@@ -17,8 +17,8 @@
 struct e8kv_file_writer {
     int fd;
     size_t n_bytes;
-    char *path; /* the file replaced at commit (links resolved) */
-    char *tmp;  /* "<path>.tmp.<pid>.<n>", removed unless renamed */
+    char *path;   /* the file replaced at commit (links resolved) */
+    char *tmp;    /* "<path>.tmp.<pid>.<n>", removed unless renamed */
     int in_place; /* not a regular file: written directly, nothing to rename */
 };
 
@@ -139,8 +139,10 @@ size_t e8kv_file_writer_commit(e8kv_file_writer *w) {
             /* make the rename itself durable; a failure here leaves the new file in place */
             char *slash = strrchr(w->path, '/');
             const char *dir = ".";
-            if (slash == w->path) dir = "/";
-            else if (slash) *slash = 0, dir = w->path;
+            if (slash == w->path)
+                dir = "/";
+            else if (slash)
+                *slash = 0, dir = w->path;
             const int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
             if (dfd >= 0) {
                 if (fsync(dfd) != 0 && errno != EINVAL) r = E8KV_ERR(IO);
