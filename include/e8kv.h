@@ -109,7 +109,11 @@ void e8kv_set_log_callback(e8kv_log_fn fn, void *user);
  *                       speed: attention scores keys and sums values on the integers (kvcache.h)
  *   e8v:B               E8 points entropy-coded (prefix codes) inside the same 2 + B*head_dim/8 bytes as
  *                       e8:B, the step chosen per vector so the code just fits; B a multiple of 1/8 from
- *                       1 to 8 ("e8v:3.5"); 1.5-2 dB better than e8:B, slower to decode (BENCHMARKS.md)
+ *                       1 to 8 ("e8v:3.5") with B*head_dim/8 whole bytes, else E8KV_ERROR_RATE: every
+ *                       1/8 at head_dim 64, 128 and above, every 1/4 at 32 and 96, every 1/2 at 16 and
+ *                       48, whole bits at 8, 24 and 40; every accepted rate encodes any finite vector
+ *                       of RMS up to 2^13 (larger ones may be E8KV_ERROR_RANGE); 1.5-2 dB better than
+ *                       e8:B, slower to decode (BENCHMARKS.md)
  * Options are appended with ':' (e.g. "e8nest:4:q=3.5"). See doc/format.md for every byte.
  */
 typedef struct e8kv_codec e8kv_codec;

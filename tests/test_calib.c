@@ -1278,6 +1278,45 @@ static void test_auto_alloc(void **state) {
     source_free(&src);
 }
 
+/* auto= picks only rates that encode (issue 12, item 5): with sensitivities spread over 32 streams the
+ * allocation covers a wide span of the 1/8-bit grid (2.875 among them, which once was accepted but could
+ * never encode a vector, so auto=e8v:3 and auto=e8v:4 failed at the first append), and every stream of
+ * auto=e8v:B / auto=e8tv:B takes real appends. */
+static void test_auto_rates_encode(void **state) {
+    (void)state;
+    enum { NL = 16 };
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 43);
+    corr_source src;
+    source_init(&src, &rng, 2);
+    e8kv_calib *cal = make_calib(&src, &rng, NL, 1, 80);
+    for (size_t i = 0; i < 2 * NL; i++) /* c = 4^(i/8): water-filling spaces the rates 1/8 bit apart */
+        assert_ok(e8kv_calib_set_sensitivity(cal, i % NL, i >= NL, pow(4.0, (double)i / 8.0)));
+    const dims s = {NL, 2, 4};
+    float *K = source_draw(&src, &rng, 40, 0.0), *V = source_draw(&src, &rng, 40, 0.0);
+    static const char *const specs[] = {"auto=e8v:3",  "auto=e8v:4", "auto=e8tv:3",
+                                        "auto=e8tv:4", "auto=e8v:2", "auto=e8tv:2"};
+    for (size_t k = 0; k < sizeof specs / sizeof specs[0]; k++) {
+        size_t err = 0;
+        e8kv_cache *c = make_e8t_cache(&s, specs[k], 10000.0f, cal, &err);
+        if (!c) fail_msg("%s: %s", specs[k], e8kv_error_name(err));
+        int seen_2875 = 0;
+        for (size_t l = 0; l < NL; l++) {
+            seen_2875 |= c->layers[l].k.vector_bytes == 2 + 23 || c->layers[l].v.vector_bytes == 2 + 23;
+            const size_t r = e8kv_cache_append(c, l, K, V, 40);
+            if (e8kv_is_error(r))
+                fail_msg("%s: layer %zu (K %zu, V %zu bytes per vector): %s", specs[k], l,
+                         c->layers[l].k.vector_bytes, c->layers[l].v.vector_bytes, e8kv_error_name(r));
+        }
+        if (k < 4 && !seen_2875) fail_msg("%s: no stream at 2.875 bits: the test lost its point", specs[k]);
+        e8kv_cache_free(c);
+    }
+    free(K);
+    free(V);
+    e8kv_calib_free(cal);
+    source_free(&src);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sym_eigen),
@@ -1296,6 +1335,7 @@ int main(void) {
         cmocka_unit_test(test_alloc_rates),
         cmocka_unit_test(test_calib_sensitivity),
         cmocka_unit_test(test_auto_alloc),
+        cmocka_unit_test(test_auto_rates_encode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

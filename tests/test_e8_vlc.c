@@ -16,6 +16,8 @@
 #include "quant/voronoi.h"
 #include "sha256.h"
 
+#include "../engine/model.h"
+
 #include <math.h>
 
 /* pinned once the format was final (see test_pinned_sha256) */
@@ -23,6 +25,12 @@
 #define E8V3_SHA "ee3ef0d3ce8a6b3e48065710c92e3c3ce011eb6ef8a14518f07215f79dbb07b4"
 #define E8V4_SHA "e3aa06a1dfef1090a6e1f159a965b6b3905832738647fb26eee9edeb3ac0ae77"
 #define E8V_PROFILE_SHA "24725ef532a417f205a9f83000a5e4cc438a4eda5d38c05a976f7be951d8c354"
+
+static int fopen_ok(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (f) fclose(f);
+    return f != NULL;
+}
 
 static void fill_normal(float *x, size_t n, uint64_t seed, double sigma) {
     e8kv_rng rng;
@@ -265,7 +273,7 @@ static void test_errors(void **state) {
     size_t err = 0;
     assert_null(e8kv_codec_create("e8v:4", 60, 0, &err));
     assert_int_equal(e8kv_get_error_code(err), E8KV_ERROR_HEAD_DIM);
-    const char *const bad_rates[] = {"e8v:0.5", "e8v:8.5", "e8v:3.3", "e8v:0", "e8v:1"};
+    const char *const bad_rates[] = {"e8v:0.5", "e8v:8.5", "e8v:3.3", "e8v:0", "e8v:0.875"};
     for (size_t i = 0; i < sizeof bad_rates / sizeof bad_rates[0]; i++) {
         assert_null(e8kv_codec_create(bad_rates[i], 64, 0, &err));
         if (e8kv_get_error_code(err) != E8KV_ERROR_RATE)
@@ -303,6 +311,161 @@ static void test_errors(void **state) {
     for (size_t i = 0; i < 64; i++)
         assert_true(y[i] == 0.0f);
     e8kv_codec_free(c);
+}
+
+/* ---------------------------------------------------------------- the rate grid (issue 12, item 5)
+ *
+ * The parser accepts e8v:B for B a multiple of 1/8 from 1 to 8 with B·head_dim/8 whole bytes; every such
+ * rate must encode any finite vector of RMS up to 2^13 (include/e8kv.h). Before the fix e8v:2.875 (and
+ * e8v:2.75 at head_dim 32) were accepted but their all-zero code (the encoder's last resort at the coarsest
+ * step) was longer than the budget, so no vector could be encoded, and e8v:1 to e8v:1.375 (1.5 at head_dim 96
+ * and above) were refused. */
+
+#define GRID_N 96 /* Gaussian vectors per (head_dim, rate) */
+#define GRID_SPECIAL 10
+
+/* x: GRID_N i.i.d. N(0, 1) vectors then GRID_SPECIAL awkward ones, of dimension d */
+static void grid_vectors(float *x, size_t d) {
+    fill_normal(x, GRID_N * d, 77 + d, 1.0);
+    float *s = x + GRID_N * d;
+    memset(s, 0, GRID_SPECIAL * d * sizeof(float));
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 78);
+    for (size_t i = 0; i < d; i++) {
+        s[0 * d + i] = (float)(1e-4 * e8kv_rng_normal(&rng));             /* tiny */
+        s[1 * d + i] = (float)(300.0 * e8kv_rng_normal(&rng));            /* large */
+        s[2 * d + i] = i == 0 ? 1.0f : 0.0f;                              /* one-hot */
+        s[3 * d + i] = i % 7 == 0 ? 1.0f : 0.0f;                          /* sparse */
+        s[4 * d + i] = i == 0 ? 1000.0f : 1e-3f;                          /* one spike over a floor */
+        s[5 * d + i] = i % 2 ? -1.0f : 1.0f;                              /* alternating */
+        s[6 * d + i] = i < 8 ? 5.0f : 0.01f;                              /* one loud block */
+        s[7 * d + i] = (float)(1e-6 * e8kv_rng_normal(&rng));             /* very tiny */
+        s[8 * d + i] = (float)(8192.0 * e8kv_rng_normal(&rng));           /* RMS 2^13: the documented limit */
+        s[9 * d + i] = i == 1 ? (float)(8192.0 * sqrt((double)d)) : 0.0f; /* RMS 2^13 in one value */
+    }
+}
+
+/* Encode every vector of x (n of dimension d) one by one; fails the test on any error. Returns the SNR (dB)
+ * of the first n_snr vectors. */
+static double encode_all(const char *spec, size_t d, const float *x, size_t n, size_t n_snr) {
+    size_t err = 0;
+    e8kv_codec *const c = e8kv_codec_create(spec, d, 5, &err);
+    if (!c) fail_msg("%s at head_dim %zu refused: %s", spec, d, e8kv_error_name(err));
+    const size_t vb = e8kv_codec_vector_bytes(c);
+    uint8_t b[2 + E8KV_MAX_HEAD_DIM];
+    float y[E8KV_MAX_HEAD_DIM];
+    double se = 0.0, sx = 0.0;
+    for (size_t t = 0; t < n; t++) {
+        const size_t r = e8kv_codec_encode(c, b, vb, x + t * d, 1);
+        if (e8kv_is_error(r)) fail_msg("%s at head_dim %zu: vector %zu: %s", spec, d, t, e8kv_error_name(r));
+        assert_int_equal(e8kv_codec_decode(c, y, d, b, vb, 1), d);
+        for (size_t i = 0; t < n_snr && i < d; i++) {
+            se += ((double)x[t * d + i] - y[i]) * ((double)x[t * d + i] - y[i]);
+            sx += (double)x[t * d + i] * x[t * d + i];
+        }
+    }
+    e8kv_codec_free(c);
+    return 10.0 * log10(sx / se);
+}
+
+static void test_every_grid_rate_encodes(void **state) {
+    (void)state;
+    static const size_t dims[] = {8, 16, 24, 32, 40, 48, 64, 96, 128, 256, 512};
+    for (size_t k = 0; k < sizeof dims / sizeof dims[0]; k++) {
+        const size_t d = dims[k], n = GRID_N + GRID_SPECIAL;
+        float *const x = malloc(n * d * sizeof(float));
+        grid_vectors(x, d);
+        double prev = -INFINITY;
+        for (int rate8 = 1; rate8 <= 72; rate8++) {
+            char spec[32];
+            snprintf(spec, sizeof spec, "e8v:%g", rate8 / 8.0);
+            size_t err = 0;
+            if (rate8 < 8 || rate8 > 64 || ((size_t)rate8 * d) % 64) { /* off the grid: refused by name */
+                assert_null(e8kv_codec_create(spec, d, 5, &err));
+                if (e8kv_get_error_code(err) != E8KV_ERROR_RATE)
+                    fail_msg("%s at head_dim %zu: %s, expected RATE", spec, d, e8kv_error_name(err));
+                continue;
+            }
+            const double snr = encode_all(spec, d, x, n, GRID_N);
+            if (!(snr > prev))
+                fail_msg("%s at head_dim %zu: SNR %.2f dB, not above %.2f", spec, d, snr, prev);
+            prev = snr;
+        }
+        free(x);
+    }
+}
+
+/* Real K/V: every grid rate at head_dim 32, 64 and 128 encodes the keys (after RoPE) and values of the
+ * default model (SmolLM2-135M, head_dim 64) on a paragraph of text: its head vectors as they are, split
+ * into halves (32) and joined in pairs (128). Skipped when the model is not cached. */
+static const char k_text[] =
+    "The history of Rome spans more than two and a half thousand years, from a small settlement on the "
+    "Tiber to the capital of an empire that ruled the Mediterranean. Its language, law and architecture "
+    "shaped Europe long after the western empire fell in 476, and the city remained the seat of the popes.";
+
+typedef struct {
+    float *kv; /* head vectors of 64 floats, K and V of every layer, as the hook sees them */
+    size_t n, cap, head_dim;
+} kv_sink;
+
+static void collect_kv(void *user, size_t layer, const float *k, const float *v, size_t n_tok, size_t pos0) {
+    (void)layer;
+    (void)pos0;
+    kv_sink *s = user;
+    const size_t n_head_kv = 3, n = 2 * n_tok * n_head_kv; /* SmolLM2-135M: 3 KV heads */
+    if (s->n + n > s->cap) return;
+    memcpy(s->kv + s->n * s->head_dim, k, n_tok * n_head_kv * s->head_dim * sizeof(float));
+    memcpy(s->kv + (s->n + n / 2) * s->head_dim, v, n_tok * n_head_kv * s->head_dim * sizeof(float));
+    s->n += n;
+}
+
+static void test_every_grid_rate_real_kv(void **state) {
+    (void)state;
+    char path[4096];
+    if (e8kv_is_error(e8kv_model_default_path(path, sizeof path)) || !fopen_ok(path)) {
+        print_message("default model not cached (scripts/fetch_model.sh): skipped\n");
+        skip();
+    }
+    e8kv_model *m = NULL;
+    char msg[256];
+    assert_ok(e8kv_model_load(&m, path, msg, sizeof msg));
+    assert_int_equal(m->cfg.head_dim, 64);
+    assert_int_equal(m->cfg.n_head_kv, 3);
+    int32_t ids[256];
+    const size_t n_tok = e8kv_tokenizer_encode(m->tokenizer, ids, 256, k_text, strlen(k_text), -1);
+    assert_true(n_tok > 32 && n_tok <= 256);
+    kv_sink s = {.head_dim = 64, .cap = 2 * 3 * n_tok * m->cfg.n_layer};
+    s.kv = malloc(s.cap * 64 * sizeof(float));
+    size_t err = 0;
+    const e8kv_context_params p = {
+        .n_ctx = 256, .kv_spec = "f32", .n_threads = 2, .kv_hook = collect_kv, .kv_hook_user = &s};
+    e8kv_context *ctx = e8kv_context_create(m, &p, &err);
+    assert_non_null(ctx);
+    assert_int_equal(e8kv_context_eval(ctx, NULL, 0, ids, n_tok, n_tok), n_tok);
+    assert_int_equal(s.n, s.cap);
+    e8kv_context_free(ctx);
+    e8kv_model_free(m);
+    /* every 7th vector (all layers, K and V), as vectors of 32, 64 and 128 values */
+    const size_t n_pick = s.n / 14;
+    float *const x = malloc(2 * n_pick * 64 * sizeof(float));
+    for (size_t t = 0; t < 2 * n_pick; t++)
+        memcpy(x + t * 64, s.kv + (t * 7 % s.n) * 64, 64 * sizeof(float));
+    static const size_t dims[] = {32, 64, 128};
+    for (size_t k = 0; k < 3; k++) {
+        const size_t d = dims[k], n = 2 * n_pick * 64 / d;
+        double prev = -INFINITY;
+        for (int rate8 = 8; rate8 <= 64; rate8++) {
+            if (((size_t)rate8 * d) % 64) continue;
+            char spec[32];
+            snprintf(spec, sizeof spec, "e8v:%g", rate8 / 8.0);
+            const double snr = encode_all(spec, d, x, n, n);
+            if (!(snr > prev))
+                fail_msg("%s at head_dim %zu: SNR %.2f dB, not above %.2f", spec, d, snr, prev);
+            prev = snr;
+        }
+    }
+    free(x);
+    free(s.kv);
 }
 
 static void sha_of_codec(char hex[65], const char *spec, const float *x, size_t n) {
@@ -354,11 +517,17 @@ static void test_pinned_sha256(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_first_use_shell_codes), /* first: see the file comment */
-        cmocka_unit_test(test_huff_kraft_and_length), cmocka_unit_test(test_huff_round_trip),
-        cmocka_unit_test(test_huff_errors),           cmocka_unit_test(test_step_and_points),
-        cmocka_unit_test(test_gaussian_snr),          cmocka_unit_test(test_variance_profile_gain),
-        cmocka_unit_test(test_any_bytes_decode),      cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_huff_kraft_and_length),
+        cmocka_unit_test(test_huff_round_trip),
+        cmocka_unit_test(test_huff_errors),
+        cmocka_unit_test(test_step_and_points),
+        cmocka_unit_test(test_gaussian_snr),
+        cmocka_unit_test(test_variance_profile_gain),
+        cmocka_unit_test(test_any_bytes_decode),
+        cmocka_unit_test(test_errors),
         cmocka_unit_test(test_pinned_sha256),
+        cmocka_unit_test(test_every_grid_rate_encodes),
+        cmocka_unit_test(test_every_grid_rate_real_kv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -375,6 +375,15 @@ static double set_classes(e8kv_vlc *v, const int16_t *q, int C) {
     return bits;
 }
 
+/* Bits of the all-zero point in every coded block, header included (code_block only counts). */
+static size_t zero_bits(const e8kv_vlc *v) {
+    static const int32_t zero[8] = {0};
+    size_t bits = E8KV_VLC_STEP_BITS;
+    for (size_t j = 0; j < v->head_dim / 8; j++)
+        if (block_coded(v, j)) bits += code_block(v, j, zero, NULL);
+    return bits;
+}
+
 size_t e8kv_vlc_init(e8kv_vlc *v, size_t head_dim, size_t vector_bytes, const float *var) {
     if (!v || vector_bytes < 3) return E8KV_ERR(BAD_ARGUMENT);
     if (head_dim == 0 || head_dim % 8 || head_dim > E8KV_MAX_HEAD_DIM) return E8KV_ERR(HEAD_DIM);
@@ -400,11 +409,23 @@ size_t e8kv_vlc_init(e8kv_vlc *v, size_t head_dim, size_t vector_bytes, const fl
     v->nearest = e8kv_cpu_has_avx2() ? e8kv_e8_nearest_fx_avx2 : e8kv_e8_nearest_fx; /* bit-identical */
     /* the finest classes whose expected length fits the budget: a vector's step then adapts to its own
      * energy and keeps σ_i/δ near these classes (the budget fixes the ratio, not the scale) */
+    const size_t budget = 8 * vector_bytes;
     int C = 0;
-    while (C < E8KV_VLC_CLASS_MAX && set_classes(v, q, C + 1) <= 8.0 * (double)vector_bytes)
+    while (C < E8KV_VLC_CLASS_MAX && set_classes(v, q, C + 1) <= (double)budget)
         C++;
     set_classes(v, q, C);
-    if (v->n_coded == 0) {
+    /* The estimate prices every block with the coordinate code, but blocks of mean class ≤ 9 use the
+     * shell code, whose zero point costs a single bit: at the lowest rates (e8v:1 at head_dim 64) the
+     * estimate admits no coded block although a code fits. Then the lowest classes that code a block. */
+    while (v->n_coded == 0 && C < E8KV_VLC_CLASS_MAX)
+        set_classes(v, q, ++C);
+    /* The length is not monotone in the step: at a coarse step every point is 0, whose code at a high
+     * class (a coordinate spread of several lattice units) is long. The encoder's last resort is that
+     * all-zero code at the coarsest step (e8kv_vlc_encode), so it must fit: without this, e8v:2.875
+     * (class 11: 202 zero bits in a 200-bit budget at head_dim 64) could never encode a vector. */
+    while (zero_bits(v) > budget && C > 0)
+        set_classes(v, q, --C);
+    if (v->n_coded == 0 || zero_bits(v) > budget) {
         e8kv_vlc_free(v);
         return E8KV_ERR(RATE);
     }

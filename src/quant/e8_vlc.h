@@ -56,8 +56,9 @@ typedef struct {
 size_t e8kv_vlc_init(e8kv_vlc *v, size_t head_dim, size_t vector_bytes, const float *var);
 /* Frees what init allocated (head_dim·9/8 bytes); a zeroed or failed-init e8kv_vlc is fine. */
 void e8kv_vlc_free(e8kv_vlc *v);
-/* Encode one finite vector into exactly v->vector_bytes bytes. Returns 0 or E8KV_ERROR_RANGE (an RMS
- * outside 2^±15). */
+/* Encode one finite vector into exactly v->vector_bytes bytes. Returns 0 or E8KV_ERROR_RANGE (a vector
+ * too large for the coarsest step: never at an RMS up to 2^13; init makes the all-zero code fit the
+ * budget, so smaller vectors always have a code, if only that one). */
 size_t e8kv_vlc_encode(const e8kv_vlc *v, uint8_t *restrict dst, const float *restrict y);
 /* Decode one vector. Pure function of the bytes: any bytes decode to some finite vector. */
 void e8kv_vlc_decode(const e8kv_vlc *v, float *restrict y, const uint8_t *restrict src);
