@@ -55,6 +55,7 @@ typedef enum {
     E8KV_ERROR_IO = 16,              /* file could not be opened, read or written */
     E8KV_ERROR_UNSUPPORTED = 17,     /* valid but not implemented (tensor type, architecture) */
     E8KV_ERROR_SRC_SIZE = 18,        /* source size does not match what the call needs */
+    E8KV_ERROR_Q_RANGE = 19,         /* e8nest/d4nest q=R outside [1, sqrt(2*head_dim)] (see the codecs) */
     E8KV_ERROR_MAX_CODE = 64
 } e8kv_error_code;
 
@@ -102,7 +103,12 @@ void e8kv_set_log_callback(e8kv_log_fn fn, void *user);
  *   lloyd:B             rotation + fp16 norm + Lloyd-Max scalar levels for the rotated coordinates, B=2,3,4
  *   e8:B                the default fixed-rate E8 code at B bits/value before side info, B=2,3,4
  *   e8ball:B            ball-shaped E8 codebook (16-bit index per 8 values), residual Voronoi stage for B=3,4
- *   e8nest:B[:q=R]      nested-lattice (Voronoi) E8 code with per-vector scale and clamp; R = q_range
+ *   e8nest:B[:q=R]      nested-lattice (Voronoi) E8 code with per-vector scale and clamp; R = q_range,
+ *                       the clamp in multiples of the vector's RMS (step R*RMS/2^B), from 1 to
+ *                       sqrt(2*head_dim) (11.3 at head_dim 64; above it nothing is ever clamped and the
+ *                       step only coarsens), else E8KV_ERROR_Q_RANGE. Not KakeyaLattice's q_range (10 / 38
+ *                       / 152): that counts lattice steps up to the largest coordinate, the role of 2^B
+ *                       here, and sets its rate, about log2(2Q+1) bits per value
  *   d4nest:B[:q=R]      the same with the D4 lattice (head_dim multiple of 4)
  *   e8box:4             E8 points in a box: one nibble per value plus a coset bit per 8 values and a
  *                       1-byte log-step per vector (4.25 bits/value at head_dim 64), built for reading
@@ -251,8 +257,8 @@ e8kv_calib *e8kv_calib_load_file(const char *path, size_t *err);
  *                        presets, expanded in place (see e8kv_cache_preset_spec()).
  * A codec spec or preset may only be the first item (later items refine it), so "f16,e8:4" is not a
  * spec (tools split such lists into formats, README). A spec is at most E8KV_CACHE_SPEC_MAX_LEN bytes.
- * A spec the grammar or a codec rejects is E8KV_ERROR_SPEC (a codec may also answer HEAD_DIM, RATE or
- * UNSUPPORTED).
+ * A spec the grammar or a codec rejects is E8KV_ERROR_SPEC (a codec may also answer HEAD_DIM, RATE,
+ * Q_RANGE or UNSUPPORTED).
  */
 #define E8KV_CACHE_SPEC_MAX_LEN 8191
 typedef struct e8kv_cache e8kv_cache;

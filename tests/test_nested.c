@@ -292,11 +292,60 @@ static void test_pinned_sha256(void **state) {
     free(x);
 }
 
+/* q_range (issue 12, item 6): e8kv's q is the clamp in multiples of the vector's RMS, useful from 1 to
+ * sqrt(2·head_dim); KakeyaLattice's q_range values (10 / 38 / 152: lattice steps up to the largest
+ * coordinate) once gave silent nonsense here (e8nest:4:q=38 at head_dim 64: SNR 3.9 dB). Outside the
+ * range: E8KV_ERROR_Q_RANGE, with a message through the log callback; at its ends the codec works and the
+ * upper end's SNR is no better than a default's. */
+static char g_log[512];
+static void keep_log(int level, const char *msg, void *user) {
+    (void)level;
+    (void)user;
+    snprintf(g_log, sizeof g_log, "%s", msg);
+}
+
+static void test_q_range(void **state) {
+    (void)state;
+    static const struct {
+        const char *spec;
+        size_t d;
+    } bad[] = {{"e8nest:4:q=38", 64},  {"e8nest:4:q=152", 128}, {"e8nest:2:q=10", 32},
+               {"d4nest:3:q=38", 64},  {"d4nest:4:q=152", 512}, {"e8nest:4:q=11.4", 64},
+               {"e8nest:3:q=0.5", 64}, {"d4nest:2:q=0.99", 64}, {"e8nest:4:q=33", 512}};
+    e8kv_set_log_callback(keep_log, NULL);
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        size_t err = 0;
+        g_log[0] = 0;
+        assert_null(e8kv_codec_create(bad[i].spec, bad[i].d, 1, &err));
+        if (e8kv_get_error_code(err) != E8KV_ERROR_Q_RANGE)
+            fail_msg("%s at head_dim %zu: %s, expected Q_RANGE", bad[i].spec, bad[i].d, e8kv_error_name(err));
+        assert_non_null(strstr(g_log, bad[i].spec));
+        assert_non_null(strstr(g_log, "KakeyaLattice"));
+    }
+    e8kv_set_log_callback(NULL, NULL);
+    assert_non_null(strstr(e8kv_error_name(E8KV_ERR(Q_RANGE)), "q_range"));
+    /* a cache spec passes the codec's answer on */
+    size_t err = 0;
+    const e8kv_cache_params p = {
+        .n_layer = 1, .n_head_kv = 1, .head_dim = 64, .n_ctx = 16, .spec = "e8nest:4:q=38"};
+    assert_null(e8kv_cache_create(&p, &err));
+    assert_error(err, Q_RANGE);
+    /* the ends are accepted and code; sqrt(2·64) = 11.31 */
+    static const char *const good[] = {"e8nest:4:q=1", "e8nest:4:q=11.3", "d4nest:4:q=1", "d4nest:4:q=11.3",
+                                       "e8nest:4:q=10"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+        assert_true(test_codec_snr_db(good[i], 64, 200, 7, 99) > 2.0);
+    assert_true(test_codec_snr_db("e8nest:4:q=32", 512, 50, 7, 99) > 0.0);
+    assert_true(test_codec_snr_db("e8nest:4:q=11.3", 64, 400, 8, 99) <
+                test_codec_snr_db("e8nest:4", 64, 400, 8, 99));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_d4_coset),   cmocka_unit_test(test_brute_force),
         cmocka_unit_test(test_round_trip), cmocka_unit_test(test_errors_and_bytes),
         cmocka_unit_test(test_twins),      cmocka_unit_test(test_pinned_sha256),
+        cmocka_unit_test(test_q_range),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

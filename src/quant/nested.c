@@ -15,6 +15,7 @@
 #include "../common/cpu.h"
 #include "../common/fp16.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 /* default q_range by bits, measured on Gaussian data (d = 64): the SNR-optimal value */
@@ -174,9 +175,30 @@ static void nest_destroy(e8kv_codec_t *codec) {
 static const e8kv_quant_ops k_ops_ref = {e8kv_nest_encode_ref, e8kv_nest_decode_ref, nest_destroy};
 static const e8kv_quant_ops k_ops_avx2 = {e8kv_nest_encode_avx2, e8kv_nest_decode_avx2, nest_destroy};
 
+/* The useful q_range at head_dim d is [1, sqrt(2d)]. Below 1 every nonzero vector is clamped (its largest
+ * |x_i| is at least σ̂). At sqrt(2d) and above nothing ever is: a block's norm is at most ||x|| = sqrt(d)·σ̂,
+ * inside the ball of radius R·σ̂/√2 that the coarse cell m·δ·Λ contains (packing radius of E8 and D4: √2/2
+ * at δ = 1), so a larger R only coarsens the step. KakeyaLattice's q_range (10, 38, 152) is another knob:
+ * the number of lattice steps from 0 to the vector's largest coordinate, whose role here is m = 2^B
+ * (its rate is log2(2Q + 1) bits per value), and read as a clamp it gives nonsense (e8nest:4:q=38 at
+ * head_dim 64: 3.9 dB). */
+static size_t check_q_range(const e8kv_codec_t *codec, const e8kv_spec *spec) {
+    const double q = spec->q_range, q_max = sqrt(2.0 * (double)codec->head_dim);
+    if (q == 0.0 || (q >= 1.0 && q <= q_max)) return 0; /* 0: the default */
+    e8kv_log(
+        0,
+        "e8kv: %s at head_dim %zu: q is the clamp in multiples of the vector's RMS, useful from 1 to "
+        "sqrt(2*head_dim) = %.4g; KakeyaLattice's q_range Q (10, 38, 152) counts lattice steps up to the "
+        "largest coordinate, about log2(2Q+1) bits per value: choose the rate B instead",
+        codec->spec, codec->head_dim, q_max);
+    return E8KV_ERR(Q_RANGE);
+}
+
 static size_t nest_init(e8kv_codec_t *codec, const e8kv_spec *spec, int dim) {
     if (spec->bits < 2 || spec->bits > 4) return E8KV_ERR(RATE);
     if (codec->head_dim % (size_t)dim != 0) return E8KV_ERR(HEAD_DIM);
+    const size_t rq = check_q_range(codec, spec);
+    if (e8kv_is_error(rq)) return rq;
     nest_state *const st = malloc(sizeof *st);
     if (!st) return E8KV_ERR(OUT_OF_MEMORY);
     st->lattice_dim = dim;
