@@ -142,11 +142,15 @@ int e8kv_codec_is_rotated(const e8kv_codec *codec);
  * NaN/Inf anywhere in src: E8KV_ERROR_NONFINITE and nothing written. Zero vectors decode to zeros. */
 size_t e8kv_codec_encode(const e8kv_codec *codec, void *dst, size_t dst_capacity, const float *src,
                          size_t n_vec);
-/* Decode n_vec vectors from exactly n_vec * vector_bytes bytes. Returns floats written. */
+/* Decode n_vec vectors from exactly n_vec * vector_bytes bytes. Returns floats written. Bytes from an
+ * encode always decode to finite values; bytes that would decode to NaN or Inf (an f32 or f16 payload, or
+ * a scale field, that is NaN or Inf: never written by encode) answer E8KV_ERROR_CORRUPTED, and dst then
+ * holds the vectors before the bad one. Any other bytes decode to some finite vector, so this also
+ * validates untrusted codes. */
 size_t e8kv_codec_decode(const e8kv_codec *codec, float *dst, size_t dst_capacity, const void *src,
                          size_t src_size, size_t n_vec);
 /* Decode without undoing the rotation (the rotated domain the attention kernels work in). For codecs
- * that do not rotate this equals e8kv_codec_decode. */
+ * that do not rotate this equals e8kv_codec_decode. Same errors. */
 size_t e8kv_codec_decode_rotated(const e8kv_codec *codec, float *dst, size_t dst_capacity, const void *src,
                                  size_t src_size, size_t n_vec);
 /* Apply the codec's rotation (forward or inverse) in place to n_vec vectors; identity if not rotated. */
@@ -291,7 +295,8 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
 /* Causal attention for n_tok query tokens at positions pos0 .. pos0 + n_tok - 1 against the layer's
  * stored tokens: query i sees positions 0 .. pos0 + i, which must already be stored.
  * q: (n_tok, n_head * head_dim); out: same shape. n_head must be a multiple of n_head_kv (GQA).
- * Scores are scaled by 1/sqrt(head_dim). Returns floats written. */
+ * Scores are scaled by 1/sqrt(head_dim). Returns floats written. NaN or Inf anywhere in q:
+ * E8KV_ERROR_NONFINITE, nothing written. */
 size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, size_t layer, const float *q,
                          size_t n_head, size_t n_tok, size_t pos0);
 
@@ -392,7 +397,8 @@ size_t e8kv_frame_e8_dequantize(float *dst, size_t dst_capacity, const int16_t *
  * exact sink and window tokens, every coded page) in one versioned, XXH64-checksummed buffer or file,
  * coded pages losslessly entropy-coded through frames. Layout: doc/format.md §4. A loaded cache gives
  * bit-identical attention output and accepts further appends. Untrusted bytes answer E8KV_ERROR_CORRUPTED
- * / _TRUNCATED / _CHECKSUM / _VERSION, never a fault. `meta` is opaque caller data kept in the file (the
+ * / _TRUNCATED / _CHECKSUM / _VERSION, never a fault; so do codes that would decode to NaN or Inf, and
+ * non-finite exact tokens or means, whatever their checksums. `meta` is opaque caller data kept in the file (the
  * CLI stores the prompt's token ids there).
  */
 #define E8KV_CACHE_FORMAT_VERSION 2 /* written for caches with e8t streams (calibration inside); 1 otherwise */
@@ -424,7 +430,9 @@ e8kv_cache *e8kv_cache_load(const void *src, size_t src_size, size_t n_threads, 
  * layer token count; on any error the cache is left empty. */
 size_t e8kv_cache_load_into(e8kv_cache *cache, const void *src, size_t src_size);
 /* File helpers: save_file returns bytes written (E8KV_ERROR_IO when the file cannot be written);
- * read_file reads a whole file into *dst (malloc'd, free() it) and returns its size. */
+ * read_file reads a whole file into *dst (malloc'd, free() it) and returns its size, E8KV_ERROR_IO when
+ * the path cannot be opened or read or is not a regular file (a directory, a FIFO, a device); load_file
+ * reads with it (so does e8kv_calib_load_file). */
 size_t e8kv_cache_save_file(const e8kv_cache *cache, const char *path, const void *meta, size_t meta_size);
 size_t e8kv_cache_read_file(void **dst, const char *path);
 e8kv_cache *e8kv_cache_load_file(const char *path, size_t n_threads, size_t *err);

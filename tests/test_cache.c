@@ -245,6 +245,17 @@ static void test_bad_input(void **state) {
     assert_error(e8kv_cache_attend(c, out, 63, 0, q, 4, 1, 0), DST_TOO_SMALL);
     assert_error(e8kv_cache_attend(c, NULL, 64, 0, q, 4, 1, 0), BAD_ARGUMENT);
     assert_int_equal(e8kv_cache_attend(c, out, 64, 0, q, 4, 1, 7), 64);
+    /* NaN/Inf anywhere in the query: a named error and out untouched (issue 12, item 7) */
+    for (int kind = 0; kind < 3; kind++) {
+        float qb[2 * 64], o2[2 * 64];
+        for (size_t i = 0; i < 2 * 64; i++)
+            qb[i] = (float)(i % 5) - 2.0f;
+        qb[kind == 0 ? 0 : kind == 1 ? 77 : 127] = kind == 0 ? NAN : kind == 1 ? INFINITY : -INFINITY;
+        memset(o2, 0x5A, sizeof o2);
+        assert_error(e8kv_cache_attend(c, o2, 2 * 64, 0, qb, 4, 2, 6), NONFINITE);
+        for (size_t i = 0; i < sizeof o2; i++)
+            assert_int_equal(((const uint8_t *)o2)[i], 0x5A);
+    }
     e8kv_cache_free(c);
 
     /* f16 overflow half-way through a call: nothing of that call stays */

@@ -242,11 +242,93 @@ static void test_null_pointers(void **state) {
     assert_int_equal(e8kv_codec_vector_bytes(NULL), 0);
 }
 
+/* Bytes no encode wrote (issue 12, item 7): a NaN or Inf f32/f16 payload or scale field decodes to
+ * E8KV_ERROR_CORRUPTED, never to NaN/Inf output; any bytes either decode to finite values or give that
+ * error, for every family; the largest finite f16 still decodes. */
+static void test_untrusted_bytes(void **state) {
+    (void)state;
+    static const struct {
+        const char *spec;
+        size_t offset; /* of a 16-bit little-endian f16 field (payload or scale) in vector 1 */
+    } f16_fields[] = {{"f16", 10}, {"q4_0h", 0},    {"q4_0h", 18},  {"q8_0", 34},
+                      {"e8:4", 0}, {"e8nest:3", 0}, {"lloyd:3", 0}, {"e8ball:2", 0}};
+    static const uint16_t bad_halves[] = {0x7C00, 0xFC00, 0x7E00, 0xFFFF, 0x7C01};
+    for (size_t k = 0; k < sizeof f16_fields / sizeof f16_fields[0]; k++) {
+        size_t err = 0;
+        e8kv_codec *c = e8kv_codec_create(f16_fields[k].spec, 64, 1, &err);
+        assert_non_null(c);
+        const size_t vb = e8kv_codec_vector_bytes(c);
+        float *const x = gaussian(3 * 64, 9), y[3 * 64];
+        uint8_t *const b = malloc(3 * vb);
+        assert_int_equal(e8kv_codec_encode(c, b, 3 * vb, x, 3), 3 * vb);
+        for (size_t i = 0; i < sizeof bad_halves / sizeof bad_halves[0]; i++) {
+            uint8_t *const field = b + vb + f16_fields[k].offset;
+            const uint8_t save0 = field[0], save1 = field[1];
+            field[0] = (uint8_t)bad_halves[i];
+            field[1] = (uint8_t)(bad_halves[i] >> 8);
+            assert_error(e8kv_codec_decode(c, y, 3 * 64, b, 3 * vb, 3), CORRUPTED);
+            assert_error(e8kv_codec_decode_rotated(c, y, 3 * 64, b, 3 * vb, 3), CORRUPTED);
+            assert_error(e8kv_codec_decode(c, y, 64, b + vb, vb, 1), CORRUPTED);
+            field[0] = save0;
+            field[1] = save1;
+        }
+        assert_int_equal(e8kv_codec_decode(c, y, 3 * 64, b, 3 * vb, 3), 3 * 64); /* restored: fine */
+        free(x);
+        free(b);
+        e8kv_codec_free(c);
+    }
+    /* the largest finite f16, and an f32 NaN */
+    e8kv_codec *c = e8kv_codec_create("f16", 8, 1, NULL);
+    uint8_t h[16] = {0};
+    h[4] = 0xFF, h[5] = 0x7B; /* 65504 */
+    float y[8];
+    assert_int_equal(e8kv_codec_decode(c, y, 8, h, 16, 1), 8);
+    assert_true(y[2] == 65504.0f);
+    e8kv_codec_free(c);
+    c = e8kv_codec_create("f32", 8, 1, NULL);
+    uint8_t w[32] = {0};
+    w[30] = 0xC0, w[31] = 0x7F; /* the last value: a quiet NaN */
+    assert_error(e8kv_codec_decode(c, y, 8, w, 32, 1), CORRUPTED);
+    e8kv_codec_free(c);
+    /* random bytes: finite values or CORRUPTED, for every family */
+    static const char *const more[] = {"e8v:3", "e8v:1.5", "e8box:4"};
+    for (size_t f = 0; f < N_CASES + 3; f++) {
+        const char *spec = f < N_CASES ? k_cases[f].spec : more[f - N_CASES];
+        const size_t d = f < N_CASES ? k_cases[f].head_dim : 64;
+        c = e8kv_codec_create(spec, d, 1, NULL);
+        assert_non_null(c);
+        const size_t vb = e8kv_codec_vector_bytes(c);
+        uint8_t *const b = malloc(vb);
+        float *const out = malloc(d * sizeof *out);
+        uint32_t s = (uint32_t)f * 7919u + 1u;
+        size_t n_bad = 0;
+        for (int t = 0; t < 3000; t++) {
+            for (size_t i = 0; i < vb; i++) {
+                s = s * 1664525u + 1013904223u;
+                b[i] = (uint8_t)(s >> 24);
+            }
+            const size_t r = e8kv_codec_decode(c, out, d, b, vb, 1);
+            if (e8kv_is_error(r)) {
+                assert_error(r, CORRUPTED);
+                n_bad++;
+            } else {
+                for (size_t i = 0; i < d; i++)
+                    if (!isfinite(out[i])) fail_msg("%s: random bytes decoded to %g", spec, out[i]);
+            }
+        }
+        if (!strcmp(spec, "f16") || !strcmp(spec, "f32")) assert_true(n_bad > 0); /* the check was reached */
+        free(b);
+        free(out);
+        e8kv_codec_free(c);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_nonfinite),    cmocka_unit_test(test_zero_vectors), cmocka_unit_test(test_huge_values),
         cmocka_unit_test(test_head_dim),     cmocka_unit_test(test_rate),         cmocka_unit_test(test_spec),
         cmocka_unit_test(test_buffer_sizes), cmocka_unit_test(test_null_pointers),
+        cmocka_unit_test(test_untrusted_bytes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

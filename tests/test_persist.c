@@ -7,6 +7,7 @@
  * the fuzz target. */
 #include "test_util.h"
 
+#include "cache/kvcache.h"
 #include "common/common.h"
 #include "common/rng.h"
 
@@ -394,6 +395,16 @@ static void test_files(void **state) {
     assert_null(e8kv_cache_load_file(path, 1, &err));
     assert_error(err, IO);
     assert_error(e8kv_cache_save_file(a, "/nonexistent-dir/x.e8kc", NULL, 0), IO);
+    /* a directory is not a file: I/O error, not "out of memory" (issue 12, item 7) */
+    char dir[] = "/tmp/e8kv_test_persist_dir_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    assert_null(e8kv_cache_load_file(dir, 1, &err));
+    assert_error(err, IO);
+    assert_null(e8kv_calib_load_file(dir, &err));
+    assert_error(err, IO);
+    assert_error(e8kv_cache_read_file(&buf, dir), IO);
+    assert_null(buf);
+    rmdir(dir);
     e8kv_cache_free(a), e8kv_cache_free(b);
 }
 
@@ -496,6 +507,50 @@ static void test_fuzz_corpus(void **state) {
     assert_true(n_files > 0);
 }
 
+/* Codes that no encode writes (issue 12, item 7): a saved cache whose coded page holds an f16 Inf payload
+ * or a NaN/Inf scale field (written with valid checksums, so only the content is wrong) is CORRUPTED at
+ * load, never a cache whose attention returns NaN. */
+static void test_nonfinite_codes(void **state) {
+    (void)state;
+    static const struct {
+        const char *spec;
+        size_t offset; /* of an f16 field in a vector */
+        uint16_t half;
+    } cases[] = {{"f16,page=16", 10, 0x7C00},
+                 {"q4_0h,page=16", 18, 0x7E00},
+                 {"e8:4,page=16", 0, 0xFC00},
+                 {"k=f16,v=e8:3,page=16", 0, 0x7C00}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        const shape s = {2, 2, 2, 64, 64, cases[k].spec};
+        size_t err = 0;
+        e8kv_cache *a = make(&s, &err);
+        assert_non_null(a);
+        append_all(&a, 1, &s, 40, 11);
+        size_t n = 0;
+        uint8_t *f = save(a, &n, NULL, 0);
+        e8kv_cache *ok = e8kv_cache_load(f, n, 1, &err); /* intact: loads */
+        assert_non_null(ok);
+        e8kv_cache_free(ok);
+        free(f);
+        /* layer 1, V of head 1, page 1 (tokens 16..31), token 19 */
+        kv_page *pg = &a->layers[1].v_pages[1 * a->n_page_max + 1];
+        assert_non_null(pg->data);
+        assert_false(pg->raw);
+        uint8_t *field = pg->data + 3 * a->layers[1].v.vector_bytes + cases[k].offset;
+        field[0] = (uint8_t)cases[k].half;
+        field[1] = (uint8_t)(cases[k].half >> 8);
+        f = save(a, &n, NULL, 0);
+        assert_null(e8kv_cache_load(f, n, 1, &err));
+        assert_error(err, CORRUPTED);
+        e8kv_cache *into = make(&s, &err);
+        assert_error(e8kv_cache_load_into(into, f, n), CORRUPTED);
+        assert_int_equal(e8kv_cache_n_tokens(into, 1), 0); /* left empty */
+        e8kv_cache_free(into);
+        free(f);
+        e8kv_cache_free(a);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip_attention),
@@ -507,6 +562,7 @@ int main(void) {
         cmocka_unit_test(test_long_spec),
         cmocka_unit_test(test_golden),
         cmocka_unit_test(test_fuzz_corpus),
+        cmocka_unit_test(test_nonfinite_codes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

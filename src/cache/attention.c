@@ -329,6 +329,7 @@ size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, siz
     if (pos0 > L->n_tokens || n_tok > L->n_tokens - pos0) return E8KV_ERR(DIMENSION);
     const size_t n_out = n_tok * n_head * cache->head_dim;
     if (out_capacity < n_out) return E8KV_ERR(DST_TOO_SMALL);
+    if (!e8kv_all_finite(q, n_out)) return E8KV_ERR(NONFINITE); /* q has out's shape */
 
     const size_t d = cache->head_dim, n_keys = pos0 + n_tok;
     attend_job base = {cache,

@@ -8,8 +8,10 @@
  * entries); failures are named errors, never asserts. */
 #include "kvcache.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <xxhash.h>
 
 #define CACHE_MAGIC "E8KC"
@@ -417,6 +419,18 @@ static size_t alloc_page(e8kv_cache *c, const kv_format *f, kv_page *pg, int raw
     return 0;
 }
 
+/* Codes from a file are untrusted: bytes that no encode writes (an f16 payload or a scale field that is NaN
+ * or Inf) would decode to NaN/Inf inside attention. Every row is decoded once (in the rotated domain,
+ * which keeps finite values finite) and must be finite. */
+static size_t check_codes(const e8kv_codec *codec, const uint8_t *buf, size_t rows) {
+    float y[E8KV_MAX_HEAD_DIM];
+    for (size_t i = 0; i < rows; i++) {
+        codec->ops->decode(codec, y, buf + i * codec->vector_bytes);
+        if (!e8kv_all_finite(y, codec->head_dim)) return E8KV_ERR(CORRUPTED);
+    }
+    return 0;
+}
+
 static size_t load_group(rbuf *r, e8kv_cache *c, const e8kv_codec *codec) {
     const size_t rows = group_rows(c, codec), vb = codec->vector_bytes;
     const uint8_t *b = NULL;
@@ -431,7 +445,8 @@ static size_t load_group(rbuf *r, e8kv_cache *c, const e8kv_codec *codec) {
     if (fi.row_bytes != vb || fi.n_rows != rows || fi.content != E8KV_FRAME_BYTES) return E8KV_ERR(CORRUPTED);
     uint8_t *buf = malloc(rows * vb);
     if (!buf) return E8KV_ERR(OUT_OF_MEMORY);
-    const size_t rd = e8kv_frame_decode(buf, rows * vb, fr, size);
+    size_t rd = e8kv_frame_decode(buf, rows * vb, fr, size);
+    if (!e8kv_is_error(rd)) rd = check_codes(codec, buf, rows);
     if (!e8kv_is_error(rd)) group_copy(c, codec, buf, 0);
     free(buf);
     return e8kv_is_error(rd) ? rd : 0;
@@ -601,20 +616,23 @@ size_t e8kv_cache_read_file(void **dst, const char *path) {
     *dst = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) return E8KV_ERR(IO);
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
+    /* Only a regular file has a size: fopen accepts a directory, whose "size" by seeking to its end is
+     * 2^63 - 1 on ext4 (once answered as out of memory), and a FIFO or a device has none. */
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 0 ||
+        (uintmax_t)st.st_size >= SIZE_MAX) {
         fclose(f);
         return E8KV_ERR(IO);
     }
-    uint8_t *buf = malloc((size_t)n + 1);
+    const size_t n = (size_t)st.st_size;
+    uint8_t *buf = malloc(n + 1);
     if (!buf) {
         fclose(f);
         return E8KV_ERR(OUT_OF_MEMORY);
     }
-    const size_t got = fread(buf, 1, (size_t)n, f);
+    const size_t got = fread(buf, 1, n, f);
     fclose(f);
-    if (got != (size_t)n) {
+    if (got != n) {
         free(buf);
         return E8KV_ERR(IO);
     }

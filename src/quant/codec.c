@@ -152,6 +152,23 @@ size_t e8kv_codec_encode(const e8kv_codec *codec, void *dst, size_t dst_capacity
     return n_vec * vb;
 }
 
+/* 1 when no x[i] is NaN or Inf, i.e. every |x| as bits is below the infinity pattern 0x7F800000: adding
+ * 0x00800000 sets bit 31 exactly for those that are not. Branch-free AND/ADD/OR, which compilers vectorize
+ * with plain SSE2, so the check costs little next to even the f32 decode. */
+typedef uint32_t u32_alias __attribute__((may_alias)); /* reads a float's bits without memcpy */
+#if defined(__GNUC__) && !defined(__clang__)
+#define E8KV_VECTORIZE __attribute__((optimize("O3"))) /* gcc vectorizes the reduction only at -O3 */
+#else
+#define E8KV_VECTORIZE /* clang does at -O2 */
+#endif
+E8KV_VECTORIZE static int all_finite_fast(const float *restrict x, size_t n) {
+    const u32_alias *const u = (const u32_alias *)x;
+    uint32_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        m |= (u[i] & 0x7FFFFFFFu) + 0x00800000u;
+    return (m >> 31) == 0;
+}
+
 static size_t decode_impl(const e8kv_codec *codec, float *dst, size_t dst_capacity, const void *src,
                           size_t src_size, size_t n_vec, int unrotate) {
     if (!codec || (!dst && n_vec) || (!src && n_vec)) return E8KV_ERR(BAD_ARGUMENT);
@@ -161,6 +178,10 @@ static size_t decode_impl(const e8kv_codec *codec, float *dst, size_t dst_capaci
     const uint8_t *const in = src;
     for (size_t v = 0; v < n_vec; v++) {
         codec->ops->decode(codec, dst + v * d, in + v * vb);
+        /* Every encoded vector decodes to finite values (encode refuses what would not); NaN or Inf can
+         * only come from bytes no encode wrote: an f32/f16 payload or a scale field that is NaN or Inf.
+         * Checked before the rotation, which keeps finite values finite and non-finite ones non-finite. */
+        if (!all_finite_fast(dst + v * d, d)) return E8KV_ERR(CORRUPTED);
         if (unrotate && codec->rotate) e8kv_rot_inverse(&codec->rot, dst + v * d, 1);
     }
     return n_vec * d;
