@@ -398,8 +398,8 @@ size_t e8kv_frame_e8_dequantize(float *dst, size_t dst_capacity, const int16_t *
  * coded pages losslessly entropy-coded through frames. Layout: doc/format.md §4. A loaded cache gives
  * bit-identical attention output and accepts further appends. Untrusted bytes answer E8KV_ERROR_CORRUPTED
  * / _TRUNCATED / _CHECKSUM / _VERSION, never a fault; so do codes that would decode to NaN or Inf, and
- * non-finite exact tokens or means, whatever their checksums. `meta` is opaque caller data kept in the file (the
- * CLI stores the prompt's token ids there).
+ * non-finite exact tokens or means, whatever their checksums. `meta` is opaque caller data kept in the file
+ * (the CLI stores the prompt's token ids there).
  */
 #define E8KV_CACHE_FORMAT_VERSION 2 /* written for caches with e8t streams (calibration inside); 1 otherwise */
 
