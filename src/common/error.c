@@ -42,6 +42,7 @@ const char *e8kv_error_code_name(e8kv_error_code code) {
     case E8KV_ERROR_IO: return "I/O error";
     case E8KV_ERROR_UNSUPPORTED: return "unsupported";
     case E8KV_ERROR_SRC_SIZE: return "source size mismatch";
+    case E8KV_ERROR_CUDA: return "CUDA runtime error";
     case E8KV_ERROR_MAX_CODE: break;
     }
     return "unknown error code";

@@ -1,0 +1,431 @@
+/* Fused split-K decode attention over the paged cache (one query token per sequence).
+ *
+ * Grid (split, kv head, sequence); a block of 4 warps owns one KV head of one sequence and all G query
+ * heads that share it (GQA), so every code is read once. Warps take 16-token tiles in turn and keep their
+ * own online-softmax state (FlashAttention-2 style); the block merges its warps, a second kernel merges
+ * the splits by log-sum-exp and undoes the rotation once per head.
+ *
+ * Both products run on the tensor cores (mma.sync m16n8k16, f32 accumulate):
+ *   scores S = Q·Kᵀ: A = the query rows (rows 0..G−1 the f16/bf16 "hi" part of q, rows 8..8+G−1 the
+ *     residual "lo" part, so q keeps ~22 bits), B = 8 tokens × 16 coordinates of K;
+ *   output Oᵀ += Vᵀ·Pᵀ: A = 16 coordinates × 16 tokens of V, B = P (columns 0..G−1 hi, G..2G−1 lo when
+ *     2G ≤ 8): the score fragment of a thread is exactly the P fragment it feeds (no shuffle but the lo).
+ * e8box:4 codes become f16 in registers without a table: a nibble n and the block's coset bit k are
+ * OR-ed into the mantissa of 1024 (0x6400 | (2n + k)) and 1040 subtracted, which gives the doubled
+ * lattice coordinate 2n + k − 16 exactly; the per-vector half step multiplies the score (K) or the
+ * probability (V). Since q·k is invariant under a permutation of the coordinates, each thread decodes
+ * the coordinates its 16-byte (K) / 8-byte (V) load holds and the query and output are permuted to match
+ * (kdim / vdim below). q is rotated once per block (R orthonormal: q·k = Rq·Rk); V stays rotated until
+ * the merge. */
+#include "cuda_internal.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#define WARPS 4
+#define V_BOX_SCALE 256.0f /* P·h lifted out of f16 subnormals: exact power of 2, divided out at the merge */
+#define LOG2E 1.4426950408889634f
+
+__constant__ float c_frac_a[8] = {0x1p+0f,        0x1.172b84p+0f, 0x1.306fe0p+0f, 0x1.4bfdaep+0f,
+                                  0x1.6a09e6p+0f, 0x1.8ace54p+0f, 0x1.ae89fap+0f, 0x1.d5818ep+0f};
+
+__device__ __forceinline__ float load_q(const void *src, size_t i, int dtype) {
+    if (dtype == E8KV_DTYPE_F32) return ((const float *)src)[i];
+    if (dtype == E8KV_DTYPE_F16) return __half2float(((const __half *)src)[i]);
+    return __bfloat162float(((const __nv_bfloat16 *)src)[i]);
+}
+
+template <bool BF>
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    if constexpr (BF)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                     "{%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                     "{%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* x as the pair element type (hi part) and the float it rounds to */
+template <bool BF> __device__ __forceinline__ uint16_t to16(float x, float *back) {
+    if constexpr (BF) {
+        const __nv_bfloat16 h = __float2bfloat16_rn(x);
+        *back = __bfloat162float(h);
+        return __bfloat16_as_ushort(h);
+    } else {
+        const __half h = __float2half_rn(x);
+        *back = __half2float(h);
+        return __half_as_ushort(h);
+    }
+}
+template <bool BF> __device__ __forceinline__ uint16_t hi16(float x) {
+    float b;
+    return to16<BF>(x, &b);
+}
+template <bool BF> __device__ __forceinline__ uint16_t lo16(float x) {
+    float b;
+    to16<BF>(x, &b);
+    return to16<BF>(x - b, &b);
+}
+__device__ __forceinline__ uint32_t pack(uint16_t a, uint16_t b) { return (uint32_t)a | ((uint32_t)b << 16); }
+
+/* (mantissa bits | 0x6400) as f16x2 minus 1040: the doubled coordinates 2n + k − 16, exact */
+__device__ __forceinline__ uint32_t box_f16x2(uint32_t bits) {
+    uint32_t r;
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(r) : "r"(bits), "r"(0x64106410u));
+    return r;
+}
+
+/* coordinate of query column kk (0..15) of k-step s for lane column t4 (see the file comment) */
+template <int D, int KF> __device__ __forceinline__ int kdim(int t4, int s, int kk) {
+    const int upper = kk >> 3, r = kk & 1;
+    if constexpr (KF == FMT_BOX4) {
+        const int B = (D / 8) * t4 + 4 * (s >> 1) + upper + 2 * r;
+        return 32 * (B >> 4) + (B & 15) + 16 * (s & 1);
+    } else {
+        return (D / 4) * t4 + 4 * s + 2 * upper + r;
+    }
+}
+/* coordinate of output row g (hi = row g + 8) of M-tile mt */
+template <int D, int VF> __device__ __forceinline__ int vdim(int g, int mt, int hi) {
+    if constexpr (VF == FMT_BOX4) {
+        const int B = (D / 16) * g + mt;
+        return 32 * (B >> 4) + (B & 15) + 16 * hi;
+    } else {
+        return (D / 8) * g + 2 * mt + hi;
+    }
+}
+
+template <int D, int KF, int VF>
+__global__ void __launch_bounds__(128) attn_split_kernel(const attn_launch a) {
+    constexpr int KS = D / 16; /* k-steps of the scores = M-tiles of the output */
+    constexpr bool KBF = KF == FMT_BF16, VBF = VF == FMT_BF16;
+    __shared__ float sq[8][D];
+    __shared__ float sh[256];
+    __shared__ float so[WARPS][8][D];
+    __shared__ float sm[WARPS][8], sl[WARPS][8];
+
+    const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
+    const int G = (int)(a.n_head / a.n_head_kv);
+    const bool LO = 2 * G <= 8;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int bs = (int)a.block_size, n_split = (int)a.n_split;
+    const int ctx = a.ctx_lens[seq];
+    const int chunk = ((ctx + n_split - 1) / n_split + 15) & ~15;
+    const int start = split * chunk, end = min(start + chunk, ctx);
+    const int32_t *const table = a.block_tables + (size_t)seq * a.max_blocks;
+
+    for (int i = tid; i < 256; i += blockDim.x)
+        sh[i] = i ? c_frac_a[i & 7] * __int_as_float(((i >> 3) - 21 + 127) << 23) : 0.0f; /* δ/2 */
+    for (int idx = tid; idx < G * D; idx += blockDim.x) {
+        const int r = idx / D, i = idx % D;
+        float v = load_q(a.q, ((size_t)seq * a.n_head + (size_t)kvh * G + r) * D + i, a.q_dtype);
+        if (KF == FMT_BOX4) v *= a.signs[i];
+        sq[r][i] = v;
+    }
+    __syncthreads();
+    if (KF == FMT_BOX4) {
+        for (int h = 1; h < D; h *= 2) {
+            for (int idx = tid; idx < G * D / 2; idx += blockDim.x) {
+                const int r = idx / (D / 2), j = idx % (D / 2), i = (j / h) * 2 * h + j % h;
+                const float x = sq[r][i], y = sq[r][i + h];
+                sq[r][i] = x + y;
+                sq[r][i + h] = x - y;
+            }
+            __syncthreads();
+        }
+    }
+    const float qscale = (KF == FMT_BOX4 ? a.rot_scale : 1.0f) * rsqrtf((float)D) * LOG2E;
+    uint32_t qa[KS][4];
+#pragma unroll
+    for (int s = 0; s < KS; s++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int kk = ((j & 2) ? 8 : 0) + 2 * t4;
+            uint32_t w = 0;
+            if (g < G) {
+                const float x0 = sq[g][kdim<D, KF>(t4, s, kk)] * qscale,
+                            x1 = sq[g][kdim<D, KF>(t4, s, kk + 1)] * qscale;
+                w = (j & 1) ? pack(lo16<KBF>(x0), lo16<KBF>(x1)) : pack(hi16<KBF>(x0), hi16<KBF>(x1));
+            }
+            qa[s][j] = w;
+        }
+
+    float m = -INFINITY, l = 0.0f;
+    float oacc[KS][4];
+#pragma unroll
+    for (int mt = 0; mt < KS; mt++) oacc[mt][0] = oacc[mt][1] = oacc[mt][2] = oacc[mt][3] = 0.0f;
+    /* the column this thread feeds into P (hi of row g, lo of row g − G, or nothing) */
+    const int p_src = g < G ? lane : (LO && g < 2 * G) ? (g - G) * 4 + t4 : lane;
+    const int p_kind = g < G ? 0 : (LO && g < 2 * G) ? 1 : 2;
+    int col_row[2];
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        const int col = 2 * t4 + c;
+        col_row[c] = col < G ? col : (LO && col < 2 * G) ? col - G : 0;
+    }
+
+    for (int tile0 = start + 16 * warp; tile0 < end; tile0 += 16 * WARPS) {
+        const int page = table[tile0 / bs], o0 = tile0 % bs;
+        const uint8_t *const kb = a.k.pool + (size_t)page * a.k.page_bytes + (size_t)kvh * a.k.head_bytes;
+        const uint8_t *const vb = a.v.pool + (size_t)page * a.v.page_bytes + (size_t)kvh * a.v.head_bytes;
+        /* ---- scores: row g, tokens 8tt + 2t4 + c */
+        float sc[2][2];
+#pragma unroll
+        for (int tt = 0; tt < 2; tt++) {
+            const int tk = o0 + 8 * tt + g; /* the token whose K this lane loads */
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if constexpr (KF == FMT_BOX4) {
+                uint32_t w[D / 32];
+                if constexpr (D == 128) {
+                    const uint4 u = *(const uint4 *)(kb + (size_t)tk * (D / 2) + 16 * t4);
+                    w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+                } else {
+                    const uint2 u = *(const uint2 *)(kb + (size_t)tk * (D / 2) + 8 * t4);
+                    w[0] = u.x, w[1] = u.y;
+                }
+                const uint8_t *const cp = kb + (size_t)bs * (D / 2) + bs + (size_t)tk * ((D + 63) / 64);
+                const uint32_t cos = D == 128 ? (uint32_t)cp[0] | ((uint32_t)cp[1] << 8) : cp[0];
+#pragma unroll
+                for (int s = 0; s < KS; s++) {
+                    const uint32_t x = w[s >> 1];
+                    const int B0 = (D / 8) * t4 + 4 * (s >> 1);
+                    const int blk = (32 * (B0 >> 4) + (B0 & 15) + 16 * (s & 1)) >> 3;
+                    const uint32_t km = 0x64006400u | (((cos >> blk) & 1u) * 0x00010001u);
+                    uint32_t b[2];
+                    b[0] = box_f16x2((((s & 1) ? x >> 3 : x << 1) & 0x001E001Eu) | km);
+                    b[1] = box_f16x2((((s & 1) ? x >> 11 : x >> 7) & 0x001E001Eu) | km);
+                    mma16816<false>(acc, qa[s], b);
+                }
+            } else {
+                uint32_t w[D / 8];
+                const uint4 *const p4 = (const uint4 *)(kb + ((size_t)tk * D + (D / 4) * t4) * 2);
+#pragma unroll
+                for (int i = 0; i < D / 32; i++) {
+                    const uint4 u = p4[i];
+                    w[4 * i] = u.x, w[4 * i + 1] = u.y, w[4 * i + 2] = u.z, w[4 * i + 3] = u.w;
+                }
+#pragma unroll
+                for (int s = 0; s < KS; s++) {
+                    const uint32_t b[2] = {w[2 * s], w[2 * s + 1]};
+                    mma16816<KBF>(acc, qa[s], b);
+                }
+            }
+            sc[tt][0] = acc[0] + acc[2];
+            sc[tt][1] = acc[1] + acc[3];
+        }
+        const bool full = tile0 + 16 <= end;
+        float tmax = -INFINITY;
+#pragma unroll
+        for (int tt = 0; tt < 2; tt++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int t = 8 * tt + 2 * t4 + c;
+                float s = sc[tt][c];
+                if (KF == FMT_BOX4) s *= sh[kb[(size_t)bs * (D / 2) + o0 + t]];
+                if (g >= G || (!full && tile0 + t >= end)) s = -INFINITY;
+                sc[tt][c] = s;
+                tmax = fmaxf(tmax, s);
+            }
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+        const float m_new = fmaxf(m, tmax);
+        const float alpha = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
+        float pv[2][2];
+#pragma unroll
+        for (int tt = 0; tt < 2; tt++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const float p = m_new == -INFINITY ? 0.0f : exp2f(sc[tt][c] - m_new);
+                l = l * (tt == 0 && c == 0 ? alpha : 1.0f) + p;
+                const int t = 8 * tt + 2 * t4 + c;
+                pv[tt][c] = VF == FMT_BOX4 ? p * sh[vb[(size_t)bs * (D / 2) + o0 + t]] * V_BOX_SCALE : p;
+            }
+        m = m_new;
+        /* P fragment: column g */
+        uint32_t pb[2];
+#pragma unroll
+        for (int tt = 0; tt < 2; tt++) {
+            const float x0 = __shfl_sync(0xffffffffu, pv[tt][0], p_src),
+                        x1 = __shfl_sync(0xffffffffu, pv[tt][1], p_src);
+            pb[tt] = p_kind == 0   ? pack(hi16<VBF>(x0), hi16<VBF>(x1))
+                     : p_kind == 1 ? pack(lo16<VBF>(x0), lo16<VBF>(x1))
+                                   : 0u;
+        }
+        const float al0 = __shfl_sync(0xffffffffu, alpha, col_row[0] * 4),
+                    al1 = __shfl_sync(0xffffffffu, alpha, col_row[1] * 4);
+#pragma unroll
+        for (int mt = 0; mt < KS; mt++) {
+            oacc[mt][0] *= al0, oacc[mt][2] *= al0;
+            oacc[mt][1] *= al1, oacc[mt][3] *= al1;
+        }
+        /* ---- values: tokens 2t4, 2t4 + 1 (pair 0) and 2t4 + 8, 2t4 + 9 (pair 1) */
+        const int tv[4] = {o0 + 2 * t4, o0 + 2 * t4 + 1, o0 + 2 * t4 + 8, o0 + 2 * t4 + 9};
+        if constexpr (VF == FMT_BOX4) {
+            uint32_t w[4][D / 64];
+            uint32_t cs[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                if constexpr (D == 128) {
+                    const uint2 u = *(const uint2 *)(vb + (size_t)tv[i] * (D / 2) + 8 * g);
+                    w[i][0] = u.x, w[i][1] = u.y;
+                } else {
+                    w[i][0] = *(const uint32_t *)(vb + (size_t)tv[i] * (D / 2) + 4 * g);
+                }
+                const uint8_t *const cp = vb + (size_t)bs * (D / 2) + bs + (size_t)tv[i] * ((D + 63) / 64);
+                cs[i] = D == 128 ? (uint32_t)cp[0] | ((uint32_t)cp[1] << 8) : cp[0];
+            }
+            const int B0 = (D / 16) * g, blo = (32 * (B0 >> 4) + (B0 & 15)) >> 3, bhi = blo + 2;
+            const uint32_t klo0 = 0x64006400u | ((cs[0] >> blo) & 1u) | (((cs[1] >> blo) & 1u) << 16),
+                           khi0 = 0x64006400u | ((cs[0] >> bhi) & 1u) | (((cs[1] >> bhi) & 1u) << 16),
+                           klo1 = 0x64006400u | ((cs[2] >> blo) & 1u) | (((cs[3] >> blo) & 1u) << 16),
+                           khi1 = 0x64006400u | ((cs[2] >> bhi) & 1u) | (((cs[3] >> bhi) & 1u) << 16);
+#pragma unroll
+            for (int mt = 0; mt < KS; mt++) {
+                const int wi = mt >> 2, bi = mt & 3;
+                const uint32_t sel = bi | (bi << 4) | ((4 + bi) << 8) | ((4 + bi) << 12);
+                const uint32_t x0 = __byte_perm(w[0][wi], w[1][wi], sel), x1 = __byte_perm(w[2][wi], w[3][wi], sel);
+                uint32_t r[4];
+                r[0] = box_f16x2(((x0 << 1) & 0x001E001Eu) | klo0);
+                r[1] = box_f16x2(((x0 >> 3) & 0x001E001Eu) | khi0);
+                r[2] = box_f16x2(((x1 << 1) & 0x001E001Eu) | klo1);
+                r[3] = box_f16x2(((x1 >> 3) & 0x001E001Eu) | khi1);
+                mma16816<false>(oacc[mt], r, pb);
+            }
+        } else {
+            uint32_t w[4][D / 16];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint4 *const p4 = (const uint4 *)(vb + ((size_t)tv[i] * D + (D / 8) * g) * 2);
+#pragma unroll
+                for (int j = 0; j < D / 64; j++) {
+                    const uint4 u = p4[j];
+                    w[i][4 * j] = u.x, w[i][4 * j + 1] = u.y, w[i][4 * j + 2] = u.z, w[i][4 * j + 3] = u.w;
+                }
+            }
+            uint32_t mask0 = 0xffffffffu, mask1 = 0xffffffffu; /* tokens past the end: zeros, not garbage */
+            if (!full) {
+                mask0 = (tile0 + 2 * t4 < end ? 0xffffu : 0u) | (tile0 + 2 * t4 + 1 < end ? 0xffff0000u : 0u);
+                mask1 = (tile0 + 2 * t4 + 8 < end ? 0xffffu : 0u) | (tile0 + 2 * t4 + 9 < end ? 0xffff0000u : 0u);
+            }
+#pragma unroll
+            for (int mt = 0; mt < KS; mt++) {
+                uint32_t r[4];
+                r[0] = __byte_perm(w[0][mt], w[1][mt], 0x5410) & mask0;
+                r[1] = __byte_perm(w[0][mt], w[1][mt], 0x7632) & mask0;
+                r[2] = __byte_perm(w[2][mt], w[3][mt], 0x5410) & mask1;
+                r[3] = __byte_perm(w[2][mt], w[3][mt], 0x7632) & mask1;
+                mma16816<VBF>(oacc[mt], r, pb);
+            }
+        }
+    }
+    /* ---- merge the warps */
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+#pragma unroll
+    for (int mt = 0; mt < KS; mt++) {
+        const int dl = vdim<D, VF>(g, mt, 0), dh = vdim<D, VF>(g, mt, 1);
+        so[warp][2 * t4][dl] = oacc[mt][0];
+        so[warp][2 * t4 + 1][dl] = oacc[mt][1];
+        so[warp][2 * t4][dh] = oacc[mt][2];
+        so[warp][2 * t4 + 1][dh] = oacc[mt][3];
+    }
+    if (t4 == 0) {
+        sm[warp][g] = m;
+        sl[warp][g] = l;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < G * D; idx += blockDim.x) {
+        const int r = idx / D, i = idx % D;
+        float M = -INFINITY;
+        for (int w = 0; w < WARPS; w++) M = fmaxf(M, sm[w][r]);
+        float O = 0.0f, L = 0.0f;
+        if (M != -INFINITY)
+            for (int w = 0; w < WARPS; w++) {
+                const float wt = exp2f(sm[w][r] - M);
+                O += wt * (so[w][r][i] + (LO ? so[w][r + G][i] : 0.0f));
+                L += wt * sl[w][r];
+            }
+        const size_t base = ((size_t)seq * a.n_head + (size_t)kvh * G + r) * a.n_split + split;
+        a.part_o[base * D + i] = O;
+        if (i == 0) {
+            a.part_ml[2 * base] = M;
+            a.part_ml[2 * base + 1] = L;
+        }
+    }
+}
+
+/* grid (n_head, n_seq), D threads: log-sum-exp merge of the splits, then the inverse rotation */
+template <int D>
+__global__ void __launch_bounds__(D) attn_merge_kernel(const attn_launch a, int v_rot, float v_div) {
+    __shared__ float sx[D];
+    const int i = threadIdx.x;
+    const size_t base = ((size_t)blockIdx.y * a.n_head + blockIdx.x) * a.n_split;
+    float M = -INFINITY;
+    for (size_t s = 0; s < a.n_split; s++) M = fmaxf(M, a.part_ml[2 * (base + s)]);
+    float O = 0.0f, L = 0.0f;
+    if (M != -INFINITY)
+        for (size_t s = 0; s < a.n_split; s++) {
+            const float w = exp2f(a.part_ml[2 * (base + s)] - M);
+            O += w * a.part_o[(base + s) * D + i];
+            L += w * a.part_ml[2 * (base + s) + 1];
+        }
+    float val = L > 0.0f ? O / (L * v_div) : 0.0f;
+    if (v_rot) {
+        sx[i] = val;
+        __syncthreads();
+        for (int h = 1; h < D; h *= 2) {
+            if (!(i & h)) {
+                const float x = sx[i], y = sx[i + h];
+                sx[i] = x + y;
+                sx[i + h] = x - y;
+            }
+            __syncthreads();
+        }
+        val = sx[i] * a.rot_scale * a.signs[i];
+    }
+    a.out[((size_t)blockIdx.y * a.n_head + blockIdx.x) * D + i] = val;
+}
+
+size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm) {
+    const size_t per = n_seq * n_head_kv, target = 4 * (size_t)(n_sm > 0 ? n_sm : 1);
+    size_t n = (target + per - 1) / per;
+    const size_t most = (max_ctx + 63) / 64; /* at least one tile per warp */
+    if (n > most) n = most;
+    if (n > 256) n = 256;
+    return n ? n : 1;
+}
+
+template <int D, int KF, int VF> static void launch(const attn_launch *a, cudaStream_t stream) {
+    const dim3 grid((unsigned)a->n_split, (unsigned)a->n_head_kv, (unsigned)a->n_seq);
+    attn_split_kernel<D, KF, VF><<<grid, 128, 0, stream>>>(*a);
+    attn_merge_kernel<D><<<dim3((unsigned)a->n_head, (unsigned)a->n_seq), D, 0, stream>>>(
+        *a, VF == FMT_BOX4, VF == FMT_BOX4 ? V_BOX_SCALE : 1.0f);
+}
+
+template <int D, int KF> static void launch_v(const attn_launch *a, cudaStream_t stream) {
+    switch (a->v.fmt) {
+    case FMT_BOX4: launch<D, KF, FMT_BOX4>(a, stream); break;
+    case FMT_BF16: launch<D, KF, FMT_BF16>(a, stream); break;
+    default: launch<D, KF, FMT_F16>(a, stream); break;
+    }
+}
+
+template <int D> static void launch_k(const attn_launch *a, cudaStream_t stream) {
+    switch (a->k.fmt) {
+    case FMT_BOX4: launch_v<D, FMT_BOX4>(a, stream); break;
+    case FMT_BF16: launch_v<D, FMT_BF16>(a, stream); break;
+    default: launch_v<D, FMT_F16>(a, stream); break;
+    }
+}
+
+size_t e8kv_cu_launch_attend(const attn_launch *a, cudaStream_t stream) {
+    if (a->d == 128)
+        launch_k<128>(a, stream);
+    else
+        launch_k<64>(a, stream);
+    return cudaGetLastError() == cudaSuccess ? 0 : E8KV_CU_ERR(CUDA);
+}
