@@ -368,7 +368,7 @@ static void test_fork_and_errors(const char *spec, size_t d) {
     e8kv_cuda_cache_params p;
     memset(&p, 0, sizeof p);
     p.n_layer = 2, p.n_head_kv = n_kv, p.head_dim = d, p.n_blocks = 8, p.spec = spec, p.seed = rnd();
-    p.max_seqs = 4, p.max_batch = 4;
+    p.max_seqs = 4, p.max_batch = 4, p.max_ctx = 1024; /* the pool (8 pages), not the context, runs out */
     size_t err = 0;
     e8kv_cuda_cache *c = e8kv_cuda_cache_create(&p, &err);
     CHECK(c, "create: %s", e8kv_error_name(err));

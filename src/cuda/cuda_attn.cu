@@ -99,8 +99,80 @@ template <int D, int VF> __device__ __forceinline__ int vdim(int g, int mt, int 
     }
 }
 
+/* The bytes one lane needs for one 16-token tile, loaded as wide as the layout allows:
+ *   K: tokens g and 8 + g (the B operand), 16 B (d = 128) / 8 B (d = 64) of nibbles each, or 64 / 32 B raw;
+ *      their coset bytes; the steps of tokens 2t4, 2t4 + 1 and 2t4 + 8, 2t4 + 9 (the score columns);
+ *   V: tokens 2t4, 2t4 + 1, 2t4 + 8, 2t4 + 9 (the A operand), 8 / 4 B of nibbles each, or 32 / 16 B raw;
+ *      their coset bytes and steps. */
+template <int D, int KF, int VF> struct tile_regs {
+    uint32_t kw[2][KF == FMT_BOX4 ? D / 32 : D / 8];
+    uint32_t vw[4][VF == FMT_BOX4 ? (D / 64 > 0 ? D / 64 : 1) : D / 16];
+    uint32_t kc[2], ks[2], vc[2], vs[2];
+};
+
 template <int D, int KF, int VF>
-__global__ void __launch_bounds__(128) attn_split_kernel(const attn_launch a) {
+__device__ __forceinline__ void load_tile(tile_regs<D, KF, VF> &r, const attn_launch &a, const int32_t *table,
+                                          int kvh, int tile0, int g, int t4) {
+    const int bs = (int)a.block_size, page = table[tile0 / bs], o0 = tile0 % bs;
+    const uint8_t *const kb = a.k.pool + (size_t)page * a.k.page_bytes + (size_t)kvh * a.k.head_bytes;
+    const uint8_t *const vb = a.v.pool + (size_t)page * a.v.page_bytes + (size_t)kvh * a.v.head_bytes;
+    constexpr int NC = (D + 63) / 64;
+#pragma unroll
+    for (int tt = 0; tt < 2; tt++) {
+        const int tk = o0 + 8 * tt + g;
+        if constexpr (KF == FMT_BOX4) {
+            if constexpr (D == 128) {
+                const uint4 u = __ldg((const uint4 *)(kb + (size_t)tk * (D / 2) + 16 * t4));
+                r.kw[tt][0] = u.x, r.kw[tt][1] = u.y, r.kw[tt][2] = u.z, r.kw[tt][3] = u.w;
+            } else {
+                const uint2 u = __ldg((const uint2 *)(kb + (size_t)tk * (D / 2) + 8 * t4));
+                r.kw[tt][0] = u.x, r.kw[tt][1] = u.y;
+            }
+            const uint8_t *const side = kb + (size_t)bs * (D / 2);
+            r.kc[tt] = NC == 2 ? __ldg((const uint16_t *)(side + bs + 2 * tk)) : __ldg(side + bs + tk);
+            r.ks[tt] = __ldg((const uint16_t *)(side + o0 + 8 * tt + 2 * t4));
+        } else {
+            const uint4 *const p4 = (const uint4 *)(kb + ((size_t)tk * D + (D / 4) * t4) * 2);
+#pragma unroll
+            for (int i = 0; i < D / 32; i++) {
+                const uint4 u = __ldg(p4 + i);
+                r.kw[tt][4 * i] = u.x, r.kw[tt][4 * i + 1] = u.y, r.kw[tt][4 * i + 2] = u.z, r.kw[tt][4 * i + 3] = u.w;
+            }
+        }
+    }
+    const int tv[4] = {o0 + 2 * t4, o0 + 2 * t4 + 1, o0 + 2 * t4 + 8, o0 + 2 * t4 + 9};
+    if constexpr (VF == FMT_BOX4) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if constexpr (D == 128) {
+                const uint2 u = __ldg((const uint2 *)(vb + (size_t)tv[i] * (D / 2) + 8 * g));
+                r.vw[i][0] = u.x, r.vw[i][1] = u.y;
+            } else {
+                r.vw[i][0] = __ldg((const uint32_t *)(vb + (size_t)tv[i] * (D / 2) + 4 * g));
+            }
+        }
+        const uint8_t *const side = vb + (size_t)bs * (D / 2);
+#pragma unroll
+        for (int pr = 0; pr < 2; pr++) {
+            r.vc[pr] = NC == 2 ? __ldg((const uint32_t *)(side + bs + 2 * tv[2 * pr]))
+                               : __ldg((const uint16_t *)(side + bs + tv[2 * pr]));
+            r.vs[pr] = __ldg((const uint16_t *)(side + tv[2 * pr]));
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint4 *const p4 = (const uint4 *)(vb + ((size_t)tv[i] * D + (D / 8) * g) * 2);
+#pragma unroll
+            for (int j = 0; j < D / 64; j++) {
+                const uint4 u = __ldg(p4 + j);
+                r.vw[i][4 * j] = u.x, r.vw[i][4 * j + 1] = u.y, r.vw[i][4 * j + 2] = u.z, r.vw[i][4 * j + 3] = u.w;
+            }
+        }
+    }
+}
+
+template <int D, int KF, int VF>
+__global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a) {
     constexpr int KS = D / 16; /* k-steps of the scores = M-tiles of the output */
     constexpr bool KBF = KF == FMT_BF16, VBF = VF == FMT_BF16;
     __shared__ float sq[8][D];
@@ -112,7 +184,7 @@ __global__ void __launch_bounds__(128) attn_split_kernel(const attn_launch a) {
     const int G = (int)(a.n_head / a.n_head_kv);
     const bool LO = 2 * G <= 8;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int bs = (int)a.block_size, n_split = (int)a.n_split;
+    const int n_split = (int)a.n_split;
     const int ctx = a.ctx_lens[seq];
     const int chunk = ((ctx + n_split - 1) / n_split + 15) & ~15;
     const int start = split * chunk, end = min(start + chunk, ctx);
@@ -168,50 +240,41 @@ __global__ void __launch_bounds__(128) attn_split_kernel(const attn_launch a) {
         col_row[c] = col < G ? col : (LO && col < 2 * G) ? col - G : 0;
     }
 
-    for (int tile0 = start + 16 * warp; tile0 < end; tile0 += 16 * WARPS) {
-        const int page = table[tile0 / bs], o0 = tile0 % bs;
-        const uint8_t *const kb = a.k.pool + (size_t)page * a.k.page_bytes + (size_t)kvh * a.k.head_bytes;
-        const uint8_t *const vb = a.v.pool + (size_t)page * a.v.page_bytes + (size_t)kvh * a.v.head_bytes;
+    /* the loop is software-pipelined for the code formats: the next tile's bytes are in flight while this
+     * one is decoded (raw pages hold 4x the registers and stay unpipelined) */
+    constexpr bool PIPE = KF == FMT_BOX4 && VF == FMT_BOX4;
+    /* the first block of a K lane's bytes (its coset bit is bit 0 after this shift) */
+    const int kshift = (32 * (((D / 8) * t4) >> 4) + (((D / 8) * t4) & 15)) >> 3;
+    tile_regs<D, KF, VF> cur, nxt;
+    int tile0 = start + 16 * warp;
+    if (tile0 < end) load_tile<D, KF, VF>(cur, a, table, kvh, tile0, g, t4);
+    for (; tile0 < end; tile0 += 16 * WARPS) {
+        const int next0 = tile0 + 16 * WARPS;
+        if (PIPE && next0 < end) load_tile<D, KF, VF>(nxt, a, table, kvh, next0, g, t4);
         /* ---- scores: row g, tokens 8tt + 2t4 + c */
         float sc[2][2];
 #pragma unroll
         for (int tt = 0; tt < 2; tt++) {
-            const int tk = o0 + 8 * tt + g; /* the token whose K this lane loads */
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             if constexpr (KF == FMT_BOX4) {
-                uint32_t w[D / 32];
-                if constexpr (D == 128) {
-                    const uint4 u = *(const uint4 *)(kb + (size_t)tk * (D / 2) + 16 * t4);
-                    w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
-                } else {
-                    const uint2 u = *(const uint2 *)(kb + (size_t)tk * (D / 2) + 8 * t4);
-                    w[0] = u.x, w[1] = u.y;
-                }
-                const uint8_t *const cp = kb + (size_t)bs * (D / 2) + bs + (size_t)tk * ((D + 63) / 64);
-                const uint32_t cos = D == 128 ? (uint32_t)cp[0] | ((uint32_t)cp[1] << 8) : cp[0];
+                /* lane t4 holds blocks 4·t4 .. 4·t4 + 3 (d = 128) of its token; k-step s: word s/2, nibble s%2 */
+                const uint32_t cos = cur.kc[tt] >> kshift;
 #pragma unroll
                 for (int s = 0; s < KS; s++) {
-                    const uint32_t x = w[s >> 1];
-                    const int B0 = (D / 8) * t4 + 4 * (s >> 1);
-                    const int blk = (32 * (B0 >> 4) + (B0 & 15) + 16 * (s & 1)) >> 3;
+                    const uint32_t x = cur.kw[tt][s >> 1];
+                    constexpr int BPL = D / 32; /* blocks per lane */
+                    const int blk = (BPL == 4 ? (s >> 2) : 0) + 2 * (s & 1);
                     const uint32_t km = 0x64006400u | (((cos >> blk) & 1u) * 0x00010001u);
-                    uint32_t b[2];
-                    b[0] = box_f16x2((((s & 1) ? x >> 3 : x << 1) & 0x001E001Eu) | km);
-                    b[1] = box_f16x2((((s & 1) ? x >> 11 : x >> 7) & 0x001E001Eu) | km);
-                    mma16816<false>(acc, qa[s], b);
+                    uint32_t bb[2];
+                    bb[0] = box_f16x2((((s & 1) ? x >> 3 : x << 1) & 0x001E001Eu) | km);
+                    bb[1] = box_f16x2((((s & 1) ? x >> 11 : x >> 7) & 0x001E001Eu) | km);
+                    mma16816<false>(acc, qa[s], bb);
                 }
             } else {
-                uint32_t w[D / 8];
-                const uint4 *const p4 = (const uint4 *)(kb + ((size_t)tk * D + (D / 4) * t4) * 2);
-#pragma unroll
-                for (int i = 0; i < D / 32; i++) {
-                    const uint4 u = p4[i];
-                    w[4 * i] = u.x, w[4 * i + 1] = u.y, w[4 * i + 2] = u.z, w[4 * i + 3] = u.w;
-                }
 #pragma unroll
                 for (int s = 0; s < KS; s++) {
-                    const uint32_t b[2] = {w[2 * s], w[2 * s + 1]};
-                    mma16816<KBF>(acc, qa[s], b);
+                    const uint32_t bb[2] = {cur.kw[tt][2 * s], cur.kw[tt][2 * s + 1]};
+                    mma16816<KBF>(acc, qa[s], bb);
                 }
             }
             sc[tt][0] = acc[0] + acc[2];
@@ -224,29 +287,30 @@ __global__ void __launch_bounds__(128) attn_split_kernel(const attn_launch a) {
 #pragma unroll
             for (int c = 0; c < 2; c++) {
                 const int t = 8 * tt + 2 * t4 + c;
-                float s = sc[tt][c];
-                if (KF == FMT_BOX4) s *= sh[kb[(size_t)bs * (D / 2) + o0 + t]];
-                if (g >= G || (!full && tile0 + t >= end)) s = -INFINITY;
-                sc[tt][c] = s;
-                tmax = fmaxf(tmax, s);
+                float sv = sc[tt][c];
+                if (KF == FMT_BOX4) sv *= sh[(cur.ks[tt] >> (8 * c)) & 255u];
+                if (g >= G || (!full && tile0 + t >= end)) sv = -INFINITY;
+                sc[tt][c] = sv;
+                tmax = fmaxf(tmax, sv);
             }
         tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
         tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
         const float m_new = fmaxf(m, tmax);
         const float alpha = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
         float pv[2][2];
+        l *= alpha;
 #pragma unroll
         for (int tt = 0; tt < 2; tt++)
 #pragma unroll
             for (int c = 0; c < 2; c++) {
                 const float p = m_new == -INFINITY ? 0.0f : exp2f(sc[tt][c] - m_new);
-                l = l * (tt == 0 && c == 0 ? alpha : 1.0f) + p;
-                const int t = 8 * tt + 2 * t4 + c;
-                pv[tt][c] = VF == FMT_BOX4 ? p * sh[vb[(size_t)bs * (D / 2) + o0 + t]] * V_BOX_SCALE : p;
+                l += p;
+                pv[tt][c] = VF == FMT_BOX4 ? p * sh[(cur.vs[tt] >> (8 * c)) & 255u] * V_BOX_SCALE : p;
             }
         m = m_new;
-        /* P fragment: column g */
-        uint32_t pb[2];
+        /* P fragment, column g: hi of row g; with 2G <= 8 the lo of row g − G in columns G..2G−1, else a
+         * second product with the lo parts into the same columns */
+        uint32_t pb[2], pl[2];
 #pragma unroll
         for (int tt = 0; tt < 2; tt++) {
             const float x0 = __shfl_sync(0xffffffffu, pv[tt][0], p_src),
@@ -254,6 +318,7 @@ __global__ void __launch_bounds__(128) attn_split_kernel(const attn_launch a) {
             pb[tt] = p_kind == 0   ? pack(hi16<VBF>(x0), hi16<VBF>(x1))
                      : p_kind == 1 ? pack(lo16<VBF>(x0), lo16<VBF>(x1))
                                    : 0u;
+            pl[tt] = g < G ? pack(lo16<VBF>(x0), lo16<VBF>(x1)) : 0u;
         }
         const float al0 = __shfl_sync(0xffffffffu, alpha, col_row[0] * 4),
                     al1 = __shfl_sync(0xffffffffu, alpha, col_row[1] * 4);
@@ -263,49 +328,30 @@ __global__ void __launch_bounds__(128) attn_split_kernel(const attn_launch a) {
             oacc[mt][1] *= al1, oacc[mt][3] *= al1;
         }
         /* ---- values: tokens 2t4, 2t4 + 1 (pair 0) and 2t4 + 8, 2t4 + 9 (pair 1) */
-        const int tv[4] = {o0 + 2 * t4, o0 + 2 * t4 + 1, o0 + 2 * t4 + 8, o0 + 2 * t4 + 9};
         if constexpr (VF == FMT_BOX4) {
-            uint32_t w[4][D / 64];
-            uint32_t cs[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                if constexpr (D == 128) {
-                    const uint2 u = *(const uint2 *)(vb + (size_t)tv[i] * (D / 2) + 8 * g);
-                    w[i][0] = u.x, w[i][1] = u.y;
-                } else {
-                    w[i][0] = *(const uint32_t *)(vb + (size_t)tv[i] * (D / 2) + 4 * g);
-                }
-                const uint8_t *const cp = vb + (size_t)bs * (D / 2) + bs + (size_t)tv[i] * ((D + 63) / 64);
-                cs[i] = D == 128 ? (uint32_t)cp[0] | ((uint32_t)cp[1] << 8) : cp[0];
-            }
             const int B0 = (D / 16) * g, blo = (32 * (B0 >> 4) + (B0 & 15)) >> 3, bhi = blo + 2;
-            const uint32_t klo0 = 0x64006400u | ((cs[0] >> blo) & 1u) | (((cs[1] >> blo) & 1u) << 16),
-                           khi0 = 0x64006400u | ((cs[0] >> bhi) & 1u) | (((cs[1] >> bhi) & 1u) << 16),
-                           klo1 = 0x64006400u | ((cs[2] >> blo) & 1u) | (((cs[3] >> blo) & 1u) << 16),
-                           khi1 = 0x64006400u | ((cs[2] >> bhi) & 1u) | (((cs[3] >> bhi) & 1u) << 16);
+            /* cosets of tokens (2t4, 2t4+1) in vc[0], (2t4+8, 2t4+9) in vc[1]: n_cos bytes each */
+            constexpr int CB = 8 * ((D + 63) / 64);
+            const uint32_t c0 = cur.vc[0], c1 = cur.vc[1];
+            const uint32_t klo0 = 0x64006400u | ((c0 >> blo) & 1u) | (((c0 >> (CB + blo)) & 1u) << 16),
+                           khi0 = 0x64006400u | ((c0 >> bhi) & 1u) | (((c0 >> (CB + bhi)) & 1u) << 16),
+                           klo1 = 0x64006400u | ((c1 >> blo) & 1u) | (((c1 >> (CB + blo)) & 1u) << 16),
+                           khi1 = 0x64006400u | ((c1 >> bhi) & 1u) | (((c1 >> (CB + bhi)) & 1u) << 16);
 #pragma unroll
             for (int mt = 0; mt < KS; mt++) {
                 const int wi = mt >> 2, bi = mt & 3;
                 const uint32_t sel = bi | (bi << 4) | ((4 + bi) << 8) | ((4 + bi) << 12);
-                const uint32_t x0 = __byte_perm(w[0][wi], w[1][wi], sel), x1 = __byte_perm(w[2][wi], w[3][wi], sel);
+                const uint32_t x0 = __byte_perm(cur.vw[0][wi], cur.vw[1][wi], sel),
+                               x1 = __byte_perm(cur.vw[2][wi], cur.vw[3][wi], sel);
                 uint32_t r[4];
                 r[0] = box_f16x2(((x0 << 1) & 0x001E001Eu) | klo0);
                 r[1] = box_f16x2(((x0 >> 3) & 0x001E001Eu) | khi0);
                 r[2] = box_f16x2(((x1 << 1) & 0x001E001Eu) | klo1);
                 r[3] = box_f16x2(((x1 >> 3) & 0x001E001Eu) | khi1);
                 mma16816<false>(oacc[mt], r, pb);
+                if (!LO) mma16816<false>(oacc[mt], r, pl);
             }
         } else {
-            uint32_t w[4][D / 16];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const uint4 *const p4 = (const uint4 *)(vb + ((size_t)tv[i] * D + (D / 8) * g) * 2);
-#pragma unroll
-                for (int j = 0; j < D / 64; j++) {
-                    const uint4 u = p4[j];
-                    w[i][4 * j] = u.x, w[i][4 * j + 1] = u.y, w[i][4 * j + 2] = u.z, w[i][4 * j + 3] = u.w;
-                }
-            }
             uint32_t mask0 = 0xffffffffu, mask1 = 0xffffffffu; /* tokens past the end: zeros, not garbage */
             if (!full) {
                 mask0 = (tile0 + 2 * t4 < end ? 0xffffu : 0u) | (tile0 + 2 * t4 + 1 < end ? 0xffff0000u : 0u);
@@ -314,13 +360,18 @@ __global__ void __launch_bounds__(128) attn_split_kernel(const attn_launch a) {
 #pragma unroll
             for (int mt = 0; mt < KS; mt++) {
                 uint32_t r[4];
-                r[0] = __byte_perm(w[0][mt], w[1][mt], 0x5410) & mask0;
-                r[1] = __byte_perm(w[0][mt], w[1][mt], 0x7632) & mask0;
-                r[2] = __byte_perm(w[2][mt], w[3][mt], 0x5410) & mask1;
-                r[3] = __byte_perm(w[2][mt], w[3][mt], 0x7632) & mask1;
+                r[0] = __byte_perm(cur.vw[0][mt], cur.vw[1][mt], 0x5410) & mask0;
+                r[1] = __byte_perm(cur.vw[0][mt], cur.vw[1][mt], 0x7632) & mask0;
+                r[2] = __byte_perm(cur.vw[2][mt], cur.vw[3][mt], 0x5410) & mask1;
+                r[3] = __byte_perm(cur.vw[2][mt], cur.vw[3][mt], 0x7632) & mask1;
                 mma16816<VBF>(oacc[mt], r, pb);
+                if (!LO) mma16816<VBF>(oacc[mt], r, pl);
             }
         }
+        if (PIPE)
+            cur = nxt;
+        else if (next0 < end)
+            load_tile<D, KF, VF>(cur, a, table, kvh, next0, g, t4);
     }
     /* ---- merge the warps */
     l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -390,13 +441,42 @@ __global__ void __launch_bounds__(D) attn_merge_kernel(const attn_launch a, int 
     a.out[((size_t)blockIdx.y * a.n_head + blockIdx.x) * D + i] = val;
 }
 
-size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm) {
-    const size_t per = n_seq * n_head_kv, target = 4 * (size_t)(n_sm > 0 ? n_sm : 1);
-    size_t n = (target + per - 1) / per;
+/* One wave: every block of the launch resident at once and all with the same work, so no tail. */
+size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm, int ctas_per_sm) {
+    const size_t per = n_seq * n_head_kv, wave = (size_t)(n_sm > 0 ? n_sm : 1) * (size_t)(ctas_per_sm > 0 ? ctas_per_sm : 1);
+    size_t n = wave / per;
     const size_t most = (max_ctx + 63) / 64; /* at least one tile per warp */
     if (n > most) n = most;
     if (n > 256) n = 256;
     return n ? n : 1;
+}
+
+template <int D, int KF, int VF> static int occupancy(void) {
+    static int n = 0;
+    if (!n && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_split_kernel<D, KF, VF>, 128, 0) != cudaSuccess)
+        n = 1;
+    return n;
+}
+
+int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf) {
+#define E8KV_OCC(DD)                                                                                          \
+    switch (kf * 3 + vf) {                                                                                   \
+    case 0: return occupancy<DD, 0, 0>();                                                                    \
+    case 1: return occupancy<DD, 0, 1>();                                                                    \
+    case 2: return occupancy<DD, 0, 2>();                                                                    \
+    case 3: return occupancy<DD, 1, 0>();                                                                    \
+    case 4: return occupancy<DD, 1, 1>();                                                                    \
+    case 5: return occupancy<DD, 1, 2>();                                                                    \
+    case 6: return occupancy<DD, 2, 0>();                                                                    \
+    case 7: return occupancy<DD, 2, 1>();                                                                    \
+    default: return occupancy<DD, 2, 2>();                                                                   \
+    }
+    if (d == 128) {
+        E8KV_OCC(128)
+    } else {
+        E8KV_OCC(64)
+    }
+#undef E8KV_OCC
 }
 
 template <int D, int KF, int VF> static void launch(const attn_launch *a, cudaStream_t stream) {

@@ -10,7 +10,7 @@
 
 struct e8kv_cuda_cache {
     size_t n_layer, n_head_kv, d, bs, n_blocks, max_ctx, width, max_seqs, max_batch, max_n_head, max_append;
-    int kfmt, vfmt, device, n_sm;
+    int kfmt, vfmt, device, n_sm, occ; /* occ: resident attention blocks per SM */
     float rot_scale;
     uint8_t *dev;     /* the one allocation */
     size_t dev_bytes;
@@ -66,7 +66,7 @@ static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 
 size_t e8kv_cuda_attend_workspace_bytes(const e8kv_cuda_cache *c, size_t n_seq, size_t n_head, size_t max_ctx) {
     if (!c || !n_seq || !n_head) return 0;
-    const size_t ns = e8kv_cu_n_split(n_seq, c->n_head_kv, max_ctx, c->n_sm);
+    const size_t ns = e8kv_cu_n_split(n_seq, c->n_head_kv, max_ctx, c->n_sm, c->occ);
     return align256(n_seq * n_head * ns * c->d * sizeof(float)) + n_seq * n_head * ns * 2 * sizeof(float);
 }
 
@@ -126,6 +126,7 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     if (cudaSetDevice(p->device) != cudaSuccess ||
         cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, p->device) != cudaSuccess)
         return fail(c, err, E8KV_CU_ERR(CUDA));
+    c->occ = e8kv_cu_ctas_per_sm(c->d, kf, vf);
 
     /* the rotation's signs, read through the public codec: column i of H·D/√d has first entry sign_i/√d */
     float signs[128];
@@ -298,7 +299,7 @@ size_t e8kv_cuda_attend(e8kv_cuda_cache *c, size_t layer, float *d_out, const vo
     a.k = c->sd[2 * layer], a.v = c->sd[2 * layer + 1];
     a.n_head_kv = c->n_head_kv, a.n_head = n_head, a.d = c->d, a.block_size = c->bs, a.n_seq = n_seq;
     a.max_blocks = max_blocks_per_seq;
-    a.n_split = e8kv_cu_n_split(n_seq, c->n_head_kv, max_ctx, c->n_sm);
+    a.n_split = e8kv_cu_n_split(n_seq, c->n_head_kv, max_ctx, c->n_sm, c->occ);
     a.q = d_q, a.q_dtype = (int)dtype, a.block_tables = d_block_tables, a.ctx_lens = d_ctx_lens;
     a.signs = c->d_signs, a.rot_scale = c->rot_scale;
     a.part_o = (float *)d_workspace;

@@ -54,7 +54,9 @@ typedef struct {
 } attn_launch;
 
 /* Partial splits for these sizes (the host and the workspace bound agree through this). */
-size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm);
+size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm, int ctas_per_sm);
+/* resident blocks per SM of the attention kernel for (head_dim, K format, V format) */
+int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf);
 size_t e8kv_cu_launch_attend(const attn_launch *a, cudaStream_t stream);
 
 #endif
