@@ -251,16 +251,21 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
     for (; tile0 < end; tile0 += 16 * WARPS) {
         const int next0 = tile0 + 16 * WARPS;
         if (PIPE && next0 < end) load_tile<D, KF, VF>(nxt, a, table, kvh, next0, g, t4);
-        /* ---- scores: row g, tokens 8tt + 2t4 + c */
+        /* ---- scores: row g, tokens 8tt + 2t4 + c. Four independent accumulator chains (token tile ×
+         * k-step parity) so the tensor-core latency overlaps instead of serialising 8 products per chain. */
         float sc[2][2];
+        float acc[2][2][4];
 #pragma unroll
-        for (int tt = 0; tt < 2; tt++) {
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            if constexpr (KF == FMT_BOX4) {
-                /* lane t4 holds blocks 4·t4 .. 4·t4 + 3 (d = 128) of its token; k-step s: word s/2, nibble s%2 */
-                const uint32_t cos = cur.kc[tt] >> kshift;
+        for (int tt = 0; tt < 2; tt++)
 #pragma unroll
-                for (int s = 0; s < KS; s++) {
+            for (int h = 0; h < 2; h++) acc[tt][h][0] = acc[tt][h][1] = acc[tt][h][2] = acc[tt][h][3] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < KS; s++)
+#pragma unroll
+            for (int tt = 0; tt < 2; tt++) {
+                if constexpr (KF == FMT_BOX4) {
+                    /* lane t4 holds blocks 4·t4 .. 4·t4 + 3 (d = 128) of its token; k-step s: word s/2, nibble s%2 */
+                    const uint32_t cos = cur.kc[tt] >> kshift;
                     const uint32_t x = cur.kw[tt][s >> 1];
                     constexpr int BPL = D / 32; /* blocks per lane */
                     const int blk = (BPL == 4 ? (s >> 2) : 0) + 2 * (s & 1);
@@ -268,17 +273,16 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
                     uint32_t bb[2];
                     bb[0] = box_f16x2((((s & 1) ? x >> 3 : x << 1) & 0x001E001Eu) | km);
                     bb[1] = box_f16x2((((s & 1) ? x >> 11 : x >> 7) & 0x001E001Eu) | km);
-                    mma16816<false>(acc, qa[s], bb);
-                }
-            } else {
-#pragma unroll
-                for (int s = 0; s < KS; s++) {
+                    mma16816<false>(acc[tt][s & 1], qa[s], bb);
+                } else {
                     const uint32_t bb[2] = {cur.kw[tt][2 * s], cur.kw[tt][2 * s + 1]};
-                    mma16816<KBF>(acc, qa[s], bb);
+                    mma16816<KBF>(acc[tt][s & 1], qa[s], bb);
                 }
             }
-            sc[tt][0] = acc[0] + acc[2];
-            sc[tt][1] = acc[1] + acc[3];
+#pragma unroll
+        for (int tt = 0; tt < 2; tt++) {
+            sc[tt][0] = (acc[tt][0][0] + acc[tt][1][0]) + (acc[tt][0][2] + acc[tt][1][2]);
+            sc[tt][1] = (acc[tt][0][1] + acc[tt][1][1]) + (acc[tt][0][3] + acc[tt][1][3]);
         }
         const bool full = tile0 + 16 <= end;
         float tmax = -INFINITY;
