@@ -24,6 +24,7 @@
 
 #define WARPS 4
 #define V_BOX_SCALE 256.0f /* P·h lifted out of f16 subnormals: exact power of 2, divided out at the merge */
+#define V_F16_SCALE 32768.0f /* P ≤ 1 on f16 pages: weights down to 2^-39 of the largest survive in f16 */
 #define LOG2E 1.4426950408889634f
 
 __constant__ float c_frac_a[8] = {0x1p+0f,        0x1.172b84p+0f, 0x1.306fe0p+0f, 0x1.4bfdaep+0f,
@@ -309,7 +310,9 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
             for (int c = 0; c < 2; c++) {
                 const float p = m_new == -INFINITY ? 0.0f : exp2f(sc[tt][c] - m_new);
                 l += p;
-                pv[tt][c] = VF == FMT_BOX4 ? p * sh[(cur.vs[tt] >> (8 * c)) & 255u] * V_BOX_SCALE : p;
+                pv[tt][c] = VF == FMT_BOX4  ? p * sh[(cur.vs[tt] >> (8 * c)) & 255u] * V_BOX_SCALE
+                            : VF == FMT_F16 ? p * V_F16_SCALE
+                                            : p;
             }
         m = m_new;
         /* P fragment, column g: hi of row g; with 2G <= 8 the lo of row g − G in columns G..2G−1, else a
@@ -487,7 +490,7 @@ template <int D, int KF, int VF> static void launch(const attn_launch *a, cudaSt
     const dim3 grid((unsigned)a->n_split, (unsigned)a->n_head_kv, (unsigned)a->n_seq);
     attn_split_kernel<D, KF, VF><<<grid, 128, 0, stream>>>(*a);
     attn_merge_kernel<D><<<dim3((unsigned)a->n_head, (unsigned)a->n_seq), D, 0, stream>>>(
-        *a, VF == FMT_BOX4, VF == FMT_BOX4 ? V_BOX_SCALE : 1.0f);
+        *a, VF == FMT_BOX4, VF == FMT_BOX4 ? V_BOX_SCALE : VF == FMT_F16 ? V_F16_SCALE : 1.0f);
 }
 
 template <int D, int KF> static void launch_v(const attn_launch *a, cudaStream_t stream) {
