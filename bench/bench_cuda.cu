@@ -16,7 +16,7 @@
 
 #include "e8kv_cuda.h"
 
-#define CU(x)                                                                                                    \
+#define CU(x)                                                                                                \
     do {                                                                                                     \
         const cudaError_t e_ = (x);                                                                          \
         if (e_ != cudaSuccess) {                                                                             \
@@ -32,7 +32,8 @@ static int cmp_f(const void *a, const void *b) {
 
 /* pseudo-Gaussian bf16 (sum of four uniforms from a hash), never zeros */
 __global__ void fill_bf16(__nv_bfloat16 *x, size_t n, uint64_t seed) {
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
         uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
         float s = 0.0f;
         for (int j = 0; j < 4; j++) {
@@ -106,7 +107,8 @@ static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, dou
     const size_t measured = free0 - free1, accounted = e8kv_cuda_cache_device_bytes(c);
     /* pages scattered: a random permutation of the pool split into the sequences' tables */
     int32_t *perm = (int32_t *)malloc(pages * sizeof(int32_t));
-    for (size_t i = 0; i < pages; i++) perm[i] = (int32_t)i;
+    for (size_t i = 0; i < pages; i++)
+        perm[i] = (int32_t)i;
     uint64_t r = 0x1234567ull;
     for (size_t i = pages - 1; i > 0; i--) {
         r ^= r << 13, r ^= r >> 7, r ^= r << 17;
@@ -116,7 +118,8 @@ static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, dou
     }
     const size_t per = ctx / bs, n_tok = batch * ctx;
     int64_t *slots = (int64_t *)malloc(n_tok * sizeof(int64_t));
-    for (size_t t = 0; t < n_tok; t++) slots[t] = (int64_t)perm[t / bs] * (int64_t)bs + (int64_t)(t % bs);
+    for (size_t t = 0; t < n_tok; t++)
+        slots[t] = (int64_t)perm[t / bs] * (int64_t)bs + (int64_t)(t % bs);
     int32_t *d_tables, *d_ctx;
     int64_t *d_slots;
     CU(cudaMalloc((void **)&d_tables, pages * sizeof(int32_t)));
@@ -124,7 +127,8 @@ static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, dou
     CU(cudaMalloc((void **)&d_slots, n_tok * sizeof(int64_t)));
     CU(cudaMemcpy(d_slots, slots, n_tok * sizeof(int64_t), cudaMemcpyHostToDevice));
     int32_t *ctxs = (int32_t *)malloc(batch * sizeof(int32_t));
-    for (size_t s = 0; s < batch; s++) ctxs[s] = (int32_t)ctx;
+    for (size_t s = 0; s < batch; s++)
+        ctxs[s] = (int32_t)ctx;
     CU(cudaMalloc((void **)&d_ctx, batch * sizeof(int32_t)));
     CU(cudaMemcpy(d_ctx, ctxs, batch * sizeof(int32_t), cudaMemcpyHostToDevice));
     /* fill through the append kernels, timed */
@@ -161,8 +165,8 @@ static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, dou
     float t[30];
     for (int i = -5; i < 30; i++) {
         CU(cudaEventRecord(e0));
-        const size_t a = e8kv_cuda_attend(c, 0, out, q, E8KV_DTYPE_BF16, batch, n_head, d_tables, per, d_ctx, ctx,
-                                          NULL, 0, NULL);
+        const size_t a = e8kv_cuda_attend(c, 0, out, q, E8KV_DTYPE_BF16, batch, n_head, d_tables, per, d_ctx,
+                                          ctx, NULL, 0, NULL);
         CU(cudaEventRecord(e1));
         CU(cudaEventSynchronize(e1));
         if (e8kv_is_error(a)) {
@@ -178,16 +182,17 @@ static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, dou
     const double fit_tokens = 80e9 / ((double)tok_bytes * sh->n_layer_model);
     printf("%-8s %-8s batch %2zu ctx %6zu: %9.1f us  %7.1f GB/s (%4.1f%% of copy)  encode %6.1f GB/s  "
            "%4zu B/token/layer  dev %.1f MB (accounted %.1f MB)\n",
-           sh->name, spec, batch, ctx, us, gbps, 100.0 * gbps / copy_gbps, enc_gbps, tok_bytes, measured / 1e6,
-           accounted / 1e6);
+           sh->name, spec, batch, ctx, us, gbps, 100.0 * gbps / copy_gbps, enc_gbps, tok_bytes,
+           measured / 1e6, accounted / 1e6);
     if (g_json)
         fprintf(g_json,
                 "{\"bench\":\"e8kv_cuda\",\"device\":\"%s\",\"shape\":\"%s\",\"format\":\"%s\",\"batch\":%zu,"
                 "\"ctx\":%zu,\"n_head\":%zu,\"n_head_kv\":%zu,\"head_dim\":%zu,\"us\":%.2f,\"gbps\":%.1f,"
-                "\"copy_gbps\":%.1f,\"encode_gbps\":%.1f,\"bytes_per_token_layer\":%zu,\"dev_bytes_measured\":%zu,"
+                "\"copy_gbps\":%.1f,\"encode_gbps\":%.1f,\"bytes_per_token_layer\":%zu,\"dev_bytes_"
+                "measured\":%zu,"
                 "\"dev_bytes_accounted\":%zu,\"tokens_in_80GB\":%.0f,\"n_layer_model\":%zu}\n",
-                g_dev, sh->name, spec, batch, ctx, n_head, sh->n_kv, d, us, gbps, copy_gbps, enc_gbps, tok_bytes,
-                measured, accounted, fit_tokens, sh->n_layer_model);
+                g_dev, sh->name, spec, batch, ctx, n_head, sh->n_kv, d, us, gbps, copy_gbps, enc_gbps,
+                tok_bytes, measured, accounted, fit_tokens, sh->n_layer_model);
     free(perm), free(slots), free(ctxs);
     CU(cudaFree(d_tables));
     CU(cudaFree(d_slots));
@@ -219,8 +224,7 @@ int main(int argc, char **argv) {
     const double copy = copy_bandwidth();
     printf("device %s, %d SMs; device-to-device copy %.1f GB/s (read + write, 1 GiB, median of 20)\n", g_dev,
            prop.multiProcessorCount, copy);
-    if (g_json)
-        fprintf(g_json, "{\"bench\":\"copy\",\"device\":\"%s\",\"copy_gbps\":%.1f}\n", g_dev, copy);
+    if (g_json) fprintf(g_json, "{\"bench\":\"copy\",\"device\":\"%s\",\"copy_gbps\":%.1f}\n", g_dev, copy);
     const shape shapes[] = {{"llama3-8b", 8, 4, 128, 32}, {"smollm2", 3, 3, 64, 30}};
     const size_t batches[] = {1, 8, 32}, ctxs[] = {4096, 32768, 131072};
     const char *specs[] = {"e8box:4", "bf16"};

@@ -102,8 +102,8 @@ size_t e8kv_cuda_cache_free_pages(const e8kv_cuda_cache *cache);
 /* Append n_tok tokens to one sequence (prefill) for one layer; d_k, d_v device rows as in append_slots.
  * Returns the new length or an error (E8KV_ERROR_OUT_OF_MEMORY when the pool is full: nothing stored
  * is lost, the sequence keeps its length). */
-size_t e8kv_cuda_seq_append(e8kv_cuda_cache *cache, size_t layer, size_t seq, const void *d_k, const void *d_v,
-                            size_t n_tok, e8kv_dtype dtype);
+size_t e8kv_cuda_seq_append(e8kv_cuda_cache *cache, size_t layer, size_t seq, const void *d_k,
+                            const void *d_v, size_t n_tok, e8kv_dtype dtype);
 /* One token for each of n_seq sequences (a decode step): d_k, d_v (n_seq, n_head_kv * head_dim). */
 size_t e8kv_cuda_seq_append_batch(e8kv_cuda_cache *cache, size_t layer, const size_t *seqs, size_t n_seq,
                                   const void *d_k, const void *d_v, e8kv_dtype dtype);

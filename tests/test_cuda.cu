@@ -2,8 +2,8 @@
  *  1. codes: every vector the GPU appends has the bytes e8kv_codec_encode gives for the same input
  *     (e8box:4 and f16 through the CPU codec, bf16 against round-to-nearest-even), f32/f16/bf16 inputs;
  *  2. attention: ‖out − ref‖ / max(‖ref‖, 1e-6·max_t ‖v_t‖) ≤ 1e-3 per (sequence, head), ref = float64
- *     softmax attention over the CPU decode of the same bytes; variable context lengths, GQA 1/3/4/8, head_dim 64 and 128, output
- *     poisoned (NaN) before each launch;
+ *     softmax attention over the CPU decode of the same bytes; variable context lengths, GQA 1/3/4/8,
+ * head_dim 64 and 128, output poisoned (NaN) before each launch;
  *  3. isolation: poisoning every page outside a sequence's block table changes nothing in its output;
  *     fork shares pages and a write after the fork never reaches the parent;
  *  4. errors: NaN input, a full pool, bad specs are named errors that leave the lengths unchanged.
@@ -21,7 +21,7 @@
 #include "e8kv_cuda.h"
 
 static int g_fail = 0, g_checks = 0;
-#define CHECK(cond, ...)                                                                                         \
+#define CHECK(cond, ...)                                                                                     \
     do {                                                                                                     \
         g_checks++;                                                                                          \
         if (!(cond)) {                                                                                       \
@@ -31,7 +31,7 @@ static int g_fail = 0, g_checks = 0;
             printf("\n");                                                                                    \
         }                                                                                                    \
     } while (0)
-#define CU(x)                                                                                                    \
+#define CU(x)                                                                                                \
     do {                                                                                                     \
         const cudaError_t e_ = (x);                                                                          \
         if (e_ != cudaSuccess) {                                                                             \
@@ -45,7 +45,9 @@ static uint64_t rnd(void) {
     g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
     return g_rng;
 }
-static double unif(void) { return (double)(rnd() >> 11) * 0x1.0p-53; }
+static double unif(void) {
+    return (double)(rnd() >> 11) * 0x1.0p-53;
+}
 static float gauss(void) {
     const double u = unif() + 1e-300, v = unif();
     return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
@@ -56,7 +58,8 @@ static void fill_rows(float *x, size_t n_vec, size_t d) {
     for (size_t v = 0; v < n_vec; v++) {
         const float s = (float)exp(log(1e-3) + unif() * (log(30.0) - log(1e-3)));
         const int zero = rnd() % 97 == 0;
-        for (size_t i = 0; i < d; i++) x[v * d + i] = zero ? 0.0f : s * gauss();
+        for (size_t i = 0; i < d; i++)
+            x[v * d + i] = zero ? 0.0f : s * gauss();
         if (!zero && rnd() % 5 == 0) x[v * d + rnd() % d] *= 12.0f;
     }
 }
@@ -69,13 +72,15 @@ static void *to_device(float *x, size_t n, e8kv_dtype dt) {
         CU(cudaMemcpy(d, x, n * 4, cudaMemcpyHostToDevice));
     } else if (dt == E8KV_DTYPE_F16) {
         __half *h = (__half *)malloc(n * 2);
-        for (size_t i = 0; i < n; i++) h[i] = __float2half_rn(x[i]), x[i] = __half2float(h[i]);
+        for (size_t i = 0; i < n; i++)
+            h[i] = __float2half_rn(x[i]), x[i] = __half2float(h[i]);
         CU(cudaMalloc(&d, n * 2));
         CU(cudaMemcpy(d, h, n * 2, cudaMemcpyHostToDevice));
         free(h);
     } else {
         __nv_bfloat16 *h = (__nv_bfloat16 *)malloc(n * 2);
-        for (size_t i = 0; i < n; i++) h[i] = __float2bfloat16_rn(x[i]), x[i] = __bfloat162float(h[i]);
+        for (size_t i = 0; i < n; i++)
+            h[i] = __float2bfloat16_rn(x[i]), x[i] = __bfloat162float(h[i]);
         CU(cudaMalloc(&d, n * 2));
         CU(cudaMemcpy(d, h, n * 2, cudaMemcpyHostToDevice));
         free(h);
@@ -149,7 +154,8 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
     const uint64_t seed = rnd();
     const size_t bs = 16, n_head = n_kv * G;
     size_t total_pages = 0;
-    for (size_t s = 0; s < n_seq; s++) total_pages += (lens[s] + bs - 1) / bs + 1;
+    for (size_t s = 0; s < n_seq; s++)
+        total_pages += (lens[s] + bs - 1) / bs + 1;
     e8kv_cuda_cache_params p;
     memset(&p, 0, sizeof p);
     p.n_layer = n_layer, p.n_head_kv = n_kv, p.head_dim = d, p.block_size = bs, p.n_blocks = total_pages;
@@ -160,10 +166,12 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
     if (!c) return;
     cpu_fmt kf = cpu_fmt_make(sc->kname, d, seed), vf = cpu_fmt_make(sc->vname, d, seed);
     size_t *ids = (size_t *)malloc(n_seq * sizeof *ids);
-    for (size_t s = 0; s < n_seq; s++) ids[s] = e8kv_cuda_seq_create(c);
+    for (size_t s = 0; s < n_seq; s++)
+        ids[s] = e8kv_cuda_seq_create(c);
     const size_t layer = n_layer - 1;
     size_t max_len = 0;
-    for (size_t s = 0; s < n_seq; s++) max_len = lens[s] > max_len ? lens[s] : max_len;
+    for (size_t s = 0; s < n_seq; s++)
+        max_len = lens[s] > max_len ? lens[s] : max_len;
     /* host copies of what went in: (seq, pos, head, d) */
     float **K = (float **)malloc(n_seq * sizeof *K), **V = (float **)malloc(n_seq * sizeof *V);
     const size_t row = n_kv * d;
@@ -188,7 +196,8 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
         for (size_t s = 0; s < n_seq; s++)
             if (e8kv_cuda_seq_length(c, ids[s], layer) < lens[s]) batch[nb++] = s;
         if (!nb) break;
-        float *hk = (float *)malloc(nb * row * sizeof(float)), *hv = (float *)malloc(nb * row * sizeof(float));
+        float *hk = (float *)malloc(nb * row * sizeof(float)),
+              *hv = (float *)malloc(nb * row * sizeof(float));
         size_t sid[64];
         for (size_t i = 0; i < nb; i++) {
             const size_t s = batch[i], pos = e8kv_cuda_seq_length(c, ids[s], layer);
@@ -227,7 +236,8 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
                         if (mism < 3) {
                             printf("  bytes differ: %s seq %zu pos %zu head %zu %s:", sc->spec, s, pos, h,
                                    st ? "V" : "K");
-                            for (size_t i = 0; i < f->vb && i < 12; i++) printf(" %02x/%02x", gb[i], cb[i]);
+                            for (size_t i = 0; i < f->vb && i < 12; i++)
+                                printf(" %02x/%02x", gb[i], cb[i]);
                             printf("\n");
                         }
                         mism++;
@@ -235,11 +245,12 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
                     cpu_decode(f, (st ? DV[s] : DK[s]) + pos * row + h * d, gb);
                 }
     }
-    CHECK(mism == 0, "%s d=%zu dtype %d: %zu of %zu vectors differ from the CPU codec", sc->spec, d, (int)dt, mism,
-          n_vec);
+    CHECK(mism == 0, "%s d=%zu dtype %d: %zu of %zu vectors differ from the CPU codec", sc->spec, d, (int)dt,
+          mism, n_vec);
     /* 2: attention */
     float *q = (float *)malloc(n_seq * n_head * d * sizeof(float));
-    for (size_t i = 0; i < n_seq * n_head * d; i++) q[i] = gauss() * (0.5f + (float)unif() * 2.0f);
+    for (size_t i = 0; i < n_seq * n_head * d; i++)
+        q[i] = gauss() * (0.5f + (float)unif() * 2.0f);
     void *dq = to_device(q, n_seq * n_head * d, dt);
     float *dout, *out = (float *)malloc(n_seq * n_head * d * sizeof(float));
     CU(cudaMalloc((void **)&dout, n_seq * n_head * d * sizeof(float)));
@@ -257,20 +268,23 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
             double mx = -INFINITY, sum = 0.0, ref[128] = {0}, e2 = 0.0, r2 = 0.0;
             for (size_t t = 0; t < lens[s]; t++) {
                 double dot = 0.0;
-                for (size_t i = 0; i < d; i++) dot += (double)qq[i] * DK[s][t * row + kh * d + i];
+                for (size_t i = 0; i < d; i++)
+                    dot += (double)qq[i] * DK[s][t * row + kh * d + i];
                 sc_[t] = dot / sqrt((double)d);
                 mx = sc_[t] > mx ? sc_[t] : mx;
             }
             double vmax = 0.0;
             for (size_t t = 0; t < lens[s]; t++) {
                 double n2 = 0.0;
-                for (size_t i = 0; i < d; i++) n2 += (double)DV[s][t * row + kh * d + i] * DV[s][t * row + kh * d + i];
+                for (size_t i = 0; i < d; i++)
+                    n2 += (double)DV[s][t * row + kh * d + i] * DV[s][t * row + kh * d + i];
                 vmax = fmax(vmax, sqrt(n2));
             }
             for (size_t t = 0; t < lens[s]; t++) {
                 const double w = exp(sc_[t] - mx);
                 sum += w;
-                for (size_t i = 0; i < d; i++) ref[i] += w * DV[s][t * row + kh * d + i];
+                for (size_t i = 0; i < d; i++)
+                    ref[i] += w * DV[s][t * row + kh * d + i];
             }
             int finite = 1;
             for (size_t i = 0; i < d; i++) {
@@ -287,16 +301,18 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
             worst = rel > worst ? rel : worst;
             if (rel > 1e-3 && n_bad_print < 6) { /* say where, to tell a race from a formula */
                 n_bad_print++;
-                printf("    seq %zu (len %zu) head %zu: rel %.3g finite %d out[0..2] %g %g %g ref %g %g %g\n", s,
-                       lens[s], h, rel, finite, out[(s * n_head + h) * d], out[(s * n_head + h) * d + 1],
+                printf("    seq %zu (len %zu) head %zu: rel %.3g finite %d out[0..2] %g %g %g ref %g %g %g\n",
+                       s, lens[s], h, rel, finite, out[(s * n_head + h) * d], out[(s * n_head + h) * d + 1],
                        out[(s * n_head + h) * d + 2], ref[0], ref[1], ref[2]);
             }
         }
-    CHECK(worst <= 1e-3, "%s d=%zu G=%zu dtype %d: attention relative error %.3g > 1e-3", sc->spec, d, G, (int)dt,
-          worst);
-    printf("  %-18s d=%3zu kv=%zu G=%zu dtype=%d seqs=%zu: %zu vectors bit-exact=%s, attention max rel err %.2e\n",
+    CHECK(worst <= 1e-3, "%s d=%zu G=%zu dtype %d: attention relative error %.3g > 1e-3", sc->spec, d, G,
+          (int)dt, worst);
+    printf("  %-18s d=%3zu kv=%zu G=%zu dtype=%d seqs=%zu: %zu vectors bit-exact=%s, attention max rel err "
+           "%.2e\n",
            sc->spec, d, n_kv, G, (int)dt, n_seq, n_vec, mism ? "NO" : "yes", worst);
-    for (size_t s = 0; s < n_seq; s++) free(K[s]), free(V[s]), free(DK[s]), free(DV[s]);
+    for (size_t s = 0; s < n_seq; s++)
+        free(K[s]), free(V[s]), free(DK[s]), free(DV[s]);
     free(K), free(V), free(DK), free(DV), free(q), free(out), free(sc_), free(ids);
     CU(cudaFree(dq));
     CU(cudaFree(dout));
@@ -311,7 +327,8 @@ static void test_isolation(const char *spec, size_t d) {
     const size_t bs = 16, n_kv = 2, G = 4, n_head = n_kv * G, n_blocks = 40, len = 150;
     e8kv_cuda_cache_params p;
     memset(&p, 0, sizeof p);
-    p.n_layer = 1, p.n_head_kv = n_kv, p.head_dim = d, p.block_size = bs, p.n_blocks = n_blocks, p.spec = spec;
+    p.n_layer = 1, p.n_head_kv = n_kv, p.head_dim = d, p.block_size = bs, p.n_blocks = n_blocks,
+    p.spec = spec;
     p.seed = rnd(), p.max_batch = 2;
     size_t err = 0;
     e8kv_cuda_cache *c = e8kv_cuda_cache_create(&p, &err);
@@ -320,7 +337,8 @@ static void test_isolation(const char *spec, size_t d) {
     /* caller-owned: sequence 0 gets pages scattered over the pool (a random permutation), sequence 1
      * (the victim of the poison, which nobody attends) the rest */
     int32_t perm[40];
-    for (int i = 0; i < 40; i++) perm[i] = i;
+    for (int i = 0; i < 40; i++)
+        perm[i] = i;
     for (int i = 39; i > 0; i--) {
         const int j = (int)(rnd() % (uint64_t)(i + 1)), t = perm[i];
         perm[i] = perm[j], perm[j] = t;
@@ -328,20 +346,24 @@ static void test_isolation(const char *spec, size_t d) {
     const size_t np = (len + bs - 1) / bs;
     int32_t table[2][40];
     memset(table, 0, sizeof table);
-    for (size_t i = 0; i < np; i++) table[0][i] = perm[i];
+    for (size_t i = 0; i < np; i++)
+        table[0][i] = perm[i];
     int64_t slots[150];
-    for (size_t t = 0; t < len; t++) slots[t] = (int64_t)table[0][t / bs] * (int64_t)bs + (int64_t)(t % bs);
+    for (size_t t = 0; t < len; t++)
+        slots[t] = (int64_t)table[0][t / bs] * (int64_t)bs + (int64_t)(t % bs);
     float *k = (float *)malloc(len * n_kv * d * 4), *v = (float *)malloc(len * n_kv * d * 4);
     fill_rows(k, len * n_kv, d);
     fill_rows(v, len * n_kv, d);
-    void *dk = to_device(k, len * n_kv * d, E8KV_DTYPE_F32), *dv = to_device(v, len * n_kv * d, E8KV_DTYPE_F32);
+    void *dk = to_device(k, len * n_kv * d, E8KV_DTYPE_F32),
+         *dv = to_device(v, len * n_kv * d, E8KV_DTYPE_F32);
     int64_t *dslots;
     CU(cudaMalloc((void **)&dslots, sizeof slots));
     CU(cudaMemcpy(dslots, slots, sizeof slots, cudaMemcpyHostToDevice));
     size_t r = e8kv_cuda_append_slots(c, 0, dslots, dk, dv, len, E8KV_DTYPE_F32);
     CHECK(r == len, "append_slots: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "count");
     float q[n_head * 128];
-    for (size_t i = 0; i < n_head * d; i++) q[i] = gauss();
+    for (size_t i = 0; i < n_head * d; i++)
+        q[i] = gauss();
     void *dq = to_device(q, n_head * d, E8KV_DTYPE_F32);
     int32_t *dt, *dctx, ctx[1] = {(int32_t)len};
     CU(cudaMalloc((void **)&dt, sizeof table));
@@ -358,16 +380,19 @@ static void test_isolation(const char *spec, size_t d) {
     for (int st = 0; st < 2; st++) {
         void *pool;
         const size_t pb = e8kv_cuda_cache_pages(c, 0, st, &pool);
-        for (size_t i = np; i < 40; i++) CU(cudaMemset((uint8_t *)pool + (size_t)perm[i] * pb, 0xff, pb));
+        for (size_t i = np; i < 40; i++)
+            CU(cudaMemset((uint8_t *)pool + (size_t)perm[i] * pb, 0xff, pb));
     }
     CU(cudaMemset(dout, 0xff, sizeof o1));
     r = e8kv_cuda_attend(c, 0, dout, dq, E8KV_DTYPE_F32, 1, n_head, dt, 40, dctx, len, NULL, 0, NULL);
     CU(cudaMemcpy(o2, dout, n_head * d * 4, cudaMemcpyDeviceToHost));
     int finite = 1;
-    for (size_t i = 0; i < n_head * d; i++) finite &= isfinite(o1[i]);
-    CHECK(finite && !memcmp(o1, o2, n_head * d * 4), "%s: output changed when pages of another sequence changed",
-          spec);
-    printf("  isolation %-8s d=%zu: %s\n", spec, d, finite && !memcmp(o1, o2, n_head * d * 4) ? "ok" : "FAILED");
+    for (size_t i = 0; i < n_head * d; i++)
+        finite &= isfinite(o1[i]);
+    CHECK(finite && !memcmp(o1, o2, n_head * d * 4),
+          "%s: output changed when pages of another sequence changed", spec);
+    printf("  isolation %-8s d=%zu: %s\n", spec, d,
+           finite && !memcmp(o1, o2, n_head * d * 4) ? "ok" : "FAILED");
     free(k), free(v);
     CU(cudaFree(dk));
     CU(cudaFree(dv));
@@ -395,9 +420,11 @@ static void test_fork_and_errors(const char *spec, size_t d) {
     fill_rows(y, 200 * n_kv, d);
     void *dx = to_device(x, 200 * row, E8KV_DTYPE_F32), *dy = to_device(y, 200 * row, E8KV_DTYPE_F32);
     const size_t a = e8kv_cuda_seq_create(c);
-    for (size_t l = 0; l < 2; l++) CHECK(e8kv_cuda_seq_append(c, l, a, dx, dy, 40, E8KV_DTYPE_F32) == 40, "append");
+    for (size_t l = 0; l < 2; l++)
+        CHECK(e8kv_cuda_seq_append(c, l, a, dx, dy, 40, E8KV_DTYPE_F32) == 40, "append");
     float q[4 * 128];
-    for (size_t i = 0; i < n_head * d; i++) q[i] = gauss();
+    for (size_t i = 0; i < n_head * d; i++)
+        q[i] = gauss();
     void *dq = to_device(q, n_head * d, E8KV_DTYPE_F32);
     float *dout, o1[4 * 128], o2[4 * 128];
     CU(cudaMalloc((void **)&dout, sizeof o1));
@@ -435,8 +462,8 @@ static void test_fork_and_errors(const char *spec, size_t d) {
           e8kv_error_name(r));
     /* pool exhaustion: OUT_OF_MEMORY, nothing lost */
     r = e8kv_cuda_seq_append(c, 0, b, dx, dy, 200, E8KV_DTYPE_F32);
-    CHECK(e8kv_get_error_code(r) == E8KV_ERROR_OUT_OF_MEMORY && e8kv_cuda_seq_length(c, b, 0) == 70, "full: %s",
-          e8kv_error_name(r));
+    CHECK(e8kv_get_error_code(r) == E8KV_ERROR_OUT_OF_MEMORY && e8kv_cuda_seq_length(c, b, 0) == 70,
+          "full: %s", e8kv_error_name(r));
     CU(cudaMemset(dout, 0xff, sizeof o1));
     e8kv_cuda_seq_attend(c, 1, dout, dq, E8KV_DTYPE_F32, &a, 1, n_head);
     CU(cudaMemcpy(o2, dout, n_head * d * 4, cudaMemcpyDeviceToHost));
@@ -487,7 +514,8 @@ int main(int argc, char **argv) {
             run_case(&cases[ci], ds[di], n_kv, G, lens, n_seq, dts[(ci + di) % 3], quick ? 1 : 2);
         }
     if (!quick) /* every G with e8box at both head dims */
-        for (size_t gi = 0; gi < 4; gi++) run_case(&cases[0], ds[gi % 2], 2, Gs[gi], lens, 6, dts[gi % 3], 1);
+        for (size_t gi = 0; gi < 4; gi++)
+            run_case(&cases[0], ds[gi % 2], 2, Gs[gi], lens, 6, dts[gi % 3], 1);
     for (size_t di = 0; di < 2; di++) {
         test_isolation("e8box:4", ds[di]);
         test_isolation("bf16", ds[di]);

@@ -23,7 +23,8 @@
 #include <cuda_fp16.h>
 
 #define WARPS 4
-#define V_BOX_SCALE 256.0f /* P·h lifted out of f16 subnormals: exact power of 2, divided out at the merge */
+#define V_BOX_SCALE 256.0f /* P·h lifted out of f16 subnormals: exact power of 2, divided out at the merge  \
+                            */
 #define V_F16_SCALE 32768.0f /* P ≤ 1 on f16 pages: weights down to 2^-39 of the largest survive in f16 */
 #define LOG2E 1.4426950408889634f
 
@@ -71,7 +72,9 @@ template <bool BF> __device__ __forceinline__ uint16_t lo16(float x) {
     to16<BF>(x, &b);
     return to16<BF>(x - b, &b);
 }
-__device__ __forceinline__ uint32_t pack(uint16_t a, uint16_t b) { return (uint32_t)a | ((uint32_t)b << 16); }
+__device__ __forceinline__ uint32_t pack(uint16_t a, uint16_t b) {
+    return (uint32_t)a | ((uint32_t)b << 16);
+}
 
 /* (mantissa bits | 0x6400) as f16x2 minus 1040: the doubled coordinates 2n + k − 16, exact */
 __device__ __forceinline__ uint32_t box_f16x2(uint32_t bits) {
@@ -137,7 +140,8 @@ __device__ __forceinline__ void load_tile(tile_regs<D, KF, VF> &r, const attn_la
 #pragma unroll
             for (int i = 0; i < D / 32; i++) {
                 const uint4 u = __ldg(p4 + i);
-                r.kw[tt][4 * i] = u.x, r.kw[tt][4 * i + 1] = u.y, r.kw[tt][4 * i + 2] = u.z, r.kw[tt][4 * i + 3] = u.w;
+                r.kw[tt][4 * i] = u.x, r.kw[tt][4 * i + 1] = u.y, r.kw[tt][4 * i + 2] = u.z,
+                             r.kw[tt][4 * i + 3] = u.w;
             }
         }
     }
@@ -166,7 +170,8 @@ __device__ __forceinline__ void load_tile(tile_regs<D, KF, VF> &r, const attn_la
 #pragma unroll
             for (int j = 0; j < D / 64; j++) {
                 const uint4 u = __ldg(p4 + j);
-                r.vw[i][4 * j] = u.x, r.vw[i][4 * j + 1] = u.y, r.vw[i][4 * j + 2] = u.z, r.vw[i][4 * j + 3] = u.w;
+                r.vw[i][4 * j] = u.x, r.vw[i][4 * j + 1] = u.y, r.vw[i][4 * j + 2] = u.z,
+                            r.vw[i][4 * j + 3] = u.w;
             }
         }
     }
@@ -230,7 +235,8 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
     float m = -INFINITY, l = 0.0f;
     float oacc[KS][4];
 #pragma unroll
-    for (int mt = 0; mt < KS; mt++) oacc[mt][0] = oacc[mt][1] = oacc[mt][2] = oacc[mt][3] = 0.0f;
+    for (int mt = 0; mt < KS; mt++)
+        oacc[mt][0] = oacc[mt][1] = oacc[mt][2] = oacc[mt][3] = 0.0f;
     /* the column this thread feeds into P (hi of row g, lo of row g − G, or nothing) */
     const int p_src = g < G ? lane : (LO && g < 2 * G) ? (g - G) * 4 + t4 : lane;
     const int p_kind = g < G ? 0 : (LO && g < 2 * G) ? 1 : 2;
@@ -259,13 +265,15 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
 #pragma unroll
         for (int tt = 0; tt < 2; tt++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) acc[tt][h][0] = acc[tt][h][1] = acc[tt][h][2] = acc[tt][h][3] = 0.0f;
+            for (int h = 0; h < 2; h++)
+                acc[tt][h][0] = acc[tt][h][1] = acc[tt][h][2] = acc[tt][h][3] = 0.0f;
 #pragma unroll
         for (int s = 0; s < KS; s++)
 #pragma unroll
             for (int tt = 0; tt < 2; tt++) {
                 if constexpr (KF == FMT_BOX4) {
-                    /* lane t4 holds blocks 4·t4 .. 4·t4 + 3 (d = 128) of its token; k-step s: word s/2, nibble s%2 */
+                    /* lane t4 holds blocks 4·t4 .. 4·t4 + 3 (d = 128) of its token; k-step s: word s/2,
+                     * nibble s%2 */
                     const uint32_t cos = cur.kc[tt] >> kshift;
                     const uint32_t x = cur.kw[tt][s >> 1];
                     constexpr int BPL = D / 32; /* blocks per lane */
@@ -362,7 +370,8 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
             uint32_t mask0 = 0xffffffffu, mask1 = 0xffffffffu; /* tokens past the end: zeros, not garbage */
             if (!full) {
                 mask0 = (tile0 + 2 * t4 < end ? 0xffffu : 0u) | (tile0 + 2 * t4 + 1 < end ? 0xffff0000u : 0u);
-                mask1 = (tile0 + 2 * t4 + 8 < end ? 0xffffu : 0u) | (tile0 + 2 * t4 + 9 < end ? 0xffff0000u : 0u);
+                mask1 =
+                    (tile0 + 2 * t4 + 8 < end ? 0xffffu : 0u) | (tile0 + 2 * t4 + 9 < end ? 0xffff0000u : 0u);
             }
 #pragma unroll
             for (int mt = 0; mt < KS; mt++) {
@@ -399,7 +408,8 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
     for (int idx = tid; idx < G * D; idx += blockDim.x) {
         const int r = idx / D, i = idx % D;
         float M = -INFINITY;
-        for (int w = 0; w < WARPS; w++) M = fmaxf(M, sm[w][r]);
+        for (int w = 0; w < WARPS; w++)
+            M = fmaxf(M, sm[w][r]);
         float O = 0.0f, L = 0.0f;
         if (M != -INFINITY)
             for (int w = 0; w < WARPS; w++) {
@@ -423,7 +433,8 @@ __global__ void __launch_bounds__(D) attn_merge_kernel(const attn_launch a, int 
     const int i = threadIdx.x;
     const size_t base = ((size_t)blockIdx.y * a.n_head + blockIdx.x) * a.n_split;
     float M = -INFINITY;
-    for (size_t s = 0; s < a.n_split; s++) M = fmaxf(M, a.part_ml[2 * (base + s)]);
+    for (size_t s = 0; s < a.n_split; s++)
+        M = fmaxf(M, a.part_ml[2 * (base + s)]);
     float O = 0.0f, L = 0.0f;
     if (M != -INFINITY)
         for (size_t s = 0; s < a.n_split; s++) {
@@ -450,7 +461,8 @@ __global__ void __launch_bounds__(D) attn_merge_kernel(const attn_launch a, int 
 
 /* One wave: every block of the launch resident at once and all with the same work, so no tail. */
 size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm, int ctas_per_sm) {
-    const size_t per = n_seq * n_head_kv, wave = (size_t)(n_sm > 0 ? n_sm : 1) * (size_t)(ctas_per_sm > 0 ? ctas_per_sm : 1);
+    const size_t per = n_seq * n_head_kv,
+                 wave = (size_t)(n_sm > 0 ? n_sm : 1) * (size_t)(ctas_per_sm > 0 ? ctas_per_sm : 1);
     size_t n = wave / per;
     const size_t most = (max_ctx + 63) / 64; /* at least one tile per warp */
     if (n > most) n = most;
@@ -460,23 +472,33 @@ size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm,
 
 template <int D, int KF, int VF> static int occupancy(void) {
     static int n = 0;
-    if (!n && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_split_kernel<D, KF, VF>, 128, 0) != cudaSuccess)
+    if (!n && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_split_kernel<D, KF, VF>, 128, 0) !=
+                  cudaSuccess)
         n = 1;
     return n;
 }
 
 int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf) {
-#define E8KV_OCC(DD)                                                                                          \
+#define E8KV_OCC(DD)                                                                                         \
     switch (kf * 3 + vf) {                                                                                   \
-    case 0: return occupancy<DD, 0, 0>();                                                                    \
-    case 1: return occupancy<DD, 0, 1>();                                                                    \
-    case 2: return occupancy<DD, 0, 2>();                                                                    \
-    case 3: return occupancy<DD, 1, 0>();                                                                    \
-    case 4: return occupancy<DD, 1, 1>();                                                                    \
-    case 5: return occupancy<DD, 1, 2>();                                                                    \
-    case 6: return occupancy<DD, 2, 0>();                                                                    \
-    case 7: return occupancy<DD, 2, 1>();                                                                    \
-    default: return occupancy<DD, 2, 2>();                                                                   \
+    case 0:                                                                                                  \
+        return occupancy<DD, 0, 0>();                                                                        \
+    case 1:                                                                                                  \
+        return occupancy<DD, 0, 1>();                                                                        \
+    case 2:                                                                                                  \
+        return occupancy<DD, 0, 2>();                                                                        \
+    case 3:                                                                                                  \
+        return occupancy<DD, 1, 0>();                                                                        \
+    case 4:                                                                                                  \
+        return occupancy<DD, 1, 1>();                                                                        \
+    case 5:                                                                                                  \
+        return occupancy<DD, 1, 2>();                                                                        \
+    case 6:                                                                                                  \
+        return occupancy<DD, 2, 0>();                                                                        \
+    case 7:                                                                                                  \
+        return occupancy<DD, 2, 1>();                                                                        \
+    default:                                                                                                 \
+        return occupancy<DD, 2, 2>();                                                                        \
     }
     if (d == 128) {
         E8KV_OCC(128)
@@ -489,23 +511,38 @@ int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf) {
 template <int D, int KF, int VF> static void launch(const attn_launch *a, cudaStream_t stream) {
     const dim3 grid((unsigned)a->n_split, (unsigned)a->n_head_kv, (unsigned)a->n_seq);
     attn_split_kernel<D, KF, VF><<<grid, 128, 0, stream>>>(*a);
-    attn_merge_kernel<D><<<dim3((unsigned)a->n_head, (unsigned)a->n_seq), D, 0, stream>>>(
-        *a, VF == FMT_BOX4, VF == FMT_BOX4 ? V_BOX_SCALE : VF == FMT_F16 ? V_F16_SCALE : 1.0f);
+    attn_merge_kernel<D>
+        <<<dim3((unsigned)a->n_head, (unsigned)a->n_seq), D, 0, stream>>>(*a, VF == FMT_BOX4,
+                                                                          VF == FMT_BOX4  ? V_BOX_SCALE
+                                                                          : VF == FMT_F16 ? V_F16_SCALE
+                                                                                          : 1.0f);
 }
 
 template <int D, int KF> static void launch_v(const attn_launch *a, cudaStream_t stream) {
     switch (a->v.fmt) {
-    case FMT_BOX4: launch<D, KF, FMT_BOX4>(a, stream); break;
-    case FMT_BF16: launch<D, KF, FMT_BF16>(a, stream); break;
-    default: launch<D, KF, FMT_F16>(a, stream); break;
+    case FMT_BOX4:
+        launch<D, KF, FMT_BOX4>(a, stream);
+        break;
+    case FMT_BF16:
+        launch<D, KF, FMT_BF16>(a, stream);
+        break;
+    default:
+        launch<D, KF, FMT_F16>(a, stream);
+        break;
     }
 }
 
 template <int D> static void launch_k(const attn_launch *a, cudaStream_t stream) {
     switch (a->k.fmt) {
-    case FMT_BOX4: launch_v<D, FMT_BOX4>(a, stream); break;
-    case FMT_BF16: launch_v<D, FMT_BF16>(a, stream); break;
-    default: launch_v<D, FMT_F16>(a, stream); break;
+    case FMT_BOX4:
+        launch_v<D, FMT_BOX4>(a, stream);
+        break;
+    case FMT_BF16:
+        launch_v<D, FMT_BF16>(a, stream);
+        break;
+    default:
+        launch_v<D, FMT_F16>(a, stream);
+        break;
     }
 }
 

@@ -12,14 +12,14 @@ struct e8kv_cuda_cache {
     size_t n_layer, n_head_kv, d, bs, n_blocks, max_ctx, width, max_seqs, max_batch, max_n_head, max_append;
     int kfmt, vfmt, device, n_sm, occ; /* occ: resident attention blocks per SM */
     float rot_scale;
-    uint8_t *dev;     /* the one allocation */
+    uint8_t *dev; /* the one allocation */
     size_t dev_bytes;
-    stream_desc *sd;  /* (n_layer, 2) */
-    int32_t *d_tables;   /* (max_seqs, width) */
-    int32_t *d_btables;  /* (max_batch, width): the tables of one seq_attend call */
-    int32_t *d_ctx;      /* (max_batch) */
-    int64_t *d_slots;    /* (max_append) */
-    float *d_signs;      /* (d) */
+    stream_desc *sd;    /* (n_layer, 2) */
+    int32_t *d_tables;  /* (max_seqs, width) */
+    int32_t *d_btables; /* (max_batch, width): the tables of one seq_attend call */
+    int32_t *d_ctx;     /* (max_batch) */
+    int64_t *d_slots;   /* (max_append) */
+    float *d_signs;     /* (d) */
     unsigned *d_flags;
     float *d_work;
     size_t work_bytes;
@@ -31,9 +31,9 @@ struct e8kv_cuda_cache {
     int32_t *refs;       /* (n_blocks) */
     int32_t *free_list;  /* stack of free page ids */
     size_t n_free;
-    int64_t *slots;      /* (max_append) */
-    int32_t *btables;    /* (max_batch, width) */
-    int32_t *ctx;        /* (max_batch) */
+    int64_t *slots;   /* (max_append) */
+    int32_t *btables; /* (max_batch, width) */
+    int32_t *ctx;     /* (max_batch) */
 };
 
 int e8kv_cuda_available(void) {
@@ -62,9 +62,12 @@ static size_t parse_spec(const char *spec, int *kf, int *vf) {
     return *kf < 0 || *vf < 0 ? E8KV_CU_ERR(SPEC) : 0;
 }
 
-static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+static size_t align256(size_t n) {
+    return (n + 255) & ~(size_t)255;
+}
 
-size_t e8kv_cuda_attend_workspace_bytes(const e8kv_cuda_cache *c, size_t n_seq, size_t n_head, size_t max_ctx) {
+size_t e8kv_cuda_attend_workspace_bytes(const e8kv_cuda_cache *c, size_t n_seq, size_t n_head,
+                                        size_t max_ctx) {
     if (!c || !n_seq || !n_head) return 0;
     const size_t ns = e8kv_cu_n_split(n_seq, c->n_head_kv, max_ctx, c->n_sm, c->occ);
     return align256(n_seq * n_head * ns * c->d * sizeof(float)) + n_seq * n_head * ns * 2 * sizeof(float);
@@ -143,7 +146,8 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
         }
         e8kv_codec_free(codec);
     } else {
-        for (size_t i = 0; i < c->d; i++) signs[i] = 1.0f;
+        for (size_t i = 0; i < c->d; i++)
+            signs[i] = 1.0f;
     }
 
     /* one allocation: pools, then tables, workspace, staging */
@@ -182,7 +186,8 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
         cudaGetLastError();
         return fail(c, err, ce == cudaErrorMemoryAllocation ? E8KV_CU_ERR(OUT_OF_MEMORY) : E8KV_CU_ERR(CUDA));
     }
-    for (size_t i = 0; i < 2 * c->n_layer; i++) c->sd[i].pool = c->dev + (size_t)c->sd[i].pool;
+    for (size_t i = 0; i < 2 * c->n_layer; i++)
+        c->sd[i].pool = c->dev + (size_t)c->sd[i].pool;
     c->d_tables = (int32_t *)(c->dev + o_tables);
     c->d_btables = (int32_t *)(c->dev + o_btables);
     c->d_ctx = (int32_t *)(c->dev + o_ctx);
@@ -207,12 +212,15 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     if (!c->tables || !c->lens || !c->n_pages || !c->live || !c->refs || !c->free_list || !c->slots ||
         !c->btables || !c->ctx)
         return fail(c, err, E8KV_CU_ERR(OUT_OF_MEMORY));
-    for (size_t i = 0; i < c->n_blocks; i++) c->free_list[i] = (int32_t)(c->n_blocks - 1 - i);
+    for (size_t i = 0; i < c->n_blocks; i++)
+        c->free_list[i] = (int32_t)(c->n_blocks - 1 - i);
     c->n_free = c->n_blocks;
     return c;
 }
 
-size_t e8kv_cuda_cache_device_bytes(const e8kv_cuda_cache *c) { return c ? c->dev_bytes : 0; }
+size_t e8kv_cuda_cache_device_bytes(const e8kv_cuda_cache *c) {
+    return c ? c->dev_bytes : 0;
+}
 
 size_t e8kv_cuda_cache_vector_bytes(const e8kv_cuda_cache *c, size_t layer, int stream) {
     if (!c || layer >= c->n_layer || (stream != 0 && stream != 1)) return E8KV_CU_ERR(BAD_ARGUMENT);
@@ -222,17 +230,21 @@ size_t e8kv_cuda_cache_vector_bytes(const e8kv_cuda_cache *c, size_t layer, int 
 size_t e8kv_cuda_cache_token_bytes(const e8kv_cuda_cache *c) {
     if (!c) return 0;
     size_t n = 0;
-    for (size_t i = 0; i < 2 * c->n_layer; i++) n += c->sd[i].page_bytes / c->bs;
+    for (size_t i = 0; i < 2 * c->n_layer; i++)
+        n += c->sd[i].page_bytes / c->bs;
     return n;
 }
 
 size_t e8kv_cuda_cache_pages(const e8kv_cuda_cache *c, size_t layer, int stream, void **d_pool) {
-    if (!c || !d_pool || layer >= c->n_layer || (stream != 0 && stream != 1)) return E8KV_CU_ERR(BAD_ARGUMENT);
+    if (!c || !d_pool || layer >= c->n_layer || (stream != 0 && stream != 1))
+        return E8KV_CU_ERR(BAD_ARGUMENT);
     *d_pool = c->sd[2 * layer + stream].pool;
     return c->sd[2 * layer + stream].page_bytes;
 }
 
-size_t e8kv_cuda_cache_free_pages(const e8kv_cuda_cache *c) { return c ? c->n_free : 0; }
+size_t e8kv_cuda_cache_free_pages(const e8kv_cuda_cache *c) {
+    return c ? c->n_free : 0;
+}
 
 /* writes n_tok rows whose slots are in c->slots (host), in pieces of max_append */
 static size_t append_rows(e8kv_cuda_cache *c, size_t layer, const int64_t *host_slots, const void *k,
@@ -241,12 +253,14 @@ static size_t append_rows(e8kv_cuda_cache *c, size_t layer, const int64_t *host_
     if (cudaMemset(c->d_flags, 0, sizeof(unsigned)) != cudaSuccess) return E8KV_CU_ERR(CUDA);
     for (size_t t0 = 0; t0 < n_tok; t0 += c->max_append) {
         const size_t n = n_tok - t0 < c->max_append ? n_tok - t0 : c->max_append;
-        if (cudaMemcpy(c->d_slots, host_slots + t0, n * sizeof(int64_t), cudaMemcpyHostToDevice) != cudaSuccess)
+        if (cudaMemcpy(c->d_slots, host_slots + t0, n * sizeof(int64_t), cudaMemcpyHostToDevice) !=
+            cudaSuccess)
             return E8KV_CU_ERR(CUDA);
         for (int s = 0; s < 2; s++) {
             const uint8_t *const src = (const uint8_t *)(s ? v : k) + t0 * row;
-            const size_t r = e8kv_cu_launch_append(&c->sd[2 * layer + s], c->d_slots, src, n, c->n_head_kv, c->d,
-                                                   c->bs, (int)dtype, c->d_signs, c->rot_scale, c->d_flags, 0);
+            const size_t r =
+                e8kv_cu_launch_append(&c->sd[2 * layer + s], c->d_slots, src, n, c->n_head_kv, c->d, c->bs,
+                                      (int)dtype, c->d_signs, c->rot_scale, c->d_flags, 0);
             if (r) return r;
         }
     }
@@ -258,7 +272,9 @@ static size_t append_rows(e8kv_cuda_cache *c, size_t layer, const int64_t *host_
     return n_tok;
 }
 
-static int bad_dtype(e8kv_dtype t) { return t != E8KV_DTYPE_F32 && t != E8KV_DTYPE_F16 && t != E8KV_DTYPE_BF16; }
+static int bad_dtype(e8kv_dtype t) {
+    return t != E8KV_DTYPE_F32 && t != E8KV_DTYPE_F16 && t != E8KV_DTYPE_BF16;
+}
 
 size_t e8kv_cuda_append_slots(e8kv_cuda_cache *c, size_t layer, const int64_t *d_slots, const void *d_k,
                               const void *d_v, size_t n_tok, e8kv_dtype dtype) {
@@ -266,8 +282,9 @@ size_t e8kv_cuda_append_slots(e8kv_cuda_cache *c, size_t layer, const int64_t *d
         return E8KV_CU_ERR(BAD_ARGUMENT);
     if (cudaMemset(c->d_flags, 0, sizeof(unsigned)) != cudaSuccess) return E8KV_CU_ERR(CUDA);
     for (int s = 0; s < 2; s++) {
-        const size_t r = e8kv_cu_launch_append(&c->sd[2 * layer + s], d_slots, s ? d_v : d_k, n_tok, c->n_head_kv,
-                                               c->d, c->bs, (int)dtype, c->d_signs, c->rot_scale, c->d_flags, 0);
+        const size_t r =
+            e8kv_cu_launch_append(&c->sd[2 * layer + s], d_slots, s ? d_v : d_k, n_tok, c->n_head_kv, c->d,
+                                  c->bs, (int)dtype, c->d_signs, c->rot_scale, c->d_flags, 0);
         if (r) return r;
     }
     unsigned flags = 0;
@@ -303,7 +320,8 @@ size_t e8kv_cuda_attend(e8kv_cuda_cache *c, size_t layer, float *d_out, const vo
     a.q = d_q, a.q_dtype = (int)dtype, a.block_tables = d_block_tables, a.ctx_lens = d_ctx_lens;
     a.signs = c->d_signs, a.rot_scale = c->rot_scale;
     a.part_o = (float *)d_workspace;
-    a.part_ml = (float *)((uint8_t *)d_workspace + align256(n_seq * n_head * a.n_split * c->d * sizeof(float)));
+    a.part_ml =
+        (float *)((uint8_t *)d_workspace + align256(n_seq * n_head * a.n_split * c->d * sizeof(float)));
     a.out = d_out;
     const size_t r = e8kv_cu_launch_attend(&a, (cudaStream_t)stream);
     return r ? r : n_seq * n_head * c->d;
@@ -311,7 +329,9 @@ size_t e8kv_cuda_attend(e8kv_cuda_cache *c, size_t layer, float *d_out, const vo
 
 /* ---------------------------------------------------------------- owned sequences */
 
-static int seq_ok(const e8kv_cuda_cache *c, size_t seq) { return c && seq < c->max_seqs && c->live[seq]; }
+static int seq_ok(const e8kv_cuda_cache *c, size_t seq) {
+    return c && seq < c->max_seqs && c->live[seq];
+}
 
 size_t e8kv_cuda_seq_create(e8kv_cuda_cache *c) {
     if (!c) return E8KV_CU_ERR(BAD_ARGUMENT);
@@ -332,10 +352,10 @@ size_t e8kv_cuda_seq_fork(e8kv_cuda_cache *c, size_t seq) {
     memcpy(c->tables + n * c->width, c->tables + seq * c->width, c->n_pages[seq] * sizeof(int32_t));
     memcpy(c->lens + n * c->n_layer, c->lens + seq * c->n_layer, c->n_layer * sizeof(size_t));
     c->n_pages[n] = c->n_pages[seq];
-    for (size_t i = 0; i < c->n_pages[n]; i++) c->refs[c->tables[n * c->width + i]]++;
-    if (c->n_pages[n] &&
-        cudaMemcpy(c->d_tables + n * c->width, c->tables + n * c->width, c->n_pages[n] * sizeof(int32_t),
-                   cudaMemcpyHostToDevice) != cudaSuccess)
+    for (size_t i = 0; i < c->n_pages[n]; i++)
+        c->refs[c->tables[n * c->width + i]]++;
+    if (c->n_pages[n] && cudaMemcpy(c->d_tables + n * c->width, c->tables + n * c->width,
+                                    c->n_pages[n] * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess)
         return E8KV_CU_ERR(CUDA);
     return n;
 }
@@ -373,8 +393,9 @@ static size_t make_writable(e8kv_cuda_cache *c, size_t seq, size_t first, size_t
             const int32_t old = t[i];
             for (size_t s = 0; s < 2 * c->n_layer; s++) {
                 const stream_desc *const sd = &c->sd[s];
-                if (cudaMemcpy(sd->pool + (size_t)np * sd->page_bytes, sd->pool + (size_t)old * sd->page_bytes,
-                               sd->page_bytes, cudaMemcpyDeviceToDevice) != cudaSuccess)
+                if (cudaMemcpy(sd->pool + (size_t)np * sd->page_bytes,
+                               sd->pool + (size_t)old * sd->page_bytes, sd->page_bytes,
+                               cudaMemcpyDeviceToDevice) != cudaSuccess)
                     return E8KV_CU_ERR(CUDA);
             }
             c->refs[old]--;
@@ -425,39 +446,43 @@ size_t e8kv_cuda_seq_append_batch(e8kv_cuda_cache *c, size_t layer, const size_t
     for (size_t i = 0; i < n_seq; i++) {
         const size_t pos = c->lens[seqs[i] * c->n_layer + layer];
         E8KV_CU_RETURN(make_writable(c, seqs[i], pos / c->bs, pos / c->bs));
-        c->slots[i] = (int64_t)c->tables[seqs[i] * c->width + pos / c->bs] * (int64_t)c->bs + (int64_t)(pos % c->bs);
+        c->slots[i] =
+            (int64_t)c->tables[seqs[i] * c->width + pos / c->bs] * (int64_t)c->bs + (int64_t)(pos % c->bs);
     }
     const size_t r = append_rows(c, layer, c->slots, d_k, d_v, n_seq, dtype);
     if (e8kv_is_error(r)) return r;
-    for (size_t i = 0; i < n_seq; i++) c->lens[seqs[i] * c->n_layer + layer]++;
+    for (size_t i = 0; i < n_seq; i++)
+        c->lens[seqs[i] * c->n_layer + layer]++;
     return n_seq;
 }
 
 size_t e8kv_cuda_seq_attend(e8kv_cuda_cache *c, size_t layer, float *d_out, const void *d_q, e8kv_dtype dtype,
                             const size_t *seqs, size_t n_seq, size_t n_head) {
-    if (!c || layer >= c->n_layer || !seqs || !n_seq || n_seq > c->max_batch) return E8KV_CU_ERR(BAD_ARGUMENT);
+    if (!c || layer >= c->n_layer || !seqs || !n_seq || n_seq > c->max_batch)
+        return E8KV_CU_ERR(BAD_ARGUMENT);
     size_t max_ctx = 0;
     for (size_t i = 0; i < n_seq; i++) {
         if (!seq_ok(c, seqs[i])) return E8KV_CU_ERR(BAD_ARGUMENT);
         const size_t len = c->lens[seqs[i] * c->n_layer + layer];
         c->ctx[i] = (int32_t)len;
         max_ctx = len > max_ctx ? len : max_ctx;
-        memcpy(c->btables + i * c->width, c->tables + seqs[i] * c->width, c->n_pages[seqs[i]] * sizeof(int32_t));
+        memcpy(c->btables + i * c->width, c->tables + seqs[i] * c->width,
+               c->n_pages[seqs[i]] * sizeof(int32_t));
     }
     if (cudaMemcpy(c->d_btables, c->btables, n_seq * c->width * sizeof(int32_t), cudaMemcpyHostToDevice) !=
             cudaSuccess ||
         cudaMemcpy(c->d_ctx, c->ctx, n_seq * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess)
         return E8KV_CU_ERR(CUDA);
-    const size_t r = e8kv_cuda_attend(c, layer, d_out, d_q, dtype, n_seq, n_head, c->d_btables, c->width, c->d_ctx,
-                                      max_ctx, NULL, 0, NULL);
+    const size_t r = e8kv_cuda_attend(c, layer, d_out, d_q, dtype, n_seq, n_head, c->d_btables, c->width,
+                                      c->d_ctx, max_ctx, NULL, 0, NULL);
     if (e8kv_is_error(r)) return r;
     return cudaDeviceSynchronize() == cudaSuccess ? r : E8KV_CU_ERR(CUDA);
 }
 
-size_t e8kv_cuda_read_slot(const e8kv_cuda_cache *c, void *dst, size_t cap, size_t layer, int stream, int64_t slot,
-                           size_t head) {
-    if (!c || !dst || layer >= c->n_layer || (stream != 0 && stream != 1) || slot < 0 || head >= c->n_head_kv ||
-        (size_t)slot >= c->n_blocks * c->bs)
+size_t e8kv_cuda_read_slot(const e8kv_cuda_cache *c, void *dst, size_t cap, size_t layer, int stream,
+                           int64_t slot, size_t head) {
+    if (!c || !dst || layer >= c->n_layer || (stream != 0 && stream != 1) || slot < 0 ||
+        head >= c->n_head_kv || (size_t)slot >= c->n_blocks * c->bs)
         return E8KV_CU_ERR(BAD_ARGUMENT);
     const stream_desc *const sd = &c->sd[2 * layer + stream];
     const size_t vb = fmt_vector_bytes(sd->fmt, c->d), off = (size_t)slot % c->bs;
@@ -481,6 +506,7 @@ size_t e8kv_cuda_seq_read_vector(const e8kv_cuda_cache *c, void *dst, size_t cap
                                  int stream, size_t pos, size_t head) {
     if (!seq_ok(c, seq) || layer >= c->n_layer || pos >= c->lens[seq * c->n_layer + layer])
         return E8KV_CU_ERR(BAD_ARGUMENT);
-    const int64_t slot = (int64_t)c->tables[seq * c->width + pos / c->bs] * (int64_t)c->bs + (int64_t)(pos % c->bs);
+    const int64_t slot =
+        (int64_t)c->tables[seq * c->width + pos / c->bs] * (int64_t)c->bs + (int64_t)(pos % c->bs);
     return e8kv_cuda_read_slot(c, dst, cap, layer, stream, slot, head);
 }

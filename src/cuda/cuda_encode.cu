@@ -146,7 +146,8 @@ __global__ void __launch_bounds__(128)
         if (b == 0) atomicOr(flags, FLAG_RANGE);
         return;
     }
-    uint8_t *const area = sd.pool + (size_t)(slot / (int64_t)block_size) * sd.page_bytes + head * sd.head_bytes;
+    uint8_t *const area =
+        sd.pool + (size_t)(slot / (int64_t)block_size) * sd.page_bytes + head * sd.head_bytes;
     const size_t off = (size_t)(slot % (int64_t)block_size);
     uint8_t *const nib = area + off * (D / 2);
     uint8_t *const step = area + block_size * (D / 2) + off;
@@ -167,11 +168,13 @@ __global__ void __launch_bounds__(128)
             const float delta = box_step(e), k = __fdiv_rn((float)FX_ONE, delta);
             int32_t X[8], a[8], c[8];
 #pragma unroll
-            for (int i = 0; i < 8; i++) X[i] = fx_round(__fmul_rn(x[i], k));
+            for (int i = 0; i < 8; i++)
+                X[i] = fx_round(__fmul_rn(x[i], k));
             const int64_t da = nearest_coset(a, X, 0), db = nearest_coset(c, X, 1);
             int64_t dist = db < da ? db : da;
 #pragma unroll
-            for (int l = 1; l < LANES; l *= 2) dist += __shfl_xor_sync(gmask, dist, l);
+            for (int l = 1; l < LANES; l *= 2)
+                dist += __shfl_xor_sync(gmask, dist, l);
             const double err = __dmul_rn((double)dist, __dmul_rn((double)delta, (double)delta));
             if (err < best_err) {
                 best_err = err;
@@ -180,7 +183,8 @@ __global__ void __launch_bounds__(128)
                 best_k = kk;
                 uint32_t w = 0;
 #pragma unroll
-                for (int i = 0; i < 8; i++) w |= (uint32_t)(((kk ? c[i] : a[i]) + 16 - kk) / 2) << (4 * i);
+                for (int i = 0; i < 8; i++)
+                    w |= (uint32_t)(((kk ? c[i] : a[i]) + 16 - kk) / 2) << (4 * i);
                 best_nib = w;
             }
         }
@@ -198,18 +202,24 @@ __global__ void __launch_bounds__(128)
     if (b == 0) {
         *step = (uint8_t)best_e;
 #pragma unroll
-        for (int j = 0; j < N_COS; j++) cos[j] = (uint8_t)(kbits >> (8 * j));
+        for (int j = 0; j < N_COS; j++)
+            cos[j] = (uint8_t)(kbits >> (8 * j));
     }
 }
 
-__device__ __forceinline__ void to_raw(__half *y, float f) { *y = __float2half_rn(f); }
-__device__ __forceinline__ void to_raw(__nv_bfloat16 *y, float f) { *y = __float2bfloat16_rn(f); }
+__device__ __forceinline__ void to_raw(__half *y, float f) {
+    *y = __float2half_rn(f);
+}
+__device__ __forceinline__ void to_raw(__nv_bfloat16 *y, float f) {
+    *y = __float2bfloat16_rn(f);
+}
 
 /* raw pages: one thread per 8 values */
 template <typename T>
 __global__ void __launch_bounds__(128)
     append_raw_kernel(stream_desc sd, const int64_t *__restrict__ slots, const void *__restrict__ src,
-                      size_t n_tok, size_t n_head_kv, size_t d, size_t block_size, int dtype, unsigned *flags) {
+                      size_t n_tok, size_t n_head_kv, size_t d, size_t block_size, int dtype,
+                      unsigned *flags) {
     const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x, per_row = n_head_kv * d / 8;
     if (t >= n_tok * per_row) return;
     const size_t tok = t / per_row, j = t % per_row, head = 8 * j / d, i0 = 8 * j % d;
@@ -227,7 +237,8 @@ __global__ void __launch_bounds__(128)
         atomicOr(flags, FLAG_NONFINITE);
         return;
     }
-    uint8_t *const area = sd.pool + (size_t)(slot / (int64_t)block_size) * sd.page_bytes + head * sd.head_bytes;
+    uint8_t *const area =
+        sd.pool + (size_t)(slot / (int64_t)block_size) * sd.page_bytes + head * sd.head_bytes;
     *(uint4 *)(area + ((size_t)(slot % (int64_t)block_size) * d + i0) * 2) = *(const uint4 *)v;
 }
 
@@ -238,18 +249,16 @@ size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, cons
     if (sd->fmt == FMT_BOX4) {
         const size_t threads = n_tok * n_head_kv * (d / 8), blocks = (threads + 127) / 128;
         if (d == 128)
-            append_box_kernel<128><<<(unsigned)blocks, 128, 0, stream>>>(*sd, d_slots, d_src, n_tok, n_head_kv,
-                                                                        block_size, dtype, d_signs, rot_scale,
-                                                                        d_flags);
+            append_box_kernel<128><<<(unsigned)blocks, 128, 0, stream>>>(
+                *sd, d_slots, d_src, n_tok, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags);
         else
-            append_box_kernel<64><<<(unsigned)blocks, 128, 0, stream>>>(*sd, d_slots, d_src, n_tok, n_head_kv,
-                                                                       block_size, dtype, d_signs, rot_scale,
-                                                                       d_flags);
+            append_box_kernel<64><<<(unsigned)blocks, 128, 0, stream>>>(
+                *sd, d_slots, d_src, n_tok, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags);
     } else {
         const size_t threads = n_tok * n_head_kv * d / 8, blocks = (threads + 127) / 128;
         if (sd->fmt == FMT_F16)
-            append_raw_kernel<__half><<<(unsigned)blocks, 128, 0, stream>>>(*sd, d_slots, d_src, n_tok, n_head_kv,
-                                                                           d, block_size, dtype, d_flags);
+            append_raw_kernel<__half><<<(unsigned)blocks, 128, 0, stream>>>(
+                *sd, d_slots, d_src, n_tok, n_head_kv, d, block_size, dtype, d_flags);
         else
             append_raw_kernel<__nv_bfloat16><<<(unsigned)blocks, 128, 0, stream>>>(
                 *sd, d_slots, d_src, n_tok, n_head_kv, d, block_size, dtype, d_flags);

@@ -10,7 +10,7 @@
 #include "e8kv_cuda.h"
 
 #define E8KV_CU_ERR(name) ((size_t) - (ptrdiff_t)E8KV_ERROR_##name)
-#define E8KV_CU_RETURN(expr)                                                                                  \
+#define E8KV_CU_RETURN(expr)                                                                                 \
     do {                                                                                                     \
         const size_t e8kv_cu_r_ = (expr);                                                                    \
         if (e8kv_is_error(e8kv_cu_r_)) return e8kv_cu_r_;                                                    \
