@@ -56,6 +56,7 @@ typedef enum {
     E8KV_ERROR_UNSUPPORTED = 17,     /* valid but not implemented (tensor type, architecture) */
     E8KV_ERROR_SRC_SIZE = 18,        /* source size does not match what the call needs */
     E8KV_ERROR_Q_RANGE = 19,         /* e8nest/d4nest q=R outside [1, sqrt(2*head_dim)] (see the codecs) */
+    E8KV_ERROR_CUDA = 20,            /* a CUDA runtime call or kernel launch failed (no device, bad state) */
     E8KV_ERROR_MAX_CODE = 64
 } e8kv_error_code;
 

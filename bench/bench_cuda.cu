@@ -1,0 +1,240 @@
+/* GPU decode-attention benchmark of the e8kv device cache (run on a device; validation is tests/test_cuda.cu,
+ * which bench/run_cuda.sh runs first).
+ *
+ * For Llama-3-8B (32 q / 8 kv heads, d 128) and SmolLM2-135M (9 / 3, d 64), batch 1/8/32 × context
+ * 4K/32K/128K, formats e8box:4 and bf16 (our own paged kernel): µs per decode-attention call of one layer
+ * (CUDA events, 5 warm-up calls, median of 30), effective GB/s over the page bytes the call must read,
+ * encode GB/s over the bf16 K+V input bytes, device bytes per token, measured vs accounted device memory,
+ * the largest batch × context whose cache (all layers) fits in 80 GB; and the device-to-device copy
+ * bandwidth (1 GiB, read + write bytes) in the same run. Pages of a sequence are scattered over the pool.
+ * Usage: bench_cuda [--json FILE] [--quick] */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "e8kv_cuda.h"
+
+#define CU(x)                                                                                                \
+    do {                                                                                                     \
+        const cudaError_t e_ = (x);                                                                          \
+        if (e_ != cudaSuccess) {                                                                             \
+            fprintf(stderr, "CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);         \
+            exit(1);                                                                                         \
+        }                                                                                                    \
+    } while (0)
+
+static int cmp_f(const void *a, const void *b) {
+    const float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* pseudo-Gaussian bf16 (sum of four uniforms from a hash), never zeros */
+__global__ void fill_bf16(__nv_bfloat16 *x, size_t n, uint64_t seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t h = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+        float s = 0.0f;
+        for (int j = 0; j < 4; j++) {
+            h ^= h >> 31, h *= 0xbf58476d1ce4e5b9ull, h ^= h >> 29;
+            s += (float)(h >> 40) * (1.0f / 16777216.0f);
+        }
+        x[i] = __float2bfloat16_rn((s - 2.0f) * 1.7f);
+    }
+}
+
+typedef struct {
+    const char *name;
+    size_t n_kv, G, d, n_layer_model;
+} shape;
+
+static FILE *g_json;
+static char g_dev[256];
+
+static float time_median(float *t, int n) {
+    qsort(t, (size_t)n, sizeof *t, cmp_f);
+    return t[n / 2];
+}
+
+static double copy_bandwidth(void) {
+    const size_t n = (size_t)1 << 30;
+    void *a, *b;
+    CU(cudaMalloc(&a, n));
+    CU(cudaMalloc(&b, n));
+    CU(cudaMemset(a, 1, n));
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    float t[20];
+    for (int i = -3; i < 20; i++) {
+        CU(cudaEventRecord(e0));
+        CU(cudaMemcpy(b, a, n, cudaMemcpyDeviceToDevice));
+        CU(cudaEventRecord(e1));
+        CU(cudaEventSynchronize(e1));
+        if (i >= 0) CU(cudaEventElapsedTime(&t[i], e0, e1));
+    }
+    const double ms = time_median(t, 20);
+    CU(cudaFree(a));
+    CU(cudaFree(b));
+    return 2.0 * (double)n / (ms * 1e-3) / 1e9;
+}
+
+static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, double copy_gbps) {
+    const size_t bs = 16, pages = batch * ctx / bs, n_head = sh->n_kv * sh->G, d = sh->d;
+    e8kv_cuda_cache_params p;
+    memset(&p, 0, sizeof p);
+    p.n_layer = 1, p.n_head_kv = sh->n_kv, p.head_dim = d, p.block_size = bs, p.n_blocks = pages;
+    p.spec = spec, p.seed = 42, p.max_ctx = ctx, p.max_seqs = 1, p.max_batch = 32, p.max_n_head = n_head;
+    p.max_append = 65536;
+    size_t free0, total;
+    CU(cudaMemGetInfo(&free0, &total));
+    const size_t vb = strcmp(spec, "bf16") ? 1 + (d + 63) / 64 + d / 2 : 2 * d;
+    const size_t need = pages * bs * sh->n_kv * vb * 2 + ((size_t)1 << 30);
+    if (need > free0) {
+        printf("%-8s %-8s batch %2zu ctx %6zu: does not fit (%zu MB needed)\n", sh->name, spec, batch, ctx,
+               need >> 20);
+        return;
+    }
+    size_t err = 0;
+    e8kv_cuda_cache *c = e8kv_cuda_cache_create(&p, &err);
+    if (!c) {
+        printf("create: %s\n", e8kv_error_name(err));
+        return;
+    }
+    size_t free1;
+    CU(cudaMemGetInfo(&free1, &total));
+    const size_t measured = free0 - free1, accounted = e8kv_cuda_cache_device_bytes(c);
+    /* pages scattered: a random permutation of the pool split into the sequences' tables */
+    int32_t *perm = (int32_t *)malloc(pages * sizeof(int32_t));
+    for (size_t i = 0; i < pages; i++)
+        perm[i] = (int32_t)i;
+    uint64_t r = 0x1234567ull;
+    for (size_t i = pages - 1; i > 0; i--) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        const size_t j = r % (i + 1);
+        const int32_t t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    const size_t per = ctx / bs, n_tok = batch * ctx;
+    int64_t *slots = (int64_t *)malloc(n_tok * sizeof(int64_t));
+    for (size_t t = 0; t < n_tok; t++)
+        slots[t] = (int64_t)perm[t / bs] * (int64_t)bs + (int64_t)(t % bs);
+    int32_t *d_tables, *d_ctx;
+    int64_t *d_slots;
+    CU(cudaMalloc((void **)&d_tables, pages * sizeof(int32_t)));
+    CU(cudaMemcpy(d_tables, perm, pages * sizeof(int32_t), cudaMemcpyHostToDevice));
+    CU(cudaMalloc((void **)&d_slots, n_tok * sizeof(int64_t)));
+    CU(cudaMemcpy(d_slots, slots, n_tok * sizeof(int64_t), cudaMemcpyHostToDevice));
+    int32_t *ctxs = (int32_t *)malloc(batch * sizeof(int32_t));
+    for (size_t s = 0; s < batch; s++)
+        ctxs[s] = (int32_t)ctx;
+    CU(cudaMalloc((void **)&d_ctx, batch * sizeof(int32_t)));
+    CU(cudaMemcpy(d_ctx, ctxs, batch * sizeof(int32_t), cudaMemcpyHostToDevice));
+    /* fill through the append kernels, timed */
+    const size_t chunk = 65536 < n_tok ? 65536 : n_tok, row = sh->n_kv * d;
+    __nv_bfloat16 *kin, *vin;
+    CU(cudaMalloc((void **)&kin, chunk * row * 2));
+    CU(cudaMalloc((void **)&vin, chunk * row * 2));
+    fill_bf16<<<1024, 256>>>(kin, chunk * row, 1);
+    fill_bf16<<<1024, 256>>>(vin, chunk * row, 2);
+    CU(cudaDeviceSynchronize());
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    CU(cudaEventRecord(e0));
+    for (size_t t0 = 0; t0 < n_tok; t0 += chunk) {
+        const size_t n = n_tok - t0 < chunk ? n_tok - t0 : chunk;
+        const size_t a = e8kv_cuda_append_slots(c, 0, d_slots + t0, kin, vin, n, E8KV_DTYPE_BF16);
+        if (e8kv_is_error(a)) {
+            printf("append: %s\n", e8kv_error_name(a));
+            exit(1);
+        }
+    }
+    CU(cudaEventRecord(e1));
+    CU(cudaEventSynchronize(e1));
+    float enc_ms;
+    CU(cudaEventElapsedTime(&enc_ms, e0, e1));
+    const double enc_gbps = (double)n_tok * row * 2 * 2 / (enc_ms * 1e-3) / 1e9;
+    /* queries */
+    __nv_bfloat16 *q;
+    float *out;
+    CU(cudaMalloc((void **)&q, batch * n_head * d * 2));
+    CU(cudaMalloc((void **)&out, batch * n_head * d * 4));
+    fill_bf16<<<64, 256>>>(q, batch * n_head * d, 3);
+    float t[30];
+    for (int i = -5; i < 30; i++) {
+        CU(cudaEventRecord(e0));
+        const size_t a = e8kv_cuda_attend(c, 0, out, q, E8KV_DTYPE_BF16, batch, n_head, d_tables, per, d_ctx,
+                                          ctx, NULL, 0, NULL);
+        CU(cudaEventRecord(e1));
+        CU(cudaEventSynchronize(e1));
+        if (e8kv_is_error(a)) {
+            printf("attend: %s\n", e8kv_error_name(a));
+            exit(1);
+        }
+        if (i >= 0) CU(cudaEventElapsedTime(&t[i], e0, e1));
+    }
+    CU(cudaGetLastError());
+    const double us = time_median(t, 30) * 1e3;
+    const size_t tok_bytes = e8kv_cuda_cache_token_bytes(c); /* one layer, K + V, all kv heads */
+    const double read = (double)n_tok * tok_bytes, gbps = read / (us * 1e-6) / 1e9;
+    const double fit_tokens = 80e9 / ((double)tok_bytes * sh->n_layer_model);
+    printf("%-8s %-8s batch %2zu ctx %6zu: %9.1f us  %7.1f GB/s (%4.1f%% of copy)  encode %6.1f GB/s  "
+           "%4zu B/token/layer  dev %.1f MB (accounted %.1f MB)\n",
+           sh->name, spec, batch, ctx, us, gbps, 100.0 * gbps / copy_gbps, enc_gbps, tok_bytes,
+           measured / 1e6, accounted / 1e6);
+    if (g_json)
+        fprintf(g_json,
+                "{\"bench\":\"e8kv_cuda\",\"device\":\"%s\",\"shape\":\"%s\",\"format\":\"%s\",\"batch\":%zu,"
+                "\"ctx\":%zu,\"n_head\":%zu,\"n_head_kv\":%zu,\"head_dim\":%zu,\"us\":%.2f,\"gbps\":%.1f,"
+                "\"copy_gbps\":%.1f,\"encode_gbps\":%.1f,\"bytes_per_token_layer\":%zu,\"dev_bytes_"
+                "measured\":%zu,"
+                "\"dev_bytes_accounted\":%zu,\"tokens_in_80GB\":%.0f,\"n_layer_model\":%zu}\n",
+                g_dev, sh->name, spec, batch, ctx, n_head, sh->n_kv, d, us, gbps, copy_gbps, enc_gbps,
+                tok_bytes, measured, accounted, fit_tokens, sh->n_layer_model);
+    free(perm), free(slots), free(ctxs);
+    CU(cudaFree(d_tables));
+    CU(cudaFree(d_slots));
+    CU(cudaFree(d_ctx));
+    CU(cudaFree(kin));
+    CU(cudaFree(vin));
+    CU(cudaFree(q));
+    CU(cudaFree(out));
+    CU(cudaEventDestroy(e0));
+    CU(cudaEventDestroy(e1));
+    e8kv_cuda_cache_free(c);
+}
+
+int main(int argc, char **argv) {
+    int quick = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json") && i + 1 < argc)
+            g_json = fopen(argv[++i], "w");
+        else if (!strcmp(argv[i], "--quick"))
+            quick = 1;
+    }
+    if (!e8kv_cuda_available()) {
+        printf("bench_cuda: no CUDA device\n");
+        return 77;
+    }
+    cudaDeviceProp prop;
+    CU(cudaGetDeviceProperties(&prop, 0));
+    snprintf(g_dev, sizeof g_dev, "%s", prop.name);
+    const double copy = copy_bandwidth();
+    printf("device %s, %d SMs; device-to-device copy %.1f GB/s (read + write, 1 GiB, median of 20)\n", g_dev,
+           prop.multiProcessorCount, copy);
+    if (g_json) fprintf(g_json, "{\"bench\":\"copy\",\"device\":\"%s\",\"copy_gbps\":%.1f}\n", g_dev, copy);
+    const shape shapes[] = {{"llama3-8b", 8, 4, 128, 32}, {"smollm2", 3, 3, 64, 30}};
+    const size_t batches[] = {1, 8, 32}, ctxs[] = {4096, 32768, 131072};
+    const char *specs[] = {"e8box:4", "bf16"};
+    for (int s = 0; s < 2; s++)
+        for (int b = 0; b < 3; b++)
+            for (int x = 0; x < 3; x++)
+                for (int f = 0; f < 2; f++) {
+                    if (quick && (b == 2 || x == 2)) continue;
+                    run(&shapes[s], specs[f], batches[b], ctxs[x], copy);
+                }
+    if (g_json) fclose(g_json);
+    return 0;
+}

@@ -1,0 +1,126 @@
+/* e8kv on the GPU: a device-resident paged KV cache of fixed-rate codes and a fused decode attention that
+ * reads the codes and decodes them in registers (built only when CMake finds a CUDA compiler).
+ *
+ * The cache is laid out as serving engines lay theirs out (vLLM's paged attention): one device pool per
+ * (layer, stream K/V) of `n_blocks` pages, a page holding `block_size` tokens of every KV head; a
+ * sequence is a block table (page ids) plus a length. Two ways to use it:
+ *  - the cache owns the sequences: e8kv_cuda_seq_create / fork / free, e8kv_cuda_seq_append and
+ *    e8kv_cuda_seq_attend (page allocation, copy-on-write of a forked partial page, block tables kept
+ *    on the device);
+ *  - the caller owns the block tables (a serving engine's scheduler): e8kv_cuda_append_slots writes
+ *    token rows into slots (page * block_size + offset) and e8kv_cuda_attend reads with the caller's
+ *    block tables and context lengths. The two must not be mixed on one cache.
+ * Page bytes are specified in doc/format.md §6. All pages are allocated once at creation (one
+ * cudaMalloc); e8kv_cuda_cache_device_bytes says exactly how many bytes the cache holds on the device.
+ *
+ * Formats (spec grammar: "FMT" for K and V, or "k=FMT,v=FMT"):
+ *   e8box:4   the CPU codec e8box:4 (doc/format.md §2.4) after the seeded rotation, same bytes per vector
+ *   bf16, f16 raw pages (no rotation)
+ * head_dim 64 or 128 (E8KV_ERROR_HEAD_DIM otherwise); query heads per KV head 1..8.
+ *
+ * Errors are the library's size_t codes (e8kv.h); a failing CUDA call is E8KV_ERROR_CUDA, a failed
+ * allocation E8KV_ERROR_OUT_OF_MEMORY. A rejected append (NaN/Inf: E8KV_ERROR_NONFINITE, a value beyond
+ * the format's range: E8KV_ERROR_RANGE) leaves every sequence's length unchanged.
+ * Not thread-safe: one host thread per cache. Pointers named d_* are device pointers. */
+#ifndef E8KV_CUDA_H
+#define E8KV_CUDA_H
+
+#include "e8kv.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { E8KV_DTYPE_F32 = 0, E8KV_DTYPE_F16 = 1, E8KV_DTYPE_BF16 = 2 } e8kv_dtype;
+
+typedef struct {
+    size_t n_layer;
+    size_t n_head_kv;
+    size_t head_dim;   /* 64 or 128 */
+    size_t block_size; /* tokens per page, a multiple of 16 (0: 16) */
+    size_t n_blocks;   /* pages per (layer, stream) */
+    const char *spec;  /* "e8box:4", "bf16", "f16", "k=e8box:4,v=bf16" */
+    uint64_t seed;     /* rotation seed: the same bytes as e8kv_codec_create(spec, head_dim, seed) */
+    size_t max_ctx;    /* longest sequence (0: n_blocks * block_size); sizes block tables and workspace */
+    size_t max_seqs;   /* sequences the cache may own at once (0: 256) */
+    size_t max_batch;  /* sequences per attend call (0: 256); sizes the split-K workspace */
+    size_t max_n_head; /* query heads per attend call (0: 8 * n_head_kv) */
+    size_t max_append; /* tokens per append call before it is cut into pieces (0: 4096) */
+    int device;        /* CUDA device ordinal */
+} e8kv_cuda_cache_params;
+
+typedef struct e8kv_cuda_cache e8kv_cuda_cache;
+
+/* 1 when a CUDA device is usable (the tests skip otherwise). */
+int e8kv_cuda_available(void);
+
+e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *params, size_t *err);
+void e8kv_cuda_cache_free(e8kv_cuda_cache *cache);
+
+/* Every byte the cache holds on the device (pages, block tables, workspace), as allocated. */
+size_t e8kv_cuda_cache_device_bytes(const e8kv_cuda_cache *cache);
+/* Bytes of one token in the pages: all layers, K and V, all KV heads. */
+size_t e8kv_cuda_cache_token_bytes(const e8kv_cuda_cache *cache);
+/* Bytes of one vector (one token, one head) of a stream (0 = K, 1 = V) of a layer. */
+size_t e8kv_cuda_cache_vector_bytes(const e8kv_cuda_cache *cache, size_t layer, int stream);
+/* The page pool of (layer, stream): its device address and the bytes of one page. For zero-copy use by a
+ * serving engine and for tests (doc/format.md §6). Returns the page size or an error. */
+size_t e8kv_cuda_cache_pages(const e8kv_cuda_cache *cache, size_t layer, int stream, void **d_pool);
+
+/* ---- caller-owned block tables (serving-engine style) ----
+ * Write n_tok token rows into slots: d_slots[i] = page * block_size + offset (device int64; a negative
+ * slot skips the row). d_k, d_v: (n_tok, n_head_kv * head_dim) of `dtype`, device memory. Synchronous:
+ * returns n_tok or an error. A rejected call (NaN/Inf, out of range) may have written some of its slots:
+ * the engine treats them as unwritten, as it would after any failed step. */
+size_t e8kv_cuda_append_slots(e8kv_cuda_cache *cache, size_t layer, const int64_t *d_slots, const void *d_k,
+                              const void *d_v, size_t n_tok, e8kv_dtype dtype);
+/* Bytes of the workspace e8kv_cuda_attend needs for these sizes. */
+size_t e8kv_cuda_attend_workspace_bytes(const e8kv_cuda_cache *cache, size_t n_seq, size_t n_head,
+                                        size_t max_ctx);
+/* Decode attention: one query token per sequence against its first d_ctx_lens[s] tokens.
+ * d_q: (n_seq, n_head * head_dim) of `dtype`; d_out: (n_seq, n_head * head_dim) f32;
+ * d_block_tables: (n_seq, max_blocks_per_seq) int32 page ids; d_ctx_lens: (n_seq) int32, each at most
+ * max_ctx; scores scaled by 1/sqrt(head_dim). Asynchronous on `stream` (a cudaStream_t, NULL = default);
+ * d_workspace of e8kv_cuda_attend_workspace_bytes (NULL: the cache's own, for n_seq <= max_batch).
+ * Returns n_seq * n_head * head_dim or an argument error; launch errors are E8KV_ERROR_CUDA. */
+size_t e8kv_cuda_attend(e8kv_cuda_cache *cache, size_t layer, float *d_out, const void *d_q, e8kv_dtype dtype,
+                        size_t n_seq, size_t n_head, const int32_t *d_block_tables, size_t max_blocks_per_seq,
+                        const int32_t *d_ctx_lens, size_t max_ctx, void *d_workspace, size_t workspace_bytes,
+                        void *stream);
+
+/* ---- sequences owned by the cache ---- */
+/* A new empty sequence: its id, or an error (E8KV_ERROR_CONTEXT_FULL when max_seqs are live). */
+size_t e8kv_cuda_seq_create(e8kv_cuda_cache *cache);
+/* A copy of `seq` sharing its full pages (its partial last page is copied): the new id or an error. */
+size_t e8kv_cuda_seq_fork(e8kv_cuda_cache *cache, size_t seq);
+/* Releases the sequence's pages (those no other sequence shares). */
+size_t e8kv_cuda_seq_free(e8kv_cuda_cache *cache, size_t seq);
+/* Tokens stored for (seq, layer). */
+size_t e8kv_cuda_seq_length(const e8kv_cuda_cache *cache, size_t seq, size_t layer);
+/* Pages free in the pool. */
+size_t e8kv_cuda_cache_free_pages(const e8kv_cuda_cache *cache);
+/* Append n_tok tokens to one sequence (prefill) for one layer; d_k, d_v device rows as in append_slots.
+ * Returns the new length or an error (E8KV_ERROR_OUT_OF_MEMORY when the pool is full: nothing stored
+ * is lost, the sequence keeps its length). */
+size_t e8kv_cuda_seq_append(e8kv_cuda_cache *cache, size_t layer, size_t seq, const void *d_k,
+                            const void *d_v, size_t n_tok, e8kv_dtype dtype);
+/* One token for each of n_seq sequences (a decode step): d_k, d_v (n_seq, n_head_kv * head_dim). */
+size_t e8kv_cuda_seq_append_batch(e8kv_cuda_cache *cache, size_t layer, const size_t *seqs, size_t n_seq,
+                                  const void *d_k, const void *d_v, e8kv_dtype dtype);
+/* Decode attention for n_seq owned sequences (host ids) over each one's tokens of this layer; d_q and
+ * d_out as in e8kv_cuda_attend. Synchronous. */
+size_t e8kv_cuda_seq_attend(e8kv_cuda_cache *cache, size_t layer, float *d_out, const void *d_q,
+                            e8kv_dtype dtype, const size_t *seqs, size_t n_seq, size_t n_head);
+/* Copies the bytes of vector (seq, layer, stream, pos, head) back to the host in the CPU codec's order
+ * (e8kv_codec_encode of the same spec): what the tests compare. Returns the vector bytes or an error. */
+size_t e8kv_cuda_seq_read_vector(const e8kv_cuda_cache *cache, void *dst, size_t dst_capacity, size_t seq,
+                                 size_t layer, int stream, size_t pos, size_t head);
+/* The same for a caller-owned slot. */
+size_t e8kv_cuda_read_slot(const e8kv_cuda_cache *cache, void *dst, size_t dst_capacity, size_t layer,
+                           int stream, int64_t slot, size_t head);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,555 @@
+/* Fused split-K decode attention over the paged cache (one query token per sequence).
+ *
+ * Grid (split, kv head, sequence); a block of 4 warps owns one KV head of one sequence and all G query
+ * heads that share it (GQA), so every code is read once. Warps take 16-token tiles in turn and keep their
+ * own online-softmax state (FlashAttention-2 style); the block merges its warps, a second kernel merges
+ * the splits by log-sum-exp and undoes the rotation once per head.
+ *
+ * Both products run on the tensor cores (mma.sync m16n8k16, f32 accumulate):
+ *   scores S = Q·Kᵀ: A = the query rows (rows 0..G−1 the f16/bf16 "hi" part of q, rows 8..8+G−1 the
+ *     residual "lo" part, so q keeps ~22 bits), B = 8 tokens × 16 coordinates of K;
+ *   output Oᵀ += Vᵀ·Pᵀ: A = 16 coordinates × 16 tokens of V, B = P (columns 0..G−1 hi, G..2G−1 lo when
+ *     2G ≤ 8): the score fragment of a thread is exactly the P fragment it feeds (no shuffle but the lo).
+ * e8box:4 codes become f16 in registers without a table: a nibble n and the block's coset bit k are
+ * OR-ed into the mantissa of 1024 (0x6400 | (2n + k)) and 1040 subtracted, which gives the doubled
+ * lattice coordinate 2n + k − 16 exactly; the per-vector half step multiplies the score (K) or the
+ * probability (V). Since q·k is invariant under a permutation of the coordinates, each thread decodes
+ * the coordinates its 16-byte (K) / 8-byte (V) load holds and the query and output are permuted to match
+ * (kdim / vdim below). q is rotated once per block (R orthonormal: q·k = Rq·Rk); V stays rotated until
+ * the merge. */
+#include "cuda_internal.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#define WARPS 4
+#define V_BOX_SCALE 256.0f /* P·h lifted out of f16 subnormals: exact power of 2, divided out at the merge  \
+                            */
+#define V_F16_SCALE 32768.0f /* P ≤ 1 on f16 pages: weights down to 2^-39 of the largest survive in f16 */
+#define LOG2E 1.4426950408889634f
+
+__constant__ float c_frac_a[8] = {0x1p+0f,        0x1.172b84p+0f, 0x1.306fe0p+0f, 0x1.4bfdaep+0f,
+                                  0x1.6a09e6p+0f, 0x1.8ace54p+0f, 0x1.ae89fap+0f, 0x1.d5818ep+0f};
+
+__device__ __forceinline__ float load_q(const void *src, size_t i, int dtype) {
+    if (dtype == E8KV_DTYPE_F32) return ((const float *)src)[i];
+    if (dtype == E8KV_DTYPE_F16) return __half2float(((const __half *)src)[i]);
+    return __bfloat162float(((const __nv_bfloat16 *)src)[i]);
+}
+
+template <bool BF>
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    if constexpr (BF)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                     "{%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                     "{%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* x as the pair element type (hi part) and the float it rounds to */
+template <bool BF> __device__ __forceinline__ uint16_t to16(float x, float *back) {
+    if constexpr (BF) {
+        const __nv_bfloat16 h = __float2bfloat16_rn(x);
+        *back = __bfloat162float(h);
+        return __bfloat16_as_ushort(h);
+    } else {
+        const __half h = __float2half_rn(x);
+        *back = __half2float(h);
+        return __half_as_ushort(h);
+    }
+}
+template <bool BF> __device__ __forceinline__ uint16_t hi16(float x) {
+    float b;
+    return to16<BF>(x, &b);
+}
+template <bool BF> __device__ __forceinline__ uint16_t lo16(float x) {
+    float b;
+    to16<BF>(x, &b);
+    return to16<BF>(x - b, &b);
+}
+__device__ __forceinline__ uint32_t pack(uint16_t a, uint16_t b) {
+    return (uint32_t)a | ((uint32_t)b << 16);
+}
+
+/* (mantissa bits | 0x6400) as f16x2 minus 1040: the doubled coordinates 2n + k − 16, exact */
+__device__ __forceinline__ uint32_t box_f16x2(uint32_t bits) {
+    uint32_t r;
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(r) : "r"(bits), "r"(0x64106410u));
+    return r;
+}
+
+/* coordinate of query column kk (0..15) of k-step s for lane column t4 (see the file comment) */
+template <int D, int KF> __device__ __forceinline__ int kdim(int t4, int s, int kk) {
+    const int upper = kk >> 3, r = kk & 1;
+    if constexpr (KF == FMT_BOX4) {
+        const int B = (D / 8) * t4 + 4 * (s >> 1) + upper + 2 * r;
+        return 32 * (B >> 4) + (B & 15) + 16 * (s & 1);
+    } else {
+        return (D / 4) * t4 + 4 * s + 2 * upper + r;
+    }
+}
+/* coordinate of output row g (hi = row g + 8) of M-tile mt */
+template <int D, int VF> __device__ __forceinline__ int vdim(int g, int mt, int hi) {
+    if constexpr (VF == FMT_BOX4) {
+        const int B = (D / 16) * g + mt;
+        return 32 * (B >> 4) + (B & 15) + 16 * hi;
+    } else {
+        return (D / 8) * g + 2 * mt + hi;
+    }
+}
+
+/* The bytes one lane needs for one 16-token tile, loaded as wide as the layout allows:
+ *   K: tokens g and 8 + g (the B operand), 16 B (d = 128) / 8 B (d = 64) of nibbles each, or 64 / 32 B raw;
+ *      their coset bytes; the steps of tokens 2t4, 2t4 + 1 and 2t4 + 8, 2t4 + 9 (the score columns);
+ *   V: tokens 2t4, 2t4 + 1, 2t4 + 8, 2t4 + 9 (the A operand), 8 / 4 B of nibbles each, or 32 / 16 B raw;
+ *      their coset bytes and steps. */
+template <int D, int KF, int VF> struct tile_regs {
+    uint32_t kw[2][KF == FMT_BOX4 ? D / 32 : D / 8];
+    uint32_t vw[4][VF == FMT_BOX4 ? (D / 64 > 0 ? D / 64 : 1) : D / 16];
+    uint32_t kc[2], ks[2], vc[2], vs[2];
+};
+
+template <int D, int KF, int VF>
+__device__ __forceinline__ void load_tile(tile_regs<D, KF, VF> &r, const attn_launch &a, const int32_t *table,
+                                          int kvh, int tile0, int g, int t4) {
+    const int bs = (int)a.block_size, page = table[tile0 / bs], o0 = tile0 % bs;
+    const uint8_t *const kb = a.k.pool + (size_t)page * a.k.page_bytes + (size_t)kvh * a.k.head_bytes;
+    const uint8_t *const vb = a.v.pool + (size_t)page * a.v.page_bytes + (size_t)kvh * a.v.head_bytes;
+    constexpr int NC = (D + 63) / 64;
+#pragma unroll
+    for (int tt = 0; tt < 2; tt++) {
+        const int tk = o0 + 8 * tt + g;
+        if constexpr (KF == FMT_BOX4) {
+            if constexpr (D == 128) {
+                const uint4 u = __ldg((const uint4 *)(kb + (size_t)tk * (D / 2) + 16 * t4));
+                r.kw[tt][0] = u.x, r.kw[tt][1] = u.y, r.kw[tt][2] = u.z, r.kw[tt][3] = u.w;
+            } else {
+                const uint2 u = __ldg((const uint2 *)(kb + (size_t)tk * (D / 2) + 8 * t4));
+                r.kw[tt][0] = u.x, r.kw[tt][1] = u.y;
+            }
+            const uint8_t *const side = kb + (size_t)bs * (D / 2);
+            r.kc[tt] = NC == 2 ? __ldg((const uint16_t *)(side + bs + 2 * tk)) : __ldg(side + bs + tk);
+            r.ks[tt] = __ldg((const uint16_t *)(side + o0 + 8 * tt + 2 * t4));
+        } else {
+            const uint4 *const p4 = (const uint4 *)(kb + ((size_t)tk * D + (D / 4) * t4) * 2);
+#pragma unroll
+            for (int i = 0; i < D / 32; i++) {
+                const uint4 u = __ldg(p4 + i);
+                r.kw[tt][4 * i] = u.x, r.kw[tt][4 * i + 1] = u.y, r.kw[tt][4 * i + 2] = u.z,
+                             r.kw[tt][4 * i + 3] = u.w;
+            }
+        }
+    }
+    const int tv[4] = {o0 + 2 * t4, o0 + 2 * t4 + 1, o0 + 2 * t4 + 8, o0 + 2 * t4 + 9};
+    if constexpr (VF == FMT_BOX4) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if constexpr (D == 128) {
+                const uint2 u = __ldg((const uint2 *)(vb + (size_t)tv[i] * (D / 2) + 8 * g));
+                r.vw[i][0] = u.x, r.vw[i][1] = u.y;
+            } else {
+                r.vw[i][0] = __ldg((const uint32_t *)(vb + (size_t)tv[i] * (D / 2) + 4 * g));
+            }
+        }
+        const uint8_t *const side = vb + (size_t)bs * (D / 2);
+#pragma unroll
+        for (int pr = 0; pr < 2; pr++) {
+            r.vc[pr] = NC == 2 ? __ldg((const uint32_t *)(side + bs + 2 * tv[2 * pr]))
+                               : __ldg((const uint16_t *)(side + bs + tv[2 * pr]));
+            r.vs[pr] = __ldg((const uint16_t *)(side + tv[2 * pr]));
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint4 *const p4 = (const uint4 *)(vb + ((size_t)tv[i] * D + (D / 8) * g) * 2);
+#pragma unroll
+            for (int j = 0; j < D / 64; j++) {
+                const uint4 u = __ldg(p4 + j);
+                r.vw[i][4 * j] = u.x, r.vw[i][4 * j + 1] = u.y, r.vw[i][4 * j + 2] = u.z,
+                            r.vw[i][4 * j + 3] = u.w;
+            }
+        }
+    }
+}
+
+template <int D, int KF, int VF>
+__global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a) {
+    constexpr int KS = D / 16; /* k-steps of the scores = M-tiles of the output */
+    constexpr bool KBF = KF == FMT_BF16, VBF = VF == FMT_BF16;
+    __shared__ float sq[8][D];
+    __shared__ float sh[256];
+    __shared__ float so[WARPS][8][D];
+    __shared__ float sm[WARPS][8], sl[WARPS][8];
+
+    const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
+    const int G = (int)(a.n_head / a.n_head_kv);
+    const bool LO = 2 * G <= 8;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int n_split = (int)a.n_split;
+    const int ctx = a.ctx_lens[seq];
+    const int chunk = ((ctx + n_split - 1) / n_split + 15) & ~15;
+    const int start = split * chunk, end = min(start + chunk, ctx);
+    const int32_t *const table = a.block_tables + (size_t)seq * a.max_blocks;
+
+    for (int i = tid; i < 256; i += blockDim.x)
+        sh[i] = i ? c_frac_a[i & 7] * __int_as_float(((i >> 3) - 21 + 127) << 23) : 0.0f; /* δ/2 */
+    for (int idx = tid; idx < G * D; idx += blockDim.x) {
+        const int r = idx / D, i = idx % D;
+        float v = load_q(a.q, ((size_t)seq * a.n_head + (size_t)kvh * G + r) * D + i, a.q_dtype);
+        if (KF == FMT_BOX4) v *= a.signs[i];
+        sq[r][i] = v;
+    }
+    __syncthreads();
+    if (KF == FMT_BOX4) {
+        for (int h = 1; h < D; h *= 2) {
+            for (int idx = tid; idx < G * D / 2; idx += blockDim.x) {
+                const int r = idx / (D / 2), j = idx % (D / 2), i = (j / h) * 2 * h + j % h;
+                const float x = sq[r][i], y = sq[r][i + h];
+                sq[r][i] = x + y;
+                sq[r][i + h] = x - y;
+            }
+            __syncthreads();
+        }
+    }
+    const float qscale = (KF == FMT_BOX4 ? a.rot_scale : 1.0f) * rsqrtf((float)D) * LOG2E;
+    uint32_t qa[KS][4];
+#pragma unroll
+    for (int s = 0; s < KS; s++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int kk = ((j & 2) ? 8 : 0) + 2 * t4;
+            uint32_t w = 0;
+            if (g < G) {
+                const float x0 = sq[g][kdim<D, KF>(t4, s, kk)] * qscale,
+                            x1 = sq[g][kdim<D, KF>(t4, s, kk + 1)] * qscale;
+                w = (j & 1) ? pack(lo16<KBF>(x0), lo16<KBF>(x1)) : pack(hi16<KBF>(x0), hi16<KBF>(x1));
+            }
+            qa[s][j] = w;
+        }
+
+    float m = -INFINITY, l = 0.0f;
+    float oacc[KS][4];
+#pragma unroll
+    for (int mt = 0; mt < KS; mt++)
+        oacc[mt][0] = oacc[mt][1] = oacc[mt][2] = oacc[mt][3] = 0.0f;
+    /* the column this thread feeds into P (hi of row g, lo of row g − G, or nothing) */
+    const int p_src = g < G ? lane : (LO && g < 2 * G) ? (g - G) * 4 + t4 : lane;
+    const int p_kind = g < G ? 0 : (LO && g < 2 * G) ? 1 : 2;
+    int col_row[2];
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        const int col = 2 * t4 + c;
+        col_row[c] = col < G ? col : (LO && col < 2 * G) ? col - G : 0;
+    }
+
+    /* the loop is software-pipelined for the code formats: the next tile's bytes are in flight while this
+     * one is decoded (raw pages hold 4x the registers and stay unpipelined) */
+    constexpr bool PIPE = KF == FMT_BOX4 && VF == FMT_BOX4;
+    /* the first block of a K lane's bytes (its coset bit is bit 0 after this shift) */
+    const int kshift = (32 * (((D / 8) * t4) >> 4) + (((D / 8) * t4) & 15)) >> 3;
+    tile_regs<D, KF, VF> cur, nxt;
+    int tile0 = start + 16 * warp;
+    if (tile0 < end) load_tile<D, KF, VF>(cur, a, table, kvh, tile0, g, t4);
+    for (; tile0 < end; tile0 += 16 * WARPS) {
+        const int next0 = tile0 + 16 * WARPS;
+        if (PIPE && next0 < end) load_tile<D, KF, VF>(nxt, a, table, kvh, next0, g, t4);
+        /* ---- scores: row g, tokens 8tt + 2t4 + c. Four independent accumulator chains (token tile ×
+         * k-step parity) so the tensor-core latency overlaps instead of serialising 8 products per chain. */
+        float sc[2][2];
+        float acc[2][2][4];
+#pragma unroll
+        for (int tt = 0; tt < 2; tt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                acc[tt][h][0] = acc[tt][h][1] = acc[tt][h][2] = acc[tt][h][3] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < KS; s++)
+#pragma unroll
+            for (int tt = 0; tt < 2; tt++) {
+                if constexpr (KF == FMT_BOX4) {
+                    /* lane t4 holds blocks 4·t4 .. 4·t4 + 3 (d = 128) of its token; k-step s: word s/2,
+                     * nibble s%2 */
+                    const uint32_t cos = cur.kc[tt] >> kshift;
+                    const uint32_t x = cur.kw[tt][s >> 1];
+                    constexpr int BPL = D / 32; /* blocks per lane */
+                    const int blk = (BPL == 4 ? (s >> 2) : 0) + 2 * (s & 1);
+                    const uint32_t km = 0x64006400u | (((cos >> blk) & 1u) * 0x00010001u);
+                    uint32_t bb[2];
+                    bb[0] = box_f16x2((((s & 1) ? x >> 3 : x << 1) & 0x001E001Eu) | km);
+                    bb[1] = box_f16x2((((s & 1) ? x >> 11 : x >> 7) & 0x001E001Eu) | km);
+                    mma16816<false>(acc[tt][s & 1], qa[s], bb);
+                } else {
+                    const uint32_t bb[2] = {cur.kw[tt][2 * s], cur.kw[tt][2 * s + 1]};
+                    mma16816<KBF>(acc[tt][s & 1], qa[s], bb);
+                }
+            }
+#pragma unroll
+        for (int tt = 0; tt < 2; tt++) {
+            sc[tt][0] = (acc[tt][0][0] + acc[tt][1][0]) + (acc[tt][0][2] + acc[tt][1][2]);
+            sc[tt][1] = (acc[tt][0][1] + acc[tt][1][1]) + (acc[tt][0][3] + acc[tt][1][3]);
+        }
+        const bool full = tile0 + 16 <= end;
+        float tmax = -INFINITY;
+#pragma unroll
+        for (int tt = 0; tt < 2; tt++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int t = 8 * tt + 2 * t4 + c;
+                float sv = sc[tt][c];
+                if (KF == FMT_BOX4) sv *= sh[(cur.ks[tt] >> (8 * c)) & 255u];
+                if (g >= G || (!full && tile0 + t >= end)) sv = -INFINITY;
+                sc[tt][c] = sv;
+                tmax = fmaxf(tmax, sv);
+            }
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+        const float m_new = fmaxf(m, tmax);
+        const float alpha = m_new == -INFINITY ? 1.0f : exp2f(m - m_new);
+        float pv[2][2];
+        l *= alpha;
+#pragma unroll
+        for (int tt = 0; tt < 2; tt++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const float p = m_new == -INFINITY ? 0.0f : exp2f(sc[tt][c] - m_new);
+                l += p;
+                pv[tt][c] = VF == FMT_BOX4  ? p * sh[(cur.vs[tt] >> (8 * c)) & 255u] * V_BOX_SCALE
+                            : VF == FMT_F16 ? p * V_F16_SCALE
+                                            : p;
+            }
+        m = m_new;
+        /* P fragment, column g: hi of row g; with 2G <= 8 the lo of row g − G in columns G..2G−1, else a
+         * second product with the lo parts into the same columns */
+        uint32_t pb[2], pl[2];
+#pragma unroll
+        for (int tt = 0; tt < 2; tt++) {
+            const float x0 = __shfl_sync(0xffffffffu, pv[tt][0], p_src),
+                        x1 = __shfl_sync(0xffffffffu, pv[tt][1], p_src);
+            pb[tt] = p_kind == 0   ? pack(hi16<VBF>(x0), hi16<VBF>(x1))
+                     : p_kind == 1 ? pack(lo16<VBF>(x0), lo16<VBF>(x1))
+                                   : 0u;
+            pl[tt] = g < G ? pack(lo16<VBF>(x0), lo16<VBF>(x1)) : 0u;
+        }
+        const float al0 = __shfl_sync(0xffffffffu, alpha, col_row[0] * 4),
+                    al1 = __shfl_sync(0xffffffffu, alpha, col_row[1] * 4);
+#pragma unroll
+        for (int mt = 0; mt < KS; mt++) {
+            oacc[mt][0] *= al0, oacc[mt][2] *= al0;
+            oacc[mt][1] *= al1, oacc[mt][3] *= al1;
+        }
+        /* ---- values: tokens 2t4, 2t4 + 1 (pair 0) and 2t4 + 8, 2t4 + 9 (pair 1) */
+        if constexpr (VF == FMT_BOX4) {
+            const int B0 = (D / 16) * g, blo = (32 * (B0 >> 4) + (B0 & 15)) >> 3, bhi = blo + 2;
+            /* cosets of tokens (2t4, 2t4+1) in vc[0], (2t4+8, 2t4+9) in vc[1]: n_cos bytes each */
+            constexpr int CB = 8 * ((D + 63) / 64);
+            const uint32_t c0 = cur.vc[0], c1 = cur.vc[1];
+            const uint32_t klo0 = 0x64006400u | ((c0 >> blo) & 1u) | (((c0 >> (CB + blo)) & 1u) << 16),
+                           khi0 = 0x64006400u | ((c0 >> bhi) & 1u) | (((c0 >> (CB + bhi)) & 1u) << 16),
+                           klo1 = 0x64006400u | ((c1 >> blo) & 1u) | (((c1 >> (CB + blo)) & 1u) << 16),
+                           khi1 = 0x64006400u | ((c1 >> bhi) & 1u) | (((c1 >> (CB + bhi)) & 1u) << 16);
+#pragma unroll
+            for (int mt = 0; mt < KS; mt++) {
+                const int wi = mt >> 2, bi = mt & 3;
+                const uint32_t sel = bi | (bi << 4) | ((4 + bi) << 8) | ((4 + bi) << 12);
+                const uint32_t x0 = __byte_perm(cur.vw[0][wi], cur.vw[1][wi], sel),
+                               x1 = __byte_perm(cur.vw[2][wi], cur.vw[3][wi], sel);
+                uint32_t r[4];
+                r[0] = box_f16x2(((x0 << 1) & 0x001E001Eu) | klo0);
+                r[1] = box_f16x2(((x0 >> 3) & 0x001E001Eu) | khi0);
+                r[2] = box_f16x2(((x1 << 1) & 0x001E001Eu) | klo1);
+                r[3] = box_f16x2(((x1 >> 3) & 0x001E001Eu) | khi1);
+                mma16816<false>(oacc[mt], r, pb);
+                if (!LO) mma16816<false>(oacc[mt], r, pl);
+            }
+        } else {
+            uint32_t mask0 = 0xffffffffu, mask1 = 0xffffffffu; /* tokens past the end: zeros, not garbage */
+            if (!full) {
+                mask0 = (tile0 + 2 * t4 < end ? 0xffffu : 0u) | (tile0 + 2 * t4 + 1 < end ? 0xffff0000u : 0u);
+                mask1 =
+                    (tile0 + 2 * t4 + 8 < end ? 0xffffu : 0u) | (tile0 + 2 * t4 + 9 < end ? 0xffff0000u : 0u);
+            }
+#pragma unroll
+            for (int mt = 0; mt < KS; mt++) {
+                uint32_t r[4];
+                r[0] = __byte_perm(cur.vw[0][mt], cur.vw[1][mt], 0x5410) & mask0;
+                r[1] = __byte_perm(cur.vw[0][mt], cur.vw[1][mt], 0x7632) & mask0;
+                r[2] = __byte_perm(cur.vw[2][mt], cur.vw[3][mt], 0x5410) & mask1;
+                r[3] = __byte_perm(cur.vw[2][mt], cur.vw[3][mt], 0x7632) & mask1;
+                mma16816<VBF>(oacc[mt], r, pb);
+                if (!LO) mma16816<VBF>(oacc[mt], r, pl);
+            }
+        }
+        if (PIPE)
+            cur = nxt;
+        else if (next0 < end)
+            load_tile<D, KF, VF>(cur, a, table, kvh, next0, g, t4);
+    }
+    /* ---- merge the warps */
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+#pragma unroll
+    for (int mt = 0; mt < KS; mt++) {
+        const int dl = vdim<D, VF>(g, mt, 0), dh = vdim<D, VF>(g, mt, 1);
+        so[warp][2 * t4][dl] = oacc[mt][0];
+        so[warp][2 * t4 + 1][dl] = oacc[mt][1];
+        so[warp][2 * t4][dh] = oacc[mt][2];
+        so[warp][2 * t4 + 1][dh] = oacc[mt][3];
+    }
+    if (t4 == 0) {
+        sm[warp][g] = m;
+        sl[warp][g] = l;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < G * D; idx += blockDim.x) {
+        const int r = idx / D, i = idx % D;
+        float M = -INFINITY;
+        for (int w = 0; w < WARPS; w++)
+            M = fmaxf(M, sm[w][r]);
+        float O = 0.0f, L = 0.0f;
+        if (M != -INFINITY)
+            for (int w = 0; w < WARPS; w++) {
+                const float wt = exp2f(sm[w][r] - M);
+                O += wt * (so[w][r][i] + (LO ? so[w][r + G][i] : 0.0f));
+                L += wt * sl[w][r];
+            }
+        const size_t base = ((size_t)seq * a.n_head + (size_t)kvh * G + r) * a.n_split + split;
+        a.part_o[base * D + i] = O;
+        if (i == 0) {
+            a.part_ml[2 * base] = M;
+            a.part_ml[2 * base + 1] = L;
+        }
+    }
+}
+
+/* grid (n_head, n_seq), D threads: log-sum-exp merge of the splits, then the inverse rotation */
+template <int D>
+__global__ void __launch_bounds__(D) attn_merge_kernel(const attn_launch a, int v_rot, float v_div) {
+    __shared__ float sx[D];
+    const int i = threadIdx.x;
+    const size_t base = ((size_t)blockIdx.y * a.n_head + blockIdx.x) * a.n_split;
+    float M = -INFINITY;
+    for (size_t s = 0; s < a.n_split; s++)
+        M = fmaxf(M, a.part_ml[2 * (base + s)]);
+    float O = 0.0f, L = 0.0f;
+    if (M != -INFINITY)
+        for (size_t s = 0; s < a.n_split; s++) {
+            const float w = exp2f(a.part_ml[2 * (base + s)] - M);
+            O += w * a.part_o[(base + s) * D + i];
+            L += w * a.part_ml[2 * (base + s) + 1];
+        }
+    float val = L > 0.0f ? O / (L * v_div) : 0.0f;
+    if (v_rot) {
+        sx[i] = val;
+        __syncthreads();
+        for (int h = 1; h < D; h *= 2) {
+            if (!(i & h)) {
+                const float x = sx[i], y = sx[i + h];
+                sx[i] = x + y;
+                sx[i + h] = x - y;
+            }
+            __syncthreads();
+        }
+        val = sx[i] * a.rot_scale * a.signs[i];
+    }
+    a.out[((size_t)blockIdx.y * a.n_head + blockIdx.x) * D + i] = val;
+}
+
+/* One wave: every block of the launch resident at once and all with the same work, so no tail. */
+size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm, int ctas_per_sm) {
+    const size_t per = n_seq * n_head_kv,
+                 wave = (size_t)(n_sm > 0 ? n_sm : 1) * (size_t)(ctas_per_sm > 0 ? ctas_per_sm : 1);
+    size_t n = wave / per;
+    const size_t most = (max_ctx + 63) / 64; /* at least one tile per warp */
+    if (n > most) n = most;
+    if (n > 256) n = 256;
+    return n ? n : 1;
+}
+
+template <int D, int KF, int VF> static int occupancy(void) {
+    static int n = 0;
+    if (!n && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_split_kernel<D, KF, VF>, 128, 0) !=
+                  cudaSuccess)
+        n = 1;
+    return n;
+}
+
+int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf) {
+#define E8KV_OCC(DD)                                                                                         \
+    switch (kf * 3 + vf) {                                                                                   \
+    case 0:                                                                                                  \
+        return occupancy<DD, 0, 0>();                                                                        \
+    case 1:                                                                                                  \
+        return occupancy<DD, 0, 1>();                                                                        \
+    case 2:                                                                                                  \
+        return occupancy<DD, 0, 2>();                                                                        \
+    case 3:                                                                                                  \
+        return occupancy<DD, 1, 0>();                                                                        \
+    case 4:                                                                                                  \
+        return occupancy<DD, 1, 1>();                                                                        \
+    case 5:                                                                                                  \
+        return occupancy<DD, 1, 2>();                                                                        \
+    case 6:                                                                                                  \
+        return occupancy<DD, 2, 0>();                                                                        \
+    case 7:                                                                                                  \
+        return occupancy<DD, 2, 1>();                                                                        \
+    default:                                                                                                 \
+        return occupancy<DD, 2, 2>();                                                                        \
+    }
+    if (d == 128) {
+        E8KV_OCC(128)
+    } else {
+        E8KV_OCC(64)
+    }
+#undef E8KV_OCC
+}
+
+template <int D, int KF, int VF> static void launch(const attn_launch *a, cudaStream_t stream) {
+    const dim3 grid((unsigned)a->n_split, (unsigned)a->n_head_kv, (unsigned)a->n_seq);
+    attn_split_kernel<D, KF, VF><<<grid, 128, 0, stream>>>(*a);
+    attn_merge_kernel<D>
+        <<<dim3((unsigned)a->n_head, (unsigned)a->n_seq), D, 0, stream>>>(*a, VF == FMT_BOX4,
+                                                                          VF == FMT_BOX4  ? V_BOX_SCALE
+                                                                          : VF == FMT_F16 ? V_F16_SCALE
+                                                                                          : 1.0f);
+}
+
+template <int D, int KF> static void launch_v(const attn_launch *a, cudaStream_t stream) {
+    switch (a->v.fmt) {
+    case FMT_BOX4:
+        launch<D, KF, FMT_BOX4>(a, stream);
+        break;
+    case FMT_BF16:
+        launch<D, KF, FMT_BF16>(a, stream);
+        break;
+    default:
+        launch<D, KF, FMT_F16>(a, stream);
+        break;
+    }
+}
+
+template <int D> static void launch_k(const attn_launch *a, cudaStream_t stream) {
+    switch (a->k.fmt) {
+    case FMT_BOX4:
+        launch_v<D, FMT_BOX4>(a, stream);
+        break;
+    case FMT_BF16:
+        launch_v<D, FMT_BF16>(a, stream);
+        break;
+    default:
+        launch_v<D, FMT_F16>(a, stream);
+        break;
+    }
+}
+
+size_t e8kv_cu_launch_attend(const attn_launch *a, cudaStream_t stream) {
+    if (a->d == 128)
+        launch_k<128>(a, stream);
+    else
+        launch_k<64>(a, stream);
+    return cudaGetLastError() == cudaSuccess ? 0 : E8KV_CU_ERR(CUDA);
+}

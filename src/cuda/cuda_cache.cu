@@ -1,0 +1,512 @@
+/* The device paged cache: one cudaMalloc holding every page pool, the owned sequences' block tables, the
+ * split-K workspace and the small staging buffers (so the device bytes are exactly the accounted bytes),
+ * the host-side page allocator (free list + reference counts, copy-on-write of shared pages) and the
+ * argument checks of the public API (e8kv_cuda.h). Page bytes: doc/format.md §6. */
+#include "cuda_internal.cuh"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct e8kv_cuda_cache {
+    size_t n_layer, n_head_kv, d, bs, n_blocks, max_ctx, width, max_seqs, max_batch, max_n_head, max_append;
+    int kfmt, vfmt, device, n_sm, occ; /* occ: resident attention blocks per SM */
+    float rot_scale;
+    uint8_t *dev; /* the one allocation */
+    size_t dev_bytes;
+    stream_desc *sd;    /* (n_layer, 2) */
+    int32_t *d_tables;  /* (max_seqs, width) */
+    int32_t *d_btables; /* (max_batch, width): the tables of one seq_attend call */
+    int32_t *d_ctx;     /* (max_batch) */
+    int64_t *d_slots;   /* (max_append) */
+    float *d_signs;     /* (d) */
+    unsigned *d_flags;
+    float *d_work;
+    size_t work_bytes;
+    /* host side */
+    int32_t *tables;     /* (max_seqs, width) */
+    size_t *lens;        /* (max_seqs, n_layer) */
+    size_t *n_pages;     /* (max_seqs) pages in each owned table */
+    unsigned char *live; /* (max_seqs) */
+    int32_t *refs;       /* (n_blocks) */
+    int32_t *free_list;  /* stack of free page ids */
+    size_t n_free;
+    int64_t *slots;   /* (max_append) */
+    int32_t *btables; /* (max_batch, width) */
+    int32_t *ctx;     /* (max_batch) */
+};
+
+int e8kv_cuda_available(void) {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+static int parse_fmt(const char *s, size_t n) {
+    if (n == 7 && !strncmp(s, "e8box:4", 7)) return FMT_BOX4;
+    if (n == 4 && !strncmp(s, "bf16", 4)) return FMT_BF16;
+    if (n == 3 && !strncmp(s, "f16", 3)) return FMT_F16;
+    return -1;
+}
+
+/* "FMT" or "k=FMT,v=FMT" */
+static size_t parse_spec(const char *spec, int *kf, int *vf) {
+    if (!spec) return E8KV_CU_ERR(SPEC);
+    const char *comma = strchr(spec, ',');
+    if (!comma) {
+        *kf = *vf = parse_fmt(spec, strlen(spec));
+    } else {
+        if (strncmp(spec, "k=", 2) || strncmp(comma + 1, "v=", 2)) return E8KV_CU_ERR(SPEC);
+        *kf = parse_fmt(spec + 2, (size_t)(comma - spec - 2));
+        *vf = parse_fmt(comma + 3, strlen(comma + 3));
+    }
+    return *kf < 0 || *vf < 0 ? E8KV_CU_ERR(SPEC) : 0;
+}
+
+static size_t align256(size_t n) {
+    return (n + 255) & ~(size_t)255;
+}
+
+size_t e8kv_cuda_attend_workspace_bytes(const e8kv_cuda_cache *c, size_t n_seq, size_t n_head,
+                                        size_t max_ctx) {
+    if (!c || !n_seq || !n_head) return 0;
+    const size_t ns = e8kv_cu_n_split(n_seq, c->n_head_kv, max_ctx, c->n_sm, c->occ);
+    return align256(n_seq * n_head * ns * c->d * sizeof(float)) + n_seq * n_head * ns * 2 * sizeof(float);
+}
+
+static size_t max_workspace(const e8kv_cuda_cache *c) {
+    size_t most = 0;
+    for (size_t b = 1; b <= c->max_batch; b++) {
+        const size_t w = e8kv_cuda_attend_workspace_bytes(c, b, c->max_n_head, c->max_ctx);
+        most = w > most ? w : most;
+    }
+    return most;
+}
+
+void e8kv_cuda_cache_free(e8kv_cuda_cache *c) {
+    if (!c) return;
+    if (c->dev) cudaFree(c->dev);
+    free(c->sd);
+    free(c->tables);
+    free(c->lens);
+    free(c->n_pages);
+    free(c->live);
+    free(c->refs);
+    free(c->free_list);
+    free(c->slots);
+    free(c->btables);
+    free(c->ctx);
+    free(c);
+}
+
+static e8kv_cuda_cache *fail(e8kv_cuda_cache *c, size_t *err, size_t code) {
+    if (err) *err = code;
+    e8kv_cuda_cache_free(c);
+    return NULL;
+}
+
+e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t *err) {
+    if (err) *err = 0;
+    if (!p || !p->n_layer || !p->n_head_kv || !p->n_blocks) return fail(NULL, err, E8KV_CU_ERR(BAD_ARGUMENT));
+    if (p->head_dim != 64 && p->head_dim != 128) return fail(NULL, err, E8KV_CU_ERR(HEAD_DIM));
+    const size_t bs = p->block_size ? p->block_size : 16;
+    if (bs % 16 || p->n_blocks > INT32_MAX / bs) return fail(NULL, err, E8KV_CU_ERR(BAD_ARGUMENT));
+    int kf, vf;
+    const size_t r = parse_spec(p->spec, &kf, &vf);
+    if (r) return fail(NULL, err, r);
+    e8kv_cuda_cache *c = (e8kv_cuda_cache *)calloc(1, sizeof *c);
+    if (!c) return fail(NULL, err, E8KV_CU_ERR(OUT_OF_MEMORY));
+    c->n_layer = p->n_layer, c->n_head_kv = p->n_head_kv, c->d = p->head_dim, c->bs = bs;
+    c->n_blocks = p->n_blocks, c->kfmt = kf, c->vfmt = vf, c->device = p->device;
+    c->max_ctx = p->max_ctx ? p->max_ctx : p->n_blocks * bs;
+    c->width = (c->max_ctx + bs - 1) / bs;
+    c->max_seqs = p->max_seqs ? p->max_seqs : 256;
+    c->max_batch = p->max_batch ? p->max_batch : 256;
+    c->max_n_head = p->max_n_head ? p->max_n_head : 8 * p->n_head_kv;
+    c->max_append = p->max_append ? p->max_append : 4096;
+    c->rot_scale = 1.0f / sqrtf((float)c->d); /* as src/transform/fwht.c */
+    if (c->max_n_head % c->n_head_kv || c->max_n_head / c->n_head_kv > 8)
+        return fail(c, err, E8KV_CU_ERR(DIMENSION));
+    if (cudaSetDevice(p->device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, p->device) != cudaSuccess)
+        return fail(c, err, E8KV_CU_ERR(CUDA));
+    c->occ = e8kv_cu_ctas_per_sm(c->d, kf, vf);
+
+    /* the rotation's signs, read through the public codec: column i of H·D/√d has first entry sign_i/√d */
+    float signs[128];
+    if (kf == FMT_BOX4 || vf == FMT_BOX4) {
+        size_t e = 0;
+        e8kv_codec *codec = e8kv_codec_create("e8box:4", c->d, p->seed, &e);
+        if (!codec) return fail(c, err, e);
+        float x[128];
+        for (size_t i = 0; i < c->d; i++) {
+            memset(x, 0, sizeof x);
+            x[i] = 1.0f;
+            e8kv_codec_rotate(codec, x, 1, 0);
+            signs[i] = x[0] < 0.0f ? -1.0f : 1.0f;
+        }
+        e8kv_codec_free(codec);
+    } else {
+        for (size_t i = 0; i < c->d; i++)
+            signs[i] = 1.0f;
+    }
+
+    /* one allocation: pools, then tables, workspace, staging */
+    c->sd = (stream_desc *)calloc(2 * c->n_layer, sizeof *c->sd);
+    if (!c->sd) return fail(c, err, E8KV_CU_ERR(OUT_OF_MEMORY));
+    size_t off = 0;
+    for (size_t l = 0; l < c->n_layer; l++)
+        for (int s = 0; s < 2; s++) {
+            stream_desc *const sd = &c->sd[2 * l + s];
+            sd->fmt = s ? vf : kf;
+            sd->head_bytes = bs * fmt_vector_bytes(sd->fmt, c->d);
+            sd->page_bytes = c->n_head_kv * sd->head_bytes;
+            sd->pool = (uint8_t *)off;
+            off = align256(off + c->n_blocks * sd->page_bytes);
+        }
+    const size_t pools = off;
+    const size_t o_tables = off;
+    off = align256(off + c->max_seqs * c->width * sizeof(int32_t));
+    const size_t o_btables = off;
+    off = align256(off + c->max_batch * c->width * sizeof(int32_t));
+    const size_t o_ctx = off;
+    off = align256(off + c->max_batch * sizeof(int32_t));
+    const size_t o_slots = off;
+    off = align256(off + c->max_append * sizeof(int64_t));
+    const size_t o_signs = off;
+    off = align256(off + c->d * sizeof(float));
+    const size_t o_flags = off;
+    off = align256(off + sizeof(unsigned));
+    const size_t o_work = off;
+    c->work_bytes = max_workspace(c);
+    off = align256(off + c->work_bytes);
+    c->dev_bytes = off;
+    const cudaError_t ce = cudaMalloc((void **)&c->dev, c->dev_bytes);
+    if (ce != cudaSuccess) {
+        c->dev = NULL;
+        cudaGetLastError();
+        return fail(c, err, ce == cudaErrorMemoryAllocation ? E8KV_CU_ERR(OUT_OF_MEMORY) : E8KV_CU_ERR(CUDA));
+    }
+    for (size_t i = 0; i < 2 * c->n_layer; i++)
+        c->sd[i].pool = c->dev + (size_t)c->sd[i].pool;
+    c->d_tables = (int32_t *)(c->dev + o_tables);
+    c->d_btables = (int32_t *)(c->dev + o_btables);
+    c->d_ctx = (int32_t *)(c->dev + o_ctx);
+    c->d_slots = (int64_t *)(c->dev + o_slots);
+    c->d_signs = (float *)(c->dev + o_signs);
+    c->d_flags = (unsigned *)(c->dev + o_flags);
+    c->d_work = (float *)(c->dev + o_work);
+    /* zero pages decode to finite values (raw formats too), so a stale slot can never inject NaN */
+    if (cudaMemset(c->dev, 0, pools) != cudaSuccess ||
+        cudaMemcpy(c->d_signs, signs, c->d * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
+        return fail(c, err, E8KV_CU_ERR(CUDA));
+
+    c->tables = (int32_t *)calloc(c->max_seqs * c->width, sizeof(int32_t));
+    c->lens = (size_t *)calloc(c->max_seqs * c->n_layer, sizeof(size_t));
+    c->n_pages = (size_t *)calloc(c->max_seqs, sizeof(size_t));
+    c->live = (unsigned char *)calloc(c->max_seqs, 1);
+    c->refs = (int32_t *)calloc(c->n_blocks, sizeof(int32_t));
+    c->free_list = (int32_t *)malloc(c->n_blocks * sizeof(int32_t));
+    c->slots = (int64_t *)malloc(c->max_append * sizeof(int64_t));
+    c->btables = (int32_t *)calloc(c->max_batch * c->width, sizeof(int32_t));
+    c->ctx = (int32_t *)calloc(c->max_batch, sizeof(int32_t));
+    if (!c->tables || !c->lens || !c->n_pages || !c->live || !c->refs || !c->free_list || !c->slots ||
+        !c->btables || !c->ctx)
+        return fail(c, err, E8KV_CU_ERR(OUT_OF_MEMORY));
+    for (size_t i = 0; i < c->n_blocks; i++)
+        c->free_list[i] = (int32_t)(c->n_blocks - 1 - i);
+    c->n_free = c->n_blocks;
+    return c;
+}
+
+size_t e8kv_cuda_cache_device_bytes(const e8kv_cuda_cache *c) {
+    return c ? c->dev_bytes : 0;
+}
+
+size_t e8kv_cuda_cache_vector_bytes(const e8kv_cuda_cache *c, size_t layer, int stream) {
+    if (!c || layer >= c->n_layer || (stream != 0 && stream != 1)) return E8KV_CU_ERR(BAD_ARGUMENT);
+    return fmt_vector_bytes(c->sd[2 * layer + stream].fmt, c->d);
+}
+
+size_t e8kv_cuda_cache_token_bytes(const e8kv_cuda_cache *c) {
+    if (!c) return 0;
+    size_t n = 0;
+    for (size_t i = 0; i < 2 * c->n_layer; i++)
+        n += c->sd[i].page_bytes / c->bs;
+    return n;
+}
+
+size_t e8kv_cuda_cache_pages(const e8kv_cuda_cache *c, size_t layer, int stream, void **d_pool) {
+    if (!c || !d_pool || layer >= c->n_layer || (stream != 0 && stream != 1))
+        return E8KV_CU_ERR(BAD_ARGUMENT);
+    *d_pool = c->sd[2 * layer + stream].pool;
+    return c->sd[2 * layer + stream].page_bytes;
+}
+
+size_t e8kv_cuda_cache_free_pages(const e8kv_cuda_cache *c) {
+    return c ? c->n_free : 0;
+}
+
+/* writes n_tok rows whose slots are in c->slots (host), in pieces of max_append */
+static size_t append_rows(e8kv_cuda_cache *c, size_t layer, const int64_t *host_slots, const void *k,
+                          const void *v, size_t n_tok, e8kv_dtype dtype) {
+    const size_t esz = dtype == E8KV_DTYPE_F32 ? 4 : 2, row = c->n_head_kv * c->d * esz;
+    if (cudaMemset(c->d_flags, 0, sizeof(unsigned)) != cudaSuccess) return E8KV_CU_ERR(CUDA);
+    for (size_t t0 = 0; t0 < n_tok; t0 += c->max_append) {
+        const size_t n = n_tok - t0 < c->max_append ? n_tok - t0 : c->max_append;
+        if (cudaMemcpy(c->d_slots, host_slots + t0, n * sizeof(int64_t), cudaMemcpyHostToDevice) !=
+            cudaSuccess)
+            return E8KV_CU_ERR(CUDA);
+        for (int s = 0; s < 2; s++) {
+            const uint8_t *const src = (const uint8_t *)(s ? v : k) + t0 * row;
+            const size_t r =
+                e8kv_cu_launch_append(&c->sd[2 * layer + s], c->d_slots, src, n, c->n_head_kv, c->d, c->bs,
+                                      (int)dtype, c->d_signs, c->rot_scale, c->d_flags, 0);
+            if (r) return r;
+        }
+    }
+    unsigned flags = 0;
+    if (cudaMemcpy(&flags, c->d_flags, sizeof flags, cudaMemcpyDeviceToHost) != cudaSuccess)
+        return E8KV_CU_ERR(CUDA);
+    if (flags & FLAG_NONFINITE) return E8KV_CU_ERR(NONFINITE);
+    if (flags & FLAG_RANGE) return E8KV_CU_ERR(RANGE);
+    return n_tok;
+}
+
+static int bad_dtype(e8kv_dtype t) {
+    return t != E8KV_DTYPE_F32 && t != E8KV_DTYPE_F16 && t != E8KV_DTYPE_BF16;
+}
+
+size_t e8kv_cuda_append_slots(e8kv_cuda_cache *c, size_t layer, const int64_t *d_slots, const void *d_k,
+                              const void *d_v, size_t n_tok, e8kv_dtype dtype) {
+    if (!c || layer >= c->n_layer || bad_dtype(dtype) || (n_tok && (!d_slots || !d_k || !d_v)))
+        return E8KV_CU_ERR(BAD_ARGUMENT);
+    if (cudaMemset(c->d_flags, 0, sizeof(unsigned)) != cudaSuccess) return E8KV_CU_ERR(CUDA);
+    for (int s = 0; s < 2; s++) {
+        const size_t r =
+            e8kv_cu_launch_append(&c->sd[2 * layer + s], d_slots, s ? d_v : d_k, n_tok, c->n_head_kv, c->d,
+                                  c->bs, (int)dtype, c->d_signs, c->rot_scale, c->d_flags, 0);
+        if (r) return r;
+    }
+    unsigned flags = 0;
+    if (cudaMemcpy(&flags, c->d_flags, sizeof flags, cudaMemcpyDeviceToHost) != cudaSuccess)
+        return E8KV_CU_ERR(CUDA);
+    if (flags & FLAG_NONFINITE) return E8KV_CU_ERR(NONFINITE);
+    if (flags & FLAG_RANGE) return E8KV_CU_ERR(RANGE);
+    return n_tok;
+}
+
+size_t e8kv_cuda_attend(e8kv_cuda_cache *c, size_t layer, float *d_out, const void *d_q, e8kv_dtype dtype,
+                        size_t n_seq, size_t n_head, const int32_t *d_block_tables, size_t max_blocks_per_seq,
+                        const int32_t *d_ctx_lens, size_t max_ctx, void *d_workspace, size_t workspace_bytes,
+                        void *stream) {
+    if (!c || layer >= c->n_layer || bad_dtype(dtype) || !n_seq || !d_out || !d_q || !d_block_tables ||
+        !d_ctx_lens || n_seq > 65535)
+        return E8KV_CU_ERR(BAD_ARGUMENT);
+    if (!n_head || n_head % c->n_head_kv || n_head / c->n_head_kv > 8) return E8KV_CU_ERR(DIMENSION);
+    if (max_ctx > max_blocks_per_seq * c->bs || max_ctx > (size_t)INT32_MAX) return E8KV_CU_ERR(DIMENSION);
+    const size_t need = e8kv_cuda_attend_workspace_bytes(c, n_seq, n_head, max_ctx);
+    if (!d_workspace) {
+        if (need > c->work_bytes) return E8KV_CU_ERR(DST_TOO_SMALL);
+        d_workspace = c->d_work;
+    } else if (workspace_bytes < need) {
+        return E8KV_CU_ERR(DST_TOO_SMALL);
+    }
+    attn_launch a;
+    memset(&a, 0, sizeof a);
+    a.k = c->sd[2 * layer], a.v = c->sd[2 * layer + 1];
+    a.n_head_kv = c->n_head_kv, a.n_head = n_head, a.d = c->d, a.block_size = c->bs, a.n_seq = n_seq;
+    a.max_blocks = max_blocks_per_seq;
+    a.n_split = e8kv_cu_n_split(n_seq, c->n_head_kv, max_ctx, c->n_sm, c->occ);
+    a.q = d_q, a.q_dtype = (int)dtype, a.block_tables = d_block_tables, a.ctx_lens = d_ctx_lens;
+    a.signs = c->d_signs, a.rot_scale = c->rot_scale;
+    a.part_o = (float *)d_workspace;
+    a.part_ml =
+        (float *)((uint8_t *)d_workspace + align256(n_seq * n_head * a.n_split * c->d * sizeof(float)));
+    a.out = d_out;
+    const size_t r = e8kv_cu_launch_attend(&a, (cudaStream_t)stream);
+    return r ? r : n_seq * n_head * c->d;
+}
+
+/* ---------------------------------------------------------------- owned sequences */
+
+static int seq_ok(const e8kv_cuda_cache *c, size_t seq) {
+    return c && seq < c->max_seqs && c->live[seq];
+}
+
+size_t e8kv_cuda_seq_create(e8kv_cuda_cache *c) {
+    if (!c) return E8KV_CU_ERR(BAD_ARGUMENT);
+    for (size_t s = 0; s < c->max_seqs; s++)
+        if (!c->live[s]) {
+            c->live[s] = 1;
+            c->n_pages[s] = 0;
+            memset(c->lens + s * c->n_layer, 0, c->n_layer * sizeof(size_t));
+            return s;
+        }
+    return E8KV_CU_ERR(CONTEXT_FULL);
+}
+
+size_t e8kv_cuda_seq_fork(e8kv_cuda_cache *c, size_t seq) {
+    if (!seq_ok(c, seq)) return E8KV_CU_ERR(BAD_ARGUMENT);
+    const size_t n = e8kv_cuda_seq_create(c);
+    if (e8kv_is_error(n)) return n;
+    memcpy(c->tables + n * c->width, c->tables + seq * c->width, c->n_pages[seq] * sizeof(int32_t));
+    memcpy(c->lens + n * c->n_layer, c->lens + seq * c->n_layer, c->n_layer * sizeof(size_t));
+    c->n_pages[n] = c->n_pages[seq];
+    for (size_t i = 0; i < c->n_pages[n]; i++)
+        c->refs[c->tables[n * c->width + i]]++;
+    if (c->n_pages[n] && cudaMemcpy(c->d_tables + n * c->width, c->tables + n * c->width,
+                                    c->n_pages[n] * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess)
+        return E8KV_CU_ERR(CUDA);
+    return n;
+}
+
+size_t e8kv_cuda_seq_free(e8kv_cuda_cache *c, size_t seq) {
+    if (!seq_ok(c, seq)) return E8KV_CU_ERR(BAD_ARGUMENT);
+    for (size_t i = 0; i < c->n_pages[seq]; i++) {
+        const int32_t p = c->tables[seq * c->width + i];
+        if (--c->refs[p] == 0) c->free_list[c->n_free++] = p;
+    }
+    c->n_pages[seq] = 0;
+    c->live[seq] = 0;
+    return 0;
+}
+
+size_t e8kv_cuda_seq_length(const e8kv_cuda_cache *c, size_t seq, size_t layer) {
+    if (!seq_ok(c, seq) || layer >= c->n_layer) return E8KV_CU_ERR(BAD_ARGUMENT);
+    return c->lens[seq * c->n_layer + layer];
+}
+
+/* Makes pages [first, last] of seq writable: allocates missing ones, copies shared ones (every layer and
+ * stream, so the other layers' tokens follow). Nothing changes when the pool cannot supply them all. */
+static size_t make_writable(e8kv_cuda_cache *c, size_t seq, size_t first, size_t last) {
+    if (last >= c->width) return E8KV_CU_ERR(CONTEXT_FULL);
+    size_t need = 0;
+    for (size_t i = first; i <= last; i++)
+        need += i >= c->n_pages[seq] || c->refs[c->tables[seq * c->width + i]] > 1;
+    if (need > c->n_free) return E8KV_CU_ERR(OUT_OF_MEMORY);
+    int32_t *const t = c->tables + seq * c->width;
+    for (size_t i = first; i <= last; i++) {
+        if (i < c->n_pages[seq] && c->refs[t[i]] == 1) continue;
+        const int32_t np = c->free_list[--c->n_free];
+        c->refs[np] = 1;
+        if (i < c->n_pages[seq]) {
+            const int32_t old = t[i];
+            for (size_t s = 0; s < 2 * c->n_layer; s++) {
+                const stream_desc *const sd = &c->sd[s];
+                if (cudaMemcpy(sd->pool + (size_t)np * sd->page_bytes,
+                               sd->pool + (size_t)old * sd->page_bytes, sd->page_bytes,
+                               cudaMemcpyDeviceToDevice) != cudaSuccess)
+                    return E8KV_CU_ERR(CUDA);
+            }
+            c->refs[old]--;
+        }
+        t[i] = np;
+    }
+    if (last + 1 > c->n_pages[seq]) c->n_pages[seq] = last + 1;
+    if (cudaMemcpy(c->d_tables + seq * c->width + first, t + first, (last + 1 - first) * sizeof(int32_t),
+                   cudaMemcpyHostToDevice) != cudaSuccess)
+        return E8KV_CU_ERR(CUDA);
+    return 0;
+}
+
+size_t e8kv_cuda_seq_append(e8kv_cuda_cache *c, size_t layer, size_t seq, const void *d_k, const void *d_v,
+                            size_t n_tok, e8kv_dtype dtype) {
+    if (!seq_ok(c, seq) || layer >= c->n_layer || bad_dtype(dtype) || (n_tok && (!d_k || !d_v)))
+        return E8KV_CU_ERR(BAD_ARGUMENT);
+    size_t *const len = &c->lens[seq * c->n_layer + layer];
+    if (!n_tok) return *len;
+    if (*len + n_tok > c->max_ctx) return E8KV_CU_ERR(CONTEXT_FULL);
+    E8KV_CU_RETURN(make_writable(c, seq, *len / c->bs, (*len + n_tok - 1) / c->bs));
+    const int32_t *const t = c->tables + seq * c->width;
+    const size_t esz = dtype == E8KV_DTYPE_F32 ? 4 : 2, row = c->n_head_kv * c->d * esz;
+    for (size_t t0 = 0; t0 < n_tok; t0 += c->max_append) {
+        const size_t n = n_tok - t0 < c->max_append ? n_tok - t0 : c->max_append;
+        for (size_t i = 0; i < n; i++) {
+            const size_t pos = *len + t0 + i;
+            c->slots[i] = (int64_t)t[pos / c->bs] * (int64_t)c->bs + (int64_t)(pos % c->bs);
+        }
+        const size_t r = append_rows(c, layer, c->slots, (const uint8_t *)d_k + t0 * row,
+                                     (const uint8_t *)d_v + t0 * row, n, dtype);
+        if (e8kv_is_error(r)) return r;
+    }
+    *len += n_tok;
+    return *len;
+}
+
+size_t e8kv_cuda_seq_append_batch(e8kv_cuda_cache *c, size_t layer, const size_t *seqs, size_t n_seq,
+                                  const void *d_k, const void *d_v, e8kv_dtype dtype) {
+    if (!c || layer >= c->n_layer || bad_dtype(dtype) || !seqs || !d_k || !d_v || n_seq > c->max_append)
+        return E8KV_CU_ERR(BAD_ARGUMENT);
+    for (size_t i = 0; i < n_seq; i++) {
+        if (!seq_ok(c, seqs[i])) return E8KV_CU_ERR(BAD_ARGUMENT);
+        for (size_t j = 0; j < i; j++)
+            if (seqs[j] == seqs[i]) return E8KV_CU_ERR(BAD_ARGUMENT);
+        if (c->lens[seqs[i] * c->n_layer + layer] + 1 > c->max_ctx) return E8KV_CU_ERR(CONTEXT_FULL);
+    }
+    for (size_t i = 0; i < n_seq; i++) {
+        const size_t pos = c->lens[seqs[i] * c->n_layer + layer];
+        E8KV_CU_RETURN(make_writable(c, seqs[i], pos / c->bs, pos / c->bs));
+        c->slots[i] =
+            (int64_t)c->tables[seqs[i] * c->width + pos / c->bs] * (int64_t)c->bs + (int64_t)(pos % c->bs);
+    }
+    const size_t r = append_rows(c, layer, c->slots, d_k, d_v, n_seq, dtype);
+    if (e8kv_is_error(r)) return r;
+    for (size_t i = 0; i < n_seq; i++)
+        c->lens[seqs[i] * c->n_layer + layer]++;
+    return n_seq;
+}
+
+size_t e8kv_cuda_seq_attend(e8kv_cuda_cache *c, size_t layer, float *d_out, const void *d_q, e8kv_dtype dtype,
+                            const size_t *seqs, size_t n_seq, size_t n_head) {
+    if (!c || layer >= c->n_layer || !seqs || !n_seq || n_seq > c->max_batch)
+        return E8KV_CU_ERR(BAD_ARGUMENT);
+    size_t max_ctx = 0;
+    for (size_t i = 0; i < n_seq; i++) {
+        if (!seq_ok(c, seqs[i])) return E8KV_CU_ERR(BAD_ARGUMENT);
+        const size_t len = c->lens[seqs[i] * c->n_layer + layer];
+        c->ctx[i] = (int32_t)len;
+        max_ctx = len > max_ctx ? len : max_ctx;
+        memcpy(c->btables + i * c->width, c->tables + seqs[i] * c->width,
+               c->n_pages[seqs[i]] * sizeof(int32_t));
+    }
+    if (cudaMemcpy(c->d_btables, c->btables, n_seq * c->width * sizeof(int32_t), cudaMemcpyHostToDevice) !=
+            cudaSuccess ||
+        cudaMemcpy(c->d_ctx, c->ctx, n_seq * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess)
+        return E8KV_CU_ERR(CUDA);
+    const size_t r = e8kv_cuda_attend(c, layer, d_out, d_q, dtype, n_seq, n_head, c->d_btables, c->width,
+                                      c->d_ctx, max_ctx, NULL, 0, NULL);
+    if (e8kv_is_error(r)) return r;
+    return cudaDeviceSynchronize() == cudaSuccess ? r : E8KV_CU_ERR(CUDA);
+}
+
+size_t e8kv_cuda_read_slot(const e8kv_cuda_cache *c, void *dst, size_t cap, size_t layer, int stream,
+                           int64_t slot, size_t head) {
+    if (!c || !dst || layer >= c->n_layer || (stream != 0 && stream != 1) || slot < 0 ||
+        head >= c->n_head_kv || (size_t)slot >= c->n_blocks * c->bs)
+        return E8KV_CU_ERR(BAD_ARGUMENT);
+    const stream_desc *const sd = &c->sd[2 * layer + stream];
+    const size_t vb = fmt_vector_bytes(sd->fmt, c->d), off = (size_t)slot % c->bs;
+    if (cap < vb) return E8KV_CU_ERR(DST_TOO_SMALL);
+    const uint8_t *const area = sd->pool + (size_t)slot / c->bs * sd->page_bytes + head * sd->head_bytes;
+    uint8_t *const out = (uint8_t *)dst;
+    cudaError_t e;
+    if (sd->fmt == FMT_BOX4) {
+        const size_t n_cos = (c->d + 63) / 64, nb = c->d / 2;
+        e = cudaMemcpy(out, area + c->bs * nb + off, 1, cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess)
+            e = cudaMemcpy(out + 1, area + c->bs * nb + c->bs + off * n_cos, n_cos, cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess) e = cudaMemcpy(out + 1 + n_cos, area + off * nb, nb, cudaMemcpyDeviceToHost);
+    } else {
+        e = cudaMemcpy(out, area + off * vb, vb, cudaMemcpyDeviceToHost);
+    }
+    return e == cudaSuccess ? vb : E8KV_CU_ERR(CUDA);
+}
+
+size_t e8kv_cuda_seq_read_vector(const e8kv_cuda_cache *c, void *dst, size_t cap, size_t seq, size_t layer,
+                                 int stream, size_t pos, size_t head) {
+    if (!seq_ok(c, seq) || layer >= c->n_layer || pos >= c->lens[seq * c->n_layer + layer])
+        return E8KV_CU_ERR(BAD_ARGUMENT);
+    const int64_t slot =
+        (int64_t)c->tables[seq * c->width + pos / c->bs] * (int64_t)c->bs + (int64_t)(pos % c->bs);
+    return e8kv_cuda_read_slot(c, dst, cap, layer, stream, slot, head);
+}

@@ -1,0 +1,267 @@
+/* Append kernels: token rows (f32/f16/bf16) → page bytes.
+ *
+ * e8box:4 reproduces the CPU codec bit for bit (src/transform/fwht.c, src/quant/e8_box.c): the same
+ * random signs, the same butterflies in the same stage order with every output one IEEE add or subtract
+ * (__fadd_rn/__fsub_rn: no contraction), the same 1/sqrtf(n) multiply, then the same fixed-point
+ * quantizer (one correctly rounded multiply, everything after it integer arithmetic) and the same choice
+ * among the step candidates (double arithmetic, strict < so the first best wins). A group of d/8 lanes
+ * codes one vector, lane b holding block b (values 8b..8b+7); the butterflies of stride ≥ 8 go between
+ * lanes. Raw formats convert with round-to-nearest-even. */
+#include "cuda_internal.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#define FX_BITS 13
+#define FX_ONE (1 << FX_BITS)
+#define FX_HALF (1 << (FX_BITS - 1))
+#define FX_LIMIT 16777216.0f
+#define STEP_ZERO 160
+
+__constant__ float c_ratio[4] = {7.5f, 8.0f, 8.5f, 9.0f};
+__constant__ float c_frac[8] = {0x1p+0f,        0x1.172b84p+0f, 0x1.306fe0p+0f, 0x1.4bfdaep+0f,
+                                0x1.6a09e6p+0f, 0x1.8ace54p+0f, 0x1.ae89fap+0f, 0x1.d5818ep+0f};
+
+__device__ __forceinline__ float load_val(const void *src, size_t i, int dtype) {
+    if (dtype == E8KV_DTYPE_F32) return ((const float *)src)[i];
+    if (dtype == E8KV_DTYPE_F16) return __half2float(((const __half *)src)[i]);
+    return __bfloat162float(((const __nv_bfloat16 *)src)[i]);
+}
+
+/* δ(e) = ldexp(frac[e & 7], (e >> 3) − 20), exact */
+__device__ __forceinline__ float box_step(unsigned e) {
+    return __fmul_rn(c_frac[e & 7u], __int_as_float(((int)(e >> 3) - 20 + 127) << 23));
+}
+
+__device__ __forceinline__ int32_t fx_round(float v) {
+    if (!(v < FX_LIMIT)) v = FX_LIMIT;
+    if (v < -FX_LIMIT) v = -FX_LIMIT;
+    return __float2int_rn(v);
+}
+
+__device__ __forceinline__ int32_t floor_div(int32_t a, int32_t b) {
+    return a >= 0 ? a / b : -((-a + b - 1) / b);
+}
+
+/* nearest_coset of e8_box.c, line for line */
+__device__ __forceinline__ int64_t nearest_coset(int32_t p2[8], const int32_t X[8], int k) {
+    const int32_t lo = k ? -15 : -16, hi = k ? 15 : 14;
+    int32_t sum = 0;
+    int64_t dist = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int32_t m = floor_div(X[i] - k * FX_HALF + FX_HALF, FX_ONE);
+        int32_t v = 2 * m + k;
+        v = v < lo ? lo : v > hi ? hi : v;
+        p2[i] = v;
+        sum += v;
+        const int64_t e = (int64_t)X[i] - (int64_t)v * FX_HALF;
+        dist += e * e;
+    }
+    if (((sum % 4) + 4) % 4 == 0) return dist;
+    int best_i = -1, best_s = 0;
+    int64_t best_c = INT64_MAX;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int s = -2; s <= 2; s += 4) {
+            const int32_t v = p2[i] + s;
+            if (v < lo || v > hi) continue;
+            const int64_t e0 = (int64_t)X[i] - (int64_t)p2[i] * FX_HALF,
+                          e1 = (int64_t)X[i] - (int64_t)v * FX_HALF;
+            const int64_t c = e1 * e1 - e0 * e0;
+            if (c < best_c) {
+                best_c = c;
+                best_i = i;
+                best_s = s;
+            }
+        }
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (i == best_i) p2[i] += best_s;
+    return dist + best_c;
+}
+
+/* LANES = d / 8 lanes per vector; 128 threads per block */
+template <int D>
+__global__ void __launch_bounds__(128)
+    append_box_kernel(stream_desc sd, const int64_t *__restrict__ slots, const void *__restrict__ src,
+                      size_t n_tok, size_t n_head_kv, size_t block_size, int dtype,
+                      const float *__restrict__ signs, float rot_scale, unsigned *flags) {
+    constexpr int LANES = D / 8, N_COS = (D + 63) / 64;
+    const int lane = threadIdx.x & 31, b = lane % LANES;
+    const unsigned gmask = (LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1u)) << (lane / LANES * LANES);
+    const size_t vi = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
+    const size_t n_vec = n_tok * n_head_kv;
+    const bool live = vi < n_vec;
+    const size_t tok = live ? vi / n_head_kv : 0, head = live ? vi % n_head_kv : 0;
+    const int64_t slot = live ? slots[tok] : -1;
+
+    float x[8];
+    bool finite = true;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        x[i] = live ? load_val(src, vi * D + 8 * b + i, dtype) : 0.0f;
+        finite = finite && isfinite(x[i]);
+        x[i] = __fmul_rn(x[i], signs[8 * b + i]);
+    }
+    /* butterflies: strides 1, 2, 4 inside the lane, then 8 .. D/2 between lanes */
+#pragma unroll
+    for (int h = 1; h < 8; h *= 2)
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (!(i & h)) {
+                const float a = x[i], c = x[i + h];
+                x[i] = __fadd_rn(a, c);
+                x[i + h] = __fsub_rn(a, c);
+            }
+#pragma unroll
+    for (int l = 1; l < LANES; l *= 2) {
+        const bool upper = b & l;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float p = __shfl_xor_sync(0xffffffffu, x[i], l);
+            x[i] = upper ? __fsub_rn(p, x[i]) : __fadd_rn(x[i], p);
+        }
+    }
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        x[i] = __fmul_rn(x[i], rot_scale);
+        const float a = fabsf(x[i]);
+        amax = a > amax ? a : amax;
+    }
+#pragma unroll
+    for (int l = 1; l < LANES; l *= 2) {
+        const float o = __shfl_xor_sync(0xffffffffu, amax, l);
+        amax = o > amax ? o : amax;
+    }
+    const bool all_finite = (__ballot_sync(0xffffffffu, finite) & gmask) == gmask;
+    if (!live || slot < 0) return; /* whole groups leave together: every later shuffle is group-local */
+    if (!all_finite) {
+        if (b == 0) atomicOr(flags, FLAG_NONFINITE);
+        return;
+    }
+    if (!(8.0 * log2((double)amax / (double)c_ratio[3]) + STEP_ZERO < 255.5)) {
+        if (b == 0) atomicOr(flags, FLAG_RANGE);
+        return;
+    }
+    uint8_t *const area =
+        sd.pool + (size_t)(slot / (int64_t)block_size) * sd.page_bytes + head * sd.head_bytes;
+    const size_t off = (size_t)(slot % (int64_t)block_size);
+    uint8_t *const nib = area + off * (D / 2);
+    uint8_t *const step = area + block_size * (D / 2) + off;
+    uint8_t *const cos = area + block_size * (D / 2) + block_size + off * N_COS;
+
+    uint32_t best_nib = 0; /* 8 nibbles of block b */
+    int best_k = 0;
+    unsigned best_e = 0;
+    if (amax != 0.0f) {
+        double best_err = INFINITY;
+        unsigned prev_e = 0;
+        for (int r = 0; r < 4; r++) {
+            const double want = 8.0 * log2((double)amax / (double)c_ratio[r]) + STEP_ZERO;
+            if (!(want < 255.5)) continue;
+            const unsigned e = want < 1.0 ? 1u : (unsigned)llround(want);
+            if (e == prev_e) continue;
+            prev_e = e;
+            const float delta = box_step(e), k = __fdiv_rn((float)FX_ONE, delta);
+            int32_t X[8], a[8], c[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                X[i] = fx_round(__fmul_rn(x[i], k));
+            const int64_t da = nearest_coset(a, X, 0), db = nearest_coset(c, X, 1);
+            int64_t dist = db < da ? db : da;
+#pragma unroll
+            for (int l = 1; l < LANES; l *= 2)
+                dist += __shfl_xor_sync(gmask, dist, l);
+            const double err = __dmul_rn((double)dist, __dmul_rn((double)delta, (double)delta));
+            if (err < best_err) {
+                best_err = err;
+                best_e = e;
+                const int kk = db < da;
+                best_k = kk;
+                uint32_t w = 0;
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    w |= (uint32_t)(((kk ? c[i] : a[i]) + 16 - kk) / 2) << (4 * i);
+                best_nib = w;
+            }
+        }
+    }
+    /* block b: values 8b..8b+7 sit in bytes 16(b/4) + 8(b%2) + 0..7, high nibbles when b % 4 >= 2 */
+    const uint32_t other = __shfl_down_sync(gmask, best_nib, 2);
+    if ((b & 3) < 2) {
+        uint64_t w = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            w |= (uint64_t)(((best_nib >> (4 * i)) & 15u) | (((other >> (4 * i)) & 15u) << 4)) << (8 * i);
+        *(uint64_t *)(nib + 16 * (b / 4) + 8 * (b % 2)) = w;
+    }
+    const unsigned kbits = (__ballot_sync(gmask, best_k) & gmask) >> (lane / LANES * LANES);
+    if (b == 0) {
+        *step = (uint8_t)best_e;
+#pragma unroll
+        for (int j = 0; j < N_COS; j++)
+            cos[j] = (uint8_t)(kbits >> (8 * j));
+    }
+}
+
+__device__ __forceinline__ void to_raw(__half *y, float f) {
+    *y = __float2half_rn(f);
+}
+__device__ __forceinline__ void to_raw(__nv_bfloat16 *y, float f) {
+    *y = __float2bfloat16_rn(f);
+}
+
+/* raw pages: one thread per 8 values */
+template <typename T>
+__global__ void __launch_bounds__(128)
+    append_raw_kernel(stream_desc sd, const int64_t *__restrict__ slots, const void *__restrict__ src,
+                      size_t n_tok, size_t n_head_kv, size_t d, size_t block_size, int dtype,
+                      unsigned *flags) {
+    const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x, per_row = n_head_kv * d / 8;
+    if (t >= n_tok * per_row) return;
+    const size_t tok = t / per_row, j = t % per_row, head = 8 * j / d, i0 = 8 * j % d;
+    const int64_t slot = slots[tok];
+    if (slot < 0) return;
+    T v[8];
+    bool finite = true;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const float f = load_val(src, tok * n_head_kv * d + head * d + i0 + i, dtype);
+        finite = finite && isfinite(f);
+        to_raw(&v[i], f);
+    }
+    if (!finite) {
+        atomicOr(flags, FLAG_NONFINITE);
+        return;
+    }
+    uint8_t *const area =
+        sd.pool + (size_t)(slot / (int64_t)block_size) * sd.page_bytes + head * sd.head_bytes;
+    *(uint4 *)(area + ((size_t)(slot % (int64_t)block_size) * d + i0) * 2) = *(const uint4 *)v;
+}
+
+size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, const void *d_src, size_t n_tok,
+                             size_t n_head_kv, size_t d, size_t block_size, int dtype, const float *d_signs,
+                             float rot_scale, unsigned *d_flags, cudaStream_t stream) {
+    if (n_tok == 0) return 0;
+    if (sd->fmt == FMT_BOX4) {
+        const size_t threads = n_tok * n_head_kv * (d / 8), blocks = (threads + 127) / 128;
+        if (d == 128)
+            append_box_kernel<128><<<(unsigned)blocks, 128, 0, stream>>>(
+                *sd, d_slots, d_src, n_tok, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags);
+        else
+            append_box_kernel<64><<<(unsigned)blocks, 128, 0, stream>>>(
+                *sd, d_slots, d_src, n_tok, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags);
+    } else {
+        const size_t threads = n_tok * n_head_kv * d / 8, blocks = (threads + 127) / 128;
+        if (sd->fmt == FMT_F16)
+            append_raw_kernel<__half><<<(unsigned)blocks, 128, 0, stream>>>(
+                *sd, d_slots, d_src, n_tok, n_head_kv, d, block_size, dtype, d_flags);
+        else
+            append_raw_kernel<__nv_bfloat16><<<(unsigned)blocks, 128, 0, stream>>>(
+                *sd, d_slots, d_src, n_tok, n_head_kv, d, block_size, dtype, d_flags);
+    }
+    return cudaGetLastError() == cudaSuccess ? 0 : E8KV_CU_ERR(CUDA);
+}

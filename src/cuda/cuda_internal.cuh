@@ -1,0 +1,62 @@
+/* Shared definitions of the CUDA cache (cuda_cache.cu), its append kernels (cuda_encode.cu) and its decode
+ * attention (cuda_attn.cu). Page layout: doc/format.md §6. */
+#ifndef E8KV_CUDA_INTERNAL_CUH
+#define E8KV_CUDA_INTERNAL_CUH
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "e8kv_cuda.h"
+
+#define E8KV_CU_ERR(name) ((size_t) - (ptrdiff_t)E8KV_ERROR_##name)
+#define E8KV_CU_RETURN(expr)                                                                                 \
+    do {                                                                                                     \
+        const size_t e8kv_cu_r_ = (expr);                                                                    \
+        if (e8kv_is_error(e8kv_cu_r_)) return e8kv_cu_r_;                                                    \
+    } while (0)
+
+enum { FMT_BOX4 = 0, FMT_BF16 = 1, FMT_F16 = 2 };
+
+/* bytes of one vector of head_dim d in a format */
+static inline size_t fmt_vector_bytes(int fmt, size_t d) {
+    return fmt == FMT_BOX4 ? 1 + (d + 63) / 64 + d / 2 : 2 * d;
+}
+
+/* Error flags the append kernels raise (atomicOr) */
+#define FLAG_NONFINITE 1u
+#define FLAG_RANGE 2u
+
+/* One stream (K or V) of one layer: where its pages are and how they are cut. */
+typedef struct {
+    uint8_t *pool;     /* n_blocks pages */
+    size_t page_bytes; /* n_head_kv * head_bytes */
+    size_t head_bytes; /* block_size * vector bytes */
+    int fmt;
+} stream_desc;
+
+/* append: n_tok rows of n_head_kv * d values of dtype into slots */
+size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, const void *d_src, size_t n_tok,
+                             size_t n_head_kv, size_t d, size_t block_size, int dtype, const float *d_signs,
+                             float rot_scale, unsigned *d_flags, cudaStream_t stream);
+
+typedef struct {
+    stream_desc k, v;
+    size_t n_head_kv, n_head, d, block_size, n_seq, max_blocks, n_split;
+    const void *q;
+    int q_dtype;
+    const int32_t *block_tables, *ctx_lens;
+    const float *signs; /* rotation signs (d) */
+    float rot_scale;    /* 1 / sqrtf(d) as the CPU computes it */
+    float *part_o;      /* (n_seq, n_head, n_split, d) */
+    float *part_ml;     /* (n_seq, n_head, n_split, 2) */
+    float *out;         /* (n_seq, n_head, d) */
+} attn_launch;
+
+/* Partial splits for these sizes (the host and the workspace bound agree through this). */
+size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm, int ctas_per_sm);
+/* resident blocks per SM of the attention kernel for (head_dim, K format, V format) */
+int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf);
+size_t e8kv_cu_launch_attend(const attn_launch *a, cudaStream_t stream);
+
+#endif

@@ -1,0 +1,526 @@
+/* The GPU cache against the CPU library (run on a device; exit 77 = skipped without one).
+ *  1. codes: every vector the GPU appends has the bytes e8kv_codec_encode gives for the same input
+ *     (e8box:4 and f16 through the CPU codec, bf16 against round-to-nearest-even), f32/f16/bf16 inputs;
+ *  2. attention: ‖out − ref‖ / max(‖ref‖, 1e-6·max_t ‖v_t‖) ≤ 1e-3 per (sequence, head), ref = float64
+ *     softmax attention over the CPU decode of the same bytes; variable context lengths, GQA 1/3/4/8,
+ * head_dim 64 and 128, output poisoned (NaN) before each launch;
+ *  3. isolation: poisoning every page outside a sequence's block table changes nothing in its output;
+ *     fork shares pages and a write after the fork never reaches the parent;
+ *  4. errors: NaN input, a full pool, bad specs are named errors that leave the lengths unchanged.
+ * Fresh random inputs each run (the seed is printed). `--quick`: small sizes for compute-sanitizer. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "e8kv.h"
+#include "e8kv_cuda.h"
+
+static int g_fail = 0, g_checks = 0;
+#define CHECK(cond, ...)                                                                                     \
+    do {                                                                                                     \
+        g_checks++;                                                                                          \
+        if (!(cond)) {                                                                                       \
+            g_fail++;                                                                                        \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                                      \
+            printf(__VA_ARGS__);                                                                             \
+            printf("\n");                                                                                    \
+        }                                                                                                    \
+    } while (0)
+#define CU(x)                                                                                                \
+    do {                                                                                                     \
+        const cudaError_t e_ = (x);                                                                          \
+        if (e_ != cudaSuccess) {                                                                             \
+            printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);                  \
+            exit(1);                                                                                         \
+        }                                                                                                    \
+    } while (0)
+
+static uint64_t g_rng;
+static uint64_t rnd(void) {
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return g_rng;
+}
+static double unif(void) {
+    return (double)(rnd() >> 11) * 0x1.0p-53;
+}
+static float gauss(void) {
+    const double u = unif() + 1e-300, v = unif();
+    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+/* random rows: per vector a random scale (1e-3 .. 30), an outlier now and then, a zero vector now and then */
+static void fill_rows(float *x, size_t n_vec, size_t d) {
+    for (size_t v = 0; v < n_vec; v++) {
+        const float s = (float)exp(log(1e-3) + unif() * (log(30.0) - log(1e-3)));
+        const int zero = rnd() % 97 == 0;
+        for (size_t i = 0; i < d; i++)
+            x[v * d + i] = zero ? 0.0f : s * gauss();
+        if (!zero && rnd() % 5 == 0) x[v * d + rnd() % d] *= 12.0f;
+    }
+}
+
+/* the rows in `dtype` on the device, and the floats they hold on the host (in place) */
+static void *to_device(float *x, size_t n, e8kv_dtype dt) {
+    void *d = NULL;
+    if (dt == E8KV_DTYPE_F32) {
+        CU(cudaMalloc(&d, n * 4));
+        CU(cudaMemcpy(d, x, n * 4, cudaMemcpyHostToDevice));
+    } else if (dt == E8KV_DTYPE_F16) {
+        __half *h = (__half *)malloc(n * 2);
+        for (size_t i = 0; i < n; i++)
+            h[i] = __float2half_rn(x[i]), x[i] = __half2float(h[i]);
+        CU(cudaMalloc(&d, n * 2));
+        CU(cudaMemcpy(d, h, n * 2, cudaMemcpyHostToDevice));
+        free(h);
+    } else {
+        __nv_bfloat16 *h = (__nv_bfloat16 *)malloc(n * 2);
+        for (size_t i = 0; i < n; i++)
+            h[i] = __float2bfloat16_rn(x[i]), x[i] = __bfloat162float(h[i]);
+        CU(cudaMalloc(&d, n * 2));
+        CU(cudaMemcpy(d, h, n * 2, cudaMemcpyHostToDevice));
+        free(h);
+    }
+    return d;
+}
+
+static uint16_t bf16_rne(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float bf16_val(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* CPU bytes of one vector in a GPU format, and its decode (unrotated) */
+typedef struct {
+    const char *name;
+    e8kv_codec *codec; /* NULL for bf16 */
+    size_t vb, d;
+} cpu_fmt;
+static cpu_fmt cpu_fmt_make(const char *name, size_t d, uint64_t seed) {
+    cpu_fmt f = {name, NULL, 2 * d, d};
+    if (strcmp(name, "bf16")) {
+        size_t err = 0;
+        f.codec = e8kv_codec_create(name, d, seed, &err);
+        if (!f.codec) {
+            printf("codec %s: %s\n", name, e8kv_error_name(err));
+            exit(1);
+        }
+        f.vb = e8kv_codec_vector_bytes(f.codec);
+    }
+    return f;
+}
+static void cpu_encode(const cpu_fmt *f, uint8_t *dst, const float *x) {
+    if (f->codec) {
+        const size_t r = e8kv_codec_encode(f->codec, dst, f->vb, x, 1);
+        if (e8kv_is_error(r)) printf("cpu encode: %s\n", e8kv_error_name(r)), exit(1);
+    } else {
+        for (size_t i = 0; i < f->d; i++) {
+            const uint16_t h = bf16_rne(x[i]);
+            memcpy(dst + 2 * i, &h, 2);
+        }
+    }
+}
+static void cpu_decode(const cpu_fmt *f, float *y, const uint8_t *src) {
+    if (f->codec) {
+        e8kv_codec_decode(f->codec, y, f->d, src, f->vb, 1);
+    } else {
+        for (size_t i = 0; i < f->d; i++) {
+            uint16_t h;
+            memcpy(&h, src + 2 * i, 2);
+            y[i] = bf16_val(h);
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- 1 + 2: codes and attention */
+
+typedef struct {
+    const char *spec, *kname, *vname;
+} spec_case;
+
+static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const size_t *lens, size_t n_seq,
+                     e8kv_dtype dt, size_t n_layer) {
+    const uint64_t seed = rnd();
+    const size_t bs = 16, n_head = n_kv * G;
+    size_t total_pages = 0;
+    for (size_t s = 0; s < n_seq; s++)
+        total_pages += (lens[s] + bs - 1) / bs + 1;
+    e8kv_cuda_cache_params p;
+    memset(&p, 0, sizeof p);
+    p.n_layer = n_layer, p.n_head_kv = n_kv, p.head_dim = d, p.block_size = bs, p.n_blocks = total_pages;
+    p.spec = sc->spec, p.seed = seed, p.max_seqs = n_seq + 2, p.max_batch = n_seq, p.max_append = 333;
+    size_t err = 0;
+    e8kv_cuda_cache *c = e8kv_cuda_cache_create(&p, &err);
+    CHECK(c, "create %s: %s", sc->spec, e8kv_error_name(err));
+    if (!c) return;
+    cpu_fmt kf = cpu_fmt_make(sc->kname, d, seed), vf = cpu_fmt_make(sc->vname, d, seed);
+    size_t *ids = (size_t *)malloc(n_seq * sizeof *ids);
+    for (size_t s = 0; s < n_seq; s++)
+        ids[s] = e8kv_cuda_seq_create(c);
+    const size_t layer = n_layer - 1;
+    size_t max_len = 0;
+    for (size_t s = 0; s < n_seq; s++)
+        max_len = lens[s] > max_len ? lens[s] : max_len;
+    /* host copies of what went in: (seq, pos, head, d) */
+    float **K = (float **)malloc(n_seq * sizeof *K), **V = (float **)malloc(n_seq * sizeof *V);
+    const size_t row = n_kv * d;
+    /* prefill: the first 2/3 of each sequence in one or two appends; the rest by batched decode steps */
+    for (size_t s = 0; s < n_seq; s++) {
+        K[s] = (float *)malloc((lens[s] + 1) * row * sizeof(float));
+        V[s] = (float *)malloc((lens[s] + 1) * row * sizeof(float));
+        fill_rows(K[s], lens[s] * n_kv, d);
+        fill_rows(V[s], lens[s] * n_kv, d);
+        const size_t pre = 2 * lens[s] / 3;
+        void *dk = to_device(K[s], lens[s] * row, dt), *dv = to_device(V[s], lens[s] * row, dt);
+        if (pre) {
+            const size_t r = e8kv_cuda_seq_append(c, layer, ids[s], dk, dv, pre, dt);
+            CHECK(r == pre, "prefill append: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "count");
+        }
+        CU(cudaFree(dk));
+        CU(cudaFree(dv));
+    }
+    /* decode steps: every sequence that still needs tokens gets one per step */
+    for (size_t step = 0; step < max_len; step++) {
+        size_t batch[64], nb = 0;
+        for (size_t s = 0; s < n_seq; s++)
+            if (e8kv_cuda_seq_length(c, ids[s], layer) < lens[s]) batch[nb++] = s;
+        if (!nb) break;
+        float *hk = (float *)malloc(nb * row * sizeof(float)),
+              *hv = (float *)malloc(nb * row * sizeof(float));
+        size_t sid[64];
+        for (size_t i = 0; i < nb; i++) {
+            const size_t s = batch[i], pos = e8kv_cuda_seq_length(c, ids[s], layer);
+            memcpy(hk + i * row, K[s] + pos * row, row * sizeof(float));
+            memcpy(hv + i * row, V[s] + pos * row, row * sizeof(float));
+            sid[i] = ids[s];
+        }
+        /* the host copies already hold the dtype-rounded values: converting again is exact */
+        void *dk = to_device(hk, nb * row, dt), *dv = to_device(hv, nb * row, dt);
+        const size_t r = e8kv_cuda_seq_append_batch(c, layer, sid, nb, dk, dv, dt);
+        CHECK(r == nb, "batch append: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "count");
+        CU(cudaFree(dk));
+        CU(cudaFree(dv));
+        free(hk);
+        free(hv);
+        if (e8kv_is_error(r)) break;
+    }
+    /* 1: bytes, and the decoded cache for the reference */
+    size_t mism = 0, n_vec = 0;
+    uint8_t gb[1024], cb[1024];
+    float **DK = (float **)malloc(n_seq * sizeof *DK), **DV = (float **)malloc(n_seq * sizeof *DV);
+    for (size_t s = 0; s < n_seq; s++) {
+        /* the device copy was made from the dtype-rounded floats, so K[s] holds exactly the input */
+        DK[s] = (float *)malloc((lens[s] + 1) * row * sizeof(float));
+        DV[s] = (float *)malloc((lens[s] + 1) * row * sizeof(float));
+        for (size_t pos = 0; pos < lens[s]; pos++)
+            for (size_t h = 0; h < n_kv; h++)
+                for (int st = 0; st < 2; st++) {
+                    const cpu_fmt *f = st ? &vf : &kf;
+                    const float *x = (st ? V[s] : K[s]) + pos * row + h * d;
+                    const size_t r = e8kv_cuda_seq_read_vector(c, gb, sizeof gb, ids[s], layer, st, pos, h);
+                    CHECK(r == f->vb, "read_vector: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "size");
+                    cpu_encode(f, cb, x);
+                    n_vec++;
+                    if (memcmp(gb, cb, f->vb)) {
+                        if (mism < 3) {
+                            printf("  bytes differ: %s seq %zu pos %zu head %zu %s:", sc->spec, s, pos, h,
+                                   st ? "V" : "K");
+                            for (size_t i = 0; i < f->vb && i < 12; i++)
+                                printf(" %02x/%02x", gb[i], cb[i]);
+                            printf("\n");
+                        }
+                        mism++;
+                    }
+                    cpu_decode(f, (st ? DV[s] : DK[s]) + pos * row + h * d, gb);
+                }
+    }
+    CHECK(mism == 0, "%s d=%zu dtype %d: %zu of %zu vectors differ from the CPU codec", sc->spec, d, (int)dt,
+          mism, n_vec);
+    /* 2: attention */
+    float *q = (float *)malloc(n_seq * n_head * d * sizeof(float));
+    for (size_t i = 0; i < n_seq * n_head * d; i++)
+        q[i] = gauss() * (0.5f + (float)unif() * 2.0f);
+    void *dq = to_device(q, n_seq * n_head * d, dt);
+    float *dout, *out = (float *)malloc(n_seq * n_head * d * sizeof(float));
+    CU(cudaMalloc((void **)&dout, n_seq * n_head * d * sizeof(float)));
+    CU(cudaMemset(dout, 0xff, n_seq * n_head * d * sizeof(float))); /* NaN */
+    const size_t r = e8kv_cuda_seq_attend(c, layer, dout, dq, dt, ids, n_seq, n_head);
+    CHECK(r == n_seq * n_head * d, "attend: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "count");
+    CU(cudaMemcpy(out, dout, n_seq * n_head * d * sizeof(float), cudaMemcpyDeviceToHost));
+    double worst = 0.0;
+    int n_bad_print = 0;
+    double *sc_ = (double *)malloc((max_len + 1) * sizeof(double));
+    for (size_t s = 0; s < n_seq; s++)
+        for (size_t h = 0; h < n_head; h++) {
+            const size_t kh = h / G;
+            const float *qq = q + (s * n_head + h) * d;
+            double mx = -INFINITY, sum = 0.0, ref[128] = {0}, e2 = 0.0, r2 = 0.0;
+            for (size_t t = 0; t < lens[s]; t++) {
+                double dot = 0.0;
+                for (size_t i = 0; i < d; i++)
+                    dot += (double)qq[i] * DK[s][t * row + kh * d + i];
+                sc_[t] = dot / sqrt((double)d);
+                mx = sc_[t] > mx ? sc_[t] : mx;
+            }
+            double vmax = 0.0;
+            for (size_t t = 0; t < lens[s]; t++) {
+                double n2 = 0.0;
+                for (size_t i = 0; i < d; i++)
+                    n2 += (double)DV[s][t * row + kh * d + i] * DV[s][t * row + kh * d + i];
+                vmax = fmax(vmax, sqrt(n2));
+            }
+            for (size_t t = 0; t < lens[s]; t++) {
+                const double w = exp(sc_[t] - mx);
+                sum += w;
+                for (size_t i = 0; i < d; i++)
+                    ref[i] += w * DV[s][t * row + kh * d + i];
+            }
+            int finite = 1;
+            for (size_t i = 0; i < d; i++) {
+                ref[i] = lens[s] ? ref[i] / sum : 0.0;
+                const double o = out[(s * n_head + h) * d + i];
+                finite &= isfinite(o);
+                e2 += (o - ref[i]) * (o - ref[i]);
+                r2 += ref[i] * ref[i];
+            }
+            /* relative to ‖ref‖, floored at 1e-6 of the largest value vector: when one zero V vector takes
+             * nearly all the weight the exact output is ~1e-72, and float32 softmax weights (like SDPA's)
+             * underflow below 2^-149, so only an absolute comparison means anything there */
+            const double rel = finite ? sqrt(e2) / fmax(sqrt(r2), 1e-6 * vmax) : INFINITY;
+            worst = rel > worst ? rel : worst;
+            if (rel > 1e-3 && n_bad_print < 6) { /* say where, to tell a race from a formula */
+                n_bad_print++;
+                printf("    seq %zu (len %zu) head %zu: rel %.3g finite %d out[0..2] %g %g %g ref %g %g %g\n",
+                       s, lens[s], h, rel, finite, out[(s * n_head + h) * d], out[(s * n_head + h) * d + 1],
+                       out[(s * n_head + h) * d + 2], ref[0], ref[1], ref[2]);
+            }
+        }
+    CHECK(worst <= 1e-3, "%s d=%zu G=%zu dtype %d: attention relative error %.3g > 1e-3", sc->spec, d, G,
+          (int)dt, worst);
+    printf("  %-18s d=%3zu kv=%zu G=%zu dtype=%d seqs=%zu: %zu vectors bit-exact=%s, attention max rel err "
+           "%.2e\n",
+           sc->spec, d, n_kv, G, (int)dt, n_seq, n_vec, mism ? "NO" : "yes", worst);
+    for (size_t s = 0; s < n_seq; s++)
+        free(K[s]), free(V[s]), free(DK[s]), free(DV[s]);
+    free(K), free(V), free(DK), free(DV), free(q), free(out), free(sc_), free(ids);
+    CU(cudaFree(dq));
+    CU(cudaFree(dout));
+    e8kv_codec_free(kf.codec);
+    e8kv_codec_free(vf.codec);
+    e8kv_cuda_cache_free(c);
+}
+
+/* ---------------------------------------------------------------- 3: isolation, fork */
+
+static void test_isolation(const char *spec, size_t d) {
+    const size_t bs = 16, n_kv = 2, G = 4, n_head = n_kv * G, n_blocks = 40, len = 150;
+    e8kv_cuda_cache_params p;
+    memset(&p, 0, sizeof p);
+    p.n_layer = 1, p.n_head_kv = n_kv, p.head_dim = d, p.block_size = bs, p.n_blocks = n_blocks,
+    p.spec = spec;
+    p.seed = rnd(), p.max_batch = 2;
+    size_t err = 0;
+    e8kv_cuda_cache *c = e8kv_cuda_cache_create(&p, &err);
+    CHECK(c, "create: %s", e8kv_error_name(err));
+    if (!c) return;
+    /* caller-owned: sequence 0 gets pages scattered over the pool (a random permutation), sequence 1
+     * (the victim of the poison, which nobody attends) the rest */
+    int32_t perm[40];
+    for (int i = 0; i < 40; i++)
+        perm[i] = i;
+    for (int i = 39; i > 0; i--) {
+        const int j = (int)(rnd() % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    const size_t np = (len + bs - 1) / bs;
+    int32_t table[2][40];
+    memset(table, 0, sizeof table);
+    for (size_t i = 0; i < np; i++)
+        table[0][i] = perm[i];
+    int64_t slots[150];
+    for (size_t t = 0; t < len; t++)
+        slots[t] = (int64_t)table[0][t / bs] * (int64_t)bs + (int64_t)(t % bs);
+    float *k = (float *)malloc(len * n_kv * d * 4), *v = (float *)malloc(len * n_kv * d * 4);
+    fill_rows(k, len * n_kv, d);
+    fill_rows(v, len * n_kv, d);
+    void *dk = to_device(k, len * n_kv * d, E8KV_DTYPE_F32),
+         *dv = to_device(v, len * n_kv * d, E8KV_DTYPE_F32);
+    int64_t *dslots;
+    CU(cudaMalloc((void **)&dslots, sizeof slots));
+    CU(cudaMemcpy(dslots, slots, sizeof slots, cudaMemcpyHostToDevice));
+    size_t r = e8kv_cuda_append_slots(c, 0, dslots, dk, dv, len, E8KV_DTYPE_F32);
+    CHECK(r == len, "append_slots: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "count");
+    float q[n_head * 128];
+    for (size_t i = 0; i < n_head * d; i++)
+        q[i] = gauss();
+    void *dq = to_device(q, n_head * d, E8KV_DTYPE_F32);
+    int32_t *dt, *dctx, ctx[1] = {(int32_t)len};
+    CU(cudaMalloc((void **)&dt, sizeof table));
+    CU(cudaMemcpy(dt, table, sizeof table, cudaMemcpyHostToDevice));
+    CU(cudaMalloc((void **)&dctx, sizeof ctx));
+    CU(cudaMemcpy(dctx, ctx, sizeof ctx, cudaMemcpyHostToDevice));
+    float *dout, o1[n_head * 128], o2[n_head * 128];
+    CU(cudaMalloc((void **)&dout, sizeof o1));
+    CU(cudaMemset(dout, 0xff, sizeof o1));
+    r = e8kv_cuda_attend(c, 0, dout, dq, E8KV_DTYPE_F32, 1, n_head, dt, 40, dctx, len, NULL, 0, NULL);
+    CHECK(!e8kv_is_error(r), "attend: %s", e8kv_error_name(r));
+    CU(cudaMemcpy(o1, dout, n_head * d * 4, cudaMemcpyDeviceToHost));
+    /* poison every page outside the table (0xff: NaN in bf16/f16, the largest step in e8box) */
+    for (int st = 0; st < 2; st++) {
+        void *pool;
+        const size_t pb = e8kv_cuda_cache_pages(c, 0, st, &pool);
+        for (size_t i = np; i < 40; i++)
+            CU(cudaMemset((uint8_t *)pool + (size_t)perm[i] * pb, 0xff, pb));
+    }
+    CU(cudaMemset(dout, 0xff, sizeof o1));
+    r = e8kv_cuda_attend(c, 0, dout, dq, E8KV_DTYPE_F32, 1, n_head, dt, 40, dctx, len, NULL, 0, NULL);
+    CU(cudaMemcpy(o2, dout, n_head * d * 4, cudaMemcpyDeviceToHost));
+    int finite = 1;
+    for (size_t i = 0; i < n_head * d; i++)
+        finite &= isfinite(o1[i]);
+    CHECK(finite && !memcmp(o1, o2, n_head * d * 4),
+          "%s: output changed when pages of another sequence changed", spec);
+    printf("  isolation %-8s d=%zu: %s\n", spec, d,
+           finite && !memcmp(o1, o2, n_head * d * 4) ? "ok" : "FAILED");
+    free(k), free(v);
+    CU(cudaFree(dk));
+    CU(cudaFree(dv));
+    CU(cudaFree(dq));
+    CU(cudaFree(dt));
+    CU(cudaFree(dctx));
+    CU(cudaFree(dout));
+    CU(cudaFree(dslots));
+    e8kv_cuda_cache_free(c);
+}
+
+static void test_fork_and_errors(const char *spec, size_t d) {
+    const size_t n_kv = 2, G = 2, n_head = n_kv * G;
+    e8kv_cuda_cache_params p;
+    memset(&p, 0, sizeof p);
+    p.n_layer = 2, p.n_head_kv = n_kv, p.head_dim = d, p.n_blocks = 8, p.spec = spec, p.seed = rnd();
+    p.max_seqs = 4, p.max_batch = 4, p.max_ctx = 1024; /* the pool (8 pages), not the context, runs out */
+    size_t err = 0;
+    e8kv_cuda_cache *c = e8kv_cuda_cache_create(&p, &err);
+    CHECK(c, "create: %s", e8kv_error_name(err));
+    if (!c) return;
+    const size_t row = n_kv * d;
+    float *x = (float *)malloc(200 * row * 4), *y = (float *)malloc(200 * row * 4);
+    fill_rows(x, 200 * n_kv, d);
+    fill_rows(y, 200 * n_kv, d);
+    void *dx = to_device(x, 200 * row, E8KV_DTYPE_F32), *dy = to_device(y, 200 * row, E8KV_DTYPE_F32);
+    const size_t a = e8kv_cuda_seq_create(c);
+    for (size_t l = 0; l < 2; l++)
+        CHECK(e8kv_cuda_seq_append(c, l, a, dx, dy, 40, E8KV_DTYPE_F32) == 40, "append");
+    float q[4 * 128];
+    for (size_t i = 0; i < n_head * d; i++)
+        q[i] = gauss();
+    void *dq = to_device(q, n_head * d, E8KV_DTYPE_F32);
+    float *dout, o1[4 * 128], o2[4 * 128];
+    CU(cudaMalloc((void **)&dout, sizeof o1));
+    CU(cudaMemset(dout, 0xff, sizeof o1));
+    e8kv_cuda_seq_attend(c, 1, dout, dq, E8KV_DTYPE_F32, &a, 1, n_head);
+    CU(cudaMemcpy(o1, dout, n_head * d * 4, cudaMemcpyDeviceToHost));
+    const size_t free0 = e8kv_cuda_cache_free_pages(c);
+    const size_t b = e8kv_cuda_seq_fork(c, a);
+    CHECK(!e8kv_is_error(b) && e8kv_cuda_cache_free_pages(c) == free0, "fork shares pages");
+    /* b writes into the shared partial page: it must be copied, a unchanged */
+    for (size_t l = 0; l < 2; l++)
+        CHECK(e8kv_cuda_seq_append(c, l, b, (uint8_t *)dx + 40 * row * 4, (uint8_t *)dy + 40 * row * 4, 30,
+                                   E8KV_DTYPE_F32) == 70,
+              "append after fork");
+    CU(cudaMemset(dout, 0xff, sizeof o1));
+    e8kv_cuda_seq_attend(c, 1, dout, dq, E8KV_DTYPE_F32, &a, 1, n_head);
+    CU(cudaMemcpy(o2, dout, n_head * d * 4, cudaMemcpyDeviceToHost));
+    CHECK(!memcmp(o1, o2, n_head * d * 4), "%s: parent changed by a write of its fork", spec);
+    /* the fork sees the parent's 40 tokens and its own 30: the same bytes as a fresh sequence given all 70 */
+    uint8_t b1[1024], b2[1024];
+    int same = 1;
+    for (size_t pos = 0; pos < 70; pos += 7) {
+        e8kv_cuda_seq_read_vector(c, b1, sizeof b1, b, 1, 0, pos, 1);
+        if (pos < 40) {
+            e8kv_cuda_seq_read_vector(c, b2, sizeof b2, a, 1, 0, pos, 1);
+            same &= !memcmp(b1, b2, e8kv_cuda_cache_vector_bytes(c, 1, 0));
+        }
+    }
+    CHECK(same, "fork holds the parent's bytes");
+    /* errors: NaN → NONFINITE, length unchanged */
+    x[5] = NAN;
+    void *dn = to_device(x, 200 * row, E8KV_DTYPE_F32);
+    size_t r = e8kv_cuda_seq_append(c, 0, a, dn, dy, 10, E8KV_DTYPE_F32);
+    CHECK(e8kv_get_error_code(r) == E8KV_ERROR_NONFINITE && e8kv_cuda_seq_length(c, a, 0) == 40, "NaN: %s",
+          e8kv_error_name(r));
+    /* pool exhaustion: OUT_OF_MEMORY, nothing lost */
+    r = e8kv_cuda_seq_append(c, 0, b, dx, dy, 200, E8KV_DTYPE_F32);
+    CHECK(e8kv_get_error_code(r) == E8KV_ERROR_OUT_OF_MEMORY && e8kv_cuda_seq_length(c, b, 0) == 70,
+          "full: %s", e8kv_error_name(r));
+    CU(cudaMemset(dout, 0xff, sizeof o1));
+    e8kv_cuda_seq_attend(c, 1, dout, dq, E8KV_DTYPE_F32, &a, 1, n_head);
+    CU(cudaMemcpy(o2, dout, n_head * d * 4, cudaMemcpyDeviceToHost));
+    CHECK(!memcmp(o1, o2, n_head * d * 4), "failed appends changed stored data");
+    CHECK(!e8kv_is_error(e8kv_cuda_seq_free(c, b)) && !e8kv_is_error(e8kv_cuda_seq_free(c, a)) &&
+              e8kv_cuda_cache_free_pages(c) == 8,
+          "free returns every page");
+    printf("  fork/errors %-8s d=%zu: done\n", spec, d);
+    free(x), free(y);
+    CU(cudaFree(dx));
+    CU(cudaFree(dy));
+    CU(cudaFree(dq));
+    CU(cudaFree(dout));
+    CU(cudaFree(dn));
+    e8kv_cuda_cache_free(c);
+    /* bad arguments */
+    e8kv_cuda_cache_params bad = p;
+    bad.spec = "e8box:3";
+    CHECK(!e8kv_cuda_cache_create(&bad, &err) && e8kv_get_error_code(err) == E8KV_ERROR_SPEC, "bad spec");
+    bad.spec = spec, bad.head_dim = 96;
+    CHECK(!e8kv_cuda_cache_create(&bad, &err) && e8kv_get_error_code(err) == E8KV_ERROR_HEAD_DIM, "head_dim");
+}
+
+int main(int argc, char **argv) {
+    const int quick = argc > 1 && !strcmp(argv[1], "--quick");
+    if (!e8kv_cuda_available()) {
+        printf("test_cuda: no CUDA device, skipped\n");
+        return 77;
+    }
+    g_rng = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)clock();
+    if (getenv("E8KV_TEST_SEED")) g_rng = strtoull(getenv("E8KV_TEST_SEED"), NULL, 0);
+    if (!g_rng) g_rng = 1;
+    printf("test_cuda: seed 0x%llx\n", (unsigned long long)g_rng);
+    const spec_case cases[] = {{"e8box:4", "e8box:4", "e8box:4"},
+                               {"bf16", "bf16", "bf16"},
+                               {"f16", "f16", "f16"},
+                               {"k=e8box:4,v=bf16", "e8box:4", "bf16"}};
+    const size_t lens_full[] = {1, 15, 16, 17, 100, 777, 3000, 9001};
+    const size_t lens_quick[] = {1, 17, 40, 130};
+    const size_t *lens = quick ? lens_quick : lens_full;
+    const size_t n_seq = quick ? 4 : 8;
+    const size_t ds[] = {64, 128}, Gs[] = {1, 3, 4, 8};
+    const e8kv_dtype dts[] = {E8KV_DTYPE_F32, E8KV_DTYPE_BF16, E8KV_DTYPE_F16};
+    for (size_t ci = 0; ci < 4; ci++)
+        for (size_t di = 0; di < 2; di++) {
+            if (quick && ci == 2) continue;
+            const size_t G = Gs[(ci + di) % 4], n_kv = 1 + (size_t)(rnd() % 3);
+            run_case(&cases[ci], ds[di], n_kv, G, lens, n_seq, dts[(ci + di) % 3], quick ? 1 : 2);
+        }
+    if (!quick) /* every G with e8box at both head dims */
+        for (size_t gi = 0; gi < 4; gi++)
+            run_case(&cases[0], ds[gi % 2], 2, Gs[gi], lens, 6, dts[gi % 3], 1);
+    for (size_t di = 0; di < 2; di++) {
+        test_isolation("e8box:4", ds[di]);
+        test_isolation("bf16", ds[di]);
+        test_fork_and_errors("e8box:4", ds[di]);
+    }
+    printf("test_cuda: %d checks, %d failed\n", g_checks, g_fail);
+    return g_fail ? 1 : 0;
+}
