@@ -129,6 +129,7 @@ for line in open(sys.argv[1]):
 PY
 }
 requirements_met && exit 0
+say "installing the Python test packages with pip: $(grep -v '^#' requirements-dev.txt | tr '\n' ' ')"
 pip_install() {
     python3 -m pip install --quiet --disable-pip-version-check "$@" -r requirements-dev.txt 2>&1
 }

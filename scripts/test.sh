@@ -18,7 +18,9 @@ scripts/setup.sh "$@"
 scripts/fetch_model.sh >/dev/null || echo "test.sh: default model not fetched: the tests that need it will skip" >&2
 jobs=$(nproc 2>/dev/null || echo 2)
 # ctest runs the Python checks with the interpreter setup.sh installed their packages for
-python=(-DPython3_EXECUTABLE="$(command -v python3)")
+python=()
+py=$(command -v python3 || true)
+[ -z "$py" ] || python=(-DPython3_EXECUTABLE="$py")
 if [ "${1:-}" = "--sanitize" ]; then
     cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DE8KV_SANITIZE=ON -DCMAKE_C_COMPILER=clang \
         "${python[@]}"
