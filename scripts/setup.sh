@@ -53,7 +53,7 @@ need_root() {
         return 0
     fi
     say "missing system packages: $*"
-    say "installing them needs root, and this user is not root and cannot use sudo."
+    say "installing them needs root: this user is not root, and sudo is missing or asks a password with no terminal."
     say "run this as root (or ask an administrator): apt-get install $*"
     say "then run the command again (E8KV_SKIP_SETUP=1 skips this step)."
     exit 1
