@@ -10,7 +10,7 @@ Two references, neither of them e8kv:
 On the first set both references are checked to agree before anything is written.
 
 Usage: python3 scripts/gen_tokenizer_golden.py [DATA_DIR] > tests/data/tokenizer_golden.h
-DATA_DIR defaults to ../shared/data (needs stories260K/tok512.model and tok512.bin).
+DATA_DIR defaults to data/ in the repository (needs stories260K/tok512.model and tok512.bin).
 """
 import os
 import struct
@@ -104,7 +104,7 @@ def c_string(s):
 
 
 def main():
-    data_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "../../shared/data")
+    data_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "../data")
     sp = spm.SentencePieceProcessor(model_file=os.path.join(data_dir, "stories260K/tok512.model"))
     vocab, scores = load_llama2c(os.path.join(data_dir, "stories260K/tok512.bin"))
     rows = []

@@ -5,7 +5,7 @@
 set -u
 unset E8KV_CALIB
 CLI=${1:-${E8KV_CLI:-}}
-DATA=${E8KV_SHARED_DATA:-$(dirname "$0")/../../shared/data}
+DATA=${E8KV_SHARED_DATA:-$(dirname "$0")/../data}
 if [ -z "$CLI" ] || [ ! -x "$CLI" ]; then
     echo "skip: no e8kv CLI (pass its path or set E8KV_CLI)"
     exit 77

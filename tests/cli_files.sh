@@ -6,7 +6,7 @@
 # Usage: tests/cli_files.sh [path/to/e8kv]   (default $E8KV_CLI); skips (77) without the CLI or the model.
 set -u
 CLI=${1:-${E8KV_CLI:-}}
-DATA=${E8KV_SHARED_DATA:-$(dirname "$0")/../../shared/data}
+DATA=${E8KV_SHARED_DATA:-$(dirname "$0")/../data}
 M=$DATA/stories260K/stories260K.bin
 TXT=$DATA/tinyshakespeare/input.txt
 if [ -z "$CLI" ] || [ ! -x "$CLI" ] || [ ! -f "$M" ] || [ ! -f "$TXT" ]; then

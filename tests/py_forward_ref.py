@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Independent reference for the engine's forward pass: a float64 numpy Llama written from the equations
 (RMSNorm, RoPE, causal GQA attention, SwiGLU), reading the weights with its own code:
-  - stories260K (llama2.c checkpoint, parsed here with numpy) from the shared data;
+  - stories260K (llama2.c checkpoint, parsed here with numpy) from the repository's data/;
   - the default GGUF model (SmolLM2-135M-Instruct Q4_1) read with the `gguf` package
     (gguf.GGUFReader + gguf.quants.dequantize), when it has been fetched.
 The engine's logits come from `e8kv generate --tokens IDS -n 0 --dump-logits FILE` (f32 cache). With
-wikitext-2 and the Hugging Face tokenizer.json in the shared data, `e8kv ppl --json` is also checked against
+wikitext-2 and the Hugging Face tokenizer.json in data/, `e8kv ppl --json` is also checked against
 the llama-perplexity protocol computed here from the reference logits (check_ppl).
 
 Pass: for every position, max |engine - ref| <= 1e-3 * max |ref| over the whole logit matrix, and the same
@@ -221,7 +221,7 @@ def main():
     if not os.path.exists(cli):
         print(f"CLI {cli} missing: skipped")
         return 77
-    data = os.environ.get("E8KV_SHARED_DATA", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data"))
+    data = os.environ.get("E8KV_SHARED_DATA", os.path.join(os.path.dirname(__file__), "..", "data"))
     ran, ok = 0, True
 
     stories = os.path.join(data, "stories260K", "stories260K.bin")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""e8kv generate --save-cache / --load-cache on stories260K (llama2.c checkpoint in the shared data):
+"""e8kv generate --save-cache / --load-cache on stories260K (llama2.c checkpoint in the repository's data/):
 greedy generation continued from a saved cache must print exactly what a run without save/load prints,
 for several cache formats (window, sink, per-layer formats); a different prompt, a different --kv, a
 corrupted file and a missing file must be refused with a non-zero exit. Skips (77) without the CLI or the
@@ -10,7 +10,7 @@ import sys
 import tempfile
 
 CLI = os.environ.get("E8KV_CLI")
-DATA = os.environ.get("E8KV_SHARED_DATA", os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data"))
+DATA = os.environ.get("E8KV_SHARED_DATA", os.path.join(os.path.dirname(__file__), "..", "data"))
 MODEL = os.path.join(DATA, "stories260K", "stories260K.bin")
 PROMPT = "Once upon a time, there was a little girl"
 N_GEN = "48"

@@ -32,14 +32,14 @@ except ImportError:
     skip("python package tokenizers not installed")
 
 CLI = os.environ.get("E8KV_CLI")
-DATA = os.environ.get("E8KV_SHARED_DATA", os.path.join(os.path.dirname(__file__), "../../shared/data"))
+DATA = os.environ.get("E8KV_SHARED_DATA", os.path.join(os.path.dirname(__file__), "../data"))
 if not CLI or not os.path.exists(CLI):
     skip("E8KV_CLI not set (run through ctest)")
 TOK_JSON = os.path.join(DATA, "smollm2-135m/tokenizer.json")
 WIKI = os.path.join(DATA, "wikitext-2-raw/wiki.test.raw")
 for p in (TOK_JSON, WIKI):
     if not os.path.exists(p):
-        skip("missing shared data " + p)
+        skip("missing test data " + p)
 MODEL = os.environ.get("E8KV_MODEL") or os.path.join(
     os.environ.get("E8KV_CACHE_DIR") or os.path.expanduser("~/.cache/e8kv"), "SmolLM2-135M-Instruct.Q4_1.gguf")
 if not os.path.exists(MODEL):

@@ -1,4 +1,4 @@
-/* Shared helpers for the cmocka tests: locating shared data, skipping cleanly, deterministic data. */
+/* Shared helpers for the cmocka tests: locating test data, skipping cleanly, deterministic data. */
 #ifndef E8KV_TEST_UTIL_H
 #define E8KV_TEST_UTIL_H
 
@@ -14,11 +14,12 @@
 
 #include "e8kv.h"
 
-/* Path under ../shared/data (E8KV_SHARED_DATA); NULL when that file is missing. */
+/* Path under the test data, $E8KV_SHARED_DATA (ctest: data/ in the repository) or else ./data; NULL when
+ * that file is missing. */
 static inline const char *test_data_path(const char *rel) {
     static char buf[4096];
     const char *base = getenv("E8KV_SHARED_DATA");
-    if (!base) base = "../shared/data";
+    if (!base) base = "data";
     snprintf(buf, sizeof buf, "%s/%s", base, rel);
     FILE *f = fopen(buf, "rb");
     if (!f) return NULL;
