@@ -499,8 +499,8 @@ static void matmul_item(void *args, size_t i) {
     const size_t nt = j->n - t0 < j->tokens ? j->n - t0 : j->tokens;
     const float *const w = j->w + r0 * j->n_in;
     if (j->n == 1) {
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)nr, (int)j->n_in, 1.0f, w, (int)j->n_in, j->x, 1, j->beta,
-                    j->y + r0, 1);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)nr, (int)j->n_in, 1.0f, w, (int)j->n_in, j->x, 1,
+                    j->beta, j->y + r0, 1);
     } else {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nt, (int)nr, (int)j->n_in, 1.0f,
                     j->x + t0 * j->n_in, (int)j->n_in, w, (int)j->n_in, j->beta, j->y + t0 * j->n_out + r0,
