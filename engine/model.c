@@ -485,6 +485,8 @@ static void rmsnorm(float *restrict out, const float *restrict x, const float *r
 #define MATMUL_BATCH_ROWS 128
 #define MATMUL_BATCH_TOKENS 128
 #define MATMUL_ROW_BLOCKS 64
+/* below this many multiply-adds (~10 µs) waking the workers costs more than it saves */
+#define MATMUL_POOL_MIN 65536
 typedef struct {
     float *y;
     const float *x, *w;
@@ -514,7 +516,8 @@ static void matmul(const e8kv_context *c, float *y, const float *x, const float 
     size_t rows = (n_out + MATMUL_ROW_BLOCKS - 1) / MATMUL_ROW_BLOCKS;
     rows = rows < min_rows ? min_rows : (rows + 15) / 16 * 16;
     matmul_job j = {y, x, w, n, n_out, n_in, rows, MATMUL_BATCH_TOKENS, (n_out + rows - 1) / rows, beta};
-    e8kv_pool_run(c->pool, matmul_item, &j, j.n_row_blocks * ((n + j.tokens - 1) / j.tokens));
+    e8kv_pool *const pool = (double)n * (double)n_out * (double)n_in < MATMUL_POOL_MIN ? NULL : c->pool;
+    e8kv_pool_run(pool, matmul_item, &j, j.n_row_blocks * ((n + j.tokens - 1) / j.tokens));
 }
 
 static void add_bias(float *y, const float *b, size_t n, size_t n_out) {

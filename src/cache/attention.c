@@ -30,6 +30,8 @@
 #define TILE_MAX_TOKENS 64
 #define QCHUNK_MAX 64
 static_assert(E8KV_ATTEND_SLICE_MIN % TILE_MAX_TOKENS == 0, "slices hold whole tiles");
+/* query-key products of a call below which its items run on the caller's thread (~10 µs of work) */
+#define ATTEND_POOL_MIN 65536
 
 /* RoPE of n consecutive key vectors at positions pos .. pos + n - 1 (x: (n, head_dim)). The angle of
  * the first is taken in double (pos * theta^(-2i/d) reaches 1e5 rad, beyond float's precision); the
@@ -398,7 +400,9 @@ size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, siz
         job.n_qchunk = (n_tok * group + job.qchunk - 1) / job.qchunk;
         n_item = job.n_qchunk * cache->n_head_kv;
     }
-    e8kv_pool_run(cache->pool, attend_item, &job, n_item);
+    /* tiny calls (short contexts of small models) on the caller's thread: waking workers costs more */
+    const double work = (double)n_tok * (double)n_keys * (double)n_head * (double)d;
+    e8kv_pool_run(work < ATTEND_POOL_MIN ? NULL : cache->pool, attend_item, &job, n_item);
     if (by_slice) {
         merge_slices(&job);
         pthread_mutex_unlock(&cache->attn_mu);

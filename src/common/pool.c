@@ -1,11 +1,17 @@
-/* Persistent thread pool (pool.h, e8kv.h). A job is published by bumping `gen` (release) after fn, args,
- * n and the item counter `next` are set; each worker spins on `gen` for up to POOL_SPIN_NS, then sleeps
- * on `wake` under `mu`. The caller always takes `mu` and broadcasts after the bump, and a worker
- * re-checks `gen` under `mu` before it sleeps, so no wake-up is lost. Items are claimed by fetch-add on
- * `next`. Completion: every worker takes part in every job (those that find no item left just count
- * down) and decrements `pending` (release); the caller, once out of items, spins on it (acquire),
- * yielding after a while, so a job is over only when no worker can still read its fields. `run_mu`
- * makes callers of one pool take turns. */
+/* Persistent thread pool (pool.h, e8kv.h).
+ *
+ * A job lives in one 64-bit word, `job` = seq (32 bits) | n (16) | next (16): its sequence number, its
+ * item count and the next unclaimed item. A thread claims item i by a compare-and-swap from
+ * (seq, n, i) to (seq, n, i + 1), so a claim can only succeed while its job is live and the item free;
+ * a worker woken late, holding a stale word, fails its swap and touches nothing. fn and args are written
+ * before the word is published (release) and rewritten only after every item of the job is done, so
+ * the thread that won item i reads the fn and args of item i's job. The caller waits for `done` (items
+ * finished) to reach n, never for idle workers: a worker that the scheduler keeps away costs nothing
+ * (on a loaded machine, waiting for every worker to check in cost a time slice per job).
+ *
+ * Idle workers spin on the word for up to POOL_SPIN_NS, then sleep on `wake` under `mu`; the caller
+ * publishes, then takes `mu` and broadcasts, and a worker re-checks the word under `mu` before it
+ * sleeps, so no wake-up is lost. `run_mu` makes callers of one pool take turns. */
 #include "pool.h"
 
 #include "error.h"
@@ -26,25 +32,25 @@
 
 /* how long an idle worker spins before it sleeps */
 #define POOL_SPIN_NS 50000
+/* items per published job (16 bits of the word); e8kv_pool_run cuts longer loops into several jobs */
+#define JOB_ITEMS_MAX 0xffffu
 
-typedef struct {
-    e8kv_pool *pool;
-    pthread_t tid;
-} pool_worker;
+#define JOB_SEQ(w) ((uint32_t)((w) >> 32))
+#define JOB_N(w) ((size_t)(((w) >> 16) & 0xffffu))
+#define JOB_NEXT(w) ((size_t)((w)&0xffffu))
 
 struct e8kv_pool {
     size_t n_workers;
-    pool_worker *workers;
+    pthread_t *tids;
     pthread_mutex_t run_mu; /* held by the caller whose job runs */
     pthread_mutex_t mu;
     pthread_cond_t wake;
-    atomic_uint gen;       /* bumped once per job */
-    atomic_size_t next;    /* the next unclaimed item of the current job */
-    atomic_size_t pending; /* workers of the current job not yet done */
-    int stop;              /* under mu */
-    e8kv_pool_fn fn;       /* the current job, written before gen is bumped */
+    _Atomic uint64_t job; /* seq | n | next */
+    atomic_size_t done;   /* items of the current job finished */
+    atomic_int stop;
+    e8kv_pool_fn fn; /* the current job's, written before its word is published */
     void *args;
-    size_t n;
+    size_t base; /* the first item of the caller's loop that this job's item 0 stands for */
 };
 
 /* the pool whose job the calling thread is running an item of (workers: their own pool, always) */
@@ -60,42 +66,45 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* the next generation after `seen`, or the same one when the pool stops */
-static unsigned wait_job(e8kv_pool *p, unsigned seen) {
+/* Claim and run items of the job in word w until none is left (or the job is no longer w's). */
+static void run_items(e8kv_pool *p, uint64_t w) {
+    while (JOB_NEXT(w) < JOB_N(w)) {
+        if (!atomic_compare_exchange_weak_explicit(&p->job, &w, w + 1, memory_order_acq_rel,
+                                                   memory_order_acquire)) {
+            continue; /* w now holds the current word: another item, or another job */
+        }
+        p->fn(p->args, p->base + JOB_NEXT(w));
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        w++;
+    }
+}
+
+/* Wait until the word's sequence number differs from seq (or the pool stops); returns the word. */
+static uint64_t wait_job(e8kv_pool *p, uint32_t seq) {
     const uint64_t t0 = now_ns();
     for (unsigned i = 1;; i++) {
-        const unsigned g = atomic_load_explicit(&p->gen, memory_order_acquire);
-        if (g != seen) return g;
+        const uint64_t w = atomic_load_explicit(&p->job, memory_order_acquire);
+        if (JOB_SEQ(w) != seq || atomic_load_explicit(&p->stop, memory_order_relaxed)) return w;
         CPU_RELAX();
         if (i % 64 == 0 && now_ns() - t0 > POOL_SPIN_NS) break;
     }
     pthread_mutex_lock(&p->mu);
-    unsigned g;
-    while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen && !p->stop)
+    uint64_t w;
+    while (JOB_SEQ(w = atomic_load_explicit(&p->job, memory_order_acquire)) == seq &&
+           !atomic_load_explicit(&p->stop, memory_order_relaxed))
         pthread_cond_wait(&p->wake, &p->mu);
     pthread_mutex_unlock(&p->mu);
-    return g;
-}
-
-static void run_items(e8kv_pool *p) {
-    for (;;) {
-        const size_t i = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
-        if (i >= p->n) break;
-        p->fn(p->args, i);
-    }
+    return w;
 }
 
 static void *worker_main(void *arg) {
-    pool_worker *const w = arg;
-    e8kv_pool *const p = w->pool;
+    e8kv_pool *const p = arg;
     tl_job_pool = p;
-    unsigned seen = 0; /* gen at create: a worker that starts late still sees the first job */
-    for (;;) {
-        const unsigned g = wait_job(p, seen);
-        if (g == seen) break; /* stop */
-        seen = g;
-        run_items(p);
-        atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel);
+    uint32_t seen = 0; /* the word at create: a worker that starts late still sees the first job */
+    while (!atomic_load_explicit(&p->stop, memory_order_relaxed)) {
+        const uint64_t w = wait_job(p, seen);
+        seen = JOB_SEQ(w);
+        run_items(p, w);
     }
     return NULL;
 }
@@ -114,25 +123,24 @@ e8kv_pool *e8kv_pool_create(size_t n_threads, size_t *err) {
         *err = E8KV_ERR(OUT_OF_MEMORY);
         return NULL;
     }
-    p->workers = n_workers ? calloc(n_workers, sizeof *p->workers) : NULL;
-    int ok = !n_workers || p->workers;
+    p->tids = n_workers ? calloc(n_workers, sizeof *p->tids) : NULL;
+    const int ok = !n_workers || p->tids;
     const int run_mu = ok && pthread_mutex_init(&p->run_mu, NULL) == 0;
     const int mu = run_mu && pthread_mutex_init(&p->mu, NULL) == 0;
     const int wake = mu && pthread_cond_init(&p->wake, NULL) == 0;
     if (!wake) {
         if (mu) pthread_mutex_destroy(&p->mu);
         if (run_mu) pthread_mutex_destroy(&p->run_mu);
-        free(p->workers);
+        free(p->tids);
         free(p);
         *err = E8KV_ERR(OUT_OF_MEMORY);
         return NULL;
     }
-    atomic_init(&p->gen, 0u);
-    atomic_init(&p->next, 0);
-    atomic_init(&p->pending, 0);
+    atomic_init(&p->job, 0);
+    atomic_init(&p->done, 0);
+    atomic_init(&p->stop, 0);
     for (size_t i = 0; i < n_workers; i++) {
-        p->workers[i].pool = p;
-        if (pthread_create(&p->workers[i].tid, NULL, worker_main, &p->workers[i])) {
+        if (pthread_create(&p->tids[i], NULL, worker_main, p)) {
             e8kv_pool_free(p); /* joins the p->n_workers started */
             *err = E8KV_ERR(OUT_OF_MEMORY);
             return NULL;
@@ -145,15 +153,15 @@ e8kv_pool *e8kv_pool_create(size_t n_threads, size_t *err) {
 void e8kv_pool_free(e8kv_pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
-    p->stop = 1;
+    atomic_store_explicit(&p->stop, 1, memory_order_relaxed);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->mu);
     for (size_t i = 0; i < p->n_workers; i++)
-        pthread_join(p->workers[i].tid, NULL);
+        pthread_join(p->tids[i], NULL);
     pthread_cond_destroy(&p->wake);
     pthread_mutex_destroy(&p->mu);
     pthread_mutex_destroy(&p->run_mu);
-    free(p->workers);
+    free(p->tids);
     free(p);
 }
 
@@ -170,23 +178,27 @@ size_t e8kv_pool_run(e8kv_pool *p, e8kv_pool_fn fn, void *args, size_t n) {
         return n;
     }
     pthread_mutex_lock(&p->run_mu);
-    p->fn = fn;
-    p->args = args;
-    p->n = n;
-    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->pending, p->n_workers, memory_order_relaxed);
-    pthread_mutex_lock(&p->mu);
-    atomic_fetch_add_explicit(&p->gen, 1u, memory_order_release);
-    pthread_cond_broadcast(&p->wake);
-    pthread_mutex_unlock(&p->mu);
     const e8kv_pool *const outer = tl_job_pool;
     tl_job_pool = p;
-    run_items(p);
-    tl_job_pool = outer;
-    for (unsigned i = 1; atomic_load_explicit(&p->pending, memory_order_acquire) != 0; i++) {
-        CPU_RELAX();
-        if (i % 1024 == 0) sched_yield();
+    for (size_t base = 0; base < n; base += JOB_ITEMS_MAX) {
+        const size_t m = n - base < JOB_ITEMS_MAX ? n - base : JOB_ITEMS_MAX;
+        p->fn = fn;
+        p->args = args;
+        p->base = base;
+        atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+        const uint64_t w = atomic_load_explicit(&p->job, memory_order_relaxed);
+        const uint64_t nw = (uint64_t)(JOB_SEQ(w) + 1u) << 32 | (uint64_t)m << 16;
+        atomic_store_explicit(&p->job, nw, memory_order_release);
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->mu);
+        run_items(p, nw);
+        for (unsigned i = 1; atomic_load_explicit(&p->done, memory_order_acquire) != m; i++) {
+            CPU_RELAX();
+            if (i % 1024 == 0) sched_yield();
+        }
     }
+    tl_job_pool = outer;
     pthread_mutex_unlock(&p->run_mu);
     return n;
 }
