@@ -480,10 +480,10 @@ static void rmsnorm(float *restrict out, const float *restrict x, const float *r
  * rows of W times a block of tokens. The blocks depend on the shapes alone, never on the thread count,
  * so any number of threads computes every item, and so every output, with the same calls: the same
  * bits. A vector (decode) is cut into at most 64 row blocks of 32 rows or more; a batch into blocks of
- * 128 rows or more and 128 tokens, so that each call packs little next to what it computes. */
+ * 256 rows or more and 256 tokens, so that each call packs little next to what it computes. */
 #define MATMUL_VEC_ROWS 32
-#define MATMUL_BATCH_ROWS 128
-#define MATMUL_BATCH_TOKENS 128
+#define MATMUL_BATCH_ROWS 256
+#define MATMUL_BATCH_TOKENS 256
 #define MATMUL_ROW_BLOCKS 64
 /* below this many multiply-adds (~10 µs) waking the workers costs more than it saves */
 #define MATMUL_POOL_MIN 65536
