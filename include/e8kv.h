@@ -287,9 +287,9 @@ typedef struct {
     const char *spec;    /* cache spec, see the grammar above */
     uint64_t seed;       /* rotation seed */
     /* optional (0 = default) */
-    size_t n_threads;    /* attend threads, the caller's included: a pool of its own made at create (at
-                            most E8KV_CACHE_MAX_THREADS); 0/1 = the caller's alone. Results are the same
-                            bits at any thread count (see e8kv_cache_attend) */
+    size_t n_threads;    /* attend threads, the caller's included: a pool of its own made at create (a
+                            larger count makes E8KV_CACHE_MAX_THREADS); 0/1 = the caller's alone. Results
+                            are the same bits at any thread count (see e8kv_cache_attend) */
     float rope_theta;    /* RoPE base frequency, needed with rope=pre (e.g. 10000, 100000, 500000) */
     int rope_neox;       /* RoPE layout with rope=pre: 0 = interleaved pairs (x[2i], x[2i+1]),
                             1 = split halves (x[i], x[i + head_dim/2]; NeoX / Llama HF layout) */
@@ -317,7 +317,7 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
  * q: (n_tok, n_head * head_dim); out: same shape. n_head must be a multiple of n_head_kv (GQA).
  * Scores are scaled by 1/sqrt(head_dim). Returns floats written.
  * The work is cut into pieces that depend on the shapes, the cache's n_ctx and the call alone (a few
- * query tokens: KV head x context slice, merged in slice order; more: KV head x query chunk), never on
+ * query tokens: context slices, merged in slice order; more: KV head x query chunk), never on
  * the thread count, and runs on the cache's pool: any number of threads gives the same bits. No
  * allocation and no thread creation per call (the slices' scratch is the cache's, made at create). */
 size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, size_t layer, const float *q,

@@ -11,10 +11,13 @@
  * Threads: the work is cut into items that depend on the call's shapes and the cache's n_ctx alone, and
  * the cache's pool (common/pool.h) runs them in any order on any thread, so every thread count gives the
  * same bits. A few query tokens (decode) over more than one slice of keys (kvcache.h: at least 1024,
- * at most 64 slices up to n_ctx): one item per (KV head, context slice), each leaving a partial softmax
- * state (m, l, unnormalised acc) in the cache's scratch; the partials are merged in slice order by
- * log-sum-exp: out = Σ_s e^(m_s − M) acc_s / Σ_s e^(m_s − M) l_s, M = max_s m_s. Otherwise (prefill,
- * short contexts) one item per (KV head, chunk of up to 64 of its queries), each final. */
+ * at most 64 slices up to n_ctx): one item per context slice, covering every KV head in turn (the next
+ * head's first tile prefetched), each leaving a partial softmax state (m, l, unnormalised acc) in the
+ * cache's scratch; the queries are prepared (scaled, rotated, quantized for e8box) once per call, not
+ * per slice; the partials are merged in slice order by log-sum-exp:
+ * out = Σ_s e^(m_s − M) acc_s / Σ_s e^(m_s − M) l_s, M = max_s m_s. Otherwise (prefill, short
+ * contexts) one item per (KV head, chunk of up to 64 of its queries), each final. Calls too small to pay
+ * for waking the workers run on the caller's thread. */
 #include "kvcache.h"
 
 #include "../common/cpu.h"
@@ -181,6 +184,10 @@ typedef struct {
     size_t slice, n_slice;   /* by context slice: keys per slice, slices; n_slice 0: by query chunk */
     float *part;             /* slice s's partial at part + s·E8KV_ATTEND_PART_MAX: m, l (n_tok·n_head
                                 each), then the unnormalised acc (n_tok, n_head, head_dim) */
+    /* by context slice: every query prepared once (prep_queries), not once per slice: (n_head_kv,
+     * n_tok·group, head_dim) and, for the e8box tiles, (n_head_kv, n_tok·group); else NULL */
+    const float *qprep;
+    const e8kv_box_query *bqprep;
 } attend_job;
 
 /* Start loading the coded bytes of tokens [p0, p0 + n) of one stream of one head (the next tile), so
@@ -236,6 +243,23 @@ static void box_tile(const e8kv_cache *c, const kv_layer *L, size_t h, const e8k
     e8kv_attn_box_tile_avx2(bq, n_q, k, v, vb, n, d, mu_v, m, l, accs);
 }
 
+/* The queries [a, b) of KV head h's group, scaled by 1/sqrt(head_dim) and mapped into the keys' read
+ * domain (qr: (b - a, head_dim)), and quantized for the integer e8box tiles when bq is not NULL. */
+static void prep_queries(const attend_job *job, size_t h, size_t a, size_t b, float *qr, e8kv_box_query *bq) {
+    const kv_layer *L = job->L;
+    const size_t d = job->c->head_dim, g = job->group, row = job->n_head * d;
+    const float scale = 1.0f / sqrtf((float)d);
+    for (size_t qi = a; qi < b; qi++) {
+        const size_t t = qi / g, hq = h * g + qi % g;
+        float *qv = qr + (qi - a) * d;
+        const float *src = job->q + t * row + hq * d;
+        for (size_t i = 0; i < d; i++)
+            qv[i] = src[i] * scale;
+        if (L->k.rotated) e8kv_fmt_query(&L->k, h, d, qv, 1);
+        if (bq) e8kv_box_query_init(&bq[qi - a], qv, L->k.centered ? L->k_mu_read + h * d : NULL, d);
+    }
+}
+
 /* Queries [qa, qb) of KV head h's group (query index t·group + j: token t, its j-th query head) against
  * keys [k_begin, k_end), each query also stopping at its causal limit. acc: rows (n_tok, n_head,
  * head_dim) of the accumulators; m_out, l_out: (n_tok, n_head) to leave a slice's partial state in
@@ -250,29 +274,27 @@ static void attend_part(const attend_job *job, size_t h, size_t qa, size_t qb, s
     const size_t qc = job->qchunk;
     float kt[TILE_FLOATS], vt[TILE_FLOATS], qr[TILE_FLOATS];
     float m[QCHUNK_MAX], l[QCHUNK_MAX];
-    const float scale = 1.0f / sqrtf((float)d);
+    const size_t n_qh = job->n_tok * g; /* queries of one KV head */
     for (size_t a = qa; a < qb; a += qc) {
         const size_t b = a + qc < qb ? a + qc : qb;
+        /* e8box:4 keys and values read in the rotated domain: integer-domain tiles (attn_box.c) */
+        const int box = box_ok(c, L, b - a);
+        e8kv_box_query bq_local[BOX_QMAX];
+        const float *qs = qr; /* the chunk's prepared queries */
+        const e8kv_box_query *bq = bq_local;
+        if (job->qprep) { /* prepared once per call for all slices (e8kv_cache_attend) */
+            qs = job->qprep + (h * n_qh + a) * d;
+            bq = job->bqprep ? job->bqprep + h * n_qh + a : NULL;
+        } else {
+            prep_queries(job, h, a, b, qr, box ? bq_local : NULL);
+        }
+        float *accs[BOX_QMAX];
         for (size_t qi = a; qi < b; qi++) {
             const size_t t = qi / g, hq = h * g + qi % g;
-            float *qv = qr + (qi - a) * d;
-            const float *src = job->q + t * row + hq * d;
-            for (size_t i = 0; i < d; i++)
-                qv[i] = src[i] * scale;
-            if (L->k.rotated) e8kv_fmt_query(&L->k, h, d, qv, 1);
             memset(acc_rows + t * row + hq * d, 0, d * sizeof(float));
             m[qi - a] = -INFINITY;
             l[qi - a] = 0.0f;
-        }
-        /* e8box:4 keys and values read in the rotated domain: integer-domain tiles (attn_box.c) */
-        const int box = box_ok(c, L, b - a);
-        e8kv_box_query bq[BOX_QMAX];
-        float *accs[BOX_QMAX];
-        for (size_t qi = a; box && qi < b; qi++) {
-            const size_t t = qi / g, hq = h * g + qi % g;
-            e8kv_box_query_init(&bq[qi - a], qr + (qi - a) * d, L->k.centered ? L->k_mu_read + h * d : NULL,
-                                d);
-            accs[qi - a] = acc_rows + t * row + hq * d;
+            if (box) accs[qi - a] = acc_rows + t * row + hq * d;
         }
         size_t n_keys = job->pos0 + (b - 1) / g + 1; /* the chunk's last query sees this many */
         if (n_keys > k_end) n_keys = k_end;
@@ -282,6 +304,9 @@ static void attend_part(const attend_job *job, size_t h, size_t qa, size_t qb, s
                 const size_t n2 = n_keys - p - n < tt ? n_keys - p - n : tt;
                 prefetch_tokens(c, L, h, 1, p + n, n2);
                 prefetch_tokens(c, L, h, 0, p + n, n2);
+            } else if (job->n_slice && h + 1 < c->n_head_kv && b == qb) { /* the next head of the slice */
+                prefetch_tokens(c, L, h + 1, 1, k_begin, tt);
+                prefetch_tokens(c, L, h + 1, 0, k_begin, tt);
             }
             if (box && box_tile_ok(c, L, h, p, n, job->pos0 + a / g + 1)) {
                 box_tile(c, L, h, bq, b - a, p, n, m, l, accs);
@@ -294,7 +319,7 @@ static void attend_part(const attend_job *job, size_t h, size_t qa, size_t qb, s
                 const size_t lim = job->pos0 + t + 1; /* causal: positions < lim */
                 if (lim <= p) continue;
                 const size_t nv = lim - p < n ? lim - p : n;
-                job->tile(qr + (qi - a) * d, kt, vt, nv, d, &m[qi - a], &l[qi - a],
+                job->tile(qs + (qi - a) * d, kt, vt, nv, d, &m[qi - a], &l[qi - a],
                           acc_rows + t * row + hq * d);
             }
         }
@@ -314,16 +339,18 @@ static void attend_part(const attend_job *job, size_t h, size_t qa, size_t qb, s
     }
 }
 
-/* Item i of the job: KV head i % n_head_kv, and of that head the slice (or query chunk) i / n_head_kv. */
+/* Item i of the job: context slice i (every KV head), or KV head i % n_head_kv and its query chunk
+ * i / n_head_kv. */
 static void attend_item(void *args, size_t i) {
     const attend_job *job = args;
     const size_t n_kv = job->c->n_head_kv, h = i % n_kv, k = i / n_kv;
     const size_t n_q = job->n_tok * job->group;
-    if (job->n_slice) {
+    if (job->n_slice) { /* slice i, every KV head in turn (the next head's first tile prefetched) */
         const size_t rows = job->n_tok * job->n_head;
-        float *const part = job->part + k * E8KV_ATTEND_PART_MAX;
-        const size_t k0 = k * job->slice, k1 = k0 + job->slice < job->n_keys ? k0 + job->slice : job->n_keys;
-        attend_part(job, h, 0, n_q, k0, k1, part + 2 * rows, part, part + rows);
+        float *const part = job->part + i * E8KV_ATTEND_PART_MAX;
+        const size_t k0 = i * job->slice, k1 = k0 + job->slice < job->n_keys ? k0 + job->slice : job->n_keys;
+        for (size_t hh = 0; hh < n_kv; hh++)
+            attend_part(job, hh, 0, n_q, k0, k1, part + 2 * rows, part, part + rows);
     } else {
         /* the last chunks (the most keys) first, so that no big piece is left for the end */
         const size_t qa = (job->n_qchunk - 1 - k) * job->qchunk;
@@ -384,7 +411,7 @@ size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, siz
                       .tile = cache->use_avx2 ? e8kv_attn_tile_avx2 : e8kv_attn_tile_ref,
                       .qchunk = TILE_FLOATS / d < QCHUNK_MAX ? TILE_FLOATS / d : QCHUNK_MAX};
     /* The pieces depend on the call and n_ctx alone, never on the threads (e8kv.h): a few query tokens
-     * over more than one slice of keys: every (KV head, slice), each leaving a partial state; otherwise
+     * over more than one slice of keys: every slice (all KV heads), each leaving a partial state; otherwise
      * every (KV head, chunk of its queries), each final. */
     const int by_slice =
         cache->attn_part && n_keys > cache->attn_slice && n_tok * n_head * (d + 2) <= E8KV_ATTEND_PART_MAX;
@@ -394,8 +421,21 @@ size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, siz
         job.n_slice = (n_keys + job.slice - 1) / job.slice;
         assert(job.n_slice <= (cache->n_ctx + job.slice - 1) / job.slice);
         job.part = cache->attn_part;
-        n_item = job.n_slice * cache->n_head_kv;
+        n_item = job.n_slice;
         pthread_mutex_lock(&cache->attn_mu); /* the scratch is the cache's: one call at a time */
+        /* each query is scaled, rotated (and quantized for e8box) once, not once per slice */
+        float *const qprep = cache->attn_part + job.n_slice * E8KV_ATTEND_PART_MAX;
+        const size_t n_qh = n_tok * group;
+        for (size_t h = 0; h < cache->n_head_kv; h++)
+            for (size_t a = 0; a < n_qh; a += job.qchunk) {
+                const size_t b = a + job.qchunk < n_qh ? a + job.qchunk : n_qh;
+                const int box = box_ok(cache, L, b - a);
+                assert(!box || cache->attn_boxq);
+                prep_queries(&job, h, a, b, qprep + (h * n_qh + a) * d,
+                             box ? cache->attn_boxq + h * n_qh + a : NULL);
+            }
+        job.qprep = qprep;
+        job.bqprep = cache->attn_boxq;
     } else {
         job.n_qchunk = (n_tok * group + job.qchunk - 1) / job.qchunk;
         n_item = job.n_qchunk * cache->n_head_kv;

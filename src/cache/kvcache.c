@@ -229,8 +229,8 @@ static int attend_setup(e8kv_cache *c) {
     const size_t slice = (per + 63) / 64 * 64;
     c->attn_slice = slice > E8KV_ATTEND_SLICE_MIN ? slice : E8KV_ATTEND_SLICE_MIN;
     const size_t n_slice = (c->n_ctx + c->attn_slice - 1) / c->attn_slice;
-    if (n_slice > 1) {
-        c->attn_part = malloc(n_slice * E8KV_ATTEND_PART_MAX * sizeof(float));
+    if (n_slice > 1) { /* the slices' partials, then the prepared queries */
+        c->attn_part = malloc((n_slice + 1) * E8KV_ATTEND_PART_MAX * sizeof(float));
         if (!c->attn_part) return 1;
     }
     if (c->n_threads > 1) {
@@ -469,6 +469,17 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
         fail_create(c, err, r);
         return NULL;
     }
+    /* e8box keys: their prepared integer queries for sliced attention (attention.c) */
+    int box = 0;
+    for (size_t l = 0; l < c->n_layer; l++)
+        box |= c->layers[l].k.fast == KV_FAST_E8BOX;
+    if (box && c->attn_part) {
+        c->attn_boxq = malloc(E8KV_ATTEND_PART_MAX / (c->head_dim + 2) * sizeof *c->attn_boxq);
+        if (!c->attn_boxq) {
+            fail_create(c, err, E8KV_ERR(OUT_OF_MEMORY));
+            return NULL;
+        }
+    }
     /* the transforms' weights or entropy-code tables; their bases and score weights belong to the shared
      * calibration (e8kv_calib_bytes), unless built for this cache alone (score_owned) */
     for (size_t i = 0; c->xforms && i < 2 * c->n_layer; i++)
@@ -503,6 +514,7 @@ void e8kv_cache_free(e8kv_cache *cache) {
     if (!cache) return;
     e8kv_pool_free(cache->pool_owned);
     free(cache->attn_part);
+    free(cache->attn_boxq);
     if (cache->attn_mu_ready) pthread_mutex_destroy(&cache->attn_mu);
     if (cache->layers) {
         for (size_t l = 0; l < cache->n_layer; l++) {

@@ -95,7 +95,9 @@ struct e8kv_cache {
      * at attn_part + s·E8KV_ATTEND_PART_MAX; NULL when n_ctx fits one slice. Working memory, not counted
      * in e8kv_cache_bytes (like the pool's threads). attn_mu: one attend call at a time uses it. */
     size_t attn_slice; /* keys per context slice */
-    float *attn_part;
+    float *attn_part;  /* (n_slice_max + 1)·E8KV_ATTEND_PART_MAX: the partials, then the prepared queries */
+    struct e8kv_box_query_s *attn_boxq; /* E8KV_ATTEND_PART_MAX / (head_dim + 2) prepared e8box queries,
+                                           when a layer's keys are e8box; else NULL */
     pthread_mutex_t attn_mu;
     int attn_mu_ready;
     int use_avx2;      /* fused AVX2 readers and tile kernel (e8kv_cpu_has_avx2() at create; tests flip it) */
@@ -164,7 +166,7 @@ void e8kv_attn_tile_avx2(const float *restrict q, const float *restrict K, const
  * and the 7-bit weights (≤ 1/254 of the tile's largest weight each): far below the 4-bit code's own error
  * (tests/test_cache.c bounds it). */
 #define E8KV_BOX_MAX_D 128
-typedef struct {
+typedef struct e8kv_box_query_s {
     int8_t q8[E8KV_BOX_MAX_D];
     int32_t off;                           /* 16·Σ q8 */
     float sq;                              /* q ≈ sq·q8 */
