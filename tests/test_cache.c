@@ -656,7 +656,7 @@ static void test_e8ball4_nibble_reader(void **state) {
 }
 
 /* Threads: decode attention over more than one context slice (kvcache.h: 1024 keys here) leaves a
- * partial softmax state per (KV head, slice), merged by log-sum-exp in slice order. The pieces do not
+ * partial softmax state per slice (every KV head), merged by log-sum-exp in slice order. The pieces do not
  * depend on the thread count, so 1 to 4 threads (the cache's own pool, or pools given with
  * e8kv_cache_set_pool) give the same bits; and the merged result matches the unsliced computation (the
  * per-query-chunk path, scratch hidden) up to float rounding (the merge regroups the sums: 1e-5
@@ -741,6 +741,15 @@ static void test_prefill_threads(void **state) {
         e8kv_pool_free(p);
     }
     assert_int_equal(e8kv_cache_set_pool(NULL, NULL), E8KV_ERR(BAD_ARGUMENT));
+    e8kv_cache_free(c);
+    /* more threads than a cache makes: E8KV_CACHE_MAX_THREADS of them, same bits */
+    c = make_cache(&s, "k=e8:4,v=e8:3", E8KV_CACHE_MAX_THREADS + 36, &err);
+    assert_non_null(c);
+    assert_int_equal(e8kv_pool_threads(c->pool), E8KV_CACHE_MAX_THREADS);
+    assert_int_equal(e8kv_cache_append(c, 0, K, V, n), n);
+    memset(o2, 0xff, n_out * 4);
+    assert_int_equal(e8kv_cache_attend(c, o2, n_out, 0, q, s.n_head, n, 0), n_out);
+    assert_memory_equal(o1, o2, n_out * 4);
     e8kv_cache_free(c);
     free(K);
     free(V);
