@@ -10,6 +10,9 @@
  *               h = RMSNorm(x) * w_ffn_norm
  *               x += (silu(h Wgate^T) * (h Wup^T)) Wdown^T                 (SwiGLU)
  *   logits = RMSNorm(x) * w_out_norm  Wout^T                               (Wout = token_embd when tied)
+ * Threads: one pool (e8kv_pool) per context runs every parallel part, the matrix products (row x token
+ * blocks), SwiGLU and the cache's attention, in pieces that do not depend on the thread count, so any
+ * thread count gives the same logits as one thread, bit for bit.
  * References: llama2.c run.c (Karpathy), llama.cpp's llama graph and its GGUF tensor names. */
 #include "model.h"
 
@@ -18,7 +21,6 @@
 #include <assert.h>
 #include <cblas.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -301,45 +303,14 @@ size_t e8kv_model_default_path(char *dst, size_t capacity) {
     return (size_t)n;
 }
 
-/* ---------------------------------------------------------------- threads
- * A tiny fork-join helper: fn(arg, t) for t = 0 .. n_threads - 1, thread 0 being the caller. Used for
- * the attention (split over query tokens) and the element-wise SwiGLU; the matrix products are
- * threaded by OpenBLAS itself. */
-typedef void (*task_fn)(void *arg, int t);
-typedef struct {
-    task_fn fn;
-    void *arg;
-    int t;
-} task;
-
-static void *task_main(void *p) {
-    const task *tk = p;
-    tk->fn(tk->arg, tk->t);
-    return NULL;
-}
-
-static void fork_join(int n_threads, task_fn fn, void *arg) {
-    enum { MAX_THREADS = 64 };
-    pthread_t th[MAX_THREADS];
-    task tk[MAX_THREADS];
-    int started[MAX_THREADS] = {0};
-    if (n_threads > MAX_THREADS) n_threads = MAX_THREADS;
-    for (int t = 1; t < n_threads; t++) {
-        tk[t] = (task){fn, arg, t};
-        started[t] = pthread_create(&th[t], NULL, task_main, &tk[t]) == 0;
-        if (!started[t]) fn(arg, t); /* no thread: do its share here */
-    }
-    fn(arg, 0);
-    for (int t = 1; t < n_threads; t++)
-        if (started[t]) pthread_join(th[t], NULL);
-}
-
 /* ---------------------------------------------------------------- context */
 struct e8kv_context {
     const e8kv_model *m;
     e8kv_cache *cache;
+    /* The forward pass's one set of threads: matrix products, SwiGLU and the cache's attention all run
+     * their items on it (OpenBLAS itself runs single-threaded inside each item). */
+    e8kv_pool *pool;
     size_t n_ctx, n_batch, pos;
-    int n_threads;
     int keys_pre_rope; /* the cache wants keys before RoPE (e8kv_cache_keys_pre_rope) */
     e8kv_kv_hook kv_hook;
     void *kv_hook_user;
@@ -359,7 +330,8 @@ struct e8kv_context {
 
 void e8kv_context_free(e8kv_context *c) {
     if (!c) return;
-    e8kv_cache_free(c->cache);
+    e8kv_cache_free(c->cache); /* before the pool it borrows */
+    e8kv_pool_free(c->pool);
     free(c->rope_cos);
     free(c->rope_sin);
     free(c->x);
@@ -382,7 +354,7 @@ e8kv_context *e8kv_context_create(const e8kv_model *m, const e8kv_context_params
     size_t dummy;
     if (!err) err = &dummy;
     *err = 0;
-    if (!m || !p || p->n_ctx == 0) {
+    if (!m || !p || p->n_ctx == 0 || p->n_threads < 0 || p->n_threads > E8KV_MAX_THREADS) {
         *err = ERR(BAD_ARGUMENT);
         return NULL;
     }
@@ -399,8 +371,14 @@ e8kv_context *e8kv_context_create(const e8kv_model *m, const e8kv_context_params
     c->m = m;
     c->n_ctx = p->n_ctx;
     c->n_batch = p->n_batch ? (p->n_batch < p->n_ctx ? p->n_batch : p->n_ctx) : p->n_ctx;
-    c->n_threads = p->n_threads > 0 ? p->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (c->n_threads < 1) c->n_threads = 1;
+    long n_threads = p->n_threads > 0 ? p->n_threads : sysconf(_SC_NPROCESSORS_ONLN);
+    if (n_threads < 1) n_threads = 1;
+    if (n_threads > E8KV_MAX_THREADS) n_threads = E8KV_MAX_THREADS;
+    c->pool = e8kv_pool_create((size_t)n_threads, err);
+    if (!c->pool) {
+        e8kv_context_free(c);
+        return NULL;
+    }
     c->kv_hook = p->kv_hook;
     c->kv_hook_user = p->kv_hook_user;
     c->q_hook = p->q_hook;
@@ -415,12 +393,13 @@ e8kv_context *e8kv_context_create(const e8kv_model *m, const e8kv_context_params
                                   .rope_theta = cfg->rope_theta,
                                   .rope_neox = cfg->rope_layout == E8KV_ROPE_SPLIT_HALF,
                                   .calib = p->calib};
-    c->cache = e8kv_cache_create(&cp, err);
+    c->cache = e8kv_cache_create(&cp, err); /* n_threads 0: no threads of its own, it gets the pool */
     if (!c->cache) {
         if (!e8kv_is_error(*err)) *err = ERR(GENERIC);
         e8kv_context_free(c);
         return NULL;
     }
+    e8kv_cache_set_pool(c->cache, c->pool);
     c->keys_pre_rope = e8kv_cache_keys_pre_rope(c->cache);
     const size_t B = c->n_batch, hd = cfg->head_dim, half = hd / 2;
     const size_t q_dim = cfg->n_head * hd, kv_dim = cfg->n_head_kv * hd;
@@ -449,7 +428,7 @@ e8kv_context *e8kv_context_create(const e8kv_model *m, const e8kv_context_params
             c->rope_sin[pos * half + i] = (float)sin(ang);
         }
     }
-    openblas_set_num_threads(c->n_threads);
+    openblas_set_num_threads(1); /* the pool's items call it: one thread each, no second pool */
     return c;
 }
 
@@ -497,15 +476,48 @@ static void rmsnorm(float *restrict out, const float *restrict x, const float *r
     }
 }
 
-/* y (n, n_out) = x (n, n_in) W^T (+ beta * y), W (n_out, n_in) row-major. */
-static void matmul(float *y, const float *x, const float *w, size_t n, size_t n_out, size_t n_in,
-                   float beta) {
-    if (n == 1) {
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)n_out, (int)n_in, 1.0f, w, (int)n_in, x, 1, beta, y, 1);
+/* y (n, n_out) = x (n, n_in) W^T (+ beta * y), W (n_out, n_in) row-major, cut into items of a block of
+ * rows of W times a block of tokens. The blocks depend on the shapes alone, never on the thread count,
+ * so any number of threads computes every item, and so every output, with the same calls: the same
+ * bits. A vector (decode) is cut into at most 64 row blocks of 32 rows or more; a batch into blocks of
+ * 256 rows or more and 256 tokens, so that each call packs little next to what it computes. */
+#define MATMUL_VEC_ROWS 32
+#define MATMUL_BATCH_ROWS 256
+#define MATMUL_BATCH_TOKENS 256
+#define MATMUL_ROW_BLOCKS 64
+/* below this many multiply-adds (~10 µs) waking the workers costs more than it saves */
+#define MATMUL_POOL_MIN 65536
+typedef struct {
+    float *y;
+    const float *x, *w;
+    size_t n, n_out, n_in, rows, tokens, n_row_blocks;
+    float beta;
+} matmul_job;
+
+static void matmul_item(void *args, size_t i) {
+    const matmul_job *j = args;
+    const size_t r0 = i % j->n_row_blocks * j->rows, t0 = i / j->n_row_blocks * j->tokens;
+    const size_t nr = j->n_out - r0 < j->rows ? j->n_out - r0 : j->rows;
+    const size_t nt = j->n - t0 < j->tokens ? j->n - t0 : j->tokens;
+    const float *const w = j->w + r0 * j->n_in;
+    if (j->n == 1) {
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)nr, (int)j->n_in, 1.0f, w, (int)j->n_in, j->x, 1,
+                    j->beta, j->y + r0, 1);
     } else {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)n, (int)n_out, (int)n_in, 1.0f, x,
-                    (int)n_in, w, (int)n_in, beta, y, (int)n_out);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nt, (int)nr, (int)j->n_in, 1.0f,
+                    j->x + t0 * j->n_in, (int)j->n_in, w, (int)j->n_in, j->beta, j->y + t0 * j->n_out + r0,
+                    (int)j->n_out);
     }
+}
+
+static void matmul(const e8kv_context *c, float *y, const float *x, const float *w, size_t n, size_t n_out,
+                   size_t n_in, float beta) {
+    const size_t min_rows = n == 1 ? MATMUL_VEC_ROWS : MATMUL_BATCH_ROWS;
+    size_t rows = (n_out + MATMUL_ROW_BLOCKS - 1) / MATMUL_ROW_BLOCKS;
+    rows = rows < min_rows ? min_rows : (rows + 15) / 16 * 16;
+    matmul_job j = {y, x, w, n, n_out, n_in, rows, MATMUL_BATCH_TOKENS, (n_out + rows - 1) / rows, beta};
+    e8kv_pool *const pool = (double)n * (double)n_out * (double)n_in < MATMUL_POOL_MIN ? NULL : c->pool;
+    e8kv_pool_run(pool, matmul_item, &j, j.n_row_blocks * ((n + j.tokens - 1) / j.tokens));
 }
 
 static void add_bias(float *y, const float *b, size_t n, size_t n_out) {
@@ -533,78 +545,26 @@ static void rope(const e8kv_context *c, float *x, size_t n, size_t n_heads, size
     }
 }
 
-typedef struct {
-    e8kv_context *c;
-    size_t layer, n, pos0;
-    size_t bounds[65];
-    size_t result[64];
-} attend_job;
-
-static void attend_task(void *arg, int t) {
-    attend_job *j = arg;
-    const e8kv_model_config *cfg = &j->c->m->cfg;
-    const size_t q_dim = cfg->n_head * cfg->head_dim;
-    const size_t t0 = j->bounds[t], t1 = j->bounds[t + 1];
-    j->result[t] = 0;
-    if (t1 <= t0) return;
-    const size_t r = e8kv_cache_attend(j->c->cache, j->c->att + t0 * q_dim, (t1 - t0) * q_dim, j->layer,
-                                       j->c->q + t0 * q_dim, cfg->n_head, t1 - t0, j->pos0 + t0);
-    j->result[t] = e8kv_is_error(r) ? r : 0;
-}
-
-/* Causal attention of the batch's n queries, split across threads so that each gets about the same
- * number of (query, key) pairs: query i costs pos0 + i + 1. */
-static size_t attend(e8kv_context *c, size_t layer, size_t n, size_t pos0) {
-    attend_job j = {.c = c, .layer = layer, .n = n, .pos0 = pos0};
-    int nt = c->n_threads;
-    if (nt > 64) nt = 64;
-    if ((size_t)nt > n) nt = (int)n;
-    if (nt < 1) nt = 1;
-    const double total = (double)n * (double)pos0 + (double)n * (double)(n + 1) / 2.0;
-    j.bounds[0] = 0;
-    size_t i = 0;
-    double acc = 0.0;
-    for (int t = 1; t < nt; t++) {
-        const double target = total * t / nt;
-        while (i < n && acc + (double)(pos0 + i + 1) <= target)
-            acc += (double)(pos0 + i + 1), i++;
-        j.bounds[t] = i;
-    }
-    j.bounds[nt] = n;
-    if (nt == 1) {
-        attend_task(&j, 0);
-    } else {
-        fork_join(nt, attend_task, &j);
-    }
-    for (int t = 0; t < nt; t++)
-        if (j.result[t]) return j.result[t];
-    return 0;
-}
-
+/* hb = silu(hb) * hb2, element-wise over n values, in blocks of SWIGLU_BLOCK. */
+#define SWIGLU_BLOCK 4096
 typedef struct {
     float *hb;
     const float *hb2;
-    size_t n, n_threads;
+    size_t n;
 } swiglu_job;
 
-static void swiglu_task(void *arg, int t) {
-    const swiglu_job *j = arg;
-    const size_t i0 = j->n * (size_t)t / j->n_threads, i1 = j->n * (size_t)(t + 1) / j->n_threads;
-    for (size_t i = i0; i < i1; i++) {
+static void swiglu_item(void *args, size_t b) {
+    const swiglu_job *j = args;
+    const size_t i1 = (b + 1) * SWIGLU_BLOCK < j->n ? (b + 1) * SWIGLU_BLOCK : j->n;
+    for (size_t i = b * SWIGLU_BLOCK; i < i1; i++) {
         const float g = j->hb[i];
         j->hb[i] = g / (1.0f + expf(-g)) * j->hb2[i];
     }
 }
 
-/* hb = silu(hb) * hb2, element-wise over n values. */
 static void swiglu(const e8kv_context *c, float *hb, const float *hb2, size_t n) {
-    swiglu_job j = {hb, hb2, n, (size_t)c->n_threads};
-    if (n < 16384 || c->n_threads == 1) {
-        j.n_threads = 1;
-        swiglu_task(&j, 0);
-    } else {
-        fork_join(c->n_threads, swiglu_task, &j);
-    }
+    swiglu_job j = {hb, hb2, n};
+    e8kv_pool_run(c->pool, swiglu_item, &j, (n + SWIGLU_BLOCK - 1) / SWIGLU_BLOCK);
 }
 
 /* ---------------------------------------------------------------- forward */
@@ -625,9 +585,9 @@ static size_t forward_batch(e8kv_context *c, float *logits, const int32_t *token
         const e8kv_layer_weights *w = &m->layers[l];
         /* attention */
         rmsnorm(c->xb, c->x, w->attn_norm, n, dim, cfg->norm_eps);
-        matmul(c->q, c->xb, w->wq, n, q_dim, dim, 0.0f);
-        matmul(c->k, c->xb, w->wk, n, kv_dim, dim, 0.0f);
-        matmul(c->v, c->xb, w->wv, n, kv_dim, dim, 0.0f);
+        matmul(c, c->q, c->xb, w->wq, n, q_dim, dim, 0.0f);
+        matmul(c, c->k, c->xb, w->wk, n, kv_dim, dim, 0.0f);
+        matmul(c, c->v, c->xb, w->wv, n, kv_dim, dim, 0.0f);
         add_bias(c->q, w->bq, n, q_dim);
         add_bias(c->k, w->bk, n, kv_dim);
         add_bias(c->v, w->bv, n, kv_dim);
@@ -638,20 +598,21 @@ static size_t forward_batch(e8kv_context *c, float *logits, const int32_t *token
         /* K/V go through the codec before any attention reads them, this batch's own tokens included */
         const size_t na = e8kv_cache_append(c->cache, l, c->k, c->v, n);
         if (e8kv_is_error(na)) return na;
-        const size_t ra = attend(c, l, n, pos0);
+        /* causal attention of the batch's queries, on the pool (the cache cuts it into items) */
+        const size_t ra = e8kv_cache_attend(c->cache, c->att, n * q_dim, l, c->q, cfg->n_head, n, pos0);
         if (e8kv_is_error(ra)) return ra;
-        matmul(c->x, c->att, w->wo, n, dim, q_dim, 1.0f); /* x += att Wo^T */
+        matmul(c, c->x, c->att, w->wo, n, dim, q_dim, 1.0f); /* x += att Wo^T */
         /* feed-forward */
         rmsnorm(c->xb, c->x, w->ffn_norm, n, dim, cfg->norm_eps);
-        matmul(c->hb, c->xb, w->w_gate, n, hid, dim, 0.0f);
-        matmul(c->hb2, c->xb, w->w_up, n, hid, dim, 0.0f);
+        matmul(c, c->hb, c->xb, w->w_gate, n, hid, dim, 0.0f);
+        matmul(c, c->hb2, c->xb, w->w_up, n, hid, dim, 0.0f);
         swiglu(c, c->hb, c->hb2, n * hid);
-        matmul(c->x, c->hb, w->w_down, n, dim, hid, 1.0f); /* x += ffn */
+        matmul(c, c->x, c->hb, w->w_down, n, dim, hid, 1.0f); /* x += ffn */
     }
     if (logits_from < n) {
         const size_t nl = n - logits_from;
         rmsnorm(c->xb, c->x + logits_from * dim, m->out_norm, nl, dim, cfg->norm_eps);
-        matmul(logits, c->xb, m->output, nl, cfg->vocab_size, dim, 0.0f);
+        matmul(c, logits, c->xb, m->output, nl, cfg->vocab_size, dim, 0.0f);
     }
     c->pos += n;
     return 0;

@@ -86,7 +86,7 @@ typedef void (*e8kv_kv_hook)(void *user, size_t layer, const float *k, const flo
  * pos0 .. pos0 + n_tok - 1, before the keys' hook. Used by calibration (e8kv_calib_observe_q). */
 typedef void (*e8kv_q_hook)(void *user, size_t layer, const float *q, size_t n_tok, size_t pos0);
 
-/* The most threads a context (and ppl, calibration) uses; the CLI refuses larger --threads. */
+/* The most threads a context (and ppl, calibration) uses: a larger n_threads is BAD_ARGUMENT. */
 #define E8KV_MAX_THREADS 64
 
 typedef struct {
@@ -94,7 +94,8 @@ typedef struct {
     size_t n_batch;       /* most tokens per forward step; longer inputs are split (0 = n_ctx) */
     const char *kv_spec;  /* e8kv_cache spec: "f32", "q4_0h", "k=SPEC,v=SPEC" ... (NULL = f32) */
     uint64_t seed;        /* the cache's rotation seed */
-    int n_threads;        /* 0 = number of online CPUs; at most E8KV_MAX_THREADS */
+    int n_threads;        /* 0 = number of online CPUs (at most E8KV_MAX_THREADS); 1 .. E8KV_MAX_THREADS;
+                             the results are the same bits at any count */
     e8kv_kv_hook kv_hook; /* optional */
     void *kv_hook_user;
     e8kv_q_hook q_hook; /* optional */
@@ -102,8 +103,9 @@ typedef struct {
     const e8kv_calib *calib; /* calibration for e8t formats (must outlive the context), or NULL */
 } e8kv_context_params;
 
-/* NULL on failure with *err set: E8KV_ERROR_BAD_ARGUMENT, E8KV_ERROR_CONTEXT_FULL (n_ctx above the
- * model's trained context), the cache's errors (E8KV_ERROR_SPEC, _HEAD_DIM ...), E8KV_ERROR_OUT_OF_MEMORY. */
+/* NULL on failure with *err set: E8KV_ERROR_BAD_ARGUMENT (also n_threads < 0 or > E8KV_MAX_THREADS),
+ * E8KV_ERROR_CONTEXT_FULL (n_ctx above the model's trained context), the cache's errors
+ * (E8KV_ERROR_SPEC, _HEAD_DIM ...), E8KV_ERROR_OUT_OF_MEMORY. */
 e8kv_context *e8kv_context_create(const e8kv_model *m, const e8kv_context_params *p, size_t *err);
 void e8kv_context_free(e8kv_context *c);
 /* Empty the cache; the next token is at position 0. */

@@ -12,7 +12,8 @@
  * Thread-safety: a codec is immutable after creation; its encode/decode functions may be called from any
  * number of threads at once. A cache is not internally locked: calls that modify one cache
  * (append, truncate, clear) must not run concurrently with any other call on the same cache;
- * e8kv_cache_attend on the same cache from several threads is allowed when nothing modifies it.
+ * e8kv_cache_attend on the same cache from several threads is allowed when nothing modifies it (the
+ * calls take turns on the cache's threads). A pool (e8kv_pool_run) may be used from any thread.
  */
 #ifndef E8KV_H
 #define E8KV_H
@@ -218,6 +219,31 @@ e8kv_calib *e8kv_calib_load(const void *src, size_t src_size, size_t *err);
 size_t e8kv_calib_save_file(const e8kv_calib *cal, const char *path);
 e8kv_calib *e8kv_calib_load_file(const char *path, size_t *err);
 
+/* ---------------------------------------------------------------- threads
+ * A pool of persistent worker threads. A cache's e8kv_cache_attend runs on one (the cache's own, made
+ * from e8kv_cache_params.n_threads, or one given with e8kv_cache_set_pool), and a caller may run its own
+ * parallel loops on the same threads (the engine's forward pass does), so that one set of threads serves
+ * everything and none is created per call. Jobs of one pool run one at a time: a caller that finds the
+ * pool busy waits its turn. An item that calls e8kv_pool_run on the pool it runs on has those items run
+ * on its own thread. */
+#define E8KV_POOL_MAX_THREADS 256
+typedef struct e8kv_pool e8kv_pool;
+typedef void (*e8kv_pool_fn)(void *args, size_t i);
+
+/* A pool of n_threads threads, the caller's included (n_threads - 1 workers). NULL with *err
+ * BAD_ARGUMENT when n_threads is 0 or above E8KV_POOL_MAX_THREADS, OUT_OF_MEMORY when a thread or the
+ * memory could not be had. */
+e8kv_pool *e8kv_pool_create(size_t n_threads, size_t *err);
+/* Stops and joins the workers; NULL is a no-op. No job may be running and no cache may still use it. */
+void e8kv_pool_free(e8kv_pool *pool);
+/* Threads of the pool, the caller's included; 1 for NULL. */
+size_t e8kv_pool_threads(const e8kv_pool *pool);
+/* fn(args, i) for every i in [0, n), each exactly once, on the pool's workers and the calling thread,
+ * in no fixed order and on no fixed thread (items that write disjoint outputs give the same results at
+ * any thread count); returns n when all are done. pool NULL: all on the calling thread. BAD_ARGUMENT
+ * when fn is NULL. */
+size_t e8kv_pool_run(e8kv_pool *pool, e8kv_pool_fn fn, void *args, size_t n);
+
 /* ---------------------------------------------------------------- KV cache
  *
  * Per layer and KV head, keys and values of up to n_ctx tokens stored through codecs, in pages of a fixed
@@ -276,7 +302,9 @@ typedef struct {
     const char *spec;    /* cache spec, see the grammar above */
     uint64_t seed;       /* rotation seed */
     /* optional (0 = default) */
-    size_t n_threads;    /* attend threads (decode: context slices, prefill: KV heads); 0/1 = caller's */
+    size_t n_threads;    /* attend threads, the caller's included: a pool of its own made at create (a
+                            larger count makes E8KV_CACHE_MAX_THREADS); 0/1 = the caller's alone. Results
+                            are the same bits at any thread count (see e8kv_cache_attend) */
     float rope_theta;    /* RoPE base frequency, needed with rope=pre (e.g. 10000, 100000, 500000) */
     int rope_neox;       /* RoPE layout with rope=pre: 0 = interleaved pairs (x[2i], x[2i+1]),
                             1 = split halves (x[i], x[i + head_dim/2]; NeoX / Llama HF layout) */
@@ -284,8 +312,14 @@ typedef struct {
                                 cache); NULL when no e8t format is used */
 } e8kv_cache_params;
 
+#define E8KV_CACHE_MAX_THREADS 64
 e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err);
 void e8kv_cache_free(e8kv_cache *cache);
+/* Run the cache's attention on `pool` (borrowed: it must outlive the cache, or be replaced first)
+ * instead of its own threads (params.n_threads), which are stopped; NULL: on the calling thread alone.
+ * Several caches, and the caller's own work, may share one pool. Must not run concurrently with any
+ * other call on the cache. Returns 0, or BAD_ARGUMENT for a NULL cache. */
+size_t e8kv_cache_set_pool(e8kv_cache *cache, e8kv_pool *pool);
 
 /* Store K and V of n_tok consecutive tokens starting at position cache->n_tokens, for one layer.
  * k, v: (n_tok, n_head_kv * head_dim). Positions must be appended in order within each layer.
@@ -297,7 +331,11 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
  * stored tokens: query i sees positions 0 .. pos0 + i, which must already be stored.
  * q: (n_tok, n_head * head_dim); out: same shape. n_head must be a multiple of n_head_kv (GQA).
  * Scores are scaled by 1/sqrt(head_dim). Returns floats written. NaN or Inf anywhere in q:
- * E8KV_ERROR_NONFINITE, nothing written. */
+ * E8KV_ERROR_NONFINITE, nothing written.
+ * The work is cut into pieces that depend on the shapes, the cache's n_ctx and the call alone (a few
+ * query tokens: context slices, merged in slice order; more: KV head x query chunk), never on
+ * the thread count, and runs on the cache's pool: any number of threads gives the same bits. No
+ * allocation and no thread creation per call (the slices' scratch is the cache's, made at create). */
 size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, size_t layer, const float *q,
                          size_t n_head, size_t n_tok, size_t pos0);
 

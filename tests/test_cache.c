@@ -272,27 +272,11 @@ static void test_bad_input(void **state) {
     e8kv_cache_free(c);
 
     /* create */
-    static const char *garbage[] = {"",
-                                    "f33",
-                                    "f16:3",
-                                    "k=f16",
-                                    "v=f16,k=",
-                                    "f16,window=x",
-                                    "f16,page=0",
-                                    "f16,layers3=f32",
-                                    "f16,layers1-0=f32",
-                                    "f16,foo=1",
-                                    ",",
-                                    "f16,",
-                                    "f16,rope=pre",
-                                    "f16,rope=sideways",
-                                    "f16,layersx=f32",
-                                    "e8:4:z",
+    static const char *garbage[] = {"", "f33", "f16:3", "k=f16", "v=f16,k=", "f16,window=x", "f16,page=0",
+                                    "f16,layers3=f32", "f16,layers1-0=f32", "f16,foo=1", ",", "f16,",
+                                    "f16,rope=pre", "f16,rope=sideways", "f16,layersx=f32", "e8:4:z",
                                     /* a codec or preset only as the first item: a list is not a spec */
-                                    "f16,e8:4",
-                                    "k=e8:4,f16",
-                                    "sink=1,balanced",
-                                    "e8:4,sink=1,f16"};
+                                    "f16,e8:4", "k=e8:4,f16", "sink=1,balanced", "e8:4,sink=1,f16"};
     for (size_t i = 0; i < sizeof garbage / sizeof garbage[0]; i++) {
         assert_null(make_cache(&s, garbage[i], 1, &err));
         if (e8kv_get_error_code(err) != E8KV_ERROR_SPEC)
@@ -682,48 +666,107 @@ static void test_e8ball4_nibble_reader(void **state) {
     assert_int_equal(e8kv_cache_read_e8ball4_avx2(dummy, none, 0, 40, 22), 0); /* d % 64 */
 }
 
-/* Context-split threads: each thread attends over one slice of the context for all heads and the
- * partial softmax states are merged by log-sum-exp; the result must match one thread up to float
- * rounding (the merge regroups the sums: 1e-5 relative), for decode and a few causal query tokens whose
- * key counts end inside different slices, and with window/sink positions present. */
+/* Threads: decode attention over more than one context slice (kvcache.h: 1024 keys here) leaves a
+ * partial softmax state per slice (every KV head), merged by log-sum-exp in slice order. The pieces do not
+ * depend on the thread count, so 1 to 4 threads (the cache's own pool, or pools given with
+ * e8kv_cache_set_pool) give the same bits; and the merged result matches the unsliced computation (the
+ * per-query-chunk path, scratch hidden) up to float rounding (the merge regroups the sums: 1e-5
+ * relative), for decode and a few causal query tokens whose key counts end inside different slices, and
+ * with window/sink positions present. */
 static void test_context_split_threads(void **state) {
     (void)state;
-    static const char *specs[] = {"f32", "e8:4", "k=e8:4,v=f16,window=100,sink=4", "e8box:4,window=64,sink=2"};
+    static const char *specs[] = {"f32", "e8:4", "k=e8:4,v=f16,window=100,sink=4",
+                                  "e8box:4,window=64,sink=2"};
     const shape s = {1, 3, 9, 64, 5000};
     e8kv_rng rng;
     e8kv_rng_seed(&rng, 33);
     const size_t n = 4500, row = s.n_head_kv * s.d;
     float *K = rand_vec(&rng, n * row, 1.0), *V = rand_vec(&rng, n * row, 1.0);
+    e8kv_pool *pools[5] = {NULL};
+    for (size_t t = 2; t <= 4; t++)
+        assert_non_null(pools[t] = e8kv_pool_create(t, NULL));
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         size_t err = 0;
-        /* made with 4 threads: the pool (3 workers) serves every count below; threads per call serve
-         * the cache made with 1 (no pool) */
+        /* made with 4 threads: the cache's own pool; with 1: none */
         e8kv_cache *c1 = make_cache(&s, specs[i], i % 2 ? 1 : 4, &err);
         assert_non_null(c1);
         assert_true((c1->pool != NULL) == (i % 2 == 0));
+        assert_int_equal(e8kv_pool_threads(c1->pool), i % 2 ? 1 : 4);
+        assert_int_equal(c1->attn_slice, 1024);
+        assert_non_null(c1->attn_part);
         assert_int_equal(e8kv_cache_append(c1, 0, K, V, n), n);
         static const size_t n_toks[] = {1, 3};
         for (size_t ti = 0; ti < 2; ti++) {
             const size_t nt = n_toks[ti], n_out = nt * s.n_head * s.d;
             float *q = rand_vec(&rng, n_out, 3.0), *o1 = malloc(n_out * 4), *o2 = malloc(n_out * 4);
-            c1->n_threads = 1;
             assert_int_equal(e8kv_cache_attend(c1, o1, n_out, 0, q, s.n_head, nt, n - nt), n_out);
-            for (size_t thr = 2; thr <= 4; thr++) {
-                c1->n_threads =
-                    thr; /* 2, 3 and 4 slices (4 > n_head_kv: only a context split uses them all) */
+            for (size_t t = 1; t <= 4; t++) {
+                assert_int_equal(e8kv_cache_set_pool(c1, pools[t]), 0);
+                assert_null(c1->pool_owned); /* the cache's own threads are gone */
                 memset(o2, 0xff, n_out * 4);
                 assert_int_equal(e8kv_cache_attend(c1, o2, n_out, 0, q, s.n_head, nt, n - nt), n_out);
-                for (size_t j = 0; j < n_out; j++)
-                    assert_float_equal(o1[j], o2[j], 1e-5 * (1.0 + fabs(o1[j])));
+                assert_memory_equal(o1, o2, n_out * 4);
             }
+            float *const part = c1->attn_part;
+            c1->attn_part = NULL; /* no scratch: one piece per (KV head, query chunk) over all keys */
+            memset(o2, 0xff, n_out * 4);
+            assert_int_equal(e8kv_cache_attend(c1, o2, n_out, 0, q, s.n_head, nt, n - nt), n_out);
+            c1->attn_part = part;
+            for (size_t j = 0; j < n_out; j++)
+                assert_float_equal(o1[j], o2[j], 1e-5 * (1.0 + fabs(o1[j])));
             free(q);
             free(o1);
             free(o2);
         }
         e8kv_cache_free(c1);
     }
+    for (size_t t = 2; t <= 4; t++)
+        e8kv_pool_free(pools[t]);
     free(K);
     free(V);
+}
+
+/* Prefill (many query tokens: one piece per (KV head, query chunk)) gives the same bits on any pool. */
+static void test_prefill_threads(void **state) {
+    (void)state;
+    const shape s = {1, 2, 8, 64, 700};
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 34);
+    const size_t n = 700, row = s.n_head_kv * s.d, n_out = n * s.n_head * s.d;
+    float *K = rand_vec(&rng, n * row, 1.0), *V = rand_vec(&rng, n * row, 1.0);
+    float *q = rand_vec(&rng, n_out, 3.0), *o1 = malloc(n_out * 4), *o2 = malloc(n_out * 4);
+    size_t err = 0;
+    e8kv_cache *c = make_cache(&s, "k=e8:4,v=e8:3", 1, &err);
+    assert_non_null(c);
+    assert_null(c->attn_part); /* n_ctx fits one slice */
+    assert_int_equal(e8kv_cache_append(c, 0, K, V, n), n);
+    assert_int_equal(e8kv_cache_attend(c, o1, n_out, 0, q, s.n_head, n, 0), n_out);
+    for (size_t t = 2; t <= 5; t += 3) {
+        e8kv_pool *p = e8kv_pool_create(t, NULL);
+        assert_non_null(p);
+        assert_int_equal(e8kv_cache_set_pool(c, p), 0);
+        memset(o2, 0xff, n_out * 4);
+        assert_int_equal(e8kv_cache_attend(c, o2, n_out, 0, q, s.n_head, n, 0), n_out);
+        assert_memory_equal(o1, o2, n_out * 4);
+        assert_int_equal(e8kv_cache_set_pool(c, NULL), 0);
+        e8kv_pool_free(p);
+    }
+    assert_int_equal(e8kv_cache_set_pool(NULL, NULL), E8KV_ERR(BAD_ARGUMENT));
+    e8kv_cache_free(c);
+    /* more threads than a cache makes: E8KV_CACHE_MAX_THREADS of them, same bits */
+    c = make_cache(&s, "k=e8:4,v=e8:3", E8KV_CACHE_MAX_THREADS + 36, &err);
+    assert_non_null(c);
+    assert_int_equal(e8kv_pool_threads(c->pool), E8KV_CACHE_MAX_THREADS);
+    assert_int_equal(e8kv_cache_append(c, 0, K, V, n), n);
+    memset(o2, 0xff, n_out * 4);
+    assert_int_equal(e8kv_cache_attend(c, o2, n_out, 0, q, s.n_head, n, 0), n_out);
+    assert_memory_equal(o1, o2, n_out * 4);
+    e8kv_cache_free(c);
+    free(K);
+    free(V);
+    free(q);
+    free(o1);
+    free(o2);
 }
 
 /* Centering: keys/values with a large common offset per head are coded as (x - mean) and read back as
@@ -1171,6 +1214,7 @@ int main(void) {
         cmocka_unit_test(test_tile_avx2_vs_ref),
         cmocka_unit_test(test_fused_readers),
         cmocka_unit_test(test_context_split_threads),
+        cmocka_unit_test(test_prefill_threads),
         cmocka_unit_test(test_e8ball4_nibble_reader),
         cmocka_unit_test(test_centering),
         cmocka_unit_test(test_rope_default),

@@ -94,78 +94,141 @@ static void test_rng_deterministic(void **state) {
     assert_true(fabs(s2 / n - 1.0) < 0.02);
 }
 
-/* pool: every share of every job runs exactly once, on the thread the header promises for share 0 */
+/* pool: every item of every job runs exactly once, the workers take part, and a job is over when
+ * e8kv_pool_run returns */
+#define POOL_ITEMS_MAX 200
 typedef struct {
-    atomic_int runs[8];
-    pthread_t caller;
-    atomic_int share0_on_caller;
-    int sleep_us; /* per share, so jobs overlap with other callers */
+    atomic_int runs[POOL_ITEMS_MAX];
+    pthread_t seen[POOL_ITEMS_MAX]; /* the thread of item i */
+    e8kv_pool *pool;
+    atomic_int in_job; /* items that saw e8kv_pool_in_job(pool) */
+    int sleep_us;      /* per item, so that jobs last and overlap with other callers */
 } pool_job;
 
-static void pool_share(void *args, size_t i) {
+static void pool_item(void *args, size_t i) {
     pool_job *const j = args;
     atomic_fetch_add(&j->runs[i], 1);
-    if (i == 0) atomic_store(&j->share0_on_caller, pthread_equal(pthread_self(), j->caller));
+    j->seen[i] = pthread_self();
+    if (e8kv_pool_in_job(j->pool)) atomic_fetch_add(&j->in_job, 1);
     if (j->sleep_us) usleep((useconds_t)j->sleep_us);
 }
 
-static void test_pool_runs_every_share(void **state) {
+static void test_pool_runs_every_item(void **state) {
     (void)state;
-    assert_null(e8kv_pool_create(0));
+    size_t err = 0;
+    assert_null(e8kv_pool_create(0, &err));
+    assert_int_equal(err, E8KV_ERR(BAD_ARGUMENT));
+    assert_null(e8kv_pool_create(E8KV_POOL_MAX_THREADS + 1, &err));
+    assert_int_equal(err, E8KV_ERR(BAD_ARGUMENT));
     e8kv_pool_free(NULL);
-    e8kv_pool *p = e8kv_pool_create(3);
-    assert_non_null(p);
-    assert_int_equal(e8kv_pool_workers(p), 3);
-    for (int rep = 0; rep < 2000; rep++) { /* back to back: workers still spinning */
-        const size_t n = 1 + (size_t)rep % 4;
-        pool_job j = {.caller = pthread_self()};
-        assert_true(e8kv_pool_try_run(p, pool_share, &j, n));
-        for (size_t i = 0; i < 8; i++)
-            assert_int_equal(atomic_load(&j.runs[i]), i < n ? 1 : 0);
-        assert_true(atomic_load(&j.share0_on_caller));
-        if (rep % 500 == 499) usleep(120000); /* past the spin: workers asleep, woken by the next job */
+    assert_int_equal(e8kv_pool_threads(NULL), 1);
+    static pool_job j; /* 1.6 KiB of thread ids: not on the stack */
+    assert_int_equal(e8kv_pool_run(NULL, NULL, &j, 3), E8KV_ERR(BAD_ARGUMENT));
+    for (size_t n_threads = 1; n_threads <= 4; n_threads += 3) {
+        e8kv_pool *p = e8kv_pool_create(n_threads, &err);
+        assert_non_null(p);
+        assert_int_equal(err, 0);
+        assert_int_equal(e8kv_pool_threads(p), n_threads);
+        assert_false(e8kv_pool_in_job(p));
+        for (int rep = 0; rep < 2000; rep++) { /* back to back: workers still spinning */
+            const size_t n = (size_t)rep % 67;
+            memset(&j, 0, sizeof j);
+            j.pool = p;
+            assert_int_equal(e8kv_pool_run(rep % 3 ? p : NULL, pool_item, &j, n), n);
+            for (size_t i = 0; i < POOL_ITEMS_MAX; i++)
+                assert_int_equal(atomic_load(&j.runs[i]), i < n ? 1 : 0);
+            /* items of a pool's job know it (one item, or no pool: the caller alone, outside a job) */
+            assert_int_equal(atomic_load(&j.in_job), rep % 3 && n > 1 && n_threads > 1 ? (int)n : 0);
+            if (rep % 500 == 499) usleep(120000); /* past the spin: workers asleep, woken by the next job */
+        }
+        assert_false(e8kv_pool_in_job(p));
+        /* slow items: the workers take some of them */
+        memset(&j, 0, sizeof j);
+        j.pool = p;
+        j.sleep_us = 2000;
+        assert_int_equal(e8kv_pool_run(p, pool_item, &j, 40), 40);
+        size_t others = 0;
+        for (size_t i = 0; i < 40; i++)
+            others += !pthread_equal(j.seen[i], pthread_self());
+        if (n_threads == 1)
+            assert_int_equal(others, 0);
+        else
+            assert_true(others > 0);
+        e8kv_pool_free(p);
     }
-    pool_job j = {.caller = pthread_self()};
-    assert_false(e8kv_pool_try_run(p, pool_share, &j, 5)); /* more shares than threads */
-    assert_false(e8kv_pool_try_run(p, pool_share, &j, 0));
-    assert_int_equal(atomic_load(&j.runs[0]), 0);
-    e8kv_pool_free(p);
 }
 
-/* two callers at once: the one that finds the pool busy is told so and nothing of its job runs */
+/* Several callers at once take turns: no two jobs' items run at the same time, each job is complete when
+ * its call returns. And an item that asks its own pool for more runs those items itself. */
 typedef struct {
     e8kv_pool *p;
-    atomic_int ran, refused;
+    atomic_int active[3]; /* items of caller c's job running now */
+    atomic_int overlaps;
 } pool_race;
 
+typedef struct {
+    pool_race *r;
+    int who;
+    atomic_int runs[8];
+} race_job;
+
+static void race_item(void *args, size_t i) {
+    race_job *const j = args;
+    atomic_fetch_add(&j->r->active[j->who], 1);
+    for (int c = 0; c < 3; c++)
+        if (c != j->who && atomic_load(&j->r->active[c])) atomic_fetch_add(&j->r->overlaps, 1);
+    usleep(50);
+    atomic_fetch_add(&j->runs[i], 1);
+    atomic_fetch_sub(&j->r->active[j->who], 1);
+}
+
 static void *pool_caller(void *arg) {
-    pool_race *const r = arg;
-    for (int rep = 0; rep < 200; rep++) {
-        pool_job j = {.caller = pthread_self(), .sleep_us = 50};
-        if (e8kv_pool_try_run(r->p, pool_share, &j, 3)) {
-            for (size_t i = 0; i < 3; i++)
-                assert_int_equal(atomic_load(&j.runs[i]), 1);
-            atomic_fetch_add(&r->ran, 1);
-        } else {
-            for (size_t i = 0; i < 3; i++)
-                assert_int_equal(atomic_load(&j.runs[i]), 0);
-            atomic_fetch_add(&r->refused, 1);
-        }
+    race_job *const j0 = arg;
+    for (int rep = 0; rep < 100; rep++) {
+        race_job j = {.r = j0->r, .who = j0->who};
+        assert_int_equal(e8kv_pool_run(j.r->p, race_item, &j, 8), 8);
+        for (size_t i = 0; i < 8; i++)
+            assert_int_equal(atomic_load(&j.runs[i]), 1);
     }
     return NULL;
 }
 
-static void test_pool_busy(void **state) {
+typedef struct {
+    e8kv_pool *p;
+    pthread_t outer[4];
+    pthread_t inner[4][3];
+} nest_job;
+
+static void nest_inner(void *args, size_t i) {
+    pthread_t *const seen = args;
+    seen[i] = pthread_self();
+}
+
+static void nest_outer(void *args, size_t i) {
+    nest_job *const j = args;
+    j->outer[i] = pthread_self();
+    assert_int_equal(e8kv_pool_run(j->p, nest_inner, j->inner[i], 3), 3);
+}
+
+static void test_pool_callers_take_turns(void **state) {
     (void)state;
-    pool_race r = {.p = e8kv_pool_create(2)};
+    pool_race r = {.p = e8kv_pool_create(3, NULL)};
     assert_non_null(r.p);
-    pthread_t t[2];
-    for (int i = 0; i < 2; i++)
-        assert_int_equal(pthread_create(&t[i], NULL, pool_caller, &r), 0);
-    for (int i = 0; i < 2; i++)
+    pthread_t t[3];
+    race_job js[3];
+    for (int i = 0; i < 3; i++) {
+        js[i] = (race_job){.r = &r, .who = i};
+        assert_int_equal(pthread_create(&t[i], NULL, pool_caller, &js[i]), 0);
+    }
+    for (int i = 0; i < 3; i++)
         pthread_join(t[i], NULL);
-    assert_int_equal(atomic_load(&r.ran) + atomic_load(&r.refused), 400);
-    assert_true(atomic_load(&r.ran) > 0);
+    assert_int_equal(atomic_load(&r.overlaps), 0);
+
+    nest_job nj = {.p = r.p};
+    assert_int_equal(e8kv_pool_run(r.p, nest_outer, &nj, 4), 4);
+    for (size_t i = 0; i < 4; i++)
+        for (size_t k = 0; k < 3; k++)
+            assert_true(pthread_equal(nj.inner[i][k], nj.outer[i]));
     e8kv_pool_free(r.p);
 }
 
@@ -261,8 +324,8 @@ int main(void) {
 #endif
         cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_rng_deterministic),
-        cmocka_unit_test(test_pool_runs_every_share),
-        cmocka_unit_test(test_pool_busy),
+        cmocka_unit_test(test_pool_runs_every_item),
+        cmocka_unit_test(test_pool_callers_take_turns),
         cmocka_unit_test(test_atomic_write),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

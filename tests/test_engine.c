@@ -224,6 +224,67 @@ static void test_stories_ppl(void **state) {
     e8kv_model_free(m);
 }
 
+/* Threads: the forward pass (matrix products, SwiGLU, the cache's attention) runs on one pool in
+ * pieces that do not depend on the thread count, so 2, 3 and 64 threads give the logits of 1 thread bit
+ * for bit: a prefill in batches (the second at pos0 > 0) and single-token decode steps, with f32 and
+ * coded caches (rope=pre included), and the perplexity harness. Counts above E8KV_MAX_THREADS or below
+ * 0 are refused by the engine itself. */
+static void test_stories_threads_identical(void **state) {
+    (void)state;
+    e8kv_model *m = load_stories();
+    SKIP_WITHOUT_STORIES(m);
+    enum { N = 300, STEPS = 12 };
+    const size_t nv = m->cfg.vocab_size;
+    int32_t toks[N + STEPS];
+    some_tokens(toks, N + STEPS, nv);
+    float *ref = malloc((N + STEPS) * nv * sizeof *ref), *got = malloc((N + STEPS) * nv * sizeof *got);
+    static const char *specs[] = {"f32", "e8:4", "k=e8:4,v=e8:3,rope=pre"};
+    static const int threads[] = {1, 2, 3, 64};
+    for (size_t si = 0; si < sizeof specs / sizeof specs[0]; si++) {
+        for (size_t ti = 0; ti < sizeof threads / sizeof threads[0]; ti++) {
+            const e8kv_context_params p = {
+                .n_ctx = 512, .n_batch = 200, .kv_spec = specs[si], .n_threads = threads[ti]};
+            size_t err = 0;
+            e8kv_context *c = e8kv_context_create(m, &p, &err);
+            if (!c) fail_msg("%s, %d threads: %s", specs[si], threads[ti], e8kv_error_name(err));
+            float *const dst = ti ? got : ref;
+            assert_int_equal(e8kv_context_eval(c, dst, N * nv, toks, N, 0), N);
+            for (size_t i = N; i < N + STEPS; i++)
+                assert_int_equal(e8kv_context_eval(c, dst + i * nv, nv, toks + i, 1, 0), i + 1);
+            e8kv_context_free(c);
+            if (ti && memcmp(ref, got, (N + STEPS) * nv * sizeof *ref))
+                fail_msg("%s: %d threads differ from 1", specs[si], threads[ti]);
+        }
+    }
+    /* perplexity: every figure equal */
+    const char *pspecs[] = {"f32", "e8:4"};
+    e8kv_ppl_result r1[2], rt[2], b1, bt;
+    for (size_t ti = 0; ti < sizeof threads / sizeof threads[0]; ti++) {
+        e8kv_ppl_params pp = {.n_ctx = 128, .n_threads = threads[ti], .specs = pspecs, .n_specs = 2};
+        pp.baseline = ti ? &bt : &b1;
+        assert_int_equal(e8kv_ppl_run(m, toks, N, &pp, ti ? rt : r1), 2);
+        if (!ti) continue;
+        assert_true(bt.ppl == b1.ppl && bt.count == b1.count && bt.count > 0);
+        for (size_t k = 0; k < 2; k++) {
+            assert_int_equal(rt[k].status, 0);
+            assert_true(rt[k].ppl == r1[k].ppl && rt[k].ppl_se == r1[k].ppl_se);
+            assert_true(rt[k].kld == r1[k].kld && rt[k].top1 == r1[k].top1);
+        }
+        assert_true(rt[1].kld > 0.0); /* e8:4 really changed something */
+    }
+    /* thread counts the engine refuses */
+    static const int bad[] = {-1, E8KV_MAX_THREADS + 1, 1000};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const e8kv_context_params p = {.n_ctx = 16, .kv_spec = "f32", .n_threads = bad[i]};
+        size_t err = 0;
+        assert_null(e8kv_context_create(m, &p, &err));
+        assert_error(err, BAD_ARGUMENT);
+    }
+    free(ref);
+    free(got);
+    e8kv_model_free(m);
+}
+
 /* ---------------------------------------------------------------- malformed llama2.c checkpoints */
 static char *tmp_file(const char *tag) {
     static char buf[8][256];
@@ -615,10 +676,10 @@ static void test_cli_bad_input(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_stories_greedy), cmocka_unit_test(test_stories_batch_equals_decode),
-        cmocka_unit_test(test_stories_ppl),    cmocka_unit_test(test_llama2c_malformed),
-        cmocka_unit_test(test_gguf_malformed), cmocka_unit_test(test_sampler),
-        cmocka_unit_test(test_cli_bad_input),
+        cmocka_unit_test(test_stories_greedy),    cmocka_unit_test(test_stories_batch_equals_decode),
+        cmocka_unit_test(test_stories_ppl),       cmocka_unit_test(test_stories_threads_identical),
+        cmocka_unit_test(test_llama2c_malformed), cmocka_unit_test(test_gguf_malformed),
+        cmocka_unit_test(test_sampler),           cmocka_unit_test(test_cli_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,12 +8,16 @@
  * so no score matrix exists at any context length. The V accumulator lives in V's rotated domain and
  * is un-rotated once per query head at the end.
  *
- * Threads: for a few query tokens (decode) the context is cut into one slice per thread, every thread
- * covering all KV heads over its slice (3 KV heads over 2 threads would leave one thread idle for a
- * third of the time); each slice leaves a partial softmax state (m, l, unnormalised acc) and the
- * partials are merged by log-sum-exp: out = Σ_i e^(m_i − M) acc_i / Σ_i e^(m_i − M) l_i, M = max_i m_i.
- * Prefill (many query tokens) splits over KV heads. The shares run on the cache's persistent pool
- * (common/pool.h), made at create for n_threads > 1. */
+ * Threads: the work is cut into items that depend on the call's shapes and the cache's n_ctx alone, and
+ * the cache's pool (common/pool.h) runs them in any order on any thread, so every thread count gives the
+ * same bits. A few query tokens (decode) over more than one slice of keys (kvcache.h: at least 1024,
+ * at most 64 slices up to n_ctx): one item per context slice, covering every KV head in turn (the next
+ * head's first tile prefetched), each leaving a partial softmax state (m, l, unnormalised acc) in the
+ * cache's scratch; the queries are prepared (scaled, rotated, quantized for e8box) once per call, not
+ * per slice; the partials are merged in slice order by log-sum-exp:
+ * out = Σ_s e^(m_s − M) acc_s / Σ_s e^(m_s − M) l_s, M = max_s m_s. Otherwise (prefill, short
+ * contexts) one item per (KV head, chunk of up to 64 of its queries), each final. Calls too small to pay
+ * for waking the workers run on the caller's thread. */
 #include "kvcache.h"
 
 #include "../common/cpu.h"
@@ -28,6 +32,9 @@
 #define TILE_FLOATS 8192
 #define TILE_MAX_TOKENS 64
 #define QCHUNK_MAX 64
+static_assert(E8KV_ATTEND_SLICE_MIN % TILE_MAX_TOKENS == 0, "slices hold whole tiles");
+/* query-key products of a call below which its items run on the caller's thread (~10 µs of work) */
+#define ATTEND_POOL_MIN 65536
 
 /* RoPE of n consecutive key vectors at positions pos .. pos + n - 1 (x: (n, head_dim)). The angle of
  * the first is taken in double (pos * theta^(-2i/d) reaches 1e5 rad, beyond float's precision); the
@@ -169,13 +176,18 @@ typedef void (*tile_fn)(const float *restrict, const float *restrict, const floa
 typedef struct {
     const e8kv_cache *c;
     const kv_layer *L;
-    float *out; /* (n_tok, n_head, head_dim): the result, or the unnormalised acc of a partial */
+    float *out; /* (n_tok, n_head, head_dim) */
     const float *q;
-    size_t n_head, group, n_tok, pos0;
-    size_t h_begin, h_end; /* KV heads of this worker */
-    size_t k_begin, k_end; /* key positions of this worker (context slice) */
-    float *m, *l;          /* (n_tok, n_head): partial state of a slice; NULL: finalise into out */
+    size_t n_head, group, n_tok, pos0, n_keys;
     tile_fn tile;
+    size_t qchunk, n_qchunk; /* by query chunk: queries of a KV head's group per piece, pieces per head */
+    size_t slice, n_slice;   /* by context slice: keys per slice, slices; n_slice 0: by query chunk */
+    float *part;             /* slice s's partial at part + s·E8KV_ATTEND_PART_MAX: m, l (n_tok·n_head
+                                each), then the unnormalised acc (n_tok, n_head, head_dim) */
+    /* by context slice: every query prepared once (prep_queries), not once per slice: (n_head_kv,
+     * n_tok·group, head_dim) and, for the e8box tiles, (n_head_kv, n_tok·group); else NULL */
+    const float *qprep;
+    const e8kv_box_query *bqprep;
 } attend_job;
 
 /* Start loading the coded bytes of tokens [p0, p0 + n) of one stream of one head (the next tile), so
@@ -231,49 +243,70 @@ static void box_tile(const e8kv_cache *c, const kv_layer *L, size_t h, const e8k
     e8kv_attn_box_tile_avx2(bq, n_q, k, v, vb, n, d, mu_v, m, l, accs);
 }
 
-static void attend_head(const attend_job *job, size_t h) {
+/* The queries [a, b) of KV head h's group, scaled by 1/sqrt(head_dim) and mapped into the keys' read
+ * domain (qr: (b - a, head_dim)), and quantized for the integer e8box tiles when bq is not NULL. */
+static void prep_queries(const attend_job *job, size_t h, size_t a, size_t b, float *qr, e8kv_box_query *bq) {
+    const kv_layer *L = job->L;
+    const size_t d = job->c->head_dim, g = job->group, row = job->n_head * d;
+    const float scale = 1.0f / sqrtf((float)d);
+    for (size_t qi = a; qi < b; qi++) {
+        const size_t t = qi / g, hq = h * g + qi % g;
+        float *qv = qr + (qi - a) * d;
+        const float *src = job->q + t * row + hq * d;
+        for (size_t i = 0; i < d; i++)
+            qv[i] = src[i] * scale;
+        if (L->k.rotated) e8kv_fmt_query(&L->k, h, d, qv, 1);
+        if (bq) e8kv_box_query_init(&bq[qi - a], qv, L->k.centered ? L->k_mu_read + h * d : NULL, d);
+    }
+}
+
+/* Queries [qa, qb) of KV head h's group (query index t·group + j: token t, its j-th query head) against
+ * keys [k_begin, k_end), each query also stopping at its causal limit. acc: rows (n_tok, n_head,
+ * head_dim) of the accumulators; m_out, l_out: (n_tok, n_head) to leave a slice's partial state in
+ * (the merge normalises), or NULL to normalise and un-rotate in acc. */
+static void attend_part(const attend_job *job, size_t h, size_t qa, size_t qb, size_t k_begin, size_t k_end,
+                        float *acc_rows, float *m_out, float *l_out) {
     const e8kv_cache *c = job->c;
     const kv_layer *L = job->L;
     const size_t d = c->head_dim, g = job->group, row = job->n_head * d;
-    const size_t n_q = job->n_tok * g;
     size_t tt = TILE_FLOATS / d;
     if (tt > TILE_MAX_TOKENS) tt = TILE_MAX_TOKENS;
-    size_t qc = TILE_FLOATS / d;
-    if (qc > QCHUNK_MAX) qc = QCHUNK_MAX;
+    const size_t qc = job->qchunk;
     float kt[TILE_FLOATS], vt[TILE_FLOATS], qr[TILE_FLOATS];
     float m[QCHUNK_MAX], l[QCHUNK_MAX];
-    const float scale = 1.0f / sqrtf((float)d);
-    for (size_t a = 0; a < n_q; a += qc) {
-        const size_t b = a + qc < n_q ? a + qc : n_q;
-        for (size_t qi = a; qi < b; qi++) {
-            const size_t t = qi / g, hq = h * g + qi % g;
-            float *qv = qr + (qi - a) * d;
-            const float *src = job->q + t * row + hq * d;
-            for (size_t i = 0; i < d; i++)
-                qv[i] = src[i] * scale;
-            if (L->k.rotated) e8kv_fmt_query(&L->k, h, d, qv, 1);
-            memset(job->out + t * row + hq * d, 0, d * sizeof(float));
-            m[qi - a] = -INFINITY;
-            l[qi - a] = 0.0f;
-        }
+    const size_t n_qh = job->n_tok * g; /* queries of one KV head */
+    for (size_t a = qa; a < qb; a += qc) {
+        const size_t b = a + qc < qb ? a + qc : qb;
         /* e8box:4 keys and values read in the rotated domain: integer-domain tiles (attn_box.c) */
         const int box = box_ok(c, L, b - a);
-        e8kv_box_query bq[BOX_QMAX];
+        e8kv_box_query bq_local[BOX_QMAX];
+        const float *qs = qr; /* the chunk's prepared queries */
+        const e8kv_box_query *bq = bq_local;
+        if (job->qprep) { /* prepared once per call for all slices (e8kv_cache_attend) */
+            qs = job->qprep + (h * n_qh + a) * d;
+            bq = job->bqprep ? job->bqprep + h * n_qh + a : NULL;
+        } else {
+            prep_queries(job, h, a, b, qr, box ? bq_local : NULL);
+        }
         float *accs[BOX_QMAX];
-        for (size_t qi = a; box && qi < b; qi++) {
+        for (size_t qi = a; qi < b; qi++) {
             const size_t t = qi / g, hq = h * g + qi % g;
-            e8kv_box_query_init(&bq[qi - a], qr + (qi - a) * d, L->k.centered ? L->k_mu_read + h * d : NULL,
-                                d);
-            accs[qi - a] = job->out + t * row + hq * d;
+            memset(acc_rows + t * row + hq * d, 0, d * sizeof(float));
+            m[qi - a] = -INFINITY;
+            l[qi - a] = 0.0f;
+            if (box) accs[qi - a] = acc_rows + t * row + hq * d;
         }
         size_t n_keys = job->pos0 + (b - 1) / g + 1; /* the chunk's last query sees this many */
-        if (n_keys > job->k_end) n_keys = job->k_end;
-        for (size_t p = job->k_begin; p < n_keys; p += tt) {
+        if (n_keys > k_end) n_keys = k_end;
+        for (size_t p = k_begin; p < n_keys; p += tt) {
             const size_t n = p + tt < n_keys ? tt : n_keys - p;
             if (p + n < n_keys) {
                 const size_t n2 = n_keys - p - n < tt ? n_keys - p - n : tt;
                 prefetch_tokens(c, L, h, 1, p + n, n2);
                 prefetch_tokens(c, L, h, 0, p + n, n2);
+            } else if (job->n_slice && h + 1 < c->n_head_kv && b == qb) { /* the next head of the slice */
+                prefetch_tokens(c, L, h + 1, 1, k_begin, tt);
+                prefetch_tokens(c, L, h + 1, 0, k_begin, tt);
             }
             if (box && box_tile_ok(c, L, h, p, n, job->pos0 + a / g + 1)) {
                 box_tile(c, L, h, bq, b - a, p, n, m, l, accs);
@@ -286,16 +319,16 @@ static void attend_head(const attend_job *job, size_t h) {
                 const size_t lim = job->pos0 + t + 1; /* causal: positions < lim */
                 if (lim <= p) continue;
                 const size_t nv = lim - p < n ? lim - p : n;
-                job->tile(qr + (qi - a) * d, kt, vt, nv, d, &m[qi - a], &l[qi - a],
-                          job->out + t * row + hq * d);
+                job->tile(qs + (qi - a) * d, kt, vt, nv, d, &m[qi - a], &l[qi - a],
+                          acc_rows + t * row + hq * d);
             }
         }
         for (size_t qi = a; qi < b; qi++) {
             const size_t t = qi / g, hq = h * g + qi % g;
-            float *o = job->out + t * row + hq * d;
-            if (job->m) { /* a slice's partial: the merge normalises */
-                job->m[t * job->n_head + hq] = m[qi - a];
-                job->l[t * job->n_head + hq] = l[qi - a];
+            float *o = acc_rows + t * row + hq * d;
+            if (m_out) { /* a slice's partial: the merge normalises */
+                m_out[t * job->n_head + hq] = m[qi - a];
+                l_out[t * job->n_head + hq] = l[qi - a];
                 continue;
             }
             const float inv = 1.0f / l[qi - a]; /* l >= 1: the max term contributes e^0 */
@@ -306,20 +339,55 @@ static void attend_head(const attend_job *job, size_t h) {
     }
 }
 
-static void *attend_worker(void *arg) {
-    const attend_job *job = arg;
-    for (size_t h = job->h_begin; h < job->h_end; h++)
-        attend_head(job, h);
-    return NULL;
+/* Item i of the job: context slice i (every KV head), or KV head i % n_head_kv and its query chunk
+ * i / n_head_kv. */
+static void attend_item(void *args, size_t i) {
+    const attend_job *job = args;
+    const size_t n_kv = job->c->n_head_kv, h = i % n_kv, k = i / n_kv;
+    const size_t n_q = job->n_tok * job->group;
+    if (job->n_slice) { /* slice i, every KV head in turn (the next head's first tile prefetched) */
+        const size_t rows = job->n_tok * job->n_head;
+        float *const part = job->part + i * E8KV_ATTEND_PART_MAX;
+        const size_t k0 = i * job->slice, k1 = k0 + job->slice < job->n_keys ? k0 + job->slice : job->n_keys;
+        for (size_t hh = 0; hh < n_kv; hh++)
+            attend_part(job, hh, 0, n_q, k0, k1, part + 2 * rows, part, part + rows);
+    } else {
+        /* the last chunks (the most keys) first, so that no big piece is left for the end */
+        const size_t qa = (job->n_qchunk - 1 - k) * job->qchunk;
+        attend_part(job, h, qa, qa + job->qchunk < n_q ? qa + job->qchunk : n_q, 0, job->n_keys, job->out,
+                    NULL, NULL);
+    }
 }
 
-static void attend_share(void *jobs, size_t i) {
-    attend_worker((attend_job *)jobs + i);
+/* out row r = Σ_s e^(m_s − M) acc_s / Σ_s e^(m_s − M) l_s over the slices s in order, M = max_s m_s
+ * (log-sum-exp merge of the partial softmax states), then un-rotated out of V's coded domain. */
+static void merge_slices(const attend_job *job) {
+    const e8kv_cache *c = job->c;
+    const size_t d = c->head_dim, rows = job->n_tok * job->n_head;
+    for (size_t r = 0; r < rows; r++) {
+        float M = -INFINITY;
+        for (size_t s = 0; s < job->n_slice; s++) {
+            const float ms = job->part[s * E8KV_ATTEND_PART_MAX + r];
+            if (ms > M) M = ms;
+        }
+        float *const o = job->out + r * d;
+        memset(o, 0, d * sizeof(float));
+        float sum = 0.0f;
+        for (size_t s = 0; s < job->n_slice; s++) {
+            const float *const part = job->part + s * E8KV_ATTEND_PART_MAX;
+            if (part[r] == -INFINITY) continue; /* the slice holds no key this query sees */
+            const float w = expf(part[r] - M);
+            sum += w * part[rows + r];
+            const float *const a = part + 2 * rows + r * d;
+            for (size_t k = 0; k < d; k++)
+                o[k] += w * a[k];
+        }
+        const float inv = 1.0f / sum; /* ≥ 1: the slice holding the max contributes its l ≥ 1 */
+        for (size_t k = 0; k < d; k++)
+            o[k] *= inv;
+        if (job->L->v.rotated) e8kv_fmt_inverse(&job->L->v, r % job->n_head / job->group, d, o, 1);
+    }
 }
-
-#define MAX_THREADS E8KV_ATTEND_MAX_THREADS
-#define CTX_SLICE_MIN 1024     /* keys per context slice at least */
-#define CTX_PARTIAL_MAX 262144 /* floats of one slice's partial acc at most (1 MiB) */
 
 size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, size_t layer, const float *q,
                          size_t n_head, size_t n_tok, size_t pos0) {
@@ -331,98 +399,54 @@ size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, siz
     if (out_capacity < n_out) return E8KV_ERR(DST_TOO_SMALL);
     if (!e8kv_all_finite(q, n_out)) return E8KV_ERR(NONFINITE); /* q has out's shape */
 
-    const size_t d = cache->head_dim, n_keys = pos0 + n_tok;
-    attend_job base = {cache,
-                       L,
-                       out,
-                       q,
-                       n_head,
-                       n_head / cache->n_head_kv,
-                       n_tok,
-                       pos0,
-                       0,
-                       cache->n_head_kv,
-                       0,
-                       n_keys,
-                       NULL,
-                       NULL,
-                       cache->use_avx2 ? e8kv_attn_tile_avx2 : e8kv_attn_tile_ref};
-    size_t n_thr = cache->n_threads > MAX_THREADS ? MAX_THREADS : cache->n_threads;
-    /* context slices of at least CTX_SLICE_MIN keys, each with a partial of n_out + 2·n_tok·n_head floats */
-    const int by_ctx = n_thr > 1 && n_keys >= n_thr * CTX_SLICE_MIN && n_out <= CTX_PARTIAL_MAX;
-    if (!by_ctx && n_thr > cache->n_head_kv) n_thr = cache->n_head_kv;
-    float *scratch = NULL;
-    if (by_ctx) {
-        const size_t per = n_out + 2 * n_tok * n_head;
-        scratch = malloc(n_thr * per * sizeof(float)); /* slice 0's acc is `out` itself; its m, l live here */
-        if (!scratch) return E8KV_ERR(OUT_OF_MEMORY);
-    }
-    if (n_thr <= 1) {
-        attend_worker(&base);
-        return n_out;
-    }
-    attend_job jobs[MAX_THREADS];
-    for (size_t i = 0; i < n_thr; i++) {
-        jobs[i] = base;
-        if (by_ctx) {
-            /* slice bounds on tile multiples, so slices read whole pages */
-            const size_t n_tiles = (n_keys + TILE_MAX_TOKENS - 1) / TILE_MAX_TOKENS;
-            const size_t k0 = n_tiles * i / n_thr * TILE_MAX_TOKENS,
-                         k1 = n_tiles * (i + 1) / n_thr * TILE_MAX_TOKENS;
-            float *const part = scratch + i * (n_out + 2 * n_tok * n_head);
-            jobs[i].k_begin = k0;
-            jobs[i].k_end = k1 < n_keys ? k1 : n_keys;
-            jobs[i].out = i ? part + 2 * n_tok * n_head : out;
-            jobs[i].m = part;
-            jobs[i].l = part + n_tok * n_head;
-        } else {
-            jobs[i].h_begin = cache->n_head_kv * i / n_thr;
-            jobs[i].h_end = cache->n_head_kv * (i + 1) / n_thr;
-        }
-    }
-    /* the cache's pool runs the shares (the caller's thread takes the first); when another caller holds
-     * the pool, threads of this call's own, and a thread that fails to start runs inline */
-    if (!e8kv_pool_try_run(cache->pool, attend_share, jobs, n_thr)) {
-        pthread_t tid[MAX_THREADS];
-        int started[MAX_THREADS] = {0};
-        for (size_t i = 1; i < n_thr; i++)
-            started[i] = pthread_create(&tid[i], NULL, attend_worker, &jobs[i]) == 0;
-        attend_worker(&jobs[0]);
-        for (size_t i = 1; i < n_thr; i++) {
-            if (started[i])
-                pthread_join(tid[i], NULL);
-            else
-                attend_worker(&jobs[i]);
-        }
-    }
-    if (by_ctx) {
-        /* log-sum-exp merge of the slices' partial states into slice 0's acc (= out) */
-        const size_t n_rows = n_tok * n_head;
-        for (size_t r = 0; r < n_rows; r++) {
-            float M = -INFINITY;
-            for (size_t i = 0; i < n_thr; i++)
-                if (jobs[i].m[r] > M) M = jobs[i].m[r];
-            float *const o = out + r * d;
-            float sum = 0.0f;
-            for (size_t i = 0; i < n_thr; i++) {
-                if (jobs[i].m[r] == -INFINITY) continue; /* the slice saw no key of this query */
-                const float w = expf(jobs[i].m[r] - M);
-                sum += w * jobs[i].l[r];
-                if (i == 0) {
-                    for (size_t k = 0; k < d; k++)
-                        o[k] *= w;
-                } else {
-                    const float *const a = jobs[i].out + r * d;
-                    for (size_t k = 0; k < d; k++)
-                        o[k] += w * a[k];
-                }
+    const size_t d = cache->head_dim, n_keys = pos0 + n_tok, group = n_head / cache->n_head_kv;
+    attend_job job = {.c = cache,
+                      .L = L,
+                      .out = out,
+                      .q = q,
+                      .n_head = n_head,
+                      .group = group,
+                      .n_tok = n_tok,
+                      .pos0 = pos0,
+                      .n_keys = n_keys,
+                      .tile = cache->use_avx2 ? e8kv_attn_tile_avx2 : e8kv_attn_tile_ref,
+                      .qchunk = TILE_FLOATS / d < QCHUNK_MAX ? TILE_FLOATS / d : QCHUNK_MAX};
+    /* The pieces depend on the call and n_ctx alone, never on the threads (e8kv.h): a few query tokens
+     * over more than one slice of keys: every slice (all KV heads), each leaving a partial state; otherwise
+     * every (KV head, chunk of its queries), each final. */
+    const int by_slice =
+        cache->attn_part && n_keys > cache->attn_slice && n_tok * n_head * (d + 2) <= E8KV_ATTEND_PART_MAX;
+    size_t n_item;
+    if (by_slice) {
+        job.slice = cache->attn_slice;
+        job.n_slice = (n_keys + job.slice - 1) / job.slice;
+        assert(job.n_slice <= (cache->n_ctx + job.slice - 1) / job.slice);
+        job.part = cache->attn_part;
+        n_item = job.n_slice;
+        pthread_mutex_lock(&cache->attn_mu); /* the scratch is the cache's: one call at a time */
+        /* each query is scaled, rotated (and quantized for e8box) once, not once per slice */
+        float *const qprep = cache->attn_part + job.n_slice * E8KV_ATTEND_PART_MAX;
+        const size_t n_qh = n_tok * group;
+        for (size_t h = 0; h < cache->n_head_kv; h++)
+            for (size_t a = 0; a < n_qh; a += job.qchunk) {
+                const size_t b = a + job.qchunk < n_qh ? a + job.qchunk : n_qh;
+                const int box = box_ok(cache, L, b - a);
+                assert(!box || cache->attn_boxq);
+                prep_queries(&job, h, a, b, qprep + (h * n_qh + a) * d,
+                             box ? cache->attn_boxq + h * n_qh + a : NULL);
             }
-            const float inv = 1.0f / sum; /* ≥ 1: the slice holding the max contributes its l ≥ 1 */
-            for (size_t k = 0; k < d; k++)
-                o[k] *= inv;
-            if (L->v.rotated) e8kv_fmt_inverse(&L->v, r % n_head / base.group, d, o, 1);
-        }
-        free(scratch);
+        job.qprep = qprep;
+        job.bqprep = cache->attn_boxq;
+    } else {
+        job.n_qchunk = (n_tok * group + job.qchunk - 1) / job.qchunk;
+        n_item = job.n_qchunk * cache->n_head_kv;
+    }
+    /* tiny calls (short contexts of small models) on the caller's thread: waking workers costs more */
+    const double work = (double)n_tok * (double)n_keys * (double)n_head * (double)d;
+    e8kv_pool_run(work < ATTEND_POOL_MIN ? NULL : cache->pool, attend_item, &job, n_item);
+    if (by_slice) {
+        merge_slices(&job);
+        pthread_mutex_unlock(&cache->attn_mu);
     }
     return n_out;
 }

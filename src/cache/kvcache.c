@@ -26,7 +26,8 @@ typedef struct {
     int center; /* -1 = default (1); 0 off, 1 e8kv's own formats, 2 = all coded formats */
     layer_rule rules[E8KV_CACHE_RULES_MAX];
     size_t n_rules;
-    char auto_spec[E8KV_CODEC_SPEC_MAX + 1]; /* auto=FAMILY:B: streams of this spec share bits by sensitivity */
+    char auto_spec[E8KV_CODEC_SPEC_MAX +
+                   1]; /* auto=FAMILY:B: streams of this spec share bits by sensitivity */
 } cache_config;
 
 typedef struct {
@@ -219,6 +220,37 @@ static const char *codec_of(const char *spec, char buf[E8KV_CODEC_SPEC_MAX + 1])
     snprintf(buf, E8KV_CODEC_SPEC_MAX + 1, "%s%s", vlc ? "e8v" : "e8", spec + (vlc ? 4 : 3));
     return buf;
 }
+/* The attention's threads and scratch (kvcache.h); nonzero when something could not be had. */
+static int attend_setup(e8kv_cache *c) {
+    if (pthread_mutex_init(&c->attn_mu, NULL)) return 1;
+    c->attn_mu_ready = 1;
+    /* at least E8KV_ATTEND_SLICE_MIN keys per slice, whole tiles of 64, at most E8KV_ATTEND_SLICES_MAX */
+    const size_t per = (c->n_ctx + E8KV_ATTEND_SLICES_MAX - 1) / E8KV_ATTEND_SLICES_MAX;
+    const size_t slice = (per + 63) / 64 * 64;
+    c->attn_slice = slice > E8KV_ATTEND_SLICE_MIN ? slice : E8KV_ATTEND_SLICE_MIN;
+    const size_t n_slice = (c->n_ctx + c->attn_slice - 1) / c->attn_slice;
+    if (n_slice > 1) { /* the slices' partials, then the prepared queries */
+        c->attn_part = malloc((n_slice + 1) * E8KV_ATTEND_PART_MAX * sizeof(float));
+        if (!c->attn_part) return 1;
+    }
+    if (c->n_threads > 1) {
+        c->pool_owned = e8kv_pool_create(c->n_threads, NULL);
+        if (!c->pool_owned) return 1;
+    }
+    c->pool = c->pool_owned;
+    return 0;
+}
+
+size_t e8kv_cache_set_pool(e8kv_cache *cache, e8kv_pool *pool) {
+    if (!cache) return E8KV_ERR(BAD_ARGUMENT);
+    if (pool != cache->pool_owned) {
+        e8kv_pool_free(cache->pool_owned);
+        cache->pool_owned = NULL;
+    }
+    cache->pool = pool;
+    return 0;
+}
+
 static size_t fail_create(e8kv_cache *c, size_t *err, size_t code) {
     e8kv_cache_free(c);
     if (err) *err = code;
@@ -351,9 +383,7 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
     c->window = cfg->window;
     c->n_sink = cfg->sink < c->n_ctx ? cfg->sink : c->n_ctx;
     c->n_threads = params->n_threads ? params->n_threads : 1;
-    /* no pool is no error: attention then starts threads per call */
-    const size_t n_attend = c->n_threads < E8KV_ATTEND_MAX_THREADS ? c->n_threads : E8KV_ATTEND_MAX_THREADS;
-    c->pool = n_attend > 1 ? e8kv_pool_create(n_attend - 1) : NULL;
+    if (c->n_threads > E8KV_CACHE_MAX_THREADS) c->n_threads = E8KV_CACHE_MAX_THREADS;
     c->rope_pre = cfg->rope_pre;
     c->center = cfg->center < 0 ? 1 : cfg->center;
     c->seed = params->seed;
@@ -365,7 +395,7 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
     for (size_t i = 0; i < c->head_dim / 2 && c->rope_pre; i++)
         c->rope_inv_freq[i] = pow((double)c->rope_theta, -2.0 * (double)i / (double)c->head_dim);
     c->layers = calloc(c->n_layer, sizeof *c->layers);
-    if (!c->layers) {
+    if (!c->layers || attend_setup(c)) {
         fail_create(c, err, E8KV_ERR(OUT_OF_MEMORY));
         return NULL;
     }
@@ -439,6 +469,17 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
         fail_create(c, err, r);
         return NULL;
     }
+    /* e8box keys: their prepared integer queries for sliced attention (attention.c) */
+    int box = 0;
+    for (size_t l = 0; l < c->n_layer; l++)
+        box |= c->layers[l].k.fast == KV_FAST_E8BOX;
+    if (box && c->attn_part) {
+        c->attn_boxq = malloc(E8KV_ATTEND_PART_MAX / (c->head_dim + 2) * sizeof *c->attn_boxq);
+        if (!c->attn_boxq) {
+            fail_create(c, err, E8KV_ERR(OUT_OF_MEMORY));
+            return NULL;
+        }
+    }
     /* the transforms' weights or entropy-code tables; their bases and score weights belong to the shared
      * calibration (e8kv_calib_bytes), unless built for this cache alone (score_owned) */
     for (size_t i = 0; c->xforms && i < 2 * c->n_layer; i++)
@@ -471,7 +512,10 @@ static void free_pages_from(e8kv_cache *c, kv_layer *L, size_t n_keep) {
 
 void e8kv_cache_free(e8kv_cache *cache) {
     if (!cache) return;
-    e8kv_pool_free(cache->pool);
+    e8kv_pool_free(cache->pool_owned);
+    free(cache->attn_part);
+    free(cache->attn_boxq);
+    if (cache->attn_mu_ready) pthread_mutex_destroy(&cache->attn_mu);
     if (cache->layers) {
         for (size_t l = 0; l < cache->n_layer; l++) {
             kv_layer *L = &cache->layers[l];

@@ -16,6 +16,8 @@
 #include "../quant/e8_vlc.h"
 #include "calib.h"
 
+#include <pthread.h>
+
 #define E8KV_CACHE_DEFAULT_PAGE 64
 /* Cache specs are at most this many bytes, with at most this many layer rules (an auto= allocation of a
  * 128-layer model needs up to 256 rules once written out as a canonical spec, persist.c). */
@@ -73,16 +75,31 @@ typedef struct {
     int mu_set;        /* the means of the current sequence are fixed */
 } kv_layer;
 
-/* attention uses at most this many threads (the pool has one fewer workers) */
-#define E8KV_ATTEND_MAX_THREADS 64
+/* Decode attention cuts the context into slices (attention.c): at least E8KV_ATTEND_SLICE_MIN keys each,
+ * at most E8KV_ATTEND_SLICES_MAX slices up to n_ctx, each leaving a partial softmax state of at most
+ * E8KV_ATTEND_PART_MAX floats (n_tok·n_head·(head_dim + 2)) in the cache's scratch. */
+#define E8KV_ATTEND_SLICE_MIN 1024
+#define E8KV_ATTEND_SLICES_MAX 64
+#define E8KV_ATTEND_PART_MAX 16384
 
 struct e8kv_cache {
     size_t n_layer, n_head_kv, head_dim, n_ctx;
     size_t page_tokens, n_page_max;
     size_t window;     /* newest tokens kept exact */
     size_t n_sink;     /* first positions kept exact */
-    size_t n_threads;  /* attention worker threads (1 = caller's thread only) */
-    struct e8kv_pool *pool; /* n_threads - 1 persistent workers (attention.c); NULL: threads per call */
+    size_t n_threads;  /* threads of the cache's own pool, the caller's included (1: no pool) */
+    e8kv_pool *pool;   /* the threads attention runs on: pool_owned or one borrowed (set_pool); NULL:
+                          the caller's thread */
+    e8kv_pool *pool_owned; /* made at create for n_threads > 1 */
+    /* Attention scratch, made at create so that no call allocates: the slices' partial states, slice s
+     * at attn_part + s·E8KV_ATTEND_PART_MAX; NULL when n_ctx fits one slice. Working memory, not counted
+     * in e8kv_cache_bytes (like the pool's threads). attn_mu: one attend call at a time uses it. */
+    size_t attn_slice; /* keys per context slice */
+    float *attn_part;  /* (n_slice_max + 1)·E8KV_ATTEND_PART_MAX: the partials, then the prepared queries */
+    struct e8kv_box_query_s *attn_boxq; /* E8KV_ATTEND_PART_MAX / (head_dim + 2) prepared e8box queries,
+                                           when a layer's keys are e8box; else NULL */
+    pthread_mutex_t attn_mu;
+    int attn_mu_ready;
     int use_avx2;      /* fused AVX2 readers and tile kernel (e8kv_cpu_has_avx2() at create; tests flip it) */
     int use_vnni;      /* with use_avx2: the AVX-VNNI e8box tile (e8kv_cpu_has_avxvnni() at create) */
     int rope_pre;      /* keys stored before RoPE: attention applies RoPE to decoded keys */
@@ -149,7 +166,7 @@ void e8kv_attn_tile_avx2(const float *restrict q, const float *restrict K, const
  * and the 7-bit weights (≤ 1/254 of the tile's largest weight each): far below the 4-bit code's own error
  * (tests/test_cache.c bounds it). */
 #define E8KV_BOX_MAX_D 128
-typedef struct {
+typedef struct e8kv_box_query_s {
     int8_t q8[E8KV_BOX_MAX_D];
     int32_t off;                           /* 16·Σ q8 */
     float sq;                              /* q ≈ sq·q8 */
@@ -166,8 +183,9 @@ void e8kv_box_query_init(e8kv_box_query *bq, const float *q, const float *mu_k, 
  * sharing it; per query the online-softmax state m, l and the unnormalised accumulator acc (d floats,
  * the V read domain); mu_v the values' mean (read domain) or NULL. _ref and _avx2 give the same results
  * up to float summation order and exp's last bits. */
-void e8kv_attn_box_tile_ref(const e8kv_box_query *bq, size_t n_q, const uint8_t *k, const uint8_t *v, size_t vb,
-                            size_t n, size_t d, const float *mu_v, float *m, float *l, float *const *acc);
+void e8kv_attn_box_tile_ref(const e8kv_box_query *bq, size_t n_q, const uint8_t *k, const uint8_t *v,
+                            size_t vb, size_t n, size_t d, const float *mu_v, float *m, float *l,
+                            float *const *acc);
 void e8kv_attn_box_tile_avx2(const e8kv_box_query *bq, size_t n_q, const uint8_t *k, const uint8_t *v,
                              size_t vb, size_t n, size_t d, const float *mu_v, float *m, float *l,
                              float *const *acc);
@@ -178,8 +196,8 @@ void e8kv_attn_box_tile_vnni(const e8kv_box_query *bq, size_t n_q, const uint8_t
 /* Fused readers: n consecutive coded vectors of one page -> n * d floats, bit-identical to the codec's
  * decode in its rotated domain (tests/test_cache.c checks every one against e8kv_codec_decode_rotated). */
 void e8kv_cache_read_f16_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d);
-void e8kv_cache_read_e8ball_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d, int bits,
-                                 size_t vector_bytes);
+void e8kv_cache_read_e8ball_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d,
+                                 int bits, size_t vector_bytes);
 /* e8ball:4 reader through nibble-packed tables (attn_e8_avx2.c), bit-identical to the above; returns 0
  * (nothing written) when d % 64 != 0. The packed tables (NULL if a coordinate would not fit a nibble). */
 int e8kv_cache_read_e8ball4_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d,
