@@ -7,7 +7,7 @@
  * encode GB/s over the bf16 K+V input bytes, device bytes per token, measured vs accounted device memory,
  * the largest batch × context whose cache (all layers) fits in 80 GB; and the device-to-device copy
  * bandwidth (1 GiB, read + write bytes) in the same run. Pages of a sequence are scattered over the pool.
- * Usage: bench_cuda [--json FILE] [--quick] */
+ * Usage: bench_cuda [--json FILE] [--quick] [--only SHAPE/SPEC/BATCH/CTX] (--only: that one case, e.g. for ncu) */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -208,11 +208,14 @@ static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, dou
 
 int main(int argc, char **argv) {
     int quick = 0;
+    const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc)
             g_json = fopen(argv[++i], "w");
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            only = argv[++i];
     }
     if (!e8kv_cuda_available()) {
         printf("bench_cuda: no CUDA device\n");
@@ -221,7 +224,7 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop;
     CU(cudaGetDeviceProperties(&prop, 0));
     snprintf(g_dev, sizeof g_dev, "%s", prop.name);
-    const double copy = copy_bandwidth();
+    const double copy = only ? 1.0 : copy_bandwidth();
     printf("device %s, %d SMs; device-to-device copy %.1f GB/s (read + write, 1 GiB, median of 20)\n", g_dev,
            prop.multiProcessorCount, copy);
     if (g_json) fprintf(g_json, "{\"bench\":\"copy\",\"device\":\"%s\",\"copy_gbps\":%.1f}\n", g_dev, copy);
@@ -233,6 +236,11 @@ int main(int argc, char **argv) {
             for (int x = 0; x < 3; x++)
                 for (int f = 0; f < 2; f++) {
                     if (quick && (b == 2 || x == 2)) continue;
+                    if (only) {
+                        char name[96];
+                        snprintf(name, sizeof name, "%s/%s/%zu/%zu", shapes[s].name, specs[f], batches[b], ctxs[x]);
+                        if (strcmp(name, only)) continue;
+                    }
                     run(&shapes[s], specs[f], batches[b], ctxs[x], copy);
                 }
     if (g_json) fclose(g_json);
