@@ -426,6 +426,338 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
     }
 }
 
+/* ---- e8box:4 K and V: a per-warp cp.async pipeline into shared memory ----
+ *
+ * The kernel above keeps the next tile in registers: 2 KB in flight per warp, ~770 instructions per
+ * 16-token tile (ncu, H100). Here each warp owns BOX_STAGES shared-memory buffers and keeps
+ * BOX_STAGES − 1 tiles of its own in flight with 16-byte cp.async copies (5 per lane per tile), reads the
+ * current one from shared memory, and spends fewer instructions per tile:
+ *  - scores with the token axis as M: S = K·Qᵀ, A = 16 tokens × 16 coordinates of K (decoded), B = the
+ *    query columns: for G ≤ 4 columns 0..3 the f16 "hi" parts of the G heads and 4..7 their "lo" parts
+ *    (one product per k-step instead of two, every row used); G > 4 two products (hi, lo);
+ *  - the running maximum is updated only when a score exceeds it (a warp vote); P then stays ≤ 1 as
+ *    before, and the rescale of the output accumulators is skipped on the tiles that do not raise it;
+ *  - P reaches the B operand of Oᵀ += Vᵀ·Pᵀ by movmatrix (a register transpose), no shuffles.
+ * V rows sit 16 bytes apart more than their length in shared memory so the 8-byte (4-byte) reads of four
+ * tokens by a quarter warp hit different banks. */
+#define BOX_STAGES 4
+
+template <int D> struct box_geo {
+    static constexpr int KN = D / 2;                                 /* nibble bytes of a token */
+    static constexpr int NC = (D + 63) / 64;                         /* coset bytes of a token */
+    static constexpr int VROW = KN + 16;                             /* V row pitch in shared memory */
+    static constexpr int K_BYTES = 16 * KN + 16 + 16 * NC;           /* nibbles, steps, cosets of 16 tokens */
+    static constexpr int V_OFF = K_BYTES;                            /* V rows */
+    static constexpr int V_SIDE = V_OFF + 16 * VROW;                 /* V steps, then cosets */
+    static constexpr int STAGE = V_SIDE + 16 + 16 * NC;              /* 2400 (d = 128), 1344 (d = 64) */
+    static constexpr int CPR = KN / 16;                              /* 16-byte chunks per row */
+};
+
+__device__ __forceinline__ void cp16(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit(void) {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cp_wait(void) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
+    uint32_t r;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
+    return r;
+}
+
+/* issue the copies of the tile at token t0 (page pg) into the shared buffer at dst */
+template <int D>
+__device__ __forceinline__ void box_issue(const attn_launch &a, int kvh, int pg, int t0, uint32_t dst,
+                                          int lane) {
+    using Gm = box_geo<D>;
+    const int bs = (int)a.block_size, o0 = t0 % bs;
+    const uint8_t *const kb = a.k.pool + (size_t)pg * a.k.page_bytes + (size_t)kvh * a.k.head_bytes;
+    const uint8_t *const vb = a.v.pool + (size_t)pg * a.v.page_bytes + (size_t)kvh * a.v.head_bytes;
+    const uint8_t *const kn = kb + (size_t)o0 * Gm::KN, *const vn = vb + (size_t)o0 * Gm::KN;
+#pragma unroll
+    for (int j = 0; j < Gm::KN / 32; j++) {
+        const int c = lane + 32 * j;
+        cp16(dst + 16 * c, kn + 16 * c);
+        cp16(dst + Gm::V_OFF + (c / Gm::CPR) * Gm::VROW + 16 * (c % Gm::CPR), vn + 16 * c);
+    }
+    const int side = lane & 15; /* lanes 0.. K side, 16.. V side: the steps, then the cosets */
+    if (side <= Gm::NC) {
+        const uint8_t *const sb = (lane < 16 ? kb : vb) + (size_t)bs * Gm::KN;
+        const uint8_t *const src = side == 0 ? sb + o0 : sb + bs + (size_t)o0 * Gm::NC + 16 * (side - 1);
+        cp16(dst + (lane < 16 ? 16 * Gm::KN : Gm::V_SIDE) + 16 * side, src);
+    }
+}
+
+template <int D, bool G8>
+__global__ void __launch_bounds__(128, 4) attn_box_kernel(const attn_launch a) {
+    using Gm = box_geo<D>;
+    constexpr int KS = D / 16, NW = D / 32;
+    __shared__ __align__(16) uint8_t stage[WARPS][BOX_STAGES][Gm::STAGE];
+    __shared__ float sq[8][D];
+    __shared__ float sh[256];
+    __shared__ float sm[WARPS][8], sl[WARPS][8];
+    static_assert(sizeof(stage) >= sizeof(float) * WARPS * 8 * D, "the merge buffer aliases the stages");
+
+    const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
+    const int G = (int)(a.n_head / a.n_head_kv);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int n_split = (int)a.n_split;
+    const int ctx = a.ctx_lens[seq];
+    const int chunk = ((ctx + n_split - 1) / n_split + 15) & ~15;
+    const int start = split * chunk, end = min(start + chunk, ctx);
+    const int32_t *const table = a.block_tables + (size_t)seq * a.max_blocks;
+    const int bs = (int)a.block_size;
+
+    /* start this warp's copies first: their latency overlaps the query rotation */
+    const int step = 16 * WARPS, first = start + 16 * warp;
+    const int n_t = first < end ? (end - first + step - 1) / step : 0;
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(&stage[warp][0][0]);
+    int pg_next = n_t > 0 ? table[first / bs] : 0;
+#pragma unroll
+    for (int i = 0; i < BOX_STAGES - 1; i++) {
+        if (i < n_t) box_issue<D>(a, kvh, pg_next, first + i * step, sbase + i * Gm::STAGE, lane);
+        cp_commit();
+        if (i + 1 < n_t) pg_next = table[(first + (i + 1) * step) / bs];
+    }
+
+    for (int i = tid; i < 256; i += blockDim.x)
+        sh[i] = i ? c_frac_a[i & 7] * __int_as_float(((i >> 3) - 21 + 127) << 23) : 0.0f; /* δ/2 */
+    for (int idx = tid; idx < G * D; idx += blockDim.x) {
+        const int r = idx / D, i = idx % D;
+        sq[r][i] = load_q(a.q, ((size_t)seq * a.n_head + (size_t)kvh * G + r) * D + i, a.q_dtype) * a.signs[i];
+    }
+    __syncthreads();
+    for (int h = 1; h < D; h *= 2) {
+        for (int idx = tid; idx < G * D / 2; idx += blockDim.x) {
+            const int r = idx / (D / 2), j = idx % (D / 2), i = (j / h) * 2 * h + j % h;
+            const float x = sq[r][i], y = sq[r][i + h];
+            sq[r][i] = x + y;
+            sq[r][i + h] = x - y;
+        }
+        __syncthreads();
+    }
+    const float qscale = a.rot_scale * rsqrtf((float)D) * LOG2E;
+    /* B fragments of the scores: k-step s = word s/2 of the lane's nibbles, low (s even) or high nibbles;
+     * k index 2t4 ↔ byte 0, 2t4 + 1 ↔ byte 2, 2t4 + 8 ↔ byte 1, 2t4 + 9 ↔ byte 3 of the word */
+    uint32_t qh[KS][2], ql[G8 ? KS : 1][2];
+#pragma unroll
+    for (int s = 0; s < KS; s++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            float x[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int byte = j + 2 * e, o = (D / 8) * t4 + 4 * (s >> 1) + byte;
+                const int coord = 32 * (o >> 4) + (o & 15) + 16 * (s & 1);
+                const int row = G8 ? g : (g & 3);
+                x[e] = row < G ? sq[row][coord] * qscale : 0.0f;
+            }
+            if (G8) {
+                qh[s][j] = pack(hi16<false>(x[0]), hi16<false>(x[1]));
+                ql[s][j] = pack(lo16<false>(x[0]), lo16<false>(x[1]));
+            } else {
+                qh[s][j] = g < 4 ? pack(hi16<false>(x[0]), hi16<false>(x[1]))
+                                 : pack(lo16<false>(x[0]), lo16<false>(x[1]));
+            }
+        }
+
+    /* this thread's score columns are heads h0 = 2·(t4 mod 2) (G ≤ 4: t4 and t4 ^ 2 hold hi and lo of the
+     * same heads and add them) or 2·t4 (G > 4), and h0 + 1; the output columns 2t4, 2t4 + 1 are the same
+     * heads */
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    float oacc[KS][4];
+#pragma unroll
+    for (int mt = 0; mt < KS; mt++)
+        oacc[mt][0] = oacc[mt][1] = oacc[mt][2] = oacc[mt][3] = 0.0f;
+    /* K: the block of the low nibbles of word w of this lane (high nibbles: + 2) */
+    int kblk[NW];
+#pragma unroll
+    for (int w = 0; w < NW; w++) {
+        const int o = (D / 8) * t4 + 4 * w;
+        kblk[w] = 4 * (o >> 4) + ((o & 15) >> 3);
+    }
+    /* V: as in the kernel above */
+    const int B0 = (D / 16) * g, vblo = (32 * (B0 >> 4) + (B0 & 15)) >> 3, vbhi = vblo + 2;
+    constexpr int CB = 8 * Gm::NC;
+
+    for (int i = 0; i < n_t; i++) {
+        const int jn = i + BOX_STAGES - 1;
+        if (jn < n_t) box_issue<D>(a, kvh, pg_next, first + jn * step, sbase + (jn % BOX_STAGES) * Gm::STAGE, lane);
+        cp_commit();
+        if (jn + 1 < n_t) pg_next = table[(first + (jn + 1) * step) / bs];
+        cp_wait<BOX_STAGES - 1>();
+        __syncwarp();
+        const uint8_t *const sb = &stage[warp][i % BOX_STAGES][0];
+        const int tile0 = first + i * step;
+
+        /* ---- scores: tokens g (row g) and g + 8 (row g + 8) */
+        uint32_t kw[2][NW];
+        uint32_t kc[2];
+        float ksc[2];
+#pragma unroll
+        for (int tt = 0; tt < 2; tt++) {
+            const int tk = g + 8 * tt;
+            if constexpr (D == 128) {
+                const uint4 u = *(const uint4 *)(sb + tk * Gm::KN + 16 * t4);
+                kw[tt][0] = u.x, kw[tt][1] = u.y, kw[tt][2] = u.z, kw[tt][3] = u.w;
+                kc[tt] = *(const uint16_t *)(sb + 16 * Gm::KN + 16 + 2 * tk);
+            } else {
+                const uint2 u = *(const uint2 *)(sb + tk * Gm::KN + 8 * t4);
+                kw[tt][0] = u.x, kw[tt][1] = u.y;
+                kc[tt] = sb[16 * Gm::KN + 16 + tk];
+            }
+            ksc[tt] = sh[sb[16 * Gm::KN + tk]];
+        }
+        float acc[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int s = 2 * w + hf, blk = kblk[w] + 2 * hf;
+                uint32_t ar[4];
+#pragma unroll
+                for (int tt = 0; tt < 2; tt++) {
+                    const uint32_t x = kw[tt][w], km = 0x64006400u | (((kc[tt] >> blk) & 1u) * 0x00010001u);
+                    ar[tt] = box_f16x2(((hf ? x >> 3 : x << 1) & 0x001E001Eu) | km);
+                    ar[2 + tt] = box_f16x2(((hf ? x >> 11 : x >> 7) & 0x001E001Eu) | km);
+                }
+                mma16816<false>(acc[hf], ar, qh[s]);
+                if constexpr (G8) mma16816<false>(acc[hf], ar, ql[s]);
+            }
+        float sc[2][2]; /* [token g / g + 8][head h0 / h1] */
+#pragma unroll
+        for (int tt = 0; tt < 2; tt++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                float v = acc[0][2 * tt + c] + acc[1][2 * tt + c];
+                if (!G8) v += __shfl_xor_sync(0xffffffffu, v, 2);
+                v *= ksc[tt];
+                if (tile0 + g + 8 * tt >= end) v = -INFINITY;
+                sc[tt][c] = v;
+            }
+        /* ---- online softmax; the maximum moves only when a score passes it */
+        const bool up = sc[0][0] > m0 || sc[1][0] > m0 || sc[0][1] > m1 || sc[1][1] > m1;
+        if (__any_sync(0xffffffffu, up)) {
+            float x0 = fmaxf(sc[0][0], sc[1][0]), x1 = fmaxf(sc[0][1], sc[1][1]);
+#pragma unroll
+            for (int o = 4; o < 32; o *= 2) {
+                x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, o));
+                x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, o));
+            }
+            const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
+            const float al0 = n0 == -INFINITY ? 1.0f : exp2f(m0 - n0), al1 = n1 == -INFINITY ? 1.0f : exp2f(m1 - n1);
+            m0 = n0, m1 = n1;
+            l0 *= al0, l1 *= al1;
+#pragma unroll
+            for (int mt = 0; mt < KS; mt++) {
+                oacc[mt][0] *= al0, oacc[mt][2] *= al0;
+                oacc[mt][1] *= al1, oacc[mt][3] *= al1;
+            }
+        }
+        /* P·(δ_v/2) in f16 hi/lo, then transposed into the B fragments (tokens 2t4.., column g) */
+        uint32_t pb[2], pl[2] = {0u, 0u};
+#pragma unroll
+        for (int tt = 0; tt < 2; tt++) {
+            const int tk = g + 8 * tt;
+            const float vsc = sh[sb[Gm::V_SIDE + tk]] * V_BOX_SCALE;
+            const float p0 = m0 == -INFINITY ? 0.0f : exp2f(sc[tt][0] - m0),
+                        p1 = m1 == -INFINITY ? 0.0f : exp2f(sc[tt][1] - m1);
+            l0 += p0, l1 += p1;
+            const float x0 = p0 * vsc, x1 = p1 * vsc;
+            if constexpr (G8) {
+                pb[tt] = transpose8x8(pack(hi16<false>(x0), hi16<false>(x1)));
+                pl[tt] = transpose8x8(pack(lo16<false>(x0), lo16<false>(x1)));
+            } else {
+                pb[tt] = transpose8x8(t4 < 2 ? pack(hi16<false>(x0), hi16<false>(x1))
+                                             : pack(lo16<false>(x0), lo16<false>(x1)));
+            }
+        }
+        /* ---- values: tokens 2t4, 2t4 + 1, 2t4 + 8, 2t4 + 9 */
+        uint32_t vw[4][D / 64 > 0 ? D / 64 : 1];
+        const int tv[4] = {2 * t4, 2 * t4 + 1, 2 * t4 + 8, 2 * t4 + 9};
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            if constexpr (D == 128) {
+                const uint2 u = *(const uint2 *)(sb + Gm::V_OFF + tv[r] * Gm::VROW + 8 * g);
+                vw[r][0] = u.x, vw[r][1] = u.y;
+            } else {
+                vw[r][0] = *(const uint32_t *)(sb + Gm::V_OFF + tv[r] * Gm::VROW + 4 * g);
+            }
+        }
+        uint32_t vc[2];
+#pragma unroll
+        for (int pr = 0; pr < 2; pr++)
+            vc[pr] = Gm::NC == 2 ? *(const uint32_t *)(sb + Gm::V_SIDE + 16 + 2 * tv[2 * pr])
+                                 : *(const uint16_t *)(sb + Gm::V_SIDE + 16 + tv[2 * pr]);
+        const uint32_t klo0 = 0x64006400u | ((vc[0] >> vblo) & 1u) | (((vc[0] >> (CB + vblo)) & 1u) << 16),
+                       khi0 = 0x64006400u | ((vc[0] >> vbhi) & 1u) | (((vc[0] >> (CB + vbhi)) & 1u) << 16),
+                       klo1 = 0x64006400u | ((vc[1] >> vblo) & 1u) | (((vc[1] >> (CB + vblo)) & 1u) << 16),
+                       khi1 = 0x64006400u | ((vc[1] >> vbhi) & 1u) | (((vc[1] >> (CB + vbhi)) & 1u) << 16);
+#pragma unroll
+        for (int mt = 0; mt < KS; mt++) {
+            const int wi = mt >> 2, bi = mt & 3;
+            const uint32_t sel = bi | (bi << 4) | ((4 + bi) << 8) | ((4 + bi) << 12);
+            const uint32_t x0 = __byte_perm(vw[0][wi], vw[1][wi], sel), x1 = __byte_perm(vw[2][wi], vw[3][wi], sel);
+            uint32_t r[4];
+            r[0] = box_f16x2(((x0 << 1) & 0x001E001Eu) | klo0);
+            r[1] = box_f16x2(((x0 >> 3) & 0x001E001Eu) | khi0);
+            r[2] = box_f16x2(((x1 << 1) & 0x001E001Eu) | klo1);
+            r[3] = box_f16x2(((x1 >> 3) & 0x001E001Eu) | khi1);
+            mma16816<false>(oacc[mt], r, pb);
+            if constexpr (G8) mma16816<false>(oacc[mt], r, pl);
+        }
+        __syncwarp();
+    }
+    cp_wait<0>();
+    /* ---- merge the warps: l over the tokens (rows g), then columns through shared memory */
+#pragma unroll
+    for (int o = 4; o < 32; o *= 2) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, o);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, o);
+    }
+    __syncthreads(); /* every warp is done with its stages: they become the merge buffer */
+    float(*so)[8][D] = reinterpret_cast<float(*)[8][D]>(&stage[0][0][0]);
+#pragma unroll
+    for (int mt = 0; mt < KS; mt++) {
+        const int dl = vdim<D, FMT_BOX4>(g, mt, 0), dh = vdim<D, FMT_BOX4>(g, mt, 1);
+        so[warp][2 * t4][dl] = oacc[mt][0];
+        so[warp][2 * t4 + 1][dl] = oacc[mt][1];
+        so[warp][2 * t4][dh] = oacc[mt][2];
+        so[warp][2 * t4 + 1][dh] = oacc[mt][3];
+    }
+    if (g == 0 && (G8 || t4 < 2)) {
+        const int h0 = 2 * t4;
+        sm[warp][h0] = m0, sm[warp][h0 + 1] = m1;
+        sl[warp][h0] = l0, sl[warp][h0 + 1] = l1;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < G * D; idx += blockDim.x) {
+        const int r = idx / D, i = idx % D;
+        float M = -INFINITY;
+        for (int w = 0; w < WARPS; w++)
+            M = fmaxf(M, sm[w][r]);
+        float O = 0.0f, L = 0.0f;
+        if (M != -INFINITY)
+            for (int w = 0; w < WARPS; w++) {
+                const float wt = exp2f(sm[w][r] - M);
+                O += wt * (so[w][r][i] + (G8 ? 0.0f : so[w][r + 4][i]));
+                L += wt * sl[w][r];
+            }
+        const size_t base = ((size_t)seq * a.n_head + (size_t)kvh * G + r) * a.n_split + split;
+        a.part_o[base * D + i] = O;
+        if (i == 0) {
+            a.part_ml[2 * base] = M;
+            a.part_ml[2 * base + 1] = L;
+        }
+    }
+}
+
 /* grid (n_head, n_seq), D threads: log-sum-exp merge of the splits, then the inverse rotation */
 template <int D>
 __global__ void __launch_bounds__(D) attn_merge_kernel(const attn_launch a, int v_rot, float v_div) {
@@ -472,9 +804,18 @@ size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm,
 
 template <int D, int KF, int VF> static int occupancy(void) {
     static int n = 0;
-    if (!n && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_split_kernel<D, KF, VF>, 128, 0) !=
-                  cudaSuccess)
+    if (n) return n;
+    if constexpr (KF == FMT_BOX4 && VF == FMT_BOX4) {
+        int n1 = 0, n2 = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n1, attn_box_kernel<D, false>, 128, 0) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n2, attn_box_kernel<D, true>, 128, 0) != cudaSuccess)
+            n1 = n2 = 1;
+        n = n1 < n2 ? n1 : n2;
+    } else if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_split_kernel<D, KF, VF>, 128, 0) !=
+               cudaSuccess) {
         n = 1;
+    }
+    if (n < 1) n = 1;
     return n;
 }
 
@@ -510,7 +851,14 @@ int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf) {
 
 template <int D, int KF, int VF> static void launch(const attn_launch *a, cudaStream_t stream) {
     const dim3 grid((unsigned)a->n_split, (unsigned)a->n_head_kv, (unsigned)a->n_seq);
-    attn_split_kernel<D, KF, VF><<<grid, 128, 0, stream>>>(*a);
+    if constexpr (KF == FMT_BOX4 && VF == FMT_BOX4) {
+        if (a->n_head > 4 * a->n_head_kv)
+            attn_box_kernel<D, true><<<grid, 128, 0, stream>>>(*a);
+        else
+            attn_box_kernel<D, false><<<grid, 128, 0, stream>>>(*a);
+    } else {
+        attn_split_kernel<D, KF, VF><<<grid, 128, 0, stream>>>(*a);
+    }
     attn_merge_kernel<D>
         <<<dim3((unsigned)a->n_head, (unsigned)a->n_seq), D, 0, stream>>>(*a, VF == FMT_BOX4,
                                                                           VF == FMT_BOX4  ? V_BOX_SCALE
