@@ -7,7 +7,7 @@
  * encode GB/s over the bf16 K+V input bytes, device bytes per token, measured vs accounted device memory,
  * the largest batch × context whose cache (all layers) fits in 80 GB; and the device-to-device copy
  * bandwidth (1 GiB, read + write bytes) in the same run. Pages of a sequence are scattered over the pool.
- * Usage: bench_cuda [--json FILE] [--quick] [--only SHAPE/SPEC/BATCH/CTX] (--only: that one case, e.g. for ncu) */
+ * Usage: bench_cuda [--json FILE] [--quick] [--only SHAPE/SPEC/BATCH/CTX,...] (--only: those cases) */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -224,7 +224,7 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop;
     CU(cudaGetDeviceProperties(&prop, 0));
     snprintf(g_dev, sizeof g_dev, "%s", prop.name);
-    const double copy = only ? 1.0 : copy_bandwidth();
+    const double copy = copy_bandwidth();
     printf("device %s, %d SMs; device-to-device copy %.1f GB/s (read + write, 1 GiB, median of 20)\n", g_dev,
            prop.multiProcessorCount, copy);
     if (g_json) fprintf(g_json, "{\"bench\":\"copy\",\"device\":\"%s\",\"copy_gbps\":%.1f}\n", g_dev, copy);
@@ -239,7 +239,11 @@ int main(int argc, char **argv) {
                     if (only) {
                         char name[96];
                         snprintf(name, sizeof name, "%s/%s/%zu/%zu", shapes[s].name, specs[f], batches[b], ctxs[x]);
-                        if (strcmp(name, only)) continue;
+                        const size_t nl = strlen(name);
+                        const char *hit = strstr(only, name);
+                        while (hit && !((hit == only || hit[-1] == ',') && (hit[nl] == ',' || !hit[nl])))
+                            hit = strstr(hit + 1, name);
+                        if (!hit) continue;
                     }
                     run(&shapes[s], specs[f], batches[b], ctxs[x], copy);
                 }

@@ -428,29 +428,34 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
 
 /* ---- e8box:4 K and V: a per-warp cp.async pipeline into shared memory ----
  *
- * The kernel above keeps the next tile in registers: 2 KB in flight per warp, ~770 instructions per
+ * The kernel above keeps the next tile in registers: 2 KB in flight per warp, ~780 instructions per
  * 16-token tile (ncu, H100). Here each warp owns BOX_STAGES shared-memory buffers and keeps
  * BOX_STAGES − 1 tiles of its own in flight with 16-byte cp.async copies (5 per lane per tile), reads the
  * current one from shared memory, and spends fewer instructions per tile:
- *  - scores with the token axis as M: S = K·Qᵀ, A = 16 tokens × 16 coordinates of K (decoded), B = the
- *    query columns: for G ≤ 4 columns 0..3 the f16 "hi" parts of the G heads and 4..7 their "lo" parts
- *    (one product per k-step instead of two, every row used); G > 4 two products (hi, lo);
- *  - the running maximum is updated only when a score exceeds it (a warp vote); P then stays ≤ 1 as
- *    before, and the rescale of the output accumulators is skipped on the tiles that do not raise it;
+ *  - scores with the token axis as M: S = K·Qᵀ, A = 16 tokens × 16 coordinates of K, B = the query
+ *    columns: for G ≤ 4 columns 0..3 the f16 "hi" parts of the G heads and 4..7 their "lo" parts (one
+ *    product per k-step, every row used); G > 4 two products (hi, lo);
+ *  - the coset bits leave the decode: a nibble n becomes 2n − 16 by one lop3 (n into the mantissa of
+ *    1024, or 16n for a high nibble) and one f16x2 fma (×2 − 2064, or ×1/8 − 144), exact; the coset bit k
+ *    of block b adds k·Q_b to a score (Q_b = the sum of the query over the block: one more product with
+ *    A = the 16 tokens' coset bits × 16 blocks) and Σ_t P_t·h_t·k_t,b to the output coordinates of block b
+ *    (one more product into a 16-block accumulator, added at the merge);
+ *  - the running maximum is updated only when a score exceeds it (a warp vote); P stays ≤ 1 as before,
+ *    and the rescale of the accumulators is skipped on the tiles that do not raise it;
  *  - P reaches the B operand of Oᵀ += Vᵀ·Pᵀ by movmatrix (a register transpose), no shuffles.
- * V rows sit 16 bytes apart more than their length in shared memory so the 8-byte (4-byte) reads of four
- * tokens by a quarter warp hit different banks. */
+ * V rows sit 16 bytes further apart than their length in shared memory so that the 8-byte (4-byte) reads
+ * of four tokens by a quarter warp hit different banks. */
 #define BOX_STAGES 4
 
 template <int D> struct box_geo {
-    static constexpr int KN = D / 2;                                 /* nibble bytes of a token */
-    static constexpr int NC = (D + 63) / 64;                         /* coset bytes of a token */
-    static constexpr int VROW = KN + 16;                             /* V row pitch in shared memory */
-    static constexpr int K_BYTES = 16 * KN + 16 + 16 * NC;           /* nibbles, steps, cosets of 16 tokens */
-    static constexpr int V_OFF = K_BYTES;                            /* V rows */
-    static constexpr int V_SIDE = V_OFF + 16 * VROW;                 /* V steps, then cosets */
-    static constexpr int STAGE = V_SIDE + 16 + 16 * NC;              /* 2400 (d = 128), 1344 (d = 64) */
-    static constexpr int CPR = KN / 16;                              /* 16-byte chunks per row */
+    static constexpr int KN = D / 2;                       /* nibble bytes of a token */
+    static constexpr int NC = (D + 63) / 64;               /* coset bytes of a token */
+    static constexpr int VROW = KN + 16;                   /* V row pitch in shared memory */
+    static constexpr int K_BYTES = 16 * KN + 16 + 16 * NC; /* nibbles, steps, cosets of 16 tokens */
+    static constexpr int V_OFF = K_BYTES;                  /* V rows */
+    static constexpr int V_SIDE = V_OFF + 16 * VROW;       /* V steps, then cosets */
+    static constexpr int STAGE = V_SIDE + 16 + 16 * NC;    /* 2400 (d = 128), 1344 (d = 64) */
+    static constexpr int CPR = KN / 16;                    /* 16-byte chunks per row */
 };
 
 __device__ __forceinline__ void cp16(uint32_t dst, const void *src) {
@@ -467,28 +472,35 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
     asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
     return r;
 }
-
-/* issue the copies of the tile at token t0 (page pg) into the shared buffer at dst */
-template <int D>
-__device__ __forceinline__ void box_issue(const attn_launch &a, int kvh, int pg, int t0, uint32_t dst,
-                                          int lane) {
-    using Gm = box_geo<D>;
-    const int bs = (int)a.block_size, o0 = t0 % bs;
-    const uint8_t *const kb = a.k.pool + (size_t)pg * a.k.page_bytes + (size_t)kvh * a.k.head_bytes;
-    const uint8_t *const vb = a.v.pool + (size_t)pg * a.v.page_bytes + (size_t)kvh * a.v.head_bytes;
-    const uint8_t *const kn = kb + (size_t)o0 * Gm::KN, *const vn = vb + (size_t)o0 * Gm::KN;
-#pragma unroll
-    for (int j = 0; j < Gm::KN / 32; j++) {
-        const int c = lane + 32 * j;
-        cp16(dst + 16 * c, kn + 16 * c);
-        cp16(dst + Gm::V_OFF + (c / Gm::CPR) * Gm::VROW + 16 * (c % Gm::CPR), vn + 16 * c);
-    }
-    const int side = lane & 15; /* lanes 0.. K side, 16.. V side: the steps, then the cosets */
-    if (side <= Gm::NC) {
-        const uint8_t *const sb = (lane < 16 ? kb : vb) + (size_t)bs * Gm::KN;
-        const uint8_t *const src = side == 0 ? sb + o0 : sb + bs + (size_t)o0 * Gm::NC + 16 * (side - 1);
-        cp16(dst + (lane < 16 ? 16 * Gm::KN : Gm::V_SIDE) + 16 * side, src);
-    }
+__device__ __forceinline__ uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+/* (x & mask) | magic in one LOP3: the magic comes in a register (a LOP3 takes one immediate; left to
+ * itself the compiler splits the two constants into two instructions) */
+template <uint32_t MASK> __device__ __forceinline__ uint32_t and_or(uint32_t x, uint32_t magic) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(x), "n"(MASK), "r"(magic));
+    return r;
+}
+/* nibbles at bits 0..3 and 16..19 of x → f16x2 of 2n − 16 (magic = 0x64006400) */
+__device__ __forceinline__ uint32_t nib_lo(uint32_t x, uint32_t magic) {
+    return hfma2(and_or<0x000F000Fu>(x, magic), 0x40004000u /* 2 */, 0xE808E808u /* −2064 */);
+}
+/* nibbles at bits 4..7 and 20..23 of x → f16x2 of 2n − 16 */
+__device__ __forceinline__ uint32_t nib_hi(uint32_t x, uint32_t magic) {
+    return hfma2(and_or<0x00F000F0u>(x, magic), 0x30003000u /* 1/8 */, 0xD880D880u /* −144 */);
+}
+/* 2^x (MUFU.EX2; results below 2^-126 flush to 0, weights far below what f16 P keeps) */
+__device__ __forceinline__ float ex2(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+/* bits 0 and 16 of x → f16x2 of 0 / 1 */
+__device__ __forceinline__ uint32_t bits_f16x2(uint32_t x) {
+    return (x & 0x00010001u) * 0x3C00u;
 }
 
 template <int D, bool G8>
@@ -499,6 +511,7 @@ __global__ void __launch_bounds__(128, 4) attn_box_kernel(const attn_launch a) {
     __shared__ float sq[8][D];
     __shared__ float sh[256];
     __shared__ float sm[WARPS][8], sl[WARPS][8];
+    __shared__ float scos[WARPS][8][16];
     static_assert(sizeof(stage) >= sizeof(float) * WARPS * 8 * D, "the merge buffer aliases the stages");
 
     const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
@@ -509,18 +522,51 @@ __global__ void __launch_bounds__(128, 4) attn_box_kernel(const attn_launch a) {
     const int chunk = ((ctx + n_split - 1) / n_split + 15) & ~15;
     const int start = split * chunk, end = min(start + chunk, ctx);
     const int32_t *const table = a.block_tables + (size_t)seq * a.max_blocks;
-    const int bs = (int)a.block_size;
+    /* pages of 16·2^k tokens: a tile's page and offset by shifts */
+    const int bs = (int)a.block_size, bs16 = bs >> 4, pow2 = (bs16 & (bs16 - 1)) == 0;
+    const int bshift = __ffs(bs16) - 1;
 
-    /* start this warp's copies first: their latency overlaps the query rotation */
+    /* per-lane copy offsets: nibble chunks c = lane + 32j (K at 16c, V in its padded row), and one side
+     * chunk (lanes 0..NC: K step bytes, then cosets; lanes 16..16 + NC: the same of V) */
+    const uint8_t *const kpool = a.k.pool + (size_t)kvh * a.k.head_bytes;
+    const uint8_t *const vpool = a.v.pool + (size_t)kvh * a.v.head_bytes;
+    const int side = lane & 15;
+    const bool has_side = side <= Gm::NC;
+    const int side_src = bs * Gm::KN + (side ? bs + 16 * (side - 1) : 0), side_mul = side ? Gm::NC : 1;
+    const uint32_t side_dst = (lane < 16 ? 16 * Gm::KN : Gm::V_SIDE) + 16 * side;
+    const uint8_t *const side_pool = lane < 16 ? kpool : vpool;
+    /* page sizes below 4 GiB (e8kv_cuda_cache_create checks): one 32 × 32 → 64-bit multiply per page */
+    const uint32_t kpb = (uint32_t)a.k.page_bytes, vpb = (uint32_t)a.v.page_bytes, side_pb = lane < 16 ? kpb : vpb;
+
     const int step = 16 * WARPS, first = start + 16 * warp;
     const int n_t = first < end ? (end - first + step - 1) / step : 0;
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(&stage[warp][0][0]);
-    int pg_next = n_t > 0 ? table[first / bs] : 0;
+    auto page_of = [&](int t0, int *o0) {
+        const int T = t0 >> 4;
+        const int pi = pow2 ? T >> bshift : T / bs16;
+        *o0 = 16 * (pow2 ? T & (bs16 - 1) : T % bs16);
+        return table[pi];
+    };
+    /* chunk c = lane + 32j: K at 16c, V at its padded row; c + 32 is 32 / CPR rows further */
+    const uint32_t vdst0 = Gm::V_OFF + (lane / Gm::CPR) * Gm::VROW + 16 * (lane % Gm::CPR);
+    auto issue = [&](int pg, int o0, uint32_t dst) {
+        const uint8_t *const kn = kpool + (uint64_t)(uint32_t)pg * kpb + (uint32_t)(o0 * Gm::KN + 16 * lane);
+        const uint8_t *const vn = vpool + (uint64_t)(uint32_t)pg * vpb + (uint32_t)(o0 * Gm::KN + 16 * lane);
+#pragma unroll
+        for (int j = 0; j < Gm::KN / 32; j++) {
+            cp16(dst + 16 * lane + 512 * j, kn + 512 * j);
+            cp16(dst + vdst0 + (32 / Gm::CPR) * Gm::VROW * j, vn + 512 * j);
+        }
+        if (has_side)
+            cp16(dst + side_dst, side_pool + (uint64_t)(uint32_t)pg * side_pb + (uint32_t)(side_src + o0 * side_mul));
+    };
+    /* start this warp's copies first: their latency overlaps the query rotation */
+    int o_next = 0, pg_next = n_t > 0 ? page_of(first, &o_next) : 0;
 #pragma unroll
     for (int i = 0; i < BOX_STAGES - 1; i++) {
-        if (i < n_t) box_issue<D>(a, kvh, pg_next, first + i * step, sbase + i * Gm::STAGE, lane);
+        if (i < n_t) issue(pg_next, o_next, sbase + i * Gm::STAGE);
         cp_commit();
-        if (i + 1 < n_t) pg_next = table[(first + (i + 1) * step) / bs];
+        if (i + 1 < n_t) pg_next = page_of(first + (i + 1) * step, &o_next);
     }
 
     for (int i = tid; i < 256; i += blockDim.x)
@@ -541,8 +587,12 @@ __global__ void __launch_bounds__(128, 4) attn_box_kernel(const attn_launch a) {
     }
     const float qscale = a.rot_scale * rsqrtf((float)D) * LOG2E;
     /* B fragments of the scores: k-step s = word s/2 of the lane's nibbles, low (s even) or high nibbles;
-     * k index 2t4 ↔ byte 0, 2t4 + 1 ↔ byte 2, 2t4 + 8 ↔ byte 1, 2t4 + 9 ↔ byte 3 of the word */
-    uint32_t qh[KS][2], ql[G8 ? KS : 1][2];
+     * k index 2t4 ↔ byte 0, 2t4 + 1 ↔ byte 2, 2t4 + 8 ↔ byte 1, 2t4 + 9 ↔ byte 3 of the word. Column g:
+     * G ≤ 4: hi of head g (g < 4) or lo of head g − 4; G > 4: head g, hi and lo in two fragments. The
+     * coset fragments hold Q_b (k index = block b). */
+    const int row = G8 ? g : (g & 3);
+    const bool hi_col = G8 || g < 4;
+    uint32_t qh[KS][2], ql[G8 ? KS : 1][2], qch[2], qcl[2];
 #pragma unroll
     for (int s = 0; s < KS; s++)
 #pragma unroll
@@ -550,52 +600,53 @@ __global__ void __launch_bounds__(128, 4) attn_box_kernel(const attn_launch a) {
             float x[2];
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                const int byte = j + 2 * e, o = (D / 8) * t4 + 4 * (s >> 1) + byte;
+                const int o = (D / 8) * t4 + 4 * (s >> 1) + j + 2 * e;
                 const int coord = 32 * (o >> 4) + (o & 15) + 16 * (s & 1);
-                const int row = G8 ? g : (g & 3);
                 x[e] = row < G ? sq[row][coord] * qscale : 0.0f;
             }
-            if (G8) {
-                qh[s][j] = pack(hi16<false>(x[0]), hi16<false>(x[1]));
-                ql[s][j] = pack(lo16<false>(x[0]), lo16<false>(x[1]));
-            } else {
-                qh[s][j] = g < 4 ? pack(hi16<false>(x[0]), hi16<false>(x[1]))
-                                 : pack(lo16<false>(x[0]), lo16<false>(x[1]));
-            }
+            qh[s][j] = hi_col ? pack(hi16<false>(x[0]), hi16<false>(x[1])) : pack(lo16<false>(x[0]), lo16<false>(x[1]));
+            if constexpr (G8) ql[s][j] = pack(lo16<false>(x[0]), lo16<false>(x[1]));
         }
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        float x[2];
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int blk = 2 * t4 + 8 * j + e;
+            float sum = 0.0f;
+            if (row < G && blk < D / 8)
+                for (int i = 0; i < 8; i++)
+                    sum += sq[row][8 * blk + i] * qscale;
+            x[e] = sum;
+        }
+        qch[j] = hi_col ? pack(hi16<false>(x[0]), hi16<false>(x[1])) : pack(lo16<false>(x[0]), lo16<false>(x[1]));
+        qcl[j] = pack(lo16<false>(x[0]), lo16<false>(x[1]));
+    }
 
     /* this thread's score columns are heads h0 = 2·(t4 mod 2) (G ≤ 4: t4 and t4 ^ 2 hold hi and lo of the
      * same heads and add them) or 2·t4 (G > 4), and h0 + 1; the output columns 2t4, 2t4 + 1 are the same
      * heads */
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    float oacc[KS][4];
+    float oacc[KS][4], ocos[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int mt = 0; mt < KS; mt++)
         oacc[mt][0] = oacc[mt][1] = oacc[mt][2] = oacc[mt][3] = 0.0f;
-    /* K: the block of the low nibbles of word w of this lane (high nibbles: + 2) */
-    int kblk[NW];
-#pragma unroll
-    for (int w = 0; w < NW; w++) {
-        const int o = (D / 8) * t4 + 4 * w;
-        kblk[w] = 4 * (o >> 4) + ((o & 15) >> 3);
-    }
-    /* V: as in the kernel above */
-    const int B0 = (D / 16) * g, vblo = (32 * (B0 >> 4) + (B0 & 15)) >> 3, vbhi = vblo + 2;
     constexpr int CB = 8 * Gm::NC;
+    uint32_t magic;
+    asm("mov.b32 %0, 0x64006400;" : "=r"(magic));
 
     for (int i = 0; i < n_t; i++) {
         const int jn = i + BOX_STAGES - 1;
-        if (jn < n_t) box_issue<D>(a, kvh, pg_next, first + jn * step, sbase + (jn % BOX_STAGES) * Gm::STAGE, lane);
+        if (jn < n_t) issue(pg_next, o_next, sbase + (jn % BOX_STAGES) * Gm::STAGE);
         cp_commit();
-        if (jn + 1 < n_t) pg_next = table[(first + (jn + 1) * step) / bs];
+        if (jn + 1 < n_t) pg_next = page_of(first + (jn + 1) * step, &o_next);
         cp_wait<BOX_STAGES - 1>();
         __syncwarp();
         const uint8_t *const sb = &stage[warp][i % BOX_STAGES][0];
         const int tile0 = first + i * step;
 
         /* ---- scores: tokens g (row g) and g + 8 (row g + 8) */
-        uint32_t kw[2][NW];
-        uint32_t kc[2];
+        uint32_t kw[2][NW], kc[2];
         float ksc[2];
 #pragma unroll
         for (int tt = 0; tt < 2; tt++) {
@@ -616,20 +667,25 @@ __global__ void __launch_bounds__(128, 4) attn_box_kernel(const attn_launch a) {
         for (int h = 0; h < 2; h++)
             acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.0f;
 #pragma unroll
-        for (int w = 0; w < NW; w++)
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const int s = 2 * w + hf, blk = kblk[w] + 2 * hf;
-                uint32_t ar[4];
-#pragma unroll
-                for (int tt = 0; tt < 2; tt++) {
-                    const uint32_t x = kw[tt][w], km = 0x64006400u | (((kc[tt] >> blk) & 1u) * 0x00010001u);
-                    ar[tt] = box_f16x2(((hf ? x >> 3 : x << 1) & 0x001E001Eu) | km);
-                    ar[2 + tt] = box_f16x2(((hf ? x >> 11 : x >> 7) & 0x001E001Eu) | km);
-                }
-                mma16816<false>(acc[hf], ar, qh[s]);
-                if constexpr (G8) mma16816<false>(acc[hf], ar, ql[s]);
+        for (int w = 0; w < NW; w++) {
+            const uint32_t x0 = kw[0][w], x1 = kw[1][w], y0 = x0 >> 8, y1 = x1 >> 8;
+            const uint32_t alo[4] = {nib_lo(x0, magic), nib_lo(x1, magic), nib_lo(y0, magic), nib_lo(y1, magic)};
+            const uint32_t ahi[4] = {nib_hi(x0, magic), nib_hi(x1, magic), nib_hi(y0, magic), nib_hi(y1, magic)};
+            mma16816<false>(acc[0], alo, qh[2 * w]);
+            mma16816<false>(acc[1], ahi, qh[2 * w + 1]);
+            if constexpr (G8) {
+                mma16816<false>(acc[0], alo, ql[2 * w]);
+                mma16816<false>(acc[1], ahi, ql[2 * w + 1]);
             }
+        }
+        {
+            /* + Σ_b k_b·Q_b: A = coset bits (token g / g + 8, blocks 2t4, 2t4 + 1 and + 8) */
+            const uint32_t u0 = kc[0] >> (2 * t4), u1 = kc[1] >> (2 * t4);
+            const uint32_t ac[4] = {bits_f16x2(u0 | (u0 << 15)), bits_f16x2(u1 | (u1 << 15)),
+                                    bits_f16x2((u0 >> 8) | (u0 << 7)), bits_f16x2((u1 >> 8) | (u1 << 7))};
+            mma16816<false>(acc[0], ac, qch);
+            if constexpr (G8) mma16816<false>(acc[1], ac, qcl);
+        }
         float sc[2][2]; /* [token g / g + 8][head h0 / h1] */
 #pragma unroll
         for (int tt = 0; tt < 2; tt++)
@@ -651,7 +707,8 @@ __global__ void __launch_bounds__(128, 4) attn_box_kernel(const attn_launch a) {
                 x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, o));
             }
             const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
-            const float al0 = n0 == -INFINITY ? 1.0f : exp2f(m0 - n0), al1 = n1 == -INFINITY ? 1.0f : exp2f(m1 - n1);
+            const float al0 = n0 == -INFINITY ? 1.0f : ex2(m0 - n0),
+                        al1 = n1 == -INFINITY ? 1.0f : ex2(m1 - n1);
             m0 = n0, m1 = n1;
             l0 *= al0, l1 *= al1;
 #pragma unroll
@@ -659,15 +716,17 @@ __global__ void __launch_bounds__(128, 4) attn_box_kernel(const attn_launch a) {
                 oacc[mt][0] *= al0, oacc[mt][2] *= al0;
                 oacc[mt][1] *= al1, oacc[mt][3] *= al1;
             }
+            ocos[0] *= al0, ocos[2] *= al0;
+            ocos[1] *= al1, ocos[3] *= al1;
         }
-        /* P·(δ_v/2) in f16 hi/lo, then transposed into the B fragments (tokens 2t4.., column g) */
+        /* P·(δ_v/2) in f16 hi/lo, transposed into the B fragments (tokens 2t4.., column g) */
         uint32_t pb[2], pl[2] = {0u, 0u};
 #pragma unroll
         for (int tt = 0; tt < 2; tt++) {
             const int tk = g + 8 * tt;
             const float vsc = sh[sb[Gm::V_SIDE + tk]] * V_BOX_SCALE;
-            const float p0 = m0 == -INFINITY ? 0.0f : exp2f(sc[tt][0] - m0),
-                        p1 = m1 == -INFINITY ? 0.0f : exp2f(sc[tt][1] - m1);
+            const float p0 = m0 == -INFINITY ? 0.0f : ex2(sc[tt][0] - m0),
+                        p1 = m1 == -INFINITY ? 0.0f : ex2(sc[tt][1] - m1);
             l0 += p0, l1 += p1;
             const float x0 = p0 * vsc, x1 = p1 * vsc;
             if constexpr (G8) {
@@ -690,27 +749,31 @@ __global__ void __launch_bounds__(128, 4) attn_box_kernel(const attn_launch a) {
                 vw[r][0] = *(const uint32_t *)(sb + Gm::V_OFF + tv[r] * Gm::VROW + 4 * g);
             }
         }
-        uint32_t vc[2];
-#pragma unroll
-        for (int pr = 0; pr < 2; pr++)
-            vc[pr] = Gm::NC == 2 ? *(const uint32_t *)(sb + Gm::V_SIDE + 16 + 2 * tv[2 * pr])
-                                 : *(const uint16_t *)(sb + Gm::V_SIDE + 16 + tv[2 * pr]);
-        const uint32_t klo0 = 0x64006400u | ((vc[0] >> vblo) & 1u) | (((vc[0] >> (CB + vblo)) & 1u) << 16),
-                       khi0 = 0x64006400u | ((vc[0] >> vbhi) & 1u) | (((vc[0] >> (CB + vbhi)) & 1u) << 16),
-                       klo1 = 0x64006400u | ((vc[1] >> vblo) & 1u) | (((vc[1] >> (CB + vblo)) & 1u) << 16),
-                       khi1 = 0x64006400u | ((vc[1] >> vbhi) & 1u) | (((vc[1] >> (CB + vbhi)) & 1u) << 16);
 #pragma unroll
         for (int mt = 0; mt < KS; mt++) {
             const int wi = mt >> 2, bi = mt & 3;
-            const uint32_t sel = bi | (bi << 4) | ((4 + bi) << 8) | ((4 + bi) << 12);
+            const uint32_t sel = bi | ((4 + bi) << 8);
             const uint32_t x0 = __byte_perm(vw[0][wi], vw[1][wi], sel), x1 = __byte_perm(vw[2][wi], vw[3][wi], sel);
-            uint32_t r[4];
-            r[0] = box_f16x2(((x0 << 1) & 0x001E001Eu) | klo0);
-            r[1] = box_f16x2(((x0 >> 3) & 0x001E001Eu) | khi0);
-            r[2] = box_f16x2(((x1 << 1) & 0x001E001Eu) | klo1);
-            r[3] = box_f16x2(((x1 >> 3) & 0x001E001Eu) | khi1);
+            const uint32_t r[4] = {nib_lo(x0, magic), nib_hi(x0, magic), nib_lo(x1, magic), nib_hi(x1, magic)};
             mma16816<false>(oacc[mt], r, pb);
             if constexpr (G8) mma16816<false>(oacc[mt], r, pl);
+        }
+        {
+            /* the coset part: A = coset bits (block g / g + 8, tokens 2t4, 2t4 + 1 / 2t4 + 8, 2t4 + 9) */
+            uint32_t vc[2];
+#pragma unroll
+            for (int pr = 0; pr < 2; pr++)
+                vc[pr] = Gm::NC == 2 ? *(const uint32_t *)(sb + Gm::V_SIDE + 16 + 2 * tv[2 * pr])
+                                     : *(const uint16_t *)(sb + Gm::V_SIDE + 16 + tv[2 * pr]);
+            uint32_t ac[4];
+#pragma unroll
+            for (int pr = 0; pr < 2; pr++) {
+                const uint32_t u = vc[pr] >> g; /* bit 0: token 2t4 + 8pr, bit CB: the next token */
+                ac[2 * pr] = bits_f16x2(CB == 16 ? u : (u | (u << 8)));
+                ac[2 * pr + 1] = CB == 16 ? bits_f16x2(u >> 8) : 0u;
+            }
+            mma16816<false>(ocos, ac, pb);
+            if constexpr (G8) mma16816<false>(ocos, ac, pl);
         }
         __syncwarp();
     }
@@ -731,10 +794,13 @@ __global__ void __launch_bounds__(128, 4) attn_box_kernel(const attn_launch a) {
         so[warp][2 * t4][dh] = oacc[mt][2];
         so[warp][2 * t4 + 1][dh] = oacc[mt][3];
     }
+    scos[warp][2 * t4][g] = ocos[0];
+    scos[warp][2 * t4 + 1][g] = ocos[1];
+    scos[warp][2 * t4][g + 8] = ocos[2];
+    scos[warp][2 * t4 + 1][g + 8] = ocos[3];
     if (g == 0 && (G8 || t4 < 2)) {
-        const int h0 = 2 * t4;
-        sm[warp][h0] = m0, sm[warp][h0 + 1] = m1;
-        sl[warp][h0] = l0, sl[warp][h0 + 1] = l1;
+        sm[warp][2 * t4] = m0, sm[warp][2 * t4 + 1] = m1;
+        sl[warp][2 * t4] = l0, sl[warp][2 * t4 + 1] = l1;
     }
     __syncthreads();
     for (int idx = tid; idx < G * D; idx += blockDim.x) {
@@ -746,7 +812,9 @@ __global__ void __launch_bounds__(128, 4) attn_box_kernel(const attn_launch a) {
         if (M != -INFINITY)
             for (int w = 0; w < WARPS; w++) {
                 const float wt = exp2f(sm[w][r] - M);
-                O += wt * (so[w][r][i] + (G8 ? 0.0f : so[w][r + 4][i]));
+                float o = so[w][r][i] + scos[w][r][i >> 3];
+                if (!G8) o += so[w][r + 4][i] + scos[w][r + 4][i >> 3];
+                O += wt * o;
                 L += wt * sl[w][r];
             }
         const size_t base = ((size_t)seq * a.n_head + (size_t)kvh * G + r) * a.n_split + split;
