@@ -445,7 +445,8 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
  *  - P reaches the B operand of Oᵀ += Vᵀ·Pᵀ by movmatrix (a register transpose), no shuffles.
  * V rows sit 16 bytes further apart than their length in shared memory so that the 8-byte (4-byte) reads
  * of four tokens by a quarter warp hit different banks. */
-#define BOX_STAGES 4
+#define BOX_STAGES 3 /* buffers per warp */
+#define BOX_NT 2     /* 16-token sub-tiles per tile */
 
 template <int D> struct box_geo {
     static constexpr int KN = D / 2;                       /* nibble bytes of a token */
@@ -503,23 +504,30 @@ __device__ __forceinline__ uint32_t bits_f16x2(uint32_t x) {
     return (x & 0x00010001u) * 0x3C00u;
 }
 
+template <int D> static constexpr int box_smem_bytes(void) {
+    return WARPS * BOX_STAGES * BOX_NT * box_geo<D>::STAGE;
+}
+
 template <int D, bool G8>
-__global__ void __launch_bounds__(128, 4) attn_box_kernel(const attn_launch a) {
+__global__ void __launch_bounds__(128, 3) attn_box_kernel(const attn_launch a) {
     using Gm = box_geo<D>;
     constexpr int KS = D / 16, NW = D / 32;
-    __shared__ __align__(16) uint8_t stage[WARPS][BOX_STAGES][Gm::STAGE];
+    extern __shared__ __align__(16) uint8_t box_dyn[]; /* [WARPS][BOX_STAGES][BOX_NT][STAGE] */
+    uint8_t(*const stage)[BOX_STAGES][BOX_NT][Gm::STAGE] =
+        reinterpret_cast<uint8_t(*)[BOX_STAGES][BOX_NT][Gm::STAGE]>(box_dyn);
     __shared__ float sq[8][D];
     __shared__ float sh[256];
     __shared__ float sm[WARPS][8], sl[WARPS][8];
     __shared__ float scos[WARPS][8][16];
-    static_assert(sizeof(stage) >= sizeof(float) * WARPS * 8 * D, "the merge buffer aliases the stages");
+    static_assert(WARPS * BOX_STAGES * BOX_NT * Gm::STAGE >= sizeof(float) * WARPS * 8 * D,
+                  "the merge buffer aliases the stages");
 
     const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
     const int G = (int)(a.n_head / a.n_head_kv);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int n_split = (int)a.n_split;
     const int ctx = a.ctx_lens[seq];
-    const int chunk = ((ctx + n_split - 1) / n_split + 15) & ~15;
+    const int chunk = ((ctx + n_split - 1) / n_split + 16 * BOX_NT - 1) & -(16 * BOX_NT);
     const int start = split * chunk, end = min(start + chunk, ctx);
     const int32_t *const table = a.block_tables + (size_t)seq * a.max_blocks;
     /* pages of 16·2^k tokens: a tile's page and offset by shifts */
@@ -538,9 +546,9 @@ __global__ void __launch_bounds__(128, 4) attn_box_kernel(const attn_launch a) {
     /* page sizes below 4 GiB (e8kv_cuda_cache_create checks): one 32 × 32 → 64-bit multiply per page */
     const uint32_t kpb = (uint32_t)a.k.page_bytes, vpb = (uint32_t)a.v.page_bytes, side_pb = lane < 16 ? kpb : vpb;
 
-    const int step = 16 * WARPS, first = start + 16 * warp;
+    const int step = 16 * BOX_NT * WARPS, first = start + 16 * BOX_NT * warp;
     const int n_t = first < end ? (end - first + step - 1) / step : 0;
-    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(&stage[warp][0][0]);
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(&stage[warp][0][0][0]);
     auto page_of = [&](int t0, int *o0) {
         const int T = t0 >> 4;
         const int pi = pow2 ? T >> bshift : T / bs16;
@@ -560,13 +568,26 @@ __global__ void __launch_bounds__(128, 4) attn_box_kernel(const attn_launch a) {
         if (has_side)
             cp16(dst + side_dst, side_pool + (uint64_t)(uint32_t)pg * side_pb + (uint32_t)(side_src + o0 * side_mul));
     };
-    /* start this warp's copies first: their latency overlaps the query rotation */
-    int o_next = 0, pg_next = n_t > 0 ? page_of(first, &o_next) : 0;
+    /* start this warp's copies first: their latency overlaps the query rotation. A tile is BOX_NT
+     * sub-tiles of 16 tokens (each in one page); a sub-tile at or past the end is not copied (its page
+     * may not exist): its scores are masked and its stale bytes decode to finite values times P = 0. */
+    int o_next[BOX_NT], pg_next[BOX_NT];
+    auto lookup = [&](int t0) {
+#pragma unroll
+        for (int u = 0; u < BOX_NT; u++)
+            pg_next[u] = t0 + 16 * u < end ? page_of(t0 + 16 * u, &o_next[u]) : 0;
+    };
+    auto issue_tile = [&](int t0, int buf) {
+#pragma unroll
+        for (int u = 0; u < BOX_NT; u++)
+            if (t0 + 16 * u < end) issue(pg_next[u], o_next[u], sbase + (buf * BOX_NT + u) * Gm::STAGE);
+    };
+    if (n_t > 0) lookup(first);
 #pragma unroll
     for (int i = 0; i < BOX_STAGES - 1; i++) {
-        if (i < n_t) issue(pg_next, o_next, sbase + i * Gm::STAGE);
+        if (i < n_t) issue_tile(first + i * step, i);
         cp_commit();
-        if (i + 1 < n_t) pg_next = page_of(first + (i + 1) * step, &o_next);
+        if (i + 1 < n_t) lookup(first + (i + 1) * step);
     }
 
     for (int i = tid; i < 256; i += blockDim.x)
@@ -637,78 +658,91 @@ __global__ void __launch_bounds__(128, 4) attn_box_kernel(const attn_launch a) {
 
     for (int i = 0; i < n_t; i++) {
         const int jn = i + BOX_STAGES - 1;
-        if (jn < n_t) issue(pg_next, o_next, sbase + (jn % BOX_STAGES) * Gm::STAGE);
+        if (jn < n_t) issue_tile(first + jn * step, jn % BOX_STAGES);
         cp_commit();
-        if (jn + 1 < n_t) pg_next = page_of(first + (jn + 1) * step, &o_next);
+        if (jn + 1 < n_t) lookup(first + (jn + 1) * step);
         cp_wait<BOX_STAGES - 1>();
         __syncwarp();
-        const uint8_t *const sb = &stage[warp][i % BOX_STAGES][0];
         const int tile0 = first + i * step;
 
-        /* ---- scores: tokens g (row g) and g + 8 (row g + 8) */
-        uint32_t kw[2][NW], kc[2];
-        float ksc[2];
+        /* ---- scores of each sub-tile u: tokens g (row g) and g + 8 (row g + 8) */
+        float sc[BOX_NT][2][2]; /* [sub-tile][token g / g + 8][head h0 / h1] */
 #pragma unroll
-        for (int tt = 0; tt < 2; tt++) {
-            const int tk = g + 8 * tt;
-            if constexpr (D == 128) {
-                const uint4 u = *(const uint4 *)(sb + tk * Gm::KN + 16 * t4);
-                kw[tt][0] = u.x, kw[tt][1] = u.y, kw[tt][2] = u.z, kw[tt][3] = u.w;
-                kc[tt] = *(const uint16_t *)(sb + 16 * Gm::KN + 16 + 2 * tk);
-            } else {
-                const uint2 u = *(const uint2 *)(sb + tk * Gm::KN + 8 * t4);
-                kw[tt][0] = u.x, kw[tt][1] = u.y;
-                kc[tt] = sb[16 * Gm::KN + 16 + tk];
+        for (int u = 0; u < BOX_NT; u++) {
+            const uint8_t *const sb = &stage[warp][i % BOX_STAGES][u][0];
+            uint32_t kw[2][NW], kc[2];
+            float ksc[2];
+#pragma unroll
+            for (int tt = 0; tt < 2; tt++) {
+                const int tk = g + 8 * tt;
+                if constexpr (D == 128) {
+                    const uint4 q4 = *(const uint4 *)(sb + tk * Gm::KN + 16 * t4);
+                    kw[tt][0] = q4.x, kw[tt][1] = q4.y, kw[tt][2] = q4.z, kw[tt][3] = q4.w;
+                    kc[tt] = *(const uint16_t *)(sb + 16 * Gm::KN + 16 + 2 * tk);
+                } else {
+                    const uint2 q2 = *(const uint2 *)(sb + tk * Gm::KN + 8 * t4);
+                    kw[tt][0] = q2.x, kw[tt][1] = q2.y;
+                    kc[tt] = sb[16 * Gm::KN + 16 + tk];
+                }
+                ksc[tt] = sh[sb[16 * Gm::KN + tk]];
             }
-            ksc[tt] = sh[sb[16 * Gm::KN + tk]];
-        }
-        float acc[2][4];
+            float acc[4][4]; /* four independent chains */
 #pragma unroll
-        for (int h = 0; h < 2; h++)
-            acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.0f;
+            for (int h = 0; h < 4; h++)
+                acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.0f;
 #pragma unroll
-        for (int w = 0; w < NW; w++) {
-            const uint32_t x0 = kw[0][w], x1 = kw[1][w], y0 = x0 >> 8, y1 = x1 >> 8;
-            const uint32_t alo[4] = {nib_lo(x0, magic), nib_lo(x1, magic), nib_lo(y0, magic), nib_lo(y1, magic)};
-            const uint32_t ahi[4] = {nib_hi(x0, magic), nib_hi(x1, magic), nib_hi(y0, magic), nib_hi(y1, magic)};
-            mma16816<false>(acc[0], alo, qh[2 * w]);
-            mma16816<false>(acc[1], ahi, qh[2 * w + 1]);
-            if constexpr (G8) {
-                mma16816<false>(acc[0], alo, ql[2 * w]);
-                mma16816<false>(acc[1], ahi, ql[2 * w + 1]);
+            for (int w = 0; w < NW; w++) {
+                const uint32_t x0 = kw[0][w], x1 = kw[1][w], y0 = x0 >> 8, y1 = x1 >> 8;
+                const uint32_t alo[4] = {nib_lo(x0, magic), nib_lo(x1, magic), nib_lo(y0, magic), nib_lo(y1, magic)};
+                const uint32_t ahi[4] = {nib_hi(x0, magic), nib_hi(x1, magic), nib_hi(y0, magic), nib_hi(y1, magic)};
+                mma16816<false>(acc[2 * (w & 1)], alo, qh[2 * w]);
+                mma16816<false>(acc[2 * (w & 1) + 1], ahi, qh[2 * w + 1]);
+                if constexpr (G8) {
+                    mma16816<false>(acc[2 * (w & 1)], alo, ql[2 * w]);
+                    mma16816<false>(acc[2 * (w & 1) + 1], ahi, ql[2 * w + 1]);
+                }
             }
-        }
-        {
-            /* + Σ_b k_b·Q_b: A = coset bits (token g / g + 8, blocks 2t4, 2t4 + 1 and + 8) */
-            const uint32_t u0 = kc[0] >> (2 * t4), u1 = kc[1] >> (2 * t4);
-            const uint32_t ac[4] = {bits_f16x2(u0 | (u0 << 15)), bits_f16x2(u1 | (u1 << 15)),
-                                    bits_f16x2((u0 >> 8) | (u0 << 7)), bits_f16x2((u1 >> 8) | (u1 << 7))};
-            mma16816<false>(acc[0], ac, qch);
-            if constexpr (G8) mma16816<false>(acc[1], ac, qcl);
-        }
-        float sc[2][2]; /* [token g / g + 8][head h0 / h1] */
-#pragma unroll
-        for (int tt = 0; tt < 2; tt++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                float v = acc[0][2 * tt + c] + acc[1][2 * tt + c];
-                if (!G8) v += __shfl_xor_sync(0xffffffffu, v, 2);
-                v *= ksc[tt];
-                if (tile0 + g + 8 * tt >= end) v = -INFINITY;
-                sc[tt][c] = v;
+            {
+                /* + Σ_b k_b·Q_b: A = coset bits (token g / g + 8, blocks 2t4, 2t4 + 1 and + 8) */
+                const uint32_t u0 = kc[0] >> (2 * t4), u1 = kc[1] >> (2 * t4);
+                const uint32_t ac[4] = {bits_f16x2(u0 | (u0 << 15)), bits_f16x2(u1 | (u1 << 15)),
+                                        bits_f16x2((u0 >> 8) | (u0 << 7)), bits_f16x2((u1 >> 8) | (u1 << 7))};
+                mma16816<false>(acc[0], ac, qch);
+                if constexpr (G8) mma16816<false>(acc[1], ac, qcl);
             }
+#pragma unroll
+            for (int tt = 0; tt < 2; tt++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int e = 2 * tt + c;
+                    float v = (acc[0][e] + acc[1][e]) + (acc[2][e] + acc[3][e]);
+                    if (!G8) v += __shfl_xor_sync(0xffffffffu, v, 2);
+                    v *= ksc[tt];
+                    if (tile0 + 16 * u + g + 8 * tt >= end) v = -INFINITY;
+                    sc[u][tt][c] = v;
+                }
+        }
         /* ---- online softmax; the maximum moves only when a score passes it */
-        const bool up = sc[0][0] > m0 || sc[1][0] > m0 || sc[0][1] > m1 || sc[1][1] > m1;
+        bool up = false;
+#pragma unroll
+        for (int u = 0; u < BOX_NT; u++)
+#pragma unroll
+            for (int tt = 0; tt < 2; tt++)
+                up = up || sc[u][tt][0] > m0 || sc[u][tt][1] > m1;
         if (__any_sync(0xffffffffu, up)) {
-            float x0 = fmaxf(sc[0][0], sc[1][0]), x1 = fmaxf(sc[0][1], sc[1][1]);
+            float x0 = -INFINITY, x1 = -INFINITY;
+#pragma unroll
+            for (int u = 0; u < BOX_NT; u++)
+#pragma unroll
+                for (int tt = 0; tt < 2; tt++)
+                    x0 = fmaxf(x0, sc[u][tt][0]), x1 = fmaxf(x1, sc[u][tt][1]);
 #pragma unroll
             for (int o = 4; o < 32; o *= 2) {
                 x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, o));
                 x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, o));
             }
             const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
-            const float al0 = n0 == -INFINITY ? 1.0f : ex2(m0 - n0),
-                        al1 = n1 == -INFINITY ? 1.0f : ex2(m1 - n1);
+            const float al0 = n0 == -INFINITY ? 1.0f : ex2(m0 - n0), al1 = n1 == -INFINITY ? 1.0f : ex2(m1 - n1);
             m0 = n0, m1 = n1;
             l0 *= al0, l1 *= al1;
 #pragma unroll
@@ -719,61 +753,65 @@ __global__ void __launch_bounds__(128, 4) attn_box_kernel(const attn_launch a) {
             ocos[0] *= al0, ocos[2] *= al0;
             ocos[1] *= al1, ocos[3] *= al1;
         }
-        /* P·(δ_v/2) in f16 hi/lo, transposed into the B fragments (tokens 2t4.., column g) */
-        uint32_t pb[2], pl[2] = {0u, 0u};
 #pragma unroll
-        for (int tt = 0; tt < 2; tt++) {
-            const int tk = g + 8 * tt;
-            const float vsc = sh[sb[Gm::V_SIDE + tk]] * V_BOX_SCALE;
-            const float p0 = m0 == -INFINITY ? 0.0f : ex2(sc[tt][0] - m0),
-                        p1 = m1 == -INFINITY ? 0.0f : ex2(sc[tt][1] - m1);
-            l0 += p0, l1 += p1;
-            const float x0 = p0 * vsc, x1 = p1 * vsc;
-            if constexpr (G8) {
-                pb[tt] = transpose8x8(pack(hi16<false>(x0), hi16<false>(x1)));
-                pl[tt] = transpose8x8(pack(lo16<false>(x0), lo16<false>(x1)));
-            } else {
-                pb[tt] = transpose8x8(t4 < 2 ? pack(hi16<false>(x0), hi16<false>(x1))
-                                             : pack(lo16<false>(x0), lo16<false>(x1)));
+        for (int u = 0; u < BOX_NT; u++) {
+            const uint8_t *const sb = &stage[warp][i % BOX_STAGES][u][0];
+            /* P·(δ_v/2) in f16 hi/lo, transposed into the B fragments (tokens 2t4.., column g) */
+            uint32_t pb[2], pl[2] = {0u, 0u};
+#pragma unroll
+            for (int tt = 0; tt < 2; tt++) {
+                const int tk = g + 8 * tt;
+                const float vsc = sh[sb[Gm::V_SIDE + tk]] * V_BOX_SCALE;
+                const float p0 = m0 == -INFINITY ? 0.0f : ex2(sc[u][tt][0] - m0),
+                            p1 = m1 == -INFINITY ? 0.0f : ex2(sc[u][tt][1] - m1);
+                l0 += p0, l1 += p1;
+                const float x0 = p0 * vsc, x1 = p1 * vsc;
+                if constexpr (G8) {
+                    pb[tt] = transpose8x8(pack(hi16<false>(x0), hi16<false>(x1)));
+                    pl[tt] = transpose8x8(pack(lo16<false>(x0), lo16<false>(x1)));
+                } else {
+                    pb[tt] = transpose8x8(t4 < 2 ? pack(hi16<false>(x0), hi16<false>(x1))
+                                                 : pack(lo16<false>(x0), lo16<false>(x1)));
+                }
             }
-        }
-        /* ---- values: tokens 2t4, 2t4 + 1, 2t4 + 8, 2t4 + 9 */
-        uint32_t vw[4][D / 64 > 0 ? D / 64 : 1];
-        const int tv[4] = {2 * t4, 2 * t4 + 1, 2 * t4 + 8, 2 * t4 + 9};
+            /* ---- values: tokens 2t4, 2t4 + 1, 2t4 + 8, 2t4 + 9 */
+            uint32_t vw[4][D / 64 > 0 ? D / 64 : 1];
+            const int tv[4] = {2 * t4, 2 * t4 + 1, 2 * t4 + 8, 2 * t4 + 9};
 #pragma unroll
-        for (int r = 0; r < 4; r++) {
-            if constexpr (D == 128) {
-                const uint2 u = *(const uint2 *)(sb + Gm::V_OFF + tv[r] * Gm::VROW + 8 * g);
-                vw[r][0] = u.x, vw[r][1] = u.y;
-            } else {
-                vw[r][0] = *(const uint32_t *)(sb + Gm::V_OFF + tv[r] * Gm::VROW + 4 * g);
+            for (int r = 0; r < 4; r++) {
+                if constexpr (D == 128) {
+                    const uint2 q2 = *(const uint2 *)(sb + Gm::V_OFF + tv[r] * Gm::VROW + 8 * g);
+                    vw[r][0] = q2.x, vw[r][1] = q2.y;
+                } else {
+                    vw[r][0] = *(const uint32_t *)(sb + Gm::V_OFF + tv[r] * Gm::VROW + 4 * g);
+                }
             }
-        }
 #pragma unroll
-        for (int mt = 0; mt < KS; mt++) {
-            const int wi = mt >> 2, bi = mt & 3;
-            const uint32_t sel = bi | ((4 + bi) << 8);
-            const uint32_t x0 = __byte_perm(vw[0][wi], vw[1][wi], sel), x1 = __byte_perm(vw[2][wi], vw[3][wi], sel);
-            const uint32_t r[4] = {nib_lo(x0, magic), nib_hi(x0, magic), nib_lo(x1, magic), nib_hi(x1, magic)};
-            mma16816<false>(oacc[mt], r, pb);
-            if constexpr (G8) mma16816<false>(oacc[mt], r, pl);
-        }
-        {
-            /* the coset part: A = coset bits (block g / g + 8, tokens 2t4, 2t4 + 1 / 2t4 + 8, 2t4 + 9) */
-            uint32_t vc[2];
-#pragma unroll
-            for (int pr = 0; pr < 2; pr++)
-                vc[pr] = Gm::NC == 2 ? *(const uint32_t *)(sb + Gm::V_SIDE + 16 + 2 * tv[2 * pr])
-                                     : *(const uint16_t *)(sb + Gm::V_SIDE + 16 + tv[2 * pr]);
-            uint32_t ac[4];
-#pragma unroll
-            for (int pr = 0; pr < 2; pr++) {
-                const uint32_t u = vc[pr] >> g; /* bit 0: token 2t4 + 8pr, bit CB: the next token */
-                ac[2 * pr] = bits_f16x2(CB == 16 ? u : (u | (u << 8)));
-                ac[2 * pr + 1] = CB == 16 ? bits_f16x2(u >> 8) : 0u;
+            for (int mt = 0; mt < KS; mt++) {
+                const int wi = mt >> 2, bi = mt & 3;
+                const uint32_t sel = bi | ((4 + bi) << 8);
+                const uint32_t x0 = __byte_perm(vw[0][wi], vw[1][wi], sel), x1 = __byte_perm(vw[2][wi], vw[3][wi], sel);
+                const uint32_t r[4] = {nib_lo(x0, magic), nib_hi(x0, magic), nib_lo(x1, magic), nib_hi(x1, magic)};
+                mma16816<false>(oacc[mt], r, pb);
+                if constexpr (G8) mma16816<false>(oacc[mt], r, pl);
             }
-            mma16816<false>(ocos, ac, pb);
-            if constexpr (G8) mma16816<false>(ocos, ac, pl);
+            {
+                /* the coset part: A = coset bits (block g / g + 8, tokens 2t4, 2t4 + 1 / 2t4 + 8, 2t4 + 9) */
+                uint32_t vc[2];
+#pragma unroll
+                for (int pr = 0; pr < 2; pr++)
+                    vc[pr] = Gm::NC == 2 ? *(const uint32_t *)(sb + Gm::V_SIDE + 16 + 2 * tv[2 * pr])
+                                         : *(const uint16_t *)(sb + Gm::V_SIDE + 16 + tv[2 * pr]);
+                uint32_t ac[4];
+#pragma unroll
+                for (int pr = 0; pr < 2; pr++) {
+                    const uint32_t x = vc[pr] >> g; /* bit 0: token 2t4 + 8pr, bit CB: the next token */
+                    ac[2 * pr] = bits_f16x2(CB == 16 ? x : (x | (x << 8)));
+                    ac[2 * pr + 1] = CB == 16 ? bits_f16x2(x >> 8) : 0u;
+                }
+                mma16816<false>(ocos, ac, pb);
+                if constexpr (G8) mma16816<false>(ocos, ac, pl);
+            }
         }
         __syncwarp();
     }
@@ -785,7 +823,7 @@ __global__ void __launch_bounds__(128, 4) attn_box_kernel(const attn_launch a) {
         l1 += __shfl_xor_sync(0xffffffffu, l1, o);
     }
     __syncthreads(); /* every warp is done with its stages: they become the merge buffer */
-    float(*so)[8][D] = reinterpret_cast<float(*)[8][D]>(&stage[0][0][0]);
+    float(*so)[8][D] = reinterpret_cast<float(*)[8][D]>(box_dyn);
 #pragma unroll
     for (int mt = 0; mt < KS; mt++) {
         const int dl = vdim<D, FMT_BOX4>(g, mt, 0), dh = vdim<D, FMT_BOX4>(g, mt, 1);
@@ -870,13 +908,28 @@ size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm,
     return n ? n : 1;
 }
 
+/* the e8box kernel's stages are dynamic shared memory beyond 48 KB: raise its limit once */
+template <int D> static int box_smem_attr(void) {
+    static int done = 0;
+    if (!done &&
+        cudaFuncSetAttribute(attn_box_kernel<D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             box_smem_bytes<D>()) == cudaSuccess &&
+        cudaFuncSetAttribute(attn_box_kernel<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             box_smem_bytes<D>()) == cudaSuccess)
+        done = 1;
+    return !done;
+}
+
 template <int D, int KF, int VF> static int occupancy(void) {
     static int n = 0;
     if (n) return n;
     if constexpr (KF == FMT_BOX4 && VF == FMT_BOX4) {
         int n1 = 0, n2 = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n1, attn_box_kernel<D, false>, 128, 0) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n2, attn_box_kernel<D, true>, 128, 0) != cudaSuccess)
+        if (box_smem_attr<D>() ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n1, attn_box_kernel<D, false>, 128, box_smem_bytes<D>()) !=
+                cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n2, attn_box_kernel<D, true>, 128, box_smem_bytes<D>()) !=
+                cudaSuccess)
             n1 = n2 = 1;
         n = n1 < n2 ? n1 : n2;
     } else if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_split_kernel<D, KF, VF>, 128, 0) !=
@@ -920,10 +973,11 @@ int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf) {
 template <int D, int KF, int VF> static void launch(const attn_launch *a, cudaStream_t stream) {
     const dim3 grid((unsigned)a->n_split, (unsigned)a->n_head_kv, (unsigned)a->n_seq);
     if constexpr (KF == FMT_BOX4 && VF == FMT_BOX4) {
+        box_smem_attr<D>();
         if (a->n_head > 4 * a->n_head_kv)
-            attn_box_kernel<D, true><<<grid, 128, 0, stream>>>(*a);
+            attn_box_kernel<D, true><<<grid, 128, box_smem_bytes<D>(), stream>>>(*a);
         else
-            attn_box_kernel<D, false><<<grid, 128, 0, stream>>>(*a);
+            attn_box_kernel<D, false><<<grid, 128, box_smem_bytes<D>(), stream>>>(*a);
     } else {
         attn_split_kernel<D, KF, VF><<<grid, 128, 0, stream>>>(*a);
     }
