@@ -656,20 +656,12 @@ __global__ void __launch_bounds__(128, 3) attn_box_kernel(const attn_launch a) {
     uint32_t magic;
     asm("mov.b32 %0, 0x64006400;" : "=r"(magic));
 
-    for (int i = 0; i < n_t; i++) {
-        const int jn = i + BOX_STAGES - 1;
-        if (jn < n_t) issue_tile(first + jn * step, jn % BOX_STAGES);
-        cp_commit();
-        if (jn + 1 < n_t) lookup(first + (jn + 1) * step);
-        cp_wait<BOX_STAGES - 1>();
-        __syncwarp();
-        const int tile0 = first + i * step;
-
+    /* the scores of a tile: [sub-tile][token g / g + 8][head h0 / h1] */
+    auto scores = [&](int buf, int tile0, float(&out)[BOX_NT][2][2]) {
         /* ---- scores of each sub-tile u: tokens g (row g) and g + 8 (row g + 8) */
-        float sc[BOX_NT][2][2]; /* [sub-tile][token g / g + 8][head h0 / h1] */
 #pragma unroll
         for (int u = 0; u < BOX_NT; u++) {
-            const uint8_t *const sb = &stage[warp][i % BOX_STAGES][u][0];
+            const uint8_t *const sb = &stage[warp][buf][u][0];
             uint32_t kw[2][NW], kc[2];
             float ksc[2];
 #pragma unroll
@@ -719,9 +711,24 @@ __global__ void __launch_bounds__(128, 3) attn_box_kernel(const attn_launch a) {
                     if (!G8) v += __shfl_xor_sync(0xffffffffu, v, 2);
                     v *= ksc[tt];
                     if (tile0 + 16 * u + g + 8 * tt >= end) v = -INFINITY;
-                    sc[u][tt][c] = v;
+                    out[u][tt][c] = v;
                 }
         }
+    };
+    /* software-pipelined: the scores of tile i + 1 are computed between the probabilities and the value
+     * products of tile i (one basic block), so their independent chains overlap; tile i + 1 must then be
+     * resident, so BOX_STAGES − 2 tiles stay in flight during the compute */
+    float sc[BOX_NT][2][2];
+    if (n_t > 0) {
+        cp_wait<BOX_STAGES - 2>();
+        __syncwarp();
+        scores(0, first, sc);
+    }
+    for (int i = 0; i < n_t; i++) {
+        const int jn = i + BOX_STAGES - 1;
+        if (jn < n_t) issue_tile(first + jn * step, jn % BOX_STAGES);
+        cp_commit();
+        if (jn + 1 < n_t) lookup(first + (jn + 1) * step);
         /* ---- online softmax; the maximum moves only when a score passes it */
         bool up = false;
 #pragma unroll
@@ -753,6 +760,11 @@ __global__ void __launch_bounds__(128, 3) attn_box_kernel(const attn_launch a) {
             ocos[0] *= al0, ocos[2] *= al0;
             ocos[1] *= al1, ocos[3] *= al1;
         }
+        cp_wait<BOX_STAGES - 2>();
+        __syncwarp();
+        /* tile i + 1 (past the last tile: stale bytes, every score masked, never used) */
+        float sn[BOX_NT][2][2];
+        scores((i + 1) % BOX_STAGES, first + (i + 1) * step, sn);
 #pragma unroll
         for (int u = 0; u < BOX_NT; u++) {
             const uint8_t *const sb = &stage[warp][i % BOX_STAGES][u][0];
@@ -813,6 +825,11 @@ __global__ void __launch_bounds__(128, 3) attn_box_kernel(const attn_launch a) {
                 if constexpr (G8) mma16816<false>(ocos, ac, pl);
             }
         }
+#pragma unroll
+        for (int u = 0; u < BOX_NT; u++)
+#pragma unroll
+            for (int tt = 0; tt < 2; tt++)
+                sc[u][tt][0] = sn[u][tt][0], sc[u][tt][1] = sn[u][tt][1];
         __syncwarp();
     }
     cp_wait<0>();
