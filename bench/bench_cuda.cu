@@ -174,8 +174,8 @@ static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, dou
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < N_WARM + N_REP; i++) {
             CU(cudaEventRecord(ev[2 * i]));
-            const size_t a = e8kv_cuda_attend(c, 0, out, q, E8KV_DTYPE_BF16, batch, n_head, d_tables, per, d_ctx,
-                                              ctx, NULL, 0, NULL);
+            const size_t a = e8kv_cuda_attend(c, 0, out, q, E8KV_DTYPE_BF16, batch, n_head, d_tables, per,
+                                              d_ctx, ctx, NULL, 0, NULL);
             CU(cudaEventRecord(ev[2 * i + 1]));
             if (e8kv_is_error(a)) {
                 printf("attend: %s\n", e8kv_error_name(a));
@@ -194,19 +194,21 @@ static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, dou
     const size_t tok_bytes = e8kv_cuda_cache_token_bytes(c); /* one layer, K + V, all kv heads */
     const double read = (double)n_tok * tok_bytes, gbps = read / (us * 1e-6) / 1e9;
     const double fit_tokens = 80e9 / ((double)tok_bytes * sh->n_layer_model);
-    printf("%-8s %-8s batch %2zu ctx %6zu: %9.1f us (%7.1f synced)  %7.1f GB/s (%4.1f%% of copy)  encode %6.1f "
-           "GB/s  %4zu B/token/layer  dev %.1f MB (accounted %.1f MB)\n",
-           sh->name, spec, batch, ctx, us, us_sync, gbps, 100.0 * gbps / copy_gbps, enc_gbps, tok_bytes,
-           measured / 1e6, accounted / 1e6);
+    printf(
+        "%-8s %-8s batch %2zu ctx %6zu: %9.1f us (%7.1f synced)  %7.1f GB/s (%4.1f%% of copy)  encode %6.1f "
+        "GB/s  %4zu B/token/layer  dev %.1f MB (accounted %.1f MB)\n",
+        sh->name, spec, batch, ctx, us, us_sync, gbps, 100.0 * gbps / copy_gbps, enc_gbps, tok_bytes,
+        measured / 1e6, accounted / 1e6);
     if (g_json)
         fprintf(g_json,
                 "{\"bench\":\"e8kv_cuda\",\"device\":\"%s\",\"shape\":\"%s\",\"format\":\"%s\",\"batch\":%zu,"
-                "\"ctx\":%zu,\"n_head\":%zu,\"n_head_kv\":%zu,\"head_dim\":%zu,\"us\":%.2f,\"us_sync\":%.2f,\"gbps\":%.1f,"
+                "\"ctx\":%zu,\"n_head\":%zu,\"n_head_kv\":%zu,\"head_dim\":%zu,\"us\":%.2f,\"us_sync\":%.2f,"
+                "\"gbps\":%.1f,"
                 "\"copy_gbps\":%.1f,\"encode_gbps\":%.1f,\"bytes_per_token_layer\":%zu,\"dev_bytes_"
                 "measured\":%zu,"
                 "\"dev_bytes_accounted\":%zu,\"tokens_in_80GB\":%.0f,\"n_layer_model\":%zu}\n",
-                g_dev, sh->name, spec, batch, ctx, n_head, sh->n_kv, d, us, us_sync, gbps, copy_gbps, enc_gbps,
-                tok_bytes, measured, accounted, fit_tokens, sh->n_layer_model);
+                g_dev, sh->name, spec, batch, ctx, n_head, sh->n_kv, d, us, us_sync, gbps, copy_gbps,
+                enc_gbps, tok_bytes, measured, accounted, fit_tokens, sh->n_layer_model);
     free(perm), free(slots), free(ctxs);
     CU(cudaFree(d_tables));
     CU(cudaFree(d_slots));
@@ -252,7 +254,8 @@ int main(int argc, char **argv) {
                     if (quick && (b == 2 || x == 2)) continue;
                     if (only) {
                         char name[96];
-                        snprintf(name, sizeof name, "%s/%s/%zu/%zu", shapes[s].name, specs[f], batches[b], ctxs[x]);
+                        snprintf(name, sizeof name, "%s/%s/%zu/%zu", shapes[s].name, specs[f], batches[b],
+                                 ctxs[x]);
                         const size_t nl = strlen(name);
                         const char *hit = strstr(only, name);
                         while (hit && !((hit == only || hit[-1] == ',') && (hit[nl] == ',' || !hit[nl])))

@@ -23,8 +23,9 @@
 #include <cuda_fp16.h>
 
 #define WARPS 4
-#define V_BOX_SCALE 256.0f /* P·h lifted out of f16 subnormals: exact power of 2, divided out at the merge  \
-                            */
+#define V_BOX_SCALE                                                                                          \
+    256.0f /* P·h lifted out of f16 subnormals: exact power of 2, divided out at the merge                  \
+            */
 #define V_F16_SCALE 32768.0f /* P ≤ 1 on f16 pages: weights down to 2^-39 of the largest survive in f16 */
 #define LOG2E 1.4426950408889634f
 
@@ -508,8 +509,7 @@ template <int D> static constexpr int box_smem_bytes(void) {
     return WARPS * BOX_STAGES * BOX_NT * box_geo<D>::STAGE;
 }
 
-template <int D, bool G8>
-__global__ void __launch_bounds__(128, 3) attn_box_kernel(const attn_launch a) {
+template <int D, bool G8> __global__ void __launch_bounds__(128, 3) attn_box_kernel(const attn_launch a) {
     using Gm = box_geo<D>;
     constexpr int KS = D / 16, NW = D / 32;
     extern __shared__ __align__(16) uint8_t box_dyn[]; /* [WARPS][BOX_STAGES][BOX_NT][STAGE] */
@@ -544,7 +544,8 @@ __global__ void __launch_bounds__(128, 3) attn_box_kernel(const attn_launch a) {
     const uint32_t side_dst = (lane < 16 ? 16 * Gm::KN : Gm::V_SIDE) + 16 * side;
     const uint8_t *const side_pool = lane < 16 ? kpool : vpool;
     /* page sizes below 4 GiB (e8kv_cuda_cache_create checks): one 32 × 32 → 64-bit multiply per page */
-    const uint32_t kpb = (uint32_t)a.k.page_bytes, vpb = (uint32_t)a.v.page_bytes, side_pb = lane < 16 ? kpb : vpb;
+    const uint32_t kpb = (uint32_t)a.k.page_bytes, vpb = (uint32_t)a.v.page_bytes,
+                   side_pb = lane < 16 ? kpb : vpb;
 
     const int step = 16 * BOX_NT * WARPS, first = start + 16 * BOX_NT * warp;
     const int n_t = first < end ? (end - first + step - 1) / step : 0;
@@ -566,7 +567,8 @@ __global__ void __launch_bounds__(128, 3) attn_box_kernel(const attn_launch a) {
             cp16(dst + vdst0 + (32 / Gm::CPR) * Gm::VROW * j, vn + 512 * j);
         }
         if (has_side)
-            cp16(dst + side_dst, side_pool + (uint64_t)(uint32_t)pg * side_pb + (uint32_t)(side_src + o0 * side_mul));
+            cp16(dst + side_dst,
+                 side_pool + (uint64_t)(uint32_t)pg * side_pb + (uint32_t)(side_src + o0 * side_mul));
     };
     /* start this warp's copies first: their latency overlaps the query rotation. A tile is BOX_NT
      * sub-tiles of 16 tokens (each in one page); a sub-tile at or past the end is not copied (its page
@@ -594,7 +596,8 @@ __global__ void __launch_bounds__(128, 3) attn_box_kernel(const attn_launch a) {
         sh[i] = i ? c_frac_a[i & 7] * __int_as_float(((i >> 3) - 21 + 127) << 23) : 0.0f; /* δ/2 */
     for (int idx = tid; idx < G * D; idx += blockDim.x) {
         const int r = idx / D, i = idx % D;
-        sq[r][i] = load_q(a.q, ((size_t)seq * a.n_head + (size_t)kvh * G + r) * D + i, a.q_dtype) * a.signs[i];
+        sq[r][i] =
+            load_q(a.q, ((size_t)seq * a.n_head + (size_t)kvh * G + r) * D + i, a.q_dtype) * a.signs[i];
     }
     __syncthreads();
     for (int h = 1; h < D; h *= 2) {
@@ -625,7 +628,8 @@ __global__ void __launch_bounds__(128, 3) attn_box_kernel(const attn_launch a) {
                 const int coord = 32 * (o >> 4) + (o & 15) + 16 * (s & 1);
                 x[e] = row < G ? sq[row][coord] * qscale : 0.0f;
             }
-            qh[s][j] = hi_col ? pack(hi16<false>(x[0]), hi16<false>(x[1])) : pack(lo16<false>(x[0]), lo16<false>(x[1]));
+            qh[s][j] = hi_col ? pack(hi16<false>(x[0]), hi16<false>(x[1]))
+                              : pack(lo16<false>(x[0]), lo16<false>(x[1]));
             if constexpr (G8) ql[s][j] = pack(lo16<false>(x[0]), lo16<false>(x[1]));
         }
 #pragma unroll
@@ -640,7 +644,8 @@ __global__ void __launch_bounds__(128, 3) attn_box_kernel(const attn_launch a) {
                     sum += sq[row][8 * blk + i] * qscale;
             x[e] = sum;
         }
-        qch[j] = hi_col ? pack(hi16<false>(x[0]), hi16<false>(x[1])) : pack(lo16<false>(x[0]), lo16<false>(x[1]));
+        qch[j] =
+            hi_col ? pack(hi16<false>(x[0]), hi16<false>(x[1])) : pack(lo16<false>(x[0]), lo16<false>(x[1]));
         qcl[j] = pack(lo16<false>(x[0]), lo16<false>(x[1]));
     }
 
@@ -658,7 +663,7 @@ __global__ void __launch_bounds__(128, 3) attn_box_kernel(const attn_launch a) {
 
     /* the scores of a tile: [sub-tile][token g / g + 8][head h0 / h1] */
     auto scores = [&](int buf, int tile0, float(&out)[BOX_NT][2][2]) {
-        /* ---- scores of each sub-tile u: tokens g (row g) and g + 8 (row g + 8) */
+    /* ---- scores of each sub-tile u: tokens g (row g) and g + 8 (row g + 8) */
 #pragma unroll
         for (int u = 0; u < BOX_NT; u++) {
             const uint8_t *const sb = &stage[warp][buf][u][0];
@@ -685,8 +690,10 @@ __global__ void __launch_bounds__(128, 3) attn_box_kernel(const attn_launch a) {
 #pragma unroll
             for (int w = 0; w < NW; w++) {
                 const uint32_t x0 = kw[0][w], x1 = kw[1][w], y0 = x0 >> 8, y1 = x1 >> 8;
-                const uint32_t alo[4] = {nib_lo(x0, magic), nib_lo(x1, magic), nib_lo(y0, magic), nib_lo(y1, magic)};
-                const uint32_t ahi[4] = {nib_hi(x0, magic), nib_hi(x1, magic), nib_hi(y0, magic), nib_hi(y1, magic)};
+                const uint32_t alo[4] = {nib_lo(x0, magic), nib_lo(x1, magic), nib_lo(y0, magic),
+                                         nib_lo(y1, magic)};
+                const uint32_t ahi[4] = {nib_hi(x0, magic), nib_hi(x1, magic), nib_hi(y0, magic),
+                                         nib_hi(y1, magic)};
                 mma16816<false>(acc[2 * (w & 1)], alo, qh[2 * w]);
                 mma16816<false>(acc[2 * (w & 1) + 1], ahi, qh[2 * w + 1]);
                 if constexpr (G8) {
@@ -749,7 +756,8 @@ __global__ void __launch_bounds__(128, 3) attn_box_kernel(const attn_launch a) {
                 x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, o));
             }
             const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
-            const float al0 = n0 == -INFINITY ? 1.0f : ex2(m0 - n0), al1 = n1 == -INFINITY ? 1.0f : ex2(m1 - n1);
+            const float al0 = n0 == -INFINITY ? 1.0f : ex2(m0 - n0),
+                        al1 = n1 == -INFINITY ? 1.0f : ex2(m1 - n1);
             m0 = n0, m1 = n1;
             l0 *= al0, l1 *= al1;
 #pragma unroll
@@ -802,8 +810,10 @@ __global__ void __launch_bounds__(128, 3) attn_box_kernel(const attn_launch a) {
             for (int mt = 0; mt < KS; mt++) {
                 const int wi = mt >> 2, bi = mt & 3;
                 const uint32_t sel = bi | ((4 + bi) << 8);
-                const uint32_t x0 = __byte_perm(vw[0][wi], vw[1][wi], sel), x1 = __byte_perm(vw[2][wi], vw[3][wi], sel);
-                const uint32_t r[4] = {nib_lo(x0, magic), nib_hi(x0, magic), nib_lo(x1, magic), nib_hi(x1, magic)};
+                const uint32_t x0 = __byte_perm(vw[0][wi], vw[1][wi], sel),
+                               x1 = __byte_perm(vw[2][wi], vw[3][wi], sel);
+                const uint32_t r[4] = {nib_lo(x0, magic), nib_hi(x0, magic), nib_lo(x1, magic),
+                                       nib_hi(x1, magic)};
                 mma16816<false>(oacc[mt], r, pb);
                 if constexpr (G8) mma16816<false>(oacc[mt], r, pl);
             }
@@ -943,10 +953,10 @@ template <int D, int KF, int VF> static int occupancy(void) {
     if constexpr (KF == FMT_BOX4 && VF == FMT_BOX4) {
         int n1 = 0, n2 = 0;
         if (box_smem_attr<D>() ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n1, attn_box_kernel<D, false>, 128, box_smem_bytes<D>()) !=
-                cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n2, attn_box_kernel<D, true>, 128, box_smem_bytes<D>()) !=
-                cudaSuccess)
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n1, attn_box_kernel<D, false>, 128,
+                                                          box_smem_bytes<D>()) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n2, attn_box_kernel<D, true>, 128,
+                                                          box_smem_bytes<D>()) != cudaSuccess)
             n1 = n2 = 1;
         n = n1 < n2 ? n1 : n2;
     } else if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_split_kernel<D, KF, VF>, 128, 0) !=

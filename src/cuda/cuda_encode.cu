@@ -97,7 +97,8 @@ __global__ void __launch_bounds__(128)
         const size_t at = vi * D + 8 * b;
         if (dtype == E8KV_DTYPE_F32) {
             const float4 u0 = ((const float4 *)src)[at / 4], u1 = ((const float4 *)src)[at / 4 + 1];
-            x[0] = u0.x, x[1] = u0.y, x[2] = u0.z, x[3] = u0.w, x[4] = u1.x, x[5] = u1.y, x[6] = u1.z, x[7] = u1.w;
+            x[0] = u0.x, x[1] = u0.y, x[2] = u0.z, x[3] = u0.w, x[4] = u1.x, x[5] = u1.y, x[6] = u1.z,
+            x[7] = u1.w;
         } else {
             const uint4 u = ((const uint4 *)src)[at / 8];
             const uint32_t w[4] = {u.x, u.y, u.z, u.w};
