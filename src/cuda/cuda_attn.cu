@@ -5,6 +5,10 @@
  * own online-softmax state (FlashAttention-2 style); the block merges its warps, a second kernel merges
  * the splits by log-sum-exp and undoes the rotation once per head.
  *
+ * Two split kernels share that frame: attn_box_kernel when K and V are both e8box:4 (a cp.async pipeline
+ * through shared memory, described where it is defined), attn_split_kernel for raw pages and mixed formats
+ * (described here).
+ *
  * Both products run on the tensor cores (mma.sync m16n8k16, f32 accumulate):
  *   scores S = Q·Kᵀ: A = the query rows (rows 0..G−1 the f16/bf16 "hi" part of q, rows 8..8+G−1 the
  *     residual "lo" part, so q keeps ~22 bits), B = 8 tokens × 16 coordinates of K;
