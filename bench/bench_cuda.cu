@@ -3,11 +3,12 @@
  *
  * For Llama-3-8B (32 q / 8 kv heads, d 128) and SmolLM2-135M (9 / 3, d 64), batch 1/8/32 × context
  * 4K/32K/128K, formats e8box:4 and bf16 (our own paged kernel): µs per decode-attention call of one layer
- * (CUDA events, 5 warm-up calls, median of 30), effective GB/s over the page bytes the call must read,
+ * (CUDA events around each call, 5 warm-up calls, median of 30; calls queued back to back, and again with the
+ * host waiting for each call), effective GB/s over the page bytes the call must read,
  * encode GB/s over the bf16 K+V input bytes, device bytes per token, measured vs accounted device memory,
  * the largest batch × context whose cache (all layers) fits in 80 GB; and the device-to-device copy
  * bandwidth (1 GiB, read + write bytes) in the same run. Pages of a sequence are scattered over the pool.
- * Usage: bench_cuda [--json FILE] [--quick] */
+ * Usage: bench_cuda [--json FILE] [--quick] [--only SHAPE/SPEC/BATCH/CTX,...] (--only: those cases) */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -162,37 +163,52 @@ static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, dou
     CU(cudaMalloc((void **)&q, batch * n_head * d * 2));
     CU(cudaMalloc((void **)&out, batch * n_head * d * 4));
     fill_bf16<<<64, 256>>>(q, batch * n_head * d, 3);
-    float t[30];
-    for (int i = -5; i < 30; i++) {
-        CU(cudaEventRecord(e0));
-        const size_t a = e8kv_cuda_attend(c, 0, out, q, E8KV_DTYPE_BF16, batch, n_head, d_tables, per, d_ctx,
-                                          ctx, NULL, 0, NULL);
-        CU(cudaEventRecord(e1));
-        CU(cudaEventSynchronize(e1));
-        if (e8kv_is_error(a)) {
-            printf("attend: %s\n", e8kv_error_name(a));
-            exit(1);
+    /* two timings of one call: "us" with the calls queued back to back (an event pair around each, one
+     * synchronisation at the end: the GPU time of a call in a decode loop, launch latency hidden), and
+     * "us_sync" with the host waiting for each call before launching the next (launch latency included) */
+    enum { N_WARM = 5, N_REP = 30 };
+    cudaEvent_t ev[2 * (N_WARM + N_REP)];
+    for (int i = 0; i < 2 * (N_WARM + N_REP); i++)
+        CU(cudaEventCreate(&ev[i]));
+    float t[N_REP], ts[N_REP];
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < N_WARM + N_REP; i++) {
+            CU(cudaEventRecord(ev[2 * i]));
+            const size_t a = e8kv_cuda_attend(c, 0, out, q, E8KV_DTYPE_BF16, batch, n_head, d_tables, per,
+                                              d_ctx, ctx, NULL, 0, NULL);
+            CU(cudaEventRecord(ev[2 * i + 1]));
+            if (e8kv_is_error(a)) {
+                printf("attend: %s\n", e8kv_error_name(a));
+                exit(1);
+            }
+            if (pass == 1) CU(cudaEventSynchronize(ev[2 * i + 1]));
         }
-        if (i >= 0) CU(cudaEventElapsedTime(&t[i], e0, e1));
+        CU(cudaDeviceSynchronize());
+        for (int i = 0; i < N_REP; i++)
+            CU(cudaEventElapsedTime(pass ? &ts[i] : &t[i], ev[2 * (N_WARM + i)], ev[2 * (N_WARM + i) + 1]));
     }
+    for (int i = 0; i < 2 * (N_WARM + N_REP); i++)
+        CU(cudaEventDestroy(ev[i]));
     CU(cudaGetLastError());
-    const double us = time_median(t, 30) * 1e3;
+    const double us = time_median(t, N_REP) * 1e3, us_sync = time_median(ts, N_REP) * 1e3;
     const size_t tok_bytes = e8kv_cuda_cache_token_bytes(c); /* one layer, K + V, all kv heads */
     const double read = (double)n_tok * tok_bytes, gbps = read / (us * 1e-6) / 1e9;
     const double fit_tokens = 80e9 / ((double)tok_bytes * sh->n_layer_model);
-    printf("%-8s %-8s batch %2zu ctx %6zu: %9.1f us  %7.1f GB/s (%4.1f%% of copy)  encode %6.1f GB/s  "
-           "%4zu B/token/layer  dev %.1f MB (accounted %.1f MB)\n",
-           sh->name, spec, batch, ctx, us, gbps, 100.0 * gbps / copy_gbps, enc_gbps, tok_bytes,
-           measured / 1e6, accounted / 1e6);
+    printf(
+        "%-8s %-8s batch %2zu ctx %6zu: %9.1f us (%7.1f synced)  %7.1f GB/s (%4.1f%% of copy)  encode %6.1f "
+        "GB/s  %4zu B/token/layer  dev %.1f MB (accounted %.1f MB)\n",
+        sh->name, spec, batch, ctx, us, us_sync, gbps, 100.0 * gbps / copy_gbps, enc_gbps, tok_bytes,
+        measured / 1e6, accounted / 1e6);
     if (g_json)
         fprintf(g_json,
                 "{\"bench\":\"e8kv_cuda\",\"device\":\"%s\",\"shape\":\"%s\",\"format\":\"%s\",\"batch\":%zu,"
-                "\"ctx\":%zu,\"n_head\":%zu,\"n_head_kv\":%zu,\"head_dim\":%zu,\"us\":%.2f,\"gbps\":%.1f,"
+                "\"ctx\":%zu,\"n_head\":%zu,\"n_head_kv\":%zu,\"head_dim\":%zu,\"us\":%.2f,\"us_sync\":%.2f,"
+                "\"gbps\":%.1f,"
                 "\"copy_gbps\":%.1f,\"encode_gbps\":%.1f,\"bytes_per_token_layer\":%zu,\"dev_bytes_"
                 "measured\":%zu,"
                 "\"dev_bytes_accounted\":%zu,\"tokens_in_80GB\":%.0f,\"n_layer_model\":%zu}\n",
-                g_dev, sh->name, spec, batch, ctx, n_head, sh->n_kv, d, us, gbps, copy_gbps, enc_gbps,
-                tok_bytes, measured, accounted, fit_tokens, sh->n_layer_model);
+                g_dev, sh->name, spec, batch, ctx, n_head, sh->n_kv, d, us, us_sync, gbps, copy_gbps,
+                enc_gbps, tok_bytes, measured, accounted, fit_tokens, sh->n_layer_model);
     free(perm), free(slots), free(ctxs);
     CU(cudaFree(d_tables));
     CU(cudaFree(d_slots));
@@ -208,11 +224,14 @@ static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, dou
 
 int main(int argc, char **argv) {
     int quick = 0;
+    const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc)
             g_json = fopen(argv[++i], "w");
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            only = argv[++i];
     }
     if (!e8kv_cuda_available()) {
         printf("bench_cuda: no CUDA device\n");
@@ -233,6 +252,16 @@ int main(int argc, char **argv) {
             for (int x = 0; x < 3; x++)
                 for (int f = 0; f < 2; f++) {
                     if (quick && (b == 2 || x == 2)) continue;
+                    if (only) {
+                        char name[96];
+                        snprintf(name, sizeof name, "%s/%s/%zu/%zu", shapes[s].name, specs[f], batches[b],
+                                 ctxs[x]);
+                        const size_t nl = strlen(name);
+                        const char *hit = strstr(only, name);
+                        while (hit && !((hit == only || hit[-1] == ',') && (hit[nl] == ',' || !hit[nl])))
+                            hit = strstr(hit + 1, name);
+                        if (!hit) continue;
+                    }
                     run(&shapes[s], specs[f], batches[b], ctxs[x], copy);
                 }
     if (g_json) fclose(g_json);

@@ -1,13 +1,29 @@
 """PyTorch SDPA bf16 decode attention, the baseline of bench/bench_cuda.cu (same shapes, same run).
 
 One query token per sequence, torch.nn.functional.scaled_dot_product_attention with enable_gqa, bf16
-K/V of (batch, n_head_kv, ctx, head_dim); CUDA events, 5 warm-up calls, median of 30.
+K/V of (batch, n_head_kv, ctx, head_dim); CUDA events around each call, 5 warm-up calls, median of 30, calls
+queued back to back (us) and with the host waiting for each call (us_sync).
 Usage: python3 bench/bench_sdpa.py [--json FILE] [--quick]"""
 import argparse
 import json
 
 import torch
 import torch.nn.functional as F
+
+
+def timed(fn, sync, warm=5, rep=30):
+    """median µs of one call: CUDA events around each call; queued back to back (sync=False) or with the
+    host waiting for each call (sync=True), as bench/bench_cuda.cu does"""
+    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(warm + rep)]
+    for e0, e1 in ev:
+        e0.record()
+        fn()
+        e1.record()
+        if sync:
+            e1.synchronize()
+    torch.cuda.synchronize()
+    times = sorted(e0.elapsed_time(e1) for e0, e1 in ev[warm:])
+    return times[len(times) // 2] * 1e3
 
 
 def main():
@@ -26,22 +42,12 @@ def main():
                 q = torch.randn(b, kv * g, 1, d, dtype=torch.bfloat16, device="cuda")
                 k = torch.randn(b, kv, ctx, d, dtype=torch.bfloat16, device="cuda")
                 v = torch.randn(b, kv, ctx, d, dtype=torch.bfloat16, device="cuda")
-                for _ in range(5):
-                    F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-                times = []
-                for _ in range(30):
-                    e0 = torch.cuda.Event(enable_timing=True)
-                    e1 = torch.cuda.Event(enable_timing=True)
-                    e0.record()
-                    F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-                    e1.record()
-                    e1.synchronize()
-                    times.append(e0.elapsed_time(e1))
-                us = sorted(times)[len(times) // 2] * 1e3
+                us, us_sync = (timed(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), sync)
+                               for sync in (False, True))
                 nbytes = 2 * b * kv * ctx * d * 2
                 row = dict(bench="sdpa", device=dev, torch=torch.__version__, shape=name, batch=b, ctx=ctx,
-                           us=round(us, 2), gbps=round(nbytes / (us * 1e-6) / 1e9, 1))
-                print(f"{name:9s} sdpa bf16 batch {b:2d} ctx {ctx:6d}: {us:9.1f} us {row['gbps']:7.1f} GB/s",
+                           us=round(us, 2), us_sync=round(us_sync, 2), gbps=round(nbytes / (us * 1e-6) / 1e9, 1))
+                print(f"{name:9s} sdpa bf16 batch {b:2d} ctx {ctx:6d}: {us:9.1f} us ({us_sync:7.1f} synced) {row['gbps']:7.1f} GB/s",
                       flush=True)
                 if out:
                     out.write(json.dumps(row) + "\n")

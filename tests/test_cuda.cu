@@ -150,9 +150,9 @@ typedef struct {
 } spec_case;
 
 static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const size_t *lens, size_t n_seq,
-                     e8kv_dtype dt, size_t n_layer) {
+                     e8kv_dtype dt, size_t n_layer, size_t bs) {
     const uint64_t seed = rnd();
-    const size_t bs = 16, n_head = n_kv * G;
+    const size_t n_head = n_kv * G;
     size_t total_pages = 0;
     for (size_t s = 0; s < n_seq; s++)
         total_pages += (lens[s] + bs - 1) / bs + 1;
@@ -306,11 +306,12 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
                        out[(s * n_head + h) * d + 2], ref[0], ref[1], ref[2]);
             }
         }
-    CHECK(worst <= 1e-3, "%s d=%zu G=%zu dtype %d: attention relative error %.3g > 1e-3", sc->spec, d, G,
-          (int)dt, worst);
-    printf("  %-18s d=%3zu kv=%zu G=%zu dtype=%d seqs=%zu: %zu vectors bit-exact=%s, attention max rel err "
-           "%.2e\n",
-           sc->spec, d, n_kv, G, (int)dt, n_seq, n_vec, mism ? "NO" : "yes", worst);
+    CHECK(worst <= 1e-3, "%s d=%zu G=%zu dtype %d block %zu: attention relative error %.3g > 1e-3", sc->spec,
+          d, G, (int)dt, bs, worst);
+    printf("  %-18s d=%3zu kv=%zu G=%zu dtype=%d seqs=%zu block=%zu: %zu vectors bit-exact=%s, attention max "
+           "rel "
+           "err %.2e\n",
+           sc->spec, d, n_kv, G, (int)dt, n_seq, bs, n_vec, mism ? "NO" : "yes", worst);
     for (size_t s = 0; s < n_seq; s++)
         free(K[s]), free(V[s]), free(DK[s]), free(DV[s]);
     free(K), free(V), free(DK), free(DV), free(q), free(out), free(sc_), free(ids);
@@ -511,11 +512,17 @@ int main(int argc, char **argv) {
         for (size_t di = 0; di < 2; di++) {
             if (quick && ci == 2) continue;
             const size_t G = Gs[(ci + di) % 4], n_kv = 1 + (size_t)(rnd() % 3);
-            run_case(&cases[ci], ds[di], n_kv, G, lens, n_seq, dts[(ci + di) % 3], quick ? 1 : 2);
+            run_case(&cases[ci], ds[di], n_kv, G, lens, n_seq, dts[(ci + di) % 3], quick ? 1 : 2, 16);
         }
-    if (!quick) /* every G with e8box at both head dims */
+    if (!quick) { /* every G with e8box at both head dims; pages of 32 and 48 tokens (a tile starts inside a
+                   * page; 48: the page index by division) */
         for (size_t gi = 0; gi < 4; gi++)
-            run_case(&cases[0], ds[gi % 2], 2, Gs[gi], lens, 6, dts[gi % 3], 1);
+            run_case(&cases[0], ds[gi % 2], 2, Gs[gi], lens, 6, dts[gi % 3], 1, 16);
+        run_case(&cases[0], 128, 2, 4, lens, 6, E8KV_DTYPE_BF16, 1, 32);
+        run_case(&cases[0], 64, 3, 3, lens, 6, E8KV_DTYPE_F16, 1, 48);
+        run_case(&cases[0], 128, 1, 8, lens, 6, E8KV_DTYPE_F32, 1, 48);
+        run_case(&cases[1], 128, 2, 4, lens, 6, E8KV_DTYPE_BF16, 1, 48);
+    }
     for (size_t di = 0; di < 2; di++) {
         test_isolation("e8box:4", ds[di]);
         test_isolation("bf16", ds[di]);

@@ -5,6 +5,10 @@
  * own online-softmax state (FlashAttention-2 style); the block merges its warps, a second kernel merges
  * the splits by log-sum-exp and undoes the rotation once per head.
  *
+ * Two split kernels share that frame: attn_box_kernel when K and V are both e8box:4 (a cp.async pipeline
+ * through shared memory, described where it is defined), attn_split_kernel for raw pages and mixed formats
+ * (described here).
+ *
  * Both products run on the tensor cores (mma.sync m16n8k16, f32 accumulate):
  *   scores S = Q·Kᵀ: A = the query rows (rows 0..G−1 the f16/bf16 "hi" part of q, rows 8..8+G−1 the
  *     residual "lo" part, so q keeps ~22 bits), B = 8 tokens × 16 coordinates of K;
@@ -23,8 +27,9 @@
 #include <cuda_fp16.h>
 
 #define WARPS 4
-#define V_BOX_SCALE 256.0f /* P·h lifted out of f16 subnormals: exact power of 2, divided out at the merge  \
-                            */
+#define V_BOX_SCALE                                                                                          \
+    256.0f /* P·h lifted out of f16 subnormals: exact power of 2, divided out at the merge                  \
+            */
 #define V_F16_SCALE 32768.0f /* P ≤ 1 on f16 pages: weights down to 2^-39 of the largest survive in f16 */
 #define LOG2E 1.4426950408889634f
 
@@ -426,6 +431,470 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
     }
 }
 
+/* ---- e8box:4 K and V: a per-warp cp.async pipeline into shared memory ----
+ *
+ * The kernel above keeps the next tile in registers: 2 KB in flight per warp, ~780 instructions per
+ * 16-token tile (ncu, H100). Here each warp owns BOX_STAGES shared-memory buffers and keeps
+ * BOX_STAGES − 1 tiles of its own in flight with 16-byte cp.async copies (5 per lane per tile), reads the
+ * current one from shared memory, and spends fewer instructions per tile:
+ *  - scores with the token axis as M: S = K·Qᵀ, A = 16 tokens × 16 coordinates of K, B = the query
+ *    columns: for G ≤ 4 columns 0..3 the f16 "hi" parts of the G heads and 4..7 their "lo" parts (one
+ *    product per k-step, every row used); G > 4 two products (hi, lo);
+ *  - the coset bits leave the decode: a nibble n becomes 2n − 16 by one lop3 (n into the mantissa of
+ *    1024, or 16n for a high nibble) and one f16x2 fma (×2 − 2064, or ×1/8 − 144), exact; the coset bit k
+ *    of block b adds k·Q_b to a score (Q_b = the sum of the query over the block: one more product with
+ *    A = the 16 tokens' coset bits × 16 blocks) and Σ_t P_t·h_t·k_t,b to the output coordinates of block b
+ *    (one more product into a 16-block accumulator, added at the merge);
+ *  - the running maximum is updated only when a score exceeds it (a warp vote); P stays ≤ 1 as before,
+ *    and the rescale of the accumulators is skipped on the tiles that do not raise it;
+ *  - P reaches the B operand of Oᵀ += Vᵀ·Pᵀ by movmatrix (a register transpose), no shuffles.
+ * V rows sit 16 bytes further apart than their length in shared memory so that the 8-byte (4-byte) reads
+ * of four tokens by a quarter warp hit different banks. */
+#define BOX_STAGES 3 /* buffers per warp */
+#define BOX_NT 2     /* 16-token sub-tiles per tile */
+
+template <int D> struct box_geo {
+    static constexpr int KN = D / 2;                       /* nibble bytes of a token */
+    static constexpr int NC = (D + 63) / 64;               /* coset bytes of a token */
+    static constexpr int VROW = KN + 16;                   /* V row pitch in shared memory */
+    static constexpr int K_BYTES = 16 * KN + 16 + 16 * NC; /* nibbles, steps, cosets of 16 tokens */
+    static constexpr int V_OFF = K_BYTES;                  /* V rows */
+    static constexpr int V_SIDE = V_OFF + 16 * VROW;       /* V steps, then cosets */
+    static constexpr int STAGE = V_SIDE + 16 + 16 * NC;    /* 2400 (d = 128), 1344 (d = 64) */
+    static constexpr int CPR = KN / 16;                    /* 16-byte chunks per row */
+};
+
+__device__ __forceinline__ void cp16(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit(void) {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void cp_wait(void) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
+    uint32_t r;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
+    return r;
+}
+__device__ __forceinline__ uint32_t hfma2(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+/* (x & mask) | magic in one LOP3: the magic comes in a register (a LOP3 takes one immediate; left to
+ * itself the compiler splits the two constants into two instructions) */
+template <uint32_t MASK> __device__ __forceinline__ uint32_t and_or(uint32_t x, uint32_t magic) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(x), "n"(MASK), "r"(magic));
+    return r;
+}
+/* nibbles at bits 0..3 and 16..19 of x → f16x2 of 2n − 16 (magic = 0x64006400) */
+__device__ __forceinline__ uint32_t nib_lo(uint32_t x, uint32_t magic) {
+    return hfma2(and_or<0x000F000Fu>(x, magic), 0x40004000u /* 2 */, 0xE808E808u /* −2064 */);
+}
+/* nibbles at bits 4..7 and 20..23 of x → f16x2 of 2n − 16 */
+__device__ __forceinline__ uint32_t nib_hi(uint32_t x, uint32_t magic) {
+    return hfma2(and_or<0x00F000F0u>(x, magic), 0x30003000u /* 1/8 */, 0xD880D880u /* −144 */);
+}
+/* 2^x (MUFU.EX2; results below 2^-126 flush to 0, weights far below what f16 P keeps) */
+__device__ __forceinline__ float ex2(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+/* bits 0 and 16 of x → f16x2 of 0 / 1 */
+__device__ __forceinline__ uint32_t bits_f16x2(uint32_t x) {
+    return (x & 0x00010001u) * 0x3C00u;
+}
+
+template <int D> static constexpr int box_smem_bytes(void) {
+    return WARPS * BOX_STAGES * BOX_NT * box_geo<D>::STAGE;
+}
+
+template <int D, bool G8> __global__ void __launch_bounds__(128, 3) attn_box_kernel(const attn_launch a) {
+    using Gm = box_geo<D>;
+    constexpr int KS = D / 16, NW = D / 32;
+    extern __shared__ __align__(16) uint8_t box_dyn[]; /* [WARPS][BOX_STAGES][BOX_NT][STAGE] */
+    uint8_t(*const stage)[BOX_STAGES][BOX_NT][Gm::STAGE] =
+        reinterpret_cast<uint8_t(*)[BOX_STAGES][BOX_NT][Gm::STAGE]>(box_dyn);
+    __shared__ float sq[8][D];
+    __shared__ float sh[256];
+    __shared__ float sm[WARPS][8], sl[WARPS][8];
+    __shared__ float scos[WARPS][8][16];
+    static_assert(WARPS * BOX_STAGES * BOX_NT * Gm::STAGE >= sizeof(float) * WARPS * 8 * D,
+                  "the merge buffer aliases the stages");
+
+    const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
+    const int G = (int)(a.n_head / a.n_head_kv);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int n_split = (int)a.n_split;
+    const int ctx = a.ctx_lens[seq];
+    const int chunk = ((ctx + n_split - 1) / n_split + 16 * BOX_NT - 1) & -(16 * BOX_NT);
+    const int start = split * chunk, end = min(start + chunk, ctx);
+    const int32_t *const table = a.block_tables + (size_t)seq * a.max_blocks;
+    /* pages of 16·2^k tokens: a tile's page and offset by shifts */
+    const int bs = (int)a.block_size, bs16 = bs >> 4, pow2 = (bs16 & (bs16 - 1)) == 0;
+    const int bshift = __ffs(bs16) - 1;
+
+    /* per-lane copy offsets: nibble chunks c = lane + 32j (K at 16c, V in its padded row), and one side
+     * chunk (lanes 0..NC: K step bytes, then cosets; lanes 16..16 + NC: the same of V) */
+    const uint8_t *const kpool = a.k.pool + (size_t)kvh * a.k.head_bytes;
+    const uint8_t *const vpool = a.v.pool + (size_t)kvh * a.v.head_bytes;
+    const int side = lane & 15;
+    const bool has_side = side <= Gm::NC;
+    const int side_src = bs * Gm::KN + (side ? bs + 16 * (side - 1) : 0), side_mul = side ? Gm::NC : 1;
+    const uint32_t side_dst = (lane < 16 ? 16 * Gm::KN : Gm::V_SIDE) + 16 * side;
+    const uint8_t *const side_pool = lane < 16 ? kpool : vpool;
+    /* page sizes below 4 GiB (e8kv_cuda_cache_create checks): one 32 × 32 → 64-bit multiply per page */
+    const uint32_t kpb = (uint32_t)a.k.page_bytes, vpb = (uint32_t)a.v.page_bytes,
+                   side_pb = lane < 16 ? kpb : vpb;
+
+    const int step = 16 * BOX_NT * WARPS, first = start + 16 * BOX_NT * warp;
+    const int n_t = first < end ? (end - first + step - 1) / step : 0;
+    const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(&stage[warp][0][0][0]);
+    auto page_of = [&](int t0, int *o0) {
+        const int T = t0 >> 4;
+        const int pi = pow2 ? T >> bshift : T / bs16;
+        *o0 = 16 * (pow2 ? T & (bs16 - 1) : T % bs16);
+        return table[pi];
+    };
+    /* chunk c = lane + 32j: K at 16c, V at its padded row; c + 32 is 32 / CPR rows further */
+    const uint32_t vdst0 = Gm::V_OFF + (lane / Gm::CPR) * Gm::VROW + 16 * (lane % Gm::CPR);
+    auto issue = [&](int pg, int o0, uint32_t dst) {
+        const uint8_t *const kn = kpool + (uint64_t)(uint32_t)pg * kpb + (uint32_t)(o0 * Gm::KN + 16 * lane);
+        const uint8_t *const vn = vpool + (uint64_t)(uint32_t)pg * vpb + (uint32_t)(o0 * Gm::KN + 16 * lane);
+#pragma unroll
+        for (int j = 0; j < Gm::KN / 32; j++) {
+            cp16(dst + 16 * lane + 512 * j, kn + 512 * j);
+            cp16(dst + vdst0 + (32 / Gm::CPR) * Gm::VROW * j, vn + 512 * j);
+        }
+        if (has_side)
+            cp16(dst + side_dst,
+                 side_pool + (uint64_t)(uint32_t)pg * side_pb + (uint32_t)(side_src + o0 * side_mul));
+    };
+    /* start this warp's copies first: their latency overlaps the query rotation. A tile is BOX_NT
+     * sub-tiles of 16 tokens (each in one page); a sub-tile at or past the end is not copied (its page
+     * may not exist): its scores are masked and its stale bytes decode to finite values times P = 0. */
+    int o_next[BOX_NT], pg_next[BOX_NT];
+    auto lookup = [&](int t0) {
+#pragma unroll
+        for (int u = 0; u < BOX_NT; u++)
+            pg_next[u] = t0 + 16 * u < end ? page_of(t0 + 16 * u, &o_next[u]) : 0;
+    };
+    auto issue_tile = [&](int t0, int buf) {
+#pragma unroll
+        for (int u = 0; u < BOX_NT; u++)
+            if (t0 + 16 * u < end) issue(pg_next[u], o_next[u], sbase + (buf * BOX_NT + u) * Gm::STAGE);
+    };
+    if (n_t > 0) lookup(first);
+#pragma unroll
+    for (int i = 0; i < BOX_STAGES - 1; i++) {
+        if (i < n_t) issue_tile(first + i * step, i);
+        cp_commit();
+        if (i + 1 < n_t) lookup(first + (i + 1) * step);
+    }
+
+    for (int i = tid; i < 256; i += blockDim.x)
+        sh[i] = i ? c_frac_a[i & 7] * __int_as_float(((i >> 3) - 21 + 127) << 23) : 0.0f; /* δ/2 */
+    for (int idx = tid; idx < G * D; idx += blockDim.x) {
+        const int r = idx / D, i = idx % D;
+        sq[r][i] =
+            load_q(a.q, ((size_t)seq * a.n_head + (size_t)kvh * G + r) * D + i, a.q_dtype) * a.signs[i];
+    }
+    __syncthreads();
+    for (int h = 1; h < D; h *= 2) {
+        for (int idx = tid; idx < G * D / 2; idx += blockDim.x) {
+            const int r = idx / (D / 2), j = idx % (D / 2), i = (j / h) * 2 * h + j % h;
+            const float x = sq[r][i], y = sq[r][i + h];
+            sq[r][i] = x + y;
+            sq[r][i + h] = x - y;
+        }
+        __syncthreads();
+    }
+    const float qscale = a.rot_scale * rsqrtf((float)D) * LOG2E;
+    /* B fragments of the scores: k-step s = word s/2 of the lane's nibbles, low (s even) or high nibbles;
+     * k index 2t4 ↔ byte 0, 2t4 + 1 ↔ byte 2, 2t4 + 8 ↔ byte 1, 2t4 + 9 ↔ byte 3 of the word. Column g:
+     * G ≤ 4: hi of head g (g < 4) or lo of head g − 4; G > 4: head g, hi and lo in two fragments. The
+     * coset fragments hold Q_b (k index = block b). */
+    const int row = G8 ? g : (g & 3);
+    const bool hi_col = G8 || g < 4;
+    uint32_t qh[KS][2], ql[G8 ? KS : 1][2], qch[2], qcl[2];
+#pragma unroll
+    for (int s = 0; s < KS; s++)
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            float x[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int o = (D / 8) * t4 + 4 * (s >> 1) + j + 2 * e;
+                const int coord = 32 * (o >> 4) + (o & 15) + 16 * (s & 1);
+                x[e] = row < G ? sq[row][coord] * qscale : 0.0f;
+            }
+            qh[s][j] = hi_col ? pack(hi16<false>(x[0]), hi16<false>(x[1]))
+                              : pack(lo16<false>(x[0]), lo16<false>(x[1]));
+            if constexpr (G8) ql[s][j] = pack(lo16<false>(x[0]), lo16<false>(x[1]));
+        }
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        float x[2];
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int blk = 2 * t4 + 8 * j + e;
+            float sum = 0.0f;
+            if (row < G && blk < D / 8)
+                for (int i = 0; i < 8; i++)
+                    sum += sq[row][8 * blk + i] * qscale;
+            x[e] = sum;
+        }
+        qch[j] =
+            hi_col ? pack(hi16<false>(x[0]), hi16<false>(x[1])) : pack(lo16<false>(x[0]), lo16<false>(x[1]));
+        qcl[j] = pack(lo16<false>(x[0]), lo16<false>(x[1]));
+    }
+
+    /* this thread's score columns are heads h0 = 2·(t4 mod 2) (G ≤ 4: t4 and t4 ^ 2 hold hi and lo of the
+     * same heads and add them) or 2·t4 (G > 4), and h0 + 1; the output columns 2t4, 2t4 + 1 are the same
+     * heads */
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    float oacc[KS][4], ocos[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int mt = 0; mt < KS; mt++)
+        oacc[mt][0] = oacc[mt][1] = oacc[mt][2] = oacc[mt][3] = 0.0f;
+    constexpr int CB = 8 * Gm::NC;
+    uint32_t magic;
+    asm("mov.b32 %0, 0x64006400;" : "=r"(magic));
+
+    /* the scores of a tile: [sub-tile][token g / g + 8][head h0 / h1] */
+    auto scores = [&](int buf, int tile0, float(&out)[BOX_NT][2][2]) {
+    /* ---- scores of each sub-tile u: tokens g (row g) and g + 8 (row g + 8) */
+#pragma unroll
+        for (int u = 0; u < BOX_NT; u++) {
+            const uint8_t *const sb = &stage[warp][buf][u][0];
+            uint32_t kw[2][NW], kc[2];
+            float ksc[2];
+#pragma unroll
+            for (int tt = 0; tt < 2; tt++) {
+                const int tk = g + 8 * tt;
+                if constexpr (D == 128) {
+                    const uint4 q4 = *(const uint4 *)(sb + tk * Gm::KN + 16 * t4);
+                    kw[tt][0] = q4.x, kw[tt][1] = q4.y, kw[tt][2] = q4.z, kw[tt][3] = q4.w;
+                    kc[tt] = *(const uint16_t *)(sb + 16 * Gm::KN + 16 + 2 * tk);
+                } else {
+                    const uint2 q2 = *(const uint2 *)(sb + tk * Gm::KN + 8 * t4);
+                    kw[tt][0] = q2.x, kw[tt][1] = q2.y;
+                    kc[tt] = sb[16 * Gm::KN + 16 + tk];
+                }
+                ksc[tt] = sh[sb[16 * Gm::KN + tk]];
+            }
+            float acc[4][4]; /* four independent chains */
+#pragma unroll
+            for (int h = 0; h < 4; h++)
+                acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.0f;
+#pragma unroll
+            for (int w = 0; w < NW; w++) {
+                const uint32_t x0 = kw[0][w], x1 = kw[1][w], y0 = x0 >> 8, y1 = x1 >> 8;
+                const uint32_t alo[4] = {nib_lo(x0, magic), nib_lo(x1, magic), nib_lo(y0, magic),
+                                         nib_lo(y1, magic)};
+                const uint32_t ahi[4] = {nib_hi(x0, magic), nib_hi(x1, magic), nib_hi(y0, magic),
+                                         nib_hi(y1, magic)};
+                mma16816<false>(acc[2 * (w & 1)], alo, qh[2 * w]);
+                mma16816<false>(acc[2 * (w & 1) + 1], ahi, qh[2 * w + 1]);
+                if constexpr (G8) {
+                    mma16816<false>(acc[2 * (w & 1)], alo, ql[2 * w]);
+                    mma16816<false>(acc[2 * (w & 1) + 1], ahi, ql[2 * w + 1]);
+                }
+            }
+            {
+                /* + Σ_b k_b·Q_b: A = coset bits (token g / g + 8, blocks 2t4, 2t4 + 1 and + 8) */
+                const uint32_t u0 = kc[0] >> (2 * t4), u1 = kc[1] >> (2 * t4);
+                const uint32_t ac[4] = {bits_f16x2(u0 | (u0 << 15)), bits_f16x2(u1 | (u1 << 15)),
+                                        bits_f16x2((u0 >> 8) | (u0 << 7)), bits_f16x2((u1 >> 8) | (u1 << 7))};
+                mma16816<false>(acc[0], ac, qch);
+                if constexpr (G8) mma16816<false>(acc[1], ac, qcl);
+            }
+#pragma unroll
+            for (int tt = 0; tt < 2; tt++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int e = 2 * tt + c;
+                    float v = (acc[0][e] + acc[1][e]) + (acc[2][e] + acc[3][e]);
+                    if (!G8) v += __shfl_xor_sync(0xffffffffu, v, 2);
+                    v *= ksc[tt];
+                    if (tile0 + 16 * u + g + 8 * tt >= end) v = -INFINITY;
+                    out[u][tt][c] = v;
+                }
+        }
+    };
+    /* software-pipelined: the scores of tile i + 1 are computed between the probabilities and the value
+     * products of tile i (one basic block), so their independent chains overlap; tile i + 1 must then be
+     * resident, so BOX_STAGES − 2 tiles stay in flight during the compute */
+    float sc[BOX_NT][2][2];
+    if (n_t > 0) {
+        cp_wait<BOX_STAGES - 2>();
+        __syncwarp();
+        scores(0, first, sc);
+    }
+    for (int i = 0; i < n_t; i++) {
+        const int jn = i + BOX_STAGES - 1;
+        if (jn < n_t) issue_tile(first + jn * step, jn % BOX_STAGES);
+        cp_commit();
+        if (jn + 1 < n_t) lookup(first + (jn + 1) * step);
+        /* ---- online softmax; the maximum moves only when a score passes it */
+        bool up = false;
+#pragma unroll
+        for (int u = 0; u < BOX_NT; u++)
+#pragma unroll
+            for (int tt = 0; tt < 2; tt++)
+                up = up || sc[u][tt][0] > m0 || sc[u][tt][1] > m1;
+        if (__any_sync(0xffffffffu, up)) {
+            float x0 = -INFINITY, x1 = -INFINITY;
+#pragma unroll
+            for (int u = 0; u < BOX_NT; u++)
+#pragma unroll
+                for (int tt = 0; tt < 2; tt++)
+                    x0 = fmaxf(x0, sc[u][tt][0]), x1 = fmaxf(x1, sc[u][tt][1]);
+#pragma unroll
+            for (int o = 4; o < 32; o *= 2) {
+                x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, o));
+                x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, o));
+            }
+            const float n0 = fmaxf(m0, x0), n1 = fmaxf(m1, x1);
+            const float al0 = n0 == -INFINITY ? 1.0f : ex2(m0 - n0),
+                        al1 = n1 == -INFINITY ? 1.0f : ex2(m1 - n1);
+            m0 = n0, m1 = n1;
+            l0 *= al0, l1 *= al1;
+#pragma unroll
+            for (int mt = 0; mt < KS; mt++) {
+                oacc[mt][0] *= al0, oacc[mt][2] *= al0;
+                oacc[mt][1] *= al1, oacc[mt][3] *= al1;
+            }
+            ocos[0] *= al0, ocos[2] *= al0;
+            ocos[1] *= al1, ocos[3] *= al1;
+        }
+        cp_wait<BOX_STAGES - 2>();
+        __syncwarp();
+        /* tile i + 1 (past the last tile: stale bytes, every score masked, never used) */
+        float sn[BOX_NT][2][2];
+        scores((i + 1) % BOX_STAGES, first + (i + 1) * step, sn);
+#pragma unroll
+        for (int u = 0; u < BOX_NT; u++) {
+            const uint8_t *const sb = &stage[warp][i % BOX_STAGES][u][0];
+            /* P·(δ_v/2) in f16 hi/lo, transposed into the B fragments (tokens 2t4.., column g) */
+            uint32_t pb[2], pl[2] = {0u, 0u};
+#pragma unroll
+            for (int tt = 0; tt < 2; tt++) {
+                const int tk = g + 8 * tt;
+                const float vsc = sh[sb[Gm::V_SIDE + tk]] * V_BOX_SCALE;
+                const float p0 = m0 == -INFINITY ? 0.0f : ex2(sc[u][tt][0] - m0),
+                            p1 = m1 == -INFINITY ? 0.0f : ex2(sc[u][tt][1] - m1);
+                l0 += p0, l1 += p1;
+                const float x0 = p0 * vsc, x1 = p1 * vsc;
+                if constexpr (G8) {
+                    pb[tt] = transpose8x8(pack(hi16<false>(x0), hi16<false>(x1)));
+                    pl[tt] = transpose8x8(pack(lo16<false>(x0), lo16<false>(x1)));
+                } else {
+                    pb[tt] = transpose8x8(t4 < 2 ? pack(hi16<false>(x0), hi16<false>(x1))
+                                                 : pack(lo16<false>(x0), lo16<false>(x1)));
+                }
+            }
+            /* ---- values: tokens 2t4, 2t4 + 1, 2t4 + 8, 2t4 + 9 */
+            uint32_t vw[4][D / 64 > 0 ? D / 64 : 1];
+            const int tv[4] = {2 * t4, 2 * t4 + 1, 2 * t4 + 8, 2 * t4 + 9};
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                if constexpr (D == 128) {
+                    const uint2 q2 = *(const uint2 *)(sb + Gm::V_OFF + tv[r] * Gm::VROW + 8 * g);
+                    vw[r][0] = q2.x, vw[r][1] = q2.y;
+                } else {
+                    vw[r][0] = *(const uint32_t *)(sb + Gm::V_OFF + tv[r] * Gm::VROW + 4 * g);
+                }
+            }
+#pragma unroll
+            for (int mt = 0; mt < KS; mt++) {
+                const int wi = mt >> 2, bi = mt & 3;
+                const uint32_t sel = bi | ((4 + bi) << 8);
+                const uint32_t x0 = __byte_perm(vw[0][wi], vw[1][wi], sel),
+                               x1 = __byte_perm(vw[2][wi], vw[3][wi], sel);
+                const uint32_t r[4] = {nib_lo(x0, magic), nib_hi(x0, magic), nib_lo(x1, magic),
+                                       nib_hi(x1, magic)};
+                mma16816<false>(oacc[mt], r, pb);
+                if constexpr (G8) mma16816<false>(oacc[mt], r, pl);
+            }
+            {
+                /* the coset part: A = coset bits (block g / g + 8, tokens 2t4, 2t4 + 1 / 2t4 + 8, 2t4 + 9) */
+                uint32_t vc[2];
+#pragma unroll
+                for (int pr = 0; pr < 2; pr++)
+                    vc[pr] = Gm::NC == 2 ? *(const uint32_t *)(sb + Gm::V_SIDE + 16 + 2 * tv[2 * pr])
+                                         : *(const uint16_t *)(sb + Gm::V_SIDE + 16 + tv[2 * pr]);
+                uint32_t ac[4];
+#pragma unroll
+                for (int pr = 0; pr < 2; pr++) {
+                    const uint32_t x = vc[pr] >> g; /* bit 0: token 2t4 + 8pr, bit CB: the next token */
+                    ac[2 * pr] = bits_f16x2(CB == 16 ? x : (x | (x << 8)));
+                    ac[2 * pr + 1] = CB == 16 ? bits_f16x2(x >> 8) : 0u;
+                }
+                mma16816<false>(ocos, ac, pb);
+                if constexpr (G8) mma16816<false>(ocos, ac, pl);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < BOX_NT; u++)
+#pragma unroll
+            for (int tt = 0; tt < 2; tt++)
+                sc[u][tt][0] = sn[u][tt][0], sc[u][tt][1] = sn[u][tt][1];
+        __syncwarp();
+    }
+    cp_wait<0>();
+    /* ---- merge the warps: l over the tokens (rows g), then columns through shared memory */
+#pragma unroll
+    for (int o = 4; o < 32; o *= 2) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, o);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, o);
+    }
+    __syncthreads(); /* every warp is done with its stages: they become the merge buffer */
+    float(*so)[8][D] = reinterpret_cast<float(*)[8][D]>(box_dyn);
+#pragma unroll
+    for (int mt = 0; mt < KS; mt++) {
+        const int dl = vdim<D, FMT_BOX4>(g, mt, 0), dh = vdim<D, FMT_BOX4>(g, mt, 1);
+        so[warp][2 * t4][dl] = oacc[mt][0];
+        so[warp][2 * t4 + 1][dl] = oacc[mt][1];
+        so[warp][2 * t4][dh] = oacc[mt][2];
+        so[warp][2 * t4 + 1][dh] = oacc[mt][3];
+    }
+    scos[warp][2 * t4][g] = ocos[0];
+    scos[warp][2 * t4 + 1][g] = ocos[1];
+    scos[warp][2 * t4][g + 8] = ocos[2];
+    scos[warp][2 * t4 + 1][g + 8] = ocos[3];
+    if (g == 0 && (G8 || t4 < 2)) {
+        sm[warp][2 * t4] = m0, sm[warp][2 * t4 + 1] = m1;
+        sl[warp][2 * t4] = l0, sl[warp][2 * t4 + 1] = l1;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < G * D; idx += blockDim.x) {
+        const int r = idx / D, i = idx % D;
+        float M = -INFINITY;
+        for (int w = 0; w < WARPS; w++)
+            M = fmaxf(M, sm[w][r]);
+        float O = 0.0f, L = 0.0f;
+        if (M != -INFINITY)
+            for (int w = 0; w < WARPS; w++) {
+                const float wt = exp2f(sm[w][r] - M);
+                float o = so[w][r][i] + scos[w][r][i >> 3];
+                if (!G8) o += so[w][r + 4][i] + scos[w][r + 4][i >> 3];
+                O += wt * o;
+                L += wt * sl[w][r];
+            }
+        const size_t base = ((size_t)seq * a.n_head + (size_t)kvh * G + r) * a.n_split + split;
+        a.part_o[base * D + i] = O;
+        if (i == 0) {
+            a.part_ml[2 * base] = M;
+            a.part_ml[2 * base + 1] = L;
+        }
+    }
+}
+
 /* grid (n_head, n_seq), D threads: log-sum-exp merge of the splits, then the inverse rotation */
 template <int D>
 __global__ void __launch_bounds__(D) attn_merge_kernel(const attn_launch a, int v_rot, float v_div) {
@@ -470,11 +939,35 @@ size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm,
     return n ? n : 1;
 }
 
+/* the e8box kernel's stages are dynamic shared memory beyond 48 KB: raise its limit once */
+template <int D> static int box_smem_attr(void) {
+    static int done = 0;
+    if (!done &&
+        cudaFuncSetAttribute(attn_box_kernel<D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             box_smem_bytes<D>()) == cudaSuccess &&
+        cudaFuncSetAttribute(attn_box_kernel<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             box_smem_bytes<D>()) == cudaSuccess)
+        done = 1;
+    return !done;
+}
+
 template <int D, int KF, int VF> static int occupancy(void) {
     static int n = 0;
-    if (!n && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_split_kernel<D, KF, VF>, 128, 0) !=
-                  cudaSuccess)
+    if (n) return n;
+    if constexpr (KF == FMT_BOX4 && VF == FMT_BOX4) {
+        int n1 = 0, n2 = 0;
+        if (box_smem_attr<D>() ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n1, attn_box_kernel<D, false>, 128,
+                                                          box_smem_bytes<D>()) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n2, attn_box_kernel<D, true>, 128,
+                                                          box_smem_bytes<D>()) != cudaSuccess)
+            n1 = n2 = 1;
+        n = n1 < n2 ? n1 : n2;
+    } else if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_split_kernel<D, KF, VF>, 128, 0) !=
+               cudaSuccess) {
         n = 1;
+    }
+    if (n < 1) n = 1;
     return n;
 }
 
@@ -510,7 +1003,15 @@ int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf) {
 
 template <int D, int KF, int VF> static void launch(const attn_launch *a, cudaStream_t stream) {
     const dim3 grid((unsigned)a->n_split, (unsigned)a->n_head_kv, (unsigned)a->n_seq);
-    attn_split_kernel<D, KF, VF><<<grid, 128, 0, stream>>>(*a);
+    if constexpr (KF == FMT_BOX4 && VF == FMT_BOX4) {
+        box_smem_attr<D>();
+        if (a->n_head > 4 * a->n_head_kv)
+            attn_box_kernel<D, true><<<grid, 128, box_smem_bytes<D>(), stream>>>(*a);
+        else
+            attn_box_kernel<D, false><<<grid, 128, box_smem_bytes<D>(), stream>>>(*a);
+    } else {
+        attn_split_kernel<D, KF, VF><<<grid, 128, 0, stream>>>(*a);
+    }
     attn_merge_kernel<D>
         <<<dim3((unsigned)a->n_head, (unsigned)a->n_seq), D, 0, stream>>>(*a, VF == FMT_BOX4,
                                                                           VF == FMT_BOX4  ? V_BOX_SCALE

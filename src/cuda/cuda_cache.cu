@@ -160,6 +160,8 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
             sd->fmt = s ? vf : kf;
             sd->head_bytes = bs * fmt_vector_bytes(sd->fmt, c->d);
             sd->page_bytes = c->n_head_kv * sd->head_bytes;
+            if (sd->page_bytes > 0xffffffffu)
+                return fail(c, err, E8KV_CU_ERR(DIMENSION)); /* 32-bit page math */
             sd->pool = (uint8_t *)off;
             off = align256(off + c->n_blocks * sd->page_bytes);
         }

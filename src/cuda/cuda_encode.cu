@@ -43,43 +43,37 @@ __device__ __forceinline__ int32_t floor_div(int32_t a, int32_t b) {
     return a >= 0 ? a / b : -((-a + b - 1) / b);
 }
 
-/* nearest_coset of e8_box.c, line for line */
+/* nearest_coset of e8_box.c, the same result with 32-bit work: floor division by 2^13 is an arithmetic
+ * shift; the error e = X − p2·2^12 fits 32 bits (|X| ≤ 2^24), its square is one 32 × 32 → 64 multiply; the
+ * cost of the parity change s = ∓2 at coordinate i is e'² − e² = 2^14·(2^12 ± e), so the candidates are
+ * ranked by the 32-bit key 2^12 ± e in the CPU's order (coordinate, then −2, strict <). */
 __device__ __forceinline__ int64_t nearest_coset(int32_t p2[8], const int32_t X[8], int k) {
     const int32_t lo = k ? -15 : -16, hi = k ? 15 : 14;
-    int32_t sum = 0;
+    int32_t sum = 0, e[8];
     int64_t dist = 0;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        const int32_t m = floor_div(X[i] - k * FX_HALF + FX_HALF, FX_ONE);
+        const int32_t m = (X[i] - k * FX_HALF + FX_HALF) >> FX_BITS;
         int32_t v = 2 * m + k;
         v = v < lo ? lo : v > hi ? hi : v;
         p2[i] = v;
         sum += v;
-        const int64_t e = (int64_t)X[i] - (int64_t)v * FX_HALF;
-        dist += e * e;
+        e[i] = X[i] - v * FX_HALF;
+        dist += (int64_t)e[i] * e[i];
     }
-    if (((sum % 4) + 4) % 4 == 0) return dist;
+    if ((sum & 3) == 0) return dist;
     int best_i = -1, best_s = 0;
-    int64_t best_c = INT64_MAX;
+    int32_t best_key = INT32_MAX;
 #pragma unroll
-    for (int i = 0; i < 8; i++)
-#pragma unroll
-        for (int s = -2; s <= 2; s += 4) {
-            const int32_t v = p2[i] + s;
-            if (v < lo || v > hi) continue;
-            const int64_t e0 = (int64_t)X[i] - (int64_t)p2[i] * FX_HALF,
-                          e1 = (int64_t)X[i] - (int64_t)v * FX_HALF;
-            const int64_t c = e1 * e1 - e0 * e0;
-            if (c < best_c) {
-                best_c = c;
-                best_i = i;
-                best_s = s;
-            }
-        }
+    for (int i = 0; i < 8; i++) {
+        const int32_t km = FX_HALF + e[i], kp = FX_HALF - e[i]; /* s = −2, s = +2 */
+        if (p2[i] - 2 >= lo && km < best_key) best_key = km, best_i = i, best_s = -2;
+        if (p2[i] + 2 <= hi && kp < best_key) best_key = kp, best_i = i, best_s = 2;
+    }
 #pragma unroll
     for (int i = 0; i < 8; i++)
         if (i == best_i) p2[i] += best_s;
-    return dist + best_c;
+    return dist + (int64_t)best_key * (4 * FX_HALF);
 }
 
 /* LANES = d / 8 lanes per vector; 128 threads per block */
@@ -87,7 +81,7 @@ template <int D>
 __global__ void __launch_bounds__(128)
     append_box_kernel(stream_desc sd, const int64_t *__restrict__ slots, const void *__restrict__ src,
                       size_t n_tok, size_t n_head_kv, size_t block_size, int dtype,
-                      const float *__restrict__ signs, float rot_scale, unsigned *flags) {
+                      const float *__restrict__ signs, float rot_scale, unsigned *flags, int vec16) {
     constexpr int LANES = D / 8, N_COS = (D + 63) / 64;
     const int lane = threadIdx.x & 31, b = lane % LANES;
     const unsigned gmask = (LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1u)) << (lane / LANES * LANES);
@@ -99,9 +93,29 @@ __global__ void __launch_bounds__(128)
 
     float x[8];
     bool finite = true;
+    if (live && vec16) { /* the lane's 8 values in one or two 16-byte loads */
+        const size_t at = vi * D + 8 * b;
+        if (dtype == E8KV_DTYPE_F32) {
+            const float4 u0 = ((const float4 *)src)[at / 4], u1 = ((const float4 *)src)[at / 4 + 1];
+            x[0] = u0.x, x[1] = u0.y, x[2] = u0.z, x[3] = u0.w, x[4] = u1.x, x[5] = u1.y, x[6] = u1.z,
+            x[7] = u1.w;
+        } else {
+            const uint4 u = ((const uint4 *)src)[at / 8];
+            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const uint16_t h = (uint16_t)(w[i / 2] >> (16 * (i & 1)));
+                x[i] = dtype == E8KV_DTYPE_F16 ? __half2float(__ushort_as_half(h))
+                                               : __bfloat162float(__ushort_as_bfloat16(h));
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            x[i] = live ? load_val(src, vi * D + 8 * b + i, dtype) : 0.0f;
+    }
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        x[i] = live ? load_val(src, vi * D + 8 * b + i, dtype) : 0.0f;
         finite = finite && isfinite(x[i]);
         x[i] = __fmul_rn(x[i], signs[8 * b + i]);
     }
@@ -142,7 +156,14 @@ __global__ void __launch_bounds__(128)
         if (b == 0) atomicOr(flags, FLAG_NONFINITE);
         return;
     }
-    if (!(8.0 * log2((double)amax / (double)c_ratio[3]) + STEP_ZERO < 255.5)) {
+    /* the four step targets 8·log2(max/ratio) + 160 (double, as the CPU): lane r of the group computes ratio
+     * r's and the group shares them (one log2 per lane instead of five) */
+    const double want_own = 8.0 * log2((double)amax / (double)c_ratio[b & 3]) + STEP_ZERO;
+    double wants[4];
+#pragma unroll
+    for (int r = 0; r < 4; r++)
+        wants[r] = __shfl_sync(gmask, want_own, (lane / LANES) * LANES + r);
+    if (!(wants[3] < 255.5)) {
         if (b == 0) atomicOr(flags, FLAG_RANGE);
         return;
     }
@@ -159,8 +180,9 @@ __global__ void __launch_bounds__(128)
     if (amax != 0.0f) {
         double best_err = INFINITY;
         unsigned prev_e = 0;
+#pragma unroll
         for (int r = 0; r < 4; r++) {
-            const double want = 8.0 * log2((double)amax / (double)c_ratio[r]) + STEP_ZERO;
+            const double want = wants[r];
             if (!(want < 255.5)) continue;
             const unsigned e = want < 1.0 ? 1u : (unsigned)llround(want);
             if (e == prev_e) continue;
@@ -248,12 +270,13 @@ size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, cons
     if (n_tok == 0) return 0;
     if (sd->fmt == FMT_BOX4) {
         const size_t threads = n_tok * n_head_kv * (d / 8), blocks = (threads + 127) / 128;
+        const int vec16 = ((uintptr_t)d_src & 15) == 0; /* rows of d values keep every lane's 8 aligned */
         if (d == 128)
             append_box_kernel<128><<<(unsigned)blocks, 128, 0, stream>>>(
-                *sd, d_slots, d_src, n_tok, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags);
+                *sd, d_slots, d_src, n_tok, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16);
         else
             append_box_kernel<64><<<(unsigned)blocks, 128, 0, stream>>>(
-                *sd, d_slots, d_src, n_tok, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags);
+                *sd, d_slots, d_src, n_tok, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16);
     } else {
         const size_t threads = n_tok * n_head_kv * d / 8, blocks = (threads + 127) / 128;
         if (sd->fmt == FMT_F16)
