@@ -39,6 +39,10 @@ static const preset k_presets[] = {
     {"near-lossless", "k=q8_0h,v=e8:4,sink=1,center=all,rope=pre"},
     {"balanced", "e8:4,sink=1"},
     {"aggressive", "k=e8:4,v=e8:3,sink=1"},
+    /* eviction + E8 codes (evict.c), chosen by measurement at 1600-token prefixes (BENCHMARKS.md) */
+    {"evict-high", "e8:4,sink=1,evict=keykey:0.6"},
+    {"evict-balanced", "e8:3,sink=1,evict=keykey:0.7"},
+    {"evict-max", "e8:2,sink=1,evict=keykey:0.8"},
 };
 
 static int copy_codec_spec(char dst[E8KV_CODEC_SPEC_MAX + 1], const char *src, size_t len) {
