@@ -169,7 +169,8 @@ size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
         b.kv_bytes = e8kv_cache_bytes(e8kv_context_cache(base));
         b.bits_per_value = e8kv_cache_bits_per_value(e8kv_context_cache(base));
         /* the baseline holds the whole chunk, prefix mode included */
-        b.eff_bits_per_value = 8.0 * (double)b.kv_bytes / n_kv_values * (prefix ? (double)prefix / n_ctx : 1.0);
+        b.eff_bits_per_value =
+            8.0 * (double)b.kv_bytes / n_kv_values * (prefix ? (double)prefix / n_ctx : 1.0);
         for (size_t j = 0; j < n_scored; j++) {
             float *row = base_lsm + j * nv;
             base_top[j] = e8kv_log_softmax(row, logits + j * nv, nv);

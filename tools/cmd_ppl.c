@@ -299,8 +299,8 @@ int e8kv_cmd_ppl(int argc, char **argv) {
                    x->eff_bits_per_value, (double)x->kv_bytes / (1024.0 * 1024.0), ppl, 100.0 * (x->ppl / baseline.ppl - 1.0), kld,
                    top, x->tokens_per_s);
             if (prefix && x->compression > 0.0)
-                printf("%-16s compression %.2fx of the %zu-token prefix (layer 0 keeps %zu)\n", "", x->compression,
-                       prefix, x->n_kept);
+                printf("%-16s compression %.2fx of the %zu-token prefix (layer 0 keeps %zu)\n", "",
+                       x->compression, prefix, x->n_kept);
         }
     }
     size_t n_ok = 0;

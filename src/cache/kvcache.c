@@ -27,7 +27,7 @@ typedef struct {
     layer_rule rules[E8KV_CACHE_RULES_MAX];
     size_t n_rules;
     char auto_spec[E8KV_CODEC_SPEC_MAX + 1]; /* auto=FAMILY:B: streams of this spec share bits by sensitivity */
-    kv_evict_cfg ev; /* evict=, recent=, obs=, budget=, evictA-B= (evict.c) */
+    kv_evict_cfg ev;                         /* evict=, recent=, obs=, budget=, evictA-B= (evict.c) */
 } cache_config;
 
 typedef struct {
