@@ -385,11 +385,83 @@ static void test_evict_budget(void **state) {
     free(q);
 }
 
+/* Save and load of an evicted cache: the same positions, bytes and attention output, bit for bit; the
+ * loaded cache goes on appending at the right position; a truncated file is refused by name. */
+static void test_evict_save_load(void **state) {
+    (void)state;
+    const size_t n = 180, dd = 64;
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 12);
+    float *K = rand_vec(&rng, (n + 1) * HKV * dd, 1.0), *V = rand_vec(&rng, (n + 1) * HKV * dd, 1.0);
+    float *q = rand_vec(&rng, NH * dd, 1.0), *o1 = malloc(NH * dd * sizeof(float)),
+          *o2 = malloc(NH * dd * sizeof(float));
+    const char *specs[] = {"e8:2,sink=1,page=32,evict=keykey:0.6,evict1=0.3",
+                           "e8box:4,page=16,evict=stream:0.5", "q4_0h,evict=keykey:0.5,recent=5"};
+    for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++) {
+        const e8kv_cache_params p = {.n_layer = NL,
+                                     .n_head_kv = HKV,
+                                     .head_dim = dd,
+                                     .n_ctx = 256,
+                                     .spec = specs[s],
+                                     .seed = 3,
+                                     .rope_theta = THETA};
+        size_t err = 0;
+        e8kv_cache *a = e8kv_cache_create(&p, &err);
+        assert_non_null(a);
+        for (size_t l = 0; l < NL; l++)
+            assert_ok(e8kv_cache_append(a, l, K, V, n));
+        assert_ok(e8kv_cache_evict(a, NULL, 0, 0, 0));
+        const size_t cap = e8kv_cache_save_bound(a, 0);
+        assert_false(e8kv_is_error(cap));
+        uint8_t *buf = malloc(cap);
+        const size_t sz = e8kv_cache_save(buf, cap, a, NULL, 0);
+        assert_false(e8kv_is_error(sz));
+        e8kv_cache *b = e8kv_cache_load(buf, sz, 1, &err);
+        if (!b) fail_msg("%s: load: %s", specs[s], e8kv_error_name(err));
+        assert_int_equal(e8kv_cache_bytes(b), e8kv_cache_bytes(a));
+        for (size_t l = 0; l < NL; l++) {
+            const kv_layer *La = &a->layers[l], *Lb = &b->layers[l];
+            assert_int_equal(Lb->n_tokens, La->n_tokens);
+            assert_int_equal(Lb->n_evicted, La->n_evicted);
+            assert_int_equal(Lb->n_map, La->n_map);
+            assert_memory_equal(Lb->pos, La->pos, HKV * La->n_map * sizeof(uint32_t));
+            assert_int_equal(e8kv_cache_n_tokens(b, l), n);
+            assert_ok(e8kv_cache_attend(a, o1, NH * dd, l, q, NH, 1, n - 1));
+            assert_ok(e8kv_cache_attend(b, o2, NH * dd, l, q, NH, 1, n - 1));
+            assert_memory_equal(o1, o2, NH * dd * sizeof(float));
+        }
+        for (size_t l = 0; l < NL; l++) { /* both go on at position n */
+            assert_int_equal(e8kv_cache_append(a, l, K + n * HKV * dd, V + n * HKV * dd, 1), n + 1);
+            assert_int_equal(e8kv_cache_append(b, l, K + n * HKV * dd, V + n * HKV * dd, 1), n + 1);
+            assert_ok(e8kv_cache_attend(a, o1, NH * dd, l, q, NH, 1, n));
+            assert_ok(e8kv_cache_attend(b, o2, NH * dd, l, q, NH, 1, n));
+            assert_memory_equal(o1, o2, NH * dd * sizeof(float));
+        }
+        /* load_into an existing cache of the same spec */
+        e8kv_cache *c2 = e8kv_cache_create(&p, &err);
+        assert_int_equal(e8kv_cache_load_into(c2, buf, sz), n);
+        assert_int_equal(c2->layers[0].n_map, a->layers[0].n_map);
+        /* the cold form is smaller than the hot pages */
+        assert_true(sz < e8kv_cache_bytes(c2));
+        assert_error(e8kv_cache_load_into(c2, buf, sz - 9), TRUNCATED);
+        e8kv_cache_free(c2);
+        e8kv_cache_free(a);
+        e8kv_cache_free(b);
+        free(buf);
+    }
+    free(K);
+    free(V);
+    free(q);
+    free(o1);
+    free(o2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_evict_attention_exact), cmocka_unit_test(test_evict_formats),
         cmocka_unit_test(test_evict_memory),          cmocka_unit_test(test_evict_spec),
         cmocka_unit_test(test_evict_positions),       cmocka_unit_test(test_evict_budget),
+        cmocka_unit_test(test_evict_save_load),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
