@@ -654,7 +654,7 @@ e8kv_cache *e8kv_cache_load_file(const char *path, size_t n_threads, size_t *err
     return c;
 }
 
-/* ---------------------------------------------------------------- eviction section (doc/format.md §4.5)
+/* ---------------------------------------------------------------- eviction section (doc/format.md §4.7)
  *
  * Present when the canonical spec has evict=: per layer u32 n_evicted and u32 n_map, then u32 frame size
  * and a frame (zstd after a delta along rows, 4-byte rows) of every kept position of the mapped slots in
