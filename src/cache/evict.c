@@ -96,12 +96,13 @@ int e8kv_evict_parse_item(kv_evict_cfg *ev, const char *key, size_t klen, const 
             ok = parse_count(key + s, q - s, &last) && last >= first;
         }
         float f = 0.0f;
-        if (!ok || q != klen || ev->n_rules >= E8KV_EVICT_RULES_MAX || !parse_frac(val, vlen, &f)) {
+        if (!ok || q != klen || ev->n_rules >= E8KV_EVICT_RULES_MAX || last > UINT32_MAX ||
+            !parse_frac(val, vlen, &f)) {
             *err = E8KV_ERR(SPEC);
             return 1;
         }
-        ev->first[ev->n_rules] = first;
-        ev->last[ev->n_rules] = last;
+        ev->first[ev->n_rules] = (uint32_t)first;
+        ev->last[ev->n_rules] = (uint32_t)last;
         ev->rule_frac[ev->n_rules++] = f;
         return 1;
     }
@@ -116,7 +117,7 @@ size_t e8kv_evict_canon(const e8kv_cache *c, char *dst, size_t cap) {
     if (w < 0 || (size_t)w >= cap) return E8KV_ERR(UNSUPPORTED);
     size_t n = (size_t)w;
     for (size_t i = 0; i < c->ev.n_rules; i++) {
-        w = snprintf(dst + n, cap - n, ",evict%zu-%zu=%.9g", c->ev.first[i], c->ev.last[i],
+        w = snprintf(dst + n, cap - n, ",evict%u-%u=%.9g", (unsigned)c->ev.first[i], (unsigned)c->ev.last[i],
                      (double)c->ev.rule_frac[i]);
         if (w < 0 || (size_t)w >= cap - n) return E8KV_ERR(UNSUPPORTED);
         n += (size_t)w;

@@ -87,7 +87,7 @@ typedef enum {
     KV_EVICT_H2O,
     KV_EVICT_STREAM
 } kv_evict_scorer;
-#define E8KV_EVICT_RULES_MAX 64
+#define E8KV_EVICT_RULES_MAX 32
 typedef struct {
     int scorer;     /* kv_evict_scorer */
     float frac;     /* evict=SCORER:F */
@@ -95,7 +95,7 @@ typedef struct {
     size_t obs;     /* obs=W: snapkv observation window (queries) */
     size_t budget;  /* budget=N: evict at append when a layer holds more than N tokens; 0 = never */
     size_t n_rules; /* evictA-B=F per-layer fractions, later rules win */
-    size_t first[E8KV_EVICT_RULES_MAX], last[E8KV_EVICT_RULES_MAX];
+    uint32_t first[E8KV_EVICT_RULES_MAX], last[E8KV_EVICT_RULES_MAX];
     float rule_frac[E8KV_EVICT_RULES_MAX];
 } kv_evict_cfg;
 #define E8KV_EVICT_DEFAULT_RECENT 32
