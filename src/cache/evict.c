@@ -7,9 +7,10 @@
  *
  * Never evicted: the first max(sink, 1) positions (attention sinks; BOS) and the newest `recent` tokens.
  * Scorers (importance of key j of one KV head; the GQA group's query heads are summed):
- *   keykey  key-key attention, the importance measure of the "NexusQuant" pipeline: the keys themselves
- *           stand in for queries, each of up to KEYKEY_OBSERVERS evenly spaced keys attends causally (its
- *           own key excluded) and j scores the mean weight it receives from the keys that see it.
+ *   keykey  key-key attention, the importance measure of the "NexusQuant" pipeline: the keys themselves,
+ *           centred, stand in for queries, each of up to KEYKEY_OBSERVERS evenly spaced keys attends
+ *           causally (its own key excluded) and j scores the mean weight it receives from the keys that
+ *           see it.
  *   snapkv  the attention of the last `obs` queries of the prefix, summed, then averaged over a window of
  *           SNAPKV_POOL neighbouring slots (Li et al. 2024, "SnapKV", §4.2 clustering by pooling).
  *   h2o     accumulated attention: the sum of the weights from every query given (Zhang et al. 2023,
@@ -199,6 +200,15 @@ static void score_head(const e8kv_cache *c, const kv_layer *L, size_t h, int sco
     const float scale = 1.0f / sqrtf((float)d);
     float qv[E8KV_MAX_HEAD_DIM];
     if (scorer == KV_EVICT_KEYKEY) {
+        /* centred keys: the component all keys share (kvcache.h, centering) would otherwise decide every
+         * key-key score (measured: uncentred key-key kept worse tokens than sinks + window) */
+        double mu[E8KV_MAX_HEAD_DIM] = {0};
+        for (size_t j = 0; j < n; j++)
+            for (size_t t = 0; t < d; t++)
+                mu[t] += K[j * d + t];
+        for (size_t j = 0; j < n; j++)
+            for (size_t t = 0; t < d; t++)
+                K[j * d + t] -= (float)(mu[t] / (double)n);
         memset(cnt, 0, n * sizeof *cnt);
         const size_t stride = n > KEYKEY_OBSERVERS ? (n + KEYKEY_OBSERVERS - 1) / KEYKEY_OBSERVERS : 1;
         for (size_t i = n - 1 + stride; i >= stride; i -= stride) { /* the newest key observes */
