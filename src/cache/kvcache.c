@@ -39,10 +39,12 @@ static const preset k_presets[] = {
     {"near-lossless", "k=q8_0h,v=e8:4,sink=1,center=all,rope=pre"},
     {"balanced", "e8:4,sink=1"},
     {"aggressive", "k=e8:4,v=e8:3,sink=1"},
-    /* eviction + E8 codes (evict.c), chosen by measurement at 1600-token prefixes (BENCHMARKS.md) */
-    {"evict-high", "e8:4,sink=1,evict=keykey:0.6"},
-    {"evict-balanced", "e8:3,sink=1,evict=keykey:0.7"},
-    {"evict-max", "e8:2,sink=1,evict=keykey:0.8"},
+    /* eviction + calibrated E8 codes (evict.c; auto= needs e8kv calibrate), chosen by measurement at
+     * 1600-token prefixes of SmolLM2-135M: 10.3x, 17.4x, 33.5x of f16 with every byte counted
+     * (BENCHMARKS.md). snapkv wants the prefix's queries (e8kv_cache_evict); budget= falls back to keykey */
+    {"evict-high", "auto=e8tv:4,sink=1,evict=snapkv:0.68"},
+    {"evict-balanced", "auto=e8tv:3.5,sink=1,evict=snapkv:0.84"},
+    {"evict-max", "auto=e8tv:4,sink=1,evict=snapkv:0.92"},
 };
 
 static int copy_codec_spec(char dst[E8KV_CODEC_SPEC_MAX + 1], const char *src, size_t len) {
