@@ -57,23 +57,57 @@ static void dump_trampoline(void *user, size_t layer, const float *k, const floa
     if (g->active) g->fn(g->user, layer, k, v, n_tok, pos0);
 }
 
+/* Prefix mode: every layer's queries (before RoPE) of the prefix, for the scorers that need them. */
+typedef struct {
+    float *q; /* (n_layer, n_pos, q_dim) */
+    size_t n_pos, q_dim;
+    int active;
+} q_capture;
+
+static void q_capture_hook(void *user, size_t layer, const float *q, size_t n_tok, size_t pos0) {
+    const q_capture *g = user;
+    if (!g->active || pos0 + n_tok > g->n_pos) return;
+    memcpy(g->q + (layer * g->n_pos + pos0) * g->q_dim, q, n_tok * g->q_dim * sizeof(float));
+}
+
+/* Prefix mode: prefill, compress, then the scored tokens (logits of every one of them). Returns the
+ * forward passes' error or 0; *compressed: the cache's bytes right after the eviction. */
+static size_t eval_prefix(e8kv_context *ctx, float *logits, size_t cap, const int32_t *chunk, size_t prefix,
+                          size_t score, q_capture *qc, size_t n_head, size_t *compressed, size_t *n_kept) {
+    qc->active = 1;
+    size_t r = e8kv_context_eval(ctx, NULL, 0, chunk, prefix, prefix);
+    qc->active = 0;
+    if (e8kv_is_error(r)) return r;
+    /* the context owns its cache; eviction is the one change the harness makes to it between passes */
+    e8kv_cache *kv = (e8kv_cache *)(uintptr_t)e8kv_context_cache(ctx);
+    r = e8kv_cache_evict(kv, qc->q, n_head, prefix, 0);
+    if (e8kv_is_error(r) && r != ERR(BAD_ARGUMENT)) return r; /* BAD_ARGUMENT: the spec does not evict */
+    *compressed = e8kv_cache_bytes(kv);
+    *n_kept = e8kv_cache_n_kept(kv, 0);
+    r = e8kv_context_eval(ctx, logits, cap, chunk + prefix, score, 0);
+    return e8kv_is_error(r) ? r : 0;
+}
+
 size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens, const e8kv_ppl_params *p,
                     e8kv_ppl_result *results) {
     if (!m || !p || !results || !p->specs || p->n_specs == 0 || p->n_specs > E8KV_PPL_MAX_SPECS)
         return ERR(BAD_ARGUMENT);
-    const size_t n_ctx = p->n_ctx;
-    if (n_ctx < 4 || n_ctx % 2) return ERR(BAD_ARGUMENT);
+    const size_t prefix = p->prefix;
+    if (prefix && p->score < 2) return ERR(BAD_ARGUMENT);
+    const size_t n_ctx = prefix ? prefix + p->score : p->n_ctx;
+    if (!prefix && (n_ctx < 4 || n_ctx % 2)) return ERR(BAD_ARGUMENT);
     if (!tokens || n_tokens == 0) return ERR(SRC_SIZE);
     if (m->cfg.n_ctx_train && n_ctx > m->cfg.n_ctx_train) return ERR(CONTEXT_FULL);
     const size_t n_chunk_max = n_tokens / n_ctx;
     if (n_chunk_max == 0) return ERR(SRC_SIZE);
     const size_t n_chunk = p->n_chunks && p->n_chunks < n_chunk_max ? p->n_chunks : n_chunk_max;
-    const size_t nv = m->cfg.vocab_size, first = n_ctx / 2, n_rows = n_ctx - first,
+    const size_t nv = m->cfg.vocab_size, first = prefix ? prefix : n_ctx / 2, n_rows = n_ctx - first,
                  n_scored = n_ctx - 1 - first;
     const int32_t bos = m->tokenizer ? e8kv_tokenizer_bos(m->tokenizer) : 1;
     /* K and V values a cache holds after one chunk */
-    const double n_kv_values = 2.0 * (double)n_ctx * (double)m->cfg.n_layer * (double)m->cfg.n_head_kv *
-                               (double)m->cfg.head_dim;
+    const double n_kv_values = 2.0 * (double)(prefix ? prefix : n_ctx) * (double)m->cfg.n_layer *
+                               (double)m->cfg.n_head_kv * (double)m->cfg.head_dim;
+    q_capture qc = {NULL, prefix, m->cfg.n_head * m->cfg.head_dim, 0};
 
     memset(results, 0, p->n_specs * sizeof *results);
     for (size_t i = 0; i < p->n_specs; i++) {
@@ -94,6 +128,12 @@ size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
     e8kv_context *base = e8kv_context_create(m, &cp, &ret);
     e8kv_context *ctx[E8KV_PPL_MAX_SPECS] = {0};
     cp.kv_hook = NULL;
+    if (prefix) {
+        cp.q_hook = q_capture_hook;
+        cp.q_hook_user = &qc;
+        qc.q = malloc(m->cfg.n_layer * prefix * qc.q_dim * sizeof(float));
+        if (!qc.q) ret = ERR(OUT_OF_MEMORY);
+    }
     for (size_t i = 0; i < p->n_specs && base; i++) {
         if (results[i].status || !strcmp(results[i].spec, "f32")) continue;
         cp.kv_spec = results[i].spec;
@@ -108,7 +148,7 @@ size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
     size_t *base_top = malloc(n_scored * sizeof *base_top);
     e8kv_ppl_result b = {0};
     b.spec = "f32";
-    if (!base) goto done;
+    if (!base || e8kv_is_error(ret)) goto done;
     if (!chunk || !logits || !base_lsm || !lsm || !base_top) {
         ret = ERR(OUT_OF_MEMORY);
         goto done;
@@ -128,7 +168,9 @@ size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
         if (e8kv_is_error(ret)) goto done;
         b.kv_bytes = e8kv_cache_bytes(e8kv_context_cache(base));
         b.bits_per_value = e8kv_cache_bits_per_value(e8kv_context_cache(base));
-        b.eff_bits_per_value = 8.0 * (double)b.kv_bytes / n_kv_values;
+        /* the baseline holds the whole chunk, prefix mode included */
+        b.eff_bits_per_value =
+            8.0 * (double)b.kv_bytes / n_kv_values * (prefix ? (double)prefix / n_ctx : 1.0);
         for (size_t j = 0; j < n_scored; j++) {
             float *row = base_lsm + j * nv;
             base_top[j] = e8kv_log_softmax(row, logits + j * nv, nv);
@@ -152,13 +194,17 @@ size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
             }
             e8kv_context_reset(ctx[i]);
             t0 = now_s();
-            const size_t e = e8kv_context_eval(ctx[i], logits, n_rows * nv, chunk, n_ctx, first);
+            size_t held = 0;
+            const size_t e = prefix ? eval_prefix(ctx[i], logits, n_rows * nv, chunk, prefix, p->score, &qc,
+                                                  m->cfg.n_head, &held, &r->n_kept)
+                                    : e8kv_context_eval(ctx[i], logits, n_rows * nv, chunk, n_ctx, first);
             r->seconds += now_s() - t0;
             if (e8kv_is_error(e)) { /* e.g. a codec's RANGE error: report it, keep the others going */
                 r->status = e;
                 continue;
             }
-            r->kv_bytes = e8kv_cache_bytes(e8kv_context_cache(ctx[i]));
+            r->kv_bytes = prefix ? held : e8kv_cache_bytes(e8kv_context_cache(ctx[i]));
+            if (prefix) r->compression = (16.0 / 8.0) * n_kv_values / (double)held;
             r->bits_per_value = e8kv_cache_bits_per_value(e8kv_context_cache(ctx[i]));
             r->eff_bits_per_value = 8.0 * (double)r->kv_bytes / n_kv_values;
             for (size_t j = 0; j < n_scored; j++) {
@@ -190,5 +236,6 @@ done:
     free(base_lsm);
     free(lsm);
     free(base_top);
+    free(qc.q);
     return ret;
 }

@@ -3,7 +3,13 @@
  * an empty cache (its first token replaced by BOS when the vocabulary adds BOS) and only the second half
  * is scored: the logits at positions n_ctx/2 .. n_ctx-2 predict tokens n_ctx/2+1 .. n_ctx-1.
  * Every chunk runs first with an f32 cache (the baseline); its log-softmax over the scored positions is
- * kept and each requested format is then run on the same chunk and compared with it. */
+ * kept and each requested format is then run on the same chunk and compared with it.
+ *
+ * Prefix mode (prefix > 0, the protocol of eviction): each chunk is prefix + score tokens; a format's run
+ * prefills the prefix, then compresses its cache (e8kv_cache_evict with the prefix's queries, when the
+ * spec evicts), then evaluates the score tokens, which attend to the compressed prefix; the logits of
+ * positions prefix .. prefix + score - 2 are scored (score - 1 tokens per chunk). The compression is
+ * measured right after the eviction: f16 bytes of the prefix's K and V / e8kv_cache_bytes. */
 #ifndef E8KV_PPL_H
 #define E8KV_PPL_H
 
@@ -31,13 +37,16 @@ typedef struct {
     double eff_bits_per_value; /* 8 * kv_bytes / (K and V values of that chunk): everything allocated
                                 * counted (exact window and sink tokens, means, page tables) */
     double tokens_per_s;   /* chunk tokens evaluated per second of forward passes */
+    double compression;    /* prefix mode: f16 bytes of the prefix / bytes held after compressing it */
+    size_t n_kept;         /* prefix mode: tokens layer 0 keeps after the eviction (last chunk) */
 } e8kv_ppl_result;
 
 typedef void (*e8kv_ppl_progress)(void *user, size_t chunk, size_t n_chunk, const e8kv_ppl_result *res,
                                   size_t n_res);
 
 typedef struct {
-    size_t n_ctx;               /* chunk length, even, >= 4 */
+    size_t n_ctx;               /* chunk length, even, >= 4 (ignored in prefix mode) */
+    size_t prefix, score;       /* prefix mode when prefix > 0: chunks of prefix + score (>= 2) tokens */
     size_t n_chunks;            /* 0 = every complete chunk of the text */
     int n_threads;              /* 0 = number of online CPUs */
     uint64_t seed;              /* rotation seed of the caches */

@@ -339,7 +339,8 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
 size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, size_t layer, const float *q,
                          size_t n_head, size_t n_tok, size_t pos0);
 
-/* Tokens stored in `layer`. */
+/* Positions covered in `layer`: the position the next appended token takes (tokens stored, when nothing
+ * was evicted; see e8kv_cache_n_kept). */
 size_t e8kv_cache_n_tokens(const e8kv_cache *cache, size_t layer);
 /* Keep only positions [0, n_keep) in every layer; returns the largest token count left in a layer.
  * Tokens already encoded stay encoded even if they fall back inside the window. */
@@ -368,6 +369,39 @@ const char *e8kv_cache_preset_spec(const char *name);
 /* 1 when the cache wants keys BEFORE RoPE (rope=pre, explicit or by default): append un-rotated keys
  * and pass queries WITH RoPE; the cache rotates each decoded key at attention time. 0: keys with RoPE. */
 int e8kv_cache_keys_pre_rope(const e8kv_cache *cache);
+
+/* ---------------------------------------------------------------- token eviction
+ *
+ * Cache spec items (src/cache/evict.c):
+ *   evict=SCORER:F       each eviction removes the fraction F (0 <= F < 1) of a layer's tokens, chosen per
+ *                        KV head by SCORER: keykey (key-key attention: the keys stand in for queries; no
+ *                        queries needed), snapkv (attention of the last `obs` queries given, pooled over 7
+ *                        neighbours), h2o (attention accumulated over every query given), stream (sinks and
+ *                        the newest tokens only, StreamingLLM). Not with window=.
+ *   recent=W             the newest W tokens are never evicted (default 32)
+ *   obs=W                snapkv's observation window: the last W queries (default 32)
+ *   budget=N             also evict at append when a layer holds more than N + page tokens, down to N (the
+ *                        appending call's tokens are kept; scorers needing queries use keykey there)
+ *   evictA-B=F           the fraction of layers A..B ("evictA=F" one layer)
+ *   evict-high, evict-balanced, evict-max
+ *                        presets of eviction + calibrated E8 codes, measured at 10.3x, 17.4x and 33.5x of
+ *                        f16 on 1600-token prefixes of SmolLM2-135M (e8kv_cache_preset_spec; BENCHMARKS.md);
+ *                        they use auto=e8tv (params.calib with sensitivities) and snapkv (queries)
+ * The first max(sink, 1) positions are never evicted. Kept tokens keep their positions (RoPE phases):
+ * the cache stores each kept slot's position per KV head (4 bytes, in e8kv_cache_bytes), and slots are
+ * compacted into the first pages so that the pages after them are freed. Positions stay the caller's:
+ * e8kv_cache_n_tokens is the position the next token takes, attend's pos0 is a position; a truncate
+ * inside the evicted span and e8kv_cache_remove on an evicted cache answer E8KV_ERROR_UNSUPPORTED.
+ */
+/* Evict every layer by the spec's scorer and fraction (after a prefill). q: the queries of the last n_q
+ * tokens, before RoPE, (n_layer, n_q, n_head * head_dim) at positions q_pos0 .. q_pos0 + n_q - 1, for
+ * snapkv and h2o (NULL otherwise). Each layer keeps at least max(sink, 1) + recent tokens and, since
+ * pages are whole, up to the end of its last page. Returns the largest number of tokens a layer keeps;
+ * BAD_ARGUMENT without evict= in the spec or without queries for snapkv/h2o, DIMENSION, NONFINITE,
+ * OUT_OF_MEMORY (layers before the failing one are evicted). */
+size_t e8kv_cache_evict(e8kv_cache *cache, const float *q, size_t n_head, size_t n_q, size_t q_pos0);
+/* Tokens the layer holds (slots); e8kv_cache_n_tokens minus those evicted. */
+size_t e8kv_cache_n_kept(const e8kv_cache *cache, size_t layer);
 
 /* ---------------------------------------------------------------- frames (cold tier)
  *

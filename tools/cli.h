@@ -10,5 +10,6 @@ int e8kv_cmd_calibrate(int argc, char **argv);  /* tools/cmd_calibrate.c */
 int e8kv_cmd_compress(int argc, char **argv);   /* tools/cmd_compress.c */
 int e8kv_cmd_decompress(int argc, char **argv); /* tools/cmd_compress.c */
 int e8kv_cmd_info(int argc, char **argv);       /* tools/cmd_compress.c */
+int e8kv_cmd_recall(int argc, char **argv);     /* tools/cmd_recall.c */
 
 #endif

@@ -21,6 +21,10 @@ static void usage(FILE *f) {
            "  -f TEXT           UTF-8 text file, tokenized once (e.g. wikitext-2-raw/wiki.test.raw)\n"
            "  --ctx N           tokens per chunk (default 512); the second half of each chunk is scored\n"
            "  --chunks N        evaluate the first N chunks only (default: all)\n"
+           "  --prefix P --score S   prefix mode (eviction's protocol): chunks of P + S tokens; each format\n"
+           "                    prefills P tokens, compresses its cache (evict= in the spec), then scores\n"
+           "                    S - 1 tokens attending to it; reports the compression (f16 bytes of the\n"
+           "                    prefix / bytes held after it is compressed). --ctx is then ignored\n"
            "  --kv FORMATS      KV formats to compare with the f32 baseline (default f32). Repeatable;\n"
            "                    formats are also separated by ';'. A format with '=' in it is one cache\n"
            "                    spec of the full grammar (include/e8kv.h), passed as is, e.g.\n"
@@ -110,7 +114,7 @@ int e8kv_cmd_ppl(int argc, char **argv) {
     const char *model_path = NULL, *text_path = NULL, *kv_k = NULL, *kv_v = NULL, *dump = NULL;
     const char *calib_arg = NULL;
     e8kv_cli_list kv = {0};
-    size_t n_ctx = 512, n_chunks = 0;
+    size_t n_ctx = 512, n_chunks = 0, prefix = 0, score = 0;
     int n_threads = 0, json = 0;
     uint64_t seed = 0;
     const e8kv_cli_opt opts[] = {
@@ -118,6 +122,8 @@ int e8kv_cmd_ppl(int argc, char **argv) {
         E8KV_OPT_STR("-f", &text_path),
         E8KV_OPT_SIZE("--ctx", &n_ctx, 4, 1u << 24),
         E8KV_OPT_SIZE("--chunks", &n_chunks, 0, SIZE_MAX),
+        E8KV_OPT_SIZE("--prefix", &prefix, 1, 1u << 24),
+        E8KV_OPT_SIZE("--score", &score, 2, 1u << 24),
         E8KV_OPT_LIST("--kv", &kv),
         E8KV_OPT_STR("--kv-k", &kv_k),
         E8KV_OPT_STR("--kv-v", &kv_v),
@@ -136,7 +142,12 @@ int e8kv_cmd_ppl(int argc, char **argv) {
         e8kv_cli_usage_error(WHO, "-f TEXT is required");
         goto args_out;
     }
-    if (n_ctx % 2) {
+    if ((prefix == 0) != (score == 0)) {
+        e8kv_cli_usage_error(WHO, "--prefix and --score go together");
+        goto args_out;
+    }
+    if (prefix) n_ctx = prefix + score;
+    if (!prefix && n_ctx % 2) {
         e8kv_cli_usage_error(WHO, "--ctx %zu: must be even (the second half of each chunk is scored)", n_ctx);
         goto args_out;
     }
@@ -223,6 +234,8 @@ int e8kv_cmd_ppl(int argc, char **argv) {
     e8kv_ppl_result baseline = {0};
     progress_state ps = {&baseline};
     const e8kv_ppl_params pp = {.n_ctx = n_ctx,
+                                .prefix = prefix,
+                                .score = score,
                                 .n_chunks = n_chunks,
                                 .n_threads = threads,
                                 .seed = seed,
@@ -257,9 +270,13 @@ int e8kv_cmd_ppl(int argc, char **argv) {
                    "%.6f,"
                    "\"ppl_f32\":%.6f,\"kld\":%.8f,\"kld_se\":%.8f,\"top1\":%.6f,\"top1_se\":%.6f,"
                    "\"bits_per_value\":%.4f,\"eff_bits_per_value\":%.4f,\"kv_bytes\":%zu,"
-                   "\"tokens_per_s\":%.2f}\n",
+                   "\"tokens_per_s\":%.2f",
                    n_ctx, r, x->count, threads, x->ppl, x->ppl_se, baseline.ppl, x->kld, x->kld_se, x->top1,
                    x->top1_se, x->bits_per_value, x->eff_bits_per_value, x->kv_bytes, x->tokens_per_s);
+            if (prefix)
+                printf(",\"prefix\":%zu,\"score\":%zu,\"compression\":%.4f,\"kept\":%zu", prefix, score,
+                       x->compression, x->n_kept);
+            printf("}\n");
         }
     } else {
         printf("\nctx %zu, %zu chunks, %zu scored tokens per format; f32 baseline PPL %.4f +/- %.5f\n", n_ctx,
@@ -281,6 +298,9 @@ int e8kv_cmd_ppl(int argc, char **argv) {
             printf("%-16s %8.3f %6.3f %11.3f %20s %+7.3f%% %24s %16s %8.1f\n", x->spec, x->bits_per_value,
                    x->eff_bits_per_value, (double)x->kv_bytes / (1024.0 * 1024.0), ppl, 100.0 * (x->ppl / baseline.ppl - 1.0), kld,
                    top, x->tokens_per_s);
+            if (prefix && x->compression > 0.0)
+                printf("%-16s compression %.2fx of the %zu-token prefix (layer 0 keeps %zu)\n", "",
+                       x->compression, prefix, x->n_kept);
         }
     }
     size_t n_ok = 0;

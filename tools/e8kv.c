@@ -12,6 +12,7 @@ static void usage(FILE *f) {
             "commands:\n"
             "  ppl       perplexity / KLD / top-1 of a model with a given KV-cache format\n"
             "  generate  streaming text generation\n"
+            "  recall    passkey retrieval through a compressed (evicted) cache\n"
             "  calibrate measure a model's K/V statistics for the e8t formats (transform coding)\n"
             "  tokenize  print the token ids of a text (checked against the reference tokenizer)\n"
             "  bench     benchmarks: `e8kv bench codec`, `e8kv bench attn`, `e8kv bench entropy`\n"
@@ -35,6 +36,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "compress")) return e8kv_cmd_compress(argc - 1, argv + 1);
     if (!strcmp(cmd, "decompress")) return e8kv_cmd_decompress(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return e8kv_cmd_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "recall")) return e8kv_cmd_recall(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("e8kv %s\n", e8kv_version_string());
         return 0;

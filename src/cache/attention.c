@@ -66,6 +66,20 @@ static void rope_apply_run(const e8kv_cache *c, float *restrict x, size_t pos, s
     }
 }
 
+/* RoPE of the keys of slots [slot, slot + n) of one head at their positions (kv_slot_pos: after an
+ * eviction, runs of consecutive positions). */
+static void rope_slots(const e8kv_cache *c, const kv_layer *L, size_t head, float *restrict x, size_t slot,
+                       size_t n) {
+    for (size_t t = 0; t < n;) {
+        const size_t p = kv_slot_pos(L, head, slot + t);
+        size_t run = 1;
+        while (t + run < n && kv_slot_pos(L, head, slot + t + run) == p + run)
+            run++;
+        rope_apply_run(c, x + t * c->head_dim, p, run);
+        t += run;
+    }
+}
+
 /* The fused reader of a run of n coded vectors of one page, when the format has one; 0 otherwise. */
 static int read_fast(const e8kv_cache *c, const kv_format *f, float *restrict dst, const uint8_t *src,
                      size_t n) {
@@ -139,7 +153,7 @@ void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head,
                     e8kv_cache_add_rows_ref(y, mu, run, d);
             }
         }
-        if (rope) rope_apply_run(c, y, pos, run);
+        if (rope) rope_slots(c, L, head, y, pos, run);
         t += run;
     }
 }
@@ -394,6 +408,9 @@ size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, siz
     if (!cache || !out || !q || n_tok == 0) return E8KV_ERR(BAD_ARGUMENT);
     if (layer >= cache->n_layer || n_head == 0 || n_head % cache->n_head_kv) return E8KV_ERR(DIMENSION);
     const kv_layer *L = &cache->layers[layer];
+    /* positions to slots: queries come after every evicted position (evict.c) */
+    if (pos0 < L->n_evicted) return E8KV_ERR(DIMENSION);
+    pos0 -= L->n_evicted;
     if (pos0 > L->n_tokens || n_tok > L->n_tokens - pos0) return E8KV_ERR(DIMENSION);
     const size_t n_out = n_tok * n_head * cache->head_dim;
     if (out_capacity < n_out) return E8KV_ERR(DST_TOO_SMALL);

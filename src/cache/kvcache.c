@@ -26,8 +26,8 @@ typedef struct {
     int center; /* -1 = default (1); 0 off, 1 e8kv's own formats, 2 = all coded formats */
     layer_rule rules[E8KV_CACHE_RULES_MAX];
     size_t n_rules;
-    char auto_spec[E8KV_CODEC_SPEC_MAX +
-                   1]; /* auto=FAMILY:B: streams of this spec share bits by sensitivity */
+    char auto_spec[E8KV_CODEC_SPEC_MAX + 1]; /* auto=FAMILY:B: streams of this spec share bits by sensitivity */
+    kv_evict_cfg ev;                         /* evict=, recent=, obs=, budget=, evictA-B= (evict.c) */
 } cache_config;
 
 typedef struct {
@@ -39,6 +39,12 @@ static const preset k_presets[] = {
     {"near-lossless", "k=q8_0h,v=e8:4,sink=1,center=all,rope=pre"},
     {"balanced", "e8:4,sink=1"},
     {"aggressive", "k=e8:4,v=e8:3,sink=1"},
+    /* eviction + calibrated E8 codes (evict.c; auto= needs e8kv calibrate), chosen by measurement at
+     * 1600-token prefixes of SmolLM2-135M: 10.3x, 17.4x, 33.5x of f16 with every byte counted
+     * (BENCHMARKS.md). snapkv wants the prefix's queries (e8kv_cache_evict); budget= falls back to keykey */
+    {"evict-high", "auto=e8tv:4,sink=1,evict=snapkv:0.68"},
+    {"evict-balanced", "auto=e8tv:3.5,sink=1,evict=snapkv:0.84"},
+    {"evict-max", "auto=e8tv:4,sink=1,evict=snapkv:0.92"},
 };
 
 static int copy_codec_spec(char dst[E8KV_CODEC_SPEC_MAX + 1], const char *src, size_t len) {
@@ -107,6 +113,8 @@ static size_t parse_item(cache_config *cfg, const char *it, size_t len, int dept
         memcpy(cfg->v, cfg->auto_spec, sizeof cfg->v);
         return 0;
     }
+    size_t ev_err = 0;
+    if (e8kv_evict_parse_item(&cfg->ev, it, klen, val, vlen, &ev_err)) return ev_err;
     if (KEY_IS("window")) return parse_size(val, vlen, &cfg->window) ? 0 : E8KV_ERR(SPEC);
     if (KEY_IS("sink")) return parse_size(val, vlen, &cfg->sink) ? 0 : E8KV_ERR(SPEC);
     if (KEY_IS("page")) {
@@ -330,7 +338,13 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
 static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cfg, size_t *err) {
     cfg->center = -1;
     cfg->rope_pre = -1;
+    cfg->ev.recent = E8KV_EVICT_DEFAULT_RECENT;
+    cfg->ev.obs = E8KV_EVICT_DEFAULT_OBS;
     size_t r = parse_list(cfg, params->spec, 0);
+    /* eviction compacts coded pages: not with the exact window's raw pages */
+    if (cfg->ev.scorer && cfg->window) r = E8KV_ERR(SPEC);
+    for (size_t i = 0; i < cfg->ev.n_rules; i++)
+        if (cfg->ev.last[i] >= params->n_layer) r = E8KV_ERR(SPEC);
     if (e8kv_is_error(r) || !cfg->k[0] || !cfg->v[0]) {
         if (err) *err = E8KV_ERR(SPEC);
         return NULL;
@@ -387,6 +401,7 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
     c->rope_pre = cfg->rope_pre;
     c->center = cfg->center < 0 ? 1 : cfg->center;
     c->seed = params->seed;
+    c->ev = cfg->ev;
     c->calib = params->calib;
     c->use_avx2 = e8kv_cpu_has_avx2() && c->head_dim % 8 == 0;
     c->use_vnni = c->use_avx2 && e8kv_cpu_has_avxvnni();
@@ -423,6 +438,9 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
     if (!e8kv_is_error(r)) r = e8kv_xform_build(c, lspec, lspec + c->n_layer);
     for (size_t l = 0; l < c->n_layer && !e8kv_is_error(r); l++) {
         kv_layer *L = &c->layers[l];
+        L->evict_frac = c->ev.frac;
+        for (size_t i = 0; i < c->ev.n_rules; i++)
+            if (l >= c->ev.first[i] && l <= c->ev.last[i]) L->evict_frac = c->ev.rule_frac[i];
         const char *ks = lspec[l], *vs = lspec[c->n_layer + l];
         char kbuf[E8KV_CODEC_SPEC_MAX + 1], vbuf[E8KV_CODEC_SPEC_MAX + 1];
         const e8kv_codec *kc = NULL, *vc = NULL;
@@ -510,6 +528,10 @@ static void free_pages_from(e8kv_cache *c, kv_layer *L, size_t n_keep) {
         }
 }
 
+void e8kv_cache_free_pages_from(e8kv_cache *c, kv_layer *L, size_t n_keep) {
+    free_pages_from(c, L, n_keep);
+}
+
 void e8kv_cache_free(e8kv_cache *cache) {
     if (!cache) return;
     e8kv_pool_free(cache->pool_owned);
@@ -519,6 +541,7 @@ void e8kv_cache_free(e8kv_cache *cache) {
     if (cache->layers) {
         for (size_t l = 0; l < cache->n_layer; l++) {
             kv_layer *L = &cache->layers[l];
+            free(L->pos);
             if (L->k_pages && L->v_pages) free_pages_from(cache, L, 0);
             free(L->k_pages);
             free(L->v_pages);
@@ -700,12 +723,19 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
     }
     free(pend);
     L->n_tokens = n1;
-    return n1;
+    E8KV_RETURN_IF_ERROR(e8kv_evict_after_append(cache, layer, n_tok));
+    return L->n_tokens + L->n_evicted;
 }
 
 /* ---------------------------------------------------------------- queries and maintenance */
 
 size_t e8kv_cache_n_tokens(const e8kv_cache *cache, size_t layer) {
+    if (!cache) return E8KV_ERR(BAD_ARGUMENT);
+    if (layer >= cache->n_layer) return E8KV_ERR(DIMENSION);
+    return cache->layers[layer].n_tokens + cache->layers[layer].n_evicted;
+}
+
+size_t e8kv_cache_n_kept(const e8kv_cache *cache, size_t layer) {
     if (!cache) return E8KV_ERR(BAD_ARGUMENT);
     if (layer >= cache->n_layer) return E8KV_ERR(DIMENSION);
     return cache->layers[layer].n_tokens;
@@ -770,6 +800,8 @@ size_t e8kv_cache_remove(e8kv_cache *cache, size_t pos, size_t n) {
      * at attention time) or a cache told there is no RoPE can shift */
     if (!cache->rope_pre && cache->rope_theta > 0.0f) return E8KV_ERR(UNSUPPORTED);
     if (pos < cache->n_sink && n) return E8KV_ERR(UNSUPPORTED); /* sink positions stay exact forever */
+    for (size_t l = 0; l < cache->n_layer; l++) /* positions of an evicted layer are not contiguous */
+        if (cache->layers[l].n_map) return E8KV_ERR(UNSUPPORTED);
     const size_t H = cache->n_head_kv, M = cache->n_page_max;
     /* every encode first, so a failure changes nothing */
     uint8_t **enc = calloc(2 * H * cache->n_layer, sizeof *enc);
@@ -810,15 +842,24 @@ size_t e8kv_cache_remove(e8kv_cache *cache, size_t pos, size_t n) {
 
 size_t e8kv_cache_truncate(e8kv_cache *cache, size_t n_keep) {
     if (!cache) return E8KV_ERR(BAD_ARGUMENT);
+    /* an evicted layer is cut only after its mapped slots (their heads hold different positions) */
+    for (size_t l = 0; l < cache->n_layer && n_keep; l++) {
+        const kv_layer *L = &cache->layers[l];
+        if (L->n_map && n_keep < L->n_map + L->n_evicted) return E8KV_ERR(UNSUPPORTED);
+    }
     size_t n_max = 0;
     for (size_t l = 0; l < cache->n_layer; l++) {
         kv_layer *L = &cache->layers[l];
-        if (n_keep == 0) L->mu_set = 0; /* a new sequence measures its own means */
-        if (n_keep < L->n_tokens) {
-            L->n_tokens = n_keep;
-            free_pages_from(cache, L, n_keep);
+        if (n_keep == 0) {
+            L->mu_set = 0; /* a new sequence measures its own means */
+            e8kv_evict_reset(cache, L);
         }
-        if (L->n_tokens > n_max) n_max = L->n_tokens;
+        const size_t slots = n_keep - L->n_evicted; /* n_keep >= n_evicted (checked above) */
+        if (slots < L->n_tokens) {
+            L->n_tokens = slots;
+            free_pages_from(cache, L, slots);
+        }
+        if (L->n_tokens + L->n_evicted > n_max) n_max = L->n_tokens + L->n_evicted;
     }
     return n_max;
 }
@@ -829,7 +870,7 @@ void e8kv_cache_clear(e8kv_cache *cache) {
 
 size_t e8kv_cache_bytes(const e8kv_cache *cache) {
     if (!cache) return 0;
-    return cache->page_bytes_alloc + cache->fixed_bytes;
+    return cache->page_bytes_alloc + cache->fixed_bytes + cache->index_bytes;
 }
 
 size_t e8kv_cache_fixed_bytes(const e8kv_cache *cache) {

@@ -73,6 +73,12 @@ typedef struct {
      * mu: (n_head_kv, head_dim) original domain; mu_read: the same in the domain reads happen in. */
     float *k_mu, *v_mu, *k_mu_read, *v_mu_read;
     int mu_set;        /* the means of the current sequence are fixed */
+    /* eviction (evict.c): slots [0, n_map) hold the positions pos[h * n_map + slot] of KV head h (kept
+     * tokens keep their RoPE positions); slots >= n_map hold position slot + n_evicted. n_tokens counts
+     * slots; the next appended token takes position n_tokens + n_evicted. */
+    uint32_t *pos; /* (n_head_kv, n_map), NULL when nothing was evicted */
+    size_t n_map, n_evicted;
+    float evict_frac; /* fraction of the layer's tokens one eviction removes */
 } kv_layer;
 
 /* Decode attention cuts the context into slices (attention.c): at least E8KV_ATTEND_SLICE_MIN keys each,
@@ -81,6 +87,46 @@ typedef struct {
 #define E8KV_ATTEND_SLICE_MIN 1024
 #define E8KV_ATTEND_SLICES_MAX 64
 #define E8KV_ATTEND_PART_MAX 16384
+
+/* ---------------------------------------------------------------- eviction (evict.c) */
+typedef enum {
+    KV_EVICT_NONE = 0,
+    KV_EVICT_KEYKEY,
+    KV_EVICT_SNAPKV,
+    KV_EVICT_H2O,
+    KV_EVICT_STREAM
+} kv_evict_scorer;
+#define E8KV_EVICT_RULES_MAX 32
+typedef struct {
+    int scorer;     /* kv_evict_scorer */
+    float frac;     /* evict=SCORER:F */
+    size_t recent;  /* recent=W: newest tokens never evicted */
+    size_t obs;     /* obs=W: snapkv observation window (queries) */
+    size_t budget;  /* budget=N: evict at append when a layer holds more than N tokens; 0 = never */
+    size_t n_rules; /* evictA-B=F per-layer fractions, later rules win */
+    uint32_t first[E8KV_EVICT_RULES_MAX], last[E8KV_EVICT_RULES_MAX];
+    float rule_frac[E8KV_EVICT_RULES_MAX];
+} kv_evict_cfg;
+#define E8KV_EVICT_DEFAULT_RECENT 32
+#define E8KV_EVICT_DEFAULT_OBS 32
+
+/* One spec item of the eviction grammar (key, value); 1 when the key is eviction's (0 = not ours), and
+ * *err the SPEC error of a bad value. */
+int e8kv_evict_parse_item(kv_evict_cfg *ev, const char *key, size_t klen, const char *val, size_t vlen,
+                          size_t *err);
+/* Append the eviction items of c's configuration to a canonical spec; bytes written or an error. */
+size_t e8kv_evict_canon(const struct e8kv_cache *c, char *dst, size_t cap);
+/* Position of a slot of head h. */
+static inline size_t kv_slot_pos(const kv_layer *L, size_t h, size_t slot) {
+    return slot < L->n_map ? L->pos[h * L->n_map + slot] : slot + L->n_evicted;
+}
+/* Forget a layer's eviction state (the cache was emptied). */
+void e8kv_evict_reset(struct e8kv_cache *c, kv_layer *L);
+/* Budget eviction after an append of n_new tokens to layer l (no-op without budget=). 0 or an error. */
+size_t e8kv_evict_after_append(struct e8kv_cache *c, size_t l, size_t n_new);
+/* Free every page whose first slot is >= n_keep in both streams of L (kvcache.c). */
+void e8kv_cache_free_pages_from(struct e8kv_cache *c, kv_layer *L, size_t n_keep);
+
 
 struct e8kv_cache {
     size_t n_layer, n_head_kv, head_dim, n_ctx;
@@ -119,6 +165,8 @@ struct e8kv_cache {
     size_t n_codecs;
     size_t page_bytes_alloc; /* bytes of every live page allocation (aligned sizes) */
     size_t fixed_bytes;      /* page tables, layer array, sink buffers, the struct itself */
+    kv_evict_cfg ev;         /* eviction (evict.c); ev.scorer == KV_EVICT_NONE: off */
+    size_t index_bytes;      /* the kept positions' index (kv_layer.pos) of every layer */
 };
 
 /* Stream transforms of a format, in place on n vectors of head h (xform.c). forward: original domain →

@@ -67,8 +67,18 @@ static size_t canon_spec(const e8kv_cache *c, char *dst, size_t cap) {
     w = snprintf(dst + n, cap - n, ",window=%zu,sink=%zu,page=%zu,center=%s,rope=%s", c->window, c->n_sink,
                  c->page_tokens, c->center == 2 ? "all" : c->center ? "1" : "0", c->rope_pre ? "pre" : "post");
     if (w < 0 || (size_t)w >= cap - n) return E8KV_ERR(UNSUPPORTED);
-    return n + (size_t)w;
+    n += (size_t)w;
+    const size_t e = e8kv_evict_canon(c, dst + n, cap - n); /* eviction items, when configured */
+    E8KV_RETURN_IF_ERROR(e);
+    return n + e;
 }
+
+/* Eviction section (defined with the other eviction code at the end of this file). */
+static size_t evict_bound(const e8kv_cache *c);
+typedef struct wbuf wbuf;
+typedef struct rbuf rbuf;
+static size_t save_evict(wbuf *w, const e8kv_cache *c);
+static size_t load_evict(rbuf *r, e8kv_cache *c);
 
 /* ---------------------------------------------------------------- sizes */
 
@@ -172,6 +182,11 @@ size_t e8kv_cache_save_bound(const e8kv_cache *cache, size_t meta_size) {
             n += b;
         }
     }
+    if (c->ev.scorer) {
+        const size_t b = evict_bound(c);
+        E8KV_RETURN_IF_ERROR(b);
+        n += b;
+    }
     if (c->calib && c->xforms) {
         const size_t b = e8kv_calib_save_bound(c->calib);
         E8KV_RETURN_IF_ERROR(b);
@@ -182,9 +197,9 @@ size_t e8kv_cache_save_bound(const e8kv_cache *cache, size_t meta_size) {
 
 /* ---------------------------------------------------------------- save */
 
-typedef struct {
+struct wbuf {
     uint8_t *p, *end;
-} wbuf;
+};
 
 static size_t put(wbuf *w, const void *src, size_t n) {
     if ((size_t)(w->end - w->p) < n) return E8KV_ERR(DST_TOO_SMALL);
@@ -290,6 +305,7 @@ size_t e8kv_cache_save(void *dst, size_t dst_capacity, const e8kv_cache *cache, 
         E8KV_RETURN_IF_ERROR(save_layer(&w, c, &c->layers[l]));
     for (size_t g = 0; g < c->n_codecs; g++)
         E8KV_RETURN_IF_ERROR(save_group(&w, c, c->codecs[g]));
+    if (c->ev.scorer) E8KV_RETURN_IF_ERROR(save_evict(&w, c));
     const size_t total = (size_t)(w.p - out) + 8;
     memcpy(out, CACHE_MAGIC, 4);
     e8kv_store_le16(out + 4, with_calib ? 2 : 1); /* version 1 files stay byte-identical */
@@ -391,9 +407,9 @@ size_t e8kv_cache_file_get_info(e8kv_cache_file_info *info, const void *src, siz
 
 /* ---------------------------------------------------------------- load */
 
-typedef struct {
+struct rbuf {
     const uint8_t *p, *end;
-} rbuf;
+};
 
 static size_t take(rbuf *r, const uint8_t **out, size_t n) {
     if ((size_t)(r->end - r->p) < n) return E8KV_ERR(CORRUPTED); /* the file's total size was checked */
@@ -541,11 +557,15 @@ size_t e8kv_cache_load_into(e8kv_cache *cache, const void *src, size_t src_size)
     }
     for (size_t g = 0; g < c->n_codecs && !e8kv_is_error(res); g++)
         res = load_group(&r, c, c->codecs[g]);
+    if (!e8kv_is_error(res) && c->ev.scorer) res = load_evict(&r, c);
     if (!e8kv_is_error(res) && r.p != r.end) res = E8KV_ERR(CORRUPTED);
     if (e8kv_is_error(res)) {
         e8kv_cache_clear(c);
         return res;
     }
+    for (size_t l = 0; l < c->n_layer; l++) /* positions: evicted tokens count */
+        if (c->layers[l].n_tokens + c->layers[l].n_evicted > n_max)
+            n_max = c->layers[l].n_tokens + c->layers[l].n_evicted;
     return n_max;
 }
 
@@ -650,4 +670,117 @@ e8kv_cache *e8kv_cache_load_file(const char *path, size_t n_threads, size_t *err
     e8kv_cache *c = e8kv_cache_load(buf, n, n_threads, err);
     free(buf);
     return c;
+}
+
+/* ---------------------------------------------------------------- eviction section (doc/format.md §4.7)
+ *
+ * Present when the canonical spec has evict=: per layer u32 n_evicted and u32 n_map, then u32 frame size
+ * and a frame (zstd after a delta along rows, 4-byte rows) of every kept position of the mapped slots in
+ * (layer, head, slot) order as u32 LE; size 0 when no layer has any. Loaded positions must describe what
+ * eviction can make: per head strictly increasing, the sink positions at their own slots, the last
+ * mapped slot at position n_map - 1 + n_evicted (the slots after it continue from there). */
+
+#define EVICT_FRAME_ROWS 4096
+
+static size_t evict_rows(const e8kv_cache *c) {
+    size_t n = 0;
+    for (size_t l = 0; l < c->n_layer; l++)
+        n += c->n_head_kv * c->layers[l].n_map;
+    return n;
+}
+
+static size_t evict_bound(const e8kv_cache *c) {
+    const size_t rows = evict_rows(c);
+    size_t n = 8 * c->n_layer + 4;
+    if (rows) {
+        const size_t b = e8kv_compress_bound(4, rows, EVICT_FRAME_ROWS, 0);
+        E8KV_RETURN_IF_ERROR(b);
+        n += b;
+    }
+    return n;
+}
+
+static size_t save_evict(wbuf *w, const e8kv_cache *c) {
+    for (size_t l = 0; l < c->n_layer; l++) {
+        const kv_layer *L = &c->layers[l];
+        if (L->n_evicted > UINT32_MAX || L->n_map + L->n_evicted > UINT32_MAX) return E8KV_ERR(UNSUPPORTED);
+        E8KV_RETURN_IF_ERROR(put_u32(w, (uint32_t)L->n_evicted));
+        E8KV_RETURN_IF_ERROR(put_u32(w, (uint32_t)L->n_map));
+    }
+    const size_t rows = evict_rows(c);
+    if (rows == 0) return put_u32(w, 0);
+    uint8_t *buf = malloc(rows * 4);
+    if (!buf) return E8KV_ERR(OUT_OF_MEMORY);
+    size_t o = 0;
+    for (size_t l = 0; l < c->n_layer; l++)
+        for (size_t i = 0; i < c->n_head_kv * c->layers[l].n_map; i++, o += 4)
+            e8kv_store_le32(buf + o, c->layers[l].pos[i]);
+    const e8kv_frame_params fp = {
+        .content = E8KV_FRAME_BYTES, .coder = E8KV_FRAME_ZSTD, .rows_per_page = EVICT_FRAME_ROWS, .delta = 1};
+    size_t r = (size_t)(w->end - w->p) < 4 ? E8KV_ERR(DST_TOO_SMALL) : 0;
+    if (!e8kv_is_error(r)) r = e8kv_frame_encode(w->p + 4, (size_t)(w->end - w->p) - 4, buf, 4, rows, &fp);
+    free(buf);
+    if (e8kv_is_error(r)) return r;
+    if (r > UINT32_MAX) return E8KV_ERR(UNSUPPORTED);
+    e8kv_store_le32(w->p, (uint32_t)r);
+    w->p += 4 + r;
+    return 0;
+}
+
+static size_t load_evict(rbuf *r, e8kv_cache *c) {
+    const size_t H = c->n_head_kv;
+    const uint8_t *b = NULL;
+    size_t rows = 0;
+    for (size_t l = 0; l < c->n_layer; l++) {
+        kv_layer *L = &c->layers[l];
+        E8KV_RETURN_IF_ERROR(take(r, &b, 8));
+        L->n_evicted = e8kv_load_le32(b);
+        L->n_map = e8kv_load_le32(b + 4);
+        if (L->n_map > L->n_tokens || (L->n_map == 0) != (L->n_evicted == 0) ||
+            L->n_map + L->n_evicted > UINT32_MAX) {
+            for (size_t i = 0; i <= l; i++) /* no index allocated yet */
+                c->layers[i].n_map = c->layers[i].n_evicted = 0;
+            return E8KV_ERR(CORRUPTED);
+        }
+        rows += H * L->n_map; /* n_map <= n_tokens <= n_ctx: no overflow */
+    }
+    E8KV_RETURN_IF_ERROR(take(r, &b, 4));
+    const size_t size = e8kv_load_le32(b);
+    size_t res = (size == 0) != (rows == 0) ? E8KV_ERR(CORRUPTED) : 0;
+    const uint8_t *fr = NULL;
+    uint8_t *buf = NULL;
+    if (!res && size) res = take(r, &fr, size);
+    e8kv_frame_info fi;
+    if (!res && size) res = e8kv_frame_get_info(&fi, fr, size);
+    if (!e8kv_is_error(res) && size && (fi.row_bytes != 4 || fi.n_rows != rows)) res = E8KV_ERR(CORRUPTED);
+    if (!e8kv_is_error(res) && size && !(buf = malloc(rows * 4))) res = E8KV_ERR(OUT_OF_MEMORY);
+    if (!e8kv_is_error(res) && size) res = e8kv_frame_decode(buf, rows * 4, fr, size);
+    size_t o = 0;
+    for (size_t l = 0; l < c->n_layer && !e8kv_is_error(res); l++) {
+        kv_layer *L = &c->layers[l];
+        const size_t m = L->n_map;
+        if (!m) continue;
+        L->pos = malloc(H * m * sizeof *L->pos);
+        if (!L->pos) {
+            res = E8KV_ERR(OUT_OF_MEMORY);
+            break;
+        }
+        c->index_bytes += H * m * sizeof *L->pos;
+        for (size_t h = 0; h < H; h++)
+            for (size_t i = 0; i < m; i++, o += 4) {
+                const uint32_t p = e8kv_load_le32(buf + o);
+                L->pos[h * m + i] = p;
+                if ((i > 0 && p <= L->pos[h * m + i - 1]) || (i < c->n_sink && p != i) ||
+                    (i + 1 == m && p != m - 1 + L->n_evicted))
+                    res = E8KV_ERR(CORRUPTED);
+            }
+    }
+    free(buf);
+    if (e8kv_is_error(res))
+        for (size_t l = 0; l < c->n_layer; l++) { /* load_into clears the rest */
+            kv_layer *L = &c->layers[l];
+            if (!L->pos) L->n_map = L->n_evicted = 0; /* read but not allocated: nothing counted */
+            e8kv_evict_reset(c, L);
+        }
+    return e8kv_is_error(res) ? res : 0;
 }
