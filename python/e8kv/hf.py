@@ -232,6 +232,9 @@ class E8KVCache(Cache):
     def _new_row(self) -> core.Cache:
         s = self.shape
         pre_ok = s.rope_problem is None
+        if not pre_ok and ("rope=pre" in self.spec or "e8t" in self.spec or "auto=" in self.spec):
+            raise UnsupportedModelError(f"e8kv cache '{self.spec}' codes keys before RoPE, which {s.model_type} "
+                                        f"does not allow: {s.rope_problem}")
         try:
             c = core.Cache(s.n_layer, s.n_head_kv, s.head_dim, self.n_ctx, self.spec, seed=self.seed,
                            n_threads=self.n_threads, rope_theta=s.rope_theta if pre_ok else 0.0,
@@ -241,8 +244,6 @@ class E8KVCache(Cache):
             if e.code == ErrorCode.SPEC and self.calib is None and ("e8t" in self.spec or "auto=" in self.spec):
                 hint = " (e8t/e8tv formats and auto= need a calibration: calib=e8kv.hf.calibrate(...) or a file " \
                        "from `e8kv calibrate`)"
-            elif not pre_ok and ("e8t" in self.spec or "rope=pre" in self.spec):
-                hint = f" (these keys must be coded before RoPE, which this model does not allow: {s.rope_problem})"
             raise E8KVError(e.code, f"e8kv cache '{self.spec}' for {s.model_type}{hint}") from None
         return c
 
@@ -415,7 +416,7 @@ def compress(model: Any, spec: str = "balanced", *, calib: Union[Calib, str, os.
 
     def generate(*args: Any, **kw: Any) -> Any:
         if not has_cache(kw):
-            kw["past_key_values"] = make()
+            kw["cache"] = make()
         return orig_generate(*args, **kw)
 
     def forward(*args: Any, **kw: Any) -> Any:
@@ -462,7 +463,7 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
 @torch.no_grad()
 def perplexity(model: Any, ids: Sequence[int], specs: Sequence[str], *, n_ctx: int = 512, n_chunks: int = 0,
                calib: Union[Calib, str, None] = None, add_bos: bool = False, bos_id: int = 1, seed: int = 0,
-               n_threads: int = 0, progress: bool = False) -> dict[str, dict[str, float]]:
+               n_threads: int = 0, progress: bool = False, desc: str = "e8kv ppl") -> dict[str, dict[str, float]]:
     """The `e8kv ppl` protocol (engine/ppl.h, llama-perplexity) through transformers: chunks of n_ctx token
     ids, each from an empty cache (first token BOS when add_bos), second half scored; every spec against the
     "f32" e8kv cache as the baseline. Returns {spec: {ppl, ppl_se, kld, top1, n_bytes, bits_per_value}}."""
@@ -473,7 +474,7 @@ def perplexity(model: Any, ids: Sequence[int], specs: Sequence[str], *, n_ctx: i
     chunks = _chunks(ids, n_ctx, n_chunks)
     acc = {s: {"nll": 0.0, "nll2": 0.0, "kld": 0.0, "top1": 0, "count": 0, "n_bytes": 0, "bpv": 0.0}
            for s in ["f32", *specs]}
-    bar = _progress(len(chunks) * (1 + len(specs)), "e8kv ppl", progress)
+    bar = _progress(len(chunks) * (1 + len(specs)), desc, progress)
     for chunk in chunks:
         target = torch.tensor(chunk[first + 1:], dtype=torch.long)
         if add_bos:
@@ -570,13 +571,9 @@ def calibrate(model: Any, tok: Any, texts: Union[str, Iterable[str], Sequence[in
         n_s = 2 * shape.n_layer
         specs = [f"f32,sink={probe_sink},rope=pre,layer{i % shape.n_layer}.{'k' if i < shape.n_layer else 'v'}={probe}"
                  for i in range(n_s)]
-        res = {}
-        bar = _progress(n_s, "e8kv calibrate: sensitivity probes", progress)
-        for i in range(0, n_s, 8):
-            res.update(perplexity(model, ids, specs[i:i + 8], n_ctx=n_ctx, n_chunks=probe_chunks, calib=cal,
-                                  add_bos=add_bos, bos_id=bos_id, n_threads=n_threads))
-            bar.update(min(8, n_s - i))
-        bar.close()
+        res = perplexity(model, ids, specs, n_ctx=n_ctx, n_chunks=probe_chunks, calib=cal, add_bos=add_bos,
+                         bos_id=bos_id, n_threads=n_threads, progress=progress,
+                         desc="e8kv calibrate: sensitivity probes")
         for i, spec in enumerate(specs):
             cal.set_sensitivity(i % shape.n_layer, i >= shape.n_layer, max(res[spec]["kld"], 0.0) * 4.0 ** rate)
     if out is not None:
