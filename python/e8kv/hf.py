@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from . import core
@@ -297,7 +297,6 @@ class E8KVCache(Cache):
 
     def _attend(self, layer: int, pos0: int, query: torch.Tensor, scaling: Optional[float]) -> torch.Tensor:
         """query (b, n_head, t, d) with RoPE -> attention output (b, t, n_head, d)."""
-        s = self.shape
         b, n_head, t, d = query.shape
         q = self._to_cache_layout(query, pos0, "exact")
         if scaling is not None and abs(scaling * math.sqrt(d) - 1.0) > 1e-6:
