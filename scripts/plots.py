@@ -2,12 +2,13 @@
 """Draw the pictures of README.md / BENCHMARKS.md from the JSON the CLI prints.
 
     python scripts/plots.py              # run the measurements (below), then draw doc/img/*.png
-    python scripts/plots.py --no-run     # redraw from the JSON kept in doc/img/*.jsonl
+    python scripts/plots.py --no-run     # redraw from the JSON kept in doc/img/*.json*
 
-Measurements (each JSON file is kept next to the PNGs, with the command that made it in doc/img/README.md):
+Measurements (each JSON file is kept next to the PNGs):
   codec_gauss.jsonl  e8kv bench codec --json --n-vec 16384 --reps 1            (i.i.d. Gaussian, head_dim 64)
   ppl_smollm2.jsonl  e8kv ppl -f wiki.test.raw --ctx 512 --chunks N --json --kv ... (the default model)
-  a calibration      e8kv calibrate -f tinyshakespeare --chunks 4 (its per-layer sensitivities)
+  sensitivity_smollm2.json  the per-layer sensitivities of `e8kv calibrate -f tinyshakespeare/input.txt
+                     --chunks 4` (a temporary calibration, also used by the e8tv rows of the ppl run)
 
 Pictures:
   rate_distortion.png    SNR against bits per value for every codec, with the Shannon bound 6.02 dB/bit
@@ -20,6 +21,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMG = os.path.join(ROOT, "doc", "img")
@@ -108,7 +110,8 @@ def plot_ppl(rows, path, plt):
     plt.close(fig)
 
 
-def plot_sensitivity(calib_path, path, plt):
+def sensitivities(calib_path, out_json):
+    """Per-layer K/V sensitivities of a calibration (read through the Python package) into a JSON file."""
     sys.path.insert(0, os.path.join(ROOT, "python"))
     lib = os.path.join(ROOT, "build", "libe8kv.so")
     if not os.environ.get("E8KV_LIB") and os.path.exists(lib):
@@ -116,10 +119,19 @@ def plot_sensitivity(calib_path, path, plt):
     import e8kv
     cal = e8kv.Calib.load(calib_path)
     n_layer = cal.info()[0]
-    k = [cal.sensitivity(layer, False) for layer in range(n_layer)]
-    v = [cal.sensitivity(layer, True) for layer in range(n_layer)]
-    if min(k + v) < 0:
+    d = {"calibration": os.path.basename(calib_path), "k": [cal.sensitivity(i, False) for i in range(n_layer)],
+         "v": [cal.sensitivity(i, True) for i in range(n_layer)]}
+    if min(d["k"] + d["v"]) < 0:
         raise SystemExit(f"{calib_path} has no sensitivities (calibrate without --no-sensitivity)")
+    with open(out_json, "w") as f:
+        json.dump(d, f)
+        f.write("\n")
+
+
+def plot_sensitivity(sens_json, path, plt):
+    with open(sens_json) as f:
+        d = json.load(f)
+    k, v, n_layer = d["k"], d["v"], len(d["k"])
     fig, ax = plt.subplots(figsize=(10, 4))
     xs = list(range(n_layer))
     ax.bar([x - 0.2 for x in xs], k, width=0.4, label="K")
@@ -127,7 +139,7 @@ def plot_sensitivity(calib_path, path, plt):
     ax.set_yscale("log")
     ax.set_xlabel("layer")
     ax.set_ylabel("sensitivity c (KLD ≈ c·4^(−B), nats/token)")
-    ax.set_title(f"Per-layer K/V sensitivities of {os.path.basename(calib_path)} (what auto=e8tv:B water-fills)")
+    ax.set_title(f"Per-layer K/V sensitivities of {d['calibration']} (what auto=e8tv:B water-fills)")
     ax.grid(alpha=0.3, axis="y")
     ax.legend()
     fig.tight_layout()
@@ -150,7 +162,9 @@ def main():
     os.makedirs(IMG, exist_ok=True)
     codec_json = os.path.join(IMG, "codec_gauss.jsonl")
     ppl_json = os.path.join(IMG, "ppl_smollm2.jsonl")
-    calib = a.calib or os.path.join(IMG, "smollm2.e8cal")
+    sens_json = os.path.join(IMG, "sensitivity_smollm2.json")
+    tmp = tempfile.TemporaryDirectory()
+    calib = a.calib or os.path.join(tmp.name, "smollm2-tinyshakespeare.e8cal")
     if not a.no_run:
         t = ["--threads", str(a.threads)] if a.threads else []
         run([a.cli, "bench", "codec", "--json", "--n-vec", "16384", "--reps", "1"], codec_json)
@@ -160,9 +174,10 @@ def main():
         kv = sum([["--kv", f + (",sink=1" if f.startswith(("auto", "e8tv")) else "")] for f in PPL_FORMATS], [])
         run([a.cli, "ppl", "-f", os.path.join(DATA, "wikitext-2-raw", "wiki.test.raw"), "--ctx", "512", "--chunks",
              str(a.chunks), "--calib", calib, "--json", *t, "--kv", "f32", *kv], ppl_json)
+        sensitivities(calib, sens_json)
     plot_rate_distortion(read_jsonl(codec_json), os.path.join(IMG, "rate_distortion.png"), plt)
     plot_ppl(read_jsonl(ppl_json), os.path.join(IMG, "ppl_vs_bits.png"), plt)
-    plot_sensitivity(calib, os.path.join(IMG, "sensitivity.png"), plt)
+    plot_sensitivity(sens_json, os.path.join(IMG, "sensitivity.png"), plt)
     print("wrote", ", ".join(os.path.relpath(os.path.join(IMG, n), ROOT)
                              for n in ["rate_distortion.png", "ppl_vs_bits.png", "sensitivity.png"]))
 
