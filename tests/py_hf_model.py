@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import DynamicCache, LlamaConfig  # noqa: E402
 
-from hf_testlib import e8kv, ids, model, tok  # noqa: E402,F401,F811  (e8kv.hf loaded; pytest fixtures)
+from hf_testlib import e8kv, ids, model, slice_file, tok  # noqa: E402,F401,F811  (e8kv.hf loaded; pytest fixtures)
 
 
 
