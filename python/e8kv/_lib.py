@@ -1,0 +1,143 @@
+"""Loading libe8kv and declaring the C signatures of include/e8kv.h for ctypes.
+
+The library is looked up in this order: $E8KV_LIB (a path, used by the test suite to load a build tree's
+library), the libe8kv.so installed next to this file by `pip install .`, then the system's loader path.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_size_t, c_uint, c_uint64, c_void_p
+
+E8KV_CACHE_SPEC_MAX_LEN = 8191
+
+
+class CacheParams(ctypes.Structure):
+    """e8kv_cache_params (include/e8kv.h), field for field."""
+
+    _fields_ = [
+        ("n_layer", c_size_t),
+        ("n_head_kv", c_size_t),
+        ("head_dim", c_size_t),
+        ("n_ctx", c_size_t),
+        ("spec", c_char_p),
+        ("seed", c_uint64),
+        ("n_threads", c_size_t),
+        ("rope_theta", c_float),
+        ("rope_neox", c_int),
+        ("calib", c_void_p),
+    ]
+
+
+class CacheFileInfo(ctypes.Structure):
+    """e8kv_cache_file_info (include/e8kv.h), field for field."""
+
+    _fields_ = [
+        ("version", c_uint),
+        ("n_layer", c_size_t),
+        ("n_head_kv", c_size_t),
+        ("head_dim", c_size_t),
+        ("n_ctx", c_size_t),
+        ("page_tokens", c_size_t),
+        ("seed", c_uint64),
+        ("rope_theta", c_float),
+        ("rope_neox", c_int),
+        ("spec", ctypes.c_char * (E8KV_CACHE_SPEC_MAX_LEN + 1)),
+        ("meta_offset", c_size_t),
+        ("meta_size", c_size_t),
+        ("file_size", c_size_t),
+        ("calib_offset", c_size_t),
+        ("calib_size", c_size_t),
+    ]
+
+
+_SZ = POINTER(c_size_t)
+_F = POINTER(c_float)
+
+# name: (restype, argtypes)
+_SIGNATURES = {
+    "e8kv_version_number": (c_uint, []),
+    "e8kv_version_string": (c_char_p, []),
+    "e8kv_is_error": (c_uint, [c_size_t]),
+    "e8kv_get_error_code": (c_int, [c_size_t]),
+    "e8kv_error_name": (c_char_p, [c_size_t]),
+    "e8kv_error_code_name": (c_char_p, [c_int]),
+    # codecs
+    "e8kv_codec_create": (c_void_p, [c_char_p, c_size_t, c_uint64, _SZ]),
+    "e8kv_codec_free": (None, [c_void_p]),
+    "e8kv_codec_spec": (c_char_p, [c_void_p]),
+    "e8kv_codec_head_dim": (c_size_t, [c_void_p]),
+    "e8kv_codec_vector_bytes": (c_size_t, [c_void_p]),
+    "e8kv_codec_bits_per_value": (c_double, [c_void_p]),
+    "e8kv_codec_is_rotated": (c_int, [c_void_p]),
+    "e8kv_codec_encode": (c_size_t, [c_void_p, c_void_p, c_size_t, _F, c_size_t]),
+    "e8kv_codec_decode": (c_size_t, [c_void_p, _F, c_size_t, c_void_p, c_size_t, c_size_t]),
+    "e8kv_codec_decode_rotated": (c_size_t, [c_void_p, _F, c_size_t, c_void_p, c_size_t, c_size_t]),
+    "e8kv_codec_rotate": (c_size_t, [c_void_p, _F, c_size_t, c_int]),
+    # calibration
+    "e8kv_calib_create": (c_void_p, [c_size_t, c_size_t, c_size_t, _SZ]),
+    "e8kv_calib_free": (None, [c_void_p]),
+    "e8kv_calib_observe": (c_size_t, [c_void_p, c_size_t, _F, _F, c_size_t]),
+    "e8kv_calib_observe_q": (c_size_t, [c_void_p, c_size_t, _F, c_size_t, c_size_t]),
+    "e8kv_calib_finalize": (c_size_t, [c_void_p]),
+    "e8kv_calib_info": (c_size_t, [c_void_p, _SZ, _SZ, _SZ, _SZ]),
+    "e8kv_calib_eigenvalues": (_F, [c_void_p, c_size_t, c_int, c_size_t]),
+    "e8kv_calib_query_energy": (_F, [c_void_p, c_size_t, c_size_t]),
+    "e8kv_calib_set_sensitivity": (c_size_t, [c_void_p, c_size_t, c_int, c_double]),
+    "e8kv_calib_sensitivity": (c_double, [c_void_p, c_size_t, c_int]),
+    "e8kv_calib_bytes": (c_size_t, [c_void_p]),
+    "e8kv_calib_save_file": (c_size_t, [c_void_p, c_char_p]),
+    "e8kv_calib_load_file": (c_void_p, [c_char_p, _SZ]),
+    # cache
+    "e8kv_cache_create": (c_void_p, [POINTER(CacheParams), _SZ]),
+    "e8kv_cache_free": (None, [c_void_p]),
+    "e8kv_cache_append": (c_size_t, [c_void_p, c_size_t, _F, _F, c_size_t]),
+    "e8kv_cache_attend": (c_size_t, [c_void_p, _F, c_size_t, c_size_t, _F, c_size_t, c_size_t, c_size_t]),
+    "e8kv_cache_n_tokens": (c_size_t, [c_void_p, c_size_t]),
+    "e8kv_cache_truncate": (c_size_t, [c_void_p, c_size_t]),
+    "e8kv_cache_clear": (None, [c_void_p]),
+    "e8kv_cache_bytes": (c_size_t, [c_void_p]),
+    "e8kv_cache_fixed_bytes": (c_size_t, [c_void_p]),
+    "e8kv_cache_page_tokens": (c_size_t, [c_void_p]),
+    "e8kv_cache_bits_per_value": (c_double, [c_void_p]),
+    "e8kv_cache_preset_spec": (c_char_p, [c_char_p]),
+    "e8kv_cache_keys_pre_rope": (c_int, [c_void_p]),
+    "e8kv_cache_save_bound": (c_size_t, [c_void_p, c_size_t]),
+    "e8kv_cache_save": (c_size_t, [c_void_p, c_size_t, c_void_p, c_void_p, c_size_t]),
+    "e8kv_cache_file_get_info": (c_size_t, [POINTER(CacheFileInfo), c_void_p, c_size_t]),
+    "e8kv_cache_load": (c_void_p, [c_void_p, c_size_t, c_size_t, _SZ]),
+    "e8kv_cache_load_into": (c_size_t, [c_void_p, c_void_p, c_size_t]),
+    "e8kv_cache_save_file": (c_size_t, [c_void_p, c_char_p, c_void_p, c_size_t]),
+    "e8kv_cache_load_file": (c_void_p, [c_char_p, c_size_t, _SZ]),
+}
+
+
+def _candidates() -> list[str]:
+    env = os.environ.get("E8KV_LIB")
+    here = os.path.dirname(os.path.abspath(__file__))
+    names = ["libe8kv.so", "libe8kv.dylib"] if sys.platform != "win32" else ["e8kv.dll"]
+    out = [env] if env else []
+    out += [os.path.join(here, n) for n in names]
+    out += names
+    return out
+
+
+def _load() -> ctypes.CDLL:
+    errors = []
+    for path in _candidates():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            errors.append(f"{path}: {e}")
+            continue
+        for name, (res, args) in _SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.restype = res
+            fn.argtypes = args
+        return lib
+    raise ImportError("e8kv: cannot load the C library libe8kv (install the package with `pip install .` from "
+                      "the repository, or set E8KV_LIB to a built libe8kv.so):\n  " + "\n  ".join(errors))
+
+
+lib = _load()

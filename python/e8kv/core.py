@@ -1,0 +1,421 @@
+"""The C library's objects in Python: codecs, the paged compressed KV cache, calibrations.
+
+Zero copy: float32, C-contiguous numpy arrays and CPU torch tensors are handed to C by pointer
+(`ndarray.ctypes.data`, `Tensor.data_ptr()`); other dtypes or layouts are converted once, as a whole
+array (never element by element). Outputs come back in the kind of array the input was (numpy or torch).
+Every C error code becomes an `E8KVError` carrying the library's error name (`e8kv_error_name`).
+
+Devices: the cache lives in host memory ("cpu"). The CUDA cache (include/e8kv_cuda.h) will be a second
+backend behind the same `Cache` interface, selected by `device=`.
+"""
+from __future__ import annotations
+
+import ctypes
+import enum
+import os
+from ctypes import POINTER, byref, c_float, c_size_t
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from ._lib import CacheFileInfo, CacheParams, lib
+
+try:  # torch is optional for the core binding
+    import torch as _torch
+except ImportError:  # pragma: no cover - exercised only without torch
+    _torch = None
+
+ArrayLike = Any  # numpy.ndarray or torch.Tensor
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class ErrorCode(enum.IntEnum):
+    """e8kv_error_code (include/e8kv.h); values are pinned by the C header."""
+
+    NO_ERROR = 0
+    GENERIC = 1
+    BAD_ARGUMENT = 2
+    HEAD_DIM = 3
+    RATE = 4
+    DST_TOO_SMALL = 5
+    NONFINITE = 6
+    OUT_OF_MEMORY = 7
+    CORRUPTED = 8
+    TRUNCATED = 9
+    VERSION = 10
+    CHECKSUM = 11
+    SPEC = 12
+    CONTEXT_FULL = 13
+    DIMENSION = 14
+    RANGE = 15
+    IO = 16
+    UNSUPPORTED = 17
+    SRC_SIZE = 18
+
+
+class E8KVError(RuntimeError):
+    """An error returned by the C library. `code` is the ErrorCode, `name` the library's error name
+    (e8kv_error_name, e.g. "head_dim not supported by this format")."""
+
+    def __init__(self, code: int, what: str = "") -> None:
+        self.code = ErrorCode(code) if code in ErrorCode._value2member_map_ else code
+        self.name: str = lib.e8kv_error_code_name(int(code)).decode()
+        super().__init__(f"{what}: {self.name}" if what else self.name)
+
+
+def _check(ret: int, what: str) -> int:
+    """Raise E8KVError when `ret` (a size_t from C) is an error code, else return it."""
+    if lib.e8kv_is_error(ret):
+        raise E8KVError(lib.e8kv_get_error_code(ret), what)
+    return ret
+
+
+def version() -> str:
+    """The C library's version string."""
+    return lib.e8kv_version_string().decode()
+
+
+def preset_spec(name: str) -> Optional[str]:
+    """The cache spec a preset (near-lossless, balanced, aggressive) expands to; None when unknown."""
+    r = lib.e8kv_cache_preset_spec(name.encode())
+    return r.decode() if r else None
+
+
+# ------------------------------------------------------------------------------------------ buffers
+def _is_torch(x: Any) -> bool:
+    return _torch is not None and isinstance(x, _torch.Tensor)
+
+
+def _f32(x: ArrayLike) -> tuple[Any, Any, int]:
+    """(array kept alive, float* to its data, number of floats) for a float32 C-contiguous view of x."""
+    if _is_torch(x):
+        if x.device.type != "cpu":
+            raise E8KVError(ErrorCode.UNSUPPORTED, f"tensor on {x.device}: this cache lives on the CPU")
+        t = x.detach()
+        if t.dtype != _torch.float32:
+            t = t.to(_torch.float32)
+        t = t.contiguous()
+        return t, ctypes.cast(t.data_ptr(), POINTER(c_float)), t.numel()
+    a = np.ascontiguousarray(x, dtype=np.float32)
+    return a, a.ctypes.data_as(POINTER(c_float)), a.size
+
+
+def _bytes_in(x: Any) -> tuple[Any, int, int]:
+    """(object kept alive, void* address, byte count) for bytes, bytearray, numpy uint8 or torch uint8."""
+    if isinstance(x, (bytes, bytearray, memoryview)):
+        a = np.frombuffer(x, dtype=np.uint8)
+        return a, a.ctypes.data, a.size
+    if _is_torch(x):
+        t = x.detach().contiguous()
+        return t, t.data_ptr(), t.numel() * t.element_size()
+    a = np.ascontiguousarray(x)
+    return a, a.ctypes.data, a.nbytes
+
+
+def _empty_like_kind(template: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
+    """A float32 output array of the same kind (torch/numpy) as template, and its float*."""
+    if _is_torch(template):
+        t = _torch.empty(shape, dtype=_torch.float32)
+        return t, ctypes.cast(t.data_ptr(), POINTER(c_float))
+    a = np.empty(shape, dtype=np.float32)
+    return a, a.ctypes.data_as(POINTER(c_float))
+
+
+# ------------------------------------------------------------------------------------------ codec
+class Codec:
+    """A fixed-rate vector format: `head_dim` floats <-> `vector_bytes` bytes (side information included),
+    each vector decodable from its own bytes. `spec` as in include/e8kv.h ("e8:4", "e8box:4", "q4_0h")."""
+
+    def __init__(self, spec: str, head_dim: int, seed: int = 0) -> None:
+        err = c_size_t(0)
+        self._p = lib.e8kv_codec_create(spec.encode(), head_dim, seed, byref(err))
+        if not self._p:
+            raise E8KVError(lib.e8kv_get_error_code(err.value), f"codec '{spec}' at head_dim {head_dim}")
+
+    def __del__(self) -> None:
+        if getattr(self, "_p", None):
+            lib.e8kv_codec_free(self._p)
+            self._p = None
+
+    @property
+    def spec(self) -> str:
+        return lib.e8kv_codec_spec(self._p).decode()
+
+    @property
+    def head_dim(self) -> int:
+        return lib.e8kv_codec_head_dim(self._p)
+
+    @property
+    def vector_bytes(self) -> int:
+        """Bytes of one encoded vector, side information included."""
+        return lib.e8kv_codec_vector_bytes(self._p)
+
+    @property
+    def bits_per_value(self) -> float:
+        """8 * vector_bytes / head_dim: every byte counted."""
+        return lib.e8kv_codec_bits_per_value(self._p)
+
+    rate = bits_per_value
+
+    @property
+    def rotated(self) -> bool:
+        return bool(lib.e8kv_codec_is_rotated(self._p))
+
+    def encode(self, x: ArrayLike) -> np.ndarray:
+        """Encode vectors x (..., head_dim) into uint8 codes (..., vector_bytes)."""
+        keep, ptr, n = _f32(x)
+        hd = self.head_dim
+        if n % hd or n == 0:
+            raise E8KVError(ErrorCode.SRC_SIZE, f"{n} floats are not whole vectors of {hd}")
+        n_vec = n // hd
+        out = np.empty(n_vec * self.vector_bytes, dtype=np.uint8)
+        _check(lib.e8kv_codec_encode(self._p, out.ctypes.data, out.nbytes, ptr, n_vec), "encode")
+        shape = tuple(keep.shape[:-1]) if keep.shape and keep.shape[-1] == hd else (n_vec,)
+        return out.reshape(*shape, self.vector_bytes)
+
+    def decode(self, codes: Any, rotated: bool = False) -> np.ndarray:
+        """Decode uint8 codes (..., vector_bytes) into float32 vectors (..., head_dim). rotated=True keeps
+        the codec's Hadamard domain (what the attention kernels work in)."""
+        keep, addr, nb = _bytes_in(codes)
+        vb = self.vector_bytes
+        if nb % vb or nb == 0:
+            raise E8KVError(ErrorCode.SRC_SIZE, f"{nb} bytes are not whole vectors of {vb}")
+        n_vec = nb // vb
+        out = np.empty((n_vec, self.head_dim), dtype=np.float32)
+        fn = lib.e8kv_codec_decode_rotated if rotated else lib.e8kv_codec_decode
+        _check(fn(self._p, out.ctypes.data_as(POINTER(c_float)), out.size, addr, nb, n_vec), "decode")
+        shape = np.shape(keep)
+        lead = tuple(shape[:-1]) if len(shape) >= 2 and shape[-1] == vb else (n_vec,)
+        return out.reshape(*lead, self.head_dim)
+
+    def __repr__(self) -> str:
+        return f"Codec('{self.spec}', head_dim={self.head_dim}, {self.bits_per_value:.3f} bits/value)"
+
+
+# ------------------------------------------------------------------------------------------ calibration
+class Calib:
+    """A calibration of a model for the e8t/e8tv formats and auto= allocation (include/e8kv.h):
+    K (before RoPE) and V covariances, query energies, sensitivities. Same file format as `e8kv calibrate`."""
+
+    def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, *, _ptr: Optional[int] = None) -> None:
+        if _ptr is not None:
+            self._p = _ptr
+            return
+        err = c_size_t(0)
+        self._p = lib.e8kv_calib_create(n_layer, n_head_kv, head_dim, byref(err))
+        if not self._p:
+            raise E8KVError(lib.e8kv_get_error_code(err.value), "calibration")
+
+    def __del__(self) -> None:
+        if getattr(self, "_p", None):
+            lib.e8kv_calib_free(self._p)
+            self._p = None
+
+    @classmethod
+    def load(cls, path: PathLike) -> "Calib":
+        err = c_size_t(0)
+        p = lib.e8kv_calib_load_file(os.fsencode(path), byref(err))
+        if not p:
+            raise E8KVError(lib.e8kv_get_error_code(err.value), f"load calibration {os.fspath(path)}")
+        return cls(0, 0, 0, _ptr=p)
+
+    def save(self, path: PathLike) -> int:
+        """Write the calibration file (doc/format.md §5); returns the bytes written."""
+        return _check(lib.e8kv_calib_save_file(self._p, os.fsencode(path)), f"save {os.fspath(path)}")
+
+    def info(self) -> tuple[int, int, int, int]:
+        """(n_layer, n_head_kv, head_dim, tokens observed in layer 0)."""
+        v = [c_size_t(0) for _ in range(4)]
+        _check(lib.e8kv_calib_info(self._p, *[byref(x) for x in v]), "calibration info")
+        return tuple(x.value for x in v)  # type: ignore[return-value]
+
+    def observe(self, layer: int, k: ArrayLike, v: ArrayLike) -> int:
+        """One sequence of one layer: k (before RoPE) and v, (n_tok, n_head_kv * head_dim)."""
+        kk, kp, kn = _f32(k)
+        vk, vp, vn = _f32(v)
+        _, n_head_kv, head_dim, _ = self.info()
+        row = n_head_kv * head_dim
+        if kn != vn or kn % row:
+            raise E8KVError(ErrorCode.SRC_SIZE, f"observe: k has {kn} floats, v {vn}, rows of {row}")
+        return _check(lib.e8kv_calib_observe(self._p, layer, kp, vp, kn // row), f"observe layer {layer}")
+
+    def observe_q(self, layer: int, q: ArrayLike, n_head: int) -> int:
+        """The queries (before RoPE) of one layer, (n_tok, n_head * head_dim)."""
+        qk, qp, qn = _f32(q)
+        head_dim = self.info()[2]
+        row = n_head * head_dim
+        if qn % row:
+            raise E8KVError(ErrorCode.SRC_SIZE, f"observe_q: {qn} floats are not rows of {row}")
+        return _check(lib.e8kv_calib_observe_q(self._p, layer, qp, n_head, qn // row), f"observe_q layer {layer}")
+
+    def finalize(self) -> None:
+        _check(lib.e8kv_calib_finalize(self._p), "finalize calibration")
+
+    def eigenvalues(self, layer: int, is_v: bool, head: int) -> np.ndarray:
+        p = lib.e8kv_calib_eigenvalues(self._p, layer, int(is_v), head)
+        if not p:
+            raise E8KVError(ErrorCode.BAD_ARGUMENT, "eigenvalues: not finalized or out of range")
+        return np.ctypeslib.as_array(p, shape=(self.info()[2],)).copy()
+
+    def set_sensitivity(self, layer: int, is_v: bool, c: float) -> None:
+        _check(lib.e8kv_calib_set_sensitivity(self._p, layer, int(is_v), float(c)), "set_sensitivity")
+
+    def sensitivity(self, layer: int, is_v: bool) -> float:
+        """KLD coefficient c of the stream (KLD ~ c * 4^-B), or -1.0 when the calibration has none."""
+        return lib.e8kv_calib_sensitivity(self._p, layer, int(is_v))
+
+    @property
+    def n_bytes(self) -> int:
+        return lib.e8kv_calib_bytes(self._p)
+
+
+# ------------------------------------------------------------------------------------------ cache
+class Cache:
+    """The paged compressed KV cache of include/e8kv.h: per layer and KV head, K and V of up to n_ctx tokens
+    as codes in pages; attention reads the codes (no decoded copy of the context exists).
+
+    spec: a cache spec ("e8:4", "balanced", "k=e8:4,v=e8:3,sink=1", "auto=e8tv:3" with calib=...).
+    rope_theta > 0 enables rope=pre caches (keys appended before RoPE, queries passed with RoPE);
+    `keys_pre_rope` says which keys the cache wants. rope_neox: the RoPE pair layout (False: interleaved
+    pairs (x[2i], x[2i+1]); True: split halves, the Hugging Face layout).
+    """
+
+    def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, n_ctx: int, spec: str = "e8:4", *,
+                 seed: int = 0, n_threads: int = 0, rope_theta: float = 0.0, rope_neox: bool = False,
+                 calib: Optional[Calib] = None, device: str = "cpu", _ptr: Optional[int] = None) -> None:
+        if str(device) != "cpu":
+            raise E8KVError(ErrorCode.UNSUPPORTED, f"device '{device}': this build of e8kv has the CPU cache only")
+        self.device = "cpu"
+        self._calib = calib  # the C cache borrows it: keep it alive as long as the cache
+        if _ptr is not None:
+            self._p = _ptr
+        else:
+            err = c_size_t(0)
+            self._spec_bytes = spec.encode()
+            params = CacheParams(n_layer=n_layer, n_head_kv=n_head_kv, head_dim=head_dim, n_ctx=n_ctx,
+                                 spec=self._spec_bytes, seed=seed, n_threads=n_threads,
+                                 rope_theta=float(rope_theta), rope_neox=int(bool(rope_neox)),
+                                 calib=calib._p if calib is not None else None)
+            self._p = lib.e8kv_cache_create(byref(params), byref(err))
+            if not self._p:
+                raise E8KVError(lib.e8kv_get_error_code(err.value),
+                                f"cache '{spec}' (n_layer {n_layer}, n_head_kv {n_head_kv}, head_dim {head_dim})")
+        self.n_layer, self.n_head_kv, self.head_dim, self.n_ctx = n_layer, n_head_kv, head_dim, n_ctx
+        self.spec = spec
+
+    def __del__(self) -> None:
+        if getattr(self, "_p", None):
+            lib.e8kv_cache_free(self._p)
+            self._p = None
+
+    # -- storing and reading
+    def append(self, layer: int, k: ArrayLike, v: ArrayLike) -> int:
+        """Store K and V of n_tok tokens at the layer's next positions: k, v (n_tok, n_head_kv * head_dim)
+        (or (n_tok, n_head_kv, head_dim)). Returns the layer's token count."""
+        kk, kp, kn = _f32(k)
+        vk, vp, vn = _f32(v)
+        row = self.n_head_kv * self.head_dim
+        if kn != vn or kn % row or kn == 0:
+            raise E8KVError(ErrorCode.SRC_SIZE, f"append: k has {kn} floats, v {vn}, rows of {row}")
+        return _check(lib.e8kv_cache_append(self._p, layer, kp, vp, kn // row), f"append layer {layer}")
+
+    def attend(self, layer: int, q: ArrayLike, pos0: Optional[int] = None, out: Optional[ArrayLike] = None) -> Any:
+        """Causal attention of n_tok queries q (n_tok, n_head * head_dim) at positions pos0 .. pos0+n_tok-1
+        (default: the layer's last n_tok positions) over the stored codes. Returns (n_tok, n_head*head_dim)
+        float32 of the same kind as q (or writes into `out`, a float32 contiguous array of that size)."""
+        qk, qp, qn = _f32(q)
+        n_tok = qk.shape[0] if len(qk.shape) >= 2 else 1
+        if qn % (n_tok * self.head_dim):
+            raise E8KVError(ErrorCode.SRC_SIZE, f"attend: {qn} floats in {n_tok} rows of whole heads")
+        n_head = qn // (n_tok * self.head_dim)
+        if pos0 is None:
+            pos0 = self.n_tokens(layer) - n_tok
+        if out is None:
+            out, op = _empty_like_kind(q, (n_tok, n_head * self.head_dim))
+        else:
+            _, op, on = _f32(out)
+            if on < qn or not (out.is_contiguous() if _is_torch(out) else out.flags.c_contiguous):
+                raise E8KVError(ErrorCode.DST_TOO_SMALL, "attend: out must be float32, contiguous, as large as q")
+        _check(lib.e8kv_cache_attend(self._p, op, qn, layer, qp, n_head, n_tok, pos0), f"attend layer {layer}")
+        return out
+
+    def n_tokens(self, layer: int = 0) -> int:
+        return lib.e8kv_cache_n_tokens(self._p, layer)
+
+    def truncate(self, n_keep: int) -> int:
+        return _check(lib.e8kv_cache_truncate(self._p, n_keep), "truncate")
+
+    def clear(self) -> None:
+        lib.e8kv_cache_clear(self._p)
+
+    # -- accounting
+    @property
+    def n_bytes(self) -> int:
+        """Bytes the cache has allocated (every live page at its aligned size + the fixed part)."""
+        return lib.e8kv_cache_bytes(self._p)
+
+    @property
+    def fixed_bytes(self) -> int:
+        return lib.e8kv_cache_fixed_bytes(self._p)
+
+    @property
+    def page_tokens(self) -> int:
+        return lib.e8kv_cache_page_tokens(self._p)
+
+    @property
+    def bits_per_value(self) -> float:
+        return lib.e8kv_cache_bits_per_value(self._p)
+
+    @property
+    def keys_pre_rope(self) -> bool:
+        """True: append keys before RoPE and pass queries with RoPE (rope=pre); False: keys with RoPE."""
+        return bool(lib.e8kv_cache_keys_pre_rope(self._p))
+
+    # -- persistence
+    def save(self, path: Optional[PathLike] = None, meta: bytes = b"") -> Union[bytes, int]:
+        """Serialize the whole cache (doc/format.md §4): to `path` (returns bytes written) or to bytes."""
+        m = np.frombuffer(meta, dtype=np.uint8) if meta else None
+        mp, ms = (m.ctypes.data, m.size) if m is not None else (None, 0)
+        if path is not None:
+            return _check(lib.e8kv_cache_save_file(self._p, os.fsencode(path), mp, ms), f"save {os.fspath(path)}")
+        cap = _check(lib.e8kv_cache_save_bound(self._p, ms), "save bound")
+        buf = np.empty(cap, dtype=np.uint8)
+        n = _check(lib.e8kv_cache_save(buf.ctypes.data, cap, self._p, mp, ms), "save")
+        return buf[:n].tobytes()
+
+    @classmethod
+    def load(cls, src: Union[PathLike, bytes], n_threads: int = 0, calib: Optional[Calib] = None) -> "Cache":
+        """A new cache from a saved file (path) or buffer (bytes), bit-identical in attention."""
+        if not isinstance(src, (bytes, bytearray, memoryview)):
+            with open(src, "rb") as f:
+                src = f.read()
+        keep, addr, nb = _bytes_in(src)
+        info = cls.file_info(src)
+        err = c_size_t(0)
+        p = lib.e8kv_cache_load(addr, nb, n_threads, byref(err))
+        if not p:
+            raise E8KVError(lib.e8kv_get_error_code(err.value), "load cache")
+        return cls(info["n_layer"], info["n_head_kv"], info["head_dim"], info["n_ctx"], info["spec"],
+                   calib=calib, _ptr=p)
+
+    def load_into(self, src: Union[PathLike, bytes]) -> int:
+        """Replace the contents by saved ones (same configuration). Returns the largest layer token count."""
+        if not isinstance(src, (bytes, bytearray, memoryview)):
+            with open(src, "rb") as f:
+                src = f.read()
+        keep, addr, nb = _bytes_in(src)
+        return _check(lib.e8kv_cache_load_into(self._p, addr, nb), "load_into")
+
+    @staticmethod
+    def file_info(src: bytes) -> dict:
+        """The header of a saved cache (e8kv_cache_file_get_info) as a dict."""
+        keep, addr, nb = _bytes_in(src)
+        info = CacheFileInfo()
+        _check(lib.e8kv_cache_file_get_info(byref(info), addr, nb), "cache file")
+        d = {name: getattr(info, name) for name, _ in CacheFileInfo._fields_}
+        d["spec"] = info.spec.decode()
+        return d
+
+    def __repr__(self) -> str:
+        return (f"Cache('{self.spec}', n_layer={self.n_layer}, n_head_kv={self.n_head_kv}, "
+                f"head_dim={self.head_dim}, n_ctx={self.n_ctx}, {self.n_bytes} bytes)")

@@ -1,0 +1,584 @@
+"""Hugging Face transformers (>= 5) integration: a Cache that holds only e8kv codes, and an attention
+function (registered as attn_implementation "e8kv" through transformers' AttentionInterface) that computes
+attention over the past with e8kv_cache_attend, from the codes. No full-precision copy of the past exists:
+each layer's update appends the new tokens' K/V to the C cache (where they are coded as they arrive, within
+the same forward pass too) and hands only those new tokens on.
+
+    with e8kv.hf.compress(model, spec="balanced"):
+        model.generate(**inputs)
+    model.generate(**inputs, past_key_values=e8kv.hf.E8KVCache(model.config, spec="e8:4"))
+
+RoPE. transformers applies RoPE before the cache update, so keys arrive with RoPE. A cache whose formats
+want keys before RoPE (rope=pre, the default of e8kv's own formats and required by the calibrated e8t/e8tv
+keys: e8kv_cache_keys_pre_rope) gets them with the rotation undone, exactly (the inverse rotation of the
+same angles, in float32), and the queries with RoPE as transformers made them; the C cache re-applies RoPE
+to each decoded key at attention time. Caches with rope=post (e8box, q4_0, f16...) get the keys as they are.
+Llama and Mistral checkpoints use split-half RoPE pairs in transformers but interleaved pairs in GGUF
+(llama.cpp permutes Wq/Wk); the cache sees keys and queries in the GGUF layout (the same permutation on
+both leaves q.k unchanged), so K/V vectors, calibrations and saved caches are the ones `e8kv ppl`,
+`e8kv calibrate` and `e8kv generate` see for the same model.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import threading
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
+
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from . import core
+from .core import Calib, E8KVError, ErrorCode
+
+ATTN_NAME = "e8kv"
+
+# RoPE pair layout in which the cache sees keys and queries, by transformers model_type: "interleaved"
+# (GGUF/Meta layout, transformers' split halves permuted back, as llama.cpp's converter does) or "split"
+# (transformers' own layout, as llama.cpp keeps it for these architectures).
+ROPE_LAYOUTS = {"llama": "interleaved", "mistral": "interleaved", "qwen2": "split", "qwen3": "split"}
+
+
+class UnsupportedModelError(ValueError):
+    """The model cannot use the e8kv cache; the message names what is missing."""
+
+
+# ------------------------------------------------------------------------------------------ model facts
+class ModelShape:
+    """What the cache needs to know about a transformers config, checked once."""
+
+    def __init__(self, config: Any) -> None:
+        cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        self.model_type: str = getattr(cfg, "model_type", "?")
+        self.n_layer: int = cfg.num_hidden_layers
+        self.n_head: int = cfg.num_attention_heads
+        self.n_head_kv: int = getattr(cfg, "num_key_value_heads", None) or self.n_head
+        self.head_dim: int = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_head
+        self.n_ctx: int = getattr(cfg, "max_position_embeddings", 0) or 4096
+        if self.head_dim % 8:
+            raise UnsupportedModelError(
+                f"{self.model_type}: head_dim {self.head_dim} is not a multiple of 8 (the E8 lattice codes 8 "
+                "values at a time; e8kv needs head_dim % 8 == 0)")
+        if self.n_head % self.n_head_kv:
+            raise UnsupportedModelError(f"{self.model_type}: {self.n_head} query heads are not a multiple of "
+                                        f"{self.n_head_kv} KV heads")
+        layer_types = getattr(cfg, "layer_types", None) or []
+        if any(t != "full_attention" for t in layer_types) or (
+                getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True)):
+            raise UnsupportedModelError(
+                f"{self.model_type}: layers of type {sorted(set(layer_types)) or ['sliding']} (e8kv attends "
+                "over every stored token: sliding-window and linear-attention layers are not supported)")
+        rope = dict(getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
+        self.rope_theta: float = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 0.0)) or 0.0)
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        partial = float(rope.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0)) or 1.0)
+        self.rope_layout: Optional[str] = ROPE_LAYOUTS.get(self.model_type)
+        # why keys cannot be handed over before RoPE (rope=pre), or None when they can
+        self.rope_problem: Optional[str] = None
+        if self.rope_layout is None:
+            self.rope_problem = (f"model_type '{self.model_type}' has no known RoPE pair layout (known: "
+                                 f"{', '.join(sorted(ROPE_LAYOUTS))})")
+        elif rope_type != "default":
+            self.rope_problem = f"RoPE type '{rope_type}' (e8kv applies plain RoPE, rope_type 'default')"
+        elif partial != 1.0:
+            self.rope_problem = f"partial rotary factor {partial} (e8kv rotates the whole head)"
+        elif not self.rope_theta > 0:
+            self.rope_problem = "no rope_theta in the config"
+        if self.rope_layout is None:
+            self.rope_layout = "split"
+
+
+def _rope_cos_sin(theta: float, head_dim: int, pos0: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin (n, head_dim) of positions pos0 .. pos0+n-1 in transformers' split-half layout, computed the
+    way transformers' default rotary embedding computes them (float32 angles)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim))
+    pos = torch.arange(pos0, pos0 + n, dtype=torch.float32)
+    freqs = pos[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _rope_cos_sin_exact(theta: float, head_dim: int, pos0: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same angles as e8kv (engine/model.c, the C cache's rope=pre): pos * theta^(-2i/d) in double,
+    rounded to float32 after cos/sin; split-half layout (n, head_dim)."""
+    i = torch.arange(0, head_dim // 2, dtype=torch.float64)
+    freq = torch.pow(torch.tensor(float(theta), dtype=torch.float64), -2.0 * i / head_dim)
+    ang = torch.arange(pos0, pos0 + n, dtype=torch.float64)[:, None] * freq[None, :]
+    c, s = ang.cos().to(torch.float32), ang.sin().to(torch.float32)
+    return torch.cat((c, c), dim=-1), torch.cat((s, s), dim=-1)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def _unrope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Undo transformers' RoPE (x*cos + rotate_half(x)*sin) on x (b, h, t, d): rotate by the opposite angle."""
+    return x * cos - _rotate_half(x) * sin
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + _rotate_half(x) * sin
+
+
+# ------------------------------------------------------------------------------------------ the cache
+_tls = threading.local()  # (cache, layer, pos0 per row) of the last update, read by the attention function
+
+
+class E8KVLayer(CacheLayerMixin):
+    """One model layer of an E8KVCache; its storage is the layer of the C caches (one per batch row)."""
+
+    is_compileable = False
+    is_sliding = False
+    is_croppable = True
+
+    def __init__(self, parent: "E8KVCache", layer_idx: int) -> None:
+        super().__init__()
+        self.parent = parent
+        self.layer_idx = layer_idx
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device, self.dtype = key_states.device, key_states.dtype
+        self.parent._ensure_rows(key_states.shape[0])
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.parent._append(self.layer_idx, key_states, value_states)
+        # only the new tokens go on (the attention function reads the past from the codes)
+        return key_states, value_states
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
+
+    def get_seq_length(self) -> int:
+        rows = self.parent.rows
+        return rows[0].n_tokens(self.layer_idx) if rows else 0
+
+    def get_max_length(self) -> int:
+        return self.parent.n_ctx
+
+    def reset(self) -> None:
+        self.parent._clear()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative count (tokens to remove from the end)")
+        if tokens_to_remove and self.parent.rows:
+            n = max(self.get_seq_length() + tokens_to_remove, 0)
+            for r in self.parent.rows:
+                r.truncate(n)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        idx = beam_idx.tolist()
+        if idx != list(range(len(self.parent.rows))):
+            raise NotImplementedError("e8kv cache: beam search reordering is not supported")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if repeats != 1:
+            raise NotImplementedError("e8kv cache: batch expansion is not supported")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise NotImplementedError("e8kv cache: batch selection is not supported")
+
+    def offload(self) -> None:  # codes already live in host memory
+        pass
+
+    def prefetch(self) -> None:
+        pass
+
+
+class E8KVCache(Cache):
+    """A transformers Cache that stores K/V only as e8kv codes: one C cache (include/e8kv.h) per sequence of
+    the batch, whose layers are the model's layers. `spec` is any cache spec the CLI takes ("balanced",
+    "e8:4", "k=e8:4,v=e8:3,sink=1", "layers0-1=f16" ..., "auto=e8tv:3" with a calibration); `calib` an
+    e8kv.Calib or the path of a calibration file (`e8kv calibrate` or e8kv.hf.calibrate).
+
+    Creating it switches the config's attention to "e8kv" (the previous implementation stays the fallback
+    for caches of other kinds); attention over the past is e8kv_cache_attend on the codes."""
+
+    def __init__(self, config: Any, spec: str = "balanced", *, calib: Union[Calib, str, os.PathLike, None] = None,
+                 n_ctx: Optional[int] = None, seed: int = 0, n_threads: int = 0,
+                 observer: Optional[Any] = None) -> None:
+        self.shape = ModelShape(config)
+        if isinstance(calib, (str, os.PathLike)):
+            calib = Calib.load(calib)
+        self.calib = calib
+        self.spec = spec
+        self.n_ctx = n_ctx or self.shape.n_ctx
+        self.seed, self.n_threads = seed, n_threads
+        self.observer = observer  # calibration hooks: on_kv(layer, k, v), on_q(layer, q) (GGUF layout, pre-RoPE)
+        self.rows: list[core.Cache] = []
+        s = self.shape
+        self._perm = None
+        if s.rope_layout == "interleaved":  # GGUF index 2i <- i, 2i+1 <- i + d/2
+            h = s.head_dim // 2
+            self._perm = torch.stack((torch.arange(h), torch.arange(h) + h), dim=1).reshape(-1)
+        self._attach(config)
+        super().__init__(layers=[E8KVLayer(self, i) for i in range(s.n_layer)])
+        probe = self._new_row()  # checks the spec now (a bad spec fails here, not inside generate)
+        self.keys_pre_rope = probe.keys_pre_rope
+        self._probe: Optional[core.Cache] = probe
+
+    # -- C caches, one per batch row
+    def _new_row(self) -> core.Cache:
+        s = self.shape
+        pre_ok = s.rope_problem is None
+        if not pre_ok and ("rope=pre" in self.spec or "e8t" in self.spec or "auto=" in self.spec):
+            raise UnsupportedModelError(f"e8kv cache '{self.spec}' codes keys before RoPE, which {s.model_type} "
+                                        f"does not allow: {s.rope_problem}")
+        try:
+            c = core.Cache(s.n_layer, s.n_head_kv, s.head_dim, self.n_ctx, self.spec, seed=self.seed,
+                           n_threads=self.n_threads, rope_theta=s.rope_theta if pre_ok else 0.0,
+                           rope_neox=s.rope_layout == "split", calib=self.calib)
+        except E8KVError as e:
+            hint = ""
+            if e.code == ErrorCode.SPEC and self.calib is None and ("e8t" in self.spec or "auto=" in self.spec):
+                hint = " (e8t/e8tv formats and auto= need a calibration: calib=e8kv.hf.calibrate(...) or a file " \
+                       "from `e8kv calibrate`)"
+            raise E8KVError(e.code, f"e8kv cache '{self.spec}' for {s.model_type}{hint}") from None
+        return c
+
+    def _ensure_rows(self, batch: int) -> None:
+        if self.rows:
+            if len(self.rows) != batch:
+                raise ValueError(f"e8kv cache holds {len(self.rows)} sequences, got a batch of {batch}")
+            return
+        self.rows = [self._probe] if self._probe is not None else []
+        self._probe = None
+        while len(self.rows) < batch:
+            self.rows.append(self._new_row())
+
+    def _clear(self) -> None:
+        for r in self.rows:
+            r.clear()
+
+    def _to_cache_layout(self, x: torch.Tensor, pos0: int, rope: str) -> torch.Tensor:
+        """(b, h, t, d) with transformers' RoPE, in its layout -> (b, t, h*d) float32 contiguous in the
+        cache's layout. rope: "none" (RoPE undone: the vectors before RoPE) or "exact" (RoPE redone with
+        e8kv's own angles, which transformers' float32 angles differ from by up to ~1e-7 * position)."""
+        x = x.detach().to(torch.float32)
+        if self.shape.rope_problem is None:
+            th, d, t = self.shape.rope_theta, self.shape.head_dim, x.shape[2]
+            x = _unrope(x, *_rope_cos_sin(th, d, pos0, t))
+            if rope == "exact":
+                x = _rope(x, *_rope_cos_sin_exact(th, d, pos0, t))
+        elif rope == "none":
+            raise UnsupportedModelError(f"keys before RoPE needed: {self.shape.rope_problem}")
+        if self._perm is not None:
+            x = x.index_select(-1, self._perm)
+        b, h, t, d = x.shape
+        return x.transpose(1, 2).reshape(b, t, h * d).contiguous()
+
+    def _append(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        if key_states.device.type != "cpu":
+            raise E8KVError(ErrorCode.UNSUPPORTED, f"e8kv cache: tensors on {key_states.device}; this build has "
+                                                   "the CPU cache only")
+        pos0 = self.rows[0].n_tokens(layer)
+        k = self._to_cache_layout(key_states, pos0, "none" if self.keys_pre_rope else "exact")
+        v = value_states.detach().to(torch.float32).transpose(1, 2)
+        v = v.reshape(v.shape[0], v.shape[1], -1).contiguous()
+        for i, row in enumerate(self.rows):
+            if row.n_tokens(layer) != pos0:
+                raise ValueError("e8kv cache: sequences of the batch at different lengths")
+            row.append(layer, k[i], v[i])
+        if self.observer is not None:
+            kk = k if self.keys_pre_rope else self._to_cache_layout(key_states, pos0, "none")
+            self.observer.on_kv(layer, kk, v)
+        _tls.pending = (self, layer, pos0)
+
+    def _attend(self, layer: int, pos0: int, query: torch.Tensor, scaling: Optional[float]) -> torch.Tensor:
+        """query (b, n_head, t, d) with RoPE -> attention output (b, t, n_head, d)."""
+        b, n_head, t, d = query.shape
+        q = self._to_cache_layout(query, pos0, "exact")
+        if scaling is not None and abs(scaling * math.sqrt(d) - 1.0) > 1e-6:
+            q = q * (scaling * math.sqrt(d))  # the C kernel scales scores by 1/sqrt(head_dim)
+        if self.observer is not None:
+            self.observer.on_q(layer, self._to_cache_layout(query, pos0, "none"))
+        out = torch.empty((b, t, n_head * d), dtype=torch.float32)
+        for i, row in enumerate(self.rows):
+            row.attend(layer, q[i], pos0, out=out[i])
+        return out.view(b, t, n_head, d)  # values are never permuted: the model's own layout
+
+    # -- accounting
+    @property
+    def n_bytes(self) -> int:
+        """Bytes the C caches have allocated (real, not nominal): e8kv_cache_bytes summed over sequences."""
+        return sum(r.n_bytes for r in (self.rows or [self._probe]) if r is not None)
+
+    @property
+    def bits_per_value(self) -> float:
+        r = self.rows[0] if self.rows else self._probe
+        return r.bits_per_value
+
+    def save(self, path: Union[str, os.PathLike], row: int = 0, meta: bytes = b"") -> int:
+        """Save one sequence's C cache (doc/format.md §4; `e8kv generate --load-cache` reads it)."""
+        return self.rows[row].save(path, meta)
+
+    def load(self, path: Union[str, os.PathLike], row: int = 0) -> int:
+        """Replace one sequence's contents by a saved cache of the same configuration."""
+        self._ensure_rows(max(row + 1, len(self.rows) or 1))
+        for layer in self.layers:
+            layer.is_initialized = True
+        return self.rows[row].load_into(path)
+
+    # -- attention implementation
+    def _attach(self, config: Any) -> None:
+        register()
+        cfg = config
+        current = getattr(cfg, "_attn_implementation", None)
+        if current != ATTN_NAME:
+            cfg._e8kv_fallback = current or "sdpa"
+            cfg._attn_implementation = ATTN_NAME
+
+
+# ------------------------------------------------------------------------------------------ attention
+def _e8kv_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
+               mask_function: Optional[Callable] = None, attention_mask: Optional[torch.Tensor] = None,
+               local_size: Optional[int] = None, **kwargs: Any) -> Optional[torch.Tensor]:
+    """Mask interface for "e8kv": remembers whether the batch has padding (the e8kv path refuses it) and
+    builds the SDPA mask that the fallback (caches of other kinds) needs."""
+    _tls.padded = attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all())
+    _tls.local = local_size
+    kw = dict(kwargs)
+    if mask_function is not None:
+        kw["mask_function"] = mask_function
+    return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
+                     attention_mask=attention_mask, local_size=local_size, **kw)
+
+
+def e8kv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attention_mask: Optional[torch.Tensor], scaling: Optional[float] = None,
+                   dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """attn_implementation "e8kv": causal attention of the new queries over the layer's stored codes.
+    Layers whose cache is not an E8KVCache run the config's previous implementation."""
+    pending = getattr(_tls, "pending", None)
+    layer = getattr(module, "layer_idx", None)
+    if pending is None or pending[1] != layer:
+        fallback = getattr(module.config, "_e8kv_fallback", None) or "sdpa"
+        if fallback == "eager":
+            fn = sys.modules[type(module).__module__].eager_attention_forward
+        else:
+            fn = ALL_ATTENTION_FUNCTIONS[fallback if fallback != ATTN_NAME else "sdpa"]
+        return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    _tls.pending = None
+    cache, layer, pos0 = pending
+    if getattr(_tls, "padded", False):
+        raise NotImplementedError("e8kv cache: padded batches are not supported (give sequences of equal length, "
+                                  "or one sequence per call)")
+    if getattr(module, "sliding_window", None) or getattr(_tls, "local", None):
+        raise UnsupportedModelError("e8kv cache: sliding-window attention layers are not supported")
+    if dropout and module.training:
+        raise NotImplementedError("e8kv cache: attention dropout (training) is not supported")
+    out = cache._attend(layer, pos0, query, scaling)
+    return out.to(query.dtype), None
+
+
+_registered = False
+
+
+def register() -> None:
+    """Register attn_implementation "e8kv" (attention and mask functions) with transformers; idempotent."""
+    global _registered
+    if not _registered:
+        AttentionInterface.register(ATTN_NAME, e8kv_attention)
+        AttentionMaskInterface.register(ATTN_NAME, _e8kv_mask)
+        _registered = True
+
+
+# ------------------------------------------------------------------------------------------ one line
+@contextlib.contextmanager
+def compress(model: Any, spec: str = "balanced", *, calib: Union[Calib, str, os.PathLike, None] = None,
+             n_ctx: Optional[int] = None, seed: int = 0, n_threads: int = 0) -> Iterator[Any]:
+    """Within the block, generate() and forward calls that bring no cache of their own use a fresh E8KVCache
+    with `spec` (attention "e8kv" from the codes); on exit the model is as before."""
+    register()
+    ModelShape(model.config)  # refuse unsupported models at once
+    if isinstance(calib, (str, os.PathLike)):
+        calib = Calib.load(calib)
+    previous = model.config._attn_implementation
+    make = lambda: E8KVCache(model.config, spec, calib=calib, n_ctx=n_ctx, seed=seed, n_threads=n_threads)  # noqa: E731
+    make()  # a bad spec fails here
+
+    orig_generate, orig_forward = model.generate, model.forward
+
+    def has_cache(kw: dict) -> bool:
+        return kw.get("cache") is not None or kw.get("past_key_values") is not None
+
+    def generate(*args: Any, **kw: Any) -> Any:
+        if not has_cache(kw):
+            kw["cache"] = make()
+        return orig_generate(*args, **kw)
+
+    def forward(*args: Any, **kw: Any) -> Any:
+        if not has_cache(kw) and kw.get("use_cache", True) is not False:
+            kw["cache"] = make()
+        return orig_forward(*args, **kw)
+
+    model.generate, model.forward = generate, forward
+    try:
+        yield model
+    finally:
+        del model.generate, model.forward
+        model.config._attn_implementation = previous
+
+
+# ------------------------------------------------------------------------------------------ measurements
+def _chunks(ids: Sequence[int], n_ctx: int, n_chunks: int) -> list[list[int]]:
+    n = len(ids) // n_ctx
+    if n == 0:
+        raise E8KVError(ErrorCode.SRC_SIZE, f"{len(ids)} tokens: fewer than one chunk of {n_ctx}")
+    n = min(n, n_chunks) if n_chunks else n
+    return [list(ids[c * n_ctx:(c + 1) * n_ctx]) for c in range(n)]
+
+
+def _progress(total: int, desc: str, enabled: bool) -> Any:
+    try:
+        from tqdm.auto import tqdm
+        return tqdm(total=total, desc=desc, disable=not enabled)
+    except ImportError:  # a minimal stand-in with the same calls
+        class _P:
+            n = 0
+
+            def update(self, k: int = 1) -> None:
+                self.n += k
+                if enabled:
+                    print(f"\r{desc}: {self.n}/{total}", end="", flush=True)
+
+            def close(self) -> None:
+                if enabled:
+                    print()
+        return _P()
+
+
+@torch.no_grad()
+def perplexity(model: Any, ids: Sequence[int], specs: Sequence[str], *, n_ctx: int = 512, n_chunks: int = 0,
+               calib: Union[Calib, str, None] = None, add_bos: bool = False, bos_id: int = 1, seed: int = 0,
+               n_threads: int = 0, progress: bool = False, desc: str = "e8kv ppl") -> dict[str, dict[str, float]]:
+    """The `e8kv ppl` protocol (engine/ppl.h, llama-perplexity) through transformers: chunks of n_ctx token
+    ids, each from an empty cache (first token BOS when add_bos), second half scored; every spec against the
+    "f32" e8kv cache as the baseline. Returns {spec: {ppl, ppl_se, kld, top1, n_bytes, bits_per_value}}."""
+    if isinstance(calib, (str, os.PathLike)):
+        calib = Calib.load(calib)
+    first = n_ctx // 2
+    n_scored = n_ctx - 1 - first
+    chunks = _chunks(ids, n_ctx, n_chunks)
+    acc = {s: {"nll": 0.0, "nll2": 0.0, "kld": 0.0, "top1": 0, "count": 0, "n_bytes": 0, "bpv": 0.0}
+           for s in ["f32", *specs]}
+    bar = _progress(len(chunks) * (1 + len(specs)), desc, progress)
+    for chunk in chunks:
+        target = torch.tensor(chunk[first + 1:], dtype=torch.long)
+        if add_bos:
+            chunk = [bos_id] + chunk[1:]
+        x = torch.tensor([chunk], dtype=torch.long)
+        base = None
+        for spec in ["f32", *specs]:
+            if spec == "f32" and base is not None:
+                continue
+            cache = E8KVCache(model.config, spec, calib=calib, n_ctx=n_ctx, seed=seed, n_threads=n_threads)
+            logits = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=n_ctx - first).logits
+            lsm = torch.log_softmax(logits[0, :n_scored].to(torch.float64), dim=-1)
+            if base is None:
+                base = lsm
+            a = acc[spec]
+            nll = -lsm.gather(1, target[:, None])[:, 0]
+            a["nll"] += float(nll.sum())
+            a["nll2"] += float((nll * nll).sum())
+            a["kld"] += float((base.exp() * (base - lsm)).sum())
+            a["top1"] += int((lsm.argmax(-1) == base.argmax(-1)).sum())
+            a["count"] += n_scored
+            a["n_bytes"] = cache.n_bytes
+            a["bpv"] = cache.bits_per_value
+            bar.update(1)
+    bar.close()
+    out = {}
+    for spec, a in acc.items():
+        n = a["count"]
+        mean = a["nll"] / n
+        var = a["nll2"] / n - mean * mean
+        ppl = math.exp(mean)
+        out[spec] = {"ppl": ppl, "ppl_se": math.sqrt(max(var, 0.0) / (n - 1)) * ppl if n > 1 else 0.0,
+                     "kld": a["kld"] / n, "top1": a["top1"] / n, "n_bytes": a["n_bytes"],
+                     "bits_per_value": a["bpv"], "count": n}
+    return out
+
+
+class _CalibObserver:
+    """Hands every layer's K (before RoPE), V and queries (before RoPE) of one sequence to a Calib."""
+
+    def __init__(self, cal: Calib, n_head: int) -> None:
+        self.cal, self.n_head = cal, n_head
+
+    def on_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        for i in range(k.shape[0]):
+            self.cal.observe(layer, k[i], v[i])
+
+    def on_q(self, layer: int, q: torch.Tensor) -> None:
+        for i in range(q.shape[0]):
+            self.cal.observe_q(layer, q[i], self.n_head)
+
+
+def _ids_of(tok: Any, texts: Union[str, Iterable[str], Sequence[int]]) -> list[int]:
+    if isinstance(texts, str):
+        return list(tok(texts, add_special_tokens=False)["input_ids"])
+    texts = list(texts)
+    if texts and isinstance(texts[0], int):
+        return [int(t) for t in texts]
+    out: list[int] = []
+    for t in texts:
+        out += tok(t, add_special_tokens=False)["input_ids"]
+    return out
+
+
+@torch.no_grad()
+def calibrate(model: Any, tok: Any, texts: Union[str, Iterable[str], Sequence[int]], out: Union[str, os.PathLike, None] = None,
+              *, n_ctx: int = 512, n_chunks: int = 16, sensitivity: bool = True, probe: str = "e8tv:2",
+              probe_chunks: int = 1, probe_sink: int = 1, add_bos: bool = False, bos_id: int = 1,
+              n_threads: int = 0, progress: bool = True) -> Calib:
+    """`e8kv calibrate` through transformers (same defaults, same file): each chunk of n_ctx tokens of
+    `texts` (a string, strings, or token ids) is one sequence whose K (before RoPE), V and queries (before
+    RoPE) every layer observes; then the eigenbases; then, with sensitivity=True, every stream (each layer's
+    K and V) alone coded with `probe` (others exact, `probe_sink` exact first positions) over probe_chunks
+    chunks, c = KLD * 4^rate (engine/calibrate.c). Writes `out` when given; returns the Calib."""
+    shape = ModelShape(model.config)
+    if shape.rope_problem is not None:
+        raise UnsupportedModelError(f"calibration needs keys before RoPE: {shape.rope_problem}")
+    colon = probe.find(":")
+    rate = float(probe[colon + 1:]) if colon > 0 else 0.0
+    if sensitivity and (not 0 < rate <= 16 or "," in probe or "=" in probe):
+        raise E8KVError(ErrorCode.BAD_ARGUMENT, f"probe '{probe}': expected FAMILY:RATE, e.g. e8tv:2")
+    ids = _ids_of(tok, texts)
+    chunks = _chunks(ids, n_ctx, n_chunks)
+    cal = Calib(shape.n_layer, shape.n_head_kv, shape.head_dim)
+    obs = _CalibObserver(cal, shape.n_head)
+    bar = _progress(len(chunks), "e8kv calibrate: covariances", progress)
+    for chunk in chunks:
+        cache = E8KVCache(model.config, "f32,rope=pre", n_ctx=n_ctx, n_threads=n_threads, observer=obs)
+        model(input_ids=torch.tensor([chunk]), cache=cache, use_cache=True, logits_to_keep=1)
+        bar.update(1)
+    bar.close()
+    cal.finalize()
+    if sensitivity:
+        n_s = 2 * shape.n_layer
+        specs = [f"f32,sink={probe_sink},rope=pre,layer{i % shape.n_layer}.{'k' if i < shape.n_layer else 'v'}={probe}"
+                 for i in range(n_s)]
+        res = perplexity(model, ids, specs, n_ctx=n_ctx, n_chunks=probe_chunks, calib=cal, add_bos=add_bos,
+                         bos_id=bos_id, n_threads=n_threads, progress=progress,
+                         desc="e8kv calibrate: sensitivity probes")
+        for i, spec in enumerate(specs):
+            cal.set_sensitivity(i % shape.n_layer, i >= shape.n_layer, max(res[spec]["kld"], 0.0) * 4.0 ** rate)
+    if out is not None:
+        cal.save(out)
+    return cal
+
+
+__all__ = ["E8KVCache", "E8KVLayer", "ModelShape", "UnsupportedModelError", "calibrate", "compress",
+           "e8kv_attention", "perplexity", "register"]

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""pytest: e8kv.hf on SmolLM2-135M-Instruct loaded by transformers from the GGUF: exact formats give
+DynamicCache's logits; greedy generate with every preset (compress() and the explicit cache); the bytes
+the cache holds (malloc's in-use bytes) = accounted bytes +-1%, <= 30% of bf16 at 4.25 bits; refusals."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if __name__ == "__main__":
+    import hf_skip
+    sys.exit(hf_skip.run_as_script(__file__))
+
+import ctypes  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import DynamicCache, LlamaConfig  # noqa: E402
+
+from hf_testlib import e8kv, ids, model, slice_file, tok  # noqa: E402,F401,F811  (e8kv.hf loaded; pytest fixtures)
+
+
+
+# ------------------------------------------------------------------------------------------ exact formats
+@pytest.mark.parametrize("spec", ["f32", "f32,rope=pre"])
+@torch.no_grad()
+def test_exact_format_logits_equal_dynamic_cache(model, ids, spec):
+    """Prefill 40 tokens, then 8 single-token steps: logits equal DynamicCache's within fp tolerance. With
+    rope=pre the keys go through RoPE undone (and the C cache's RoPE redone), in the GGUF pair layout."""
+    x = torch.tensor([ids[:48]])
+    ref_cache, cache = DynamicCache(config=model.config), e8kv.hf.E8KVCache(model.config, spec)
+    assert cache.keys_pre_rope == ("rope=pre" in spec)
+    steps = [(0, 40)] + [(i, i + 1) for i in range(40, 48)]
+    for a, b in steps:
+        ref = model(input_ids=x[:, a:b], cache=ref_cache, use_cache=True).logits
+        out = model(input_ids=x[:, a:b], cache=cache, use_cache=True).logits
+        err = (out - ref).abs().max().item()
+        assert err < 1e-3 * ref.abs().max().item(), (spec, a, err)
+    assert cache.get_seq_length() == 48
+
+
+# ------------------------------------------------------------------------------------------ generate
+@pytest.mark.parametrize("spec", ["near-lossless", "balanced", "aggressive", "k=e8:4,v=e8:3,sink=2",
+                                  "e8:2,layers0-1=f16", "e8box:4", "q4_0h,window=8"])
+@torch.no_grad()
+def test_greedy_generate(model, tok, spec):
+    inp = tok("The history of Rome", return_tensors="pt")
+    n = inp["input_ids"].shape[1]
+    ref = model.generate(**inp, max_new_tokens=12, do_sample=False, cache=DynamicCache(config=model.config))
+    with e8kv.hf.compress(model, spec=spec):
+        assert model.config._attn_implementation == "e8kv"
+        out = model.generate(**inp, max_new_tokens=12, do_sample=False)
+    assert out.shape == ref.shape
+    assert (out[0, :n] == ref[0, :n]).all()
+    if spec == "near-lossless":
+        assert (out[0, : n + 4] == ref[0, : n + 4]).all(), tok.decode(out[0])
+    # the explicit form
+    cache = e8kv.hf.E8KVCache(model.config, spec=spec)
+    out2 = model.generate(**inp, max_new_tokens=12, do_sample=False, cache=cache)
+    assert (out2 == out).all()
+    assert cache.get_seq_length() == n + 11 and cache.n_bytes > 0
+
+
+def test_compress_restores_the_model(model, tok):
+    before = model.config._attn_implementation
+    with e8kv.hf.compress(model, "balanced"):
+        pass
+    assert model.config._attn_implementation == before
+    assert "generate" not in vars(model) and "forward" not in vars(model)
+    with pytest.raises(e8kv.E8KVError) as e:
+        with e8kv.hf.compress(model, "e8tv:3"):  # needs a calibration
+            pass
+    assert "calibration" in str(e.value)
+
+
+# ------------------------------------------------------------------------------------------ memory
+def _malloc_in_use():
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in
+                    ["arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                     "keepcost"]]
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = MallInfo2
+    m = libc.mallinfo2()
+    return m.uordblks + m.hblkhd
+
+
+@torch.no_grad()
+def test_resident_bytes_equal_accounted(model, ids):
+    """Prefill 1024 tokens into an e8:4 cache; malloc's in-use bytes grow by the accounted bytes +-1%."""
+    if not hasattr(ctypes.CDLL(None), "mallinfo2"):
+        pytest.skip("needs glibc's mallinfo2")
+    n_tok = 1024
+    x = torch.tensor([ids[:n_tok]])
+    cache = e8kv.hf.E8KVCache(model.config, "e8:4", n_ctx=n_tok)
+    model(input_ids=x[:, :1], cache=e8kv.hf.E8KVCache(model.config, "e8:4", n_ctx=8), logits_to_keep=1)  # warm-up
+    before_cache = cache.n_bytes
+    before = _malloc_in_use()
+    model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
+    measured = _malloc_in_use() - before
+    accounted = cache.n_bytes - before_cache  # the pages (the fixed part existed before)
+    s = e8kv.hf.ModelShape(model.config)
+    bf16 = 2 * n_tok * s.n_layer * s.n_head_kv * s.head_dim * 2
+    print(f"e8:4, {n_tok} tokens: measured {measured} B, accounted {accounted} B (+{cache.n_bytes - accounted} fixed), "
+          f"total {cache.n_bytes} B = {100 * cache.n_bytes / bf16:.1f}% of bf16 ({bf16} B)")
+    assert abs(measured / accounted - 1) < 0.01
+    assert cache.n_bytes <= 0.30 * bf16
+
+
+# ------------------------------------------------------------------------------------------ refusals
+def test_unsupported_models_say_what_is_missing():
+    small = dict(vocab_size=64, hidden_size=240, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2)
+    with pytest.raises(e8kv.hf.UnsupportedModelError, match="head_dim 60 is not a multiple of 8"):
+        e8kv.hf.E8KVCache(LlamaConfig(**small), "e8:4")
+    cfg = LlamaConfig(**dict(small, hidden_size=256, rope_parameters={"rope_type": "linear", "factor": 2.0,
+                                                                      "rope_theta": 10000.0}))
+    assert "RoPE type 'linear'" in e8kv.hf.ModelShape(cfg).rope_problem
+    e8kv.hf.E8KVCache(cfg, "e8box:4")  # keys with RoPE: fine
+    with pytest.raises(e8kv.hf.UnsupportedModelError, match="before RoPE.*RoPE type 'linear'"):
+        e8kv.hf.E8KVCache(cfg, "e8:4,rope=pre")
