@@ -182,6 +182,101 @@ __device__ __forceinline__ void load_tile(tile_regs<D, KF, VF> &r, const attn_la
     }
 }
 
+/* The split-K merge, fused: every block stores its partial state, then takes a ticket; the block that
+ * finishes a (sequence, KV head) last merges its n_split states for the G heads (log-sum-exp), undoes
+ * the V rotation and writes the output, and sets the counter back to 0 for the next call. The states
+ * are read across the warps (split s by warp s mod WARPS, 16-byte loads), so the merge costs a few
+ * L2 round trips instead of a second kernel that walks n_split states in a loop. buf: WARPS × 8 × D
+ * floats of shared memory that the caller no longer uses. */
+template <int D>
+__device__ __forceinline__ void merge_last(const attn_launch &a, int seq, int kvh, int G,
+                                           float (*buf)[8][D]) {
+    __shared__ float sM[8], sL[8];
+    __shared__ int s_last;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int n = (int)a.n_split;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        unsigned *const cnt = a.done + (size_t)seq * a.n_head_kv + kvh;
+        const int last = atomicAdd(cnt, 1u) == (unsigned)n - 1;
+        if (last) *cnt = 0;
+        s_last = last;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    const size_t head0 = (size_t)seq * a.n_head + (size_t)kvh * G;
+    /* max and denominator per head: warp r mod WARPS walks head r's splits */
+    for (int r = warp; r < G; r += WARPS) {
+        const float2 *const ml = reinterpret_cast<const float2 *>(a.part_ml) + (head0 + r) * n;
+        float M = -INFINITY;
+        for (int s = lane; s < n; s += 32)
+            M = fmaxf(M, __ldcg(&ml[s]).x);
+        for (int o = 16; o; o >>= 1)
+            M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        float L = 0.0f;
+        if (M != -INFINITY)
+            for (int s = lane; s < n; s += 32) {
+                const float2 v = __ldcg(&ml[s]);
+                L += exp2f(v.x - M) * v.y;
+            }
+        for (int o = 16; o; o >>= 1)
+            L += __shfl_xor_sync(0xffffffffu, L, o);
+        if (lane == 0) sM[r] = M, sL[r] = L;
+    }
+    __syncthreads();
+    /* Σ_s w_s·O_s: this lane's float4s j = lane + 32k of the G × D outputs, over the warp's splits */
+    constexpr int NJ = 8 * D / 4 / 32;
+    float4 acc[NJ];
+#pragma unroll
+    for (int k = 0; k < NJ; k++)
+        acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s = warp; s < n; s += WARPS) {
+#pragma unroll
+        for (int k = 0; k < NJ; k++) {
+            const int j = lane + 32 * k, r = j / (D / 4);
+            if (r < G && sM[r] != -INFINITY) {
+                const size_t st = (head0 + r) * n + s;
+                const float w = exp2f(__ldcg(&a.part_ml[2 * st]) - sM[r]);
+                const float4 o = __ldcg(reinterpret_cast<const float4 *>(a.part_o + st * D) + j % (D / 4));
+                acc[k].x += w * o.x, acc[k].y += w * o.y, acc[k].z += w * o.z, acc[k].w += w * o.w;
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < NJ; k++) {
+        const int j = lane + 32 * k, r = j / (D / 4);
+        if (r < G) reinterpret_cast<float4 *>(&buf[warp][r][0])[j % (D / 4)] = acc[k];
+    }
+    __syncthreads();
+    /* sum over the warps, divide, then the inverse rotation in place in buf[0] */
+    for (int idx = tid; idx < G * D; idx += blockDim.x) {
+        const int r = idx / D, i = idx % D;
+        float O = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++)
+            O += buf[w][r][i];
+        buf[0][r][i] = sL[r] > 0.0f ? O / (sL[r] * a.v_div) : 0.0f;
+    }
+    __syncthreads();
+    if (a.v_rot) {
+        for (int h = 1; h < D; h *= 2) {
+            for (int idx = tid; idx < G * D / 2; idx += blockDim.x) {
+                const int r = idx / (D / 2), j = idx % (D / 2), i = (j / h) * 2 * h + j % h;
+                const float x = buf[0][r][i], y = buf[0][r][i + h];
+                buf[0][r][i] = x + y;
+                buf[0][r][i + h] = x - y;
+            }
+            __syncthreads();
+        }
+    }
+    for (int idx = tid; idx < G * D; idx += blockDim.x) {
+        const int r = idx / D, i = idx % D;
+        a.out[(head0 + r) * D + i] = a.v_rot ? buf[0][r][i] * a.rot_scale * a.signs[i] : buf[0][r][i];
+    }
+}
+
 template <int D, int KF, int VF>
 __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a) {
     constexpr int KS = D / 16; /* k-steps of the scores = M-tiles of the output */
@@ -429,6 +524,7 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
             a.part_ml[2 * base + 1] = L;
         }
     }
+    merge_last<D>(a, seq, kvh, G, so);
 }
 
 /* ---- e8box:4 K and V: a per-warp cp.async pipeline into shared memory ----
@@ -893,39 +989,7 @@ template <int D, bool G8> __global__ void __launch_bounds__(128, 3) attn_box_ker
             a.part_ml[2 * base + 1] = L;
         }
     }
-}
-
-/* grid (n_head, n_seq), D threads: log-sum-exp merge of the splits, then the inverse rotation */
-template <int D>
-__global__ void __launch_bounds__(D) attn_merge_kernel(const attn_launch a, int v_rot, float v_div) {
-    __shared__ float sx[D];
-    const int i = threadIdx.x;
-    const size_t base = ((size_t)blockIdx.y * a.n_head + blockIdx.x) * a.n_split;
-    float M = -INFINITY;
-    for (size_t s = 0; s < a.n_split; s++)
-        M = fmaxf(M, a.part_ml[2 * (base + s)]);
-    float O = 0.0f, L = 0.0f;
-    if (M != -INFINITY)
-        for (size_t s = 0; s < a.n_split; s++) {
-            const float w = exp2f(a.part_ml[2 * (base + s)] - M);
-            O += w * a.part_o[(base + s) * D + i];
-            L += w * a.part_ml[2 * (base + s) + 1];
-        }
-    float val = L > 0.0f ? O / (L * v_div) : 0.0f;
-    if (v_rot) {
-        sx[i] = val;
-        __syncthreads();
-        for (int h = 1; h < D; h *= 2) {
-            if (!(i & h)) {
-                const float x = sx[i], y = sx[i + h];
-                sx[i] = x + y;
-                sx[i + h] = x - y;
-            }
-            __syncthreads();
-        }
-        val = sx[i] * a.rot_scale * a.signs[i];
-    }
-    a.out[((size_t)blockIdx.y * a.n_head + blockIdx.x) * D + i] = val;
+    merge_last<D>(a, seq, kvh, G, so);
 }
 
 /* One wave: every block of the launch resident at once and all with the same work, so no tail. */
@@ -1001,7 +1065,11 @@ int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf) {
 #undef E8KV_OCC
 }
 
-template <int D, int KF, int VF> static void launch(const attn_launch *a, cudaStream_t stream) {
+template <int D, int KF, int VF> static void launch(const attn_launch *la, cudaStream_t stream) {
+    attn_launch l = *la;
+    l.v_rot = VF == FMT_BOX4;
+    l.v_div = VF == FMT_BOX4 ? V_BOX_SCALE : VF == FMT_F16 ? V_F16_SCALE : 1.0f;
+    const attn_launch *const a = &l;
     const dim3 grid((unsigned)a->n_split, (unsigned)a->n_head_kv, (unsigned)a->n_seq);
     if constexpr (KF == FMT_BOX4 && VF == FMT_BOX4) {
         box_smem_attr<D>();
@@ -1012,11 +1080,6 @@ template <int D, int KF, int VF> static void launch(const attn_launch *a, cudaSt
     } else {
         attn_split_kernel<D, KF, VF><<<grid, 128, 0, stream>>>(*a);
     }
-    attn_merge_kernel<D>
-        <<<dim3((unsigned)a->n_head, (unsigned)a->n_seq), D, 0, stream>>>(*a, VF == FMT_BOX4,
-                                                                          VF == FMT_BOX4  ? V_BOX_SCALE
-                                                                          : VF == FMT_F16 ? V_F16_SCALE
-                                                                                          : 1.0f);
 }
 
 template <int D, int KF> static void launch_v(const attn_launch *a, cudaStream_t stream) {
