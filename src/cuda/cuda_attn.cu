@@ -226,38 +226,58 @@ __device__ __forceinline__ void merge_last(const attn_launch &a, int seq, int kv
         if (lane == 0) sM[r] = M, sL[r] = L;
     }
     __syncthreads();
-    /* Σ_s w_s·O_s: this lane's float4s j = lane + 32k of the G × D outputs, over the warp's splits */
-    constexpr int NJ = 8 * D / 4 / 32;
-    float4 acc[NJ];
+    /* Σ_s w_s·O_s over F = G·D/4 float4 outputs: thread t owns outputs f = t mod F (+ 128) and the splits
+     * s ≡ t / F (mod NG), NG = 128 / F groups; 8 splits' loads in flight per output before any sum */
+    const int F = G * D / 4, NG = F < 128 ? 128 / F : 1, grp = F < 128 ? tid / F : 0;
+    constexpr int U = 8;
+    float4 acc[2];
+    float *const bufp = &buf[0][0][0];
 #pragma unroll
-    for (int k = 0; k < NJ; k++)
-        acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int s = warp; s < n; s += WARPS) {
+    for (int e = 0; e < 2; e++) {
+        const int f = (F < 128 ? tid % F : tid) + 128 * e;
+        acc[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (f >= F || grp >= NG) continue;
+        const int r = f / (D / 4);
+        const float Mr = sM[r];
+        if (Mr == -INFINITY) continue;
+        const size_t hs = (head0 + r) * n;
+        for (int s0 = grp; s0 < n; s0 += U * NG) {
+            float4 o[U];
+            float m[U];
 #pragma unroll
-        for (int k = 0; k < NJ; k++) {
-            const int j = lane + 32 * k, r = j / (D / 4);
-            if (r < G && sM[r] != -INFINITY) {
-                const size_t st = (head0 + r) * n + s;
-                const float w = exp2f(__ldcg(&a.part_ml[2 * st]) - sM[r]);
-                const float4 o = __ldcg(reinterpret_cast<const float4 *>(a.part_o + st * D) + j % (D / 4));
-                acc[k].x += w * o.x, acc[k].y += w * o.y, acc[k].z += w * o.z, acc[k].w += w * o.w;
+            for (int u = 0; u < U; u++) {
+                const int s = s0 + u * NG;
+                if (s < n) {
+                    m[u] = __ldcg(&a.part_ml[2 * (hs + s)]);
+                    o[u] = __ldcg(reinterpret_cast<const float4 *>(a.part_o + (hs + s) * D) + f % (D / 4));
+                } else {
+                    m[u] = -INFINITY;
+                    o[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const float w = exp2f(m[u] - Mr);
+                acc[e].x += w * o[u].x, acc[e].y += w * o[u].y, acc[e].z += w * o[u].z,
+                    acc[e].w += w * o[u].w;
             }
         }
     }
+    /* group g's sums at bufp[g·F·4 …] (NG·F ≤ 256 float4s: within WARPS × 8 × D floats) */
 #pragma unroll
-    for (int k = 0; k < NJ; k++) {
-        const int j = lane + 32 * k, r = j / (D / 4);
-        if (r < G) reinterpret_cast<float4 *>(&buf[warp][r][0])[j % (D / 4)] = acc[k];
+    for (int e = 0; e < 2; e++) {
+        const int f = (F < 128 ? tid % F : tid) + 128 * e;
+        if (f < F && grp < NG) reinterpret_cast<float4 *>(bufp)[grp * F + f] = acc[e];
     }
     __syncthreads();
-    /* sum over the warps, divide, then the inverse rotation in place in buf[0] */
+    /* sum over the groups and divide, in place (output idx = r·D + i is buf[0][r][i]); then the inverse
+     * rotation in buf[0] */
     for (int idx = tid; idx < G * D; idx += blockDim.x) {
-        const int r = idx / D, i = idx % D;
         float O = 0.0f;
-#pragma unroll
-        for (int w = 0; w < WARPS; w++)
-            O += buf[w][r][i];
-        buf[0][r][i] = sL[r] > 0.0f ? O / (sL[r] * a.v_div) : 0.0f;
+        for (int gi = 0; gi < NG; gi++)
+            O += bufp[gi * G * D + idx];
+        const float L = sL[idx / D];
+        bufp[idx] = L > 0.0f ? O / (L * a.v_div) : 0.0f;
     }
     __syncthreads();
     if (a.v_rot) {
