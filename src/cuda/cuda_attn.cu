@@ -2,8 +2,9 @@
  *
  * Grid (split, kv head, sequence); a block of 4 warps owns one KV head of one sequence and all G query
  * heads that share it (GQA), so every code is read once. Warps take 16-token tiles in turn and keep their
- * own online-softmax state (FlashAttention-2 style); the block merges its warps, a second kernel merges
- * the splits by log-sum-exp and undoes the rotation once per head.
+ * own online-softmax state (FlashAttention-2 style); the block merges its warps and stores its split's
+ * state, and the block that finishes a (sequence, KV head) last (an atomic ticket in the workspace) merges
+ * the splits by log-sum-exp and undoes the rotation once per head: one kernel per call (merge_last).
  *
  * Two split kernels share that frame: attn_box_kernel when K and V are both e8box:4 (a cp.async pipeline
  * through shared memory, described where it is defined), attn_split_kernel for raw pages and mixed formats
