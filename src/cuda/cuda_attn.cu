@@ -567,8 +567,13 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
  *  - P reaches the B operand of Oᵀ += Vᵀ·Pᵀ by movmatrix (a register transpose), no shuffles.
  * V rows sit 16 bytes further apart than their length in shared memory so that the 8-byte (4-byte) reads
  * of four tokens by a quarter warp hit different banks. */
-#define BOX_STAGES 3 /* buffers per warp */
-#define BOX_NT 2     /* 16-token sub-tiles per tile */
+#ifndef BOX_STAGES
+#define BOX_STAGES 4 /* buffers per warp (3: 2-10% slower on the H100 at Llama-3-8B shapes, batch 1-8) */
+#endif
+#ifndef BOX_MINB
+#define BOX_MINB 3 /* resident blocks per SM the register budget is made for */
+#endif
+#define BOX_NT 2 /* 16-token sub-tiles per tile */
 
 template <int D> struct box_geo {
     static constexpr int KN = D / 2;                       /* nibble bytes of a token */
@@ -630,7 +635,8 @@ template <int D> static constexpr int box_smem_bytes(void) {
     return WARPS * BOX_STAGES * BOX_NT * box_geo<D>::STAGE;
 }
 
-template <int D, bool G8> __global__ void __launch_bounds__(128, 3) attn_box_kernel(const attn_launch a) {
+template <int D, bool G8>
+__global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_launch a) {
     using Gm = box_geo<D>;
     constexpr int KS = D / 16, NW = D / 32;
     extern __shared__ __align__(16) uint8_t box_dyn[]; /* [WARPS][BOX_STAGES][BOX_NT][STAGE] */
