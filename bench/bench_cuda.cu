@@ -8,7 +8,8 @@
  * encode GB/s over the bf16 K+V input bytes, device bytes per token, measured vs accounted device memory,
  * the largest batch × context whose cache (all layers) fits in 80 GB; and the device-to-device copy
  * bandwidth (1 GiB, read + write bytes) in the same run. Pages of a sequence are scattered over the pool.
- * Usage: bench_cuda [--json FILE] [--quick] [--only SHAPE/SPEC/BATCH/CTX,...] (--only: those cases) */
+ * Usage: bench_cuda [--json FILE] [--quick] [--only SHAPE/SPEC/BATCH/CTX,...] [--block N]
+ * (--only: those cases; --block: tokens per page, a multiple of 16, default 16 as vLLM's) */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -81,8 +82,9 @@ static double copy_bandwidth(void) {
     return 2.0 * (double)n / (ms * 1e-3) / 1e9;
 }
 
+static size_t g_bs = 16;
 static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, double copy_gbps) {
-    const size_t bs = 16, pages = batch * ctx / bs, n_head = sh->n_kv * sh->G, d = sh->d;
+    const size_t bs = g_bs, pages = batch * ctx / bs, n_head = sh->n_kv * sh->G, d = sh->d;
     e8kv_cuda_cache_params p;
     memset(&p, 0, sizeof p);
     p.n_layer = 1, p.n_head_kv = sh->n_kv, p.head_dim = d, p.block_size = bs, p.n_blocks = pages;
@@ -196,19 +198,20 @@ static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, dou
     const double fit_tokens = 80e9 / ((double)tok_bytes * sh->n_layer_model);
     printf(
         "%-8s %-8s batch %2zu ctx %6zu: %9.1f us (%7.1f synced)  %7.1f GB/s (%4.1f%% of copy)  encode %6.1f "
-        "GB/s  %4zu B/token/layer  dev %.1f MB (accounted %.1f MB)\n",
+        "GB/s  %4zu B/token/layer  dev %.1f MB (accounted %.1f MB)  page %zu\n",
         sh->name, spec, batch, ctx, us, us_sync, gbps, 100.0 * gbps / copy_gbps, enc_gbps, tok_bytes,
-        measured / 1e6, accounted / 1e6);
+        measured / 1e6, accounted / 1e6, bs);
     if (g_json)
-        fprintf(g_json,
-                "{\"bench\":\"e8kv_cuda\",\"device\":\"%s\",\"shape\":\"%s\",\"format\":\"%s\",\"batch\":%zu,"
-                "\"ctx\":%zu,\"n_head\":%zu,\"n_head_kv\":%zu,\"head_dim\":%zu,\"us\":%.2f,\"us_sync\":%.2f,"
-                "\"gbps\":%.1f,"
-                "\"copy_gbps\":%.1f,\"encode_gbps\":%.1f,\"bytes_per_token_layer\":%zu,\"dev_bytes_"
-                "measured\":%zu,"
-                "\"dev_bytes_accounted\":%zu,\"tokens_in_80GB\":%.0f,\"n_layer_model\":%zu}\n",
-                g_dev, sh->name, spec, batch, ctx, n_head, sh->n_kv, d, us, us_sync, gbps, copy_gbps,
-                enc_gbps, tok_bytes, measured, accounted, fit_tokens, sh->n_layer_model);
+        fprintf(
+            g_json,
+            "{\"bench\":\"e8kv_cuda\",\"device\":\"%s\",\"shape\":\"%s\",\"format\":\"%s\",\"batch\":%zu,"
+            "\"ctx\":%zu,\"n_head\":%zu,\"n_head_kv\":%zu,\"head_dim\":%zu,\"us\":%.2f,\"us_sync\":%.2f,"
+            "\"gbps\":%.1f,"
+            "\"copy_gbps\":%.1f,\"encode_gbps\":%.1f,\"bytes_per_token_layer\":%zu,\"dev_bytes_"
+            "measured\":%zu,"
+            "\"dev_bytes_accounted\":%zu,\"tokens_in_80GB\":%.0f,\"n_layer_model\":%zu,\"block_size\":%zu}\n",
+            g_dev, sh->name, spec, batch, ctx, n_head, sh->n_kv, d, us, us_sync, gbps, copy_gbps, enc_gbps,
+            tok_bytes, measured, accounted, fit_tokens, sh->n_layer_model, bs);
     free(perm), free(slots), free(ctxs);
     CU(cudaFree(d_tables));
     CU(cudaFree(d_slots));
@@ -232,6 +235,8 @@ int main(int argc, char **argv) {
             quick = 1;
         else if (!strcmp(argv[i], "--only") && i + 1 < argc)
             only = argv[++i];
+        else if (!strcmp(argv[i], "--block") && i + 1 < argc)
+            g_bs = (size_t)atoi(argv[++i]);
     }
     if (!e8kv_cuda_available()) {
         printf("bench_cuda: no CUDA device\n");

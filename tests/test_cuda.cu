@@ -394,6 +394,27 @@ static void test_isolation(const char *spec, size_t d) {
           "%s: output changed when pages of another sequence changed", spec);
     printf("  isolation %-8s d=%zu: %s\n", spec, d,
            finite && !memcmp(o1, o2, n_head * d * 4) ? "ok" : "FAILED");
+    /* a caller's workspace, zeroed once: the split counters at its start are left at zero by each call, so
+     * two calls in a row give the cache's own result; one byte short is refused */
+    {
+        const size_t wb = e8kv_cuda_attend_workspace_bytes(c, 1, n_head, len);
+        void *ws;
+        CU(cudaMalloc(&ws, wb));
+        CU(cudaMemset(ws, 0, wb));
+        int same = 1;
+        for (int rep = 0; rep < 2; rep++) {
+            CU(cudaMemset(dout, 0xff, sizeof o1));
+            r = e8kv_cuda_attend(c, 0, dout, dq, E8KV_DTYPE_F32, 1, n_head, dt, 40, dctx, len, ws, wb, NULL);
+            CHECK(!e8kv_is_error(r), "attend with a workspace: %s", e8kv_error_name(r));
+            CU(cudaMemcpy(o1, dout, n_head * d * 4, cudaMemcpyDeviceToHost));
+            same &= !memcmp(o1, o2, n_head * d * 4);
+        }
+        CHECK(same, "%s: a caller's workspace gave another result", spec);
+        r = e8kv_cuda_attend(c, 0, dout, dq, E8KV_DTYPE_F32, 1, n_head, dt, 40, dctx, len, ws, wb - 1, NULL);
+        CHECK(e8kv_get_error_code(r) == E8KV_ERROR_DST_TOO_SMALL, "%s: a short workspace: %s", spec,
+              e8kv_error_name(r));
+        CU(cudaFree(ws));
+    }
     free(k), free(v);
     CU(cudaFree(dk));
     CU(cudaFree(dv));

@@ -2,8 +2,9 @@
  *
  * Grid (split, kv head, sequence); a block of 4 warps owns one KV head of one sequence and all G query
  * heads that share it (GQA), so every code is read once. Warps take 16-token tiles in turn and keep their
- * own online-softmax state (FlashAttention-2 style); the block merges its warps, a second kernel merges
- * the splits by log-sum-exp and undoes the rotation once per head.
+ * own online-softmax state (FlashAttention-2 style); the block merges its warps and stores its split's
+ * state, and the block that finishes a (sequence, KV head) last (an atomic ticket in the workspace) merges
+ * the splits by log-sum-exp and undoes the rotation once per head: one kernel per call (merge_last).
  *
  * Two split kernels share that frame: attn_box_kernel when K and V are both e8box:4 (a cp.async pipeline
  * through shared memory, described where it is defined), attn_split_kernel for raw pages and mixed formats
@@ -179,6 +180,121 @@ __device__ __forceinline__ void load_tile(tile_regs<D, KF, VF> &r, const attn_la
                             r.vw[i][4 * j + 3] = u.w;
             }
         }
+    }
+}
+
+/* The split-K merge, fused: every block stores its partial state, then takes a ticket; the block that
+ * finishes a (sequence, KV head) last merges its n_split states for the G heads (log-sum-exp), undoes
+ * the V rotation and writes the output, and sets the counter back to 0 for the next call. The states
+ * are read across the warps (split s by warp s mod WARPS, 16-byte loads), so the merge costs a few
+ * L2 round trips instead of a second kernel that walks n_split states in a loop. buf: WARPS × 8 × D
+ * floats of shared memory that the caller no longer uses. */
+template <int D>
+__device__ __forceinline__ void merge_last(const attn_launch &a, int seq, int kvh, int G,
+                                           float (*buf)[8][D]) {
+    __shared__ float sM[8], sL[8];
+    __shared__ int s_last;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int n = (int)a.n_split;
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        unsigned *const cnt = a.done + (size_t)seq * a.n_head_kv + kvh;
+        const int last = atomicAdd(cnt, 1u) == (unsigned)n - 1;
+        if (last) *cnt = 0;
+        s_last = last;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    const size_t head0 = (size_t)seq * a.n_head + (size_t)kvh * G;
+    /* max and denominator per head: warp r mod WARPS walks head r's splits */
+    for (int r = warp; r < G; r += WARPS) {
+        const float2 *const ml = reinterpret_cast<const float2 *>(a.part_ml) + (head0 + r) * n;
+        float M = -INFINITY;
+        for (int s = lane; s < n; s += 32)
+            M = fmaxf(M, __ldcg(&ml[s]).x);
+        for (int o = 16; o; o >>= 1)
+            M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        float L = 0.0f;
+        if (M != -INFINITY)
+            for (int s = lane; s < n; s += 32) {
+                const float2 v = __ldcg(&ml[s]);
+                L += exp2f(v.x - M) * v.y;
+            }
+        for (int o = 16; o; o >>= 1)
+            L += __shfl_xor_sync(0xffffffffu, L, o);
+        if (lane == 0) sM[r] = M, sL[r] = L;
+    }
+    __syncthreads();
+    /* Σ_s w_s·O_s over F = G·D/4 float4 outputs: thread t owns outputs f = t mod F (+ 128) and the splits
+     * s ≡ t / F (mod NG), NG = 128 / F groups; 8 splits' loads in flight per output before any sum */
+    const int F = G * D / 4, NG = F < 128 ? 128 / F : 1, grp = F < 128 ? tid / F : 0;
+    constexpr int U = 8;
+    float4 acc[2];
+    float *const bufp = &buf[0][0][0];
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int f = (F < 128 ? tid % F : tid) + 128 * e;
+        acc[e] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (f >= F || grp >= NG) continue;
+        const int r = f / (D / 4);
+        const float Mr = sM[r];
+        if (Mr == -INFINITY) continue;
+        const size_t hs = (head0 + r) * n;
+        for (int s0 = grp; s0 < n; s0 += U * NG) {
+            float4 o[U];
+            float m[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const int s = s0 + u * NG;
+                if (s < n) {
+                    m[u] = __ldcg(&a.part_ml[2 * (hs + s)]);
+                    o[u] = __ldcg(reinterpret_cast<const float4 *>(a.part_o + (hs + s) * D) + f % (D / 4));
+                } else {
+                    m[u] = -INFINITY;
+                    o[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const float w = exp2f(m[u] - Mr);
+                acc[e].x += w * o[u].x, acc[e].y += w * o[u].y, acc[e].z += w * o[u].z,
+                    acc[e].w += w * o[u].w;
+            }
+        }
+    }
+    /* group g's sums at bufp[g·F·4 …] (NG·F ≤ 256 float4s: within WARPS × 8 × D floats) */
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int f = (F < 128 ? tid % F : tid) + 128 * e;
+        if (f < F && grp < NG) reinterpret_cast<float4 *>(bufp)[grp * F + f] = acc[e];
+    }
+    __syncthreads();
+    /* sum over the groups and divide, in place (output idx = r·D + i is buf[0][r][i]); then the inverse
+     * rotation in buf[0] */
+    for (int idx = tid; idx < G * D; idx += blockDim.x) {
+        float O = 0.0f;
+        for (int gi = 0; gi < NG; gi++)
+            O += bufp[gi * G * D + idx];
+        const float L = sL[idx / D];
+        bufp[idx] = L > 0.0f ? O / (L * a.v_div) : 0.0f;
+    }
+    __syncthreads();
+    if (a.v_rot) {
+        for (int h = 1; h < D; h *= 2) {
+            for (int idx = tid; idx < G * D / 2; idx += blockDim.x) {
+                const int r = idx / (D / 2), j = idx % (D / 2), i = (j / h) * 2 * h + j % h;
+                const float x = buf[0][r][i], y = buf[0][r][i + h];
+                buf[0][r][i] = x + y;
+                buf[0][r][i + h] = x - y;
+            }
+            __syncthreads();
+        }
+    }
+    for (int idx = tid; idx < G * D; idx += blockDim.x) {
+        const int r = idx / D, i = idx % D;
+        a.out[(head0 + r) * D + i] = a.v_rot ? buf[0][r][i] * a.rot_scale * a.signs[i] : buf[0][r][i];
     }
 }
 
@@ -429,6 +545,7 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
             a.part_ml[2 * base + 1] = L;
         }
     }
+    merge_last<D>(a, seq, kvh, G, so);
 }
 
 /* ---- e8box:4 K and V: a per-warp cp.async pipeline into shared memory ----
@@ -450,8 +567,13 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
  *  - P reaches the B operand of Oᵀ += Vᵀ·Pᵀ by movmatrix (a register transpose), no shuffles.
  * V rows sit 16 bytes further apart than their length in shared memory so that the 8-byte (4-byte) reads
  * of four tokens by a quarter warp hit different banks. */
-#define BOX_STAGES 3 /* buffers per warp */
-#define BOX_NT 2     /* 16-token sub-tiles per tile */
+#ifndef BOX_STAGES
+#define BOX_STAGES 4 /* buffers per warp (3: 2-10% slower on the H100 at Llama-3-8B shapes, batch 1-8) */
+#endif
+#ifndef BOX_MINB
+#define BOX_MINB 3 /* resident blocks per SM the register budget is made for */
+#endif
+#define BOX_NT 2 /* 16-token sub-tiles per tile */
 
 template <int D> struct box_geo {
     static constexpr int KN = D / 2;                       /* nibble bytes of a token */
@@ -513,7 +635,8 @@ template <int D> static constexpr int box_smem_bytes(void) {
     return WARPS * BOX_STAGES * BOX_NT * box_geo<D>::STAGE;
 }
 
-template <int D, bool G8> __global__ void __launch_bounds__(128, 3) attn_box_kernel(const attn_launch a) {
+template <int D, bool G8>
+__global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_launch a) {
     using Gm = box_geo<D>;
     constexpr int KS = D / 16, NW = D / 32;
     extern __shared__ __align__(16) uint8_t box_dyn[]; /* [WARPS][BOX_STAGES][BOX_NT][STAGE] */
@@ -893,39 +1016,7 @@ template <int D, bool G8> __global__ void __launch_bounds__(128, 3) attn_box_ker
             a.part_ml[2 * base + 1] = L;
         }
     }
-}
-
-/* grid (n_head, n_seq), D threads: log-sum-exp merge of the splits, then the inverse rotation */
-template <int D>
-__global__ void __launch_bounds__(D) attn_merge_kernel(const attn_launch a, int v_rot, float v_div) {
-    __shared__ float sx[D];
-    const int i = threadIdx.x;
-    const size_t base = ((size_t)blockIdx.y * a.n_head + blockIdx.x) * a.n_split;
-    float M = -INFINITY;
-    for (size_t s = 0; s < a.n_split; s++)
-        M = fmaxf(M, a.part_ml[2 * (base + s)]);
-    float O = 0.0f, L = 0.0f;
-    if (M != -INFINITY)
-        for (size_t s = 0; s < a.n_split; s++) {
-            const float w = exp2f(a.part_ml[2 * (base + s)] - M);
-            O += w * a.part_o[(base + s) * D + i];
-            L += w * a.part_ml[2 * (base + s) + 1];
-        }
-    float val = L > 0.0f ? O / (L * v_div) : 0.0f;
-    if (v_rot) {
-        sx[i] = val;
-        __syncthreads();
-        for (int h = 1; h < D; h *= 2) {
-            if (!(i & h)) {
-                const float x = sx[i], y = sx[i + h];
-                sx[i] = x + y;
-                sx[i + h] = x - y;
-            }
-            __syncthreads();
-        }
-        val = sx[i] * a.rot_scale * a.signs[i];
-    }
-    a.out[((size_t)blockIdx.y * a.n_head + blockIdx.x) * D + i] = val;
+    merge_last<D>(a, seq, kvh, G, so);
 }
 
 /* One wave: every block of the launch resident at once and all with the same work, so no tail. */
@@ -1001,7 +1092,11 @@ int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf) {
 #undef E8KV_OCC
 }
 
-template <int D, int KF, int VF> static void launch(const attn_launch *a, cudaStream_t stream) {
+template <int D, int KF, int VF> static void launch(const attn_launch *la, cudaStream_t stream) {
+    attn_launch l = *la;
+    l.v_rot = VF == FMT_BOX4;
+    l.v_div = VF == FMT_BOX4 ? V_BOX_SCALE : VF == FMT_F16 ? V_F16_SCALE : 1.0f;
+    const attn_launch *const a = &l;
     const dim3 grid((unsigned)a->n_split, (unsigned)a->n_head_kv, (unsigned)a->n_seq);
     if constexpr (KF == FMT_BOX4 && VF == FMT_BOX4) {
         box_smem_attr<D>();
@@ -1012,11 +1107,6 @@ template <int D, int KF, int VF> static void launch(const attn_launch *a, cudaSt
     } else {
         attn_split_kernel<D, KF, VF><<<grid, 128, 0, stream>>>(*a);
     }
-    attn_merge_kernel<D>
-        <<<dim3((unsigned)a->n_head, (unsigned)a->n_seq), D, 0, stream>>>(*a, VF == FMT_BOX4,
-                                                                          VF == FMT_BOX4  ? V_BOX_SCALE
-                                                                          : VF == FMT_F16 ? V_F16_SCALE
-                                                                                          : 1.0f);
 }
 
 template <int D, int KF> static void launch_v(const attn_launch *a, cudaStream_t stream) {

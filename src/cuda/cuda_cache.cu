@@ -70,7 +70,8 @@ size_t e8kv_cuda_attend_workspace_bytes(const e8kv_cuda_cache *c, size_t n_seq, 
                                         size_t max_ctx) {
     if (!c || !n_seq || !n_head) return 0;
     const size_t ns = e8kv_cu_n_split(n_seq, c->n_head_kv, max_ctx, c->n_sm, c->occ);
-    return align256(n_seq * n_head * ns * c->d * sizeof(float)) + n_seq * n_head * ns * 2 * sizeof(float);
+    return align256(n_seq * c->n_head_kv * sizeof(unsigned)) +
+           align256(n_seq * n_head * ns * c->d * sizeof(float)) + n_seq * n_head * ns * 2 * sizeof(float);
 }
 
 static size_t max_workspace(const e8kv_cuda_cache *c) {
@@ -199,6 +200,7 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     c->d_work = (float *)(c->dev + o_work);
     /* zero pages decode to finite values (raw formats too), so a stale slot can never inject NaN */
     if (cudaMemset(c->dev, 0, pools) != cudaSuccess ||
+        cudaMemset(c->d_work, 0, c->work_bytes) != cudaSuccess ||
         cudaMemcpy(c->d_signs, signs, c->d * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
         return fail(c, err, E8KV_CU_ERR(CUDA));
 
@@ -321,9 +323,9 @@ size_t e8kv_cuda_attend(e8kv_cuda_cache *c, size_t layer, float *d_out, const vo
     a.n_split = e8kv_cu_n_split(n_seq, c->n_head_kv, max_ctx, c->n_sm, c->occ);
     a.q = d_q, a.q_dtype = (int)dtype, a.block_tables = d_block_tables, a.ctx_lens = d_ctx_lens;
     a.signs = c->d_signs, a.rot_scale = c->rot_scale;
-    a.part_o = (float *)d_workspace;
-    a.part_ml =
-        (float *)((uint8_t *)d_workspace + align256(n_seq * n_head * a.n_split * c->d * sizeof(float)));
+    a.done = (unsigned *)d_workspace;
+    a.part_o = (float *)((uint8_t *)d_workspace + align256(n_seq * c->n_head_kv * sizeof(unsigned)));
+    a.part_ml = (float *)((uint8_t *)a.part_o + align256(n_seq * n_head * a.n_split * c->d * sizeof(float)));
     a.out = d_out;
     const size_t r = e8kv_cu_launch_attend(&a, (cudaStream_t)stream);
     return r ? r : n_seq * n_head * c->d;

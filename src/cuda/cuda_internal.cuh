@@ -50,6 +50,9 @@ typedef struct {
     float rot_scale;    /* 1 / sqrtf(d) as the CPU computes it */
     float *part_o;      /* (n_seq, n_head, n_split, d) */
     float *part_ml;     /* (n_seq, n_head, n_split, 2) */
+    unsigned *done;     /* (n_seq, n_head_kv): splits finished; the last one merges and sets it back to 0 */
+    int v_rot;          /* V pages rotated (e8box): the merge undoes the rotation */
+    float v_div;        /* the V pages' scale of P */
     float *out;         /* (n_seq, n_head, d) */
 } attn_launch;
 
