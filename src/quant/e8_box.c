@@ -217,7 +217,10 @@ void e8kv_box_decode_ref(float *restrict y, const uint8_t *restrict src, size_t 
 }
 
 static void decode(const e8kv_codec_t *codec, float *restrict y, const uint8_t *restrict src) {
-    e8kv_box_decode_ref(y, src, codec->head_dim, codec->bits);
+    if (codec->head_dim % 32 == 0 && e8kv_cpu_has_avx2()) /* bit-identical twin */
+        e8kv_box_decode_avx2(y, src, codec->head_dim, codec->bits);
+    else
+        e8kv_box_decode_ref(y, src, codec->head_dim, codec->bits);
 }
 
 static const e8kv_quant_ops k_ops = {encode, decode, NULL};
