@@ -10,7 +10,7 @@
  * implied, and the coset bits sit in their own bytes). A per-vector step δ on a 1/8-octave grid, chosen
  * by the encoder among a few candidates around the largest coordinate (clipping a tail coordinate is
  * cheaper than coarsening all of them). Measured on N(0,1): 21.1 dB at 4.25 bits per value (e8:4: 21.3,
- * q4_0h: 21.3 at 4.5; BENCHMARKS.md); B = 3 and 2 in BENCHMARKS.md ("Low-rate GPU formats").
+ * q4_0h: 21.3 at 4.5; BENCHMARKS.md); B = 3 and 2 in BENCHMARKS.md ("Low-rate formats a GPU decodes").
  *
  * Vector layout (doc/format.md §2.4), head_dim d (a multiple of 8), 1 + ⌈d/64⌉ + B·d/8 bytes:
  *   u8 e          δ = 2^((e − 160)/8); e = 0: the zero vector
