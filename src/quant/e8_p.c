@@ -51,6 +51,8 @@ static const float k_ratio[] = {0.85f, 0.95f, 1.05f, 1.15f};
 static uint16_t g_pat[256];    /* pattern t → W */
 static uint8_t g_index[65536]; /* W → t (patterns only) */
 static float g_quarter[256];   /* δ(e)/4, 0 for e = 0 */
+static int8_t g_mag[256][8];   /* pattern t → 4c_i + 2 = 4·a_i */
+static uint8_t g_par[256];     /* pattern t → Σ c_i mod 2 */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static int in_set(unsigned w) {
@@ -72,6 +74,12 @@ static void build(void) {
             assert(t < 256);
             g_pat[t] = (uint16_t)w;
             g_index[w] = (uint8_t)t;
+            unsigned par = 0;
+            for (int i = 0; i < 8; i++) {
+                g_mag[t][i] = (int8_t)(4 * ((w >> (2 * i)) & 3u) + 2);
+                par += (w >> (2 * i)) & 3u;
+            }
+            g_par[t] = (uint8_t)(par & 1u);
             t++;
         }
     assert(t == 256);
@@ -88,20 +96,23 @@ size_t e8kv_e8p_vector_bytes(size_t d) {
     return 1 + d / 4;
 }
 
-void e8kv_e8p_decode_block(int32_t q[8], unsigned code) {
-    const unsigned w = e8kv_e8p_patterns()[code & 255u], sgn = (code >> 8) & 127u;
-    unsigned par = (unsigned)__builtin_popcount(sgn);
-    for (int i = 0; i < 8; i++)
-        par += (w >> (2 * i)) & 3u;
-    const unsigned s = sgn | (par & 1u) << 7;
+/* the tables are built (e8kv_e8p_patterns) */
+static inline void block_q(int32_t q[8], unsigned code) {
+    const unsigned t = code & 255u, sgn = (code >> 8) & 127u;
+    const unsigned s = sgn | (((unsigned)__builtin_popcount(sgn) + g_par[t]) & 1u) << 7;
     const int32_t sh = code >> 15 ? 1 : -1;
     for (int i = 0; i < 8; i++) {
-        const int32_t m = 4 * (int32_t)((w >> (2 * i)) & 3u) + 2;
+        const int32_t m = g_mag[t][i];
         q[i] = ((s >> i) & 1u ? -m : m) + sh;
     }
 }
 
-/* Σ c_i of each orbit (its sign parity) and 4·Σ a² = Σ (2c + 1)² */
+void e8kv_e8p_decode_block(int32_t q[8], unsigned code) {
+    (void)e8kv_e8p_patterns();
+    block_q(q, code);
+}
+
+/* Σ c_i of an orbit: its sign parity */
 static unsigned orbit_csum(int o) {
     unsigned s = 0;
     for (int j = 0; j < 8; j++)
@@ -131,25 +142,29 @@ int64_t e8kv_e8p_nearest_ref(uint16_t *code, const float *restrict x, float k) {
             ay[i] = Y[i] < 0 ? -Y[i] : Y[i];
             neg += Y[i] < 0;
             yy += (int64_t)Y[i] * Y[i];
-            order[i] = i;
         }
-        /* coordinates by |Y| decreasing, equal |Y| by index (insertion sort: stable) */
-        for (int i = 1; i < 8; i++)
-            for (int j = i; j > 0 && ay[order[j]] > ay[order[j - 1]]; j--) {
-                const int o = order[j];
-                order[j] = order[j - 1];
-                order[j - 1] = o;
-            }
+        /* coordinates by |Y| decreasing, equal |Y| by index: the rank of i counts the coordinates before
+         * it (branch-free: the comparisons vectorize, a sort's branches mispredict) */
+        for (int i = 0; i < 8; i++) {
+            int r = 0;
+            for (int j = 0; j < 8; j++)
+                r += (ay[j] > ay[i]) | ((ay[j] == ay[i]) & (j < i));
+            order[r] = i;
+        }
+        int64_t ys[8]; /* |Y| in the order */
+        for (int j = 0; j < 8; j++)
+            ys[j] = ay[order[j]];
         for (int o = 0; o < N_ORBIT; o++) {
+            /* 2a_j = 2c_j + 1 on the j-th largest |Y|: Σ (Y − s·a)² = Σ Y² + H²·Σ (2a)² − 2H·Σ 2a·|Y| */
             int64_t dot = 0, aa = 0;
             for (int j = 0; j < 8; j++) {
-                const int64_t a = (int64_t)(2 * k_orbit[o][j] + 1) * H;
-                dot += a * ay[order[j]];
-                aa += a * a;
+                const int64_t m = 2 * k_orbit[o][j] + 1;
+                dot += m * ys[j];
+                aa += m * m;
             }
             /* the wrong sign parity: the smallest |Y| (last in order) changes sign */
-            if ((orbit_csum(o) ^ neg) & 1u) dot -= 2 * (int64_t)(2 * k_orbit[o][7] + 1) * H * ay[order[7]];
-            const int64_t dist = yy + aa - 2 * dot;
+            if ((orbit_csum(o) ^ neg) & 1u) dot -= 2 * (2 * k_orbit[o][7] + 1) * ys[7];
+            const int64_t dist = yy + aa * H * H - 2 * H * dot;
             if (dist < best) {
                 best = dist;
                 best_sb = sb;
@@ -218,7 +233,7 @@ void e8kv_e8p_decode_ref(float *restrict y, const uint8_t *restrict src, size_t 
     const float qs = g_quarter[src[0]];
     for (size_t j = 0; j < d / 8; j++) {
         int32_t q[8];
-        e8kv_e8p_decode_block(q, (unsigned)src[1 + 2 * j] | (unsigned)src[2 + 2 * j] << 8);
+        block_q(q, (unsigned)src[1 + 2 * j] | (unsigned)src[2 + 2 * j] << 8);
         for (int i = 0; i < 8; i++)
             y[8 * j + (size_t)i] = (float)q[i] * qs;
     }
