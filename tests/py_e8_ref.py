@@ -6,7 +6,9 @@ It rebuilds, from the written specification only: the 65536-point E8 ball codebo
 points of norm <= 12, order (norm, h(key), key)), the E8 generator matrix, the Voronoi coset
 representatives r - m*Q_E8(r/m) with the documented closest-point tie rules (exact rational arithmetic),
 and the reconstruction s/(2m) * (m*c + r) in float32; for e8box (section 2.4) the step byte, the coset
-bits and the nibble groups, at head_dim 64, 128 and 40 (a last group of fewer than 32 values).
+bits and the nibble groups, at head_dim 64, 128 and 40 (a last group of fewer than 32 values), and the
+2-bit and 1-bit planes of e8box:3 and e8box:2 at head_dim 64, 128, 96 and 40; for e8p:2 (section 2.5) the
+256-pattern table rebuilt from its definition, the sign parity and the quarter shift.
 
 Environment: E8KV_LIB = path of the shared library. Exit 77 (skip) when numpy or the library is missing.
 """
@@ -196,6 +198,75 @@ def main():
         got = lib_decode("e8box:4", raw, dd)
         bad = np.count_nonzero(ref.view(np.uint32) != got.view(np.uint32))
         print("e8box:4 d=%d  %d vectors, %d values differ" % (dd, n, bad))
+        failures += bad != 0
+
+    def box_half(e):
+        frac = np.array([2.0 ** (j / 8) for j in range(8)]).astype(np.float32)
+        half = (np.ldexp(frac[e % 8].astype(np.float64), e // 8 - 20) / 2).astype(np.float32)
+        half[e == 0] = 0
+        return half
+
+    def plane(area, dd, w):
+        """the w-bit fields of a plane, value order: 16-byte groups of G = 128/w values, group g holds
+        m = min(G, dd - G*g) values in m*w/8 bytes; value G*g + r + j*(m*w/8) in byte r, bits [w*j, w*j+w)"""
+        G = 128 // w
+        out = np.zeros((area.shape[0], dd), dtype=np.int64)
+        for g in range((dd + G - 1) // G):
+            m = min(G, dd - G * g)
+            nb = m * w // 8
+            for j in range(8 // w):
+                for r in range(nb):
+                    v = G * g + r + j * nb
+                    if v < G * g + m:
+                        out[:, v] = (area[:, 16 * g + r] >> (w * j)) & ((1 << w) - 1)
+        return out
+
+    # e8box:3, e8box:2: u8 e, ceil(d/64) coset bytes, a 2-bit plane (d/4 bytes), for B = 3 a 1-bit plane
+    for bits in (3, 2):
+        for dd in (64, 128, 96, 40):
+            n_cos = (dd + 63) // 64
+            vb = 1 + n_cos + dd * bits // 8
+            raw = rng.integers(0, 256, size=(n, vb), dtype=np.uint8)
+            raw[::7, 0] = 0
+            half = box_half(raw[:, 0].astype(np.int64))
+            area = raw[:, 1 + n_cos:].astype(np.int64)
+            nv = plane(area[:, :dd // 4], dd, 2)
+            if bits == 3:
+                nv = nv | (plane(area[:, dd // 4:], dd, 1) << 2)
+            blk = np.arange(dd) // 8
+            k = (raw[:, 1 + blk // 8].astype(np.int64) >> (blk % 8)) & 1
+            ref = ((2 * nv - (1 << bits) + k).astype(np.float32) * half[:, None]).astype(np.float32)
+            got = lib_decode("e8box:%d" % bits, raw, dd)
+            bad = np.count_nonzero(ref.view(np.uint32) != got.view(np.uint32))
+            print("e8box:%d d=%d  %d vectors, %d values differ" % (bits, dd, n, bad))
+            failures += bad != 0
+
+    # e8p:2: u8 e, d/8 u16 codes; patterns: words W = sum c_i 4^i, c_i in {0,1,2}, with
+    # sum (2c+1)^2 <= 40, or six c = 0 and two c = 2, or all c = 1; increasing W
+    pats = []
+    for cs in itertools.product(range(3), repeat=8):
+        q = sum((2 * c + 1) ** 2 for c in cs)
+        if q <= 40 or (cs.count(0) == 6 and cs.count(2) == 2) or cs.count(1) == 8:
+            pats.append(sum(c << (2 * i) for i, c in enumerate(cs)))
+    pats = np.array(sorted(pats), dtype=np.int64)
+    assert len(pats) == 256, len(pats)
+    for dd in (64, 128, 40):
+        vb = 1 + dd // 4
+        raw = rng.integers(0, 256, size=(n, vb), dtype=np.uint8)
+        raw[::7, 0] = 0
+        quarter = box_half(raw[:, 0].astype(np.int64)) / np.float32(2)
+        code = raw[:, 1::2].astype(np.int64) | (raw[:, 2::2].astype(np.int64) << 8)  # (n, dd/8)
+        w = pats[code & 255]
+        c = np.stack([(w >> (2 * i)) & 3 for i in range(8)], axis=-1)  # (n, dd/8, 8)
+        sg = np.stack([(code >> (8 + i)) & 1 for i in range(7)], axis=-1)
+        s7 = (sg.sum(-1) + c.sum(-1)) & 1
+        sg = np.concatenate([sg, s7[..., None]], axis=-1)
+        sh = np.where((code >> 15) & 1, 1, -1)[..., None]
+        qv = np.where(sg == 1, -(4 * c + 2), 4 * c + 2) + sh
+        ref = (qv.reshape(n, dd).astype(np.float32) * quarter[:, None]).astype(np.float32)
+        got = lib_decode("e8p:2", raw, dd)
+        bad = np.count_nonzero(ref.view(np.uint32) != got.view(np.uint32))
+        print("e8p:2 d=%d  %d vectors, %d values differ" % (dd, n, bad))
         failures += bad != 0
 
     return 1 if failures else 0

@@ -177,8 +177,8 @@ static void test_f16_and_mixed(void **state) {
 static void test_compressed_specs(void **state) {
     (void)state;
     /* compressed formats: the cache must match attention over the vectors the codec reconstructs */
-    static const char *specs[] = {"q8_0", "q4_0", "q8_0h", "q4_0h",   "lloyd:3",
-                                  "e8:4", "e8:3", "e8:2",  "e8nest:4"};
+    static const char *specs[] = {"q8_0", "q4_0", "q8_0h",    "q4_0h",   "lloyd:3", "e8:4",
+                                  "e8:3", "e8:2", "e8nest:4", "e8box:3", "e8box:2", "e8p:2"};
     size_t checked = 0;
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
         checked += (size_t)check_spec(specs[i], specs[i], specs[i], 2, 2e-5);

@@ -291,8 +291,8 @@ static void test_untrusted_bytes(void **state) {
     assert_error(e8kv_codec_decode(c, y, 8, w, 32, 1), CORRUPTED);
     e8kv_codec_free(c);
     /* random bytes: finite values or CORRUPTED, for every family */
-    static const char *const more[] = {"e8v:3", "e8v:1.5", "e8box:4"};
-    for (size_t f = 0; f < N_CASES + 3; f++) {
+    static const char *const more[] = {"e8v:3", "e8v:1.5", "e8box:4", "e8box:3", "e8box:2", "e8p:2"};
+    for (size_t f = 0; f < N_CASES + sizeof more / sizeof more[0]; f++) {
         const char *spec = f < N_CASES ? k_cases[f].spec : more[f - N_CASES];
         const size_t d = f < N_CASES ? k_cases[f].head_dim : 64;
         c = e8kv_codec_create(spec, d, 1, NULL);

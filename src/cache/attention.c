@@ -99,7 +99,7 @@ static int read_fast(const e8kv_cache *c, const kv_format *f, float *restrict ds
         return 1;
     case KV_FAST_E8BOX:
         for (size_t i = 0; i < n; i++)
-            e8kv_box_decode_avx2(dst + i * d, src + i * f->vector_bytes, d);
+            e8kv_box_decode_avx2(dst + i * d, src + i * f->vector_bytes, d, f->codec->bits);
         return 1;
     default:
         return 0;
@@ -223,9 +223,11 @@ static void prefetch_tokens(const e8kv_cache *c, const kv_layer *L, size_t head,
 
 #define BOX_QMAX 16 /* queries per chunk on the integer path (decode: the GQA group) */
 
+/* the integer tiles read e8box:4 only; e8box:3 and e8box:2 go through the fused reader (read_fast) */
 static int box_ok(const e8kv_cache *c, const kv_layer *L, size_t n_q) {
-    return L->k.fast == KV_FAST_E8BOX && L->v.fast == KV_FAST_E8BOX && L->k.rotated && L->v.rotated &&
-           c->head_dim % 64 == 0 && c->head_dim <= E8KV_BOX_MAX_D && n_q <= BOX_QMAX;
+    return L->k.fast == KV_FAST_E8BOX && L->v.fast == KV_FAST_E8BOX && L->k.codec->bits == 4 &&
+           L->v.codec->bits == 4 && L->k.rotated && L->v.rotated && c->head_dim % 64 == 0 &&
+           c->head_dim <= E8KV_BOX_MAX_D && n_q <= BOX_QMAX;
 }
 
 /* the tile [p, p + n) lies in one coded page of K and of V of head h, past the sinks, and every query
