@@ -84,14 +84,19 @@ def _malloc_in_use():
     return m.uordblks + m.hblkhd
 
 
+@pytest.mark.parametrize("page", [
+    pytest.param(64, marks=pytest.mark.xfail(strict=True, reason=(
+        "measured +1.09% (6,335,440 B vs 6,266,880 B): e8kv_cache_bytes does not count malloc's ~24 B header "
+        "and alignment per page, 1.1% of a 2176-byte e8:4 page of 64 tokens"))),
+    256])
 @torch.no_grad()
-def test_resident_bytes_equal_accounted(model, ids):
+def test_resident_bytes_equal_accounted(model, ids, page):
     """Prefill 1024 tokens into an e8:4 cache; malloc's in-use bytes grow by the accounted bytes +-1%."""
     if not hasattr(ctypes.CDLL(None), "mallinfo2"):
         pytest.skip("needs glibc's mallinfo2")
     n_tok = 1024
     x = torch.tensor([ids[:n_tok]])
-    cache = e8kv.hf.E8KVCache(model.config, "e8:4", n_ctx=n_tok)
+    cache = e8kv.hf.E8KVCache(model.config, f"e8:4,page={page}", n_ctx=n_tok)
     model(input_ids=x[:, :1], cache=e8kv.hf.E8KVCache(model.config, "e8:4", n_ctx=8), logits_to_keep=1)  # warm-up
     before_cache = cache.n_bytes
     before = _malloc_in_use()
@@ -100,7 +105,7 @@ def test_resident_bytes_equal_accounted(model, ids):
     accounted = cache.n_bytes - before_cache  # the pages (the fixed part existed before)
     s = e8kv.hf.ModelShape(model.config)
     bf16 = 2 * n_tok * s.n_layer * s.n_head_kv * s.head_dim * 2
-    print(f"e8:4, {n_tok} tokens: measured {measured} B, accounted {accounted} B (+{cache.n_bytes - accounted} fixed), "
+    print(f"e8:4,page={page}, {n_tok} tokens: measured {measured} B, accounted {accounted} B (+{cache.n_bytes - accounted} fixed), "
           f"total {cache.n_bytes} B = {100 * cache.n_bytes / bf16:.1f}% of bf16 ({bf16} B)")
     assert abs(measured / accounted - 1) < 0.01
     assert cache.n_bytes <= 0.30 * bf16
