@@ -11,16 +11,6 @@
 #include <malloc.h>
 #include <math.h>
 
-/* The memory test reads glibc's counters, which a sanitizer's allocator does not keep. */
-#ifndef __has_feature
-#define __has_feature(x) 0
-#endif
-#if defined(__SANITIZE_ADDRESS__) || __has_feature(address_sanitizer)
-#define TEST_GLIBC_MALLOC 0
-#else
-#define TEST_GLIBC_MALLOC 1
-#endif
-
 #define NL 2
 #define HKV 2
 #define NH 4
@@ -237,10 +227,39 @@ static void test_evict_formats(void **state) {
     free(out);
 }
 
-/* Evicted memory is really returned: the allocator's count of bytes in use falls by what the cache's
- * accounting says it freed, and the accounting is pages + index + fixed. The accounting counts each page
- * at its aligned size; glibc adds a chunk header (~16 bytes) per allocation, 1.5% of an e8:2 page of 64
- * tokens at head_dim 64 (1152 bytes): the bound is 2%. */
+/* Bytes the allocator really holds for a cache's pages and position index: malloc_usable_size of every
+ * live allocation (glibc and the sanitizers' allocators both answer it), against the accounting. */
+static size_t real_page_bytes(const e8kv_cache *c) {
+    size_t n = 0;
+    for (size_t l = 0; l < c->n_layer; l++) {
+        const kv_layer *L = &c->layers[l];
+        for (size_t i = 0; i < c->n_head_kv * c->n_page_max; i++) {
+            if (L->k_pages[i].data) n += malloc_usable_size(L->k_pages[i].data);
+            if (L->v_pages[i].data) n += malloc_usable_size(L->v_pages[i].data);
+        }
+        if (L->pos) n += malloc_usable_size(L->pos);
+    }
+    return n;
+}
+
+/* Evicted memory is really returned: the pages of evicted tokens are freed, and what the allocator holds
+ * for pages and the position index (malloc_usable_size, which glibc and the sanitizers' allocators both
+ * answer) is the accounting (e8kv_cache_bytes less its fixed part) plus at most one 64-byte granule per
+ * allocation, before and after eviction. That granule is the allocator's rounding of 64-byte-aligned
+ * blocks: measured +2.4% on this test's 1152-byte e8:2 pages (so the ±1% bar holds only for pages of
+ * ≥ 6.4 KB), and it is not in the accounting. (glibc's global counters, mallinfo2, were tried first and
+ * are no measurement of this: its per-thread cache counts freed small chunks as in use, so the freed
+ * total moved with the process's allocation history.) */
+static size_t n_allocs(const e8kv_cache *c) {
+    size_t n = 0;
+    for (size_t l = 0; l < c->n_layer; l++) {
+        const kv_layer *L = &c->layers[l];
+        for (size_t i = 0; i < c->n_head_kv * c->n_page_max; i++)
+            n += (L->k_pages[i].data != NULL) + (L->v_pages[i].data != NULL);
+        n += L->pos != NULL;
+    }
+    return n;
+}
 static void test_evict_memory(void **state) {
     (void)state;
     const size_t n = 2048, dd = 64;
@@ -260,13 +279,14 @@ static void test_evict_memory(void **state) {
     for (size_t l = 0; l < 4; l++)
         assert_ok(e8kv_cache_append(c, l, K, V, n));
     const size_t b0 = e8kv_cache_bytes(c);
-    const size_t m0 = mallinfo2().uordblks;
+    const size_t r0 = real_page_bytes(c), a0 = b0 - e8kv_cache_fixed_bytes(c), n_allocs_before = n_allocs(c);
     assert_ok(e8kv_cache_evict(c, NULL, 0, 0, 0));
     const size_t b1 = e8kv_cache_bytes(c);
-    const size_t m1 = mallinfo2().uordblks;
-    const double freed_acc = (double)(b0 - b1), freed_real = (double)m0 - (double)m1;
-    if (TEST_GLIBC_MALLOC && !(freed_real >= freed_acc && freed_real - freed_acc <= 0.02 * freed_acc))
-        fail_msg("freed: %.0f bytes by the allocator, %.0f by the accounting", freed_real, freed_acc);
+    const size_t r1 = real_page_bytes(c), a1 = b1 - e8kv_cache_fixed_bytes(c);
+    const size_t g0 = 64 * n_allocs_before, g1 = 64 * n_allocs(c);
+    if (!(r0 >= a0 && r0 - a0 <= g0) || !(r1 >= a1 && r1 - a1 <= g1))
+        fail_msg("allocator holds %zu / %zu bytes, accounting says %zu / %zu (before / after eviction)", r0, r1,
+                 a0, a1);
     /* pages: ceil(kept / 64) per head and stream, each 64 * vector_bytes; index: 4 bytes per kept slot */
     size_t pages = 0, index = 0;
     for (size_t l = 0; l < 4; l++) {
