@@ -285,8 +285,8 @@ static void test_evict_memory(void **state) {
     const size_t r1 = real_page_bytes(c), a1 = b1 - e8kv_cache_fixed_bytes(c);
     const size_t g0 = 64 * n_allocs_before, g1 = 64 * n_allocs(c);
     if (!(r0 >= a0 && r0 - a0 <= g0) || !(r1 >= a1 && r1 - a1 <= g1))
-        fail_msg("allocator holds %zu / %zu bytes, accounting says %zu / %zu (before / after eviction)", r0, r1,
-                 a0, a1);
+        fail_msg("allocator holds %zu / %zu bytes, accounting says %zu / %zu (before / after eviction)", r0,
+                 r1, a0, a1);
     /* pages: ceil(kept / 64) per head and stream, each 64 * vector_bytes; index: 4 bytes per kept slot */
     size_t pages = 0, index = 0;
     for (size_t l = 0; l < 4; l++) {
