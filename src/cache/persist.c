@@ -44,6 +44,8 @@ static const char *fmt_spec(const e8kv_cache *c, size_t l, int is_k) {
  * the same transforms). */
 static size_t canon_spec(const e8kv_cache *c, char *dst, size_t cap) {
     size_t n = 0, n_rules = 0;
+    for (size_t i = 0; i < c->n_codecs; i++) /* token-group formats (the peers kivi, kvquant) are not saved */
+        if (c->codecs[i]->group_tokens > 1) return E8KV_ERR(UNSUPPORTED);
     int w = snprintf(dst, cap, "k=%s,v=%s", fmt_spec(c, 0, 1), fmt_spec(c, 0, 0));
     if (w < 0 || (size_t)w >= cap) return E8KV_ERR(UNSUPPORTED);
     n = (size_t)w;
@@ -56,7 +58,8 @@ static size_t canon_spec(const e8kv_cache *c, char *dst, size_t cap) {
                 continue;
             }
             size_t e = l;
-            while (e + 1 < c->n_layer && !strcmp(fmt_spec(c, e + 1, is_k), x)) e++;
+            while (e + 1 < c->n_layer && !strcmp(fmt_spec(c, e + 1, is_k), x))
+                e++;
             if (++n_rules > CANON_RULES_MAX) return E8KV_ERR(UNSUPPORTED);
             w = snprintf(dst + n, cap - n, ",layers%zu-%zu.%c=%s", l, e, is_k ? 'k' : 'v', x);
             if (w < 0 || (size_t)w >= cap - n) return E8KV_ERR(UNSUPPORTED);
@@ -65,7 +68,11 @@ static size_t canon_spec(const e8kv_cache *c, char *dst, size_t cap) {
         }
     }
     w = snprintf(dst + n, cap - n, ",window=%zu,sink=%zu,page=%zu,center=%s,rope=%s", c->window, c->n_sink,
-                 c->page_tokens, c->center == 2 ? "all" : c->center ? "1" : "0", c->rope_pre ? "pre" : "post");
+                 c->page_tokens,
+                 c->center == 2 ? "all"
+                 : c->center    ? "1"
+                                : "0",
+                 c->rope_pre ? "pre" : "post");
     if (w < 0 || (size_t)w >= cap - n) return E8KV_ERR(UNSUPPORTED);
     return n + (size_t)w;
 }
@@ -516,7 +523,8 @@ size_t e8kv_cache_load_into(e8kv_cache *cache, const void *src, size_t src_size)
         return E8KV_ERR(DIMENSION);
     char spec[CANON_SPEC_MAX + 1];
     E8KV_RETURN_IF_ERROR(canon_spec(c, spec, sizeof spec));
-    if (strcmp(spec, fi.spec) || fi.seed != c->seed || fi.page_tokens != c->page_tokens) return E8KV_ERR(SPEC);
+    if (strcmp(spec, fi.spec) || fi.seed != c->seed || fi.page_tokens != c->page_tokens)
+        return E8KV_ERR(SPEC);
     if ((fi.calib_size != 0) != (c->xforms != NULL)) return E8KV_ERR(SPEC);
     if (fi.calib_size) { /* the e8t streams must come from the very same calibration */
         const size_t cap = e8kv_calib_save_bound(c->calib);

@@ -19,13 +19,24 @@ typedef struct {
 /* e8:B is the default fixed-rate E8 code: the ball-shaped codebook (plus its Voronoi residual stage at
  * 3 and 4 bits), the design with the best measured fixed-rate SNR (BENCHMARKS.md). */
 static const family_entry k_families[] = {
-    {"f32", 0, e8kv_quant_init_plain},    {"f16", 0, e8kv_quant_init_plain},
-    {"q8_0", 0, e8kv_quant_init_q8_0},    {"q8_0h", 1, e8kv_quant_init_q8_0},
-    {"q4_0", 0, e8kv_quant_init_q4_0},    {"q4_0h", 1, e8kv_quant_init_q4_0},
-    {"lloyd", 1, e8kv_quant_init_lloyd},  {"e8", 1, e8kv_quant_init_e8ball},
-    {"e8ball", 1, e8kv_quant_init_e8ball}, {"e8nest", 1, e8kv_quant_init_e8nest},
-    {"d4nest", 1, e8kv_quant_init_d4nest}, {"e8v", 1, e8kv_quant_init_e8v},
+    {"f32", 0, e8kv_quant_init_plain},
+    {"f16", 0, e8kv_quant_init_plain},
+    {"q8_0", 0, e8kv_quant_init_q8_0},
+    {"q8_0h", 1, e8kv_quant_init_q8_0},
+    {"q4_0", 0, e8kv_quant_init_q4_0},
+    {"q4_0h", 1, e8kv_quant_init_q4_0},
+    {"lloyd", 1, e8kv_quant_init_lloyd},
+    {"e8", 1, e8kv_quant_init_e8ball},
+    {"e8ball", 1, e8kv_quant_init_e8ball},
+    {"e8nest", 1, e8kv_quant_init_e8nest},
+    {"d4nest", 1, e8kv_quant_init_d4nest},
+    {"e8v", 1, e8kv_quant_init_e8v},
     {"e8box", 1, e8kv_quant_init_e8box},
+    /* peers (BENCHMARKS.md, "Peers side by side"); kivi and kvquant code groups of tokens together */
+    {"kivi", 0, e8kv_quant_init_kivi},
+    {"kvquant", 0, e8kv_quant_init_kvquant},
+    {"e8r", 1, e8kv_quant_init_e8r},
+    {"kakeya", 1, e8kv_quant_init_kakeya},
 };
 
 size_t e8kv_spec_parse(e8kv_spec *out, const char *spec) {
@@ -111,6 +122,7 @@ e8kv_codec *e8kv_codec_create(const char *spec_str, size_t head_dim, uint64_t se
         return NULL;
     }
     assert(c->ops && c->vector_bytes > 0);
+    assert(c->group_tokens <= 1 ? c->ops->encode && c->ops->decode : c->group && !c->rotate);
     if (err) *err = 0;
     return c;
 }
@@ -121,10 +133,18 @@ void e8kv_codec_free(e8kv_codec *codec) {
     free(codec);
 }
 
-const char *e8kv_codec_spec(const e8kv_codec *codec) { return codec ? codec->spec : ""; }
-size_t e8kv_codec_head_dim(const e8kv_codec *codec) { return codec ? codec->head_dim : 0; }
-size_t e8kv_codec_vector_bytes(const e8kv_codec *codec) { return codec ? codec->vector_bytes : 0; }
-int e8kv_codec_is_rotated(const e8kv_codec *codec) { return codec ? codec->rotate : 0; }
+const char *e8kv_codec_spec(const e8kv_codec *codec) {
+    return codec ? codec->spec : "";
+}
+size_t e8kv_codec_head_dim(const e8kv_codec *codec) {
+    return codec ? codec->head_dim : 0;
+}
+size_t e8kv_codec_vector_bytes(const e8kv_codec *codec) {
+    return codec ? codec->vector_bytes : 0;
+}
+int e8kv_codec_is_rotated(const e8kv_codec *codec) {
+    return codec ? codec->rotate : 0;
+}
 
 double e8kv_codec_bits_per_value(const e8kv_codec *codec) {
     if (!codec) return 0.0;
@@ -140,6 +160,18 @@ size_t e8kv_codec_encode(const e8kv_codec *codec, void *dst, size_t dst_capacity
     if (!e8kv_all_finite(src, n_vec * d)) return E8KV_ERR(NONFINITE);
     float tmp[E8KV_MAX_HEAD_DIM];
     uint8_t *const out = dst;
+    const size_t G = codec->group_tokens;
+    if (G > 1) { /* token-group codecs: whole groups, coded as a cache codes its K stream */
+        if (n_vec % G) return E8KV_ERR(SRC_SIZE);
+        for (size_t v = 0; v < n_vec; v += G) {
+            const size_t r = codec->group->encode(codec, out + v * vb, src + v * d, 1);
+            if (e8kv_is_error(r)) {
+                memset(out, 0, v * vb);
+                return r;
+            }
+        }
+        return n_vec * vb;
+    }
     for (size_t v = 0; v < n_vec; v++) {
         memcpy(tmp, src + v * d, d * sizeof(float));
         if (codec->rotate) e8kv_rot_forward(&codec->rot, tmp, 1);
@@ -176,6 +208,15 @@ static size_t decode_impl(const e8kv_codec *codec, float *dst, size_t dst_capaci
     if (n_vec > SIZE_MAX / vb || src_size != n_vec * vb) return E8KV_ERR(SRC_SIZE);
     if (dst_capacity < n_vec * d) return E8KV_ERR(DST_TOO_SMALL);
     const uint8_t *const in = src;
+    const size_t G = codec->group_tokens;
+    if (G > 1) {
+        if (n_vec % G) return E8KV_ERR(SRC_SIZE);
+        for (size_t v = 0; v < n_vec; v += G) {
+            codec->group->decode(codec, dst + v * d, in + v * vb, 0, G, 1);
+            if (!all_finite_fast(dst + v * d, G * d)) return E8KV_ERR(CORRUPTED);
+        }
+        return n_vec * d;
+    }
     for (size_t v = 0; v < n_vec; v++) {
         codec->ops->decode(codec, dst + v * d, in + v * vb);
         /* Every encoded vector decodes to finite values (encode refuses what would not); NaN or Inf can
@@ -211,20 +252,24 @@ size_t e8kv_codec_rotate(const e8kv_codec *codec, float *x, size_t n_vec, int in
 /* ---- plain formats: f32 (little-endian IEEE) and f16 (binary16, round to nearest even) ---- */
 
 static size_t f32_encode(const e8kv_codec_t *c, uint8_t *restrict dst, const float *restrict x) {
-    for (size_t i = 0; i < c->head_dim; i++) e8kv_store_lef32(dst + 4 * i, x[i]);
+    for (size_t i = 0; i < c->head_dim; i++)
+        e8kv_store_lef32(dst + 4 * i, x[i]);
     return 0;
 }
 static void f32_decode(const e8kv_codec_t *c, float *restrict y, const uint8_t *restrict src) {
-    for (size_t i = 0; i < c->head_dim; i++) y[i] = e8kv_load_lef32(src + 4 * i);
+    for (size_t i = 0; i < c->head_dim; i++)
+        y[i] = e8kv_load_lef32(src + 4 * i);
 }
 static size_t f16_encode(const e8kv_codec_t *c, uint8_t *restrict dst, const float *restrict x) {
     for (size_t i = 0; i < c->head_dim; i++)
         if (fabsf(x[i]) >= 65520.0f) return E8KV_ERR(RANGE);
-    for (size_t i = 0; i < c->head_dim; i++) e8kv_store_le16(dst + 2 * i, e8kv_fp32_to_fp16(x[i]));
+    for (size_t i = 0; i < c->head_dim; i++)
+        e8kv_store_le16(dst + 2 * i, e8kv_fp32_to_fp16(x[i]));
     return 0;
 }
 static void f16_decode(const e8kv_codec_t *c, float *restrict y, const uint8_t *restrict src) {
-    for (size_t i = 0; i < c->head_dim; i++) y[i] = e8kv_fp16_to_fp32(e8kv_load_le16(src + 2 * i));
+    for (size_t i = 0; i < c->head_dim; i++)
+        y[i] = e8kv_fp16_to_fp32(e8kv_load_le16(src + 2 * i));
 }
 
 static const e8kv_quant_ops k_f32_ops = {f32_encode, f32_decode, NULL};
