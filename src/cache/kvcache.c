@@ -26,8 +26,7 @@ typedef struct {
     int center; /* -1 = default (1); 0 off, 1 e8kv's own formats, 2 = all coded formats */
     layer_rule rules[E8KV_CACHE_RULES_MAX];
     size_t n_rules;
-    char auto_spec[E8KV_CODEC_SPEC_MAX +
-                   1]; /* auto=FAMILY:B: streams of this spec share bits by sensitivity */
+    char auto_spec[E8KV_CODEC_SPEC_MAX + 1]; /* auto=FAMILY:B: streams of this spec share bits by sensitivity */
 } cache_config;
 
 typedef struct {

@@ -24,8 +24,8 @@
 #define E8KV_CACHE_MAX_CODECS 64
 
 typedef struct {
-    uint8_t *data; /* NULL when not allocated */
-    uint8_t raw;   /* 1: original f32 vectors (page_tokens * head_dim floats); 0: codec bytes */
+    uint8_t *data;   /* NULL when not allocated */
+    uint8_t raw;     /* 1: original f32 vectors (page_tokens * head_dim floats); 0: codec bytes */
 } kv_page;
 
 /* Formats with a fused page reader in attention_avx2.c (others go through the codec's decode). */
@@ -41,18 +41,18 @@ typedef struct {
     const float *basis; /* (n_head_kv, d, d), borrowed from the calibration (or score_owned) */
     float *w, *w_inv;   /* e8t: (n_head_kv, d) each: λ^(−1/4) and λ^(1/4) (one allocation, w owns it) */
     e8kv_vlc *vlc;      /* e8tv: (n_head_kv) entropy-coded E8 with each head's eigenvalues; NULL for e8t */
-    const float *s; /* score-weighted keys: (n_head_kv, 2, d) s and 1/s (borrowed like basis); else NULL */
+    const float *s;     /* score-weighted keys: (n_head_kv, 2, d) s and 1/s (borrowed like basis); else NULL */
 } kv_xform;
 
 typedef struct {
     const e8kv_codec *codec; /* owned by the cache's codec list (for e8t: its e8:B code) */
     const kv_xform *xf;      /* calibrated transform before the codec (owned by the cache), or NULL */
     size_t vector_bytes;
-    int rotated; /* reads happen in the coded domain: the codec's rotation (after xf's transform) */
+    int rotated;             /* reads happen in the coded domain: the codec's rotation (after xf's transform) */
     kv_fast_kind fast;
-    int centered; /* the stream's per-head mean is subtracted before coding (see kv_layer) */
-    size_t group; /* token-group codec (codec.h): G tokens coded together; 0 otherwise */
-    int is_key;   /* the K stream (what a token-group codec is told) */
+    int centered;            /* the stream's per-head mean is subtracted before coding (see kv_layer) */
+    size_t group;            /* token-group codec (codec.h): G tokens coded together; 0 otherwise */
+    int is_key;              /* the K stream (what a token-group codec is told) */
 } kv_format;
 
 /* Centering needs at least this many tokens in the first append of a sequence; fewer: no centering. */
@@ -61,9 +61,9 @@ typedef struct {
 typedef struct {
     kv_format k, v;
     size_t n_tokens;
-    kv_page *k_pages; /* (n_head_kv, n_page_max) */
-    kv_page *v_pages; /* (n_head_kv, n_page_max) */
-    float *k_sink;    /* (n_head_kv, n_sink, head_dim), original f32; NULL when n_sink == 0 */
+    kv_page *k_pages;  /* (n_head_kv, n_page_max) */
+    kv_page *v_pages;  /* (n_head_kv, n_page_max) */
+    float *k_sink;     /* (n_head_kv, n_sink, head_dim), original f32; NULL when n_sink == 0 */
     float *v_sink;
     /* Centering (streams with fmt.centered): keys and values of LLMs share a large per-channel
      * component across tokens, which a per-vector scale would spend bits on. The mean of each head's
@@ -72,7 +72,7 @@ typedef struct {
      * (counted in fixed_bytes) and changes nothing but the coding error.
      * mu: (n_head_kv, head_dim) original domain; mu_read: the same in the domain reads happen in. */
     float *k_mu, *v_mu, *k_mu_read, *v_mu_read;
-    int mu_set; /* the means of the current sequence are fixed */
+    int mu_set;        /* the means of the current sequence are fixed */
 } kv_layer;
 
 /* attention uses at most this many threads (the pool has one fewer workers) */
@@ -81,20 +81,20 @@ typedef struct {
 struct e8kv_cache {
     size_t n_layer, n_head_kv, head_dim, n_ctx;
     size_t page_tokens, n_page_max;
-    size_t window;          /* newest tokens kept exact */
-    size_t n_sink;          /* first positions kept exact */
-    size_t n_threads;       /* attention worker threads (1 = caller's thread only) */
+    size_t window;     /* newest tokens kept exact */
+    size_t n_sink;     /* first positions kept exact */
+    size_t n_threads;  /* attention worker threads (1 = caller's thread only) */
     struct e8kv_pool *pool; /* n_threads - 1 persistent workers (attention.c); NULL: threads per call */
-    int use_avx2; /* fused AVX2 readers and tile kernel (e8kv_cpu_has_avx2() at create; tests flip it) */
-    int use_vnni; /* with use_avx2: the AVX-VNNI e8box tile (e8kv_cpu_has_avxvnni() at create) */
-    int rope_pre; /* keys stored before RoPE: attention applies RoPE to decoded keys */
+    int use_avx2;      /* fused AVX2 readers and tile kernel (e8kv_cpu_has_avx2() at create; tests flip it) */
+    int use_vnni;      /* with use_avx2: the AVX-VNNI e8box tile (e8kv_cpu_has_avxvnni() at create) */
+    int rope_pre;      /* keys stored before RoPE: attention applies RoPE to decoded keys */
     float rope_theta;
-    int rope_neox; /* 1: split halves (NeoX/llama.cpp NEOX), 0: interleaved pairs */
-    int center;    /* centering: 0 off, 1 e8kv's formats (default), 2 all coded formats (center=all) */
-    uint64_t seed; /* rotation seed of the codecs */
+    int rope_neox;     /* 1: split halves (NeoX/llama.cpp NEOX), 0: interleaved pairs */
+    int center;        /* centering: 0 off, 1 e8kv's formats (default), 2 all coded formats (center=all) */
+    uint64_t seed;     /* rotation seed of the codecs */
     const e8kv_calib *calib; /* transform coding: the calibration (borrowed, or calib_owned) */
     e8kv_calib *calib_owned; /* the calibration of a loaded cache, owned */
-    kv_xform *xforms; /* (n_layer, 2): the e8t streams' transforms (K at 2l, V at 2l + 1), NULL if none */
+    kv_xform *xforms;  /* (n_layer, 2): the e8t streams' transforms (K at 2l, V at 2l + 1), NULL if none */
     /* score-domain key transforms built for this cache alone, when the calibration's shared set is for
      * another RoPE setting (xform.c); NULL otherwise */
     e8kv_calib_score *score_owned;
@@ -153,9 +153,9 @@ void e8kv_attn_tile_avx2(const float *restrict q, const float *restrict K, const
 #define E8KV_BOX_MAX_D 128
 typedef struct {
     int8_t q8[E8KV_BOX_MAX_D];
-    int32_t off; /* 16·Σ q8 */
-    float sq;    /* q ≈ sq·q8 */
-    float qmu;   /* q·(the keys' centering mean), exact; 0 without centering */
+    int32_t off;                           /* 16·Σ q8 */
+    float sq;                              /* q ≈ sq·q8 */
+    float qmu;                             /* q·(the keys' centering mean), exact; 0 without centering */
     /* coset terms of the fast tiles: ctab[c][byte] = Σ over the bits b set in coset byte c of the sum of
      * q8 over block 8c + b, minus off in ctab[0] (so a key scores 2·Σ q8·n + Σ_c ctab[c][its byte c]) */
     int32_t ctab[E8KV_BOX_MAX_D / 64][256];
@@ -168,9 +168,8 @@ void e8kv_box_query_init(e8kv_box_query *bq, const float *q, const float *mu_k, 
  * sharing it; per query the online-softmax state m, l and the unnormalised accumulator acc (d floats,
  * the V read domain); mu_v the values' mean (read domain) or NULL. _ref and _avx2 give the same results
  * up to float summation order and exp's last bits. */
-void e8kv_attn_box_tile_ref(const e8kv_box_query *bq, size_t n_q, const uint8_t *k, const uint8_t *v,
-                            size_t vb, size_t n, size_t d, const float *mu_v, float *m, float *l,
-                            float *const *acc);
+void e8kv_attn_box_tile_ref(const e8kv_box_query *bq, size_t n_q, const uint8_t *k, const uint8_t *v, size_t vb,
+                            size_t n, size_t d, const float *mu_v, float *m, float *l, float *const *acc);
 void e8kv_attn_box_tile_avx2(const e8kv_box_query *bq, size_t n_q, const uint8_t *k, const uint8_t *v,
                              size_t vb, size_t n, size_t d, const float *mu_v, float *m, float *l,
                              float *const *acc);
@@ -181,8 +180,8 @@ void e8kv_attn_box_tile_vnni(const e8kv_box_query *bq, size_t n_q, const uint8_t
 /* Fused readers: n consecutive coded vectors of one page -> n * d floats, bit-identical to the codec's
  * decode in its rotated domain (tests/test_cache.c checks every one against e8kv_codec_decode_rotated). */
 void e8kv_cache_read_f16_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d);
-void e8kv_cache_read_e8ball_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d,
-                                 int bits, size_t vector_bytes);
+void e8kv_cache_read_e8ball_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d, int bits,
+                                 size_t vector_bytes);
 /* e8ball:4 reader through nibble-packed tables (attn_e8_avx2.c), bit-identical to the above; returns 0
  * (nothing written) when d % 64 != 0. The packed tables (NULL if a coordinate would not fit a nibble). */
 int e8kv_cache_read_e8ball4_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d,
@@ -199,7 +198,7 @@ void e8kv_cache_means_to_read_domain(const struct e8kv_cache *c, kv_layer *L);
 
 /* Token-group formats (kv_format.group = G, dividing page_tokens): a page stays raw until it is full and
  * outside the window, then its G-token groups are coded together (kvcache.c); a coded page reopened by an
- * append after a truncate is decoded back to raw. Decode slots [slot, slot + n) of coded page pg. */
+ * append after a truncate is decoded back to raw. Decode slots [slot, slot + n) of a coded page. */
 void e8kv_cache_read_group(const kv_format *f, const uint8_t *page, size_t slot, size_t n,
                            float *restrict dst);
 

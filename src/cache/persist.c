@@ -58,8 +58,7 @@ static size_t canon_spec(const e8kv_cache *c, char *dst, size_t cap) {
                 continue;
             }
             size_t e = l;
-            while (e + 1 < c->n_layer && !strcmp(fmt_spec(c, e + 1, is_k), x))
-                e++;
+            while (e + 1 < c->n_layer && !strcmp(fmt_spec(c, e + 1, is_k), x)) e++;
             if (++n_rules > CANON_RULES_MAX) return E8KV_ERR(UNSUPPORTED);
             w = snprintf(dst + n, cap - n, ",layers%zu-%zu.%c=%s", l, e, is_k ? 'k' : 'v', x);
             if (w < 0 || (size_t)w >= cap - n) return E8KV_ERR(UNSUPPORTED);
@@ -68,11 +67,7 @@ static size_t canon_spec(const e8kv_cache *c, char *dst, size_t cap) {
         }
     }
     w = snprintf(dst + n, cap - n, ",window=%zu,sink=%zu,page=%zu,center=%s,rope=%s", c->window, c->n_sink,
-                 c->page_tokens,
-                 c->center == 2 ? "all"
-                 : c->center    ? "1"
-                                : "0",
-                 c->rope_pre ? "pre" : "post");
+                 c->page_tokens, c->center == 2 ? "all" : c->center ? "1" : "0", c->rope_pre ? "pre" : "post");
     if (w < 0 || (size_t)w >= cap - n) return E8KV_ERR(UNSUPPORTED);
     return n + (size_t)w;
 }
@@ -523,8 +518,7 @@ size_t e8kv_cache_load_into(e8kv_cache *cache, const void *src, size_t src_size)
         return E8KV_ERR(DIMENSION);
     char spec[CANON_SPEC_MAX + 1];
     E8KV_RETURN_IF_ERROR(canon_spec(c, spec, sizeof spec));
-    if (strcmp(spec, fi.spec) || fi.seed != c->seed || fi.page_tokens != c->page_tokens)
-        return E8KV_ERR(SPEC);
+    if (strcmp(spec, fi.spec) || fi.seed != c->seed || fi.page_tokens != c->page_tokens) return E8KV_ERR(SPEC);
     if ((fi.calib_size != 0) != (c->xforms != NULL)) return E8KV_ERR(SPEC);
     if (fi.calib_size) { /* the e8t streams must come from the very same calibration */
         const size_t cap = e8kv_calib_save_bound(c->calib);

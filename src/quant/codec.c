@@ -19,18 +19,12 @@ typedef struct {
 /* e8:B is the default fixed-rate E8 code: the ball-shaped codebook (plus its Voronoi residual stage at
  * 3 and 4 bits), the design with the best measured fixed-rate SNR (BENCHMARKS.md). */
 static const family_entry k_families[] = {
-    {"f32", 0, e8kv_quant_init_plain},
-    {"f16", 0, e8kv_quant_init_plain},
-    {"q8_0", 0, e8kv_quant_init_q8_0},
-    {"q8_0h", 1, e8kv_quant_init_q8_0},
-    {"q4_0", 0, e8kv_quant_init_q4_0},
-    {"q4_0h", 1, e8kv_quant_init_q4_0},
-    {"lloyd", 1, e8kv_quant_init_lloyd},
-    {"e8", 1, e8kv_quant_init_e8ball},
-    {"e8ball", 1, e8kv_quant_init_e8ball},
-    {"e8nest", 1, e8kv_quant_init_e8nest},
-    {"d4nest", 1, e8kv_quant_init_d4nest},
-    {"e8v", 1, e8kv_quant_init_e8v},
+    {"f32", 0, e8kv_quant_init_plain},    {"f16", 0, e8kv_quant_init_plain},
+    {"q8_0", 0, e8kv_quant_init_q8_0},    {"q8_0h", 1, e8kv_quant_init_q8_0},
+    {"q4_0", 0, e8kv_quant_init_q4_0},    {"q4_0h", 1, e8kv_quant_init_q4_0},
+    {"lloyd", 1, e8kv_quant_init_lloyd},  {"e8", 1, e8kv_quant_init_e8ball},
+    {"e8ball", 1, e8kv_quant_init_e8ball}, {"e8nest", 1, e8kv_quant_init_e8nest},
+    {"d4nest", 1, e8kv_quant_init_d4nest}, {"e8v", 1, e8kv_quant_init_e8v},
     {"e8box", 1, e8kv_quant_init_e8box},
     /* peers (BENCHMARKS.md, "Peers side by side"); kivi and kvquant code groups of tokens together */
     {"kivi", 0, e8kv_quant_init_kivi},
@@ -133,18 +127,10 @@ void e8kv_codec_free(e8kv_codec *codec) {
     free(codec);
 }
 
-const char *e8kv_codec_spec(const e8kv_codec *codec) {
-    return codec ? codec->spec : "";
-}
-size_t e8kv_codec_head_dim(const e8kv_codec *codec) {
-    return codec ? codec->head_dim : 0;
-}
-size_t e8kv_codec_vector_bytes(const e8kv_codec *codec) {
-    return codec ? codec->vector_bytes : 0;
-}
-int e8kv_codec_is_rotated(const e8kv_codec *codec) {
-    return codec ? codec->rotate : 0;
-}
+const char *e8kv_codec_spec(const e8kv_codec *codec) { return codec ? codec->spec : ""; }
+size_t e8kv_codec_head_dim(const e8kv_codec *codec) { return codec ? codec->head_dim : 0; }
+size_t e8kv_codec_vector_bytes(const e8kv_codec *codec) { return codec ? codec->vector_bytes : 0; }
+int e8kv_codec_is_rotated(const e8kv_codec *codec) { return codec ? codec->rotate : 0; }
 
 double e8kv_codec_bits_per_value(const e8kv_codec *codec) {
     if (!codec) return 0.0;
@@ -252,24 +238,20 @@ size_t e8kv_codec_rotate(const e8kv_codec *codec, float *x, size_t n_vec, int in
 /* ---- plain formats: f32 (little-endian IEEE) and f16 (binary16, round to nearest even) ---- */
 
 static size_t f32_encode(const e8kv_codec_t *c, uint8_t *restrict dst, const float *restrict x) {
-    for (size_t i = 0; i < c->head_dim; i++)
-        e8kv_store_lef32(dst + 4 * i, x[i]);
+    for (size_t i = 0; i < c->head_dim; i++) e8kv_store_lef32(dst + 4 * i, x[i]);
     return 0;
 }
 static void f32_decode(const e8kv_codec_t *c, float *restrict y, const uint8_t *restrict src) {
-    for (size_t i = 0; i < c->head_dim; i++)
-        y[i] = e8kv_load_lef32(src + 4 * i);
+    for (size_t i = 0; i < c->head_dim; i++) y[i] = e8kv_load_lef32(src + 4 * i);
 }
 static size_t f16_encode(const e8kv_codec_t *c, uint8_t *restrict dst, const float *restrict x) {
     for (size_t i = 0; i < c->head_dim; i++)
         if (fabsf(x[i]) >= 65520.0f) return E8KV_ERR(RANGE);
-    for (size_t i = 0; i < c->head_dim; i++)
-        e8kv_store_le16(dst + 2 * i, e8kv_fp32_to_fp16(x[i]));
+    for (size_t i = 0; i < c->head_dim; i++) e8kv_store_le16(dst + 2 * i, e8kv_fp32_to_fp16(x[i]));
     return 0;
 }
 static void f16_decode(const e8kv_codec_t *c, float *restrict y, const uint8_t *restrict src) {
-    for (size_t i = 0; i < c->head_dim; i++)
-        y[i] = e8kv_fp16_to_fp32(e8kv_load_le16(src + 2 * i));
+    for (size_t i = 0; i < c->head_dim; i++) y[i] = e8kv_fp16_to_fp32(e8kv_load_le16(src + 2 * i));
 }
 
 static const e8kv_quant_ops k_f32_ops = {f32_encode, f32_decode, NULL};

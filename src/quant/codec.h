@@ -42,9 +42,9 @@ typedef struct {
 /* Parsed spec: "family[:bits][:key=value]..." */
 typedef struct {
     char family[16];
-    int bits;      /* 0 when absent or not a whole number */
-    int rate8;     /* the rate in eighths of a bit ("e8v:3.5" → 28), 0 when absent */
-    float q_range; /* 0 when absent */
+    int bits;        /* 0 when absent or not a whole number */
+    int rate8;       /* the rate in eighths of a bit ("e8v:3.5" → 28), 0 when absent */
+    float q_range;   /* 0 when absent */
 } e8kv_spec;
 
 struct e8kv_codec {
@@ -65,18 +65,18 @@ struct e8kv_codec {
 typedef struct e8kv_codec e8kv_codec_t;
 
 /* Quantizer constructors, one per file. Each validates head_dim and bits and returns 0 or an error. */
-size_t e8kv_quant_init_plain(e8kv_codec_t *codec, const e8kv_spec *spec);  /* f32, f16        (codec.c) */
-size_t e8kv_quant_init_q8_0(e8kv_codec_t *codec, const e8kv_spec *spec);   /* q8_0, q8_0h     (scalar.c) */
-size_t e8kv_quant_init_q4_0(e8kv_codec_t *codec, const e8kv_spec *spec);   /* q4_0, q4_0h     (scalar.c) */
-size_t e8kv_quant_init_lloyd(e8kv_codec_t *codec, const e8kv_spec *spec);  /* lloyd:B         (lloyd.c) */
-size_t e8kv_quant_init_e8ball(e8kv_codec_t *codec, const e8kv_spec *spec); /* e8ball:B, e8:B  (e8_ball.c) */
-size_t e8kv_quant_init_e8nest(e8kv_codec_t *codec, const e8kv_spec *spec); /* e8nest:B        (nested.c) */
-size_t e8kv_quant_init_d4nest(e8kv_codec_t *codec, const e8kv_spec *spec); /* d4nest:B        (nested.c) */
+size_t e8kv_quant_init_plain(e8kv_codec_t *codec, const e8kv_spec *spec);   /* f32, f16        (codec.c) */
+size_t e8kv_quant_init_q8_0(e8kv_codec_t *codec, const e8kv_spec *spec);    /* q8_0, q8_0h     (scalar.c) */
+size_t e8kv_quant_init_q4_0(e8kv_codec_t *codec, const e8kv_spec *spec);    /* q4_0, q4_0h     (scalar.c) */
+size_t e8kv_quant_init_lloyd(e8kv_codec_t *codec, const e8kv_spec *spec);   /* lloyd:B         (lloyd.c) */
+size_t e8kv_quant_init_e8ball(e8kv_codec_t *codec, const e8kv_spec *spec);  /* e8ball:B, e8:B  (e8_ball.c) */
+size_t e8kv_quant_init_e8nest(e8kv_codec_t *codec, const e8kv_spec *spec);  /* e8nest:B        (nested.c) */
+size_t e8kv_quant_init_d4nest(e8kv_codec_t *codec, const e8kv_spec *spec);  /* d4nest:B        (nested.c) */
 /* Peers of the literature as formats, measured side by side (BENCHMARKS.md) */
-size_t e8kv_quant_init_kivi(e8kv_codec_t *codec, const e8kv_spec *spec);    /* kivi:B     (kivi.c) */
-size_t e8kv_quant_init_kvquant(e8kv_codec_t *codec, const e8kv_spec *spec); /* kvquant:B  (kvquant.c) */
-size_t e8kv_quant_init_e8r(e8kv_codec_t *codec, const e8kv_spec *spec);    /* e8r:B      (e8_relaxed_box.c) */
-size_t e8kv_quant_init_kakeya(e8kv_codec_t *codec, const e8kv_spec *spec); /* kakeya:q=Q (kakeya.c) */
+size_t e8kv_quant_init_kivi(e8kv_codec_t *codec, const e8kv_spec *spec);    /* kivi:B      (kivi.c) */
+size_t e8kv_quant_init_kvquant(e8kv_codec_t *codec, const e8kv_spec *spec); /* kvquant:B   (kvquant.c) */
+size_t e8kv_quant_init_e8r(e8kv_codec_t *codec, const e8kv_spec *spec);     /* e8r:B       (e8_relaxed_box.c) */
+size_t e8kv_quant_init_kakeya(e8kv_codec_t *codec, const e8kv_spec *spec);  /* kakeya:q=Q  (kakeya.c) */
 
 /* Parse a spec string; returns 0, E8KV_ERROR_SPEC, or E8KV_ERROR_RATE for a rate outside 1..16. */
 size_t e8kv_spec_parse(e8kv_spec *out, const char *spec);
