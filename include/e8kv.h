@@ -122,6 +122,21 @@ void e8kv_set_log_callback(e8kv_log_fn fn, void *user);
  *                       48, whole bits at 8, 24 and 40; every accepted rate encodes any finite vector
  *                       of RMS up to 2^13 (larger ones may be E8KV_ERROR_RANGE); 1.5-2 dB better than
  *                       e8:B, slower to decode (BENCHMARKS.md)
+ *   Peers' formats, for side-by-side measurement (BENCHMARKS.md):
+ *   kivi:B              KIVI-style: keys per channel over groups of 32 tokens, values per token over groups
+ *                       of 32 values, fp16 min and step each (B = 1..4; B + 1 bits/value; head_dim a
+ *                       multiple of 32)
+ *   kvquant:B           KVQuant-style: per-channel keys, per-token values, normalized by fp16 mean and
+ *                       deviation to Gaussian Lloyd-Max levels, ~1% outliers kept as (index, fp16) (B = 2..4;
+ *                       B + 0.875 bits/value at head_dim 64; head_dim a multiple of 64)
+ *   e8r:B               relaxed-parity E8 (Z^8 u Z^8+1/2) in a box after the rotation, fp16 step (B = 2..6;
+ *                       B + 1/8 + 16/head_dim bits/value)
+ *   kakeya[:q=Q]        D4 within +-Q steps of max|x|/Q after the rotation, the q_range operating points of
+ *                       the KakeyaLattice package (Q = 10 / 38 / 152; 832 bits per vector at head_dim 128,
+ *                       Q = 38); Q an integer from 1 to 8192, else E8KV_ERROR_Q_RANGE
+ *   kivi and kvquant are token-group formats: statistics span 32 (64) consecutive tokens, so encode and
+ *   decode take whole groups (n_vec a multiple of the group, else E8KV_ERROR_SRC_SIZE) in the key layout;
+ *   vectors are not independent. In a cache a page is coded once full (doc/format.md 2.9).
  * Options are appended with ':' (e.g. "e8nest:4:q=3.5"). See doc/format.md for every byte.
  */
 typedef struct e8kv_codec e8kv_codec;

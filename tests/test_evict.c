@@ -339,6 +339,15 @@ static void test_evict_spec(void **state) {
         e8kv_cache_free(c);
     }
     assert_non_null(e8kv_cache_preset_spec("evict-max"));
+    /* token-group formats code groups of tokens together: eviction, which moves single tokens, is refused */
+    {
+        const e8kv_cache_params gp = {
+            .n_layer = NL, .n_head_kv = HKV, .head_dim = 64, .n_ctx = 64, .spec = "kivi:4,evict=stream:0.5"};
+        size_t gerr = 0;
+        e8kv_cache *g = e8kv_cache_create(&gp, &gerr);
+        if (g) fail_msg("kivi:4 with eviction accepted");
+        assert_error(gerr, UNSUPPORTED);
+    }
     /* no eviction configured, or queries missing for a scorer that needs them */
     size_t err = 0;
     e8kv_cache *c = make("e8:4", 64, &err);

@@ -141,7 +141,9 @@ void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head,
             /* the rest of this page, as far as the request goes */
             run = P - pos % P < n - t ? P - pos % P : n - t;
             const uint8_t *src = pg->data + (pos % P) * vb;
-            if (!read_fast(c, f, y, src, run))
+            if (f->group)
+                e8kv_cache_read_group(f, pg->data, pos % P, run, y);
+            else if (!read_fast(c, f, y, src, run))
                 for (size_t i = 0; i < run; i++)
                     e8kv_fmt_decode(f, head, y + i * d, src + i * vb);
             if (unrotate) e8kv_fmt_inverse(f, head, d, y, run);

@@ -200,6 +200,7 @@ static void set_format(kv_format *f, const e8kv_codec *codec, int rope_pre_key, 
     f->centered = 0;
     f->vector_bytes = e8kv_codec_vector_bytes(codec);
     f->rotated = e8kv_codec_is_rotated(codec) && !rope_pre_key;
+    f->group = codec->group_tokens > 1 ? codec->group_tokens : 0;
     e8kv_spec sp;
     f->fast = KV_FAST_NONE;
     if (e8kv_is_error(e8kv_spec_parse(&sp, codec->spec))) return;
@@ -207,7 +208,10 @@ static void set_format(kv_format *f, const e8kv_codec *codec, int rope_pre_key, 
      * llama.cpp block formats keep llama.cpp's semantics unless center=all asks for it */
     const int plain = !strcmp(sp.family, "f32") || !strcmp(sp.family, "f16");
     const int llama = !strncmp(sp.family, "q8_0", 4) || !strncmp(sp.family, "q4_0", 4);
-    f->centered = !plain && (center == 2 || (center == 1 && !llama));
+    /* the peers' formats keep their published semantics too; token-group formats code groups as given */
+    const int peer = !strcmp(sp.family, "kivi") || !strcmp(sp.family, "kvquant") ||
+                     !strcmp(sp.family, "e8r") || !strcmp(sp.family, "kakeya");
+    f->centered = !plain && !f->group && (center == 2 || (center == 1 && !llama && !peer));
     if (!strcmp(sp.family, "f32"))
         f->fast = KV_FAST_F32;
     else if (!strcmp(sp.family, "f16"))
@@ -363,7 +367,8 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
         const int parsed = !e8kv_is_error(e8kv_spec_parse(&ks, cfg->k));
         const int ours = parsed && strcmp(ks.family, "f32") && strcmp(ks.family, "f16") &&
                          strncmp(ks.family, "q8_0", 4) && strncmp(ks.family, "q4_0", 4) &&
-                         strcmp(ks.family, "e8box");
+                         strcmp(ks.family, "e8box") && strcmp(ks.family, "kivi") &&
+                         strcmp(ks.family, "kakeya");
         cfg->rope_pre = params->rope_theta > 0.0f && params->head_dim % 2 == 0 && ours;
     }
     /* e8t keys are calibrated before RoPE: with RoPE they must be coded before it */
@@ -449,6 +454,15 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
         if (e8kv_is_error(r)) break;
         set_format(&L->k, kc, c->rope_pre, c->center);
         set_format(&L->v, vc, 0, c->center);
+        L->k.is_key = 1;
+        if ((L->k.group && c->page_tokens % L->k.group) || (L->v.group && c->page_tokens % L->v.group)) {
+            r = E8KV_ERR(SPEC); /* a token group never straddles pages */
+            break;
+        }
+        if (c->ev.scorer && (L->k.group || L->v.group)) {
+            r = E8KV_ERR(UNSUPPORTED); /* eviction moves single tokens; a token group is coded together */
+            break;
+        }
         if (e8kv_xform_rate(ks, NULL)) L->k.xf = &c->xforms[2 * l];
         if (e8kv_xform_rate(vs, NULL)) L->v.xf = &c->xforms[2 * l + 1];
         L->k_pages = calloc(n_tab, sizeof *L->k_pages);
@@ -579,6 +593,31 @@ static size_t encode_vector(const kv_format *f, size_t h, uint8_t *dst, const fl
     return e8kv_fmt_encode(f, h, dst, t);
 }
 
+/* Token-group formats (kvcache.h): tokens [slot, slot + n) of a coded page. */
+void e8kv_cache_read_group(const kv_format *f, const uint8_t *page, size_t slot, size_t n,
+                           float *restrict dst) {
+    const size_t G = f->group, d = f->codec->head_dim;
+    for (size_t t = 0; t < n;) {
+        const size_t g = (slot + t) / G, t0 = (slot + t) % G, m = G - t0 < n - t ? G - t0 : n - t;
+        f->codec->group->decode(f->codec, dst + t * d, page + g * G * f->vector_bytes, t0, m, f->is_key);
+        t += m;
+    }
+}
+
+/* An append into a coded page of a token-group format (after a truncate): back to raw, the decoded values
+ * of its tokens in place of the originals; it is coded again once full. */
+static size_t reopen_group_page(e8kv_cache *c, const kv_format *f, kv_page *pg) {
+    const size_t nb = kv_page_bytes(c, f, 1);
+    float *raw = e8kv_calloc_aligned(nb);
+    if (!raw) return E8KV_ERR(OUT_OF_MEMORY);
+    e8kv_cache_read_group(f, pg->data, 0, c->page_tokens, raw);
+    free_page(c, f, pg);
+    pg->data = (uint8_t *)raw;
+    pg->raw = 1;
+    c->page_bytes_alloc += e8kv_aligned_size(nb);
+    return 0;
+}
+
 static size_t append_stream(e8kv_cache *c, const kv_format *f, size_t h, kv_page *tab, float *sink,
                             const float *src, size_t stride, size_t n0, size_t n1, const float *mu) {
     const size_t d = c->head_dim, P = c->page_tokens;
@@ -589,8 +628,9 @@ static size_t append_stream(e8kv_cache *c, const kv_format *f, size_t h, kv_page
             continue;
         }
         kv_page *pg = &tab[pos / P];
+        if (pg->data && !pg->raw && f->group) E8KV_RETURN_IF_ERROR(reopen_group_page(c, f, pg));
         if (!pg->data) {
-            const int raw = c->window > 0;
+            const int raw = c->window > 0 || f->group;
             const size_t nb = kv_page_bytes(c, f, raw);
             pg->data = e8kv_calloc_aligned(nb);
             if (!pg->data) return E8KV_ERR(OUT_OF_MEMORY);
@@ -626,7 +666,16 @@ static size_t convert_stream(e8kv_cache *c, const kv_format *f, size_t h, kv_pag
             return E8KV_ERR(GENERIC);
         }
         pend[(*n_pend)++] = (pending_conv){pg, f, coded};
-        const float *raw = (const float *)(const void *)pg->data;
+        float *raw = (float *)(void *)pg->data;
+        if (f->group) {
+            /* sink slots are unused: give them a neighbour's values so they do not widen the statistics */
+            for (size_t s = 0; s < P && i * P + s < c->n_sink && c->n_sink < (i + 1) * P; s++)
+                memcpy(raw + s * d, raw + (c->n_sink - i * P) * d, d * sizeof(float));
+            for (size_t g = 0; g < P; g += f->group)
+                E8KV_RETURN_IF_ERROR(
+                    f->codec->group->encode(f->codec, coded + g * f->vector_bytes, raw + g * d, f->is_key));
+            continue;
+        }
         for (size_t s = 0; s < P; s++) {
             if (i * P + s < c->n_sink) continue;
             E8KV_RETURN_IF_ERROR(encode_vector(f, h, coded + s * f->vector_bytes, raw + s * d, mu, d));
@@ -695,7 +744,7 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
     }
     pending_conv *pend = NULL;
     size_t n_pend = 0;
-    if (!e8kv_is_error(r) && cache->window > 0) {
+    if (!e8kv_is_error(r) && (cache->window > 0 || L->k.group || L->v.group)) {
         /* pages that leave the window in this call: at most n_tok / P + 1 per stream and head */
         const size_t cap = 2 * cache->n_head_kv * (n_tok / cache->page_tokens + 2);
         pend = malloc(cap * sizeof *pend);
@@ -802,6 +851,8 @@ size_t e8kv_cache_remove(e8kv_cache *cache, size_t pos, size_t n) {
     if (pos < cache->n_sink && n) return E8KV_ERR(UNSUPPORTED); /* sink positions stay exact forever */
     for (size_t l = 0; l < cache->n_layer; l++) /* positions of an evicted layer are not contiguous */
         if (cache->layers[l].n_map) return E8KV_ERR(UNSUPPORTED);
+    for (size_t l = 0; l < cache->n_layer; l++) /* token groups are coded together: no token moves alone */
+        if (n && (cache->layers[l].k.group || cache->layers[l].v.group)) return E8KV_ERR(UNSUPPORTED);
     const size_t H = cache->n_head_kv, M = cache->n_page_max;
     /* every encode first, so a failure changes nothing */
     uint8_t **enc = calloc(2 * H * cache->n_layer, sizeof *enc);

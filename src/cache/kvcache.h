@@ -53,6 +53,8 @@ typedef struct {
     int rotated;             /* reads happen in the coded domain: the codec's rotation (after xf's transform) */
     kv_fast_kind fast;
     int centered;            /* the stream's per-head mean is subtracted before coding (see kv_layer) */
+    size_t group;            /* token-group codec (codec.h): G tokens coded together; 0 otherwise */
+    int is_key;              /* the K stream (what a token-group codec is told) */
 } kv_format;
 
 /* Centering needs at least this many tokens in the first append of a sequence; fewer: no centering. */
@@ -259,6 +261,12 @@ void e8kv_cache_add_rows_avx2(float *restrict y, const float *restrict mu, size_
 
 /* Derive the read-domain copies of L's centering means (k_mu_read, v_mu_read) from k_mu, v_mu. */
 void e8kv_cache_means_to_read_domain(const struct e8kv_cache *c, kv_layer *L);
+
+/* Token-group formats (kv_format.group = G, dividing page_tokens): a page stays raw until it is full and
+ * outside the window, then its G-token groups are coded together (kvcache.c); a coded page reopened by an
+ * append after a truncate is decoded back to raw. Decode slots [slot, slot + n) of a coded page. */
+void e8kv_cache_read_group(const kv_format *f, const uint8_t *page, size_t slot, size_t n,
+                           float *restrict dst);
 
 /* Decode tokens [p0, p0 + n) of one stream (K when is_k) of one head into dst (n, head_dim), in the
  * domain attention works in for that stream (see attention.c). */

@@ -27,6 +27,11 @@ static const family_entry k_families[] = {
     {"e8ball", 1, e8kv_quant_init_e8ball}, {"e8nest", 1, e8kv_quant_init_e8nest},
     {"d4nest", 1, e8kv_quant_init_d4nest}, {"e8v", 1, e8kv_quant_init_e8v},
     {"e8box", 1, e8kv_quant_init_e8box},   {"e8p", 1, e8kv_quant_init_e8p},
+    /* peers (BENCHMARKS.md, "Peers side by side"); kivi and kvquant code groups of tokens together */
+    {"kivi", 0, e8kv_quant_init_kivi},
+    {"kvquant", 0, e8kv_quant_init_kvquant},
+    {"e8r", 1, e8kv_quant_init_e8r},
+    {"kakeya", 1, e8kv_quant_init_kakeya},
 };
 
 size_t e8kv_spec_parse(e8kv_spec *out, const char *spec) {
@@ -112,6 +117,7 @@ e8kv_codec *e8kv_codec_create(const char *spec_str, size_t head_dim, uint64_t se
         return NULL;
     }
     assert(c->ops && c->vector_bytes > 0);
+    assert(c->group_tokens <= 1 ? c->ops->encode && c->ops->decode : c->group && !c->rotate);
     if (err) *err = 0;
     return c;
 }
@@ -149,6 +155,18 @@ size_t e8kv_codec_encode(const e8kv_codec *codec, void *dst, size_t dst_capacity
     if (!e8kv_all_finite(src, n_vec * d)) return E8KV_ERR(NONFINITE);
     float tmp[E8KV_MAX_HEAD_DIM];
     uint8_t *const out = dst;
+    const size_t G = codec->group_tokens;
+    if (G > 1) { /* token-group codecs: whole groups, coded as a cache codes its K stream */
+        if (n_vec % G) return E8KV_ERR(SRC_SIZE);
+        for (size_t v = 0; v < n_vec; v += G) {
+            const size_t r = codec->group->encode(codec, out + v * vb, src + v * d, 1);
+            if (e8kv_is_error(r)) {
+                memset(out, 0, v * vb);
+                return r;
+            }
+        }
+        return n_vec * vb;
+    }
     for (size_t v = 0; v < n_vec; v++) {
         memcpy(tmp, src + v * d, d * sizeof(float));
         if (codec->rotate) e8kv_rot_forward(&codec->rot, tmp, 1);
@@ -185,6 +203,15 @@ static size_t decode_impl(const e8kv_codec *codec, float *dst, size_t dst_capaci
     if (n_vec > SIZE_MAX / vb || src_size != n_vec * vb) return E8KV_ERR(SRC_SIZE);
     if (dst_capacity < n_vec * d) return E8KV_ERR(DST_TOO_SMALL);
     const uint8_t *const in = src;
+    const size_t G = codec->group_tokens;
+    if (G > 1) {
+        if (n_vec % G) return E8KV_ERR(SRC_SIZE);
+        for (size_t v = 0; v < n_vec; v += G) {
+            codec->group->decode(codec, dst + v * d, in + v * vb, 0, G, 1);
+            if (!all_finite_fast(dst + v * d, G * d)) return E8KV_ERR(CORRUPTED);
+        }
+        return n_vec * d;
+    }
     for (size_t v = 0; v < n_vec; v++) {
         codec->ops->decode(codec, dst + v * d, in + v * vb);
         /* Every encoded vector decodes to finite values (encode refuses what would not); NaN or Inf can

@@ -23,6 +23,19 @@ typedef struct {
     void (*destroy)(struct e8kv_codec *codec);
 } e8kv_quant_ops;
 
+/* Token-group codecs (group_tokens = G > 1; their e8kv_quant_ops encode and decode are NULL): G
+ * consecutive vectors of one stream are coded together into exactly G * vector_bytes bytes, so that
+ * statistics may span tokens (per-channel key scales). is_key: the K stream of a cache (and the public
+ * API's calls); 0 the V stream, which such a format may code per token. encode: x is (G, head_dim),
+ * finite; 0 or an error. decode: tokens [t0, t0 + n) of the group at src into y (n, head_dim); a pure
+ * function of the bytes that never fails. */
+typedef struct {
+    size_t (*encode)(const struct e8kv_codec *codec, uint8_t *restrict dst, const float *restrict x,
+                     int is_key);
+    void (*decode)(const struct e8kv_codec *codec, float *restrict y, const uint8_t *restrict src, size_t t0,
+                   size_t n, int is_key);
+} e8kv_group_ops;
+
 /* Codec specs are at most this many characters (longer: E8KV_ERROR_SPEC, never cut). */
 #define E8KV_CODEC_SPEC_MAX 63
 
@@ -45,6 +58,8 @@ struct e8kv_codec {
     uint64_t seed;
     const e8kv_quant_ops *ops;
     void *state;
+    const e8kv_group_ops *group; /* token-group codecs only, else NULL */
+    size_t group_tokens;         /* 0: vectors coded one by one; G > 1: a token-group codec */
 };
 
 typedef struct e8kv_codec e8kv_codec_t;
@@ -57,6 +72,11 @@ size_t e8kv_quant_init_lloyd(e8kv_codec_t *codec, const e8kv_spec *spec);   /* l
 size_t e8kv_quant_init_e8ball(e8kv_codec_t *codec, const e8kv_spec *spec);  /* e8ball:B, e8:B  (e8_ball.c) */
 size_t e8kv_quant_init_e8nest(e8kv_codec_t *codec, const e8kv_spec *spec);  /* e8nest:B        (nested.c) */
 size_t e8kv_quant_init_d4nest(e8kv_codec_t *codec, const e8kv_spec *spec);  /* d4nest:B        (nested.c) */
+/* Peers of the literature as formats, measured side by side (BENCHMARKS.md) */
+size_t e8kv_quant_init_kivi(e8kv_codec_t *codec, const e8kv_spec *spec);    /* kivi:B      (kivi.c) */
+size_t e8kv_quant_init_kvquant(e8kv_codec_t *codec, const e8kv_spec *spec); /* kvquant:B   (kvquant.c) */
+size_t e8kv_quant_init_e8r(e8kv_codec_t *codec, const e8kv_spec *spec);     /* e8r:B       (e8_relaxed_box.c) */
+size_t e8kv_quant_init_kakeya(e8kv_codec_t *codec, const e8kv_spec *spec);  /* kakeya:q=Q  (kakeya.c) */
 
 /* Parse a spec string; returns 0, E8KV_ERROR_SPEC, or E8KV_ERROR_RATE for a rate outside 1..16. */
 size_t e8kv_spec_parse(e8kv_spec *out, const char *spec);
