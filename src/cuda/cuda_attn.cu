@@ -1020,6 +1020,197 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
 }
 
 /* One wave: every block of the launch resident at once and all with the same work, so no tail. */
+/* ---- e8p:2 pages (K and V both): a block of 128 threads takes 128-token tiles of its split; thread t
+ * scores token t against the G query heads (each 16-bit block code decoded in registers from the
+ * 256-pattern table in shared memory: value i = ±(4c_i + 2) ± 1 quarter steps), the block shares the
+ * tile's maximum and the probabilities, then thread t accumulates output coordinate t (d = 64: two
+ * token halves) over the tile's V codes staged in shared memory. Scores and P in f32 on the CUDA cores;
+ * the splits merge as the other kernels' (merge_last), V stays rotated until then. ---- */
+__constant__ uint16_t c_pat_a[256];
+
+template <int D> __global__ void __launch_bounds__(128) attn_e8p_kernel(const attn_launch a) {
+    constexpr int NB = D / 8, HALVES = 128 / D;
+    __shared__ __align__(16) float sq[8][D];
+    __shared__ uint16_t spat[256];
+    __shared__ float sp[8][128];
+    __shared__ __align__(16) uint16_t svc[128][NB];
+    __shared__ float sred[8][WARPS];
+    __shared__ float so[WARPS][8][D];
+
+    const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
+    const int G = (int)(a.n_head / a.n_head_kv);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int n_split = (int)a.n_split;
+    const int ctx = a.ctx_lens[seq];
+    const int chunk = ((ctx + n_split - 1) / n_split + 15) & ~15;
+    const int start = split * chunk, end = min(start + chunk, ctx);
+    const int32_t *const table = a.block_tables + (size_t)seq * a.max_blocks;
+    const int bs = (int)a.block_size;
+
+    for (int i = tid; i < 256; i += 128)
+        spat[i] = c_pat_a[i];
+    for (int idx = tid; idx < G * D; idx += 128) {
+        const int r = idx / D, i = idx % D;
+        sq[r][i] =
+            load_q(a.q, ((size_t)seq * a.n_head + (size_t)kvh * G + r) * D + i, a.q_dtype) * a.signs[i];
+    }
+    __syncthreads();
+    for (int h = 1; h < D; h *= 2) {
+        for (int idx = tid; idx < G * D / 2; idx += 128) {
+            const int r = idx / (D / 2), j = idx % (D / 2), i = (j / h) * 2 * h + j % h;
+            const float x = sq[r][i], y = sq[r][i + h];
+            sq[r][i] = x + y;
+            sq[r][i + h] = x - y;
+        }
+        __syncthreads();
+    }
+    const float qscale = a.rot_scale * rsqrtf((float)D) * LOG2E;
+    for (int idx = tid; idx < G * D; idx += 128)
+        sq[idx / D][idx % D] *= qscale;
+    __syncthreads();
+
+    float m[8], l[8], acc[8];
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+        m[r] = -INFINITY, l[r] = 0.0f, acc[r] = 0.0f;
+    const int dim = tid % D, half = tid / D;
+    for (int tile0 = start; tile0 < end; tile0 += 128) {
+        const int j = tile0 + tid;
+        const bool live = j < end;
+        float s[8];
+        float hq = 0.0f; /* V's δ/4 */
+        if (live) {
+            const int page = table[j / bs], o = j % bs;
+            const uint8_t *const kb = a.k.pool + (size_t)page * a.k.page_bytes + (size_t)kvh * a.k.head_bytes;
+            const uint8_t *const vb = a.v.pool + (size_t)page * a.v.page_bytes + (size_t)kvh * a.v.head_bytes;
+            uint32_t kw[NB / 2];
+#pragma unroll
+            for (int u = 0; u < D / 64; u++) {
+                const uint4 w4 = __ldg((const uint4 *)(kb + (size_t)o * (D / 4)) + u);
+                kw[4 * u] = w4.x, kw[4 * u + 1] = w4.y, kw[4 * u + 2] = w4.z, kw[4 * u + 3] = w4.w;
+                const uint4 v4 = __ldg((const uint4 *)(vb + (size_t)o * (D / 4)) + u);
+                *(uint4 *)&svc[tid][8 * u] = v4;
+            }
+            const unsigned ke = __ldg(kb + (size_t)bs * (D / 4) + o);
+            const unsigned ve = __ldg(vb + (size_t)bs * (D / 4) + o);
+            const float hk =
+                ke ? 0.25f * c_frac_a[ke & 7] * __int_as_float(((int)(ke >> 3) - 20 + 127) << 23) : 0.0f;
+            hq = ve ? 0.25f * c_frac_a[ve & 7] * __int_as_float(((int)(ve >> 3) - 20 + 127) << 23) : 0.0f;
+            float dot[8];
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                dot[r] = 0.0f;
+#pragma unroll
+            for (int bl = 0; bl < NB; bl++) {
+                const unsigned code = (kw[bl / 2] >> (16 * (bl & 1))) & 0xffffu;
+                const unsigned W = spat[code & 255u], sg = (code >> 8) & 127u;
+                const unsigned sgn = sg | ((__popc(sg) + __popc(W & 0x5555u)) & 1u) << 7;
+                const float sh = code >> 15 ? 1.0f : -1.0f;
+                float v[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const float mag = (float)(4 * ((W >> (2 * i)) & 3u) + 2);
+                    v[i] = ((sgn >> i) & 1u ? -mag : mag) + sh;
+                }
+#pragma unroll
+                for (int r = 0; r < 8; r++)
+                    if (r < G) {
+                        const float4 q0 = *(const float4 *)&sq[r][8 * bl],
+                                     q1 = *(const float4 *)&sq[r][8 * bl + 4];
+                        dot[r] = fmaf(q0.x, v[0], dot[r]), dot[r] = fmaf(q0.y, v[1], dot[r]);
+                        dot[r] = fmaf(q0.z, v[2], dot[r]), dot[r] = fmaf(q0.w, v[3], dot[r]);
+                        dot[r] = fmaf(q1.x, v[4], dot[r]), dot[r] = fmaf(q1.y, v[5], dot[r]);
+                        dot[r] = fmaf(q1.z, v[6], dot[r]), dot[r] = fmaf(q1.w, v[7], dot[r]);
+                    }
+            }
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                s[r] = dot[r] * hk;
+        } else {
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                s[r] = -INFINITY;
+        }
+        /* the tile's maximum per head */
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            if (r >= G) break;
+            float x = s[r];
+            for (int o2 = 16; o2; o2 >>= 1)
+                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o2));
+            if (lane == 0) sred[r][warp] = x;
+        }
+        __syncthreads();
+        float scale[8];
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            if (r >= G) break;
+            float tm = sred[r][0];
+            for (int w = 1; w < WARPS; w++)
+                tm = fmaxf(tm, sred[r][w]);
+            const float nm = fmaxf(m[r], tm); /* finite: the tile has a live token */
+            scale[r] = exp2f(m[r] - nm);
+            m[r] = nm;
+            const float p = live ? exp2f(s[r] - nm) : 0.0f;
+            sp[r][tid] = p * hq;
+            float ps = p;
+            for (int o2 = 16; o2; o2 >>= 1)
+                ps += __shfl_xor_sync(0xffffffffu, ps, o2);
+            s[r] = ps; /* the warp's sum of P */
+        }
+        __syncthreads(); /* sred read by all before it is rewritten */
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            if (r >= G) break;
+            if (lane == 0) sred[r][warp] = s[r];
+        }
+        if (!live) {
+#pragma unroll
+            for (int u = 0; u < NB; u++)
+                svc[tid][u] = 0;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            if (r >= G) break;
+            float ts = 0.0f;
+            for (int w = 0; w < WARPS; w++)
+                ts += sred[r][w];
+            l[r] = l[r] * scale[r] + ts;
+            acc[r] *= scale[r];
+        }
+        /* P·V: output coordinate dim over the tile's tokens of this thread's half */
+        const int bl = dim / 8, i = dim % 8;
+        for (int t = half; t < 128; t += HALVES) {
+            const unsigned code = svc[t][bl];
+            const unsigned W = spat[code & 255u], sg = (code >> 8) & 127u;
+            const unsigned neg = i < 7 ? (sg >> i) & 1u : (__popc(sg) + __popc(W & 0x5555u)) & 1u;
+            const float mag = (float)(4 * ((W >> (2 * i)) & 3u) + 2);
+            const float v = (neg ? -mag : mag) + (code >> 15 ? 1.0f : -1.0f);
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                if (r < G) acc[r] = fmaf(sp[r][t], v, acc[r]);
+        }
+        __syncthreads(); /* sp, svc, sred reused by the next tile */
+    }
+    /* this split's state: halves summed through so, then part_o / part_ml */
+    const size_t head0 = (size_t)seq * a.n_head + (size_t)kvh * G;
+    float *const sob = &so[0][0][0];
+    for (int r = 0; r < G; r++)
+        sob[(half * 8 + r) * D + dim] = acc[r];
+    __syncthreads();
+    if (half == 0)
+        for (int r = 0; r < G; r++) {
+            float o = sob[r * D + dim];
+            for (int h2 = 1; h2 < HALVES; h2++)
+                o += sob[(h2 * 8 + r) * D + dim];
+            const size_t hs = (head0 + r) * (size_t)n_split + (size_t)split;
+            a.part_o[hs * D + dim] = o;
+            if (dim == 0) a.part_ml[2 * hs] = m[r], a.part_ml[2 * hs + 1] = l[r];
+        }
+    merge_last<D>(a, seq, kvh, G, so);
+}
+
 size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm, int ctas_per_sm) {
     const size_t per = n_seq * n_head_kv,
                  wave = (size_t)(n_sm > 0 ? n_sm : 1) * (size_t)(ctas_per_sm > 0 ? ctas_per_sm : 1);
@@ -1063,6 +1254,13 @@ template <int D, int KF, int VF> static int occupancy(void) {
 }
 
 int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf) {
+    if (kf == FMT_E8P2) {
+        int n = 0;
+        const cudaError_t e =
+            d == 128 ? cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_e8p_kernel<128>, 128, 0)
+                     : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_e8p_kernel<64>, 128, 0);
+        return e == cudaSuccess && n > 0 ? n : 1;
+    }
 #define E8KV_OCC(DD)                                                                                         \
     switch (kf * 3 + vf) {                                                                                   \
     case 0:                                                                                                  \
@@ -1138,6 +1336,23 @@ template <int D> static void launch_k(const attn_launch *a, cudaStream_t stream)
 }
 
 size_t e8kv_cu_launch_attend(const attn_launch *a, cudaStream_t stream) {
+    if (a->k.fmt == FMT_E8P2) { /* the cache pairs it with e8p:2 V pages only */
+        static int ready = 0;
+        if (!ready) {
+            uint16_t pat[256];
+            e8p_patterns(pat);
+            if (cudaMemcpyToSymbol(c_pat_a, pat, sizeof pat) != cudaSuccess) return E8KV_CU_ERR(CUDA);
+            ready = 1;
+        }
+        attn_launch l = *a;
+        l.v_rot = 1, l.v_div = 1.0f;
+        const dim3 grid((unsigned)l.n_split, (unsigned)l.n_head_kv, (unsigned)l.n_seq);
+        if (l.d == 128)
+            attn_e8p_kernel<128><<<grid, 128, 0, stream>>>(l);
+        else
+            attn_e8p_kernel<64><<<grid, 128, 0, stream>>>(l);
+        return cudaGetLastError() == cudaSuccess ? 0 : E8KV_CU_ERR(CUDA);
+    }
     if (a->d == 128)
         launch_k<128>(a, stream);
     else
