@@ -2,13 +2,13 @@
  * which bench/run_cuda.sh runs first).
  *
  * For Llama-3-8B (32 q / 8 kv heads, d 128) and SmolLM2-135M (9 / 3, d 64), batch 1/8/32 × context
- * 4K/32K/128K, formats e8box:4, e8p:2 and bf16 (our own paged kernel): µs per decode-attention call of one layer
- * (CUDA events around each call, 5 warm-up calls, median of 30; calls queued back to back, and again with the
- * host waiting for each call), effective GB/s over the page bytes the call must read,
- * encode GB/s over the bf16 K+V input bytes, device bytes per token, measured vs accounted device memory,
- * the largest batch × context whose cache (all layers) fits in 80 GB; and the device-to-device copy
- * bandwidth (1 GiB, read + write bytes) in the same run. Pages of a sequence are scattered over the pool.
- * Usage: bench_cuda [--json FILE] [--quick] [--only SHAPE/SPEC/BATCH/CTX,...] [--block N]
+ * 4K/32K/128K, formats e8box:4, e8p:2 and bf16 (our own paged kernel): µs per decode-attention call of one
+ * layer (CUDA events around each call, 5 warm-up calls, median of 30; calls queued back to back, and again
+ * with the host waiting for each call), effective GB/s over the page bytes the call must read, encode GB/s
+ * over the bf16 K+V input bytes, device bytes per token, measured vs accounted device memory, the largest
+ * batch × context whose cache (all layers) fits in 80 GB; and the device-to-device copy bandwidth (1 GiB,
+ * read + write bytes) in the same run. Pages of a sequence are scattered over the pool. Usage: bench_cuda
+ * [--json FILE] [--quick] [--only SHAPE/SPEC/BATCH/CTX,...] [--block N]
  * (--only: those cases; --block: tokens per page, a multiple of 16, default 16 as vLLM's) */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
