@@ -7,8 +7,9 @@
  * with the host waiting for each call), effective GB/s over the page bytes the call must read, encode GB/s
  * over the bf16 K+V input bytes, device bytes per token, measured vs accounted device memory, the largest
  * batch × context whose cache (all layers) fits in 80 GB; and the device-to-device copy bandwidth (1 GiB,
- * read + write bytes) in the same run. Pages of a sequence are scattered over the pool. Usage: bench_cuda
- * [--json FILE] [--quick] [--only SHAPE/SPEC/BATCH/CTX,...] [--block N]
+ * read + write bytes) in the same run. Pages of a sequence are scattered over the pool.
+ *
+ * Usage: bench_cuda [--json FILE] [--quick] [--only SHAPE/SPEC/BATCH/CTX,...] [--block N]
  * (--only: those cases; --block: tokens per page, a multiple of 16, default 16 as vLLM's) */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
