@@ -2,12 +2,13 @@
  * which bench/run_cuda.sh runs first).
  *
  * For Llama-3-8B (32 q / 8 kv heads, d 128) and SmolLM2-135M (9 / 3, d 64), batch 1/8/32 × context
- * 4K/32K/128K, formats e8box:4 and bf16 (our own paged kernel): µs per decode-attention call of one layer
- * (CUDA events around each call, 5 warm-up calls, median of 30; calls queued back to back, and again with the
- * host waiting for each call), effective GB/s over the page bytes the call must read,
- * encode GB/s over the bf16 K+V input bytes, device bytes per token, measured vs accounted device memory,
- * the largest batch × context whose cache (all layers) fits in 80 GB; and the device-to-device copy
- * bandwidth (1 GiB, read + write bytes) in the same run. Pages of a sequence are scattered over the pool.
+ * 4K/32K/128K, formats e8box:4, e8p:2 and bf16 (our own paged kernel): µs per decode-attention call of one
+ * layer (CUDA events around each call, 5 warm-up calls, median of 30; calls queued back to back, and again
+ * with the host waiting for each call), effective GB/s over the page bytes the call must read, encode GB/s
+ * over the bf16 K+V input bytes, device bytes per token, measured vs accounted device memory, the largest
+ * batch × context whose cache (all layers) fits in 80 GB; and the device-to-device copy bandwidth (1 GiB,
+ * read + write bytes) in the same run. Pages of a sequence are scattered over the pool.
+ *
  * Usage: bench_cuda [--json FILE] [--quick] [--only SHAPE/SPEC/BATCH/CTX,...] [--block N]
  * (--only: those cases; --block: tokens per page, a multiple of 16, default 16 as vLLM's) */
 #include <cuda_bf16.h>
@@ -92,7 +93,9 @@ static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, dou
     p.max_append = 65536;
     size_t free0, total;
     CU(cudaMemGetInfo(&free0, &total));
-    const size_t vb = strcmp(spec, "bf16") ? 1 + (d + 63) / 64 + d / 2 : 2 * d;
+    const size_t vb = !strcmp(spec, "bf16")    ? 2 * d
+                      : !strcmp(spec, "e8p:2") ? 1 + d / 4
+                                               : 1 + (d + 63) / 64 + d / 2;
     const size_t need = pages * bs * sh->n_kv * vb * 2 + ((size_t)1 << 30);
     if (need > free0) {
         printf("%-8s %-8s batch %2zu ctx %6zu: does not fit (%zu MB needed)\n", sh->name, spec, batch, ctx,
@@ -251,11 +254,11 @@ int main(int argc, char **argv) {
     if (g_json) fprintf(g_json, "{\"bench\":\"copy\",\"device\":\"%s\",\"copy_gbps\":%.1f}\n", g_dev, copy);
     const shape shapes[] = {{"llama3-8b", 8, 4, 128, 32}, {"smollm2", 3, 3, 64, 30}};
     const size_t batches[] = {1, 8, 32}, ctxs[] = {4096, 32768, 131072};
-    const char *specs[] = {"e8box:4", "bf16"};
+    const char *specs[] = {"e8box:4", "bf16", "e8p:2"};
     for (int s = 0; s < 2; s++)
         for (int b = 0; b < 3; b++)
             for (int x = 0; x < 3; x++)
-                for (int f = 0; f < 2; f++) {
+                for (int f = 0; f < 3; f++) {
                     if (quick && (b == 2 || x == 2)) continue;
                     if (only) {
                         char name[96];

@@ -15,6 +15,8 @@
  *
  * Formats (spec grammar: "FMT" for K and V, or "k=FMT,v=FMT"):
  *   e8box:4   the CPU codec e8box:4 (doc/format.md §2.4) after the seeded rotation, same bytes per vector
+ *   e8p:2     the CPU codec e8p:2 (§2.5) after the seeded rotation, same bytes per vector; K and V both
+ *             (a spec pairing it with another format is E8KV_ERROR_SPEC)
  *   bf16, f16 raw pages (no rotation)
  * head_dim 64 or 128 (E8KV_ERROR_HEAD_DIM otherwise); query heads per KV head 1..8.
  *
@@ -39,7 +41,7 @@ typedef struct {
     size_t head_dim;   /* 64 or 128 */
     size_t block_size; /* tokens per page, a multiple of 16 (0: 16) */
     size_t n_blocks;   /* pages per (layer, stream) */
-    const char *spec;  /* "e8box:4", "bf16", "f16", "k=e8box:4,v=bf16" */
+    const char *spec;  /* "e8box:4", "e8p:2", "bf16", "f16", "k=e8box:4,v=bf16" */
     uint64_t seed;     /* rotation seed: the same bytes as e8kv_codec_create(spec, head_dim, seed) */
     size_t max_ctx;    /* longest sequence (0: n_blocks * block_size); sizes block tables and workspace */
     size_t max_seqs;   /* sequences the cache may own at once (0: 256) */

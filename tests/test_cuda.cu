@@ -505,6 +505,8 @@ static void test_fork_and_errors(const char *spec, size_t d) {
     e8kv_cuda_cache_params bad = p;
     bad.spec = "e8box:3";
     CHECK(!e8kv_cuda_cache_create(&bad, &err) && e8kv_get_error_code(err) == E8KV_ERROR_SPEC, "bad spec");
+    bad.spec = "k=e8p:2,v=bf16"; /* e8p:2 pairs with itself only */
+    CHECK(!e8kv_cuda_cache_create(&bad, &err) && e8kv_get_error_code(err) == E8KV_ERROR_SPEC, "mixed e8p");
     bad.spec = spec, bad.head_dim = 96;
     CHECK(!e8kv_cuda_cache_create(&bad, &err) && e8kv_get_error_code(err) == E8KV_ERROR_HEAD_DIM, "head_dim");
 }
@@ -522,14 +524,15 @@ int main(int argc, char **argv) {
     const spec_case cases[] = {{"e8box:4", "e8box:4", "e8box:4"},
                                {"bf16", "bf16", "bf16"},
                                {"f16", "f16", "f16"},
-                               {"k=e8box:4,v=bf16", "e8box:4", "bf16"}};
+                               {"k=e8box:4,v=bf16", "e8box:4", "bf16"},
+                               {"e8p:2", "e8p:2", "e8p:2"}};
     const size_t lens_full[] = {1, 15, 16, 17, 100, 777, 3000, 9001};
     const size_t lens_quick[] = {1, 17, 40, 130};
     const size_t *lens = quick ? lens_quick : lens_full;
     const size_t n_seq = quick ? 4 : 8;
     const size_t ds[] = {64, 128}, Gs[] = {1, 3, 4, 8};
     const e8kv_dtype dts[] = {E8KV_DTYPE_F32, E8KV_DTYPE_BF16, E8KV_DTYPE_F16};
-    for (size_t ci = 0; ci < 4; ci++)
+    for (size_t ci = 0; ci < 5; ci++)
         for (size_t di = 0; di < 2; di++) {
             if (quick && ci == 2) continue;
             const size_t G = Gs[(ci + di) % 4], n_kv = 1 + (size_t)(rnd() % 3);
@@ -543,11 +546,18 @@ int main(int argc, char **argv) {
         run_case(&cases[0], 64, 3, 3, lens, 6, E8KV_DTYPE_F16, 1, 48);
         run_case(&cases[0], 128, 1, 8, lens, 6, E8KV_DTYPE_F32, 1, 48);
         run_case(&cases[1], 128, 2, 4, lens, 6, E8KV_DTYPE_BF16, 1, 48);
+        /* e8p:2: every G at both head dims, pages of 32 and 48 */
+        for (size_t gi = 0; gi < 4; gi++)
+            run_case(&cases[4], ds[(gi + 1) % 2], 2, Gs[gi], lens, 6, dts[(gi + 1) % 3], 1, 16);
+        run_case(&cases[4], 128, 2, 4, lens, 6, E8KV_DTYPE_BF16, 1, 32);
+        run_case(&cases[4], 64, 3, 3, lens, 6, E8KV_DTYPE_F16, 1, 48);
     }
     for (size_t di = 0; di < 2; di++) {
         test_isolation("e8box:4", ds[di]);
         test_isolation("bf16", ds[di]);
         test_fork_and_errors("e8box:4", ds[di]);
+        test_isolation("e8p:2", ds[di]);
+        test_fork_and_errors("e8p:2", ds[di]);
     }
     printf("test_cuda: %d checks, %d failed\n", g_checks, g_fail);
     return g_fail ? 1 : 0;

@@ -1020,6 +1020,258 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
 }
 
 /* One wave: every block of the launch resident at once and all with the same work, so no tail. */
+/* ---- e8p:2 pages (K and V both), on the CUDA cores: a block of 128 threads takes 128-token tiles of
+ * its split. Thread t reads token t's K and V codes (16-byte loads); each 16-bit block code becomes 8
+ * floats from a table of the 256 patterns' magnitudes 4c_i + 2 in shared memory, the 8 signs (the 8th from
+ * the parity) XOR-ed into the float sign bits; the ±¼ shift enters the score as ±Σ q over the block. The
+ * score is q·n times δ/4 (the per-vector step applied once); V is decoded the same way into f16 in shared
+ * memory (odd integers ≤ 11: exact), 16-byte chunks swizzled by token. The block shares the tile's maximum
+ * and P·δ_V/4; then thread t accumulates two output coordinates over a share of the tile's tokens. The
+ * splits merge as the other kernels' (merge_last); V stays rotated until then. ---- */
+__constant__ uint16_t c_pat_a[256];
+
+/* dynamic shared memory of attn_e8p_kernel<D>: sq[8][D] f32, smag[256][8] f32, sp[8][128] f32,
+ * sqs[8][D/8] f32, sred[8][WARPS] f32, spar[256] u8, then sv[128][D] f16 (so[WARPS][8][D] f32 after the
+ * loop) */
+template <int D> static constexpr int e8p_smem_bytes(void) {
+    return 4 * (8 * D + 256 * 8 + 8 * 128 + 8 * (D / 8) + 8 * WARPS) + 256 +
+           (128 * D * 2 > WARPS * 8 * D * 4 ? 128 * D * 2 : WARPS * 8 * D * 4);
+}
+
+template <int D> __global__ void __launch_bounds__(128) attn_e8p_kernel(const attn_launch a) {
+    constexpr int NB = D / 8, HALVES = 256 / D, NP = D / 2;
+    extern __shared__ __align__(16) uint8_t e8p_smem[];
+    float(*const sq)[D] = reinterpret_cast<float(*)[D]>(e8p_smem);
+    float(*const smag)[8] = reinterpret_cast<float(*)[8]>(e8p_smem + 4 * 8 * D);
+    float(*const sp)[128] = reinterpret_cast<float(*)[128]>(e8p_smem + 4 * (8 * D + 256 * 8));
+    float(*const sqs)[NB] = reinterpret_cast<float(*)[NB]>(e8p_smem + 4 * (8 * D + 256 * 8 + 8 * 128));
+    float(*const sred)[WARPS] =
+        reinterpret_cast<float(*)[WARPS]>(e8p_smem + 4 * (8 * D + 256 * 8 + 8 * 128 + 8 * NB));
+    uint8_t *const spar = e8p_smem + 4 * (8 * D + 256 * 8 + 8 * 128 + 8 * NB + 8 * WARPS);
+    uint4 *const sv = reinterpret_cast<uint4 *>(spar + 256); /* [128][NB] chunks of 8 f16, swizzled */
+    float(*const so)[8][D] = reinterpret_cast<float(*)[8][D]>(spar + 256);
+
+    const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
+    const int G = (int)(a.n_head / a.n_head_kv);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int n_split = (int)a.n_split;
+    const int ctx = a.ctx_lens[seq];
+    const int chunk = ((ctx + n_split - 1) / n_split + 15) & ~15;
+    const int start = split * chunk, end = min(start + chunk, ctx);
+    const int32_t *const table = a.block_tables + (size_t)seq * a.max_blocks;
+    const int bs = (int)a.block_size;
+
+    for (int i = tid; i < 256; i += 128) {
+        const unsigned W = c_pat_a[i];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            smag[i][k] = (float)(4 * ((W >> (2 * k)) & 3u) + 2);
+        spar[i] = (uint8_t)(__popc(W & 0x5555u) & 1);
+    }
+    for (int idx = tid; idx < G * D; idx += 128) {
+        const int r = idx / D, i = idx % D;
+        sq[r][i] =
+            load_q(a.q, ((size_t)seq * a.n_head + (size_t)kvh * G + r) * D + i, a.q_dtype) * a.signs[i];
+    }
+    __syncthreads();
+    for (int h = 1; h < D; h *= 2) {
+        for (int idx = tid; idx < G * D / 2; idx += 128) {
+            const int r = idx / (D / 2), j = idx % (D / 2), i = (j / h) * 2 * h + j % h;
+            const float x = sq[r][i], y = sq[r][i + h];
+            sq[r][i] = x + y;
+            sq[r][i + h] = x - y;
+        }
+        __syncthreads();
+    }
+    const float qscale = a.rot_scale * rsqrtf((float)D) * LOG2E;
+    for (int idx = tid; idx < G * D; idx += 128)
+        sq[idx / D][idx % D] *= qscale;
+    __syncthreads();
+    for (int idx = tid; idx < G * NB; idx += 128) { /* Σ q over each block: the ±¼ shift's share */
+        const int r = idx / NB, bl = idx % NB;
+        float s = 0.0f;
+        for (int i = 0; i < 8; i++)
+            s += sq[r][8 * bl + i];
+        sqs[r][bl] = s;
+    }
+    __syncthreads();
+
+    float m[8], l[8], acc0[8], acc1[8];
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+        m[r] = -INFINITY, l[r] = 0.0f, acc0[r] = 0.0f, acc1[r] = 0.0f;
+    const int pr = tid % NP, grp = tid / NP;
+    for (int tile0 = start; tile0 < end; tile0 += 128) {
+        const int j = tile0 + tid;
+        const bool live = j < end;
+        float s[8];
+        float hq = 0.0f; /* V's δ/4 */
+        if (live) {
+            const int page = table[j / bs], o = j % bs;
+            const uint8_t *const kb = a.k.pool + (size_t)page * a.k.page_bytes + (size_t)kvh * a.k.head_bytes;
+            const uint8_t *const vb = a.v.pool + (size_t)page * a.v.page_bytes + (size_t)kvh * a.v.head_bytes;
+            uint32_t kw[NB / 2], vw[NB / 2];
+#pragma unroll
+            for (int u = 0; u < D / 64; u++) {
+                const uint4 w4 = __ldg((const uint4 *)(kb + (size_t)o * (D / 4)) + u);
+                kw[4 * u] = w4.x, kw[4 * u + 1] = w4.y, kw[4 * u + 2] = w4.z, kw[4 * u + 3] = w4.w;
+                const uint4 v4 = __ldg((const uint4 *)(vb + (size_t)o * (D / 4)) + u);
+                vw[4 * u] = v4.x, vw[4 * u + 1] = v4.y, vw[4 * u + 2] = v4.z, vw[4 * u + 3] = v4.w;
+            }
+            const unsigned ke = __ldg(kb + (size_t)bs * (D / 4) + o);
+            const unsigned ve = __ldg(vb + (size_t)bs * (D / 4) + o);
+            const float hk =
+                ke ? 0.25f * c_frac_a[ke & 7] * __int_as_float(((int)(ke >> 3) - 20 + 127) << 23) : 0.0f;
+            hq = ve ? 0.25f * c_frac_a[ve & 7] * __int_as_float(((int)(ve >> 3) - 20 + 127) << 23) : 0.0f;
+            float dot[8];
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                dot[r] = 0.0f;
+#pragma unroll
+            for (int bl = 0; bl < NB; bl++) {
+                const unsigned code = (kw[bl / 2] >> (16 * (bl & 1))) & 0xffffu, t = code & 255u;
+                const unsigned sg = (code >> 8) & 127u;
+                const unsigned sgn = sg | ((__popc(sg) + spar[t]) & 1u) << 7;
+                const float4 m0 = *(const float4 *)&smag[t][0], m1 = *(const float4 *)&smag[t][4];
+                const float mm[8] = {m0.x, m0.y, m0.z, m0.w, m1.x, m1.y, m1.z, m1.w};
+                float v[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    v[i] = __int_as_float(__float_as_int(mm[i]) ^ ((sgn << (31 - i)) & 0x80000000u));
+                const float sh = code >> 15 ? 1.0f : -1.0f;
+#pragma unroll
+                for (int r = 0; r < 8; r++)
+                    if (r < G) {
+                        const float4 q0 = *(const float4 *)&sq[r][8 * bl],
+                                     q1 = *(const float4 *)&sq[r][8 * bl + 4];
+                        float d = dot[r];
+                        d = fmaf(q0.x, v[0], d), d = fmaf(q0.y, v[1], d), d = fmaf(q0.z, v[2], d);
+                        d = fmaf(q0.w, v[3], d), d = fmaf(q1.x, v[4], d), d = fmaf(q1.y, v[5], d);
+                        d = fmaf(q1.z, v[6], d), d = fmaf(q1.w, v[7], d);
+                        dot[r] = fmaf(sh, sqs[r][bl], d);
+                    }
+            }
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                s[r] = dot[r] * hk;
+                /* V of this token → f16 (odd integers ≤ 11: exact) in shared memory, chunk bl at bl ^ (tid
+                 * mod NB) */
+#pragma unroll
+            for (int bl = 0; bl < NB; bl++) {
+                const unsigned code = (vw[bl / 2] >> (16 * (bl & 1))) & 0xffffu, t = code & 255u;
+                const unsigned sg = (code >> 8) & 127u;
+                const unsigned sgn = sg | ((__popc(sg) + spar[t]) & 1u) << 7;
+                const float4 m0 = *(const float4 *)&smag[t][0], m1 = *(const float4 *)&smag[t][4];
+                const float mm[8] = {m0.x, m0.y, m0.z, m0.w, m1.x, m1.y, m1.z, m1.w};
+                const float sh = code >> 15 ? 1.0f : -1.0f;
+                uint32_t hw[4];
+#pragma unroll
+                for (int i = 0; i < 8; i += 2) {
+                    const float x0 =
+                        __int_as_float(__float_as_int(mm[i]) ^ ((sgn << (31 - i)) & 0x80000000u)) + sh;
+                    const float x1 =
+                        __int_as_float(__float_as_int(mm[i + 1]) ^ ((sgn << (30 - i)) & 0x80000000u)) + sh;
+                    const __half2 h2 = __floats2half2_rn(x0, x1);
+                    hw[i / 2] = *reinterpret_cast<const uint32_t *>(&h2);
+                }
+                sv[tid * NB + (bl ^ (tid & (NB - 1)))] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                s[r] = -INFINITY;
+#pragma unroll
+            for (int bl = 0; bl < NB; bl++)
+                sv[tid * NB + bl] = make_uint4(0u, 0u, 0u, 0u);
+        }
+        /* the tile's maximum per head */
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            if (r >= G) break;
+            float x = s[r];
+            for (int o2 = 16; o2; o2 >>= 1)
+                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o2));
+            if (lane == 0) sred[r][warp] = x;
+        }
+        __syncthreads();
+        float scale[8];
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            if (r >= G) break;
+            float tm = sred[r][0];
+            for (int w = 1; w < WARPS; w++)
+                tm = fmaxf(tm, sred[r][w]);
+            const float nm = fmaxf(m[r], tm); /* finite: the tile has a live token */
+            scale[r] = exp2f(m[r] - nm);
+            m[r] = nm;
+            const float p = live ? exp2f(s[r] - nm) : 0.0f;
+            sp[r][tid] = p * hq;
+            float ps = p;
+            for (int o2 = 16; o2; o2 >>= 1)
+                ps += __shfl_xor_sync(0xffffffffu, ps, o2);
+            s[r] = ps; /* the warp's sum of P */
+        }
+        __syncthreads(); /* sred read by all before it is rewritten */
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            if (r >= G) break;
+            if (lane == 0) sred[r][warp] = s[r];
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            if (r >= G) break;
+            float ts = 0.0f;
+            for (int w = 0; w < WARPS; w++)
+                ts += sred[r][w];
+            l[r] = l[r] * scale[r] + ts;
+            acc0[r] *= scale[r];
+            acc1[r] *= scale[r];
+        }
+        /* P·V: coordinates 2pr, 2pr + 1 over the tile's tokens grp, grp + HALVES, ... */
+        const int c = pr >> 2, w = pr & 3;
+        const uint32_t *const sv32 = reinterpret_cast<const uint32_t *>(sv);
+        for (int t = grp; t < 128; t += HALVES) {
+            const uint32_t hv = sv32[4 * (t * NB + (c ^ (t & (NB - 1)))) + w];
+            const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&hv));
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+                if (r < G) {
+                    const float p = sp[r][t];
+                    acc0[r] = fmaf(p, f.x, acc0[r]);
+                    acc1[r] = fmaf(p, f.y, acc1[r]);
+                }
+        }
+        __syncthreads(); /* sp, sv, sred reused by the next tile */
+    }
+    /* this split's state: the token groups summed through so (over sv), then part_o / part_ml */
+    const size_t head0 = (size_t)seq * a.n_head + (size_t)kvh * G;
+    float *const sob = &so[0][0][0];
+    for (int r = 0; r < G; r++) {
+        sob[(grp * 8 + r) * D + 2 * pr] = acc0[r];
+        sob[(grp * 8 + r) * D + 2 * pr + 1] = acc1[r];
+    }
+    __syncthreads();
+    if (tid < D)
+        for (int r = 0; r < G; r++) {
+            float o = 0.0f;
+            for (int h2 = 0; h2 < HALVES; h2++)
+                o += sob[(h2 * 8 + r) * D + tid];
+            const size_t hs = (head0 + r) * (size_t)n_split + (size_t)split;
+            a.part_o[hs * D + tid] = o;
+            if (tid == 0) a.part_ml[2 * hs] = m[r], a.part_ml[2 * hs + 1] = l[r];
+        }
+    merge_last<D>(a, seq, kvh, G, so);
+}
+
+template <int D> static int e8p_smem_attr(void) {
+    static int done = 0;
+    if (!done && cudaFuncSetAttribute(attn_e8p_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      e8p_smem_bytes<D>()) == cudaSuccess)
+        done = 1;
+    return !done;
+}
+
 size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm, int ctas_per_sm) {
     const size_t per = n_seq * n_head_kv,
                  wave = (size_t)(n_sm > 0 ? n_sm : 1) * (size_t)(ctas_per_sm > 0 ? ctas_per_sm : 1);
@@ -1063,6 +1315,17 @@ template <int D, int KF, int VF> static int occupancy(void) {
 }
 
 int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf) {
+    if (kf == FMT_E8P2) {
+        int n = 0;
+        const cudaError_t e =
+            d == 128 ? (e8p_smem_attr<128>() ? cudaErrorUnknown
+                                             : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                                   &n, attn_e8p_kernel<128>, 128, e8p_smem_bytes<128>()))
+                     : (e8p_smem_attr<64>() ? cudaErrorUnknown
+                                            : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                                  &n, attn_e8p_kernel<64>, 128, e8p_smem_bytes<64>()));
+        return e == cudaSuccess && n > 0 ? n : 1;
+    }
 #define E8KV_OCC(DD)                                                                                         \
     switch (kf * 3 + vf) {                                                                                   \
     case 0:                                                                                                  \
@@ -1138,6 +1401,26 @@ template <int D> static void launch_k(const attn_launch *a, cudaStream_t stream)
 }
 
 size_t e8kv_cu_launch_attend(const attn_launch *a, cudaStream_t stream) {
+    if (a->k.fmt == FMT_E8P2) { /* the cache pairs it with e8p:2 V pages only */
+        static int ready = 0;
+        if (!ready) {
+            uint16_t pat[256];
+            e8p_patterns(pat);
+            if (cudaMemcpyToSymbol(c_pat_a, pat, sizeof pat) != cudaSuccess) return E8KV_CU_ERR(CUDA);
+            ready = 1;
+        }
+        attn_launch l = *a;
+        l.v_rot = 1, l.v_div = 1.0f;
+        const dim3 grid((unsigned)l.n_split, (unsigned)l.n_head_kv, (unsigned)l.n_seq);
+        if (l.d == 128) {
+            if (e8p_smem_attr<128>()) return E8KV_CU_ERR(CUDA);
+            attn_e8p_kernel<128><<<grid, 128, e8p_smem_bytes<128>(), stream>>>(l);
+        } else {
+            if (e8p_smem_attr<64>()) return E8KV_CU_ERR(CUDA);
+            attn_e8p_kernel<64><<<grid, 128, e8p_smem_bytes<64>(), stream>>>(l);
+        }
+        return cudaGetLastError() == cudaSuccess ? 0 : E8KV_CU_ERR(CUDA);
+    }
     if (a->d == 128)
         launch_k<128>(a, stream);
     else

@@ -43,6 +43,7 @@ int e8kv_cuda_available(void) {
 
 static int parse_fmt(const char *s, size_t n) {
     if (n == 7 && !strncmp(s, "e8box:4", 7)) return FMT_BOX4;
+    if (n == 5 && !strncmp(s, "e8p:2", 5)) return FMT_E8P2;
     if (n == 4 && !strncmp(s, "bf16", 4)) return FMT_BF16;
     if (n == 3 && !strncmp(s, "f16", 3)) return FMT_F16;
     return -1;
@@ -59,7 +60,9 @@ static size_t parse_spec(const char *spec, int *kf, int *vf) {
         *kf = parse_fmt(spec + 2, (size_t)(comma - spec - 2));
         *vf = parse_fmt(comma + 3, strlen(comma + 3));
     }
-    return *kf < 0 || *vf < 0 ? E8KV_CU_ERR(SPEC) : 0;
+    /* e8p:2 only for both streams (its attention kernel decodes K and V from one table) */
+    if (*kf < 0 || *vf < 0 || (*kf == FMT_E8P2) != (*vf == FMT_E8P2)) return E8KV_CU_ERR(SPEC);
+    return 0;
 }
 
 static size_t align256(size_t n) {
@@ -134,9 +137,9 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
 
     /* the rotation's signs, read through the public codec: column i of H·D/√d has first entry sign_i/√d */
     float signs[128];
-    if (kf == FMT_BOX4 || vf == FMT_BOX4) {
+    if (kf == FMT_BOX4 || vf == FMT_BOX4 || kf == FMT_E8P2) {
         size_t e = 0;
-        e8kv_codec *codec = e8kv_codec_create("e8box:4", c->d, p->seed, &e);
+        e8kv_codec *codec = e8kv_codec_create(kf == FMT_E8P2 ? "e8p:2" : "e8box:4", c->d, p->seed, &e);
         if (!codec) return fail(c, err, e);
         float x[128];
         for (size_t i = 0; i < c->d; i++) {
@@ -500,6 +503,10 @@ size_t e8kv_cuda_read_slot(const e8kv_cuda_cache *c, void *dst, size_t cap, size
         if (e == cudaSuccess)
             e = cudaMemcpy(out + 1, area + c->bs * nb + c->bs + off * n_cos, n_cos, cudaMemcpyDeviceToHost);
         if (e == cudaSuccess) e = cudaMemcpy(out + 1 + n_cos, area + off * nb, nb, cudaMemcpyDeviceToHost);
+    } else if (sd->fmt == FMT_E8P2) { /* codes of the page's tokens, then their steps */
+        const size_t nb = c->d / 4;
+        e = cudaMemcpy(out, area + c->bs * nb + off, 1, cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess) e = cudaMemcpy(out + 1, area + off * nb, nb, cudaMemcpyDeviceToHost);
     } else {
         e = cudaMemcpy(out, area + off * vb, vb, cudaMemcpyDeviceToHost);
     }

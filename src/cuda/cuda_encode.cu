@@ -76,8 +76,97 @@ __device__ __forceinline__ int64_t nearest_coset(int32_t p2[8], const int32_t X[
     return dist + (int64_t)best_key * (4 * FX_HALF);
 }
 
-/* LANES = d / 8 lanes per vector; 128 threads per block */
-template <int D>
+/* ---- e8p:2 (src/quant/e8_p.c): the same rotation, then per vector the rms in double summed in the CPU's
+ * order, four step candidates, and per block the exact sorted search over 9 orbits x 2 shifts ---- */
+__constant__ uint8_t c_orbit[9][8] = {
+    {0, 0, 0, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0, 0, 0, 0}, {1, 1, 0, 0, 0, 0, 0, 0},
+    {2, 0, 0, 0, 0, 0, 0, 0}, {1, 1, 1, 0, 0, 0, 0, 0}, {2, 1, 0, 0, 0, 0, 0, 0},
+    {1, 1, 1, 1, 0, 0, 0, 0}, {2, 2, 0, 0, 0, 0, 0, 0}, {1, 1, 1, 1, 1, 1, 1, 1},
+};
+__constant__ float c_p_ratio[4] = {0.85f, 0.95f, 1.05f, 1.15f};
+__constant__ uint16_t c_p_pat[256]; /* set once by the host (e8p_patterns) */
+
+/* W -> its index among the sorted patterns (W is one of them) */
+__device__ __forceinline__ unsigned e8p_index(unsigned w) {
+    unsigned lo = 0;
+#pragma unroll
+    for (unsigned step = 128; step; step >>= 1)
+        if (c_p_pat[lo + step - 1] < w) lo += step;
+    return lo;
+}
+
+/* e8kv_e8p_nearest_ref: the block's code and squared distance in fixed-point units */
+__device__ int64_t e8p_nearest(unsigned *code, const float x[8], float k) {
+    int32_t X[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        X[i] = fx_round(__fmul_rn(x[i], k));
+    const int32_t H = FX_HALF;
+    int64_t best = INT64_MAX;
+    int best_sb = 0, best_o = 0;
+    for (int sb = 0; sb < 2; sb++) {
+        int32_t ay[8];
+        unsigned neg = 0;
+        int64_t yy = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int32_t Y = X[i] - (sb ? H / 2 : -H / 2);
+            ay[i] = Y < 0 ? -Y : Y;
+            neg += Y < 0;
+            yy += (int64_t)Y * Y;
+        }
+        int64_t ys[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            int r = 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                r += (ay[j] > ay[i]) | ((ay[j] == ay[i]) & (j < i));
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (j == r) ys[j] = ay[i];
+        }
+        for (int o = 0; o < 9; o++) {
+            int64_t dot = 0, aa = 0;
+            unsigned cs = 0;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int64_t m = 2 * c_orbit[o][j] + 1;
+                dot += m * ys[j];
+                aa += m * m;
+                cs += c_orbit[o][j];
+            }
+            if ((cs ^ neg) & 1u) dot -= 2 * (2 * c_orbit[o][7] + 1) * ys[7];
+            const int64_t dist = yy + aa * H * H - 2 * H * dot;
+            if (dist < best) best = dist, best_sb = sb, best_o = o;
+        }
+    }
+    int32_t Y[8], ay[8];
+    unsigned neg = 0, cs = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        Y[i] = X[i] - (best_sb ? H / 2 : -H / 2);
+        ay[i] = Y[i] < 0 ? -Y[i] : Y[i];
+        neg += Y[i] < 0;
+        cs += c_orbit[best_o][i];
+    }
+    const int flip = (cs ^ neg) & 1u;
+    unsigned w = 0, sgn = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int r = 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            r += (ay[j] > ay[i]) | ((ay[j] == ay[i]) & (j < i));
+        w |= (unsigned)c_orbit[best_o][r] << (2 * i);
+        sgn |= (unsigned)((Y[i] < 0) ^ (flip && r == 7)) << i;
+    }
+    *code = e8p_index(w) | (sgn & 127u) << 8 | (unsigned)best_sb << 15;
+    return best;
+}
+
+/* LANES = d / 8 lanes per vector; 128 threads per block; P: e8p:2 instead of e8box:4 */
+template <int D, bool P>
 __global__ void __launch_bounds__(128)
     append_box_kernel(stream_desc sd, const int64_t *__restrict__ slots, const void *__restrict__ src,
                       size_t n_tok, size_t n_head_kv, size_t block_size, int dtype,
@@ -154,6 +243,49 @@ __global__ void __launch_bounds__(128)
     if (!live || slot < 0) return; /* whole groups leave together: every later shuffle is group-local */
     if (!all_finite) {
         if (b == 0) atomicOr(flags, FLAG_NONFINITE);
+        return;
+    }
+    if constexpr (P) {
+        const int base = lane / LANES * LANES;
+        double ss = 0.0; /* Σ x_i² in the CPU's order: every product exact, each sum rounded */
+        for (int l = 0; l < LANES; l++)
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const double v = (double)__shfl_sync(gmask, x[i], base + l);
+                ss = __dadd_rn(ss, __dmul_rn(v, v));
+            }
+        const double rms = __dsqrt_rn(__ddiv_rn(ss, (double)D));
+        if (!(__dadd_rn(__dmul_rn(8.0, log2(__dmul_rn(rms, (double)c_p_ratio[0]))), (double)STEP_ZERO) <
+              255.5)) {
+            if (b == 0) atomicOr(flags, FLAG_RANGE);
+            return;
+        }
+        uint8_t *const area =
+            sd.pool + (size_t)(slot / (int64_t)block_size) * sd.page_bytes + head * sd.head_bytes;
+        const size_t off = (size_t)(slot % (int64_t)block_size);
+        unsigned best_code = 0, best_e = 0;
+        if (rms != 0.0) {
+            double best_err = INFINITY;
+            unsigned prev_e = 0;
+            for (int r = 0; r < 4; r++) {
+                const double want =
+                    __dadd_rn(__dmul_rn(8.0, log2(__dmul_rn(rms, (double)c_p_ratio[r]))), (double)STEP_ZERO);
+                if (!(want < 255.5)) continue;
+                const unsigned e = want < 1.0 ? 1u : (unsigned)llround(want);
+                if (e == prev_e) continue;
+                prev_e = e;
+                const float delta = box_step(e), k = __fdiv_rn((float)FX_ONE, delta);
+                unsigned code;
+                int64_t dist = e8p_nearest(&code, x, k);
+#pragma unroll
+                for (int l = 1; l < LANES; l *= 2)
+                    dist += __shfl_xor_sync(gmask, dist, l);
+                const double err = __dmul_rn((double)dist, __dmul_rn((double)delta, (double)delta));
+                if (err < best_err) best_err = err, best_e = e, best_code = code;
+            }
+        }
+        *(uint16_t *)(area + off * (D / 4) + 2 * b) = (uint16_t)best_code;
+        if (b == 0) area[block_size * (D / 4) + off] = (uint8_t)best_e;
         return;
     }
     /* the four step targets 8·log2(max/ratio) + 160 (double, as the CPU): lane r of the group computes ratio
@@ -268,14 +400,30 @@ size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, cons
                              size_t n_head_kv, size_t d, size_t block_size, int dtype, const float *d_signs,
                              float rot_scale, unsigned *d_flags, cudaStream_t stream) {
     if (n_tok == 0) return 0;
-    if (sd->fmt == FMT_BOX4) {
+    if (sd->fmt == FMT_BOX4 || sd->fmt == FMT_E8P2) {
         const size_t threads = n_tok * n_head_kv * (d / 8), blocks = (threads + 127) / 128;
         const int vec16 = ((uintptr_t)d_src & 15) == 0; /* rows of d values keep every lane's 8 aligned */
-        if (d == 128)
-            append_box_kernel<128><<<(unsigned)blocks, 128, 0, stream>>>(
+        if (sd->fmt == FMT_E8P2) {
+            static int ready = 0;
+            if (!ready) {
+                uint16_t pat[256];
+                e8p_patterns(pat);
+                if (cudaMemcpyToSymbol(c_p_pat, pat, sizeof pat) != cudaSuccess) return E8KV_CU_ERR(CUDA);
+                ready = 1;
+            }
+            if (d == 128)
+                append_box_kernel<128, true>
+                    <<<(unsigned)blocks, 128, 0, stream>>>(*sd, d_slots, d_src, n_tok, n_head_kv, block_size,
+                                                           dtype, d_signs, rot_scale, d_flags, vec16);
+            else
+                append_box_kernel<64, true>
+                    <<<(unsigned)blocks, 128, 0, stream>>>(*sd, d_slots, d_src, n_tok, n_head_kv, block_size,
+                                                           dtype, d_signs, rot_scale, d_flags, vec16);
+        } else if (d == 128)
+            append_box_kernel<128, false><<<(unsigned)blocks, 128, 0, stream>>>(
                 *sd, d_slots, d_src, n_tok, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16);
         else
-            append_box_kernel<64><<<(unsigned)blocks, 128, 0, stream>>>(
+            append_box_kernel<64, false><<<(unsigned)blocks, 128, 0, stream>>>(
                 *sd, d_slots, d_src, n_tok, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16);
     } else {
         const size_t threads = n_tok * n_head_kv * d / 8, blocks = (threads + 127) / 128;

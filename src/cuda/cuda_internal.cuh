@@ -16,11 +16,24 @@
         if (e8kv_is_error(e8kv_cu_r_)) return e8kv_cu_r_;                                                    \
     } while (0)
 
-enum { FMT_BOX4 = 0, FMT_BF16 = 1, FMT_F16 = 2 };
+enum { FMT_BOX4 = 0, FMT_BF16 = 1, FMT_F16 = 2, FMT_E8P2 = 3 };
 
 /* bytes of one vector of head_dim d in a format */
 static inline size_t fmt_vector_bytes(int fmt, size_t d) {
-    return fmt == FMT_BOX4 ? 1 + (d + 63) / 64 + d / 2 : 2 * d;
+    return fmt == FMT_BOX4 ? 1 + (d + 63) / 64 + d / 2 : fmt == FMT_E8P2 ? 1 + d / 4 : 2 * d;
+}
+
+/* e8p:2's 256 patterns (doc/format.md §2.5): W = Σ c_i·4^i, increasing, over every c ∈ {0,1,2}^8 with
+ * n0 + 9·n1 + 25·n2 ≤ 40, or (n2, n0) = (2, 6), or n1 = 8 (n_c: coordinates equal to c). */
+static inline void e8p_patterns(uint16_t pat[256]) {
+    unsigned t = 0;
+    for (unsigned w = 0; w < 65536 && t < 256; w++) {
+        unsigned n[4] = {0, 0, 0, 0};
+        for (int i = 0; i < 8; i++)
+            n[(w >> (2 * i)) & 3u]++;
+        if (!n[3] && (n[0] + 9 * n[1] + 25 * n[2] <= 40 || (n[2] == 2 && n[0] == 6) || n[1] == 8))
+            pat[t++] = (uint16_t)w;
+    }
 }
 
 /* Error flags the append kernels raise (atomicOr) */
