@@ -69,6 +69,17 @@ static void low_n(int8_t *nv, const uint8_t *src, size_t d, int bits) {
     }
 }
 
+/* o[0..32) = h · p, the 32 signed bytes of p (doubled lattice coordinates) as floats. */
+static inline void store_scaled32(float *restrict o, __m256i p, __m256 h) {
+    const __m128i lo = _mm256_castsi256_si128(p), hi = _mm256_extracti128_si256(p, 1);
+    _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), h));
+    _mm256_storeu_ps(o + 8,
+                     _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), h));
+    _mm256_storeu_ps(o + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), h));
+    _mm256_storeu_ps(o + 24,
+                     _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), h));
+}
+
 static void decode_low(float *restrict y, const uint8_t *restrict src, size_t d, int bits) {
     _Alignas(32) int8_t nv[E8KV_MAX_HEAD_DIM + 16];
     low_n(nv, src, d, bits);
@@ -81,14 +92,7 @@ static void decode_low(float *restrict y, const uint8_t *restrict src, size_t d,
         const __m256i n = _mm256_load_si256((const __m256i *)(const void *)(nv + 32 * g));
         const __m256i p =
             _mm256_sub_epi8(_mm256_sub_epi8(_mm256_add_epi8(n, n), k), _mm256_set1_epi8((char)(1 << bits)));
-        const __m128i lo = _mm256_castsi256_si128(p), hi = _mm256_extracti128_si256(p, 1);
-        float *const o = y + 32 * g;
-        _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), h));
-        _mm256_storeu_ps(o + 8,
-                         _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), h));
-        _mm256_storeu_ps(o + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), h));
-        _mm256_storeu_ps(o + 24,
-                         _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), h));
+        store_scaled32(y + 32 * g, p, h);
     }
 }
 
@@ -101,14 +105,7 @@ void e8kv_box_decode_avx2(float *restrict y, const uint8_t *restrict src, size_t
     const __m256 h = _mm256_set1_ps(e8kv_box_half_steps()[src[0]]);
     for (size_t g = 0; g < d / 32; g++) {
         const __m256i p = _mm256_sub_epi8(group_u(src, d, g), _mm256_set1_epi8(16)); /* p2 */
-        const __m128i lo = _mm256_castsi256_si128(p), hi = _mm256_extracti128_si256(p, 1);
-        float *const o = y + 32 * g;
-        _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), h));
-        _mm256_storeu_ps(o + 8,
-                         _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), h));
-        _mm256_storeu_ps(o + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), h));
-        _mm256_storeu_ps(o + 24,
-                         _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), h));
+        store_scaled32(y + 32 * g, p, h);
     }
 }
 
