@@ -34,15 +34,6 @@
 #define V_F16_SCALE 32768.0f /* P ≤ 1 on f16 pages: weights down to 2^-39 of the largest survive in f16 */
 #define LOG2E 1.4426950408889634f
 
-__constant__ float c_frac_a[8] = {0x1p+0f,        0x1.172b84p+0f, 0x1.306fe0p+0f, 0x1.4bfdaep+0f,
-                                  0x1.6a09e6p+0f, 0x1.8ace54p+0f, 0x1.ae89fap+0f, 0x1.d5818ep+0f};
-
-__device__ __forceinline__ float load_q(const void *src, size_t i, int dtype) {
-    if (dtype == E8KV_DTYPE_F32) return ((const float *)src)[i];
-    if (dtype == E8KV_DTYPE_F16) return __half2float(((const __half *)src)[i]);
-    return __bfloat162float(((const __nv_bfloat16 *)src)[i]);
-}
-
 template <bool BF>
 __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
     if constexpr (BF)
@@ -318,10 +309,10 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
     const int32_t *const table = a.block_tables + (size_t)seq * a.max_blocks;
 
     for (int i = tid; i < 256; i += blockDim.x)
-        sh[i] = i ? c_frac_a[i & 7] * __int_as_float(((i >> 3) - 21 + 127) << 23) : 0.0f; /* δ/2 */
+        sh[i] = i ? c_box_frac[i & 7] * __int_as_float(((i >> 3) - 21 + 127) << 23) : 0.0f; /* δ/2 */
     for (int idx = tid; idx < G * D; idx += blockDim.x) {
         const int r = idx / D, i = idx % D;
-        float v = load_q(a.q, ((size_t)seq * a.n_head + (size_t)kvh * G + r) * D + i, a.q_dtype);
+        float v = e8kv_cuda_load_val(a.q, ((size_t)seq * a.n_head + (size_t)kvh * G + r) * D + i, a.q_dtype);
         if (KF == FMT_BOX4) v *= a.signs[i];
         sq[r][i] = v;
     }
@@ -720,11 +711,12 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
     }
 
     for (int i = tid; i < 256; i += blockDim.x)
-        sh[i] = i ? c_frac_a[i & 7] * __int_as_float(((i >> 3) - 21 + 127) << 23) : 0.0f; /* δ/2 */
+        sh[i] = i ? c_box_frac[i & 7] * __int_as_float(((i >> 3) - 21 + 127) << 23) : 0.0f; /* δ/2 */
     for (int idx = tid; idx < G * D; idx += blockDim.x) {
         const int r = idx / D, i = idx % D;
         sq[r][i] =
-            load_q(a.q, ((size_t)seq * a.n_head + (size_t)kvh * G + r) * D + i, a.q_dtype) * a.signs[i];
+            e8kv_cuda_load_val(a.q, ((size_t)seq * a.n_head + (size_t)kvh * G + r) * D + i, a.q_dtype) *
+            a.signs[i];
     }
     __syncthreads();
     for (int h = 1; h < D; h *= 2) {
@@ -1071,7 +1063,8 @@ template <int D> __global__ void __launch_bounds__(128) attn_e8p_kernel(const at
     for (int idx = tid; idx < G * D; idx += 128) {
         const int r = idx / D, i = idx % D;
         sq[r][i] =
-            load_q(a.q, ((size_t)seq * a.n_head + (size_t)kvh * G + r) * D + i, a.q_dtype) * a.signs[i];
+            e8kv_cuda_load_val(a.q, ((size_t)seq * a.n_head + (size_t)kvh * G + r) * D + i, a.q_dtype) *
+            a.signs[i];
     }
     __syncthreads();
     for (int h = 1; h < D; h *= 2) {
@@ -1121,8 +1114,8 @@ template <int D> __global__ void __launch_bounds__(128) attn_e8p_kernel(const at
             const unsigned ke = __ldg(kb + (size_t)bs * (D / 4) + o);
             const unsigned ve = __ldg(vb + (size_t)bs * (D / 4) + o);
             const float hk =
-                ke ? 0.25f * c_frac_a[ke & 7] * __int_as_float(((int)(ke >> 3) - 20 + 127) << 23) : 0.0f;
-            hq = ve ? 0.25f * c_frac_a[ve & 7] * __int_as_float(((int)(ve >> 3) - 20 + 127) << 23) : 0.0f;
+                ke ? 0.25f * c_box_frac[ke & 7] * __int_as_float(((int)(ke >> 3) - 20 + 127) << 23) : 0.0f;
+            hq = ve ? 0.25f * c_box_frac[ve & 7] * __int_as_float(((int)(ve >> 3) - 20 + 127) << 23) : 0.0f;
             float dot[8];
 #pragma unroll
             for (int r = 0; r < 8; r++)

@@ -19,18 +19,10 @@
 #define STEP_ZERO 160
 
 __constant__ float c_ratio[4] = {7.5f, 8.0f, 8.5f, 9.0f};
-__constant__ float c_frac[8] = {0x1p+0f,        0x1.172b84p+0f, 0x1.306fe0p+0f, 0x1.4bfdaep+0f,
-                                0x1.6a09e6p+0f, 0x1.8ace54p+0f, 0x1.ae89fap+0f, 0x1.d5818ep+0f};
-
-__device__ __forceinline__ float load_val(const void *src, size_t i, int dtype) {
-    if (dtype == E8KV_DTYPE_F32) return ((const float *)src)[i];
-    if (dtype == E8KV_DTYPE_F16) return __half2float(((const __half *)src)[i]);
-    return __bfloat162float(((const __nv_bfloat16 *)src)[i]);
-}
 
 /* δ(e) = ldexp(frac[e & 7], (e >> 3) − 20), exact */
 __device__ __forceinline__ float box_step(unsigned e) {
-    return __fmul_rn(c_frac[e & 7u], __int_as_float(((int)(e >> 3) - 20 + 127) << 23));
+    return __fmul_rn(c_box_frac[e & 7u], __int_as_float(((int)(e >> 3) - 20 + 127) << 23));
 }
 
 __device__ __forceinline__ int32_t fx_round(float v) {
@@ -201,7 +193,7 @@ __global__ void __launch_bounds__(128)
     } else {
 #pragma unroll
         for (int i = 0; i < 8; i++)
-            x[i] = live ? load_val(src, vi * D + 8 * b + i, dtype) : 0.0f;
+            x[i] = live ? e8kv_cuda_load_val(src, vi * D + 8 * b + i, dtype) : 0.0f;
     }
 #pragma unroll
     for (int i = 0; i < 8; i++) {
@@ -383,7 +375,7 @@ __global__ void __launch_bounds__(128)
     bool finite = true;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        const float f = load_val(src, tok * n_head_kv * d + head * d + i0 + i, dtype);
+        const float f = e8kv_cuda_load_val(src, tok * n_head_kv * d + head * d + i0 + i, dtype);
         finite = finite && isfinite(f);
         to_raw(&v[i], f);
     }

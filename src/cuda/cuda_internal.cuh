@@ -9,6 +9,21 @@
 
 #include "e8kv_cuda.h"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+/* 2^(j/8), j = 0..7, correctly rounded to binary32: the e8box step table of the CPU codec (e8_box.c),
+ * δ(e) = frac[e & 7] · 2^((e >> 3) − 20). One copy per translation unit (static). */
+static __constant__ float c_box_frac[8] = {0x1p+0f,        0x1.172b84p+0f, 0x1.306fe0p+0f, 0x1.4bfdaep+0f,
+                                           0x1.6a09e6p+0f, 0x1.8ace54p+0f, 0x1.ae89fap+0f, 0x1.d5818ep+0f};
+
+/* Element i of an input row of dtype E8KV_DTYPE_F32 / F16 / BF16, as float. */
+__device__ __forceinline__ float e8kv_cuda_load_val(const void *src, size_t i, int dtype) {
+    if (dtype == E8KV_DTYPE_F32) return ((const float *)src)[i];
+    if (dtype == E8KV_DTYPE_F16) return __half2float(((const __half *)src)[i]);
+    return __bfloat162float(((const __nv_bfloat16 *)src)[i]);
+}
+
 #define E8KV_CU_ERR(name) ((size_t) - (ptrdiff_t)E8KV_ERROR_##name)
 #define E8KV_CU_RETURN(expr)                                                                                 \
     do {                                                                                                     \
