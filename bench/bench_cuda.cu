@@ -9,7 +9,13 @@
  * batch × context whose cache (all layers) fits in 80 GB; and the device-to-device copy bandwidth (1 GiB,
  * read + write bytes) in the same run. Pages of a sequence are scattered over the pool.
  *
- * Usage: bench_cuda [--json FILE] [--quick] [--only SHAPE/SPEC/BATCH/CTX,...] [--block N]
+ * --encode: the append kernels instead: for each shape and format, (a) 65536-token appends (bf16 K + V rows
+ * into scattered slots): µs per e8kv_cuda_append_slots call, host-synchronised as the API is (wall clock,
+ * median of 10), and the two kernels alone (e8kv_cu_launch_append for K and V, queued, CUDA events, median
+ * of 20), as GB/s of bf16 input; (b) a decode step, batch 8 × 1 token × 32 layers: µs per append_slots
+ * call (one layer) and the 64 kernels of a step alone (a CUDA graph, median of 20 replays).
+ *
+ * Usage: bench_cuda [--json FILE] [--quick] [--only SHAPE/SPEC/BATCH/CTX,...] [--block N] [--encode]
  * (--only: those cases; --block: tokens per page, a multiple of 16, default 16 as vLLM's) */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -18,6 +24,10 @@
 #include <string.h>
 
 #include "e8kv_cuda.h"
+/* the append kernels alone (e8kv_cu_launch_append), to time them apart from the host-synchronised API */
+#include "../src/cuda/cuda_internal.cuh"
+
+#include <time.h>
 
 #define CU(x)                                                                                                \
     do {                                                                                                     \
@@ -228,8 +238,164 @@ static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, dou
     e8kv_cuda_cache_free(c);
 }
 
+static double now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
+}
+
+/* Encode timings of one shape and format (see the header): n_tok tokens per call, n_layer layers. */
+static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n_layer, double copy_gbps) {
+    const size_t bs = g_bs, d = sh->d, row = sh->n_kv * d, pages = n_tok; /* one page per token at most */
+    e8kv_cuda_cache_params p;
+    memset(&p, 0, sizeof p);
+    p.n_layer = n_layer, p.n_head_kv = sh->n_kv, p.head_dim = d, p.block_size = bs;
+    p.n_blocks = n_tok == 8 ? 64 : n_tok / bs, p.spec = spec, p.seed = 42, p.max_append = n_tok;
+    p.max_seqs = 8, p.max_batch = 8;
+    size_t err = 0;
+    e8kv_cuda_cache *c = e8kv_cuda_cache_create(&p, &err);
+    if (!c) {
+        printf("create: %s\n", e8kv_error_name(err));
+        return;
+    }
+    (void)pages;
+    /* slots: a decode step puts each token in its own page; a long append fills scattered pages */
+    int64_t *slots = (int64_t *)malloc(n_tok * sizeof(int64_t));
+    uint64_t r = 0x9e3779b97f4a7c15ull;
+    const size_t np = p.n_blocks;
+    int32_t *perm = (int32_t *)malloc(np * sizeof(int32_t));
+    for (size_t i = 0; i < np; i++)
+        perm[i] = (int32_t)i;
+    for (size_t i = np - 1; i > 0; i--) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        const size_t j = r % (i + 1);
+        const int32_t t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (size_t t = 0; t < n_tok; t++)
+        slots[t] = n_tok == 8 ? (int64_t)perm[t] * (int64_t)bs : (int64_t)perm[t / bs] * (int64_t)bs + (int64_t)(t % bs);
+    int64_t *d_slots;
+    CU(cudaMalloc((void **)&d_slots, n_tok * sizeof(int64_t)));
+    CU(cudaMemcpy(d_slots, slots, n_tok * sizeof(int64_t), cudaMemcpyHostToDevice));
+    __nv_bfloat16 *kin, *vin;
+    CU(cudaMalloc((void **)&kin, n_tok * row * 2));
+    CU(cudaMalloc((void **)&vin, n_tok * row * 2));
+    fill_bf16<<<1024, 256>>>(kin, n_tok * row, 11);
+    fill_bf16<<<1024, 256>>>(vin, n_tok * row, 12);
+    CU(cudaDeviceSynchronize());
+    const double in_bytes = (double)n_tok * row * 2 * 2; /* bf16 K + V */
+    /* (a) the API, host-synchronised */
+    enum { N_API = 10, N_KER = 20 };
+    const int n_api = n_tok == 8 ? 32 * N_API : N_API;
+    float *ta = (float *)malloc((size_t)(n_api + 3) * sizeof(float));
+    for (int i = -3; i < n_api; i++) {
+        const double t0 = now_us();
+        const size_t a = e8kv_cuda_append_slots(c, (size_t)(i + 3) % n_layer, d_slots, kin, vin, n_tok,
+                                                E8KV_DTYPE_BF16);
+        const double t1 = now_us();
+        if (e8kv_is_error(a)) {
+            printf("append: %s\n", e8kv_error_name(a));
+            exit(1);
+        }
+        if (i >= 0) ta[i] = (float)(t1 - t0);
+    }
+    const double api_us = time_median(ta, n_api);
+    /* (b) the kernels alone: random ±1 signs (the timing does not depend on which) */
+    float hs[128], *d_signs;
+    for (size_t i = 0; i < d; i++) {
+        r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+        hs[i] = r >> 63 ? -1.0f : 1.0f;
+    }
+    unsigned *d_flags;
+    CU(cudaMalloc((void **)&d_signs, d * sizeof(float)));
+    CU(cudaMemcpy(d_signs, hs, d * sizeof(float), cudaMemcpyHostToDevice));
+    CU(cudaMalloc((void **)&d_flags, sizeof(unsigned)));
+    CU(cudaMemset(d_flags, 0, sizeof(unsigned)));
+    const int fmt = !strcmp(spec, "e8box:4") ? FMT_BOX4 : !strcmp(spec, "e8p:2") ? FMT_E8P2 : FMT_BF16;
+    stream_desc *sd = (stream_desc *)malloc(2 * n_layer * sizeof(stream_desc));
+    for (size_t l = 0; l < n_layer; l++)
+        for (int s = 0; s < 2; s++) {
+            void *pool;
+            const size_t pb = e8kv_cuda_cache_pages(c, l, s, &pool);
+            sd[2 * l + s].pool = (uint8_t *)pool, sd[2 * l + s].page_bytes = pb;
+            sd[2 * l + s].head_bytes = pb / sh->n_kv, sd[2 * l + s].fmt = fmt;
+        }
+    const float rot = 1.0f / sqrtf((float)d);
+    cudaStream_t st;
+    CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaEvent_t ev[2 * (N_KER + 3)];
+    for (int i = 0; i < 2 * (N_KER + 3); i++)
+        CU(cudaEventCreate(&ev[i]));
+    float tk[N_KER];
+    double ker_us;
+    if (n_tok == 8) { /* a decode step: 32 layers × (K, V) in one graph */
+        cudaGraph_t g;
+        cudaGraphExec_t ge;
+        CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        for (size_t l = 0; l < n_layer; l++)
+            for (int s = 0; s < 2; s++)
+                if (e8kv_cu_launch_append(&sd[2 * l + s], d_slots, s ? (void *)vin : (void *)kin, n_tok, sh->n_kv,
+                                          d, bs, E8KV_DTYPE_BF16, d_signs, rot, d_flags, st))
+                    printf("launch failed\n"), exit(1);
+        CU(cudaStreamEndCapture(st, &g));
+        CU(cudaGraphInstantiate(&ge, g, 0));
+        for (int i = 0; i < N_KER + 3; i++) {
+            CU(cudaEventRecord(ev[2 * i], st));
+            CU(cudaGraphLaunch(ge, st));
+            CU(cudaEventRecord(ev[2 * i + 1], st));
+        }
+        CU(cudaStreamSynchronize(st));
+        for (int i = 0; i < N_KER; i++)
+            CU(cudaEventElapsedTime(&tk[i], ev[2 * (i + 3)], ev[2 * (i + 3) + 1]));
+        ker_us = time_median(tk, N_KER) * 1e3;
+        CU(cudaGraphExecDestroy(ge));
+        CU(cudaGraphDestroy(g));
+    } else {
+        for (int i = 0; i < N_KER + 3; i++) {
+            CU(cudaEventRecord(ev[2 * i], st));
+            for (int s = 0; s < 2; s++)
+                if (e8kv_cu_launch_append(&sd[s], d_slots, s ? (void *)vin : (void *)kin, n_tok, sh->n_kv, d, bs,
+                                          E8KV_DTYPE_BF16, d_signs, rot, d_flags, st))
+                    printf("launch failed\n"), exit(1);
+            CU(cudaEventRecord(ev[2 * i + 1], st));
+        }
+        CU(cudaStreamSynchronize(st));
+        for (int i = 0; i < N_KER; i++)
+            CU(cudaEventElapsedTime(&tk[i], ev[2 * (i + 3)], ev[2 * (i + 3) + 1]));
+        ker_us = time_median(tk, N_KER) * 1e3;
+    }
+    CU(cudaGetLastError());
+    unsigned flags;
+    CU(cudaMemcpy(&flags, d_flags, sizeof flags, cudaMemcpyDeviceToHost));
+    if (flags) printf("encode flags %u\n", flags);
+    if (n_tok == 8)
+        printf("encode %-9s %-8s decode step 8 x 1 token x %zu layers: %7.1f us per append_slots call (one "
+               "layer, host-synced); kernels alone %6.1f us per step (%5.2f us per layer)\n",
+               sh->name, spec, n_layer, api_us, ker_us, ker_us / (double)n_layer);
+    else
+        printf("encode %-9s %-8s %6zu tokens: %8.1f us per append_slots call (%6.1f GB/s, host-synced); kernels "
+               "alone %8.1f us (%6.1f GB/s, %4.1f%% of copy)\n",
+               sh->name, spec, n_tok, api_us, in_bytes / (api_us * 1e-6) / 1e9, ker_us,
+               in_bytes / (ker_us * 1e-6) / 1e9, 100.0 * in_bytes / (ker_us * 1e-6) / 1e9 / copy_gbps);
+    if (g_json)
+        fprintf(g_json,
+                "{\"bench\":\"e8kv_cuda_encode\",\"device\":\"%s\",\"shape\":\"%s\",\"format\":\"%s\",\"n_tok\":%zu,"
+                "\"n_layer\":%zu,\"api_us\":%.2f,\"kernel_us\":%.2f,\"input_bytes\":%.0f,\"copy_gbps\":%.1f}\n",
+                g_dev, sh->name, spec, n_tok, n_layer, api_us, ker_us, in_bytes, copy_gbps);
+    for (int i = 0; i < 2 * (N_KER + 3); i++)
+        CU(cudaEventDestroy(ev[i]));
+    CU(cudaStreamDestroy(st));
+    free(sd), free(ta), free(slots), free(perm);
+    CU(cudaFree(d_slots));
+    CU(cudaFree(kin));
+    CU(cudaFree(vin));
+    CU(cudaFree(d_signs));
+    CU(cudaFree(d_flags));
+    e8kv_cuda_cache_free(c);
+}
+
 int main(int argc, char **argv) {
-    int quick = 0;
+    int quick = 0, encode = 0;
     const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc)
@@ -240,6 +406,8 @@ int main(int argc, char **argv) {
             only = argv[++i];
         else if (!strcmp(argv[i], "--block") && i + 1 < argc)
             g_bs = (size_t)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--encode"))
+            encode = 1;
     }
     if (!e8kv_cuda_available()) {
         printf("bench_cuda: no CUDA device\n");
@@ -255,6 +423,15 @@ int main(int argc, char **argv) {
     const shape shapes[] = {{"llama3-8b", 8, 4, 128, 32}, {"smollm2", 3, 3, 64, 30}};
     const size_t batches[] = {1, 8, 32}, ctxs[] = {4096, 32768, 131072};
     const char *specs[] = {"e8box:4", "bf16", "e8p:2"};
+    if (encode) {
+        for (int sh = 0; sh < 2; sh++)
+            for (int f = 0; f < 3; f++) {
+                run_encode(&shapes[sh], specs[f], 65536, 1, copy);
+                run_encode(&shapes[sh], specs[f], 8, 32, copy);
+            }
+        if (g_json) fclose(g_json);
+        return 0;
+    }
     for (int s = 0; s < 2; s++)
         for (int b = 0; b < 3; b++)
             for (int x = 0; x < 3; x++)

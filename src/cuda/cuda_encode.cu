@@ -1,12 +1,14 @@
 /* Append kernels: token rows (f32/f16/bf16) → page bytes.
  *
- * e8box:4 reproduces the CPU codec bit for bit (src/transform/fwht.c, src/quant/e8_box.c): the same
- * random signs, the same butterflies in the same stage order with every output one IEEE add or subtract
- * (__fadd_rn/__fsub_rn: no contraction), the same 1/sqrtf(n) multiply, then the same fixed-point
+ * e8box:4 and e8p:2 reproduce the CPU codecs bit for bit (src/transform/fwht.c, src/quant/e8_box.c,
+ * src/quant/e8_p.c): the same random signs, the same butterflies in the same stage order with every output
+ * one IEEE add or subtract (no contraction), the same 1/sqrtf(n) multiply, then the same fixed-point
  * quantizer (one correctly rounded multiply, everything after it integer arithmetic) and the same choice
  * among the step candidates (double arithmetic, strict < so the first best wins). A group of d/8 lanes
  * codes one vector, lane b holding block b (values 8b..8b+7); the butterflies of stride ≥ 8 go between
- * lanes. Raw formats convert with round-to-nearest-even. */
+ * lanes. The step search, which is most of the work, computes each candidate's distance from a few sums
+ * per block (e8box:4: box_block; e8p:2: e8p_search) and the code of the chosen candidate only once.
+ * Raw formats convert with round-to-nearest-even. */
 #include "cuda_internal.cuh"
 
 #include <cuda_bf16.h>
@@ -15,7 +17,6 @@
 #define FX_BITS 13
 #define FX_ONE (1 << FX_BITS)
 #define FX_HALF (1 << (FX_BITS - 1))
-#define FX_LIMIT 16777216.0f
 #define STEP_ZERO 160
 
 __constant__ float c_ratio[4] = {7.5f, 8.0f, 8.5f, 9.0f};
@@ -23,16 +24,6 @@ __constant__ float c_ratio[4] = {7.5f, 8.0f, 8.5f, 9.0f};
 /* δ(e) = ldexp(frac[e & 7], (e >> 3) − 20), exact */
 __device__ __forceinline__ float box_step(unsigned e) {
     return __fmul_rn(c_box_frac[e & 7u], __int_as_float(((int)(e >> 3) - 20 + 127) << 23));
-}
-
-__device__ __forceinline__ int32_t fx_round(float v) {
-    if (!(v < FX_LIMIT)) v = FX_LIMIT;
-    if (v < -FX_LIMIT) v = -FX_LIMIT;
-    return __float2int_rn(v);
-}
-
-__device__ __forceinline__ int32_t floor_div(int32_t a, int32_t b) {
-    return a >= 0 ? a / b : -((-a + b - 1) / b);
 }
 
 /* nearest_coset of e8_box.c, the same result with 32-bit work: floor division by 2^13 is an arithmetic
@@ -68,81 +59,85 @@ __device__ __forceinline__ int64_t nearest_coset(int32_t p2[8], const int32_t X[
     return dist + (int64_t)best_key * (4 * FX_HALF);
 }
 
-/* ---- e8p:2 (src/quant/e8_p.c): the same rotation, then per vector the rms in double summed in the CPU's
- * order, four step candidates, and per block the exact sorted search over 9 orbits x 2 shifts ---- */
-__constant__ uint8_t c_orbit[9][8] = {
-    {0, 0, 0, 0, 0, 0, 0, 0}, {1, 0, 0, 0, 0, 0, 0, 0}, {1, 1, 0, 0, 0, 0, 0, 0},
-    {2, 0, 0, 0, 0, 0, 0, 0}, {1, 1, 1, 0, 0, 0, 0, 0}, {2, 1, 0, 0, 0, 0, 0, 0},
-    {1, 1, 1, 1, 0, 0, 0, 0}, {2, 2, 0, 0, 0, 0, 0, 0}, {1, 1, 1, 1, 1, 1, 1, 1},
-};
+/* ---- e8p:2 (src/quant/e8_p.c): the block search of e8kv_e8p_nearest_ref without its per-orbit ranks ----
+ * Within one shift, orbit o (c sorted decreasing: n2 twos, n1 ones) on |Y| sorted decreasing has
+ * Σ (2c_j + 1)·|Y|_(j) = P8 + 2·P(n1 + n2) + 2·P(n2), P(j) the sum of the j largest |Y|: a sorting network
+ * (19 compare-exchanges, values only: equal |Y| give equal sums) and prefix sums replace the per-orbit
+ * products; the first (shift, orbit) with the least yy + H·(Σ(2c+1)²·H − 2·dot) wins, as there, and only
+ * then are the ranks (with the CPU's tie order: equal |Y| by index) computed, once. Checked against
+ * e8kv_e8p_nearest_ref over 5·10^6 random blocks (distance) and by tests/test_cuda.cu (codes). */
 __constant__ float c_p_ratio[4] = {0.85f, 0.95f, 1.05f, 1.15f};
 __constant__ uint16_t c_p_pat[256]; /* set once by the host (e8p_patterns) */
 
-/* W -> its index among the sorted patterns (W is one of them) */
-__device__ __forceinline__ unsigned e8p_index(unsigned w) {
-    unsigned lo = 0;
-#pragma unroll
-    for (unsigned step = 128; step; step >>= 1)
-        if (c_p_pat[lo + step - 1] < w) lo += step;
-    return lo;
+/* orbit o: n2 twos then n1 ones (c sorted decreasing) */
+__device__ __forceinline__ int e8p_n2(int o) {
+    return o == 3 || o == 5 ? 1 : o == 7 ? 2 : 0;
+}
+__device__ __forceinline__ int e8p_n1(int o) {
+    return o == 1 || o == 5 ? 1 : o == 2 ? 2 : o == 4 ? 3 : o == 6 ? 4 : o == 8 ? 8 : 0;
 }
 
-/* e8kv_e8p_nearest_ref: the block's code and squared distance in fixed-point units */
-__device__ int64_t e8p_nearest(unsigned *code, const float x[8], float k) {
-    int32_t X[8];
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        X[i] = fx_round(__fmul_rn(x[i], k));
+__device__ __forceinline__ void cmp_swap(int32_t &a, int32_t &b) {
+    const int32_t hi = a > b ? a : b, lo = a > b ? b : a;
+    a = hi, b = lo;
+}
+
+/* The least distance over the 18 (shift, orbit) pairs of a block X (fixed point) and the first pair that
+ * has it: *sb_o = 16·shift + orbit. */
+__device__ __forceinline__ int64_t e8p_search(const int32_t X[8], int *sb_o) {
     const int32_t H = FX_HALF;
     int64_t best = INT64_MAX;
-    int best_sb = 0, best_o = 0;
+#pragma unroll
     for (int sb = 0; sb < 2; sb++) {
-        int32_t ay[8];
+        int32_t a[8];
         unsigned neg = 0;
         int64_t yy = 0;
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const int32_t Y = X[i] - (sb ? H / 2 : -H / 2);
-            ay[i] = Y < 0 ? -Y : Y;
+            a[i] = Y < 0 ? -Y : Y;
             neg += Y < 0;
             yy += (int64_t)Y * Y;
         }
-        int64_t ys[8];
+        cmp_swap(a[0], a[2]), cmp_swap(a[1], a[3]), cmp_swap(a[4], a[6]), cmp_swap(a[5], a[7]);
+        cmp_swap(a[0], a[4]), cmp_swap(a[1], a[5]), cmp_swap(a[2], a[6]), cmp_swap(a[3], a[7]);
+        cmp_swap(a[0], a[1]), cmp_swap(a[2], a[3]), cmp_swap(a[4], a[5]), cmp_swap(a[6], a[7]);
+        cmp_swap(a[2], a[4]), cmp_swap(a[3], a[5]);
+        cmp_swap(a[1], a[4]), cmp_swap(a[3], a[6]);
+        cmp_swap(a[1], a[2]), cmp_swap(a[3], a[4]), cmp_swap(a[5], a[6]);
+        int32_t P[9];
+        P[0] = 0;
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            int r = 0;
+        for (int j = 0; j < 8; j++)
+            P[j + 1] = P[j] + a[j];
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-                r += (ay[j] > ay[i]) | ((ay[j] == ay[i]) & (j < i));
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                if (j == r) ys[j] = ay[i];
-        }
-        for (int o = 0; o < 9; o++) {
-            int64_t dot = 0, aa = 0;
-            unsigned cs = 0;
-#pragma unroll
-            for (int j = 0; j < 8; j++) {
-                const int64_t m = 2 * c_orbit[o][j] + 1;
-                dot += m * ys[j];
-                aa += m * m;
-                cs += c_orbit[o][j];
-            }
-            if ((cs ^ neg) & 1u) dot -= 2 * (2 * c_orbit[o][7] + 1) * ys[7];
-            const int64_t dist = yy + aa * H * H - 2 * H * dot;
-            if (dist < best) best = dist, best_sb = sb, best_o = o;
+        for (int o = 0; o < 9; o++) { /* |dot| < 5·8·2^18, Σ(2c+1)²·H < 2^19: 32-bit */
+            const int n2 = e8p_n2(o), n1 = e8p_n1(o);
+            int32_t dot = P[8] + 2 * P[n1 + n2] + 2 * P[n2];
+            /* the wrong sign parity: the smallest |Y| changes sign */
+            if (((unsigned)(2 * n2 + n1) ^ neg) & 1u) dot -= 2 * (o == 8 ? 3 : 1) * a[7];
+            const int64_t d = yy + (int64_t)H * (((8 - n1 - n2) + 9 * n1 + 25 * n2) * H - 2 * dot);
+            if (d < best) best = d, *sb_o = 16 * sb + o;
         }
     }
+    return best;
+}
+
+/* The 16-bit code of the pair sb_o (e8p_search) for X: the orbit's c on the ranks of |Y| (equal |Y| by
+ * index), the signs of Y with the smallest |Y|'s flipped on the wrong parity, the pattern's index by binary
+ * search over pat (the 256 sorted W). */
+__device__ __forceinline__ unsigned e8p_code(const int32_t X[8], int sb_o, const uint16_t *pat) {
+    const int32_t H = FX_HALF;
+    const int sb = sb_o >> 4, o = sb_o & 15, n2 = e8p_n2(o), n1 = e8p_n1(o);
     int32_t Y[8], ay[8];
-    unsigned neg = 0, cs = 0;
+    unsigned neg = 0;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        Y[i] = X[i] - (best_sb ? H / 2 : -H / 2);
+        Y[i] = X[i] - (sb ? H / 2 : -H / 2);
         ay[i] = Y[i] < 0 ? -Y[i] : Y[i];
         neg += Y[i] < 0;
-        cs += c_orbit[best_o][i];
     }
-    const int flip = (cs ^ neg) & 1u;
+    const unsigned flip = ((unsigned)(2 * n2 + n1) ^ neg) & 1u;
     unsigned w = 0, sgn = 0;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
@@ -150,31 +145,27 @@ __device__ int64_t e8p_nearest(unsigned *code, const float x[8], float k) {
 #pragma unroll
         for (int j = 0; j < 8; j++)
             r += (ay[j] > ay[i]) | ((ay[j] == ay[i]) & (j < i));
-        w |= (unsigned)c_orbit[best_o][r] << (2 * i);
+        w |= (unsigned)(r < n2 ? 2 : r < n2 + n1 ? 1 : 0) << (2 * i);
         sgn |= (unsigned)((Y[i] < 0) ^ (flip && r == 7)) << i;
     }
-    *code = e8p_index(w) | (sgn & 127u) << 8 | (unsigned)best_sb << 15;
-    return best;
+    unsigned lo = 0;
+#pragma unroll
+    for (unsigned step = 128; step; step >>= 1)
+        if (pat[lo + step - 1] < w) lo += step;
+    return lo | (sgn & 127u) << 8 | (unsigned)sb << 15;
 }
 
-/* LANES = d / 8 lanes per vector; 128 threads per block; P: e8p:2 instead of e8box:4 */
-template <int D, bool P>
-__global__ void __launch_bounds__(128)
-    append_box_kernel(stream_desc sd, const int64_t *__restrict__ slots, const void *__restrict__ src,
-                      size_t n_tok, size_t n_head_kv, size_t block_size, int dtype,
-                      const float *__restrict__ signs, float rot_scale, unsigned *flags, int vec16) {
-    constexpr int LANES = D / 8, N_COS = (D + 63) / 64;
-    const int lane = threadIdx.x & 31, b = lane % LANES;
-    const unsigned gmask = (LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1u)) << (lane / LANES * LANES);
-    const size_t vi = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / LANES;
-    const size_t n_vec = n_tok * n_head_kv;
-    const bool live = vi < n_vec;
-    const size_t tok = live ? vi / n_head_kv : 0, head = live ? vi % n_head_kv : 0;
-    const int64_t slot = live ? slots[tok] : -1;
-
-    float x[8];
-    bool finite = true;
-    if (live && vec16) { /* the lane's 8 values in one or two 16-byte loads */
+/* ---- the front of both kernels: a group of LANES = d/8 lanes per vector, lane b holding values 8b..8b+7 ----
+ * Loads the lane's 8 values (one or two 16-byte loads when the rows are aligned), multiplies by the random
+ * signs and runs the butterflies: strides 1, 2, 4 inside the lane, then 8 .. d/2 between lanes, where the
+ * lower lane of a pair computes a + b and the upper one a − b as fma(b, −1, a): one rounding of an exact
+ * value, the CPU's subtraction. Then the 1/sqrtf(d) multiply. Returns whether the 8 inputs are finite. */
+template <int D>
+__device__ __forceinline__ bool load_rotated(float x[8], const void *__restrict__ src, size_t vi, int b, bool live,
+                                             int dtype, int vec16, const float *__restrict__ signs,
+                                             float rot_scale) {
+    constexpr int LANES = D / 8;
+    if (live && vec16) {
         const size_t at = vi * D + 8 * b;
         if (dtype == E8KV_DTYPE_F32) {
             const float4 u0 = ((const float4 *)src)[at / 4], u1 = ((const float4 *)src)[at / 4 + 1];
@@ -195,12 +186,14 @@ __global__ void __launch_bounds__(128)
         for (int i = 0; i < 8; i++)
             x[i] = live ? e8kv_cuda_load_val(src, vi * D + 8 * b + i, dtype) : 0.0f;
     }
+    const float4 s0 = ((const float4 *)signs)[2 * b], s1 = ((const float4 *)signs)[2 * b + 1];
+    const float s[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+    bool finite = true;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         finite = finite && isfinite(x[i]);
-        x[i] = __fmul_rn(x[i], signs[8 * b + i]);
+        x[i] = __fmul_rn(x[i], s[i]);
     }
-    /* butterflies: strides 1, 2, 4 inside the lane, then 8 .. D/2 between lanes */
 #pragma unroll
     for (int h = 1; h < 8; h *= 2)
 #pragma unroll
@@ -212,84 +205,206 @@ __global__ void __launch_bounds__(128)
             }
 #pragma unroll
     for (int l = 1; l < LANES; l *= 2) {
-        const bool upper = b & l;
+        const float sg = b & l ? -1.0f : 1.0f;
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const float p = __shfl_xor_sync(0xffffffffu, x[i], l);
-            x[i] = upper ? __fsub_rn(p, x[i]) : __fadd_rn(x[i], p);
-        }
+        for (int i = 0; i < 8; i++)
+            x[i] = __fmaf_rn(x[i], sg, __shfl_xor_sync(0xffffffffu, x[i], l));
     }
-    float amax = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 8; i++)
         x[i] = __fmul_rn(x[i], rot_scale);
-        const float a = fabsf(x[i]);
-        amax = a > amax ? a : amax;
-    }
+    return finite;
+}
+
+/* ---- e8box:4's step search without the per-coordinate search of nearest_coset ----
+ * For a candidate step, the CPU sums over the blocks min(d_0, d_1), d_k = nearest_coset's squared distance
+ * for coset k. Both come from five sums over the block's 8 values, in 32-bit integers:
+ *
+ * X = round(v), v = x·k, is read off the float v + 1.5·2^23 (|v| < 2^22: the sum rounds v half to even,
+ * the CPU's __float2int_rn, and X sits in its low bits). In the interior, X ∈ [−61440, 57344] (p2 = X/4096
+ * ∈ [−15, 14]), the D8 coordinate is 2·m, m = round(X/8192) (ties up), with error ρ = the low 13 bits of X
+ * sign-extended, and the D8 + ½ coordinate is the odd neighbour on ρ's side with error ∓(4096 − |ρ|);
+ * no coordinate is clamped and each coset's cheapest parity change is the move toward X: its cost is
+ * 2^14·(4096 − |e|) (nearest_coset's key), so d_0 = Σρ² + [Σm odd]·2^14·(4096 − max|ρ|) and
+ * d_1 = Σ(4096 − |ρ|)² + [Σ odd coordinates / 2 odd]·2^14·min|ρ|, the parities being bits 12 and 13 of
+ * X's xor over the block. Beyond the interior (a coordinate clamped at the box, or its move blocked) X is
+ * clamped to the interior's end and Δ = X − X_c added: above it, d_0 gains Δ², d_1 gains Δ² − 8192Δ,
+ * both keys +Δ; below it, d_0 gains Δ² − 8192|Δ| and d_1 Δ², both keys +|Δ|, and the D8 parity flips
+ * (X_c = −61440 is a tie that the clamped coordinate −16 breaks downward). Checked against nearest_coset
+ * over 2·10^7 random blocks with every coordinate in the box's reach. Interior values cost 7 operations
+ * per candidate, the others 19: the two largest |x| of each lane take the general form, the rest the
+ * interior one unless the third largest is beyond it too (then all 8 do).
+ * Every step candidate has |X| < 9.4·8192 (max|x|/δ ≤ ratio·2^(1/16)), so the sums fit: d_k < 2^32. */
+#define BOX_MAGIC 12582912.0f /* 1.5·2^23, whose bits are BOX_MAGIC_BITS */
+#define BOX_MAGIC_BITS 0x4B400000
+#define BOX_TOP 57344  /* p2 = 14: the largest X of the interior */
+#define BOX_BOT -61440 /* p2 = −15: the smallest */
+
+typedef struct {
+    uint32_t s2, xr;        /* Σ ρ² + Δ², xor of the (clamped) X bits */
+    int32_t s1, sn, sp;     /* Σ |ρ|, Σ min(Δ, 0), Σ max(Δ, 0) */
+    int32_t mx, mn;         /* max(|ρ| − |Δ|), min(|ρ| + |Δ|) */
+} box_sums;
+
+__device__ __forceinline__ int32_t box_fixed(float x, float k) { /* the bits of v + 1.5·2^23 */
+    return __float_as_int(__fadd_rn(__fmul_rn(x, k), BOX_MAGIC));
+}
+
+__device__ __forceinline__ int32_t sext13(int32_t v) {
+    return (int32_t)((uint32_t)v << 19) >> 19;
+}
+
+__device__ __forceinline__ void box_interior(box_sums &s, float x, float k) {
+    const int32_t B = box_fixed(x, k), r = sext13(B), t = abs(r);
+    s.s2 += (uint32_t)(r * r);
+    s.s1 += t;
+    s.mx = max(s.mx, t);
+    s.mn = min(s.mn, t);
+    s.xr ^= (uint32_t)B;
+}
+
+__device__ __forceinline__ void box_general(box_sums &s, float x, float k) {
+    const int32_t B = box_fixed(x, k);
+    const int32_t Bc = min(max(B, BOX_MAGIC_BITS + BOX_BOT), BOX_MAGIC_BITS + BOX_TOP);
+    const int32_t dl = B - Bc, a = abs(dl), r = sext13(Bc), t = abs(r);
+    s.s2 += (uint32_t)(r * r) + (uint32_t)(a * a);
+    s.s1 += t;
+    s.sn += min(dl, 0);
+    s.sp += max(dl, 0);
+    s.mx = max(s.mx, t - a);
+    s.mn = min(s.mn, t + a);
+    s.xr ^= (uint32_t)Bc ^ (dl < 0 ? 4096u : 0u);
+}
+
+/* the block's distance min(d_0, d_1) and its coset (1 only when d_1 < d_0, as the CPU) */
+__device__ __forceinline__ uint32_t box_block(const float y[8], float third, float k, int *coset) {
+    box_sums s = {0u, 0u, 0, 0, 0, INT32_MIN, INT32_MAX};
+    if (__fmul_rn(third, k) > (float)BOX_TOP) {
 #pragma unroll
-    for (int l = 1; l < LANES; l *= 2) {
-        const float o = __shfl_xor_sync(0xffffffffu, amax, l);
-        amax = o > amax ? o : amax;
+        for (int i = 0; i < 6; i++)
+            box_general(s, y[i], k);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 6; i++)
+            box_interior(s, y[i], k);
     }
+    box_general(s, y[6], k);
+    box_general(s, y[7], k);
+    const uint32_t p0 = ((s.xr >> 13) ^ (s.xr >> 12)) & 1u, p1 = (s.xr >> 13) & 1u;
+    const uint32_t d0 = s.s2 + 8192u * (uint32_t)s.sn + (p0 ? 16384u * (uint32_t)(4096 - s.mx) : 0u);
+    const uint32_t d1 =
+        8u * 16777216u + s.s2 - 8192u * (uint32_t)(s.s1 + s.sp) + (p1 ? 16384u * (uint32_t)s.mn : 0u);
+    *coset = d1 < d0;
+    return d1 < d0 ? d1 : d0;
+}
+
+/* 8192/frac[j], correctly rounded (set once by the host): k = 8192/δ(e) = c_box_kfrac[e & 7]·2^(20 − (e >> 3))
+ * exactly, the quotient being a normal float */
+__constant__ float c_box_kfrac[8];
+/* 160 − 8·log2(ratio_r): the float estimate of the step targets */
+__constant__ float c_box_off[4];
+
+/* The grid steps of the four step targets w_r (the CPU computes them in double): from float estimates wf_r
+ * within 2e-4 of them, unless one lies within 1e-3 of a rounding boundary (a half integer, 255.5 among
+ * them): then false, and the caller computes them in double as the CPU does (step_of). ok: w < 255.5. */
+__device__ __forceinline__ bool steps_of_estimates(unsigned e[4], bool ok[4], const float wf[4]) {
+    bool near = false;
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        near = near || fabsf(__fsub_rn(__fsub_rn(wf[r], floorf(wf[r])), 0.5f)) < 1e-3f;
+        ok[r] = wf[r] < 255.5f;
+        e[r] = ok[r] ? (unsigned)max(1, __float2int_rn(wf[r])) : 1u;
+    }
+    return !near;
+}
+__device__ __forceinline__ void step_of(unsigned *e, bool *ok, double want) {
+    *ok = want < 255.5;
+    *e = *ok ? (want < 1.0 ? 1u : (unsigned)llround(want)) : 1u;
+}
+
+/* k = 8192/δ(e) as the CPU's (float)8192 / δ: c_box_kfrac[e & 7]·2^(20 − (e >> 3)), exact */
+__device__ __forceinline__ float step_scale(unsigned e) {
+    return __fmul_rn(c_box_kfrac[e & 7u], __int_as_float((127 + 20 - (int)(e >> 3)) << 23));
+}
+
+/* The CPU's choice among the four candidates from the group's per-lane distances: the least error
+ * Σdist·δ², the first candidate on equal errors (a repeated step repeats its predecessor's error and is
+ * never chosen, as the CPU skips it); candidates with !ok never. The group sums the four at once: after the
+ * exchanges over lane bits 0 and 1, lane b holds candidate c = 2·bit0 + bit1's partial sum, then the plain
+ * butterfly; two more exchanges compare the candidates. Every lane of the group gets the same c. */
+template <int LANES>
+__device__ __forceinline__ int pick_step(const uint64_t dist[4], const unsigned e[4], const bool ok[4], int b,
+                                         unsigned gmask) {
+    const int q1 = b & 1, q2 = (b >> 1) & 1;
+    uint64_t k0 = q1 ? dist[2] : dist[0], k1 = q1 ? dist[3] : dist[1];
+    k0 += __shfl_xor_sync(gmask, q1 ? dist[0] : dist[2], 1);
+    k1 += __shfl_xor_sync(gmask, q1 ? dist[1] : dist[3], 1);
+    uint64_t tot = q2 ? k1 : k0;
+    tot += __shfl_xor_sync(gmask, q2 ? k0 : k1, 2);
+#pragma unroll
+    for (int l = 4; l < LANES; l *= 2)
+        tot += __shfl_xor_sync(gmask, tot, l);
+    int c = 2 * q1 + q2;
+    const unsigned ec = c == 0 ? e[0] : c == 1 ? e[1] : c == 2 ? e[2] : e[3];
+    const bool okc = c == 0 ? ok[0] : c == 1 ? ok[1] : c == 2 ? ok[2] : ok[3];
+    const float dc = box_step(ec);
+    double err = okc ? __dmul_rn((double)tot, __dmul_rn((double)dc, (double)dc)) : INFINITY;
+#pragma unroll
+    for (int l = 2; l >= 1; l /= 2) {
+        const double oe = __shfl_xor_sync(gmask, err, l);
+        const int oc = __shfl_xor_sync(gmask, c, l);
+        if (oe < err || (oe == err && oc < c)) err = oe, c = oc;
+    }
+    return c;
+}
+
+/* e8box:4: LANES = d/8 lanes per vector, 128 threads per block */
+template <int D>
+__global__ void __launch_bounds__(128)
+    append_box4_kernel(stream_desc sd, const int64_t *__restrict__ slots, const void *__restrict__ src,
+                       size_t n_tok, size_t n_head_kv, size_t block_size, int dtype,
+                       const float *__restrict__ signs, float rot_scale, unsigned *flags, int vec16) {
+    constexpr int LANES = D / 8, N_COS = (D + 63) / 64;
+    const int lane = threadIdx.x & 31, b = lane % LANES;
+    const unsigned gmask = (LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1u)) << (lane / LANES * LANES);
+    const unsigned vi = (blockIdx.x * 128u + threadIdx.x) / LANES, n_kv = (unsigned)n_head_kv; /* < 2^31 */
+    const bool live = vi < n_tok * n_head_kv;
+    const size_t head = live ? vi % n_kv : 0;
+    const int64_t slot = live ? slots[vi / n_kv] : -1;
+
+    float x[8];
+    const bool finite = load_rotated<D>(x, src, vi, b, live, dtype, vec16, signs, rot_scale);
+    float lmax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        lmax = fmaxf(lmax, fabsf(x[i]));
+    float amax = lmax;
+#pragma unroll
+    for (int l = 1; l < LANES; l *= 2)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, l));
     const bool all_finite = (__ballot_sync(0xffffffffu, finite) & gmask) == gmask;
     if (!live || slot < 0) return; /* whole groups leave together: every later shuffle is group-local */
     if (!all_finite) {
         if (b == 0) atomicOr(flags, FLAG_NONFINITE);
         return;
     }
-    if constexpr (P) {
-        const int base = lane / LANES * LANES;
-        double ss = 0.0; /* Σ x_i² in the CPU's order: every product exact, each sum rounded */
-        for (int l = 0; l < LANES; l++)
+    /* the four step targets 8·log2(max/ratio_r) + 160 and their grid steps */
+    unsigned e[4];
+    bool ok[4];
+    if (amax != 0.0f) {
+        const float lg = __fmul_rn(8.0f, log2f(amax));
+        float wf[4];
 #pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const double v = (double)__shfl_sync(gmask, x[i], base + l);
-                ss = __dadd_rn(ss, __dmul_rn(v, v));
-            }
-        const double rms = __dsqrt_rn(__ddiv_rn(ss, (double)D));
-        if (!(__dadd_rn(__dmul_rn(8.0, log2(__dmul_rn(rms, (double)c_p_ratio[0]))), (double)STEP_ZERO) <
-              255.5)) {
+        for (int r = 0; r < 4; r++)
+            wf[r] = __fadd_rn(lg, c_box_off[r]);
+        if (!steps_of_estimates(e, ok, wf))
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                step_of(&e[r], &ok[r], 8.0 * log2((double)amax / (double)c_ratio[r]) + STEP_ZERO);
+        if (!ok[3]) {
             if (b == 0) atomicOr(flags, FLAG_RANGE);
             return;
         }
-        uint8_t *const area =
-            sd.pool + (size_t)(slot / (int64_t)block_size) * sd.page_bytes + head * sd.head_bytes;
-        const size_t off = (size_t)(slot % (int64_t)block_size);
-        unsigned best_code = 0, best_e = 0;
-        if (rms != 0.0) {
-            double best_err = INFINITY;
-            unsigned prev_e = 0;
-            for (int r = 0; r < 4; r++) {
-                const double want =
-                    __dadd_rn(__dmul_rn(8.0, log2(__dmul_rn(rms, (double)c_p_ratio[r]))), (double)STEP_ZERO);
-                if (!(want < 255.5)) continue;
-                const unsigned e = want < 1.0 ? 1u : (unsigned)llround(want);
-                if (e == prev_e) continue;
-                prev_e = e;
-                const float delta = box_step(e), k = __fdiv_rn((float)FX_ONE, delta);
-                unsigned code;
-                int64_t dist = e8p_nearest(&code, x, k);
-#pragma unroll
-                for (int l = 1; l < LANES; l *= 2)
-                    dist += __shfl_xor_sync(gmask, dist, l);
-                const double err = __dmul_rn((double)dist, __dmul_rn((double)delta, (double)delta));
-                if (err < best_err) best_err = err, best_e = e, best_code = code;
-            }
-        }
-        *(uint16_t *)(area + off * (D / 4) + 2 * b) = (uint16_t)best_code;
-        if (b == 0) area[block_size * (D / 4) + off] = (uint8_t)best_e;
-        return;
-    }
-    /* the four step targets 8·log2(max/ratio) + 160 (double, as the CPU): lane r of the group computes ratio
-     * r's and the group shares them (one log2 per lane instead of five) */
-    const double want_own = 8.0 * log2((double)amax / (double)c_ratio[b & 3]) + STEP_ZERO;
-    double wants[4];
-#pragma unroll
-    for (int r = 0; r < 4; r++)
-        wants[r] = __shfl_sync(gmask, want_own, (lane / LANES) * LANES + r);
-    if (!(wants[3] < 255.5)) {
-        if (b == 0) atomicOr(flags, FLAG_RANGE);
-        return;
     }
     uint8_t *const area =
         sd.pool + (size_t)(slot / (int64_t)block_size) * sd.page_bytes + head * sd.head_bytes;
@@ -302,38 +417,45 @@ __global__ void __launch_bounds__(128)
     int best_k = 0;
     unsigned best_e = 0;
     if (amax != 0.0f) {
-        double best_err = INFINITY;
-        unsigned prev_e = 0;
+        /* the search works on a copy with the lane's two largest |x| last: the sums do not depend on the
+         * order */
+        float y[8];
 #pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const double want = wants[r];
-            if (!(want < 255.5)) continue;
-            const unsigned e = want < 1.0 ? 1u : (unsigned)llround(want);
-            if (e == prev_e) continue;
-            prev_e = e;
-            const float delta = box_step(e), k = __fdiv_rn((float)FX_ONE, delta);
-            int32_t X[8], a[8], c[8];
+        for (int i = 0; i < 8; i++)
+            y[i] = x[i];
 #pragma unroll
-            for (int i = 0; i < 8; i++)
-                X[i] = fx_round(__fmul_rn(x[i], k));
-            const int64_t da = nearest_coset(a, X, 0), db = nearest_coset(c, X, 1);
-            int64_t dist = db < da ? db : da;
+        for (int p = 0; p < 2; p++)
 #pragma unroll
-            for (int l = 1; l < LANES; l *= 2)
-                dist += __shfl_xor_sync(gmask, dist, l);
-            const double err = __dmul_rn((double)dist, __dmul_rn((double)delta, (double)delta));
-            if (err < best_err) {
-                best_err = err;
-                best_e = e;
-                const int kk = db < da;
-                best_k = kk;
-                uint32_t w = 0;
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    w |= (uint32_t)(((kk ? c[i] : a[i]) + 16 - kk) / 2) << (4 * i);
-                best_nib = w;
+            for (int i = 0; i < 7 - p; i++) {
+                const float lo = y[i], hi = y[i + 1];
+                const bool sw = fabsf(lo) > fabsf(hi);
+                y[i] = sw ? hi : lo;
+                y[i + 1] = sw ? lo : hi;
             }
-        }
+        float third = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 6; i++)
+            third = fmaxf(third, fabsf(y[i]));
+        uint64_t dist[4];
+        int kk[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+            dist[r] = box_block(y, third, step_scale(e[r]), &kk[r]);
+        const int c = pick_step<LANES>(dist, e, ok, b, gmask);
+        best_e = c == 0 ? e[0] : c == 1 ? e[1] : c == 2 ? e[2] : e[3];
+        best_k = c == 0 ? kk[0] : c == 1 ? kk[1] : c == 2 ? kk[2] : kk[3];
+        /* the chosen candidate's code in the original order, with nearest_coset's tie rules */
+        const float k = step_scale(best_e);
+        int32_t X[8], p2[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            X[i] = box_fixed(x[i], k) - BOX_MAGIC_BITS; /* fx_round's value: |X| < 2^17 */
+        (void)nearest_coset(p2, X, best_k);
+        uint32_t w = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            w |= (uint32_t)(p2[i] + 16 - best_k) >> 1 << (4 * i);
+        best_nib = w;
     }
     /* block b: values 8b..8b+7 sit in bytes 16(b/4) + 8(b%2) + 0..7, high nibbles when b % 4 >= 2 */
     const uint32_t other = __shfl_down_sync(gmask, best_nib, 2);
@@ -351,6 +473,99 @@ __global__ void __launch_bounds__(128)
         for (int j = 0; j < N_COS; j++)
             cos[j] = (uint8_t)(kbits >> (8 * j));
     }
+}
+
+/* 160 + 8·log2(ratio_r) of e8p:2: the float estimate of its step targets */
+__constant__ float c_p_off[4];
+
+/* e8p:2: the same front; the rms in double summed in the CPU's order by one thread per vector (the block's
+ * vectors through shared memory: one warp's serial sums instead of every lane's); four step candidates */
+template <int D>
+__global__ void __launch_bounds__(128)
+    append_e8p_kernel(stream_desc sd, const int64_t *__restrict__ slots, const void *__restrict__ src,
+                      size_t n_tok, size_t n_head_kv, size_t block_size, int dtype,
+                      const float *__restrict__ signs, float rot_scale, unsigned *flags, int vec16) {
+    constexpr int LANES = D / 8, VPB = 128 / LANES;
+    __shared__ float xs[VPB][D + 1]; /* +1: the VPB summing threads read one column at a time */
+    __shared__ double rms_s[VPB];
+    __shared__ uint16_t pat_s[256]; /* the patterns, for the lanes' binary searches */
+    const int lane = threadIdx.x & 31, b = lane % LANES, vl = threadIdx.x / LANES;
+    const unsigned gmask = (LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1u)) << (lane / LANES * LANES);
+    const unsigned vi = (blockIdx.x * 128u + threadIdx.x) / LANES, n_kv = (unsigned)n_head_kv; /* < 2^31 */
+    const bool live = vi < n_tok * n_head_kv;
+    const size_t head = live ? vi % n_kv : 0;
+    const int64_t slot = live ? slots[vi / n_kv] : -1;
+
+    float x[8];
+    const bool finite = load_rotated<D>(x, src, vi, b, live, dtype, vec16, signs, rot_scale);
+    const bool all_finite = (__ballot_sync(0xffffffffu, finite) & gmask) == gmask;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        xs[vl][8 * b + i] = x[i];
+    pat_s[threadIdx.x] = c_p_pat[threadIdx.x];
+    pat_s[threadIdx.x + 128] = c_p_pat[threadIdx.x + 128];
+    __syncthreads();
+    if (threadIdx.x < VPB) { /* Σ x_i² in the CPU's order: every product exact, each sum rounded */
+        double ss = 0.0;
+        for (int i = 0; i < D; i++) {
+            const double v = (double)xs[threadIdx.x][i];
+            ss = __fma_rn(v, v, ss);
+        }
+        rms_s[threadIdx.x] = __dsqrt_rn(__ddiv_rn(ss, (double)D));
+    }
+    __syncthreads();
+    if (!live || slot < 0) return; /* whole groups leave together: every later shuffle is group-local */
+    if (!all_finite) {
+        if (b == 0) atomicOr(flags, FLAG_NONFINITE);
+        return;
+    }
+    const double rms = rms_s[vl];
+    unsigned e[4];
+    bool ok[4];
+    if (rms != 0.0) {
+        const float lg = __fmul_rn(8.0f, log2f((float)rms));
+        float wf[4];
+#pragma unroll
+        for (int r = 0; r < 4; r++)
+            wf[r] = __fadd_rn(lg, c_p_off[r]);
+        if (!steps_of_estimates(e, ok, wf))
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                step_of(&e[r], &ok[r],
+                        __dadd_rn(__dmul_rn(8.0, log2(__dmul_rn(rms, (double)c_p_ratio[r]))), (double)STEP_ZERO));
+        if (!ok[0]) { /* the smallest target above the grid */
+            if (b == 0) atomicOr(flags, FLAG_RANGE);
+            return;
+        }
+    }
+    uint8_t *const area =
+        sd.pool + (size_t)(slot / (int64_t)block_size) * sd.page_bytes + head * sd.head_bytes;
+    const size_t off = (size_t)(slot % (int64_t)block_size);
+    unsigned best_code = 0, best_e = 0;
+    if (rms != 0.0) {
+        /* |x|/δ < √d/0.81 for every candidate (|x| ≤ √d·rms, δ ≥ 0.85·rms·2^(−1/16)): |X| < 2^17 */
+        uint64_t dist[4];
+        int32_t X[8];
+        int sb_o;
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const float k = step_scale(e[r]);
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                X[i] = box_fixed(x[i], k) - BOX_MAGIC_BITS;
+            dist[r] = (uint64_t)e8p_search(X, &sb_o);
+        }
+        const int c = pick_step<LANES>(dist, e, ok, b, gmask);
+        best_e = c == 0 ? e[0] : c == 1 ? e[1] : c == 2 ? e[2] : e[3];
+        const float k = step_scale(best_e);
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            X[i] = box_fixed(x[i], k) - BOX_MAGIC_BITS;
+        (void)e8p_search(X, &sb_o);
+        best_code = e8p_code(X, sb_o, pat_s);
+    }
+    *(uint16_t *)(area + off * (D / 4) + 2 * b) = (uint16_t)best_code;
+    if (b == 0) area[block_size * (D / 4) + off] = (uint8_t)best_e;
 }
 
 __device__ __forceinline__ void to_raw(__half *y, float f) {
@@ -388,35 +603,60 @@ __global__ void __launch_bounds__(128)
     *(uint4 *)(area + ((size_t)(slot % (int64_t)block_size) * d + i0) * 2) = *(const uint4 *)v;
 }
 
+/* the constant tables the host computes once: e8p:2's patterns, e8box:4's 8192/frac and float targets */
+static size_t encode_tables(void) {
+    static int ready = 0;
+    if (ready) return 0;
+    uint16_t pat[256];
+    e8p_patterns(pat);
+    float frac[8], kfrac[8], ratio[4], off[4], p_ratio[4], p_off[4];
+    if (cudaMemcpyFromSymbol(frac, c_box_frac, sizeof frac) != cudaSuccess ||
+        cudaMemcpyFromSymbol(ratio, c_ratio, sizeof ratio) != cudaSuccess ||
+        cudaMemcpyFromSymbol(p_ratio, c_p_ratio, sizeof p_ratio) != cudaSuccess)
+        return E8KV_CU_ERR(CUDA);
+    for (int j = 0; j < 8; j++)
+        kfrac[j] = (float)FX_ONE / frac[j];
+    for (int r = 0; r < 4; r++) {
+        off[r] = (float)(STEP_ZERO - 8.0 * log2((double)ratio[r]));
+        p_off[r] = (float)(STEP_ZERO + 8.0 * log2((double)p_ratio[r]));
+    }
+    if (cudaMemcpyToSymbol(c_p_pat, pat, sizeof pat) != cudaSuccess ||
+        cudaMemcpyToSymbol(c_box_kfrac, kfrac, sizeof kfrac) != cudaSuccess ||
+        cudaMemcpyToSymbol(c_box_off, off, sizeof off) != cudaSuccess ||
+        cudaMemcpyToSymbol(c_p_off, p_off, sizeof p_off) != cudaSuccess)
+        return E8KV_CU_ERR(CUDA);
+    ready = 1;
+    return 0;
+}
+
 size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, const void *d_src, size_t n_tok,
                              size_t n_head_kv, size_t d, size_t block_size, int dtype, const float *d_signs,
                              float rot_scale, unsigned *d_flags, cudaStream_t stream) {
     if (n_tok == 0) return 0;
     if (sd->fmt == FMT_BOX4 || sd->fmt == FMT_E8P2) {
-        const size_t threads = n_tok * n_head_kv * (d / 8), blocks = (threads + 127) / 128;
-        const int vec16 = ((uintptr_t)d_src & 15) == 0; /* rows of d values keep every lane's 8 aligned */
-        if (sd->fmt == FMT_E8P2) {
-            static int ready = 0;
-            if (!ready) {
-                uint16_t pat[256];
-                e8p_patterns(pat);
-                if (cudaMemcpyToSymbol(c_p_pat, pat, sizeof pat) != cudaSuccess) return E8KV_CU_ERR(CUDA);
-                ready = 1;
-            }
-            if (d == 128)
-                append_box_kernel<128, true>
-                    <<<(unsigned)blocks, 128, 0, stream>>>(*sd, d_slots, d_src, n_tok, n_head_kv, block_size,
-                                                           dtype, d_signs, rot_scale, d_flags, vec16);
+        E8KV_CU_RETURN(encode_tables());
+        /* the kernels index vectors in 32 bits: pieces of fewer than 2^31 threads */
+        const size_t per = ((size_t)1 << 31) / (n_head_kv * (d / 8)),
+                     row = n_head_kv * d * (dtype == E8KV_DTYPE_F32 ? 4 : 2);
+        for (size_t t0 = 0; t0 < n_tok; t0 += per) {
+            const size_t n = n_tok - t0 < per ? n_tok - t0 : per;
+            const size_t blocks = (n * n_head_kv * (d / 8) + 127) / 128;
+            const int64_t *const sl = d_slots + t0;
+            const void *const x = (const uint8_t *)d_src + t0 * row;
+            const int vec16 = ((uintptr_t)x & 15) == 0; /* rows of d values keep every lane's 8 aligned */
+            if (sd->fmt == FMT_E8P2 && d == 128)
+                append_e8p_kernel<128><<<(unsigned)blocks, 128, 0, stream>>>(
+                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16);
+            else if (sd->fmt == FMT_E8P2)
+                append_e8p_kernel<64><<<(unsigned)blocks, 128, 0, stream>>>(
+                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16);
+            else if (d == 128)
+                append_box4_kernel<128><<<(unsigned)blocks, 128, 0, stream>>>(
+                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16);
             else
-                append_box_kernel<64, true>
-                    <<<(unsigned)blocks, 128, 0, stream>>>(*sd, d_slots, d_src, n_tok, n_head_kv, block_size,
-                                                           dtype, d_signs, rot_scale, d_flags, vec16);
-        } else if (d == 128)
-            append_box_kernel<128, false><<<(unsigned)blocks, 128, 0, stream>>>(
-                *sd, d_slots, d_src, n_tok, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16);
-        else
-            append_box_kernel<64, false><<<(unsigned)blocks, 128, 0, stream>>>(
-                *sd, d_slots, d_src, n_tok, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16);
+                append_box4_kernel<64><<<(unsigned)blocks, 128, 0, stream>>>(
+                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16);
+        }
     } else {
         const size_t threads = n_tok * n_head_kv * d / 8, blocks = (threads + 127) / 128;
         if (sd->fmt == FMT_F16)
