@@ -12,7 +12,8 @@
  * --encode: the append kernels instead: for each shape and format, (a) 65536-token appends (bf16 K + V rows
  * into scattered slots): µs per e8kv_cuda_append_slots call, host-synchronised as the API is (wall clock,
  * median of 10), and the two kernels alone (e8kv_cu_launch_append for K and V, queued, CUDA events, median
- * of 20), as GB/s of bf16 input; (b) a decode step, batch 8 × 1 token × 32 layers: µs per append_slots
+ * of 20), as GB/s of bf16 input, on the pseudo-Gaussian rows and again with test_cuda's outliers (one value
+ * in 640 ×12), which put more coordinates at the box's edge after the rotation; (b) a decode step, batch 8 × 1 token × 32 layers: µs per append_slots
  * call (one layer) and the 64 kernels of a step alone (a CUDA graph, median of 20 replays).
  *
  * Usage: bench_cuda [--json FILE] [--quick] [--only SHAPE/SPEC/BATCH/CTX,...] [--block N] [--encode]
@@ -54,6 +55,15 @@ __global__ void fill_bf16(__nv_bfloat16 *x, size_t n, uint64_t seed) {
             s += (float)(h >> 40) * (1.0f / 16777216.0f);
         }
         x[i] = __float2bfloat16_rn((s - 2.0f) * 1.7f);
+    }
+}
+
+/* one value in 640 (one vector in five at head_dim 128) ×12, as tests/test_cuda.cu's outliers */
+__global__ void add_outliers(__nv_bfloat16 *x, size_t n, uint64_t seed) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t h = (i + 7) * 0xD1B54A32D192ED03ull ^ seed;
+        h ^= h >> 29, h *= 0xbf58476d1ce4e5b9ull, h ^= h >> 32;
+        if (h % 640 == 0) x[i] = __float2bfloat16_rn(12.0f * __bfloat162float(x[i]));
     }
 }
 
@@ -245,7 +255,8 @@ static double now_us(void) {
 }
 
 /* Encode timings of one shape and format (see the header): n_tok tokens per call, n_layer layers. */
-static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n_layer, double copy_gbps) {
+static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n_layer, int outliers,
+                       double copy_gbps) {
     const size_t bs = g_bs, d = sh->d, row = sh->n_kv * d, pages = n_tok; /* one page per token at most */
     e8kv_cuda_cache_params p;
     memset(&p, 0, sizeof p);
@@ -282,6 +293,10 @@ static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n
     CU(cudaMalloc((void **)&vin, n_tok * row * 2));
     fill_bf16<<<1024, 256>>>(kin, n_tok * row, 11);
     fill_bf16<<<1024, 256>>>(vin, n_tok * row, 12);
+    if (outliers) {
+        add_outliers<<<1024, 256>>>(kin, n_tok * row, 13);
+        add_outliers<<<1024, 256>>>(vin, n_tok * row, 14);
+    }
     CU(cudaDeviceSynchronize());
     const double in_bytes = (double)n_tok * row * 2 * 2; /* bf16 K + V */
     /* (a) the API, host-synchronised */
@@ -373,15 +388,16 @@ static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n
                "layer, host-synced); kernels alone %6.1f us per step (%5.2f us per layer)\n",
                sh->name, spec, n_layer, api_us, ker_us, ker_us / (double)n_layer);
     else
-        printf("encode %-9s %-8s %6zu tokens: %8.1f us per append_slots call (%6.1f GB/s, host-synced); kernels "
-               "alone %8.1f us (%6.1f GB/s, %4.1f%% of copy)\n",
-               sh->name, spec, n_tok, api_us, in_bytes / (api_us * 1e-6) / 1e9, ker_us,
+        printf("encode %-9s %-8s %6zu tokens%s: %8.1f us per append_slots call (%6.1f GB/s, host-synced); "
+               "kernels alone %8.1f us (%6.1f GB/s, %4.1f%% of copy)\n",
+               sh->name, spec, n_tok, outliers ? " +outliers" : "", api_us, in_bytes / (api_us * 1e-6) / 1e9, ker_us,
                in_bytes / (ker_us * 1e-6) / 1e9, 100.0 * in_bytes / (ker_us * 1e-6) / 1e9 / copy_gbps);
     if (g_json)
         fprintf(g_json,
                 "{\"bench\":\"e8kv_cuda_encode\",\"device\":\"%s\",\"shape\":\"%s\",\"format\":\"%s\",\"n_tok\":%zu,"
-                "\"n_layer\":%zu,\"api_us\":%.2f,\"kernel_us\":%.2f,\"input_bytes\":%.0f,\"copy_gbps\":%.1f}\n",
-                g_dev, sh->name, spec, n_tok, n_layer, api_us, ker_us, in_bytes, copy_gbps);
+                "\"n_layer\":%zu,\"outliers\":%d,\"api_us\":%.2f,\"kernel_us\":%.2f,\"input_bytes\":%.0f,"
+                "\"copy_gbps\":%.1f}\n",
+                g_dev, sh->name, spec, n_tok, n_layer, outliers, api_us, ker_us, in_bytes, copy_gbps);
     for (int i = 0; i < 2 * (N_KER + 3); i++)
         CU(cudaEventDestroy(ev[i]));
     CU(cudaStreamDestroy(st));
@@ -426,8 +442,9 @@ int main(int argc, char **argv) {
     if (encode) {
         for (int sh = 0; sh < 2; sh++)
             for (int f = 0; f < 3; f++) {
-                run_encode(&shapes[sh], specs[f], 65536, 1, copy);
-                run_encode(&shapes[sh], specs[f], 8, 32, copy);
+                run_encode(&shapes[sh], specs[f], 65536, 1, 0, copy);
+                if (f != 1) run_encode(&shapes[sh], specs[f], 65536, 1, 1, copy);
+                run_encode(&shapes[sh], specs[f], 8, 32, 0, copy);
             }
         if (g_json) fclose(g_json);
         return 0;

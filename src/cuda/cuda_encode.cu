@@ -306,20 +306,21 @@ __constant__ float c_box_off[4];
 
 /* The grid steps of the four step targets w_r (the CPU computes them in double): from float estimates wf_r
  * within 2e-4 of them, unless one lies within 1e-3 of a rounding boundary (a half integer, 255.5 among
- * them): then false, and the caller computes them in double as the CPU does (step_of). ok: w < 255.5. */
+ * them): then false, and the caller computes them in double as the CPU does (step_of). ok: w < 255.5;
+ * e = 256 where not (the grid's end: the steps stay non-increasing in r). */
 __device__ __forceinline__ bool steps_of_estimates(unsigned e[4], bool ok[4], const float wf[4]) {
     bool near = false;
 #pragma unroll
     for (int r = 0; r < 4; r++) {
         near = near || fabsf(__fsub_rn(__fsub_rn(wf[r], floorf(wf[r])), 0.5f)) < 1e-3f;
         ok[r] = wf[r] < 255.5f;
-        e[r] = ok[r] ? (unsigned)max(1, __float2int_rn(wf[r])) : 1u;
+        e[r] = ok[r] ? (unsigned)max(1, __float2int_rn(wf[r])) : 256u;
     }
     return !near;
 }
 __device__ __forceinline__ void step_of(unsigned *e, bool *ok, double want) {
     *ok = want < 255.5;
-    *e = *ok ? (want < 1.0 ? 1u : (unsigned)llround(want)) : 1u;
+    *e = *ok ? (want < 1.0 ? 1u : (unsigned)llround(want)) : 256u;
 }
 
 /* k = 8192/δ(e) as the CPU's (float)8192 / δ: c_box_kfrac[e & 7]·2^(20 − (e >> 3)), exact */
@@ -436,13 +437,22 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
         for (int i = 0; i < 6; i++)
             third = fmaxf(third, fabsf(y[i]));
+        /* the four targets lie 0.75, 0.70 and 0.66 apart, so the candidates' distinct steps are e[0],
+         * e[0] − 1, ..., e[3]: three for about 90% of vectors (a repeated step, which the CPU skips, costs
+         * nothing here); slot j holds e[0] − j, in the CPU's order */
+        unsigned es[4];
+        bool oks[4];
         uint64_t dist[4];
         int kk[4];
 #pragma unroll
-        for (int r = 0; r < 4; r++)
-            dist[r] = box_block(y, third, step_scale(e[r]), &kk[r]);
-        const int c = pick_step<LANES>(dist, e, ok, b, gmask);
-        best_e = c == 0 ? e[0] : c == 1 ? e[1] : c == 2 ? e[2] : e[3];
+        for (int j = 0; j < 4; j++) {
+            es[j] = e[0] - (unsigned)j;
+            oks[j] = (unsigned)j <= e[0] - e[3] && es[j] <= 255u;
+            dist[j] = 0, kk[j] = 0;
+            if (oks[j]) dist[j] = box_block(y, third, step_scale(es[j]), &kk[j]);
+        }
+        const int c = pick_step<LANES>(dist, es, oks, b, gmask);
+        best_e = e[0] - (unsigned)c;
         best_k = c == 0 ? kk[0] : c == 1 ? kk[1] : c == 2 ? kk[2] : kk[3];
         /* the chosen candidate's code in the original order, with nearest_coset's tie rules */
         const float k = step_scale(best_e);
