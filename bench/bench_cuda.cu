@@ -402,11 +402,9 @@ static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n
         CU(cudaEventDestroy(ev[i]));
     CU(cudaStreamDestroy(st));
     free(sd), free(ta), free(slots), free(perm);
-    CU(cudaFree(d_slots));
-    CU(cudaFree(kin));
-    CU(cudaFree(vin));
-    CU(cudaFree(d_signs));
-    CU(cudaFree(d_flags));
+    void *const dev[] = {d_slots, kin, vin, d_signs, d_flags};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        CU(cudaFree(dev[i]));
     e8kv_cuda_cache_free(c);
 }
 

@@ -216,6 +216,34 @@ __device__ __forceinline__ bool load_rotated(float x[8], const void *__restrict_
     return finite;
 }
 
+/* A lane's place (its vector: token and KV head; its block b; its group's lanes) and its 8 rotated values.
+ * Every lane of the warp calls it (full-warp shuffles); all_finite: the group's inputs are all finite. */
+typedef struct {
+    int lane, b;
+    unsigned gmask;
+    bool live, all_finite;
+    size_t head;
+    int64_t slot;
+} lane_pos;
+
+template <int D>
+__device__ __forceinline__ lane_pos lane_front(float x[8], const int64_t *__restrict__ slots,
+                                               const void *__restrict__ src, size_t n_tok, size_t n_head_kv,
+                                               int dtype, int vec16, const float *__restrict__ signs,
+                                               float rot_scale) {
+    constexpr int LANES = D / 8;
+    lane_pos p;
+    p.lane = threadIdx.x & 31, p.b = p.lane % LANES;
+    p.gmask = (LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1u)) << (p.lane / LANES * LANES);
+    const unsigned vi = (blockIdx.x * 128u + threadIdx.x) / LANES, n_kv = (unsigned)n_head_kv; /* < 2^31 */
+    p.live = vi < n_tok * n_head_kv;
+    p.head = p.live ? vi % n_kv : 0;
+    p.slot = p.live ? slots[vi / n_kv] : -1;
+    const bool finite = load_rotated<D>(x, src, vi, p.b, p.live, dtype, vec16, signs, rot_scale);
+    p.all_finite = (__ballot_sync(0xffffffffu, finite) & p.gmask) == p.gmask;
+    return p;
+}
+
 /* ---- e8box:4's step search without the per-coordinate search of nearest_coset ----
  * For a candidate step, the CPU sums over the blocks min(d_0, d_1), d_k = nearest_coset's squared distance
  * for coset k. Both come from five sums over the block's 8 values, in 32-bit integers:
@@ -306,12 +334,15 @@ __constant__ float c_box_off[4];
 
 /* The grid steps of the four step targets w_r (the CPU computes them in double): from float estimates wf_r
  * within 2e-4 of them, unless one lies within 1e-3 of a rounding boundary (a half integer, 255.5 among
- * them): then false, and the caller computes them in double as the CPU does (step_of). ok: w < 255.5;
+ * them): then false, and the caller computes them in double as the CPU does (step_of). wf_r = lg + off_r, lg
+ * = 8·log2 of the vector's max|x| or rms. ok: w < 255.5;
  * e = 256 where not (the grid's end: the steps stay non-increasing in r). */
-__device__ __forceinline__ bool steps_of_estimates(unsigned e[4], bool ok[4], const float wf[4]) {
+__device__ __forceinline__ bool steps_of_estimates(unsigned e[4], bool ok[4], float lg, const float off[4]) {
     bool near = false;
+    float wf[4];
 #pragma unroll
     for (int r = 0; r < 4; r++) {
+        wf[r] = __fadd_rn(lg, off[r]);
         near = near || fabsf(__fsub_rn(__fsub_rn(wf[r], floorf(wf[r])), 0.5f)) < 1e-3f;
         ok[r] = wf[r] < 255.5f;
         e[r] = ok[r] ? (unsigned)max(1, __float2int_rn(wf[r])) : 256u;
@@ -366,26 +397,21 @@ __global__ void __launch_bounds__(128)
                        size_t n_tok, size_t n_head_kv, size_t block_size, int dtype,
                        const float *__restrict__ signs, float rot_scale, unsigned *flags, int vec16) {
     constexpr int LANES = D / 8, N_COS = (D + 63) / 64;
-    const int lane = threadIdx.x & 31, b = lane % LANES;
-    const unsigned gmask = (LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1u)) << (lane / LANES * LANES);
-    const unsigned vi = (blockIdx.x * 128u + threadIdx.x) / LANES, n_kv = (unsigned)n_head_kv; /* < 2^31 */
-    const bool live = vi < n_tok * n_head_kv;
-    const size_t head = live ? vi % n_kv : 0;
-    const int64_t slot = live ? slots[vi / n_kv] : -1;
-
     float x[8];
-    const bool finite = load_rotated<D>(x, src, vi, b, live, dtype, vec16, signs, rot_scale);
-    float lmax = 0.0f;
+    const lane_pos p = lane_front<D>(x, slots, src, n_tok, n_head_kv, dtype, vec16, signs, rot_scale);
+    const int lane = p.lane, b = p.b;
+    const unsigned gmask = p.gmask;
+    const size_t head = p.head;
+    const int64_t slot = p.slot;
+    float amax = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; i++)
-        lmax = fmaxf(lmax, fabsf(x[i]));
-    float amax = lmax;
+        amax = fmaxf(amax, fabsf(x[i]));
 #pragma unroll
     for (int l = 1; l < LANES; l *= 2)
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, l));
-    const bool all_finite = (__ballot_sync(0xffffffffu, finite) & gmask) == gmask;
-    if (!live || slot < 0) return; /* whole groups leave together: every later shuffle is group-local */
-    if (!all_finite) {
+    if (!p.live || slot < 0) return; /* whole groups leave together: every later shuffle is group-local */
+    if (!p.all_finite) {
         if (b == 0) atomicOr(flags, FLAG_NONFINITE);
         return;
     }
@@ -393,12 +419,7 @@ __global__ void __launch_bounds__(128)
     unsigned e[4];
     bool ok[4];
     if (amax != 0.0f) {
-        const float lg = __fmul_rn(8.0f, log2f(amax));
-        float wf[4];
-#pragma unroll
-        for (int r = 0; r < 4; r++)
-            wf[r] = __fadd_rn(lg, c_box_off[r]);
-        if (!steps_of_estimates(e, ok, wf))
+        if (!steps_of_estimates(e, ok, __fmul_rn(8.0f, log2f(amax)), c_box_off))
 #pragma unroll
             for (int r = 0; r < 4; r++)
                 step_of(&e[r], &ok[r], 8.0 * log2((double)amax / (double)c_ratio[r]) + STEP_ZERO);
@@ -499,16 +520,12 @@ __global__ void __launch_bounds__(128)
     __shared__ float xs[VPB][D + 1]; /* +1: the VPB summing threads read one column at a time */
     __shared__ double rms_s[VPB];
     __shared__ uint16_t pat_s[256]; /* the patterns, for the lanes' binary searches */
-    const int lane = threadIdx.x & 31, b = lane % LANES, vl = threadIdx.x / LANES;
-    const unsigned gmask = (LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1u)) << (lane / LANES * LANES);
-    const unsigned vi = (blockIdx.x * 128u + threadIdx.x) / LANES, n_kv = (unsigned)n_head_kv; /* < 2^31 */
-    const bool live = vi < n_tok * n_head_kv;
-    const size_t head = live ? vi % n_kv : 0;
-    const int64_t slot = live ? slots[vi / n_kv] : -1;
-
     float x[8];
-    const bool finite = load_rotated<D>(x, src, vi, b, live, dtype, vec16, signs, rot_scale);
-    const bool all_finite = (__ballot_sync(0xffffffffu, finite) & gmask) == gmask;
+    const lane_pos p = lane_front<D>(x, slots, src, n_tok, n_head_kv, dtype, vec16, signs, rot_scale);
+    const int b = p.b, vl = threadIdx.x / LANES;
+    const unsigned gmask = p.gmask;
+    const size_t head = p.head;
+    const int64_t slot = p.slot;
 #pragma unroll
     for (int i = 0; i < 8; i++)
         xs[vl][8 * b + i] = x[i];
@@ -524,8 +541,8 @@ __global__ void __launch_bounds__(128)
         rms_s[threadIdx.x] = __dsqrt_rn(__ddiv_rn(ss, (double)D));
     }
     __syncthreads();
-    if (!live || slot < 0) return; /* whole groups leave together: every later shuffle is group-local */
-    if (!all_finite) {
+    if (!p.live || slot < 0) return; /* whole groups leave together: every later shuffle is group-local */
+    if (!p.all_finite) {
         if (b == 0) atomicOr(flags, FLAG_NONFINITE);
         return;
     }
@@ -533,12 +550,7 @@ __global__ void __launch_bounds__(128)
     unsigned e[4];
     bool ok[4];
     if (rms != 0.0) {
-        const float lg = __fmul_rn(8.0f, log2f((float)rms));
-        float wf[4];
-#pragma unroll
-        for (int r = 0; r < 4; r++)
-            wf[r] = __fadd_rn(lg, c_p_off[r]);
-        if (!steps_of_estimates(e, ok, wf))
+        if (!steps_of_estimates(e, ok, __fmul_rn(8.0f, log2f((float)rms)), c_p_off))
 #pragma unroll
             for (int r = 0; r < 4; r++)
                 step_of(&e[r], &ok[r],
