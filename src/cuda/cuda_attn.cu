@@ -1056,13 +1056,15 @@ template <int D> struct e8p_regs {
 
 template <int D>
 __device__ __forceinline__ void e8p_load(e8p_regs<D> &r, const attn_launch &a, const int32_t *table, int kvh,
-                                         int t0, int end, int g, int t4) {
+                                         int t0, int end, int g, int t4, int bshift) {
     const int bs = (int)a.block_size;
 #pragma unroll
     for (int u = 0; u < E8P_NT; u++) {
         const int s0 = t0 + 16 * u;
         if (s0 >= end) continue; /* its page may not exist; the sub-tile is skipped */
-        const int page = table[s0 / bs], o0 = s0 % bs;
+        /* pages of 16·2^k tokens (bshift = k + 4 ≥ 4): the page and offset by shifts, else by division */
+        const int page = table[bshift >= 4 ? s0 >> bshift : s0 / bs],
+                  o0 = bshift >= 4 ? s0 & ((1 << bshift) - 1) : s0 % bs;
         const uint8_t *const kb = a.k.pool + (size_t)page * a.k.page_bytes + (size_t)kvh * a.k.head_bytes;
         const uint8_t *const vb = a.v.pool + (size_t)page * a.v.page_bytes + (size_t)kvh * a.v.head_bytes;
         /* one base per stream and area, the rest immediate offsets */
@@ -1119,10 +1121,11 @@ template <int D> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kerne
     const int start = split * chunk, end = min(start + chunk, ctx);
     const int32_t *const table = a.block_tables + (size_t)seq * a.max_blocks;
     const int step = 16 * E8P_NT * WARPS, first = start + 16 * E8P_NT * warp;
+    const int bshift = (a.block_size & (a.block_size - 1)) == 0 ? __ffs((int)a.block_size) - 1 : 0;
 
     /* the first step's codes are in flight while the tables and the query are made */
     e8p_regs<D> cur, nxt;
-    if (first < end) e8p_load<D>(cur, a, table, kvh, first, end, g, t4);
+    if (first < end) e8p_load<D>(cur, a, table, kvh, first, end, g, t4, bshift);
 
     for (int idx = tid; idx < G * D; idx += blockDim.x) {
         const int r = idx / D, i = idx % D;
@@ -1210,7 +1213,7 @@ template <int D> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kerne
 
     for (int t0 = first; t0 < end; t0 += step) {
         const int n0 = t0 + step;
-        if (n0 < end) e8p_load<D>(nxt, a, table, kvh, n0, end, g, t4);
+        if (n0 < end) e8p_load<D>(nxt, a, table, kvh, n0, end, g, t4, bshift);
 #pragma unroll
         for (int u = 0; u < E8P_NT; u++) {
             const int tile0 = t0 + 16 * u;
