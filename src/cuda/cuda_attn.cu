@@ -3,12 +3,13 @@
  * Grid (split, kv head, sequence); a block of 4 warps owns one KV head of one sequence and all G query
  * heads that share it (GQA), so every code is read once. Warps take 16-token tiles in turn and keep their
  * own online-softmax state (FlashAttention-2 style); the block merges its warps and stores its split's
- * state, and the block that finishes a (sequence, KV head) last (an atomic ticket in the workspace) merges
- * the splits by log-sum-exp and undoes the rotation once per head: one kernel per call (merge_last).
+ * state (store_split), and the block that finishes a (sequence, KV head) last (an atomic ticket in the
+ * workspace) merges the splits by log-sum-exp and undoes the rotation once per head: one kernel per call
+ * (merge_last).
  *
- * Two split kernels share that frame: attn_box_kernel when K and V are both e8box:4 (a cp.async pipeline
- * through shared memory, described where it is defined), attn_split_kernel for raw pages and mixed formats
- * (described here).
+ * Three split kernels share that frame: attn_box_kernel when K and V are both e8box:4 (a cp.async pipeline
+ * through shared memory), attn_e8p_kernel for e8p:2 pages (table decode into f16 subnormals), both described
+ * where they are defined, and attn_split_kernel for raw pages and mixed formats (described here).
  *
  * Both products run on the tensor cores (mma.sync m16n8k16, f32 accumulate):
  *   scores S = Q·Kᵀ: A = the query rows (rows 0..G−1 the f16/bf16 "hi" part of q, rows 8..8+G−1 the
@@ -574,7 +575,9 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
 #ifndef BOX_MINB
 #define BOX_MINB 3 /* resident blocks per SM the register budget is made for */
 #endif
+#ifndef BOX_NT
 #define BOX_NT 2 /* 16-token sub-tiles per tile */
+#endif
 
 template <int D> struct box_geo {
     static constexpr int KN = D / 2;                       /* nibble bytes of a token */
