@@ -233,8 +233,8 @@ static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, dou
     printf(
         "%-8s %-8s batch %2zu ctx %6zu: %9.1f us (%7.1f synced, %7.1f graph)  %7.1f GB/s (%4.1f%% of copy)  "
         "encode %6.1f GB/s  %4zu B/token/layer  dev %.1f MB (accounted %.1f MB)  page %zu\n",
-        sh->name, spec, batch, ctx, us, us_sync, us_graph, gbps, 100.0 * gbps / copy_gbps, enc_gbps, tok_bytes,
-        measured / 1e6, accounted / 1e6, bs);
+        sh->name, spec, batch, ctx, us, us_sync, us_graph, gbps, 100.0 * gbps / copy_gbps, enc_gbps,
+        tok_bytes, measured / 1e6, accounted / 1e6, bs);
     if (g_json)
         fprintf(
             g_json,
@@ -245,8 +245,8 @@ static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, dou
             "\"copy_gbps\":%.1f,\"encode_gbps\":%.1f,\"bytes_per_token_layer\":%zu,\"dev_bytes_"
             "measured\":%zu,"
             "\"dev_bytes_accounted\":%zu,\"tokens_in_80GB\":%.0f,\"n_layer_model\":%zu,\"block_size\":%zu}\n",
-            g_dev, sh->name, spec, batch, ctx, n_head, sh->n_kv, d, us, us_sync, us_graph, gbps, copy_gbps, enc_gbps,
-            tok_bytes, measured, accounted, fit_tokens, sh->n_layer_model, bs);
+            g_dev, sh->name, spec, batch, ctx, n_head, sh->n_kv, d, us, us_sync, us_graph, gbps, copy_gbps,
+            enc_gbps, tok_bytes, measured, accounted, fit_tokens, sh->n_layer_model, bs);
     free(perm), free(slots), free(ctxs);
     CU(cudaFree(d_tables));
     CU(cudaFree(d_slots));

@@ -191,7 +191,8 @@ template <int D> __device__ __forceinline__ void fwht_rows(float (*x)[D], int G)
 /* The query rows of the G heads of (seq, KV head kvh) into sq; with rot, times the rotation signs and through
  * the Hadamard transform (the rotated domain of the code pages). Ends with the block synchronised. */
 template <int D>
-__device__ __forceinline__ void load_query(const attn_launch &a, int seq, int kvh, int G, bool rot, float (*sq)[D]) {
+__device__ __forceinline__ void load_query(const attn_launch &a, int seq, int kvh, int G, bool rot,
+                                           float (*sq)[D]) {
     for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
         const int r = idx / D, i = idx % D;
         const float v =
@@ -223,11 +224,12 @@ __device__ __forceinline__ p_cols p_columns(int lane, int G, bool LO) {
 /* P of tokens 8tt + 2t4 + c of row g (pv[tt][c]) → the B fragments of Oᵀ += Vᵀ·Pᵀ: pb (hi parts, and the lo
  * parts in columns G..2G−1 when 2G ≤ 8) and pl (lo parts of rows g < G, for a second product when 2G > 8) */
 template <bool BF>
-__device__ __forceinline__ void p_fragments(const float (&pv)[2][2], const p_cols &pc, int g, int G, uint32_t (&pb)[2],
-                                            uint32_t (&pl)[2]) {
+__device__ __forceinline__ void p_fragments(const float (&pv)[2][2], const p_cols &pc, int g, int G,
+                                            uint32_t (&pb)[2], uint32_t (&pl)[2]) {
 #pragma unroll
     for (int tt = 0; tt < 2; tt++) {
-        const float x0 = __shfl_sync(0xffffffffu, pv[tt][0], pc.src), x1 = __shfl_sync(0xffffffffu, pv[tt][1], pc.src);
+        const float x0 = __shfl_sync(0xffffffffu, pv[tt][0], pc.src),
+                    x1 = __shfl_sync(0xffffffffu, pv[tt][1], pc.src);
         pb[tt] = pc.kind == 0   ? pack(hi16<BF>(x0), hi16<BF>(x1))
                  : pc.kind == 1 ? pack(lo16<BF>(x0), lo16<BF>(x1))
                                 : 0u;
@@ -1024,11 +1026,11 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
  * S[b] for the code's second byte b = the nibbles 0xF·σ_i (nibble 7: 0xF·(σ_0 ⊕ … ⊕ σ_6)), so that
  * Y = T[t] XOR S[b] holds the G_i (S has 128 entries: b's top bit is h). Each table is written 32 times
  * over (entry e of lane l at word 32e + l): a warp's random lookups never share a bank, and the byte offset
- * of an entry is one shift and one LOP3 from the code word. Y & 0x000F000F, Y & 0x00F000F0 and the same of Y >> 8 are
- * f16x2 words of subnormals G·2^-24 and G·2^-20, exact mma operands with no bias to remove (one accumulator
- * per scale; the k-steps of the scores are grouped by scale, the output rows keep theirs until the merge).
- * The (2h − 31)/4 part is one more product per sub-tile with 2h − 31 per (token, block) as an operand:
- * against ¼ of the query's sum over each block (scores), or against P·δ (values: per block of output
+ * of an entry is one shift and one LOP3 from the code word. The words Y & 0x000F000F, Y & 0x00F000F0 and
+ * the same of (Y >> 8) are f16x2 subnormals G·2^-24 and G·2^-20, exact mma operands with no bias to remove
+ * (one accumulator per scale; the k-steps of the scores are grouped by scale, the output rows keep theirs
+ * until the merge). The (2h − 31)/4 part is one more product per sub-tile with 2h − 31 per (token, block)
+ * as an operand: against ¼ of the query's sum over each block (scores), or against P·δ (values: per block of
  * coordinates, added at the merge). Since q·k is invariant under a permutation of the coordinates, the
  * lane that decodes a block gets the query coordinates that match (the qa setup below) and the output
  * coordinates are put back in order at the merge. V stays rotated until merge_last. */
@@ -1039,11 +1041,12 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
 #define E8P_MINB 3 /* resident blocks per SM the register budget is made for */
 #endif
 #define E8P_S_OFF (256 * 32 * 4) /* byte offset of the table S */
-#define E8P_VSCALE 64.0f  /* P·δ_V lifted out of f16 subnormals: exact power of 2, divided out at the merge */
+/* P·δ_V lifted out of f16 subnormals: an exact power of 2, divided out at the merge */
+#define E8P_VSCALE 64.0f
 __constant__ uint16_t c_pat_a[256];
 
-/* dynamic shared memory of attn_e8p_kernel<D>: the tables T (256 × 32 words) and S (128 × 32 words); before
- * them the rotated query sq[8][D] f32 is made there, after the loop the merge buffer (WARPS × 8 × D floats) */
+/* dynamic shared memory of attn_e8p_kernel<D>: the tables T (256 × 32 words) and S (128 × 32 words); the
+ * rotated query sq[8][D] f32 is made there first, the merge buffer (WARPS × 8 × D floats) after the loop */
 template <int D> static constexpr int e8p_smem_bytes(void) {
     return E8P_S_OFF + 128 * 32 * 4;
 }
@@ -1074,7 +1077,8 @@ __device__ __forceinline__ void e8p_load(e8p_regs<D> &r, const attn_launch &a, c
         /* one base per stream and area, the rest immediate offsets */
         const uint8_t *const kt = kb + (o0 + g) * (D / 4) + (D / 16) * t4;
         const uint8_t *const vt = vb + (o0 + 2 * t4) * (D / 4) + (D / 32) * g;
-        const uint8_t *const ksd = kb + bs * (D / 4) + o0 + 2 * t4, *const vsd = vb + bs * (D / 4) + o0 + 2 * t4;
+        const uint8_t *const ksd = kb + bs * (D / 4) + o0 + 2 * t4;
+        const uint8_t *const vsd = vb + bs * (D / 4) + o0 + 2 * t4;
 #pragma unroll
         for (int tt = 0; tt < 2; tt++) {
             if constexpr (D == 128) {
@@ -1096,11 +1100,13 @@ __device__ __forceinline__ void e8p_load(e8p_regs<D> &r, const attn_launch &a, c
 
 /* Y (the nibbles G_i) of the block code in the low (hf = 0) or high half of w; lane4 = 4 · lane */
 __device__ __forceinline__ uint32_t e8p_y(const uint8_t *tabs, uint32_t lane4, uint32_t w, int hf) {
-    const uint32_t iT = ((hf ? w >> 9 : w << 7) & 0x7F80u) | lane4, iS = ((hf ? w >> 17 : w >> 1) & 0x3F80u) | lane4;
-    return *reinterpret_cast<const uint32_t *>(tabs + iT) ^ *reinterpret_cast<const uint32_t *>(tabs + E8P_S_OFF + iS);
+    const uint32_t iT = ((hf ? w >> 9 : w << 7) & 0x7F80u) | lane4,
+                   iS = ((hf ? w >> 17 : w >> 1) & 0x3F80u) | lane4;
+    return *reinterpret_cast<const uint32_t *>(tabs + iT) ^
+           *reinterpret_cast<const uint32_t *>(tabs + E8P_S_OFF + iS);
 }
 
-/* the shift bits h of two block codes (bits 15 and 31 of x) → f16x2 of 2h − 31 (−29 = 0xCF40, −31 = 0xCFC0) */
+/* the shift bits h of two block codes (bits 15, 31 of x) → f16x2 of 2h − 31 (−29 = 0xCF40, −31 = 0xCFC0) */
 __device__ __forceinline__ uint32_t e8p_hword(uint32_t x) {
     return (~(x >> 8) & 0x00800080u) | 0xCF40CF40u;
 }
@@ -1110,7 +1116,7 @@ template <int D> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kerne
     extern __shared__ __align__(16) uint32_t e8p_dyn[];
     uint32_t *const tabT = e8p_dyn, *const tabS = e8p_dyn + E8P_S_OFF / 4;
     float(*const sq)[D] = reinterpret_cast<float(*)[D]>(e8p_dyn); /* until the tables are made */
-    __shared__ float sh[256]; /* δ(e) */
+    __shared__ float sh[256];                                     /* δ(e) */
     __shared__ float sm[WARPS][8], sl[WARPS][8];
     __shared__ float scos[WARPS][8][16];
     static_assert(E8P_S_OFF >= sizeof(float) * WARPS * 8 * D, "the merge buffer aliases the tables");
@@ -1144,8 +1150,10 @@ template <int D> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kerne
             float x[2];
 #pragma unroll
             for (int c = 0; c < 2; c++)
-                x[c] = g < G ? sq[g][8 * (BPL * t4 + (s >> 1)) + (s & 1) + 2 * (j >> 1) + 4 * c] * qscale : 0.0f;
-            qa[s][j] = (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1])) : pack(hi16<false>(x[0]), hi16<false>(x[1]));
+                x[c] =
+                    g < G ? sq[g][8 * (BPL * t4 + (s >> 1)) + (s & 1) + 2 * (j >> 1) + 4 * c] * qscale : 0.0f;
+            qa[s][j] = (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1]))
+                               : pack(hi16<false>(x[0]), hi16<false>(x[1]));
         }
 #pragma unroll
     for (int j = 0; j < 4; j++) {
@@ -1159,7 +1167,8 @@ template <int D> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kerne
                     sum += sq[g][8 * (BPL * t4 + lb) + i] * qscale;
             x[c] = 0.25f * sum;
         }
-        qs[j] = (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1])) : pack(hi16<false>(x[0]), hi16<false>(x[1]));
+        qs[j] =
+            (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1])) : pack(hi16<false>(x[0]), hi16<false>(x[1]));
     }
 
     __syncthreads(); /* sq is read: the tables take its place */
@@ -1173,7 +1182,8 @@ template <int D> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kerne
         }
         if (__popc(W & 0x5555u) & 1) T ^= 0xF0000000u;
         if (__popc((unsigned)i & 0x7Fu) & 1) S |= 0xF0000000u;
-        uint4 *const dT = reinterpret_cast<uint4 *>(tabT + 32 * i), *const dS = reinterpret_cast<uint4 *>(tabS + 32 * i);
+        uint4 *const dT = reinterpret_cast<uint4 *>(tabT + 32 * i);
+        uint4 *const dS = reinterpret_cast<uint4 *>(tabS + 32 * i);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             dT[j] = make_uint4(T, T, T, T);
@@ -1222,7 +1232,8 @@ template <int D> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kerne
                         mma16816<false>(acc[tt][1], qa[2 * lb + 1], b4);
                     }
                 }
-                const uint32_t hb[2] = {e8p_hword(cur.kw[u][tt][0]), KW > 1 ? e8p_hword(cur.kw[u][tt][KW - 1]) : 0u};
+                const uint32_t hb[2] = {e8p_hword(cur.kw[u][tt][0]),
+                                        KW > 1 ? e8p_hword(cur.kw[u][tt][KW - 1]) : 0u};
                 mma16816<false>(acc[tt][2], qs, hb);
             }
             const bool full = tile0 + 16 <= end;
@@ -1272,8 +1283,10 @@ template <int D> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kerne
 #pragma unroll
                 for (int i = 0; i < 4; i++)
                     Yv[i] = e8p_y(tabs, lane4, cur.vw[u][i], bb);
-                const uint32_t zl0 = __byte_perm(Yv[0], Yv[1], 0x5410), zh0 = __byte_perm(Yv[0], Yv[1], 0x7632),
-                               zl1 = __byte_perm(Yv[2], Yv[3], 0x5410), zh1 = __byte_perm(Yv[2], Yv[3], 0x7632);
+                const uint32_t zl0 = __byte_perm(Yv[0], Yv[1], 0x5410),
+                               zh0 = __byte_perm(Yv[0], Yv[1], 0x7632),
+                               zl1 = __byte_perm(Yv[2], Yv[3], 0x5410),
+                               zh1 = __byte_perm(Yv[2], Yv[3], 0x7632);
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
                     const int s8 = k >= 2 ? 8 : 0;
@@ -1348,9 +1361,10 @@ size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm,
                  wave = (size_t)(n_sm > 0 ? n_sm : 1) * (size_t)(ctas_per_sm > 0 ? ctas_per_sm : 1);
     size_t n = wave / per;
     if (SPLIT_FILL && n < 4) {
-        /* fewer than 4 splits fit one wave: up to 4, the count whose blocks fill their waves best (by more than
-         * 5%), e.g. 256 (sequence, KV head) pairs on 396 slots: 1 split fills 65%, 3 splits 97%; only while
-         * every split keeps 2048 tokens (H100, e8p:2 at batch 32: 3 splits 16% faster at 32K, 8% slower at 4K) */
+        /* fewer than 4 splits fit one wave: up to 4, the count whose blocks fill their waves best (by more
+         * than 5%), e.g. 256 (sequence, KV head) pairs on 396 slots: 1 split fills 65%, 3 splits 97%; only
+         * while every split keeps 2048 tokens (H100, e8p:2 at batch 32: 3 splits 16% faster at 32K, 8% slower
+         * at 4K) */
         size_t best = n ? n : 1;
         for (size_t k = best + 1; k <= 4 && 2048 * k <= max_ctx; k++)
             if (wave_fill(k * per, wave) > wave_fill(best * per, wave) + 51) best = k;
