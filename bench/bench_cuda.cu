@@ -3,11 +3,12 @@
  *
  * For Llama-3-8B (32 q / 8 kv heads, d 128) and SmolLM2-135M (9 / 3, d 64), batch 1/8/32 × context
  * 4K/32K/128K, formats e8box:4, e8p:2 and bf16 (our own paged kernel): µs per decode-attention call of one
- * layer (CUDA events around each call, 5 warm-up calls, median of 30; calls queued back to back, and again
- * with the host waiting for each call), effective GB/s over the page bytes the call must read, encode GB/s
- * over the bf16 K+V input bytes, device bytes per token, measured vs accounted device memory, the largest
- * batch × context whose cache (all layers) fits in 80 GB; and the device-to-device copy bandwidth (1 GiB,
- * read + write bytes) in the same run. Pages of a sequence are scattered over the pool.
+ * layer (CUDA events around each call, 5 warm-up calls, median of 30; calls queued back to back, again with
+ * the host waiting for each call, and 20 calls replayed as one CUDA graph, per call), effective GB/s over the
+ * page bytes the call must read, encode GB/s over the bf16 K+V input bytes, device bytes per token, measured
+ * vs accounted device memory, the largest batch × context whose cache (all layers) fits in 80 GB; and the
+ * device-to-device copy bandwidth (1 GiB, read + write bytes) in the same run. Pages of a sequence are
+ * scattered over the pool.
  *
  * --encode: the append kernels instead: for each shape and format, (a) 65536-token appends (bf16 K + V rows
  * into scattered slots): µs per e8kv_cuda_append_slots call, host-synchronised as the API is (wall clock,
@@ -212,29 +213,60 @@ static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, dou
         for (int i = 0; i < N_REP; i++)
             CU(cudaEventElapsedTime(pass ? &ts[i] : &t[i], ev[2 * (N_WARM + i)], ev[2 * (N_WARM + i) + 1]));
     }
+    /* "us_graph": N_G calls captured into one CUDA graph on a stream of ours, the graph replayed (2 warm-up
+     * replays, median of 10) and its time divided by N_G: the GPU time of a call with no launch gaps */
+    enum { N_G = 20 };
+    float tg[10];
+    {
+        cudaStream_t st;
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+        CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        for (int i = 0; i < N_G; i++)
+            if (e8kv_is_error(e8kv_cuda_attend(c, 0, out, q, E8KV_DTYPE_BF16, batch, n_head, d_tables, per,
+                                               d_ctx, ctx, NULL, 0, st))) {
+                printf("attend (capture) failed\n");
+                exit(1);
+            }
+        CU(cudaStreamEndCapture(st, &graph));
+        CU(cudaGraphInstantiate(&exec, graph, 0));
+        for (int i = -2; i < 10; i++) {
+            CU(cudaEventRecord(ev[0], st));
+            CU(cudaGraphLaunch(exec, st));
+            CU(cudaEventRecord(ev[1], st));
+            CU(cudaEventSynchronize(ev[1]));
+            if (i >= 0) CU(cudaEventElapsedTime(&tg[i], ev[0], ev[1]));
+        }
+        CU(cudaGraphExecDestroy(exec));
+        CU(cudaGraphDestroy(graph));
+        CU(cudaStreamDestroy(st));
+    }
     for (int i = 0; i < 2 * (N_WARM + N_REP); i++)
         CU(cudaEventDestroy(ev[i]));
     CU(cudaGetLastError());
-    const double us = time_median(t, N_REP) * 1e3, us_sync = time_median(ts, N_REP) * 1e3;
+    const double us = time_median(t, N_REP) * 1e3, us_sync = time_median(ts, N_REP) * 1e3,
+                 us_graph = time_median(tg, 10) * 1e3 / N_G;
     const size_t tok_bytes = e8kv_cuda_cache_token_bytes(c); /* one layer, K + V, all kv heads */
     const double read = (double)n_tok * tok_bytes, gbps = read / (us * 1e-6) / 1e9;
     const double fit_tokens = 80e9 / ((double)tok_bytes * sh->n_layer_model);
     printf(
-        "%-8s %-8s batch %2zu ctx %6zu: %9.1f us (%7.1f synced)  %7.1f GB/s (%4.1f%% of copy)  encode %6.1f "
-        "GB/s  %4zu B/token/layer  dev %.1f MB (accounted %.1f MB)  page %zu\n",
-        sh->name, spec, batch, ctx, us, us_sync, gbps, 100.0 * gbps / copy_gbps, enc_gbps, tok_bytes,
-        measured / 1e6, accounted / 1e6, bs);
+        "%-8s %-8s batch %2zu ctx %6zu: %9.1f us (%7.1f synced, %7.1f graph)  %7.1f GB/s (%4.1f%% of copy)  "
+        "encode %6.1f GB/s  %4zu B/token/layer  dev %.1f MB (accounted %.1f MB)  page %zu\n",
+        sh->name, spec, batch, ctx, us, us_sync, us_graph, gbps, 100.0 * gbps / copy_gbps, enc_gbps,
+        tok_bytes, measured / 1e6, accounted / 1e6, bs);
     if (g_json)
         fprintf(
             g_json,
             "{\"bench\":\"e8kv_cuda\",\"device\":\"%s\",\"shape\":\"%s\",\"format\":\"%s\",\"batch\":%zu,"
             "\"ctx\":%zu,\"n_head\":%zu,\"n_head_kv\":%zu,\"head_dim\":%zu,\"us\":%.2f,\"us_sync\":%.2f,"
+            "\"us_graph\":%.2f,"
             "\"gbps\":%.1f,"
             "\"copy_gbps\":%.1f,\"encode_gbps\":%.1f,\"bytes_per_token_layer\":%zu,\"dev_bytes_"
             "measured\":%zu,"
             "\"dev_bytes_accounted\":%zu,\"tokens_in_80GB\":%.0f,\"n_layer_model\":%zu,\"block_size\":%zu}\n",
-            g_dev, sh->name, spec, batch, ctx, n_head, sh->n_kv, d, us, us_sync, gbps, copy_gbps, enc_gbps,
-            tok_bytes, measured, accounted, fit_tokens, sh->n_layer_model, bs);
+            g_dev, sh->name, spec, batch, ctx, n_head, sh->n_kv, d, us, us_sync, us_graph, gbps, copy_gbps,
+            enc_gbps, tok_bytes, measured, accounted, fit_tokens, sh->n_layer_model, bs);
     free(perm), free(slots), free(ctxs);
     CU(cudaFree(d_tables));
     CU(cudaFree(d_slots));

@@ -19,21 +19,30 @@ def main():
         if r["bench"] == "e8kv_cuda":
             rows.setdefault((r["shape"], r["batch"], r["ctx"]), {})[r["format"]] = r
     print(f"device {dev}; device-to-device copy {copy:.0f} GB/s (read + write)")
-    print("| shape | batch × ctx | SDPA bf16 µs | our bf16 µs (÷SDPA) | e8box:4 µs | e8box:4 speed-up vs SDPA "
-          "| e8box:4 GB/s (% of copy) | host-synced: SDPA / e8box:4 µs (speed-up) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| shape | batch × ctx | SDPA bf16 µs | our bf16 µs (÷SDPA) | e8box:4 µs (speed-up) | e8box:4 GB/s (% of copy) "
+          "| e8p:2 µs (speed-up) | e8p:2 GB/s (% of copy) | CUDA graph µs: SDPA / e8box:4 / e8p:2 (speed-ups) "
+          "| host-synced µs: SDPA / e8box:4 / e8p:2 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+
+    def us(r, key="us"):
+        return f"{r[key]:.1f}" if r and key in r else "–"
+
+    def ratio(s, r, key="us"):
+        return f"{s[key] / r[key]:.2f}×" if s and r and key in s and key in r else "–"
+
     for key in sorted(rows, key=lambda k: (k[0], k[1], k[2])):
         f = rows[key]
         s = ref.get(key)
-        b, e = f.get("bf16"), f.get("e8box:4")
-        su = f"{s['us']:.1f}" if s else "–"
-        bu = f"{b['us']:.1f} ({b['us'] / s['us']:.2f})" if b and s else (f"{b['us']:.1f}" if b else "–")
-        eu = f"{e['us']:.1f}" if e else "–"
-        sp = f"{s['us'] / e['us']:.2f}×" if e and s else "–"
-        gb = f"{e['gbps']:.0f} ({100 * e['gbps'] / copy:.0f}%)" if e else "–"
-        sy = (f"{s['us_sync']:.1f} / {e['us_sync']:.1f} ({s['us_sync'] / e['us_sync']:.2f}×)"
-              if e and s and "us_sync" in s and "us_sync" in e else "–")
-        print(f"| {key[0]} | {key[1]} × {key[2] // 1024}K | {su} | {bu} | {eu} | {sp} | {gb} | {sy} |")
+        b, e, p = f.get("bf16"), f.get("e8box:4"), f.get("e8p:2")
+        bu = f"{b['us']:.1f} ({b['us'] / s['us']:.2f})" if b and s else us(b)
+        cells = [key[0], f"{key[1]} × {key[2] // 1024}K", us(s), bu]
+        for r in (e, p):
+            cells.append(f"{us(r)} ({ratio(s, r)})")
+            cells.append(f"{r['gbps']:.0f} ({100 * r['gbps'] / copy:.0f}%)" if r else "–")
+        cells.append(f"{us(s, 'us_graph')} / {us(e, 'us_graph')} / {us(p, 'us_graph')} "
+                     f"({ratio(s, e, 'us_graph')}, {ratio(s, p, 'us_graph')})")
+        cells.append(f"{us(s, 'us_sync')} / {us(e, 'us_sync')} / {us(p, 'us_sync')}")
+        print("| " + " | ".join(cells) + " |")
     print()
     for r in ours:
         if r["bench"] == "e8kv_cuda" and r["batch"] == 32 and r["ctx"] == 131072:

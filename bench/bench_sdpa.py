@@ -2,7 +2,8 @@
 
 One query token per sequence, torch.nn.functional.scaled_dot_product_attention with enable_gqa, bf16
 K/V of (batch, n_head_kv, ctx, head_dim); CUDA events around each call, 5 warm-up calls, median of 30, calls
-queued back to back (us) and with the host waiting for each call (us_sync).
+queued back to back (us), with the host waiting for each call (us_sync), and 20 calls captured into one CUDA
+graph and replayed (us_graph: the graph's time / 20, median of 10 replays after 2 warm-up replays).
 Usage: python3 bench/bench_sdpa.py [--json FILE] [--quick]"""
 import argparse
 import json
@@ -26,6 +27,31 @@ def timed(fn, sync, warm=5, rep=30):
     return times[len(times) // 2] * 1e3
 
 
+def graphed(fn, n=20, rep=10):
+    """median µs of one call inside a CUDA graph of n calls (as bench/bench_cuda.cu's us_graph)"""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            fn()
+    times = []
+    for i in range(rep + 2):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        if i >= 2:
+            times.append(e0.elapsed_time(e1))
+    times.sort()
+    return times[len(times) // 2] * 1e3 / n
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -42,12 +68,13 @@ def main():
                 q = torch.randn(b, kv * g, 1, d, dtype=torch.bfloat16, device="cuda")
                 k = torch.randn(b, kv, ctx, d, dtype=torch.bfloat16, device="cuda")
                 v = torch.randn(b, kv, ctx, d, dtype=torch.bfloat16, device="cuda")
-                us, us_sync = (timed(lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), sync)
-                               for sync in (False, True))
+                fn = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+                us, us_sync = (timed(fn, sync) for sync in (False, True))
+                us_graph = graphed(fn)
                 nbytes = 2 * b * kv * ctx * d * 2
                 row = dict(bench="sdpa", device=dev, torch=torch.__version__, shape=name, batch=b, ctx=ctx,
-                           us=round(us, 2), us_sync=round(us_sync, 2), gbps=round(nbytes / (us * 1e-6) / 1e9, 1))
-                print(f"{name:9s} sdpa bf16 batch {b:2d} ctx {ctx:6d}: {us:9.1f} us ({us_sync:7.1f} synced) {row['gbps']:7.1f} GB/s",
+                           us=round(us, 2), us_sync=round(us_sync, 2), us_graph=round(us_graph, 2), gbps=round(nbytes / (us * 1e-6) / 1e9, 1))
+                print(f"{name:9s} sdpa bf16 batch {b:2d} ctx {ctx:6d}: {us:9.1f} us ({us_sync:7.1f} synced, {us_graph:7.1f} graph) {row['gbps']:7.1f} GB/s",
                       flush=True)
                 if out:
                     out.write(json.dumps(row) + "\n")

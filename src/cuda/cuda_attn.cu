@@ -3,12 +3,13 @@
  * Grid (split, kv head, sequence); a block of 4 warps owns one KV head of one sequence and all G query
  * heads that share it (GQA), so every code is read once. Warps take 16-token tiles in turn and keep their
  * own online-softmax state (FlashAttention-2 style); the block merges its warps and stores its split's
- * state, and the block that finishes a (sequence, KV head) last (an atomic ticket in the workspace) merges
- * the splits by log-sum-exp and undoes the rotation once per head: one kernel per call (merge_last).
+ * state (store_split), and the block that finishes a (sequence, KV head) last (an atomic ticket in the
+ * workspace) merges the splits by log-sum-exp and undoes the rotation once per head: one kernel per call
+ * (merge_last).
  *
- * Two split kernels share that frame: attn_box_kernel when K and V are both e8box:4 (a cp.async pipeline
- * through shared memory, described where it is defined), attn_split_kernel for raw pages and mixed formats
- * (described here).
+ * Three split kernels share that frame: attn_box_kernel when K and V are both e8box:4 (a cp.async pipeline
+ * through shared memory), attn_e8p_kernel for e8p:2 pages (table decode into f16 subnormals), both described
+ * where they are defined, and attn_split_kernel for raw pages and mixed formats (described here).
  *
  * Both products run on the tensor cores (mma.sync m16n8k16, f32 accumulate):
  *   scores S = Q·Kᵀ: A = the query rows (rows 0..G−1 the f16/bf16 "hi" part of q, rows 8..8+G−1 the
@@ -174,6 +175,76 @@ __device__ __forceinline__ void load_tile(tile_regs<D, KF, VF> &r, const attn_la
     }
 }
 
+/* The unnormalised Hadamard transform of rows 0..G−1 of x, in place, by the whole block (synchronised). */
+template <int D> __device__ __forceinline__ void fwht_rows(float (*x)[D], int G) {
+    for (int h = 1; h < D; h *= 2) {
+        for (int idx = threadIdx.x; idx < G * D / 2; idx += blockDim.x) {
+            const int r = idx / (D / 2), j = idx % (D / 2), i = (j / h) * 2 * h + j % h;
+            const float u = x[r][i], w = x[r][i + h];
+            x[r][i] = u + w;
+            x[r][i + h] = u - w;
+        }
+        __syncthreads();
+    }
+}
+
+/* The query rows of the G heads of (seq, KV head kvh) into sq; with rot, times the rotation signs and through
+ * the Hadamard transform (the rotated domain of the code pages). Ends with the block synchronised. */
+template <int D>
+__device__ __forceinline__ void load_query(const attn_launch &a, int seq, int kvh, int G, bool rot,
+                                           float (*sq)[D]) {
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+        const int r = idx / D, i = idx % D;
+        const float v =
+            e8kv_cuda_load_val(a.q, ((size_t)seq * a.n_head + (size_t)kvh * G + r) * D + i, a.q_dtype);
+        sq[r][i] = rot ? v * a.signs[i] : v;
+    }
+    __syncthreads();
+    if (rot) fwht_rows<D>(sq, G);
+}
+
+/* Where the P fragment of a thread comes from when the score fragment of row g is the P fragment of column g
+ * (attn_split_kernel, attn_e8p_kernel): src/kind: the hi part of row g (kind 0), the lo part of row g − G in
+ * columns G..2G−1 when 2G ≤ 8 (kind 1), or nothing (2); col_row[c]: the head of output column 2t4 + c. */
+struct p_cols {
+    int src, kind, col_row[2];
+};
+__device__ __forceinline__ p_cols p_columns(int lane, int G, bool LO) {
+    const int g = lane >> 2, t4 = lane & 3;
+    p_cols p;
+    p.src = g < G ? lane : (LO && g < 2 * G) ? (g - G) * 4 + t4 : lane;
+    p.kind = g < G ? 0 : (LO && g < 2 * G) ? 1 : 2;
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        const int col = 2 * t4 + c;
+        p.col_row[c] = col < G ? col : (LO && col < 2 * G) ? col - G : 0;
+    }
+    return p;
+}
+/* P of tokens 8tt + 2t4 + c of row g (pv[tt][c]) → the B fragments of Oᵀ += Vᵀ·Pᵀ: pb (hi parts, and the lo
+ * parts in columns G..2G−1 when 2G ≤ 8) and pl (lo parts of rows g < G, for a second product when 2G > 8) */
+template <bool BF>
+__device__ __forceinline__ void p_fragments(const float (&pv)[2][2], const p_cols &pc, int g, int G,
+                                            uint32_t (&pb)[2], uint32_t (&pl)[2]) {
+#pragma unroll
+    for (int tt = 0; tt < 2; tt++) {
+        const float x0 = __shfl_sync(0xffffffffu, pv[tt][0], pc.src),
+                    x1 = __shfl_sync(0xffffffffu, pv[tt][1], pc.src);
+        pb[tt] = pc.kind == 0   ? pack(hi16<BF>(x0), hi16<BF>(x1))
+                 : pc.kind == 1 ? pack(lo16<BF>(x0), lo16<BF>(x1))
+                                : 0u;
+        pl[tt] = g < G ? pack(lo16<BF>(x0), lo16<BF>(x1)) : 0u;
+    }
+}
+/* output fragments (columns 2t4, 2t4 + 1) times their heads' softmax rescale factors */
+template <int N> __device__ __forceinline__ void scale_cols(float (&o)[N][4], float al0, float al1) {
+#pragma unroll
+    for (int mt = 0; mt < N; mt++) {
+        o[mt][0] *= al0, o[mt][2] *= al0;
+        o[mt][1] *= al1, o[mt][3] *= al1;
+    }
+}
+
 /* The split-K merge, fused: every block stores its partial state, then takes a ticket; the block that
  * finishes a (sequence, KV head) last merges its n_split states for the G heads (log-sum-exp), undoes
  * the V rotation and writes the output, and sets the counter back to 0 for the next call. The states
@@ -272,20 +343,37 @@ __device__ __forceinline__ void merge_last(const attn_launch &a, int seq, int kv
         bufp[idx] = L > 0.0f ? O / (L * a.v_div) : 0.0f;
     }
     __syncthreads();
-    if (a.v_rot) {
-        for (int h = 1; h < D; h *= 2) {
-            for (int idx = tid; idx < G * D / 2; idx += blockDim.x) {
-                const int r = idx / (D / 2), j = idx % (D / 2), i = (j / h) * 2 * h + j % h;
-                const float x = buf[0][r][i], y = buf[0][r][i + h];
-                buf[0][r][i] = x + y;
-                buf[0][r][i + h] = x - y;
-            }
-            __syncthreads();
-        }
-    }
+    if (a.v_rot) fwht_rows<D>(buf[0], G);
     for (int idx = tid; idx < G * D; idx += blockDim.x) {
         const int r = idx / D, i = idx % D;
         a.out[(head0 + r) * D + i] = a.v_rot ? buf[0][r][i] * a.rot_scale * a.signs[i] : buf[0][r][i];
+    }
+}
+
+/* A block's warps merged into its split's state: warp w's running maximum and sum of head r are sm[w][r] and
+ * sl[w][r], its (unnormalised) output for head r, coordinate i is o(w, r, i); part_o / part_ml get the
+ * log-sum-exp combination of the warps. */
+template <int D, typename F>
+__device__ __forceinline__ void store_split(const attn_launch &a, int seq, int kvh, int G, int split,
+                                            const float (*sm)[8], const float (*sl)[8], F o) {
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+        const int r = idx / D, i = idx % D;
+        float M = -INFINITY;
+        for (int w = 0; w < WARPS; w++)
+            M = fmaxf(M, sm[w][r]);
+        float O = 0.0f, L = 0.0f;
+        if (M != -INFINITY)
+            for (int w = 0; w < WARPS; w++) {
+                const float wt = exp2f(sm[w][r] - M);
+                O += wt * o(w, r, i);
+                L += wt * sl[w][r];
+            }
+        const size_t base = ((size_t)seq * a.n_head + (size_t)kvh * G + r) * a.n_split + split;
+        a.part_o[base * D + i] = O;
+        if (i == 0) {
+            a.part_ml[2 * base] = M;
+            a.part_ml[2 * base + 1] = L;
+        }
     }
 }
 
@@ -310,24 +398,7 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
 
     for (int i = tid; i < 256; i += blockDim.x)
         sh[i] = i ? c_box_frac[i & 7] * __int_as_float(((i >> 3) - 21 + 127) << 23) : 0.0f; /* δ/2 */
-    for (int idx = tid; idx < G * D; idx += blockDim.x) {
-        const int r = idx / D, i = idx % D;
-        float v = e8kv_cuda_load_val(a.q, ((size_t)seq * a.n_head + (size_t)kvh * G + r) * D + i, a.q_dtype);
-        if (KF == FMT_BOX4) v *= a.signs[i];
-        sq[r][i] = v;
-    }
-    __syncthreads();
-    if (KF == FMT_BOX4) {
-        for (int h = 1; h < D; h *= 2) {
-            for (int idx = tid; idx < G * D / 2; idx += blockDim.x) {
-                const int r = idx / (D / 2), j = idx % (D / 2), i = (j / h) * 2 * h + j % h;
-                const float x = sq[r][i], y = sq[r][i + h];
-                sq[r][i] = x + y;
-                sq[r][i + h] = x - y;
-            }
-            __syncthreads();
-        }
-    }
+    load_query<D>(a, seq, kvh, G, KF == FMT_BOX4, sq);
     const float qscale = (KF == FMT_BOX4 ? a.rot_scale : 1.0f) * rsqrtf((float)D) * LOG2E;
     uint32_t qa[KS][4];
 #pragma unroll
@@ -349,15 +420,7 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
 #pragma unroll
     for (int mt = 0; mt < KS; mt++)
         oacc[mt][0] = oacc[mt][1] = oacc[mt][2] = oacc[mt][3] = 0.0f;
-    /* the column this thread feeds into P (hi of row g, lo of row g − G, or nothing) */
-    const int p_src = g < G ? lane : (LO && g < 2 * G) ? (g - G) * 4 + t4 : lane;
-    const int p_kind = g < G ? 0 : (LO && g < 2 * G) ? 1 : 2;
-    int col_row[2];
-#pragma unroll
-    for (int c = 0; c < 2; c++) {
-        const int col = 2 * t4 + c;
-        col_row[c] = col < G ? col : (LO && col < 2 * G) ? col - G : 0;
-    }
+    const p_cols pc = p_columns(lane, G, LO);
 
     /* the loop is software-pipelined for the code formats: the next tile's bytes are in flight while this
      * one is decoded (raw pages hold 4x the registers and stay unpipelined) */
@@ -438,22 +501,9 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
         /* P fragment, column g: hi of row g; with 2G <= 8 the lo of row g − G in columns G..2G−1, else a
          * second product with the lo parts into the same columns */
         uint32_t pb[2], pl[2];
-#pragma unroll
-        for (int tt = 0; tt < 2; tt++) {
-            const float x0 = __shfl_sync(0xffffffffu, pv[tt][0], p_src),
-                        x1 = __shfl_sync(0xffffffffu, pv[tt][1], p_src);
-            pb[tt] = p_kind == 0   ? pack(hi16<VBF>(x0), hi16<VBF>(x1))
-                     : p_kind == 1 ? pack(lo16<VBF>(x0), lo16<VBF>(x1))
-                                   : 0u;
-            pl[tt] = g < G ? pack(lo16<VBF>(x0), lo16<VBF>(x1)) : 0u;
-        }
-        const float al0 = __shfl_sync(0xffffffffu, alpha, col_row[0] * 4),
-                    al1 = __shfl_sync(0xffffffffu, alpha, col_row[1] * 4);
-#pragma unroll
-        for (int mt = 0; mt < KS; mt++) {
-            oacc[mt][0] *= al0, oacc[mt][2] *= al0;
-            oacc[mt][1] *= al1, oacc[mt][3] *= al1;
-        }
+        p_fragments<VBF>(pv, pc, g, G, pb, pl);
+        scale_cols<KS>(oacc, __shfl_sync(0xffffffffu, alpha, pc.col_row[0] * 4),
+                       __shfl_sync(0xffffffffu, alpha, pc.col_row[1] * 4));
         /* ---- values: tokens 2t4, 2t4 + 1 (pair 0) and 2t4 + 8, 2t4 + 9 (pair 1) */
         if constexpr (VF == FMT_BOX4) {
             const int B0 = (D / 16) * g, blo = (32 * (B0 >> 4) + (B0 & 15)) >> 3, bhi = blo + 2;
@@ -517,25 +567,8 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
         sl[warp][g] = l;
     }
     __syncthreads();
-    for (int idx = tid; idx < G * D; idx += blockDim.x) {
-        const int r = idx / D, i = idx % D;
-        float M = -INFINITY;
-        for (int w = 0; w < WARPS; w++)
-            M = fmaxf(M, sm[w][r]);
-        float O = 0.0f, L = 0.0f;
-        if (M != -INFINITY)
-            for (int w = 0; w < WARPS; w++) {
-                const float wt = exp2f(sm[w][r] - M);
-                O += wt * (so[w][r][i] + (LO ? so[w][r + G][i] : 0.0f));
-                L += wt * sl[w][r];
-            }
-        const size_t base = ((size_t)seq * a.n_head + (size_t)kvh * G + r) * a.n_split + split;
-        a.part_o[base * D + i] = O;
-        if (i == 0) {
-            a.part_ml[2 * base] = M;
-            a.part_ml[2 * base + 1] = L;
-        }
-    }
+    store_split<D>(a, seq, kvh, G, split, sm, sl,
+                   [&](int w, int r, int i) { return so[w][r][i] + (LO ? so[w][r + G][i] : 0.0f); });
     merge_last<D>(a, seq, kvh, G, so);
 }
 
@@ -564,7 +597,9 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
 #ifndef BOX_MINB
 #define BOX_MINB 3 /* resident blocks per SM the register budget is made for */
 #endif
+#ifndef BOX_NT
 #define BOX_NT 2 /* 16-token sub-tiles per tile */
+#endif
 
 template <int D> struct box_geo {
     static constexpr int KN = D / 2;                       /* nibble bytes of a token */
@@ -712,22 +747,7 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
 
     for (int i = tid; i < 256; i += blockDim.x)
         sh[i] = i ? c_box_frac[i & 7] * __int_as_float(((i >> 3) - 21 + 127) << 23) : 0.0f; /* δ/2 */
-    for (int idx = tid; idx < G * D; idx += blockDim.x) {
-        const int r = idx / D, i = idx % D;
-        sq[r][i] =
-            e8kv_cuda_load_val(a.q, ((size_t)seq * a.n_head + (size_t)kvh * G + r) * D + i, a.q_dtype) *
-            a.signs[i];
-    }
-    __syncthreads();
-    for (int h = 1; h < D; h *= 2) {
-        for (int idx = tid; idx < G * D / 2; idx += blockDim.x) {
-            const int r = idx / (D / 2), j = idx % (D / 2), i = (j / h) * 2 * h + j % h;
-            const float x = sq[r][i], y = sq[r][i + h];
-            sq[r][i] = x + y;
-            sq[r][i + h] = x - y;
-        }
-        __syncthreads();
-    }
+    load_query<D>(a, seq, kvh, G, true, sq);
     const float qscale = a.rot_scale * rsqrtf((float)D) * LOG2E;
     /* B fragments of the scores: k-step s = word s/2 of the lane's nibbles, low (s even) or high nibbles;
      * k index 2t4 ↔ byte 0, 2t4 + 1 ↔ byte 2, 2t4 + 8 ↔ byte 1, 2t4 + 9 ↔ byte 3 of the word. Column g:
@@ -879,11 +899,7 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
                         al1 = n1 == -INFINITY ? 1.0f : ex2(m1 - n1);
             m0 = n0, m1 = n1;
             l0 *= al0, l1 *= al1;
-#pragma unroll
-            for (int mt = 0; mt < KS; mt++) {
-                oacc[mt][0] *= al0, oacc[mt][2] *= al0;
-                oacc[mt][1] *= al1, oacc[mt][3] *= al1;
-            }
+            scale_cols<KS>(oacc, al0, al1);
             ocos[0] *= al0, ocos[2] *= al0;
             ocos[1] *= al1, ocos[3] *= al1;
         }
@@ -987,273 +1003,340 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
         sl[warp][2 * t4] = l0, sl[warp][2 * t4 + 1] = l1;
     }
     __syncthreads();
-    for (int idx = tid; idx < G * D; idx += blockDim.x) {
-        const int r = idx / D, i = idx % D;
-        float M = -INFINITY;
-        for (int w = 0; w < WARPS; w++)
-            M = fmaxf(M, sm[w][r]);
-        float O = 0.0f, L = 0.0f;
-        if (M != -INFINITY)
-            for (int w = 0; w < WARPS; w++) {
-                const float wt = exp2f(sm[w][r] - M);
-                float o = so[w][r][i] + scos[w][r][i >> 3];
-                if (!G8) o += so[w][r + 4][i] + scos[w][r + 4][i >> 3];
-                O += wt * o;
-                L += wt * sl[w][r];
-            }
-        const size_t base = ((size_t)seq * a.n_head + (size_t)kvh * G + r) * a.n_split + split;
-        a.part_o[base * D + i] = O;
-        if (i == 0) {
-            a.part_ml[2 * base] = M;
-            a.part_ml[2 * base + 1] = L;
-        }
-    }
+    store_split<D>(a, seq, kvh, G, split, sm, sl, [&](int w, int r, int i) {
+        float o = so[w][r][i] + scos[w][r][i >> 3];
+        if (!G8) o += so[w][r + 4][i] + scos[w][r + 4][i >> 3];
+        return o;
+    });
     merge_last<D>(a, seq, kvh, G, so);
 }
 
 /* One wave: every block of the launch resident at once and all with the same work, so no tail. */
-/* ---- e8p:2 pages (K and V both), on the CUDA cores: a block of 128 threads takes 128-token tiles of
- * its split. Thread t reads token t's K and V codes (16-byte loads); each 16-bit block code becomes 8
- * floats from a table of the 256 patterns' magnitudes 4c_i + 2 in shared memory, the 8 signs (the 8th from
- * the parity) XOR-ed into the float sign bits; the ±¼ shift enters the score as ±Σ q over the block. The
- * score is q·n times δ/4 (the per-vector step applied once); V is decoded the same way into f16 in shared
- * memory (odd integers ≤ 11: exact), 16-byte chunks swizzled by token. The block shares the tile's maximum
- * and P·δ_V/4; then thread t accumulates two output coordinates over a share of the tile's tokens. The
- * splits merge as the other kernels' (merge_last); V stays rotated until then. ---- */
+/* ---- e8p:2 pages (K and V both) on the tensor cores ----
+ *
+ * The frame of attn_split_kernel: a warp takes 16-token sub-tiles of its split (E8P_NT per step, the next
+ * step's codes already loaded into registers), the scores are S = Q·Kᵀ with the query rows as A (rows
+ * 0..G−1 the f16 hi parts, 8..8+G−1 the lo parts) and the score fragment of a thread is the P fragment it
+ * feeds into Oᵀ += Vᵀ·Pᵀ.
+ *
+ * Decode (doc/format.md §2.5): coordinate i of a block is x̂_i = δ/4·((1 − 2σ_i)(4c_i + 2) + 2h − 1)
+ * = δ·(G_i + (2h − 31)/4) with G_i = 8 + c_i for σ_i = 0 and 7 − c_i for σ_i = 1, i.e. the nibble
+ * G_i = (8 | c_i) XOR 0xF·σ_i. Two tables in shared memory give the eight nibbles of a block at once:
+ * T[t] = the nibbles 8 | c_i of pattern t (nibble 7 XOR 0xF when Σc_i is odd: that share of σ_7), and
+ * S[b] for the code's second byte b = the nibbles 0xF·σ_i (nibble 7: 0xF·(σ_0 ⊕ … ⊕ σ_6)), so that
+ * Y = T[t] XOR S[b] holds the G_i (S has 128 entries: b's top bit is h). Each table is written 32 times
+ * over (entry e of lane l at word 32e + l): a warp's random lookups never share a bank, and the byte offset
+ * of an entry is one shift and one LOP3 from the code word. The words Y & 0x000F000F, Y & 0x00F000F0 and
+ * the same of (Y >> 8) are f16x2 subnormals G·2^-24 and G·2^-20, exact mma operands with no bias to remove
+ * (one accumulator per scale; the k-steps of the scores are grouped by scale, the output rows keep theirs
+ * until the merge). The (2h − 31)/4 part is one more product per sub-tile with 2h − 31 per (token, block)
+ * as an operand: against ¼ of the query's sum over each block (scores), or against P·δ (values: per block of
+ * coordinates, added at the merge). Since q·k is invariant under a permutation of the coordinates, the
+ * lane that decodes a block gets the query coordinates that match (the qa setup below) and the output
+ * coordinates are put back in order at the merge. V stays rotated until merge_last. */
+#ifndef E8P_NT
+#define E8P_NT 2 /* 16-token sub-tiles per warp step */
+#endif
+#ifndef E8P_MINB
+#define E8P_MINB 3 /* resident blocks per SM the register budget is made for */
+#endif
+#define E8P_S_OFF (256 * 32 * 4) /* byte offset of the table S */
+/* P·δ_V lifted out of f16 subnormals: an exact power of 2, divided out at the merge */
+#define E8P_VSCALE 64.0f
 __constant__ uint16_t c_pat_a[256];
 
-/* dynamic shared memory of attn_e8p_kernel<D>: sq[8][D] f32, smag[256][8] f32, sp[8][128] f32,
- * sqs[8][D/8] f32, sred[8][WARPS] f32, spar[256] u8, then sv[128][D] f16 (so[WARPS][8][D] f32 after the
- * loop) */
+/* dynamic shared memory of attn_e8p_kernel<D>: the tables T (256 × 32 words) and S (128 × 32 words); the
+ * rotated query sq[8][D] f32 is made there first, the merge buffer (WARPS × 8 × D floats) after the loop */
 template <int D> static constexpr int e8p_smem_bytes(void) {
-    return 4 * (8 * D + 256 * 8 + 8 * 128 + 8 * (D / 8) + 8 * WARPS) + 256 +
-           (128 * D * 2 > WARPS * 8 * D * 4 ? 128 * D * 2 : WARPS * 8 * D * 4);
+    return E8P_S_OFF + 128 * 32 * 4;
 }
 
-template <int D> __global__ void __launch_bounds__(128) attn_e8p_kernel(const attn_launch a) {
-    constexpr int NB = D / 8, HALVES = 256 / D, NP = D / 2;
-    extern __shared__ __align__(16) uint8_t e8p_smem[];
-    float(*const sq)[D] = reinterpret_cast<float(*)[D]>(e8p_smem);
-    float(*const smag)[8] = reinterpret_cast<float(*)[8]>(e8p_smem + 4 * 8 * D);
-    float(*const sp)[128] = reinterpret_cast<float(*)[128]>(e8p_smem + 4 * (8 * D + 256 * 8));
-    float(*const sqs)[NB] = reinterpret_cast<float(*)[NB]>(e8p_smem + 4 * (8 * D + 256 * 8 + 8 * 128));
-    float(*const sred)[WARPS] =
-        reinterpret_cast<float(*)[WARPS]>(e8p_smem + 4 * (8 * D + 256 * 8 + 8 * 128 + 8 * NB));
-    uint8_t *const spar = e8p_smem + 4 * (8 * D + 256 * 8 + 8 * 128 + 8 * NB + 8 * WARPS);
-    uint4 *const sv = reinterpret_cast<uint4 *>(spar + 256); /* [128][NB] chunks of 8 f16, swizzled */
-    float(*const so)[8][D] = reinterpret_cast<float(*)[8][D]>(spar + 256);
+/* The code bytes one lane needs for E8P_NT sub-tiles:
+ *   K: tokens g and 8 + g, blocks (D/32)·t4 … (D/32)·t4 + D/32 − 1 (D/64 words of two block codes);
+ *   V: tokens 2t4, 2t4 + 1, 2t4 + 8, 2t4 + 9, blocks (D/64)·g … (one word, or its low half at d = 64);
+ *   the step bytes of tokens 8tt + 2t4 and 8tt + 2t4 + 1 (the score / P columns of the thread). */
+template <int D> struct e8p_regs {
+    uint32_t kw[E8P_NT][2][D / 64];
+    uint32_t vw[E8P_NT][4];
+    uint32_t ks[E8P_NT][2], vs[E8P_NT][2];
+};
+
+template <int D>
+__device__ __forceinline__ void e8p_load(e8p_regs<D> &r, const attn_launch &a, const int32_t *table, int kvh,
+                                         int t0, int end, int g, int t4, int bshift) {
+    const int bs = (int)a.block_size;
+#pragma unroll
+    for (int u = 0; u < E8P_NT; u++) {
+        const int s0 = t0 + 16 * u;
+        if (s0 >= end) continue; /* its page may not exist; the sub-tile is skipped */
+        /* pages of 16·2^k tokens (bshift = k + 4 ≥ 4): the page and offset by shifts, else by division */
+        const int page = table[bshift >= 4 ? s0 >> bshift : s0 / bs],
+                  o0 = bshift >= 4 ? s0 & ((1 << bshift) - 1) : s0 % bs;
+        const uint8_t *const kb = a.k.pool + (size_t)page * a.k.page_bytes + (size_t)kvh * a.k.head_bytes;
+        const uint8_t *const vb = a.v.pool + (size_t)page * a.v.page_bytes + (size_t)kvh * a.v.head_bytes;
+        /* one base per stream and area, the rest immediate offsets */
+        const uint8_t *const kt = kb + (o0 + g) * (D / 4) + (D / 16) * t4;
+        const uint8_t *const vt = vb + (o0 + 2 * t4) * (D / 4) + (D / 32) * g;
+        const uint8_t *const ksd = kb + bs * (D / 4) + o0 + 2 * t4;
+        const uint8_t *const vsd = vb + bs * (D / 4) + o0 + 2 * t4;
+#pragma unroll
+        for (int tt = 0; tt < 2; tt++) {
+            if constexpr (D == 128) {
+                const uint2 x = __ldg((const uint2 *)(kt + 8 * tt * (D / 4)));
+                r.kw[u][tt][0] = x.x, r.kw[u][tt][1] = x.y;
+            } else {
+                r.kw[u][tt][0] = __ldg((const uint32_t *)(kt + 8 * tt * (D / 4)));
+            }
+            r.ks[u][tt] = __ldg((const uint16_t *)(ksd + 8 * tt));
+            r.vs[u][tt] = __ldg((const uint16_t *)(vsd + 8 * tt));
+        }
+        constexpr int tv[4] = {0, 1, 8, 9}; /* tokens 2t4 + tv[i] */
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            r.vw[u][i] = D == 128 ? __ldg((const uint32_t *)(vt + tv[i] * (D / 4)))
+                                  : (uint32_t)__ldg((const uint16_t *)(vt + tv[i] * (D / 4)));
+    }
+}
+
+/* Y (the nibbles G_i) of the block code in the low (hf = 0) or high half of w; lane4 = 4 · lane */
+__device__ __forceinline__ uint32_t e8p_y(const uint8_t *tabs, uint32_t lane4, uint32_t w, int hf) {
+    const uint32_t iT = ((hf ? w >> 9 : w << 7) & 0x7F80u) | lane4,
+                   iS = ((hf ? w >> 17 : w >> 1) & 0x3F80u) | lane4;
+    return *reinterpret_cast<const uint32_t *>(tabs + iT) ^
+           *reinterpret_cast<const uint32_t *>(tabs + E8P_S_OFF + iS);
+}
+
+/* the shift bits h of two block codes (bits 15, 31 of x) → f16x2 of 2h − 31 (−29 = 0xCF40, −31 = 0xCFC0) */
+__device__ __forceinline__ uint32_t e8p_hword(uint32_t x) {
+    return (~(x >> 8) & 0x00800080u) | 0xCF40CF40u;
+}
+
+template <int D> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_launch a) {
+    constexpr int KS = D / 16, BPL = D / 32, NBL = D / 64, KW = D / 64;
+    extern __shared__ __align__(16) uint32_t e8p_dyn[];
+    uint32_t *const tabT = e8p_dyn, *const tabS = e8p_dyn + E8P_S_OFF / 4;
+    float(*const sq)[D] = reinterpret_cast<float(*)[D]>(e8p_dyn); /* until the tables are made */
+    __shared__ float sh[256];                                     /* δ(e) */
+    __shared__ float sm[WARPS][8], sl[WARPS][8];
+    __shared__ float scos[WARPS][8][16];
+    static_assert(E8P_S_OFF >= sizeof(float) * WARPS * 8 * D, "the merge buffer aliases the tables");
 
     const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
     const int G = (int)(a.n_head / a.n_head_kv);
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const bool LO = 2 * G <= 8;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int n_split = (int)a.n_split;
     const int ctx = a.ctx_lens[seq];
-    const int chunk = ((ctx + n_split - 1) / n_split + 15) & ~15;
+    const int chunk = ((ctx + n_split - 1) / n_split + 16 * E8P_NT - 1) & -(16 * E8P_NT);
     const int start = split * chunk, end = min(start + chunk, ctx);
     const int32_t *const table = a.block_tables + (size_t)seq * a.max_blocks;
-    const int bs = (int)a.block_size;
+    const int step = 16 * E8P_NT * WARPS, first = start + 16 * E8P_NT * warp;
+    const int bshift = (a.block_size & (a.block_size - 1)) == 0 ? __ffs((int)a.block_size) - 1 : 0;
 
-    for (int i = tid; i < 256; i += 128) {
-        const unsigned W = c_pat_a[i];
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            smag[i][k] = (float)(4 * ((W >> (2 * k)) & 3u) + 2);
-        spar[i] = (uint8_t)(__popc(W & 0x5555u) & 1);
-    }
-    for (int idx = tid; idx < G * D; idx += 128) {
-        const int r = idx / D, i = idx % D;
-        sq[r][i] =
-            e8kv_cuda_load_val(a.q, ((size_t)seq * a.n_head + (size_t)kvh * G + r) * D + i, a.q_dtype) *
-            a.signs[i];
-    }
-    __syncthreads();
-    for (int h = 1; h < D; h *= 2) {
-        for (int idx = tid; idx < G * D / 2; idx += 128) {
-            const int r = idx / (D / 2), j = idx % (D / 2), i = (j / h) * 2 * h + j % h;
-            const float x = sq[r][i], y = sq[r][i + h];
-            sq[r][i] = x + y;
-            sq[r][i + h] = x - y;
-        }
-        __syncthreads();
-    }
+    /* the first step's codes are in flight while the tables and the query are made */
+    e8p_regs<D> cur, nxt;
+    if (first < end) e8p_load<D>(cur, a, table, kvh, first, end, g, t4, bshift);
+
+    load_query<D>(a, seq, kvh, G, true, sq);
     const float qscale = a.rot_scale * rsqrtf((float)D) * LOG2E;
-    for (int idx = tid; idx < G * D; idx += 128)
-        sq[idx / D][idx % D] *= qscale;
-    __syncthreads();
-    for (int idx = tid; idx < G * NB; idx += 128) { /* Σ q over each block: the ±¼ shift's share */
-        const int r = idx / NB, bl = idx % NB;
-        float s = 0.0f;
-        for (int i = 0; i < 8; i++)
-            s += sq[r][8 * bl + i];
-        sqs[r][bl] = s;
+    /* A fragments: k-step s holds block (D/32)·t4 + s/2 of the lane's K words, elements (0, 4) / (2, 6) for
+     * s even (scale 2^-24), (1, 5) / (3, 7) for s odd (2^-20): k index 2t4 + 8u + c ↔ element s%2 + 2u + 4c.
+     * qs: the shift product, k index 2t4 + 8u + c ↔ block (D/32)·t4 + 2u + c, ¼ of the block's query sum. */
+    uint32_t qa[KS][4], qs[4];
+#pragma unroll
+    for (int s = 0; s < KS; s++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float x[2];
+#pragma unroll
+            for (int c = 0; c < 2; c++)
+                x[c] =
+                    g < G ? sq[g][8 * (BPL * t4 + (s >> 1)) + (s & 1) + 2 * (j >> 1) + 4 * c] * qscale : 0.0f;
+            qa[s][j] = (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1]))
+                               : pack(hi16<false>(x[0]), hi16<false>(x[1]));
+        }
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float x[2];
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const int lb = 2 * (j >> 1) + c;
+            float sum = 0.0f;
+            if (g < G && lb < BPL)
+                for (int i = 0; i < 8; i++)
+                    sum += sq[g][8 * (BPL * t4 + lb) + i] * qscale;
+            x[c] = 0.25f * sum;
+        }
+        qs[j] =
+            (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1])) : pack(hi16<false>(x[0]), hi16<false>(x[1]));
+    }
+
+    __syncthreads(); /* sq is read: the tables take its place */
+    for (int i = tid; i < 256; i += blockDim.x) {
+        const unsigned W = c_pat_a[i];
+        uint32_t T = 0, S = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            T |= (8u | ((W >> (2 * k)) & 3u)) << (4 * k);
+            if (k < 7) S |= (((unsigned)i >> k) & 1u) * (0xFu << (4 * k));
+        }
+        if (__popc(W & 0x5555u) & 1) T ^= 0xF0000000u;
+        if (__popc((unsigned)i & 0x7Fu) & 1) S |= 0xF0000000u;
+        uint4 *const dT = reinterpret_cast<uint4 *>(tabT + 32 * i);
+        uint4 *const dS = reinterpret_cast<uint4 *>(tabS + 32 * i);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            dT[j] = make_uint4(T, T, T, T);
+            if (i < 128) dS[j] = make_uint4(S, S, S, S);
+        }
+        sh[i] = i ? c_box_frac[i & 7] * __int_as_float(((i >> 3) - 20 + 127) << 23) : 0.0f;
     }
     __syncthreads();
 
-    float m[8], l[8], acc0[8], acc1[8];
+    float m = -INFINITY, l = 0.0f;
+    float oacc[KS][4], ocos[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
-    for (int r = 0; r < 8; r++)
-        m[r] = -INFINITY, l[r] = 0.0f, acc0[r] = 0.0f, acc1[r] = 0.0f;
-    const int pr = tid % NP, grp = tid / NP;
-    for (int tile0 = start; tile0 < end; tile0 += 128) {
-        const int j = tile0 + tid;
-        const bool live = j < end;
-        float s[8];
-        float hq = 0.0f; /* V's δ/4 */
-        if (live) {
-            const int page = table[j / bs], o = j % bs;
-            const uint8_t *const kb = a.k.pool + (size_t)page * a.k.page_bytes + (size_t)kvh * a.k.head_bytes;
-            const uint8_t *const vb = a.v.pool + (size_t)page * a.v.page_bytes + (size_t)kvh * a.v.head_bytes;
-            uint32_t kw[NB / 2], vw[NB / 2];
+    for (int mt = 0; mt < KS; mt++)
+        oacc[mt][0] = oacc[mt][1] = oacc[mt][2] = oacc[mt][3] = 0.0f;
+    const p_cols pc = p_columns(lane, G, LO);
+    const uint8_t *const tabs = reinterpret_cast<const uint8_t *>(e8p_dyn);
+    const uint32_t lane4 = 4 * lane;
+
+    for (int t0 = first; t0 < end; t0 += step) {
+        const int n0 = t0 + step;
+        if (n0 < end) e8p_load<D>(nxt, a, table, kvh, n0, end, g, t4, bshift);
 #pragma unroll
-            for (int u = 0; u < D / 64; u++) {
-                const uint4 w4 = __ldg((const uint4 *)(kb + (size_t)o * (D / 4)) + u);
-                kw[4 * u] = w4.x, kw[4 * u + 1] = w4.y, kw[4 * u + 2] = w4.z, kw[4 * u + 3] = w4.w;
-                const uint4 v4 = __ldg((const uint4 *)(vb + (size_t)o * (D / 4)) + u);
-                vw[4 * u] = v4.x, vw[4 * u + 1] = v4.y, vw[4 * u + 2] = v4.z, vw[4 * u + 3] = v4.w;
-            }
-            const unsigned ke = __ldg(kb + (size_t)bs * (D / 4) + o);
-            const unsigned ve = __ldg(vb + (size_t)bs * (D / 4) + o);
-            const float hk =
-                ke ? 0.25f * c_box_frac[ke & 7] * __int_as_float(((int)(ke >> 3) - 20 + 127) << 23) : 0.0f;
-            hq = ve ? 0.25f * c_box_frac[ve & 7] * __int_as_float(((int)(ve >> 3) - 20 + 127) << 23) : 0.0f;
-            float dot[8];
+        for (int u = 0; u < E8P_NT; u++) {
+            const int tile0 = t0 + 16 * u;
+            if (tile0 >= end) break;
+            /* ---- scores of tokens 8tt + 2t4 + c: [tt][scale 2^-24, 2^-20, shift][fragment] */
+            float acc[2][3][4];
 #pragma unroll
-            for (int r = 0; r < 8; r++)
-                dot[r] = 0.0f;
+            for (int tt = 0; tt < 2; tt++)
 #pragma unroll
-            for (int bl = 0; bl < NB; bl++) {
-                const unsigned code = (kw[bl / 2] >> (16 * (bl & 1))) & 0xffffu, t = code & 255u;
-                const unsigned sg = (code >> 8) & 127u;
-                const unsigned sgn = sg | ((__popc(sg) + spar[t]) & 1u) << 7;
-                const float4 m0 = *(const float4 *)&smag[t][0], m1 = *(const float4 *)&smag[t][4];
-                const float mm[8] = {m0.x, m0.y, m0.z, m0.w, m1.x, m1.y, m1.z, m1.w};
-                float v[8];
+                for (int h = 0; h < 3; h++)
+                    acc[tt][h][0] = acc[tt][h][1] = acc[tt][h][2] = acc[tt][h][3] = 0.0f;
 #pragma unroll
-                for (int i = 0; i < 8; i++)
-                    v[i] = __int_as_float(__float_as_int(mm[i]) ^ ((sgn << (31 - i)) & 0x80000000u));
-                const float sh = code >> 15 ? 1.0f : -1.0f;
+            for (int tt = 0; tt < 2; tt++) {
 #pragma unroll
-                for (int r = 0; r < 8; r++)
-                    if (r < G) {
-                        const float4 q0 = *(const float4 *)&sq[r][8 * bl],
-                                     q1 = *(const float4 *)&sq[r][8 * bl + 4];
-                        float d = dot[r];
-                        d = fmaf(q0.x, v[0], d), d = fmaf(q0.y, v[1], d), d = fmaf(q0.z, v[2], d);
-                        d = fmaf(q0.w, v[3], d), d = fmaf(q1.x, v[4], d), d = fmaf(q1.y, v[5], d);
-                        d = fmaf(q1.z, v[6], d), d = fmaf(q1.w, v[7], d);
-                        dot[r] = fmaf(sh, sqs[r][bl], d);
+                for (int wi = 0; wi < KW; wi++) {
+                    const uint32_t w = cur.kw[u][tt][wi];
+#pragma unroll
+                    for (int hf = 0; hf < 2; hf++) {
+                        const uint32_t Y = e8p_y(tabs, lane4, w, hf);
+                        const uint32_t Y8 = Y >> 8;
+                        const int lb = 2 * wi + hf;
+                        const uint32_t b0[2] = {Y & 0x000F000Fu, Y8 & 0x000F000Fu};
+                        const uint32_t b4[2] = {Y & 0x00F000F0u, Y8 & 0x00F000F0u};
+                        mma16816<false>(acc[tt][0], qa[2 * lb], b0);
+                        mma16816<false>(acc[tt][1], qa[2 * lb + 1], b4);
                     }
-            }
-#pragma unroll
-            for (int r = 0; r < 8; r++)
-                s[r] = dot[r] * hk;
-                /* V of this token → f16 (odd integers ≤ 11: exact) in shared memory, chunk bl at bl ^ (tid
-                 * mod NB) */
-#pragma unroll
-            for (int bl = 0; bl < NB; bl++) {
-                const unsigned code = (vw[bl / 2] >> (16 * (bl & 1))) & 0xffffu, t = code & 255u;
-                const unsigned sg = (code >> 8) & 127u;
-                const unsigned sgn = sg | ((__popc(sg) + spar[t]) & 1u) << 7;
-                const float4 m0 = *(const float4 *)&smag[t][0], m1 = *(const float4 *)&smag[t][4];
-                const float mm[8] = {m0.x, m0.y, m0.z, m0.w, m1.x, m1.y, m1.z, m1.w};
-                const float sh = code >> 15 ? 1.0f : -1.0f;
-                uint32_t hw[4];
-#pragma unroll
-                for (int i = 0; i < 8; i += 2) {
-                    const float x0 =
-                        __int_as_float(__float_as_int(mm[i]) ^ ((sgn << (31 - i)) & 0x80000000u)) + sh;
-                    const float x1 =
-                        __int_as_float(__float_as_int(mm[i + 1]) ^ ((sgn << (30 - i)) & 0x80000000u)) + sh;
-                    const __half2 h2 = __floats2half2_rn(x0, x1);
-                    hw[i / 2] = *reinterpret_cast<const uint32_t *>(&h2);
                 }
-                sv[tid * NB + (bl ^ (tid & (NB - 1)))] = make_uint4(hw[0], hw[1], hw[2], hw[3]);
+                const uint32_t hb[2] = {e8p_hword(cur.kw[u][tt][0]),
+                                        KW > 1 ? e8p_hword(cur.kw[u][tt][KW - 1]) : 0u};
+                mma16816<false>(acc[tt][2], qs, hb);
             }
-        } else {
+            const bool full = tile0 + 16 <= end;
+            float sc[2][2], tmax = -INFINITY;
 #pragma unroll
-            for (int r = 0; r < 8; r++)
-                s[r] = -INFINITY;
+            for (int tt = 0; tt < 2; tt++)
 #pragma unroll
-            for (int bl = 0; bl < NB; bl++)
-                sv[tid * NB + bl] = make_uint4(0u, 0u, 0u, 0u);
-        }
-        /* the tile's maximum per head */
-#pragma unroll
-        for (int r = 0; r < 8; r++) {
-            if (r >= G) break;
-            float x = s[r];
-            for (int o2 = 16; o2; o2 >>= 1)
-                x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o2));
-            if (lane == 0) sred[r][warp] = x;
-        }
-        __syncthreads();
-        float scale[8];
-#pragma unroll
-        for (int r = 0; r < 8; r++) {
-            if (r >= G) break;
-            float tm = sred[r][0];
-            for (int w = 1; w < WARPS; w++)
-                tm = fmaxf(tm, sred[r][w]);
-            const float nm = fmaxf(m[r], tm); /* finite: the tile has a live token */
-            scale[r] = exp2f(m[r] - nm);
-            m[r] = nm;
-            const float p = live ? exp2f(s[r] - nm) : 0.0f;
-            sp[r][tid] = p * hq;
-            float ps = p;
-            for (int o2 = 16; o2; o2 >>= 1)
-                ps += __shfl_xor_sync(0xffffffffu, ps, o2);
-            s[r] = ps; /* the warp's sum of P */
-        }
-        __syncthreads(); /* sred read by all before it is rewritten */
-#pragma unroll
-        for (int r = 0; r < 8; r++) {
-            if (r >= G) break;
-            if (lane == 0) sred[r][warp] = s[r];
-        }
-        __syncthreads();
-#pragma unroll
-        for (int r = 0; r < 8; r++) {
-            if (r >= G) break;
-            float ts = 0.0f;
-            for (int w = 0; w < WARPS; w++)
-                ts += sred[r][w];
-            l[r] = l[r] * scale[r] + ts;
-            acc0[r] *= scale[r];
-            acc1[r] *= scale[r];
-        }
-        /* P·V: coordinates 2pr, 2pr + 1 over the tile's tokens grp, grp + HALVES, ... */
-        const int c = pr >> 2, w = pr & 3;
-        const uint32_t *const sv32 = reinterpret_cast<const uint32_t *>(sv);
-        for (int t = grp; t < 128; t += HALVES) {
-            const uint32_t hv = sv32[4 * (t * NB + (c ^ (t & (NB - 1)))) + w];
-            const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&hv));
-#pragma unroll
-            for (int r = 0; r < 8; r++)
-                if (r < G) {
-                    const float p = sp[r][t];
-                    acc0[r] = fmaf(p, f.x, acc0[r]);
-                    acc1[r] = fmaf(p, f.y, acc1[r]);
+                for (int c = 0; c < 2; c++) {
+                    const float raw = 0x1p24f * (acc[tt][0][c] + acc[tt][0][c + 2]) +
+                                      0x1p20f * (acc[tt][1][c] + acc[tt][1][c + 2]) +
+                                      (acc[tt][2][c] + acc[tt][2][c + 2]);
+                    float sv = raw * sh[(cur.ks[u][tt] >> (8 * c)) & 255u];
+                    if (g >= G || (!full && tile0 + 8 * tt + 2 * t4 + c >= end)) sv = -INFINITY;
+                    sc[tt][c] = sv;
+                    tmax = fmaxf(tmax, sv);
                 }
+            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+            /* the running maximum moves only when a score passes it (a warp vote): the accumulators are
+             * rescaled on those sub-tiles only */
+            if (__any_sync(0xffffffffu, tmax > m)) {
+                const float m_new = fmaxf(m, tmax);
+                const float alpha = m_new == -INFINITY ? 1.0f : ex2(m - m_new);
+                l *= alpha;
+                m = m_new;
+                const float al0 = __shfl_sync(0xffffffffu, alpha, pc.col_row[0] * 4),
+                            al1 = __shfl_sync(0xffffffffu, alpha, pc.col_row[1] * 4);
+                scale_cols<KS>(oacc, al0, al1);
+                scale_cols<1>(ocos, al0, al1);
+            }
+            float pv[2][2];
+#pragma unroll
+            for (int tt = 0; tt < 2; tt++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const float p = m == -INFINITY ? 0.0f : ex2(sc[tt][c] - m);
+                    l += p;
+                    pv[tt][c] = p * sh[(cur.vs[u][tt] >> (8 * c)) & 255u] * E8P_VSCALE;
+                }
+            uint32_t pb[2], pl[2];
+            p_fragments<false>(pv, pc, g, G, pb, pl);
+            /* ---- values: rows g / g + 8 of M-tile 4bb + k = elements k / 4 + k of block (D/64)·g + bb,
+             * columns tokens 2t4, 2t4 + 1 (a0, a1) and 2t4 + 8, 2t4 + 9 (a2, a3) */
+#pragma unroll
+            for (int bb = 0; bb < NBL; bb++) {
+                uint32_t Yv[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    Yv[i] = e8p_y(tabs, lane4, cur.vw[u][i], bb);
+                const uint32_t zl0 = __byte_perm(Yv[0], Yv[1], 0x5410),
+                               zh0 = __byte_perm(Yv[0], Yv[1], 0x7632),
+                               zl1 = __byte_perm(Yv[2], Yv[3], 0x5410),
+                               zh1 = __byte_perm(Yv[2], Yv[3], 0x7632);
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    const int s8 = k >= 2 ? 8 : 0;
+                    const uint32_t msk = (k & 1) ? 0x00F000F0u : 0x000F000Fu;
+                    const uint32_t r[4] = {(zl0 >> s8) & msk, (zh0 >> s8) & msk, (zl1 >> s8) & msk,
+                                           (zh1 >> s8) & msk};
+                    mma16816<false>(oacc[4 * bb + k], r, pb);
+                    if (!LO) mma16816<false>(oacc[4 * bb + k], r, pl);
+                }
+            }
+            {
+                /* the (2h − 31) part: rows g / g + 8 = blocks (D/64)·g and (D/64)·g + 1 */
+                const uint32_t *const w = cur.vw[u];
+                const uint32_t r[4] = {e8p_hword(__byte_perm(w[0], w[1], 0x5410)),
+                                       NBL > 1 ? e8p_hword(__byte_perm(w[0], w[1], 0x7632)) : 0u,
+                                       e8p_hword(__byte_perm(w[2], w[3], 0x5410)),
+                                       NBL > 1 ? e8p_hword(__byte_perm(w[2], w[3], 0x7632)) : 0u};
+                mma16816<false>(ocos[0], r, pb);
+                if (!LO) mma16816<false>(ocos[0], r, pl);
+            }
         }
-        __syncthreads(); /* sp, sv, sred reused by the next tile */
+        if (n0 < end) cur = nxt;
     }
-    /* this split's state: the token groups summed through so (over sv), then part_o / part_ml */
-    const size_t head0 = (size_t)seq * a.n_head + (size_t)kvh * G;
-    float *const sob = &so[0][0][0];
-    for (int r = 0; r < G; r++) {
-        sob[(grp * 8 + r) * D + 2 * pr] = acc0[r];
-        sob[(grp * 8 + r) * D + 2 * pr + 1] = acc1[r];
+    /* ---- merge the warps: the output rows put back in coordinate order at their scale */
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    __syncthreads(); /* no warp reads the tables any more: they become the merge buffer */
+    float(*const so)[8][D] = reinterpret_cast<float(*)[8][D]>(e8p_dyn);
+#pragma unroll
+    for (int mt = 0; mt < KS; mt++) {
+        const int k = mt & 3, dl = 8 * (NBL * g + (mt >> 2)) + k, dh = dl + 4;
+        const float scl = (k & 1) ? 0x1p20f : 0x1p24f;
+        so[warp][2 * t4][dl] = oacc[mt][0] * scl;
+        so[warp][2 * t4 + 1][dl] = oacc[mt][1] * scl;
+        so[warp][2 * t4][dh] = oacc[mt][2] * scl;
+        so[warp][2 * t4 + 1][dh] = oacc[mt][3] * scl;
     }
+    scos[warp][2 * t4][NBL * g] = 0.25f * ocos[0][0];
+    scos[warp][2 * t4 + 1][NBL * g] = 0.25f * ocos[0][1];
+    if (NBL > 1) {
+        scos[warp][2 * t4][NBL * g + 1] = 0.25f * ocos[0][2];
+        scos[warp][2 * t4 + 1][NBL * g + 1] = 0.25f * ocos[0][3];
+    }
+    if (t4 == 0) sm[warp][g] = m, sl[warp][g] = l;
     __syncthreads();
-    if (tid < D)
-        for (int r = 0; r < G; r++) {
-            float o = 0.0f;
-            for (int h2 = 0; h2 < HALVES; h2++)
-                o += sob[(h2 * 8 + r) * D + tid];
-            const size_t hs = (head0 + r) * (size_t)n_split + (size_t)split;
-            a.part_o[hs * D + tid] = o;
-            if (tid == 0) a.part_ml[2 * hs] = m[r], a.part_ml[2 * hs + 1] = l[r];
-        }
+    store_split<D>(a, seq, kvh, G, split, sm, sl, [&](int w, int r, int i) {
+        float o = so[w][r][i] + scos[w][r][i >> 3];
+        if (LO) o += so[w][r + G][i] + scos[w][r + G][i >> 3];
+        return o;
+    });
     merge_last<D>(a, seq, kvh, G, so);
 }
 
@@ -1265,10 +1348,28 @@ template <int D> static int e8p_smem_attr(void) {
     return !done;
 }
 
+#ifndef SPLIT_FILL
+#define SPLIT_FILL 1 /* 0: one wave of whole blocks per (sequence, KV head) pair only */
+#endif
+/* share of the resident block slots that n·per blocks keep busy over their waves, in 1/1024 */
+static size_t wave_fill(size_t blocks, size_t wave) {
+    return blocks * 1024 / (((blocks + wave - 1) / wave) * wave);
+}
+
 size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm, int ctas_per_sm) {
     const size_t per = n_seq * n_head_kv,
                  wave = (size_t)(n_sm > 0 ? n_sm : 1) * (size_t)(ctas_per_sm > 0 ? ctas_per_sm : 1);
     size_t n = wave / per;
+    if (SPLIT_FILL && n < 4) {
+        /* fewer than 4 splits fit one wave: up to 4, the count whose blocks fill their waves best (by more
+         * than 5%), e.g. 256 (sequence, KV head) pairs on 396 slots: 1 split fills 65%, 3 splits 97%; only
+         * while every split keeps 2048 tokens (H100, e8p:2 at batch 32: 3 splits 16% faster at 32K, 8% slower
+         * at 4K) */
+        size_t best = n ? n : 1;
+        for (size_t k = best + 1; k <= 4 && 2048 * k <= max_ctx; k++)
+            if (wave_fill(k * per, wave) > wave_fill(best * per, wave) + 51) best = k;
+        n = best;
+    }
     const size_t most = (max_ctx + 63) / 64; /* at least one tile per warp */
     if (n > most) n = most;
     if (n > 256) n = 256;
@@ -1403,7 +1504,7 @@ size_t e8kv_cu_launch_attend(const attn_launch *a, cudaStream_t stream) {
             ready = 1;
         }
         attn_launch l = *a;
-        l.v_rot = 1, l.v_div = 1.0f;
+        l.v_rot = 1, l.v_div = E8P_VSCALE;
         const dim3 grid((unsigned)l.n_split, (unsigned)l.n_head_kv, (unsigned)l.n_seq);
         if (l.d == 128) {
             if (e8p_smem_attr<128>()) return E8KV_CU_ERR(CUDA);
