@@ -1,4 +1,5 @@
-"""Loading libe8kv and declaring the C signatures of include/e8kv.h for ctypes.
+"""Loading libe8kv and declaring the C signatures of include/e8kv.h (and include/e8kv_cuda.h when the library
+was built with CUDA) for ctypes.
 
 The library is looked up in this order: $E8KV_LIB (a path, used by the test suite to load a build tree's
 library), the libe8kv.so installed next to this file by `pip install .`, then the system's loader path.
@@ -49,6 +50,26 @@ class CacheFileInfo(ctypes.Structure):
         ("file_size", c_size_t),
         ("calib_offset", c_size_t),
         ("calib_size", c_size_t),
+    ]
+
+
+class CudaCacheParams(ctypes.Structure):
+    """e8kv_cuda_cache_params (include/e8kv_cuda.h), field for field."""
+
+    _fields_ = [
+        ("n_layer", c_size_t),
+        ("n_head_kv", c_size_t),
+        ("head_dim", c_size_t),
+        ("block_size", c_size_t),
+        ("n_blocks", c_size_t),
+        ("spec", c_char_p),
+        ("seed", c_uint64),
+        ("max_ctx", c_size_t),
+        ("max_seqs", c_size_t),
+        ("max_batch", c_size_t),
+        ("max_n_head", c_size_t),
+        ("max_append", c_size_t),
+        ("device", c_int),
     ]
 
 
@@ -112,6 +133,25 @@ _SIGNATURES = {
     "e8kv_cache_load_file": (c_void_p, [c_char_p, c_size_t, _SZ]),
 }
 
+# include/e8kv_cuda.h: present when the library was built with a CUDA compiler
+_CUDA_SIGNATURES = {
+    "e8kv_cuda_available": (c_int, []),
+    "e8kv_cuda_cache_create": (c_void_p, [POINTER(CudaCacheParams), _SZ]),
+    "e8kv_cuda_cache_free": (None, [c_void_p]),
+    "e8kv_cuda_cache_device_bytes": (c_size_t, [c_void_p]),
+    "e8kv_cuda_cache_token_bytes": (c_size_t, [c_void_p]),
+    "e8kv_cuda_cache_vector_bytes": (c_size_t, [c_void_p, c_size_t, c_int]),
+    "e8kv_cuda_cache_pages": (c_size_t, [c_void_p, c_size_t, c_int, POINTER(c_void_p)]),
+    "e8kv_cuda_append_slots": (c_size_t, [c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_size_t, c_int]),
+    "e8kv_cuda_append_slots_async": (c_size_t, [c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_size_t, c_int,
+                                                c_void_p, c_void_p]),
+    "e8kv_cuda_status_error": (c_size_t, [c_uint]),
+    "e8kv_cuda_attend_workspace_bytes": (c_size_t, [c_void_p, c_size_t, c_size_t, c_size_t]),
+    "e8kv_cuda_attend": (c_size_t, [c_void_p, c_size_t, c_void_p, c_void_p, c_int, c_size_t, c_size_t, c_void_p,
+                                    c_size_t, c_void_p, c_size_t, c_void_p, c_size_t, c_void_p]),
+    "e8kv_cuda_read_slot": (c_size_t, [c_void_p, c_void_p, c_size_t, c_size_t, c_int, ctypes.c_int64, c_size_t]),
+}
+
 
 def _candidates() -> list[str]:
     env = os.environ.get("E8KV_LIB")
@@ -135,6 +175,11 @@ def _load() -> ctypes.CDLL:
             fn = getattr(lib, name)
             fn.restype = res
             fn.argtypes = args
+        if hasattr(lib, "e8kv_cuda_available"):  # a library built without nvcc has none of them
+            for name, (res, args) in _CUDA_SIGNATURES.items():
+                fn = getattr(lib, name)
+                fn.restype = res
+                fn.argtypes = args
         return lib
     raise ImportError("e8kv: cannot load the C library libe8kv (install the package with `pip install .` from "
                       "the repository, or set E8KV_LIB to a built libe8kv.so):\n  " + "\n  ".join(errors))
