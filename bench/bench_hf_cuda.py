@@ -7,7 +7,8 @@ e8kv's CUDA cache (e8kv.hf.E8KVCache(device="cuda")) with e8box:4 and e8p:2 (eag
 Per case: ms per decode step (median of --steps steps after warm-up, the host waiting for each), tokens/s
 over the batch, peak device memory = torch's allocator peak (weights, activations, torch caches, CUDA graph
 pools) + the e8kv cache's own cudaMalloc (E8KVCudaCache.n_bytes). Then the largest batch that fits at
---ctx-max for each cache (batches tried in increasing order until one runs out of memory).
+the long context for each cache (batches tried in increasing order until one runs out of memory; eager
+steps), with a compiled step at that batch, then batch 1 and the short context.
 One JSON object per line to --json (written as it goes: a cut-off run keeps what it measured).
 Usage: python3 bench/bench_hf_cuda.py [--json FILE] [--quick] [--budget SECONDS]"""
 import argparse
@@ -144,7 +145,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="4 layers, short contexts: a smoke test of every path")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--budget", type=float, default=1e9, help="seconds: stop starting new cases after this")
-    ap.add_argument("--parts", default="main,small,fit")
+    ap.add_argument("--parts", default="main,fit,small")
     args = ap.parse_args()
     out = open(args.json, "a") if args.json else None
     model = build(args.quick)
@@ -154,29 +155,23 @@ def main():
     kinds = ["dynamic", "static", "e8box:4", "e8p:2"]
     parts = args.parts.split(",")
 
-    def go(kind, mode, b, c):
+    def go(kind, mode, b, c, steps=args.steps):
         if time.time() - T0 > args.budget:
             log("budget spent: skipped", kind, mode, b, c)
             return None
-        return measure(model, kind, mode, b, c, args.steps, out)
+        return measure(model, kind, mode, b, c, steps, out)
 
     if "main" in parts:  # the bars' case first: 8 x 32K, every cache and mode
         for kind in kinds:
             go(kind, "eager", 8, big)
         for kind in kinds[1:]:
             go(kind, "compiled", 8, big)
-    if "small" in parts:
-        for b, c in ((1, big), (1, small), (8, small)):
-            for kind in kinds:
-                go(kind, "eager", b, c)
-        for kind in kinds[1:]:
-            go(kind, "compiled", 1, big)
-    if "fit" in parts:  # the largest batch at `big` (eager steps)
+    if "fit" in parts:  # the largest batch at `big` (eager steps), then a compiled step at that batch
         tries = [8, 12, 16, 20, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 160, 192, 224, 256]
         for kind in kinds:
-            last = None
+            last = r = None
             for b in tries:
-                r = go(kind, "eager", b, big)
+                r = go(kind, "eager", b, big, steps=5)
                 if r is None or not r["ok"]:
                     break
                 last = r
@@ -188,6 +183,14 @@ def main():
                 if out:
                     out.write(json.dumps(rec) + "\n")
                     out.flush()
+                if kind != "dynamic" and last["batch"] != 8:
+                    go(kind, "compiled", last["batch"], big)
+    if "small" in parts:
+        for b, c in ((1, big), (1, small), (8, small)):
+            for kind in kinds:
+                go(kind, "eager", b, c)
+        for kind in kinds[1:]:
+            go(kind, "compiled", 1, big)
     log("done")
 
 

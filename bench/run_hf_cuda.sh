@@ -2,9 +2,9 @@
 # One device run of the Python/transformers GPU path: versions, test_cuda --quick, the pytest suite
 # tests/py_hf_cuda.py, then bench/bench_hf_cuda.py. Lay out a folder as the repository is (python/e8kv,
 # tests/py_hf_cuda.py, bench/bench_hf_cuda.py, this script) plus libe8kv.so (built with nvcc),
-# libxxhash.so.0 and test_cuda, and run it there with OUT set to where the logs go.
+# libxxhash.so.0 and test_cuda at its top, and run it (bench/run_hf_cuda.sh) with OUT set to where the logs go.
 # PARTS: which benchmark parts (main,small,fit; default all), QUICK=1: the 4-layer smoke benchmark.
-cd "$(dirname "$0")"
+cd "$(dirname "$0")/.."
 OUT=${OUT:-.}
 export E8KV_LIB=$PWD/libe8kv.so LD_LIBRARY_PATH=$PWD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee $OUT/gpu.txt

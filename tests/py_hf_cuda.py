@@ -162,7 +162,7 @@ def test_codes_equal_cpu_encoding(spec):
             for bi in range(b):
                 for hi in range(h):
                     for ti in range(t):
-                        slot = bi * cache.max_cache_len + ti
+                        slot = bi * cache.capacity + ti
                         got = cache.kv.read_slot(layer, stream, slot, hi)
                         np.testing.assert_array_equal(got, want[bi, hi, ti], err_msg=f"{spec} {layer} {bi} {hi} {ti}")
                         n_checked += 1
@@ -224,8 +224,8 @@ def test_device_bytes_are_accounted():
     print(f"CudaCache: accounted {acc} bytes, cudaMemGetInfo delta {taken} bytes")
     assert acc > 256 << 20
     assert abs(taken - acc) <= max(0.01 * acc, 2 << 20), (taken, acc)
-    # pages: exactly token_bytes per token slot, 68 bytes per e8box:4 vector of 128
-    assert kv.vector_bytes(0, 0) == 68 and kv.token_bytes == 32 * 2 * 8 * 68
+    # pages: exactly token_bytes per token slot, 67 bytes per e8box:4 vector of 128 (doc/format.md §2.4)
+    assert kv.vector_bytes(0, 0) == 67 and kv.token_bytes == 32 * 2 * 8 * 67
     assert acc >= kv.token_bytes * 8 * 1024 // 16 * 4 * 16
 
 

@@ -381,13 +381,13 @@ class E8KVCudaLayer(CacheLayerMixin):
         return key_states, value_states  # the attention reads the past from the pages
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.parent.max_cache_len, 0
+        return self.parent.capacity, 0
 
     def get_seq_length(self) -> Any:
         return self.cumulative_length if self.is_initialized else 0
 
     def get_max_length(self) -> int:
-        return self.parent.max_cache_len
+        return self.parent.capacity
 
     def reset(self) -> None:
         self.cumulative_length.zero_()
@@ -446,23 +446,23 @@ class E8KVCudaCache(Cache):
         self.block_size = block_size
         cap = max_cache_len or s.n_ctx
         self.pages_per_seq = (cap + block_size - 1) // block_size
-        self.max_cache_len = self.pages_per_seq * block_size
-        self.max_batch_size = max_batch_size
+        self.capacity = self.pages_per_seq * block_size
+        self.batch_rows = max_batch_size
         self.max_chunk = max_chunk
         try:
             self.kv = core.CudaCache(s.n_layer, s.n_head_kv, s.head_dim, max_batch_size * self.pages_per_seq, spec,
-                                     block_size=block_size, seed=seed, max_ctx=self.max_cache_len,
+                                     block_size=block_size, seed=seed, max_ctx=self.capacity,
                                      max_batch=max_batch_size * max(1, max_chunk), max_n_head=s.n_head,
                                      device=self.device.index)
         except E8KVError as e:
             raise E8KVError(e.code, f"e8kv CUDA cache '{spec}' for {s.model_type} ({max_batch_size} x "
-                                    f"{self.max_cache_len} tokens)") from None
+                                    f"{self.capacity} tokens)") from None
         self._key = torch_ops.register_cache(self.kv)
         with torch.device(self.device):
             self._state = torch_ops.new_state()
             self._tables = torch.arange(max_batch_size * self.pages_per_seq, dtype=torch.int32).view(
                 max_batch_size, self.pages_per_seq)
-            self._row_base = torch.arange(max_batch_size, dtype=torch.int64) * self.max_cache_len
+            self._row_base = torch.arange(max_batch_size, dtype=torch.int64) * self.capacity
             self._arange = torch.arange(max(max_chunk, 1), dtype=torch.int64)
         for t in (self._tables, self._row_base, self._arange):
             torch._dynamo.mark_static_address(t)
@@ -546,13 +546,13 @@ class E8KVCudaCache(Cache):
             tables = self._tables[:b]
             ctx = length.to(torch.int32).expand(b).contiguous()
         else:  # one virtual row per (batch row, token): context = its position + 1
-            if b * t > self.max_batch_size * max(1, self.max_chunk):
+            if b * t > self.batch_rows * max(1, self.max_chunk):
                 raise E8KVError(ErrorCode.DIMENSION, f"e8kv CUDA cache: a chunk of {t} tokens x {b} rows with a "
                                                      f"past exceeds max_chunk {self.max_chunk}")
             tables = self._tables[:b].repeat_interleave(t, dim=0)
             pos = torch.arange(t, dtype=torch.int64, device=query.device) + (length - t + 1)
             ctx = pos.to(torch.int32).repeat(b)
-        out = torch.ops.e8kv.attend(self._state, self._key, layer, q, tables, ctx, self.max_cache_len)
+        out = torch.ops.e8kv.attend(self._state, self._key, layer, q, tables, ctx, self.capacity)
         return out.view(b, t, n_head, d).to(query.dtype), None
 
     # -- accounting
