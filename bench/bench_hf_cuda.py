@@ -145,7 +145,11 @@ def main():
     ap.add_argument("--quick", action="store_true", help="4 layers, short contexts: a smoke test of every path")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--budget", type=float, default=1e9, help="seconds: stop starting new cases after this")
-    ap.add_argument("--parts", default="main,fit,small")
+    ap.add_argument("--parts", default="main,fit,small",
+                    help="main (8 x long, every cache and mode), fit (largest batch at long), small (batch 1, "
+                         "short context), again (DynamicCache and e8box:4 eager at 8 x long once more)")
+    ap.add_argument("--fit-kinds", default="dynamic,static,e8box:4,e8p:2")
+    ap.add_argument("--fit-from", type=int, default=8, help="first batch tried by the fit search")
     args = ap.parse_args()
     out = open(args.json, "a") if args.json else None
     model = build(args.quick)
@@ -161,14 +165,18 @@ def main():
             return None
         return measure(model, kind, mode, b, c, steps, out)
 
+    if "again" in parts:
+        for kind in ("dynamic", "e8box:4"):
+            go(kind, "eager", 8, big)
     if "main" in parts:  # the bars' case first: 8 x 32K, every cache and mode
         for kind in kinds:
             go(kind, "eager", 8, big)
         for kind in kinds[1:]:
             go(kind, "compiled", 8, big)
     if "fit" in parts:  # the largest batch at `big` (eager steps), then a compiled step at that batch
-        tries = [8, 12, 16, 20, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 160, 192, 224, 256]
-        for kind in kinds:
+        tries = [b for b in (8, 12, 16, 20, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 160, 192, 224, 256)
+                 if b >= args.fit_from]
+        for kind in args.fit_kinds.split(","):
             last = r = None
             for b in tries:
                 r = go(kind, "eager", b, big, steps=5)
@@ -191,6 +199,8 @@ def main():
                 go(kind, "eager", b, c)
         for kind in kinds[1:]:
             go(kind, "compiled", 1, big)
+    if "again" in parts:
+        go("dynamic", "eager", 8, big)
     log("done")
 
 

@@ -3,7 +3,8 @@
 # tests/py_hf_cuda.py, then bench/bench_hf_cuda.py. Lay out a folder as the repository is (python/e8kv,
 # tests/py_hf_cuda.py, bench/bench_hf_cuda.py, this script) plus libe8kv.so (built with nvcc),
 # libxxhash.so.0 and test_cuda at its top, and run it (bench/run_hf_cuda.sh) with OUT set to where the logs go.
-# PARTS: which benchmark parts (main,small,fit; default all), QUICK=1: the 4-layer smoke benchmark.
+# PARTS: which benchmark parts (main,fit,small,again; default main,fit,small), BENCH_ARGS: more arguments
+# of bench_hf_cuda.py, QUICK=1: the 4-layer smoke benchmark, SKIP_TESTS=1: the benchmark alone.
 cd "$(dirname "$0")/.."
 OUT=${OUT:-.}
 export E8KV_LIB=$PWD/libe8kv.so LD_LIBRARY_PATH=$PWD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} PYTHONUNBUFFERED=1
@@ -13,4 +14,4 @@ if [ -z "$SKIP_TESTS" ]; then
   echo "== test_cuda --quick"; timeout 90 ./test_cuda --quick > $OUT/test_cuda.log 2>&1; echo "rc=$?"; grep -E "graph|checks|FAIL" $OUT/test_cuda.log | head -20
   echo "== pytest"; timeout ${PYTEST_TIMEOUT:-150} python3 -m pytest tests/py_hf_cuda.py -q -rA -s -p no:cacheprovider > $OUT/pytest.log 2>&1; echo "rc=$?"; grep -E "passed|failed|PASS|FAIL|Error|error|diff|agreement|accounted" $OUT/pytest.log | tail -30
 fi
-echo "== bench"; timeout ${BENCH_TIMEOUT:-200} python3 bench/bench_hf_cuda.py ${QUICK:+--quick} --json $OUT/bench_hf.jsonl ${PARTS:+--parts $PARTS} --budget ${BUDGET:-170} > $OUT/bench.log 2>&1; echo "rc=$?"; tail -25 $OUT/bench.log
+echo "== bench"; timeout ${BENCH_TIMEOUT:-200} python3 bench/bench_hf_cuda.py ${QUICK:+--quick} --json $OUT/bench_hf.jsonl ${PARTS:+--parts $PARTS} --budget ${BUDGET:-170} $BENCH_ARGS > $OUT/bench.log 2>&1; echo "rc=$?"; tail -25 $OUT/bench.log
