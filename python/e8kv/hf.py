@@ -8,6 +8,10 @@ the same forward pass too) and hands only those new tokens on.
         model.generate(**inputs)
     model.generate(**inputs, past_key_values=e8kv.hf.E8KVCache(model.config, spec="e8:4"))
 
+On the GPU, E8KVCache(config, "e8box:4", device="cuda", max_batch_size=..., max_cache_len=...) makes an
+E8KVCudaCache: the pages live in the CUDA cache of include/e8kv_cuda.h, append and attention are the custom
+operators of e8kv.torch_ops, and the decode step compiles (torch.compile, mode "reduce-overhead").
+
 RoPE. transformers applies RoPE before the cache update, so keys arrive with RoPE. A cache whose formats
 want keys before RoPE (rope=pre, the default of e8kv's own formats and required by the calibrated e8t/e8tv
 keys: e8kv_cache_keys_pre_rope) gets them with the rotation undone, exactly (the inverse rotation of the
