@@ -1,8 +1,10 @@
-"""Loading libe8kv and declaring the C signatures of include/e8kv.h (and include/e8kv_cuda.h when the library
-was built with CUDA) for ctypes.
+"""Loading libe8kv and declaring the C signatures of include/e8kv.h for ctypes, and those of include/e8kv_cuda.h
+in libe8kv_cuda.so (built beside libe8kv.so where CMake found nvcc).
 
 The library is looked up in this order: $E8KV_LIB (a path, used by the test suite to load a build tree's
-library), the libe8kv.so installed next to this file by `pip install .`, then the system's loader path.
+library), the libe8kv.so installed next to this file by `pip install .`, then the system's loader path. The
+CUDA library: $E8KV_CUDA_LIB, else libe8kv_cuda.so in the directory of the libe8kv that was loaded (absent:
+the CUDA cache is not built, `cuda_lib` is None).
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import ctypes
 import os
 import sys
 from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_size_t, c_uint, c_uint64, c_void_p
+from typing import Optional
 
 E8KV_CACHE_SPEC_MAX_LEN = 8191
 
@@ -175,14 +178,30 @@ def _load() -> ctypes.CDLL:
             fn = getattr(lib, name)
             fn.restype = res
             fn.argtypes = args
-        if hasattr(lib, "e8kv_cuda_available"):  # a library built without nvcc has none of them
-            for name, (res, args) in _CUDA_SIGNATURES.items():
-                fn = getattr(lib, name)
-                fn.restype = res
-                fn.argtypes = args
+        lib._e8kv_path = path
         return lib
     raise ImportError("e8kv: cannot load the C library libe8kv (install the package with `pip install .` from "
                       "the repository, or set E8KV_LIB to a built libe8kv.so):\n  " + "\n  ".join(errors))
 
 
+def _load_cuda(cpu: ctypes.CDLL) -> Optional[ctypes.CDLL]:
+    """libe8kv_cuda.so ($E8KV_CUDA_LIB, else beside the loaded libe8kv), or None: built only with nvcc."""
+    env = os.environ.get("E8KV_CUDA_LIB")
+    path = env or os.path.join(os.path.dirname(os.path.abspath(cpu._e8kv_path)), "libe8kv_cuda.so")
+    if not env and not os.path.exists(path):
+        return None
+    try:
+        cuda = ctypes.CDLL(path)
+    except OSError as e:
+        if env:
+            raise ImportError(f"e8kv: cannot load the CUDA library {path} ($E8KV_CUDA_LIB): {e}") from None
+        return None
+    for name, (res, args) in _CUDA_SIGNATURES.items():
+        fn = getattr(cuda, name)
+        fn.restype = res
+        fn.argtypes = args
+    return cuda
+
+
 lib = _load()
+cuda_lib = _load_cuda(lib)
