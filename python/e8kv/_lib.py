@@ -4,7 +4,7 @@ in libe8kv_cuda.so (built beside libe8kv.so where CMake found nvcc).
 The library is looked up in this order: $E8KV_LIB (a path, used by the test suite to load a build tree's
 library), the libe8kv.so installed next to this file by `pip install .`, then the system's loader path. The
 CUDA library: $E8KV_CUDA_LIB, else libe8kv_cuda.so in the directory of the libe8kv that was loaded (absent:
-the CUDA cache is not built, `cuda_lib` is None).
+the CUDA cache is not built: `cuda_lib()` is None), loaded on first use.
 """
 from __future__ import annotations
 
@@ -204,4 +204,11 @@ def _load_cuda(cpu: ctypes.CDLL) -> Optional[ctypes.CDLL]:
 
 
 lib = _load()
-cuda_lib = _load_cuda(lib)
+_cuda: list = []  # [the CUDA library or None] once looked up
+
+
+def cuda_lib() -> Optional[ctypes.CDLL]:
+    """libe8kv_cuda.so, loaded on first use (a CPU-only user never maps the CUDA runtime), or None."""
+    if not _cuda:
+        _cuda.append(_load_cuda(lib))
+    return _cuda[0]

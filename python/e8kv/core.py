@@ -428,12 +428,12 @@ class Cache:
 # ------------------------------------------------------------------------------------------ CUDA cache
 def cuda_built() -> bool:
     """True when libe8kv_cuda.so (the CUDA cache, built where CMake found nvcc) was found and loaded."""
-    return cuda_lib is not None
+    return cuda_lib() is not None
 
 
 def cuda_available() -> bool:
     """True when the CUDA cache is built and a CUDA device is usable."""
-    return cuda_built() and bool(cuda_lib.e8kv_cuda_available())
+    return cuda_built() and bool(cuda_lib().e8kv_cuda_available())
 
 
 _DTYPES: dict = {}
@@ -477,7 +477,8 @@ class CudaCache:
         if not cuda_built():
             raise E8KVError(ErrorCode.UNSUPPORTED, "CudaCache: this build of e8kv has no CUDA cache (no "
                                                    "libe8kv_cuda.so: built without nvcc)")
-        if not cuda_lib.e8kv_cuda_available():
+        self._lib = cuda_lib()
+        if not self._lib.e8kv_cuda_available():
             raise E8KVError(ErrorCode.UNSUPPORTED, "CudaCache: no usable CUDA device")
         self._spec_bytes = spec.encode()
         params = CudaCacheParams(n_layer=n_layer, n_head_kv=n_head_kv, head_dim=head_dim, block_size=block_size,
@@ -485,7 +486,7 @@ class CudaCache:
                                  max_seqs=max_seqs, max_batch=max_batch, max_n_head=max_n_head,
                                  max_append=max_append, device=int(device))
         err = c_size_t(0)
-        self._p = cuda_lib.e8kv_cuda_cache_create(byref(params), byref(err))
+        self._p = self._lib.e8kv_cuda_cache_create(byref(params), byref(err))
         if not self._p:
             raise E8KVError(lib.e8kv_get_error_code(err.value),
                             f"CUDA cache '{spec}' (n_layer {n_layer}, n_head_kv {n_head_kv}, head_dim {head_dim}, "
@@ -496,7 +497,7 @@ class CudaCache:
 
     def __del__(self) -> None:
         if getattr(self, "_p", None):
-            cuda_lib.e8kv_cuda_cache_free(self._p)
+            self._lib.e8kv_cuda_cache_free(self._p)
             self._p = None
 
     @property
@@ -507,15 +508,15 @@ class CudaCache:
     @property
     def device_bytes(self) -> int:
         """Every byte the cache holds on the device (one cudaMalloc: pages, tables, workspace)."""
-        return cuda_lib.e8kv_cuda_cache_device_bytes(self._p)
+        return self._lib.e8kv_cuda_cache_device_bytes(self._p)
 
     @property
     def token_bytes(self) -> int:
         """Bytes of one token in the pages: all layers, K and V, all KV heads."""
-        return cuda_lib.e8kv_cuda_cache_token_bytes(self._p)
+        return self._lib.e8kv_cuda_cache_token_bytes(self._p)
 
     def vector_bytes(self, layer: int = 0, stream: int = 0) -> int:
-        return _check(cuda_lib.e8kv_cuda_cache_vector_bytes(self._p, layer, stream), "vector_bytes")
+        return _check(self._lib.e8kv_cuda_cache_vector_bytes(self._p, layer, stream), "vector_bytes")
 
     def append(self, layer: int, slots: Any, k: Any, v: Any, *, status: Any = None, stream: Any = None) -> int:
         """Write rows k, v (n_tok, n_head_kv * head_dim) into slots (int64 (n_tok), page * block_size +
@@ -530,17 +531,17 @@ class CudaCache:
         sp, kp, vp = _dev(slots, "slots", _torch.int64), _dev(k, "k"), _dev(v, "v")
         dt = _cuda_dtype(k)
         if status is None:
-            return _check(cuda_lib.e8kv_cuda_append_slots(self._p, layer, sp, kp, vp, n_tok, dt), f"append layer {layer}")
+            return _check(self._lib.e8kv_cuda_append_slots(self._p, layer, sp, kp, vp, n_tok, dt), f"append layer {layer}")
         if status.numel() != 1:
             raise E8KVError(ErrorCode.BAD_ARGUMENT, "append: status is one int32 element")
-        return _check(cuda_lib.e8kv_cuda_append_slots_async(self._p, layer, sp, kp, vp, n_tok, dt,
+        return _check(self._lib.e8kv_cuda_append_slots_async(self._p, layer, sp, kp, vp, n_tok, dt,
                                                        _dev(status, "status", _torch.int32), _stream(k, stream)),
                       f"append layer {layer}")
 
     @staticmethod
     def check_status(status: Any) -> None:
         """Raise the E8KVError that a status word (int32 tensor, read back: a synchronisation) names."""
-        _check(cuda_lib.e8kv_cuda_status_error(int(status.item()) & 0xffffffff), "append (status word)")
+        _check(cuda_lib().e8kv_cuda_status_error(int(status.item()) & 0xffffffff), "append (status word)")
 
     def attend(self, layer: int, q: Any, block_tables: Any, ctx_lens: Any, max_ctx: Optional[int] = None,
                out: Any = None, *, stream: Any = None) -> Any:
@@ -557,7 +558,7 @@ class CudaCache:
             out = _torch.empty((n_seq, width), dtype=_torch.float32, device=q.device)
         elif out.numel() != n_seq * width:
             raise E8KVError(ErrorCode.DST_TOO_SMALL, "attend: out must hold (n_seq, n_head * head_dim) floats")
-        _check(cuda_lib.e8kv_cuda_attend(self._p, layer, _dev(out, "out", _torch.float32), _dev(q, "q"), _cuda_dtype(q),
+        _check(self._lib.e8kv_cuda_attend(self._p, layer, _dev(out, "out", _torch.float32), _dev(q, "q"), _cuda_dtype(q),
                                     n_seq, width // self.head_dim, _dev(block_tables, "block_tables", _torch.int32),
                                     block_tables.shape[1], _dev(ctx_lens, "ctx_lens", _torch.int32),
                                     self.max_ctx if max_ctx is None else max_ctx, None, 0, _stream(q, stream)),
@@ -568,7 +569,7 @@ class CudaCache:
         """The bytes of one stored vector in the CPU codec's order (what e8kv.Codec.encode gives)."""
         vb = self.vector_bytes(layer, stream)
         buf = np.empty(vb, dtype=np.uint8)
-        _check(cuda_lib.e8kv_cuda_read_slot(self._p, buf.ctypes.data, vb, layer, stream, slot, head), "read_slot")
+        _check(self._lib.e8kv_cuda_read_slot(self._p, buf.ctypes.data, vb, layer, stream, slot, head), "read_slot")
         return buf
 
     def __repr__(self) -> str:
