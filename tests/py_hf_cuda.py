@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """pytest: the CUDA cache from Python and transformers (e8kv.CudaCache, torch.ops.e8kv.*, E8KVCache with
 device="cuda") on a tiny random Llama (transformers LlamaConfig, bf16 and f32):
-  - bf16 pages: the logits of a prefill + 16 decode steps equal DynamicCache's within fp tolerance;
+  - bf16 pages: the logits of a prefill + 16 decode steps equal DynamicCache's within fp tolerance, and
+    so do those of a 4-token chunk after the prompt (one virtual attention row per token);
   - e8box:4 / e8p:2: the bytes in the device pages equal e8kv.Codec.encode of the same K/V (the CPU
     library), and greedy decoding through the model runs;
   - eager and torch.compile(mode="reduce-overhead", fullgraph=True) steps give the same logits;
@@ -135,6 +136,29 @@ def test_bf16_pages_equal_dynamic_cache(dtype):
     # the decode tokens the reference chose are still the argmax almost everywhere (near ties aside)
     agree = float((got[:-1].argmax(-1) == toks.T).float().mean())
     assert agree >= 0.9, agree
+
+
+@needs_gpu
+def test_chunk_with_a_past_reads_the_pages():
+    """A chunk of 4 tokens after the prompt: attention through one virtual row per token (context =
+    position + 1) over the pages, the chunk's own tokens included; logits = DynamicCache's steps'."""
+    import e8kv.hf  # noqa: F401
+    model = tiny_llama(torch.bfloat16)
+    prompt = prompt_ids(2, 12)
+    ref, toks = reference(model, prompt, 6)
+    cache = gpu_cache(model, "bf16", 2)
+    with torch.no_grad():
+        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        chunk = model(input_ids=toks[:, :4], past_key_values=cache, use_cache=True).logits.float()
+        after = model(input_ids=toks[:, 4:5], past_key_values=cache, use_cache=True).logits[:, -1].float()
+    cache.detach(model.config)
+    cache.check()
+    got = torch.cat((chunk.transpose(0, 1), after[None]))  # (5, b, vocab): after tokens 0..4
+    scale = float(ref.abs().max())
+    err = float((got - ref[1:6]).abs().max())
+    print(f"chunk of 4 with a past, bf16 pages: max |logit diff| {err:.3g} (max |logit| {scale:.3g})")
+    assert err <= 2e-2 * scale, (err, scale)
+    assert int(cache.get_seq_length()) == 12 + 5
 
 
 @needs_gpu
