@@ -76,6 +76,22 @@ size_t e8kv_cuda_cache_pages(const e8kv_cuda_cache *cache, size_t layer, int str
  * the engine treats them as unwritten, as it would after any failed step. */
 size_t e8kv_cuda_append_slots(e8kv_cuda_cache *cache, size_t layer, const int64_t *d_slots, const void *d_k,
                               const void *d_v, size_t n_tok, e8kv_dtype dtype);
+/* Graph-safe append: the same writes as e8kv_cuda_append_slots, launched on `stream` (a cudaStream_t,
+ * NULL = default) with no host synchronisation, no allocation and no host state that changes between
+ * calls, so that a decode step (append, then attend) can be captured in a CUDA graph and replayed with new
+ * slots, rows and context lengths in the same device buffers. A rejected row (NaN/Inf, out of range) sets
+ * bits in the caller's device word *d_status (atomic OR; the call never clears it): the caller reads it
+ * when it likes (after many steps) and turns it into an error with e8kv_cuda_status_error. Returns n_tok
+ * or an argument error; launch errors are E8KV_ERROR_CUDA. Bytes written: bit-identical to the
+ * synchronous call. The first append or attend of a cache is not special (tables are uploaded at
+ * creation). */
+#define E8KV_CUDA_STATUS_NONFINITE 1u /* a NaN or Inf value */
+#define E8KV_CUDA_STATUS_RANGE 2u     /* a value beyond the format's range */
+size_t e8kv_cuda_append_slots_async(e8kv_cuda_cache *cache, size_t layer, const int64_t *d_slots,
+                                    const void *d_k, const void *d_v, size_t n_tok, e8kv_dtype dtype,
+                                    unsigned *d_status, void *stream);
+/* 0 for a status word of 0, else E8KV_ERROR_NONFINITE or E8KV_ERROR_RANGE (NONFINITE first). */
+size_t e8kv_cuda_status_error(unsigned status);
 /* Bytes of the workspace e8kv_cuda_attend needs for these sizes. */
 size_t e8kv_cuda_attend_workspace_bytes(const e8kv_cuda_cache *cache, size_t n_seq, size_t n_head,
                                         size_t max_ctx);

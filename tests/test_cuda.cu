@@ -6,7 +6,9 @@
  * head_dim 64 and 128, output poisoned (NaN) before each launch;
  *  3. isolation: poisoning every page outside a sequence's block table changes nothing in its output;
  *     fork shares pages and a write after the fork never reaches the parent;
- *  4. errors: NaN input, a full pool, bad specs are named errors that leave the lengths unchanged.
+ *  4. errors: NaN input, a full pool, bad specs are named errors that leave the lengths unchanged;
+ *  5. the graph-safe decode step: async appends bit-identical to synchronous ones, append + attend captured
+ *     in a CUDA graph and replayed with new context lengths gives the eager outputs; the status word.
  * Fresh random inputs each run (the seed is printed). `--quick`: small sizes for compute-sanitizer. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -511,6 +513,166 @@ static void test_fork_and_errors(const char *spec, size_t d) {
     CHECK(!e8kv_cuda_cache_create(&bad, &err) && e8kv_get_error_code(err) == E8KV_ERROR_HEAD_DIM, "head_dim");
 }
 
+/* ---------------------------------------------------------------- 5: graph-safe decode step */
+
+/* Two caches of one spec and seed, two sequences with caller-owned pages. Cache A is written by the
+ * synchronous e8kv_cuda_append_slots and read by eager attends; cache B by e8kv_cuda_append_slots_async,
+ * and its decode step (append one token per sequence, then attend) is captured once in a CUDA graph with a
+ * fixed max_ctx and replayed for every step with new rows, slots and context lengths copied into the same
+ * device buffers. Every page byte and every output must be identical; a NaN sets the status word. */
+static void test_graph(const char *spec, size_t d) {
+    const size_t bs = 16, n_kv = 2, G = 4, n_head = n_kv * G, n_seq = 2, W = 8, max_ctx = W * bs, steps = 24;
+    const size_t len0[2] = {40, 17};
+    e8kv_cuda_cache_params p;
+    memset(&p, 0, sizeof p);
+    p.n_layer = 2, p.n_head_kv = n_kv, p.head_dim = d, p.block_size = bs, p.n_blocks = n_seq * W, p.spec = spec;
+    p.seed = rnd(), p.max_batch = n_seq, p.max_ctx = max_ctx;
+    size_t err = 0;
+    e8kv_cuda_cache *ca = e8kv_cuda_cache_create(&p, &err), *cb = e8kv_cuda_cache_create(&p, &err);
+    CHECK(ca && cb, "create: %s", e8kv_error_name(err));
+    if (!ca || !cb) return;
+    const size_t row = n_kv * d, n_rows = 64;
+    float *k = (float *)malloc(n_rows * row * 4), *v = (float *)malloc(n_rows * row * 4), q[8 * 128];
+    int32_t table[2][8], ctx[2];
+    for (size_t s = 0; s < n_seq; s++)
+        for (size_t i = 0; i < W; i++)
+            table[s][i] = (int32_t)((n_seq - 1 - s) * W + i); /* sequence 0 on the upper pages */
+    int64_t slots[64];
+    int32_t *dt, *dctx;
+    int64_t *dslots;
+    unsigned *dstatus, status = 0;
+    float *dq, *douta, *doutb, oa[2 * 8 * 128], ob[2 * 8 * 128];
+    void *dk, *dv;
+    CU(cudaMalloc((void **)&dt, sizeof table));
+    CU(cudaMemcpy(dt, table, sizeof table, cudaMemcpyHostToDevice));
+    CU(cudaMalloc((void **)&dctx, sizeof ctx));
+    CU(cudaMalloc((void **)&dslots, sizeof slots));
+    CU(cudaMalloc((void **)&dstatus, sizeof status));
+    CU(cudaMemset(dstatus, 0, sizeof status));
+    CU(cudaMalloc((void **)&dq, sizeof q));
+    CU(cudaMalloc((void **)&douta, sizeof oa));
+    CU(cudaMalloc((void **)&doutb, sizeof ob));
+    CU(cudaMalloc(&dk, n_rows * row * 4));
+    CU(cudaMalloc(&dv, n_rows * row * 4));
+    /* prefill: each sequence's first tokens, both layers */
+    for (size_t s = 0; s < n_seq; s++) {
+        fill_rows(k, len0[s] * n_kv, d);
+        fill_rows(v, len0[s] * n_kv, d);
+        for (size_t t = 0; t < len0[s]; t++)
+            slots[t] = (int64_t)table[s][t / bs] * (int64_t)bs + (int64_t)(t % bs);
+        CU(cudaMemcpy(dk, k, len0[s] * row * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dv, v, len0[s] * row * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dslots, slots, len0[s] * 8, cudaMemcpyHostToDevice));
+        for (size_t l = 0; l < 2; l++) {
+            const size_t ra = e8kv_cuda_append_slots(ca, l, dslots, dk, dv, len0[s], E8KV_DTYPE_F32);
+            const size_t rb =
+                e8kv_cuda_append_slots_async(cb, l, dslots, dk, dv, len0[s], E8KV_DTYPE_F32, dstatus, NULL);
+            CHECK(ra == len0[s] && rb == len0[s], "%s: prefill appends: %s / %s", spec, e8kv_error_name(ra),
+                  e8kv_error_name(rb));
+        }
+    }
+    /* the decode step of layer 1 on cache B, captured once */
+    cudaStream_t st;
+    CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    size_t r1 = e8kv_cuda_append_slots_async(cb, 1, dslots, dk, dv, n_seq, E8KV_DTYPE_BF16, dstatus, st);
+    size_t r2 = e8kv_cuda_attend(cb, 1, doutb, dq, E8KV_DTYPE_BF16, n_seq, n_head, dt, W, dctx, max_ctx, NULL, 0,
+                                 st);
+    CU(cudaStreamEndCapture(st, &graph));
+    CHECK(r1 == n_seq && !e8kv_is_error(r2), "%s: capture: %s / %s", spec, e8kv_error_name(r1),
+          e8kv_error_name(r2));
+    CU(cudaGraphInstantiate(&exec, graph, 0));
+    int same_out = 1, finite = 1;
+    for (size_t step = 0; step < steps; step++) {
+        fill_rows(k, n_seq * n_kv, d);
+        fill_rows(v, n_seq * n_kv, d);
+        for (size_t i = 0; i < n_seq * n_head * d; i++)
+            q[i] = gauss();
+        for (size_t s = 0; s < n_seq; s++) {
+            const size_t pos = len0[s] + step;
+            slots[s] = (int64_t)table[s][pos / bs] * (int64_t)bs + (int64_t)(pos % bs);
+            ctx[s] = (int32_t)(pos + 1);
+        }
+        /* the bf16 inputs both caches read */
+        uint16_t kb[2 * 2 * 128], vb[2 * 2 * 128], qb[2 * 8 * 128];
+        for (size_t i = 0; i < n_seq * row; i++)
+            kb[i] = bf16_rne(k[i]), vb[i] = bf16_rne(v[i]);
+        for (size_t i = 0; i < n_seq * n_head * d; i++)
+            qb[i] = bf16_rne(q[i]);
+        CU(cudaMemcpyAsync(dk, kb, n_seq * row * 2, cudaMemcpyHostToDevice, st));
+        CU(cudaMemcpyAsync(dv, vb, n_seq * row * 2, cudaMemcpyHostToDevice, st));
+        CU(cudaMemcpyAsync(dq, qb, n_seq * n_head * d * 2, cudaMemcpyHostToDevice, st));
+        CU(cudaMemcpyAsync(dslots, slots, n_seq * 8, cudaMemcpyHostToDevice, st));
+        CU(cudaMemcpyAsync(dctx, ctx, sizeof ctx, cudaMemcpyHostToDevice, st));
+        CU(cudaMemsetAsync(doutb, 0xff, sizeof ob, st));
+        CU(cudaGraphLaunch(exec, st));
+        CU(cudaStreamSynchronize(st));
+        const size_t ra = e8kv_cuda_append_slots(ca, 1, dslots, dk, dv, n_seq, E8KV_DTYPE_BF16);
+        CU(cudaMemset(douta, 0xff, sizeof oa));
+        const size_t rb = e8kv_cuda_attend(ca, 1, douta, dq, E8KV_DTYPE_BF16, n_seq, n_head, dt, W, dctx, max_ctx,
+                                           NULL, 0, NULL);
+        CHECK(ra == n_seq && !e8kv_is_error(rb), "%s: eager step: %s / %s", spec, e8kv_error_name(ra),
+              e8kv_error_name(rb));
+        CU(cudaMemcpy(oa, douta, n_seq * n_head * d * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(ob, doutb, n_seq * n_head * d * 4, cudaMemcpyDeviceToHost));
+        same_out &= !memcmp(oa, ob, n_seq * n_head * d * 4);
+        for (size_t i = 0; i < n_seq * n_head * d; i++)
+            finite &= isfinite(ob[i]);
+    }
+    CHECK(same_out && finite, "%s: the replayed graph's outputs differ from eager ones (or are not finite)", spec);
+    /* every page byte of both layers identical */
+    int same_pages = 1;
+    for (size_t l = 0; l < 2; l++)
+        for (int s = 0; s < 2; s++) {
+            void *pa, *pb;
+            const size_t pgb = e8kv_cuda_cache_pages(ca, l, s, &pa);
+            e8kv_cuda_cache_pages(cb, l, s, &pb);
+            const size_t n = pgb * n_seq * W;
+            uint8_t *ha = (uint8_t *)malloc(n), *hb = (uint8_t *)malloc(n);
+            CU(cudaMemcpy(ha, pa, n, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(hb, pb, n, cudaMemcpyDeviceToHost));
+            same_pages &= !memcmp(ha, hb, n);
+            free(ha), free(hb);
+        }
+    CHECK(same_pages, "%s: async appends wrote other bytes than synchronous ones", spec);
+    CU(cudaMemcpy(&status, dstatus, sizeof status, cudaMemcpyDeviceToHost));
+    CHECK(status == 0 && e8kv_cuda_status_error(status) == 0, "%s: status %u after finite rows", spec, status);
+    /* a NaN row: the status word says so (the call itself succeeds), the synchronous call names it */
+    k[3] = NAN;
+    CU(cudaMemcpy(dk, k, n_seq * row * 4, cudaMemcpyHostToDevice));
+    for (size_t s = 0; s < n_seq; s++)
+        slots[s] = (int64_t)table[s][W - 1] * (int64_t)bs + (int64_t)(bs - 1);
+    CU(cudaMemcpy(dslots, slots, n_seq * 8, cudaMemcpyHostToDevice));
+    const size_t rn = e8kv_cuda_append_slots_async(cb, 0, dslots, dk, dv, n_seq, E8KV_DTYPE_F32, dstatus, NULL);
+    CU(cudaMemcpy(&status, dstatus, sizeof status, cudaMemcpyDeviceToHost));
+    CHECK(rn == n_seq && (status & E8KV_CUDA_STATUS_NONFINITE) &&
+              e8kv_get_error_code(e8kv_cuda_status_error(status)) == E8KV_ERROR_NONFINITE,
+          "%s: NaN: status %u", spec, status);
+    const size_t rs = e8kv_cuda_append_slots(ca, 0, dslots, dk, dv, n_seq, E8KV_DTYPE_F32);
+    CHECK(e8kv_get_error_code(rs) == E8KV_ERROR_NONFINITE, "%s: NaN (synchronous): %s", spec, e8kv_error_name(rs));
+    CHECK(e8kv_get_error_code(e8kv_cuda_append_slots_async(cb, 0, dslots, dk, dv, n_seq, E8KV_DTYPE_F32, NULL,
+                                                          NULL)) == E8KV_ERROR_BAD_ARGUMENT,
+          "%s: no status word", spec);
+    printf("  graph step %-8s d=%zu: %s\n", spec, d, same_out && same_pages && finite ? "ok" : "FAILED");
+    CU(cudaGraphExecDestroy(exec));
+    CU(cudaGraphDestroy(graph));
+    CU(cudaStreamDestroy(st));
+    free(k), free(v);
+    CU(cudaFree(dt));
+    CU(cudaFree(dctx));
+    CU(cudaFree(dslots));
+    CU(cudaFree(dstatus));
+    CU(cudaFree(dq));
+    CU(cudaFree(douta));
+    CU(cudaFree(doutb));
+    CU(cudaFree(dk));
+    CU(cudaFree(dv));
+    e8kv_cuda_cache_free(ca);
+    e8kv_cuda_cache_free(cb);
+}
+
 int main(int argc, char **argv) {
     const int quick = argc > 1 && !strcmp(argv[1], "--quick");
     if (!e8kv_cuda_available()) {
@@ -558,6 +720,9 @@ int main(int argc, char **argv) {
         test_fork_and_errors("e8box:4", ds[di]);
         test_isolation("e8p:2", ds[di]);
         test_fork_and_errors("e8p:2", ds[di]);
+        test_graph("e8box:4", ds[di]);
+        test_graph("e8p:2", ds[di]);
+        test_graph("k=e8box:4,v=bf16", ds[di]);
     }
     printf("test_cuda: %d checks, %d failed\n", g_checks, g_fail);
     return g_fail ? 1 : 0;

@@ -1,7 +1,10 @@
-"""Loading libe8kv and declaring the C signatures of include/e8kv.h for ctypes.
+"""Loading libe8kv and declaring the C signatures of include/e8kv.h for ctypes, and those of include/e8kv_cuda.h
+in libe8kv_cuda.so (built beside libe8kv.so where CMake found nvcc).
 
 The library is looked up in this order: $E8KV_LIB (a path, used by the test suite to load a build tree's
-library), the libe8kv.so installed next to this file by `pip install .`, then the system's loader path.
+library), the libe8kv.so installed next to this file by `pip install .`, then the system's loader path. The
+CUDA library: $E8KV_CUDA_LIB, else libe8kv_cuda.so in the directory of the libe8kv that was loaded (absent:
+the CUDA cache is not built: `cuda_lib()` is None), loaded on first use.
 """
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import ctypes
 import os
 import sys
 from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_size_t, c_uint, c_uint64, c_void_p
+from typing import Optional
 
 E8KV_CACHE_SPEC_MAX_LEN = 8191
 
@@ -49,6 +53,26 @@ class CacheFileInfo(ctypes.Structure):
         ("file_size", c_size_t),
         ("calib_offset", c_size_t),
         ("calib_size", c_size_t),
+    ]
+
+
+class CudaCacheParams(ctypes.Structure):
+    """e8kv_cuda_cache_params (include/e8kv_cuda.h), field for field."""
+
+    _fields_ = [
+        ("n_layer", c_size_t),
+        ("n_head_kv", c_size_t),
+        ("head_dim", c_size_t),
+        ("block_size", c_size_t),
+        ("n_blocks", c_size_t),
+        ("spec", c_char_p),
+        ("seed", c_uint64),
+        ("max_ctx", c_size_t),
+        ("max_seqs", c_size_t),
+        ("max_batch", c_size_t),
+        ("max_n_head", c_size_t),
+        ("max_append", c_size_t),
+        ("device", c_int),
     ]
 
 
@@ -112,6 +136,25 @@ _SIGNATURES = {
     "e8kv_cache_load_file": (c_void_p, [c_char_p, c_size_t, _SZ]),
 }
 
+# include/e8kv_cuda.h: present when the library was built with a CUDA compiler
+_CUDA_SIGNATURES = {
+    "e8kv_cuda_available": (c_int, []),
+    "e8kv_cuda_cache_create": (c_void_p, [POINTER(CudaCacheParams), _SZ]),
+    "e8kv_cuda_cache_free": (None, [c_void_p]),
+    "e8kv_cuda_cache_device_bytes": (c_size_t, [c_void_p]),
+    "e8kv_cuda_cache_token_bytes": (c_size_t, [c_void_p]),
+    "e8kv_cuda_cache_vector_bytes": (c_size_t, [c_void_p, c_size_t, c_int]),
+    "e8kv_cuda_cache_pages": (c_size_t, [c_void_p, c_size_t, c_int, POINTER(c_void_p)]),
+    "e8kv_cuda_append_slots": (c_size_t, [c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_size_t, c_int]),
+    "e8kv_cuda_append_slots_async": (c_size_t, [c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_size_t, c_int,
+                                                c_void_p, c_void_p]),
+    "e8kv_cuda_status_error": (c_size_t, [c_uint]),
+    "e8kv_cuda_attend_workspace_bytes": (c_size_t, [c_void_p, c_size_t, c_size_t, c_size_t]),
+    "e8kv_cuda_attend": (c_size_t, [c_void_p, c_size_t, c_void_p, c_void_p, c_int, c_size_t, c_size_t, c_void_p,
+                                    c_size_t, c_void_p, c_size_t, c_void_p, c_size_t, c_void_p]),
+    "e8kv_cuda_read_slot": (c_size_t, [c_void_p, c_void_p, c_size_t, c_size_t, c_int, ctypes.c_int64, c_size_t]),
+}
+
 
 def _candidates() -> list[str]:
     env = os.environ.get("E8KV_LIB")
@@ -135,9 +178,37 @@ def _load() -> ctypes.CDLL:
             fn = getattr(lib, name)
             fn.restype = res
             fn.argtypes = args
+        lib._e8kv_path = path
         return lib
     raise ImportError("e8kv: cannot load the C library libe8kv (install the package with `pip install .` from "
                       "the repository, or set E8KV_LIB to a built libe8kv.so):\n  " + "\n  ".join(errors))
 
 
+def _load_cuda(cpu: ctypes.CDLL) -> Optional[ctypes.CDLL]:
+    """libe8kv_cuda.so ($E8KV_CUDA_LIB, else beside the loaded libe8kv), or None: built only with nvcc."""
+    env = os.environ.get("E8KV_CUDA_LIB")
+    path = env or os.path.join(os.path.dirname(os.path.abspath(cpu._e8kv_path)), "libe8kv_cuda.so")
+    if not env and not os.path.exists(path):
+        return None
+    try:
+        cuda = ctypes.CDLL(path)
+    except OSError as e:
+        if env:
+            raise ImportError(f"e8kv: cannot load the CUDA library {path} ($E8KV_CUDA_LIB): {e}") from None
+        return None
+    for name, (res, args) in _CUDA_SIGNATURES.items():
+        fn = getattr(cuda, name)
+        fn.restype = res
+        fn.argtypes = args
+    return cuda
+
+
 lib = _load()
+_cuda: list = []  # [the CUDA library or None] once looked up
+
+
+def cuda_lib() -> Optional[ctypes.CDLL]:
+    """libe8kv_cuda.so, loaded on first use (a CPU-only user never maps the CUDA runtime), or None."""
+    if not _cuda:
+        _cuda.append(_load_cuda(lib))
+    return _cuda[0]

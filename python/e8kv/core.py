@@ -5,8 +5,10 @@ Zero copy: float32, C-contiguous numpy arrays and CPU torch tensors are handed t
 array (never element by element). Outputs come back in the kind of array the input was (numpy or torch).
 Every C error code becomes an `E8KVError` carrying the library's error name (`e8kv_error_name`).
 
-Devices: the cache lives in host memory ("cpu"). The CUDA cache (include/e8kv_cuda.h) will be a second
-backend behind the same `Cache` interface, selected by `device=`.
+Devices: `Cache` lives in host memory. `CudaCache` is the device cache of include/e8kv_cuda.h (a library
+built with nvcc; `cuda_available()` says whether it is there and a GPU is usable): torch CUDA tensors are
+handed over by `data_ptr()` on the current stream; `e8kv.torch_ops` registers its append and attention as
+PyTorch custom operators (eager and torch.compile / CUDA graphs).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from ._lib import CacheFileInfo, CacheParams, lib
+from ._lib import CacheFileInfo, CacheParams, CudaCacheParams, cuda_lib, lib
 
 try:  # torch is optional for the core binding
     import torch as _torch
@@ -284,7 +286,9 @@ class Cache:
                  seed: int = 0, n_threads: int = 0, rope_theta: float = 0.0, rope_neox: bool = False,
                  calib: Optional[Calib] = None, device: str = "cpu", _ptr: Optional[int] = None) -> None:
         if str(device) != "cpu":
-            raise E8KVError(ErrorCode.UNSUPPORTED, f"device '{device}': this build of e8kv has the CPU cache only")
+            what = ("the CUDA cache is e8kv.CudaCache (or e8kv.hf.E8KVCache(..., device='cuda'))" if cuda_built()
+                    else "this build of e8kv has the CPU cache only (no libe8kv_cuda.so: built without nvcc)")
+            raise E8KVError(ErrorCode.UNSUPPORTED, f"Cache(device='{device}'): {what}")
         self.device = "cpu"
         self._calib = calib  # the C cache borrows it: keep it alive as long as the cache
         if _ptr is not None:
@@ -419,3 +423,156 @@ class Cache:
     def __repr__(self) -> str:
         return (f"Cache('{self.spec}', n_layer={self.n_layer}, n_head_kv={self.n_head_kv}, "
                 f"head_dim={self.head_dim}, n_ctx={self.n_ctx}, {self.n_bytes} bytes)")
+
+
+# ------------------------------------------------------------------------------------------ CUDA cache
+def cuda_built() -> bool:
+    """True when libe8kv_cuda.so (the CUDA cache, built where CMake found nvcc) was found and loaded."""
+    return cuda_lib() is not None
+
+
+def cuda_available() -> bool:
+    """True when the CUDA cache is built and a CUDA device is usable."""
+    return cuda_built() and bool(cuda_lib().e8kv_cuda_available())
+
+
+_DTYPES: dict = {}
+
+
+def _cuda_dtype(t: Any) -> int:
+    """e8kv_dtype of a torch tensor (E8KV_DTYPE_F32 / F16 / BF16)."""
+    if not _DTYPES and _torch is not None:
+        _DTYPES.update({_torch.float32: 0, _torch.float16: 1, _torch.bfloat16: 2})
+    if t.dtype not in _DTYPES:
+        raise E8KVError(ErrorCode.BAD_ARGUMENT, f"dtype {t.dtype}: the CUDA cache takes float32, float16, bfloat16")
+    return _DTYPES[t.dtype]
+
+
+def _dev(t: Any, what: str, dtype: Any = None) -> int:
+    """data_ptr of a contiguous CUDA tensor (no copy: a wrong layout is the caller's error)."""
+    if not _is_torch(t) or t.device.type != "cuda":
+        raise E8KVError(ErrorCode.BAD_ARGUMENT, f"{what}: a torch CUDA tensor is expected")
+    if not t.is_contiguous():
+        raise E8KVError(ErrorCode.BAD_ARGUMENT, f"{what}: the tensor must be contiguous")
+    if dtype is not None and t.dtype != dtype:
+        raise E8KVError(ErrorCode.BAD_ARGUMENT, f"{what}: dtype {t.dtype}, expected {dtype}")
+    return t.data_ptr()
+
+
+def _stream(t: Any, stream: Any) -> int:
+    if stream is None:
+        return _torch.cuda.current_stream(t.device).cuda_stream
+    return stream.cuda_stream if hasattr(stream, "cuda_stream") else int(stream)
+
+
+class CudaCache:
+    """The device cache of include/e8kv_cuda.h with caller-owned block tables (the way serving engines own
+    theirs): `n_blocks` pages of `block_size` tokens per (layer, K/V), all allocated at creation.
+    spec: "e8box:4", "e8p:2", "bf16", "f16" or "k=FMT,v=FMT" (keys after RoPE: the CUDA formats have no
+    rope=pre). Tensors are torch CUDA tensors, passed by pointer on the current stream (or `stream`)."""
+
+    def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, n_blocks: int, spec: str = "e8box:4", *,
+                 block_size: int = 16, seed: int = 0, max_ctx: int = 0, max_batch: int = 0, max_n_head: int = 0,
+                 max_seqs: int = 1, max_append: int = 0, device: int = 0) -> None:
+        if not cuda_built():
+            raise E8KVError(ErrorCode.UNSUPPORTED, "CudaCache: this build of e8kv has no CUDA cache (no "
+                                                   "libe8kv_cuda.so: built without nvcc)")
+        self._lib = cuda_lib()
+        if not self._lib.e8kv_cuda_available():
+            raise E8KVError(ErrorCode.UNSUPPORTED, "CudaCache: no usable CUDA device")
+        self._spec_bytes = spec.encode()
+        params = CudaCacheParams(n_layer=n_layer, n_head_kv=n_head_kv, head_dim=head_dim, block_size=block_size,
+                                 n_blocks=n_blocks, spec=self._spec_bytes, seed=seed, max_ctx=max_ctx,
+                                 max_seqs=max_seqs, max_batch=max_batch, max_n_head=max_n_head,
+                                 max_append=max_append, device=int(device))
+        err = c_size_t(0)
+        self._p = self._lib.e8kv_cuda_cache_create(byref(params), byref(err))
+        if not self._p:
+            raise E8KVError(lib.e8kv_get_error_code(err.value),
+                            f"CUDA cache '{spec}' (n_layer {n_layer}, n_head_kv {n_head_kv}, head_dim {head_dim}, "
+                            f"{n_blocks} pages of {block_size})")
+        self.n_layer, self.n_head_kv, self.head_dim, self.n_blocks = n_layer, n_head_kv, head_dim, n_blocks
+        self.block_size, self.spec, self.seed, self.device = block_size, spec, seed, int(device)
+        self.max_ctx = max_ctx or n_blocks * block_size
+
+    def __del__(self) -> None:
+        if getattr(self, "_p", None):
+            self._lib.e8kv_cuda_cache_free(self._p)
+            self._p = None
+
+    @property
+    def handle(self) -> int:
+        """The C pointer (what the custom operators of e8kv.torch_ops are given)."""
+        return int(self._p)
+
+    @property
+    def device_bytes(self) -> int:
+        """Every byte the cache holds on the device (one cudaMalloc: pages, tables, workspace)."""
+        return self._lib.e8kv_cuda_cache_device_bytes(self._p)
+
+    @property
+    def token_bytes(self) -> int:
+        """Bytes of one token in the pages: all layers, K and V, all KV heads."""
+        return self._lib.e8kv_cuda_cache_token_bytes(self._p)
+
+    def vector_bytes(self, layer: int = 0, stream: int = 0) -> int:
+        return _check(self._lib.e8kv_cuda_cache_vector_bytes(self._p, layer, stream), "vector_bytes")
+
+    def append(self, layer: int, slots: Any, k: Any, v: Any, *, status: Any = None, stream: Any = None) -> int:
+        """Write rows k, v (n_tok, n_head_kv * head_dim) into slots (int64 (n_tok), page * block_size +
+        offset; negative: skipped). status=None: synchronous, a NaN/Inf or out-of-range value is an
+        E8KVError. status: an int32 CUDA tensor of one element: asynchronous on the stream (graph-safe), the
+        error bits are OR-ed into it (e8kv_cuda_status_error / check_status)."""
+        n_tok = slots.numel()
+        row = self.n_head_kv * self.head_dim
+        if k.numel() != n_tok * row or v.numel() != n_tok * row or k.dtype != v.dtype:
+            raise E8KVError(ErrorCode.SRC_SIZE, f"append: {n_tok} slots, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                                                f"rows of {row}")
+        sp, kp, vp = _dev(slots, "slots", _torch.int64), _dev(k, "k"), _dev(v, "v")
+        dt = _cuda_dtype(k)
+        if status is None:
+            return _check(self._lib.e8kv_cuda_append_slots(self._p, layer, sp, kp, vp, n_tok, dt), f"append layer {layer}")
+        if status.numel() != 1:
+            raise E8KVError(ErrorCode.BAD_ARGUMENT, "append: status is one int32 element")
+        return _check(self._lib.e8kv_cuda_append_slots_async(self._p, layer, sp, kp, vp, n_tok, dt,
+                                                       _dev(status, "status", _torch.int32), _stream(k, stream)),
+                      f"append layer {layer}")
+
+    @staticmethod
+    def check_status(status: Any) -> None:
+        """Raise the E8KVError that a status word (int32 tensor, read back: a synchronisation) names."""
+        _check(cuda_lib().e8kv_cuda_status_error(int(status.item()) & 0xffffffff), "append (status word)")
+
+    def attend(self, layer: int, q: Any, block_tables: Any, ctx_lens: Any, max_ctx: Optional[int] = None,
+               out: Any = None, *, stream: Any = None) -> Any:
+        """Decode attention of one query row per sequence: q (n_seq, n_head * head_dim) (f32/f16/bf16),
+        block_tables int32 (n_seq, max_blocks), ctx_lens int32 (n_seq), each at most max_ctx (default: the
+        cache's). Asynchronous on the stream; returns float32 (n_seq, n_head * head_dim)."""
+        n_seq = q.shape[0]
+        width = q.numel() // n_seq
+        if width % self.head_dim or block_tables.dim() != 2 or block_tables.shape[0] != n_seq or \
+                ctx_lens.numel() != n_seq:
+            raise E8KVError(ErrorCode.SRC_SIZE, f"attend: q {tuple(q.shape)}, tables {tuple(block_tables.shape)}, "
+                                                f"ctx_lens {tuple(ctx_lens.shape)}")
+        if out is None:
+            out = _torch.empty((n_seq, width), dtype=_torch.float32, device=q.device)
+        elif out.numel() != n_seq * width:
+            raise E8KVError(ErrorCode.DST_TOO_SMALL, "attend: out must hold (n_seq, n_head * head_dim) floats")
+        _check(self._lib.e8kv_cuda_attend(self._p, layer, _dev(out, "out", _torch.float32), _dev(q, "q"), _cuda_dtype(q),
+                                    n_seq, width // self.head_dim, _dev(block_tables, "block_tables", _torch.int32),
+                                    block_tables.shape[1], _dev(ctx_lens, "ctx_lens", _torch.int32),
+                                    self.max_ctx if max_ctx is None else max_ctx, None, 0, _stream(q, stream)),
+               f"attend layer {layer}")
+        return out
+
+    def read_slot(self, layer: int, stream: int, slot: int, head: int) -> np.ndarray:
+        """The bytes of one stored vector in the CPU codec's order (what e8kv.Codec.encode gives)."""
+        vb = self.vector_bytes(layer, stream)
+        buf = np.empty(vb, dtype=np.uint8)
+        _check(self._lib.e8kv_cuda_read_slot(self._p, buf.ctypes.data, vb, layer, stream, slot, head), "read_slot")
+        return buf
+
+    def __repr__(self) -> str:
+        return (f"CudaCache('{self.spec}', n_layer={self.n_layer}, n_head_kv={self.n_head_kv}, "
+                f"head_dim={self.head_dim}, {self.n_blocks} pages of {self.block_size}, "
+                f"{self.device_bytes} device bytes)")

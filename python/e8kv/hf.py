@@ -8,6 +8,10 @@ the same forward pass too) and hands only those new tokens on.
         model.generate(**inputs)
     model.generate(**inputs, past_key_values=e8kv.hf.E8KVCache(model.config, spec="e8:4"))
 
+On the GPU, E8KVCache(config, "e8box:4", device="cuda", max_batch_size=..., max_cache_len=...) makes an
+E8KVCudaCache: the pages live in the CUDA cache of include/e8kv_cuda.h, append and attention are the custom
+operators of e8kv.torch_ops, and the decode step compiles (torch.compile, mode "reduce-overhead").
+
 RoPE. transformers applies RoPE before the cache update, so keys arrive with RoPE. A cache whose formats
 want keys before RoPE (rope=pre, the default of e8kv's own formats and required by the calibrated e8t/e8tv
 keys: e8kv_cache_keys_pre_rope) gets them with the rotation undone, exactly (the inverse rotation of the
@@ -203,11 +207,19 @@ class E8KVCache(Cache):
     e8kv.Calib or the path of a calibration file (`e8kv calibrate` or e8kv.hf.calibrate).
 
     Creating it switches the config's attention to "e8kv" (the previous implementation stays the fallback
-    for caches of other kinds); attention over the past is e8kv_cache_attend on the codes."""
+    for caches of other kinds); attention over the past is e8kv_cache_attend on the codes.
+
+    device="cuda" makes the GPU variant (E8KVCudaCache: the CUDA cache of include/e8kv_cuda.h, static
+    shapes for torch.compile; see there)."""
+
+    def __new__(cls, config: Any, spec: str = "balanced", *args: Any, device: Any = "cpu", **kwargs: Any) -> Any:
+        if cls is E8KVCache and torch.device(device).type == "cuda":
+            return E8KVCudaCache(config, spec, *args, device=device, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, config: Any, spec: str = "balanced", *, calib: Union[Calib, str, os.PathLike, None] = None,
                  n_ctx: Optional[int] = None, seed: int = 0, n_threads: int = 0,
-                 observer: Optional[Any] = None) -> None:
+                 observer: Optional[Any] = None, device: Any = "cpu") -> None:
         self.shape = ModelShape(config)
         if isinstance(calib, (str, os.PathLike)):
             calib = Calib.load(calib)
@@ -340,12 +352,240 @@ class E8KVCache(Cache):
             cfg._attn_implementation = ATTN_NAME
 
 
+
+# ------------------------------------------------------------------------------------------ the GPU cache
+CUDA_FORMATS = ("e8box:4", "e8p:2", "bf16", "f16")
+
+
+class E8KVCudaLayer(CacheLayerMixin):
+    """One model layer of an E8KVCudaCache: its length is a device tensor (like transformers' StaticLayer),
+    so the slots of an update and the context lengths of the attention are computed on the device."""
+
+    is_compileable = True
+    is_sliding = False
+    is_croppable = True
+
+    def __init__(self, parent: "E8KVCudaCache", layer_idx: int) -> None:
+        super().__init__()
+        self.parent = parent
+        self.layer_idx = layer_idx
+        self.cumulative_length = torch.zeros((), dtype=torch.int64, device=parent.device)
+        torch._dynamo.mark_static_address(self.cumulative_length)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device, self.dtype = key_states.device, key_states.dtype
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.parent._append(self.layer_idx, key_states, value_states, self.cumulative_length)
+        self.cumulative_length.add_(key_states.shape[2])
+        return key_states, value_states  # the attention reads the past from the pages
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.parent.capacity, 0
+
+    def get_seq_length(self) -> Any:
+        return self.cumulative_length if self.is_initialized else 0
+
+    def get_max_length(self) -> int:
+        return self.parent.capacity
+
+    def reset(self) -> None:
+        self.cumulative_length.zero_()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative count (tokens to remove from the end)")
+        self.cumulative_length.add_(tokens_to_remove).clamp_(min=0)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        raise NotImplementedError("e8kv CUDA cache: beam search reordering is not supported")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if repeats != 1:
+            raise NotImplementedError("e8kv CUDA cache: batch expansion is not supported")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise NotImplementedError("e8kv CUDA cache: batch selection is not supported")
+
+    def offload(self) -> None:
+        pass
+
+    def prefetch(self) -> None:
+        pass
+
+
+class E8KVCudaCache(Cache):
+    """The GPU variant of E8KVCache (E8KVCache(config, spec, device="cuda", ...) makes one): the pages of
+    every layer live in one CUDA cache (include/e8kv_cuda.h, caller-owned block tables: batch row b owns
+    pages b*W .. b*W+W-1, W = max_cache_len / block_size), all allocated at creation like StaticCache, so
+    shapes are static and the decode step compiles (torch.compile fullgraph, mode "reduce-overhead").
+
+    spec: "e8box:4", "e8p:2", "bf16", "f16" or "k=FMT,v=FMT" (CUDA_FORMATS). The GPU formats take keys after
+    RoPE (rope=post); specs the CUDA cache cannot hold (rope=pre, e8t/e8tv, presets, sink=, per-layer
+    overrides) are an E8KVError (SPEC). update() appends the new tokens through torch.ops.e8kv.append (slots
+    computed on the device from the layer's length); the "e8kv" attention attends through
+    torch.ops.e8kv.attend: one query row per (batch row, token) with context length position + 1, so a
+    chunk with a past reads its own new tokens from the pages too. Exception: in eager mode a chunk of
+    several tokens appended to an empty cache (the prompt) is attended by SDPA over its exact K/V (causal,
+    GQA), which costs what SDPA costs and sees the prompt's keys uncoded; every later token reads codes.
+    Padded batches are refused."""
+
+    def __init__(self, config: Any, spec: str = "e8box:4", *, max_batch_size: int = 1, max_cache_len: Optional[int] = None,
+                 device: Any = "cuda", seed: int = 0, block_size: int = 16, max_chunk: int = 64,
+                 **unused: Any) -> None:
+        from . import torch_ops  # registers the operators
+        bad = [k for k, v in unused.items() if v is not None and k not in ("n_threads",)]
+        if bad:
+            raise E8KVError(ErrorCode.BAD_ARGUMENT, f"e8kv CUDA cache: unsupported arguments {bad}")
+        self.shape = s = ModelShape(config)
+        self._check_spec(spec)
+        self.spec, self.seed = spec, seed
+        self.device = torch.device(device)
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.block_size = block_size
+        cap = max_cache_len or s.n_ctx
+        self.pages_per_seq = (cap + block_size - 1) // block_size
+        self.capacity = self.pages_per_seq * block_size
+        self.batch_rows = max_batch_size
+        self.max_chunk = max_chunk
+        try:
+            self.kv = core.CudaCache(s.n_layer, s.n_head_kv, s.head_dim, max_batch_size * self.pages_per_seq, spec,
+                                     block_size=block_size, seed=seed, max_ctx=self.capacity,
+                                     max_batch=max_batch_size * max(1, max_chunk), max_n_head=s.n_head,
+                                     device=self.device.index)
+        except E8KVError as e:
+            raise E8KVError(e.code, f"e8kv CUDA cache '{spec}' for {s.model_type} ({max_batch_size} x "
+                                    f"{self.capacity} tokens)") from None
+        self._key = torch_ops.register_cache(self.kv)
+        with torch.device(self.device):
+            self._state = torch_ops.new_state()
+            self._tables = torch.arange(max_batch_size * self.pages_per_seq, dtype=torch.int32).view(
+                max_batch_size, self.pages_per_seq)
+            self._row_base = torch.arange(max_batch_size, dtype=torch.int64) * self.capacity
+            self._arange = torch.arange(max(max_chunk, 1), dtype=torch.int64)
+        for t in (self._tables, self._row_base, self._arange):
+            torch._dynamo.mark_static_address(t)
+        self._attach(config)
+        super().__init__(layers=[E8KVCudaLayer(self, i) for i in range(s.n_layer)])
+
+    @staticmethod
+    def _check_spec(spec: str) -> None:
+        parts = spec.split(",")
+        fmts = [spec] if len(parts) == 1 else [p[2:] for p in parts if p[:2] in ("k=", "v=")]
+        if len(parts) > 2 or len(fmts) != len(parts) or any(f not in CUDA_FORMATS for f in fmts):
+            raise E8KVError(ErrorCode.SPEC, f"e8kv CUDA cache: spec '{spec}': the CUDA cache holds "
+                                            f"{', '.join(CUDA_FORMATS)} or k=FMT,v=FMT of them, keys after RoPE "
+                                            "(no rope=pre, e8t/e8tv, presets, sink= or per-layer overrides)")
+
+    def __del__(self) -> None:
+        key = getattr(self, "_key", None)
+        if key is not None:
+            from . import torch_ops
+            torch_ops.unregister_cache(key)
+
+    def _attach(self, config: Any) -> None:
+        register()
+        current = getattr(config, "_attn_implementation", None)
+        if current != ATTN_NAME:
+            config._e8kv_fallback = current or "sdpa"
+            config._attn_implementation = ATTN_NAME
+        config._e8kv_cuda_cache = self
+
+    def detach(self, config: Any) -> None:
+        """Give the config back its previous attention implementation (the cache stays usable by hand)."""
+        if getattr(config, "_e8kv_cuda_cache", None) is self:
+            config._e8kv_cuda_cache = None
+            config._attn_implementation = getattr(config, "_e8kv_fallback", None) or "sdpa"
+
+    # -- storing and reading
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        """(b, h, t, d) -> (b * t, h * d) contiguous, rows b-major."""
+        b, h, t, d = x.shape
+        return x.transpose(1, 2).reshape(b * t, h * d)
+
+    def _append(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor, length: torch.Tensor,
+                row0: int = 0) -> None:
+        b, h, t, d = key_states.shape
+        if t > self._arange.shape[0]:
+            pos = torch.arange(t, dtype=torch.int64, device=key_states.device) + length
+        else:
+            pos = self._arange[:t] + length
+        slots = (self._row_base[row0:row0 + b, None] + pos[None, :]).reshape(-1)
+        torch.ops.e8kv.append(self._state, self._key, layer, slots, self._rows(key_states), self._rows(value_states))
+
+    def fill(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor, row0: int = 0) -> None:
+        """Write K/V (b, n_head_kv, t, head_dim) of batch rows row0 .. row0+b-1 at positions 0 .. t-1 of a
+        layer without changing its length (pre-filling by pieces; then set_length)."""
+        zero = torch.zeros((), dtype=torch.int64, device=key_states.device)
+        self._append(layer, key_states, value_states, zero, row0)
+
+    def set_length(self, n: int) -> None:
+        for layer in self.layers:
+            layer.is_initialized = True
+            layer.cumulative_length.fill_(n)
+
+    def check(self) -> None:
+        """Raise the error an append reported (NaN/Inf or out-of-range input) since creation; synchronises."""
+        core.CudaCache.check_status(self._state)
+
+    def _attend(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                scaling: Optional[float]) -> tuple[torch.Tensor, None]:
+        b, n_head, t, d = query.shape
+        layer = module.layer_idx
+        length = self.layers[layer].cumulative_length  # after this step's update
+        if t > 1 and not torch.compiler.is_compiling() and int(length) == t:
+            # the prompt of an empty cache: SDPA over the exact K/V of the chunk
+            out = torch.nn.functional.scaled_dot_product_attention(
+                query, key, value, is_causal=True, scale=scaling, enable_gqa=n_head != key.shape[1])
+            return out.transpose(1, 2), None
+        q = self._rows(query)
+        if scaling is not None and abs(scaling * math.sqrt(d) - 1.0) > 1e-6:
+            q = q * (scaling * math.sqrt(d))  # the kernel scales scores by 1/sqrt(head_dim)
+        if t == 1:
+            tables = self._tables[:b]
+            ctx = length.to(torch.int32).expand(b).contiguous()
+        else:  # one virtual row per (batch row, token): context = its position + 1
+            if b * t > self.batch_rows * max(1, self.max_chunk):
+                raise E8KVError(ErrorCode.DIMENSION, f"e8kv CUDA cache: a chunk of {t} tokens x {b} rows with a "
+                                                     f"past exceeds max_chunk {self.max_chunk}")
+            tables = self._tables[:b].repeat_interleave(t, dim=0)
+            pos = torch.arange(t, dtype=torch.int64, device=query.device) + (length - t + 1)
+            ctx = pos.to(torch.int32).repeat(b)
+        out = torch.ops.e8kv.attend(self._state, self._key, layer, q, tables, ctx, self.capacity)
+        return out.view(b, t, n_head, d).to(query.dtype), None
+
+    # -- accounting
+    @property
+    def n_bytes(self) -> int:
+        """Device bytes the cache holds: the C cache's one allocation (pages, tables, workspace) plus its
+        small torch tensors (block tables, lengths, status word)."""
+        extra = sum(x.numel() * x.element_size() for x in (self._state, self._tables, self._row_base, self._arange))
+        return self.kv.device_bytes + extra + 8 * len(self.layers)
+
+    @property
+    def bits_per_value(self) -> float:
+        s = self.shape
+        return 8.0 * self.kv.token_bytes / (2 * s.n_layer * s.n_head_kv * s.head_dim)
+
 # ------------------------------------------------------------------------------------------ attention
 def _e8kv_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
                mask_function: Optional[Callable] = None, attention_mask: Optional[torch.Tensor] = None,
                local_size: Optional[int] = None, **kwargs: Any) -> Optional[torch.Tensor]:
     """Mask interface for "e8kv": remembers whether the batch has padding (the e8kv path refuses it) and
-    builds the SDPA mask that the fallback (caches of other kinds) needs."""
+    builds the SDPA mask that the fallback (caches of other kinds) needs. With a CUDA cache no mask is made
+    (the kernel bounds each row by its context length)."""
+    cfg = kwargs.get("config")
+    if getattr(cfg, "_e8kv_cuda_cache", None) is not None:
+        if (attention_mask is not None and attention_mask.dim() == 2 and not torch.compiler.is_compiling()
+                and not bool(attention_mask.all())):
+            raise NotImplementedError("e8kv cache: padded batches are not supported (give sequences of equal "
+                                      "length, or one sequence per call)")
+        return None
     _tls.padded = attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all())
     _tls.local = local_size
     kw = dict(kwargs)
@@ -360,6 +600,9 @@ def e8kv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
                    dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """attn_implementation "e8kv": causal attention of the new queries over the layer's stored codes.
     Layers whose cache is not an E8KVCache run the config's previous implementation."""
+    gpu = getattr(module.config, "_e8kv_cuda_cache", None)
+    if gpu is not None and query.is_cuda:
+        return gpu._attend(module, query, key, value, scaling)
     pending = getattr(_tls, "pending", None)
     layer = getattr(module, "layer_idx", None)
     if pending is None or pending[1] != layer:
@@ -580,5 +823,5 @@ def calibrate(model: Any, tok: Any, texts: Union[str, Iterable[str], Sequence[in
     return cal
 
 
-__all__ = ["E8KVCache", "E8KVLayer", "ModelShape", "UnsupportedModelError", "calibrate", "compress",
+__all__ = ["CUDA_FORMATS", "E8KVCache", "E8KVCudaCache", "E8KVCudaLayer", "E8KVLayer", "ModelShape", "UnsupportedModelError", "calibrate", "compress",
            "e8kv_attention", "perplexity", "register"]

@@ -108,6 +108,37 @@ static e8kv_cuda_cache *fail(e8kv_cuda_cache *c, size_t *err, size_t code) {
     return NULL;
 }
 
+#define E8KV_CU_RETURN_NULL(expr, c, err)                                                                    \
+    do {                                                                                                     \
+        const size_t e8kv_cu_r_ = (expr);                                                                    \
+        if (e8kv_is_error(e8kv_cu_r_)) return fail(c, err, e8kv_cu_r_);                                      \
+    } while (0)
+
+/* One append (a skipped row: slot -1) and one attend (one token of a zeroed page) at creation, outside any
+ * stream capture: the launchers upload their constant tables and set kernel attributes on their first
+ * call, synchronously, which a CUDA graph capture would refuse. Nothing in the cache changes. */
+static size_t warm_up(e8kv_cuda_cache *c) {
+    const size_t row = c->max_n_head * c->d * sizeof(float);
+    uint8_t *tmp = NULL;
+    if (cudaMalloc((void **)&tmp, 2 * row) != cudaSuccess) {
+        cudaGetLastError();
+        return E8KV_CU_ERR(OUT_OF_MEMORY);
+    }
+    const int32_t one = 1;
+    size_t r = 0;
+    if (cudaMemset(tmp, 0, 2 * row) != cudaSuccess || cudaMemset(c->d_slots, 0xff, sizeof(int64_t)) != cudaSuccess ||
+        cudaMemset(c->d_btables, 0, c->width * sizeof(int32_t)) != cudaSuccess ||
+        cudaMemcpy(c->d_ctx, &one, sizeof one, cudaMemcpyHostToDevice) != cudaSuccess)
+        r = E8KV_CU_ERR(CUDA);
+    if (!r) r = e8kv_cuda_append_slots(c, 0, c->d_slots, tmp, tmp, 1, E8KV_DTYPE_F32);
+    if (!e8kv_is_error(r))
+        r = e8kv_cuda_attend(c, 0, (float *)(tmp + row), tmp, E8KV_DTYPE_F32, 1, c->n_head_kv, c->d_btables,
+                             c->width, c->d_ctx, 1, NULL, 0, NULL);
+    if (!e8kv_is_error(r) && cudaDeviceSynchronize() != cudaSuccess) r = E8KV_CU_ERR(CUDA);
+    cudaFree(tmp);
+    return e8kv_is_error(r) ? r : 0;
+}
+
 e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t *err) {
     if (err) *err = 0;
     if (!p || !p->n_layer || !p->n_head_kv || !p->n_blocks) return fail(NULL, err, E8KV_CU_ERR(BAD_ARGUMENT));
@@ -222,6 +253,7 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     for (size_t i = 0; i < c->n_blocks; i++)
         c->free_list[i] = (int32_t)(c->n_blocks - 1 - i);
     c->n_free = c->n_blocks;
+    E8KV_CU_RETURN_NULL(warm_up(c), c, err);
     return c;
 }
 
@@ -274,8 +306,7 @@ static size_t append_rows(e8kv_cuda_cache *c, size_t layer, const int64_t *host_
     unsigned flags = 0;
     if (cudaMemcpy(&flags, c->d_flags, sizeof flags, cudaMemcpyDeviceToHost) != cudaSuccess)
         return E8KV_CU_ERR(CUDA);
-    if (flags & FLAG_NONFINITE) return E8KV_CU_ERR(NONFINITE);
-    if (flags & FLAG_RANGE) return E8KV_CU_ERR(RANGE);
+    E8KV_CU_RETURN(e8kv_cuda_status_error(flags));
     return n_tok;
 }
 
@@ -283,22 +314,37 @@ static int bad_dtype(e8kv_dtype t) {
     return t != E8KV_DTYPE_F32 && t != E8KV_DTYPE_F16 && t != E8KV_DTYPE_BF16;
 }
 
+#if FLAG_NONFINITE != E8KV_CUDA_STATUS_NONFINITE || FLAG_RANGE != E8KV_CUDA_STATUS_RANGE
+#error "the append kernels' flags are the public status bits"
+#endif
+
+size_t e8kv_cuda_status_error(unsigned status) {
+    if (status & FLAG_NONFINITE) return E8KV_CU_ERR(NONFINITE);
+    if (status & FLAG_RANGE) return E8KV_CU_ERR(RANGE);
+    return 0;
+}
+
+size_t e8kv_cuda_append_slots_async(e8kv_cuda_cache *c, size_t layer, const int64_t *d_slots, const void *d_k,
+                                    const void *d_v, size_t n_tok, e8kv_dtype dtype, unsigned *d_status,
+                                    void *stream) {
+    if (!c || layer >= c->n_layer || bad_dtype(dtype) || !d_status || (n_tok && (!d_slots || !d_k || !d_v)))
+        return E8KV_CU_ERR(BAD_ARGUMENT);
+    for (int s = 0; s < 2; s++)
+        E8KV_CU_RETURN(e8kv_cu_launch_append(&c->sd[2 * layer + s], d_slots, s ? d_v : d_k, n_tok, c->n_head_kv,
+                                             c->d, c->bs, (int)dtype, c->d_signs, c->rot_scale, d_status,
+                                             (cudaStream_t)stream));
+    return n_tok;
+}
+
 size_t e8kv_cuda_append_slots(e8kv_cuda_cache *c, size_t layer, const int64_t *d_slots, const void *d_k,
                               const void *d_v, size_t n_tok, e8kv_dtype dtype) {
-    if (!c || layer >= c->n_layer || bad_dtype(dtype) || (n_tok && (!d_slots || !d_k || !d_v)))
-        return E8KV_CU_ERR(BAD_ARGUMENT);
+    if (!c) return E8KV_CU_ERR(BAD_ARGUMENT);
     if (cudaMemset(c->d_flags, 0, sizeof(unsigned)) != cudaSuccess) return E8KV_CU_ERR(CUDA);
-    for (int s = 0; s < 2; s++) {
-        const size_t r =
-            e8kv_cu_launch_append(&c->sd[2 * layer + s], d_slots, s ? d_v : d_k, n_tok, c->n_head_kv, c->d,
-                                  c->bs, (int)dtype, c->d_signs, c->rot_scale, c->d_flags, 0);
-        if (r) return r;
-    }
+    E8KV_CU_RETURN(e8kv_cuda_append_slots_async(c, layer, d_slots, d_k, d_v, n_tok, dtype, c->d_flags, NULL));
     unsigned flags = 0;
     if (cudaMemcpy(&flags, c->d_flags, sizeof flags, cudaMemcpyDeviceToHost) != cudaSuccess)
         return E8KV_CU_ERR(CUDA);
-    if (flags & FLAG_NONFINITE) return E8KV_CU_ERR(NONFINITE);
-    if (flags & FLAG_RANGE) return E8KV_CU_ERR(RANGE);
+    E8KV_CU_RETURN(e8kv_cuda_status_error(flags));
     return n_tok;
 }
 

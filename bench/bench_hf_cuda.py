@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""End-to-end decode through transformers on the GPU: a Llama-3-8B-shaped model (32 layers, hidden 4096,
+32 query / 8 KV heads, head_dim 128, intermediate 14336, vocab 128256) with random bf16 weights built on
+the device, its cache pre-filled with random K/V (no prefill is run), one new token per sequence per step.
+Caches: DynamicCache (eager), StaticCache (eager and torch.compile mode "reduce-overhead", fullgraph), and
+e8kv's CUDA cache (e8kv.hf.E8KVCache(device="cuda")) with e8box:4 and e8p:2 (eager and compiled).
+Per case: ms per decode step (median of --steps steps after warm-up, the host waiting for each), tokens/s
+over the batch, peak device memory = torch's allocator peak (weights, activations, torch caches, CUDA graph
+pools) + the e8kv cache's own cudaMalloc (E8KVCudaCache.n_bytes). Then the largest batch that fits at
+the long context for each cache (batches tried in increasing order until one runs out of memory; eager
+steps), with a compiled step at that batch, then batch 1 and the short context.
+One JSON object per line to --json (written as it goes: a cut-off run keeps what it measured).
+Usage: python3 bench/bench_hf_cuda.py [--json FILE] [--quick] [--budget SECONDS]"""
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))
+import e8kv  # noqa: E402
+import e8kv.hf  # noqa: E402
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCache  # noqa: E402
+
+T0 = time.time()
+
+
+def log(*a):
+    print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
+
+
+def build(quick):
+    cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=4 if quick else 32,
+                      num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+                      max_position_embeddings=131072, rope_theta=500000.0, attn_implementation="sdpa",
+                      tie_word_embeddings=False)
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg).eval()
+    torch.set_default_dtype(torch.float32)
+    return model
+
+
+def make_cache(model, kind, batch, ctx, pad):
+    """A cache of `kind` holding `ctx` random tokens per sequence, room for `pad` more."""
+    cfg = model.config
+    L, H, D = cfg.num_hidden_layers, cfg.num_key_value_heads, 128
+    g = torch.Generator(device="cuda").manual_seed(0)
+    if kind == "dynamic":
+        cfg._attn_implementation = "sdpa"
+        cache = DynamicCache(config=cfg)
+        for layer in range(L):
+            k = torch.randn((batch, H, ctx, D), generator=g, device="cuda", dtype=torch.bfloat16)
+            cache.update(k, torch.randn_like(k), layer)
+        return cache
+    if kind == "static":
+        cfg._attn_implementation = "sdpa"
+        cache = StaticCache(config=cfg, max_cache_len=ctx + pad)
+        for layer in range(L):
+            k = torch.randn((batch, H, ctx, D), generator=g, device="cuda", dtype=torch.bfloat16)
+            cache.update(k, torch.randn_like(k), layer)
+        return cache
+    cache = e8kv.hf.E8KVCache(cfg, kind, device="cuda", max_batch_size=batch, max_cache_len=ctx + pad, max_chunk=1)
+    rows = max(1, min(batch, (1 << 28) // (H * ctx * D)))  # ~0.5 GB of bf16 per piece
+    for layer in range(L):
+        for r0 in range(0, batch, rows):
+            b = min(rows, batch - r0)
+            k = torch.randn((b, H, ctx, D), generator=g, device="cuda", dtype=torch.bfloat16)
+            cache.fill(layer, k, torch.randn_like(k), r0)
+    cache.set_length(ctx)
+    return cache
+
+
+def cache_bytes(cache):
+    return cache.n_bytes if isinstance(cache, e8kv.hf.E8KVCudaCache) else 0
+
+
+def release(model, cache):
+    if isinstance(cache, e8kv.hf.E8KVCudaCache):
+        cache.detach(model.config)
+    model.config._attn_implementation = "sdpa"
+
+
+def measure(model, kind, mode, batch, ctx, steps, out):
+    warm = 4 if mode == "compiled" else 2
+    torch.cuda.synchronize()
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    cache = None
+    rec = {"cache": kind, "mode": mode, "batch": batch, "ctx": ctx, "device": torch.cuda.get_device_name()}
+    try:
+        cache = make_cache(model, kind, batch, ctx, warm + steps + 8)
+        fn = model.forward
+        if mode == "compiled":
+            torch._dynamo.reset()
+            fn = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        tok = torch.full((batch, 1), 17, dtype=torch.long, device="cuda")
+        t_compile = time.time()
+        with torch.no_grad():
+            for _ in range(warm):
+                fn(input_ids=tok, past_key_values=cache, use_cache=True)
+            torch.cuda.synchronize()
+            rec["warmup_s"] = round(time.time() - t_compile, 1)
+            times = []
+            for _ in range(steps):
+                t = time.perf_counter()
+                fn(input_ids=tok, past_key_values=cache, use_cache=True)
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - t)
+        times.sort()
+        ms = 1e3 * times[len(times) // 2]
+        rec.update(ms=round(ms, 3), tok_s=round(batch / ms * 1e3, 1),
+                   peak_gb=round((torch.cuda.max_memory_allocated() + cache_bytes(cache)) / 1e9, 2),
+                   cache_gb=round(cache_bytes(cache) / 1e9, 3), ok=True)
+        if isinstance(cache, e8kv.hf.E8KVCudaCache):
+            cache.check()
+    except (torch.OutOfMemoryError, e8kv.E8KVError) as e:
+        oom = isinstance(e, torch.OutOfMemoryError) or e.code == e8kv.ErrorCode.OUT_OF_MEMORY
+        if not oom:
+            raise
+        rec.update(ok=False, error="out of memory")
+    finally:
+        if cache is not None:
+            release(model, cache)
+        del cache
+        if mode == "compiled":
+            torch._dynamo.reset()
+        gc.collect()
+        torch.cuda.empty_cache()
+    log(json.dumps(rec))
+    if out:
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+    return rec
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    ap.add_argument("--quick", action="store_true", help="4 layers, short contexts: a smoke test of every path")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--budget", type=float, default=1e9, help="seconds: stop starting new cases after this")
+    ap.add_argument("--parts", default="main,fit,small",
+                    help="main (8 x long, every cache and mode), fit (largest batch at long), small (batch 1, "
+                         "short context), again (DynamicCache and e8box:4 eager at 8 x long once more)")
+    ap.add_argument("--fit-kinds", default="dynamic,static,e8box:4,e8p:2")
+    ap.add_argument("--fit-from", type=int, default=8, help="first batch tried by the fit search")
+    args = ap.parse_args()
+    out = open(args.json, "a") if args.json else None
+    model = build(args.quick)
+    log("model built:", sum(p.numel() for p in model.parameters()) / 1e9, "G params,",
+        torch.cuda.memory_allocated() / 1e9, "GB")
+    big, small = (2048, 512) if args.quick else (32768, 8192)
+    kinds = ["dynamic", "static", "e8box:4", "e8p:2"]
+    parts = args.parts.split(",")
+
+    def go(kind, mode, b, c, steps=args.steps):
+        if time.time() - T0 > args.budget:
+            log("budget spent: skipped", kind, mode, b, c)
+            return None
+        return measure(model, kind, mode, b, c, steps, out)
+
+    if "again" in parts:
+        for kind in ("dynamic", "e8box:4"):
+            go(kind, "eager", 8, big)
+    if "main" in parts:  # the bars' case first: 8 x 32K, every cache and mode
+        for kind in kinds:
+            go(kind, "eager", 8, big)
+        for kind in kinds[1:]:
+            go(kind, "compiled", 8, big)
+    if "fit" in parts:  # the largest batch at `big` (eager steps), then a compiled step at that batch
+        tries = [b for b in (8, 12, 16, 20, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 160, 192, 224, 256)
+                 if b >= args.fit_from]
+        for kind in args.fit_kinds.split(","):
+            last = r = None
+            for b in tries:
+                r = go(kind, "eager", b, big, steps=5)
+                if r is None or not r["ok"]:
+                    break
+                last = r
+            if last is not None:
+                rec = {"cache": kind, "largest_batch": last["batch"], "ctx": big, "ms": last["ms"],
+                       "tok_s": last["tok_s"], "peak_gb": last["peak_gb"], "device": last["device"],
+                       "next_tried_failed": r is not None and not r["ok"]}
+                log(json.dumps(rec))
+                if out:
+                    out.write(json.dumps(rec) + "\n")
+                    out.flush()
+                if kind != "dynamic" and last["batch"] != 8:
+                    go(kind, "compiled", last["batch"], big)
+    if "small" in parts:
+        for b, c in ((1, big), (1, small), (8, small)):
+            for kind in kinds:
+                go(kind, "eager", b, c)
+        for kind in kinds[1:]:
+            go(kind, "compiled", 1, big)
+    if "again" in parts:
+        go("dynamic", "eager", 8, big)
+    log("done")
+
+
+if __name__ == "__main__":
+    main()

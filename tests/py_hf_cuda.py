@@ -1,0 +1,281 @@
+#!/usr/bin/env python3
+"""pytest: the CUDA cache from Python and transformers (e8kv.CudaCache, torch.ops.e8kv.*, E8KVCache with
+device="cuda") on a tiny random Llama (transformers LlamaConfig, bf16 and f32):
+  - bf16 pages: the logits of a prefill + 16 decode steps equal DynamicCache's within fp tolerance, and
+    so do those of a 4-token chunk after the prompt (one virtual attention row per token);
+  - e8box:4 / e8p:2: the bytes in the device pages equal e8kv.Codec.encode of the same K/V (the CPU
+    library), and greedy decoding through the model runs;
+  - eager and torch.compile(mode="reduce-overhead", fullgraph=True) steps give the same logits;
+  - the device memory the cache takes (cudaMemGetInfo delta) equals its accounted bytes;
+  - specs the CUDA cache cannot hold and NaN input are named errors.
+Needs a GPU and a libe8kv built with nvcc: skipped otherwise, with the reason (CI has no GPU; there only
+the check that a CUDA cache asked for without a usable device is a named error runs)."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if not os.environ.get("E8KV_LIB") and os.path.exists(os.path.join(ROOT, "build", "libe8kv.so")):
+    os.environ["E8KV_LIB"] = os.path.join(ROOT, "build", "libe8kv.so")
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+
+def _missing():
+    for mod in ["pytest", "numpy", "torch", "transformers"]:
+        try:
+            __import__(mod)
+        except ImportError:
+            return f"python module {mod} (pip install -r requirements-dev.txt)"
+    return None
+
+
+if __name__ == "__main__":
+    why = _missing()
+    if why:
+        print(f"skip: needs {why}")
+        sys.exit(77)
+    import pytest
+    sys.exit(pytest.main([os.path.abspath(__file__), "-q", "-rA", "-p", "no:cacheprovider"]))
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import e8kv  # noqa: E402
+
+GPU = e8kv.cuda_available() and torch.cuda.is_available()
+WHY = ("libe8kv was built without nvcc" if not e8kv.cuda_built() else
+       "no CUDA device usable by libe8kv" if not e8kv.cuda_available() else
+       "torch has no CUDA" if not torch.cuda.is_available() else "")
+needs_gpu = pytest.mark.skipif(not GPU, reason=f"needs a GPU: {WHY}")
+
+
+def test_cuda_cache_without_gpu_is_a_named_error():
+    if GPU:
+        pytest.skip("a GPU is usable here: the GPU tests run instead")
+    with pytest.raises(e8kv.E8KVError) as e:
+        e8kv.CudaCache(2, 2, 64, 8, "e8box:4")
+    assert e.value.code == e8kv.ErrorCode.UNSUPPORTED
+    with pytest.raises(e8kv.E8KVError) as e:
+        e8kv.Cache(2, 2, 64, 64, "e8:4", device="cuda")
+    assert e.value.code == e8kv.ErrorCode.UNSUPPORTED
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def tiny_llama(dtype):
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=3, num_attention_heads=8,
+                      num_key_value_heads=2, vocab_size=1024, max_position_embeddings=512, rope_theta=10000.0,
+                      attn_implementation="sdpa")
+    torch.manual_seed(1234)
+    with torch.device("cuda"):
+        model = LlamaForCausalLM(cfg).to(dtype).eval()
+    return model
+
+
+def run_steps(model, cache, prompt, tokens, step=None):
+    """Prefill `prompt` (b, t), then one step per column of `tokens` (b, n) (teacher forcing): the last
+    logits of every call, float32 (n + 1, b, vocab)."""
+    step = step or model
+    out = []
+    with torch.no_grad():
+        out.append(model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[:, -1].float().clone())
+        for i in range(tokens.shape[1]):
+            lg = step(input_ids=tokens[:, i:i + 1], past_key_values=cache, use_cache=True).logits[:, -1]
+            out.append(lg.float().clone())
+    return torch.stack(out)
+
+
+def reference(model, prompt, n):
+    """DynamicCache + SDPA: logits and the greedy tokens."""
+    from transformers import DynamicCache
+    model.config._attn_implementation = "sdpa"
+    cache = DynamicCache(config=model.config)
+    toks = []
+    logits = []
+    with torch.no_grad():
+        lg = model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[:, -1]
+        for _ in range(n):
+            logits.append(lg.float().clone())
+            nxt = lg.argmax(-1, keepdim=True)
+            toks.append(nxt)
+            lg = model(input_ids=nxt, past_key_values=cache, use_cache=True).logits[:, -1]
+        logits.append(lg.float().clone())
+    return torch.stack(logits), torch.cat(toks, dim=1)
+
+
+def gpu_cache(model, spec, batch, cap=128):
+    return e8kv.hf.E8KVCache(model.config, spec, device="cuda", max_batch_size=batch, max_cache_len=cap)
+
+
+def prompt_ids(batch, t, seed=7):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 1024, (batch, t), generator=g).cuda()
+
+
+# ------------------------------------------------------------------------------------------ tests
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_bf16_pages_equal_dynamic_cache(dtype):
+    import e8kv.hf  # noqa: F401
+    model = tiny_llama(dtype)
+    prompt = prompt_ids(2, 12)
+    ref, toks = reference(model, prompt, 16)
+    cache = gpu_cache(model, "bf16", 2)
+    got = run_steps(model, cache, prompt, toks)
+    cache.detach(model.config)
+    cache.check()
+    scale = float(ref.abs().max())
+    err = float((got - ref).abs().max())
+    # bf16 model: the same K/V, attention in f32 (kernel) vs bf16 SDPA; f32 model: K/V rounded to bf16
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-2
+    print(f"bf16 pages, model {dtype}: max |logit diff| {err:.3g} (max |logit| {scale:.3g})")
+    assert err <= tol * scale, (err, scale)
+    assert torch.isfinite(got).all()
+    # the decode tokens the reference chose are still the argmax almost everywhere (near ties aside)
+    agree = float((got[:-1].argmax(-1) == toks.T).float().mean())
+    assert agree >= 0.9, agree
+
+
+@needs_gpu
+def test_chunk_with_a_past_reads_the_pages():
+    """A chunk of 4 tokens after the prompt: attention through one virtual row per token (context =
+    position + 1) over the pages, the chunk's own tokens included; logits = DynamicCache's steps'."""
+    import e8kv.hf  # noqa: F401
+    model = tiny_llama(torch.bfloat16)
+    prompt = prompt_ids(2, 12)
+    ref, toks = reference(model, prompt, 6)
+    cache = gpu_cache(model, "bf16", 2)
+    with torch.no_grad():
+        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        chunk = model(input_ids=toks[:, :4], past_key_values=cache, use_cache=True).logits.float()
+        after = model(input_ids=toks[:, 4:5], past_key_values=cache, use_cache=True).logits[:, -1].float()
+    cache.detach(model.config)
+    cache.check()
+    got = torch.cat((chunk.transpose(0, 1), after[None]))  # (5, b, vocab): after tokens 0..4
+    scale = float(ref.abs().max())
+    err = float((got - ref[1:6]).abs().max())
+    print(f"chunk of 4 with a past, bf16 pages: max |logit diff| {err:.3g} (max |logit| {scale:.3g})")
+    assert err <= 2e-2 * scale, (err, scale)
+    assert int(cache.get_seq_length()) == 12 + 5
+
+
+@needs_gpu
+@pytest.mark.parametrize("spec", ["e8box:4", "e8p:2", "k=e8box:4,v=bf16"])
+def test_codes_equal_cpu_encoding(spec):
+    import e8kv.hf  # noqa: F401
+    model = tiny_llama(torch.bfloat16)
+    cache = gpu_cache(model, spec, 2, cap=64)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    b, h, t, d = 2, 2, 21, 64
+    k = (torch.randn((b, h, t, d), generator=g, device="cuda") * 2).to(torch.bfloat16)
+    v = torch.randn((b, h, t, d), generator=g, device="cuda").to(torch.bfloat16)
+    for layer in range(3):
+        cache.update(k, v, layer)
+    torch.cuda.synchronize()
+    cache.check()
+    kf, vf = (spec, spec) if "," not in spec else ("e8box:4", "bf16")
+    n_checked = 0
+    for stream, fmt, x in ((0, kf, k), (1, vf, v)):
+        if fmt == "bf16":
+            continue
+        codec = e8kv.Codec(fmt, d, seed=0)
+        want = codec.encode(x.float().cpu())  # (b, h, t, vector_bytes)
+        for layer in (0, 2):
+            for bi in range(b):
+                for hi in range(h):
+                    for ti in range(t):
+                        slot = bi * cache.capacity + ti
+                        got = cache.kv.read_slot(layer, stream, slot, hi)
+                        np.testing.assert_array_equal(got, want[bi, hi, ti], err_msg=f"{spec} {layer} {bi} {hi} {ti}")
+                        n_checked += 1
+    assert n_checked > 0
+    cache.detach(model.config)
+
+
+@needs_gpu
+@pytest.mark.parametrize("spec", ["e8box:4", "e8p:2"])
+def test_greedy_decode_runs(spec):
+    import e8kv.hf  # noqa: F401
+    model = tiny_llama(torch.bfloat16)
+    prompt = prompt_ids(3, 9)
+    ref, toks = reference(model, prompt, 16)
+    cache = gpu_cache(model, spec, 3)
+    got = run_steps(model, cache, prompt, toks)
+    cache.detach(model.config)
+    cache.check()
+    assert torch.isfinite(got).all()
+    assert int(cache.get_seq_length()) == 9 + 16
+    agree = float((got[:-1].argmax(-1) == toks.T).float().mean())
+    print(f"{spec}: greedy top-1 agreement with DynamicCache over 16 steps (teacher-forced): {agree:.3f}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("spec", ["e8box:4", "bf16"])
+def test_compiled_equals_eager(spec):
+    import e8kv.hf  # noqa: F401
+    from torch._dynamo.utils import counters
+    model = tiny_llama(torch.bfloat16)
+    prompt = prompt_ids(2, 10)
+    _, toks = reference(model, prompt, 12)
+    eager_cache = gpu_cache(model, spec, 2)
+    eager = run_steps(model, eager_cache, prompt, toks)
+    eager_cache.detach(model.config)
+    torch._dynamo.reset()
+    counters.clear()
+    step = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    cache = gpu_cache(model, spec, 2)
+    compiled = run_steps(model, cache, prompt, toks, step=step)
+    cache.detach(model.config)
+    cache.check()
+    skips = dict(counters["inductor"]).get("cudagraph_skips", 0)
+    err = float((compiled - eager).abs().max())
+    scale = float(eager.abs().max())
+    print(f"{spec}: compiled vs eager max |logit diff| {err:.3g} (max |logit| {scale:.3g}), cudagraph skips {skips}")
+    assert skips == 0
+    assert err <= 2e-2 * scale, (err, scale)
+
+
+@needs_gpu
+def test_device_bytes_are_accounted():
+    torch.cuda.synchronize()
+    free0 = torch.cuda.mem_get_info()[0]
+    kv = e8kv.CudaCache(32, 8, 128, 8 * 1024 // 16 * 4, "e8box:4", max_ctx=4096, max_batch=8, max_n_head=32)
+    torch.cuda.synchronize()
+    taken = free0 - torch.cuda.mem_get_info()[0]
+    acc = kv.device_bytes
+    print(f"CudaCache: accounted {acc} bytes, cudaMemGetInfo delta {taken} bytes")
+    assert acc > 256 << 20
+    assert abs(taken - acc) <= max(0.01 * acc, 2 << 20), (taken, acc)
+    # pages: exactly token_bytes per token slot, 67 bytes per e8box:4 vector of 128 (doc/format.md §2.4)
+    assert kv.vector_bytes(0, 0) == 67 and kv.token_bytes == 32 * 2 * 8 * 67
+    assert acc >= kv.token_bytes * 8 * 1024 // 16 * 4 * 16
+
+
+@needs_gpu
+def test_errors_are_named():
+    import e8kv.hf
+    model = tiny_llama(torch.bfloat16)
+    for spec in ["e8:4", "balanced", "e8box:4,rope=pre", "k=e8box:4,v=e8:3", "auto=e8tv:3"]:
+        with pytest.raises(e8kv.E8KVError) as e:
+            e8kv.hf.E8KVCache(model.config, spec, device="cuda", max_batch_size=1, max_cache_len=64)
+        assert e.value.code == e8kv.ErrorCode.SPEC, spec
+    with pytest.raises(e8kv.E8KVError) as e:  # e8p:2 pairs only with itself (the C cache says so)
+        e8kv.hf.E8KVCache(model.config, "k=e8p:2,v=bf16", device="cuda", max_batch_size=1, max_cache_len=64)
+    assert e.value.code == e8kv.ErrorCode.SPEC
+    cache = gpu_cache(model, "e8box:4", 1, cap=64)
+    k = torch.randn((1, 2, 3, 64), device="cuda", dtype=torch.bfloat16)
+    k[0, 1, 2, 5] = float("nan")
+    cache.update(k, k.clone(), 0)  # asynchronous: the status word records it
+    with pytest.raises(e8kv.E8KVError) as e:
+        cache.check()
+    assert e.value.code == e8kv.ErrorCode.NONFINITE
+    cache.detach(model.config)
+    # the synchronous call of the binding raises at once
+    kv = e8kv.CudaCache(1, 2, 64, 4, "e8box:4")
+    slots = torch.arange(3, dtype=torch.int64, device="cuda")
+    rows = k[0].transpose(0, 1).reshape(3, 128).contiguous()
+    with pytest.raises(e8kv.E8KVError) as e:
+        kv.append(0, slots, rows, rows)
+    assert e.value.code == e8kv.ErrorCode.NONFINITE
