@@ -148,6 +148,7 @@ def main():
     ap.add_argument("--parts", default="main,fit,small",
                     help="main (8 x long, every cache and mode), fit (largest batch at long), small (batch 1, "
                          "short context), again (DynamicCache and e8box:4 eager at 8 x long once more)")
+    ap.add_argument("--kinds", default="dynamic,static,e8box:4,e8p:2", help="caches of the main and small parts")
     ap.add_argument("--fit-kinds", default="dynamic,static,e8box:4,e8p:2")
     ap.add_argument("--fit-from", type=int, default=8, help="first batch tried by the fit search")
     args = ap.parse_args()
@@ -156,7 +157,7 @@ def main():
     log("model built:", sum(p.numel() for p in model.parameters()) / 1e9, "G params,",
         torch.cuda.memory_allocated() / 1e9, "GB")
     big, small = (2048, 512) if args.quick else (32768, 8192)
-    kinds = ["dynamic", "static", "e8box:4", "e8p:2"]
+    kinds = args.kinds.split(",")
     parts = args.parts.split(",")
 
     def go(kind, mode, b, c, steps=args.steps):
@@ -171,8 +172,9 @@ def main():
     if "main" in parts:  # the bars' case first: 8 x 32K, every cache and mode
         for kind in kinds:
             go(kind, "eager", 8, big)
-        for kind in kinds[1:]:
-            go(kind, "compiled", 8, big)
+        for kind in kinds:
+            if kind != "dynamic":
+                go(kind, "compiled", 8, big)
     if "fit" in parts:  # the largest batch at `big` (eager steps), then a compiled step at that batch
         tries = [b for b in (8, 12, 16, 20, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 160, 192, 224, 256)
                  if b >= args.fit_from]
@@ -197,8 +199,9 @@ def main():
         for b, c in ((1, big), (1, small), (8, small)):
             for kind in kinds:
                 go(kind, "eager", b, c)
-        for kind in kinds[1:]:
-            go(kind, "compiled", 1, big)
+        for kind in kinds:
+            if kind != "dynamic":
+                go(kind, "compiled", 1, big)
     if "again" in parts:
         go("dynamic", "eager", 8, big)
     log("done")
