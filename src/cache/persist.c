@@ -45,7 +45,7 @@ static const char *fmt_spec(const e8kv_cache *c, size_t l, int is_k) {
 static size_t canon_spec(const e8kv_cache *c, char *dst, size_t cap) {
     size_t n = 0, n_rules = 0;
     for (size_t i = 0; i < c->n_codecs; i++) /* token-group formats (the peers kivi, kvquant) are not saved */
-        if (c->codecs[i]->group_tokens > 1) return E8KV_ERR(UNSUPPORTED);
+        if (e8kv_codec_traits(c->codecs[i])->layout == E8KV_PAGE_TOKEN_GROUP) return E8KV_ERR(UNSUPPORTED);
     int w = snprintf(dst, cap, "k=%s,v=%s", fmt_spec(c, 0, 1), fmt_spec(c, 0, 0));
     if (w < 0 || (size_t)w >= cap) return E8KV_ERR(UNSUPPORTED);
     n = (size_t)w;
