@@ -20,9 +20,9 @@
  * for waking the workers run on the caller's thread. */
 #include "kvcache.h"
 
-#include "../common/cpu.h"
-#include "../common/pool.h"
-#include "../quant/e8_box.h"
+#include "common/cpu.h"
+#include "common/pool.h"
+#include "quant/e8_box.h"
 
 #include <math.h>
 #include <pthread.h>

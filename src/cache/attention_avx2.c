@@ -3,7 +3,7 @@
  * relative tolerance in tests/test_cache.c). Requires head_dim % 8 == 0; other sizes use the reference. */
 #include "kvcache.h"
 
-#include "../quant/voronoi.h"
+#include "quant/voronoi.h"
 
 #include "simd_avx2.h"
 

@@ -3,8 +3,8 @@
  * full-precision window and sink tokens, truncate and clear. Reads live in attention.c. */
 #include "kvcache.h"
 
-#include "../common/cpu.h"
-#include "../common/pool.h"
+#include "common/cpu.h"
+#include "common/pool.h"
 
 #include <ctype.h>
 #include <math.h>

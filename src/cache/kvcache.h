@@ -12,7 +12,7 @@
 #ifndef E8KV_KVCACHE_H
 #define E8KV_KVCACHE_H
 
-#include "../quant/codec.h"
+#include "quant/codec.h"
 #include "calib.h"
 
 #include <pthread.h>

@@ -35,8 +35,8 @@
  * MSE). */
 #include "kvcache.h"
 
-#include "../common/cpu.h"
-#include "../transform/klt.h"
+#include "common/cpu.h"
+#include "transform/klt.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -5,7 +5,7 @@
 #include "e8_p.h"
 #include "e8_vlc.h"
 
-#include "../common/fp16.h"
+#include "common/fp16.h"
 
 #include <math.h>
 #include <stdio.h>

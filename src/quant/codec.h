@@ -8,8 +8,8 @@
 #ifndef E8KV_CODEC_H
 #define E8KV_CODEC_H
 
-#include "../common/common.h"
-#include "../transform/fwht.h"
+#include "common/common.h"
+#include "transform/fwht.h"
 
 struct e8kv_codec;
 

@@ -15,8 +15,8 @@
  * Byte layout: doc/format.md §2. */
 #include "voronoi.h"
 
-#include "../common/cpu.h"
-#include "../common/fp16.h"
+#include "common/cpu.h"
+#include "common/fp16.h"
 
 #include <pthread.h>
 #include <stdlib.h>

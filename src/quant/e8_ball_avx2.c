@@ -4,7 +4,7 @@
  * distances) runs in a handful of lane operations. Rare paths (overload) call the shared scalar code. */
 #include "voronoi.h"
 
-#include "../common/fp16.h"
+#include "common/fp16.h"
 
 #include <immintrin.h>
 #include <limits.h>

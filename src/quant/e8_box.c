@@ -24,7 +24,7 @@
  * Value i of block b decodes to (δ/2)·(2n_i − 2^B + k_b). */
 #include "e8_box.h"
 
-#include "../common/cpu.h"
+#include "common/cpu.h"
 #include "voronoi.h"
 
 #include <math.h>

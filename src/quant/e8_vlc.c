@@ -13,9 +13,9 @@
  * coordinate's residue mod 4 follows from the others: Conway & Sloane, SPLAG ch. 4 §8.1). */
 #include "e8_vlc.h"
 
-#include "../common/cpu.h"
-#include "../common/rng.h"
-#include "../entropy/huff.h"
+#include "common/cpu.h"
+#include "common/rng.h"
+#include "entropy/huff.h"
 #include "voronoi.h"
 
 #include <math.h>
