@@ -23,6 +23,7 @@
 #include "common/cpu.h"
 #include "common/pool.h"
 #include "quant/e8_box.h"
+#include "quant/voronoi.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -95,7 +96,7 @@ static int read_fast(const e8kv_cache *c, const kv_format *f, float *restrict ds
         return 1;
     case KV_FAST_E8BALL:
         if (f->codec->bits == 4 && e8kv_cache_read_e8ball4_avx2(dst, src, n, d, f->vector_bytes)) return 1;
-        e8kv_cache_read_e8ball_avx2(dst, src, n, d, f->codec->bits, f->vector_bytes);
+        e8kv_e8ball_decode_rows_avx2(dst, src, n, d, f->codec->bits, f->vector_bytes);
         return 1;
     case KV_FAST_E8BOX:
         for (size_t i = 0; i < n; i++)

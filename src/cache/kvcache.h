@@ -255,9 +255,8 @@ void e8kv_attn_box_tile_vnni(const e8kv_box_query *bq, size_t n_q, const uint8_t
 /* Fused readers: n consecutive coded vectors of one page -> n * d floats, bit-identical to the codec's
  * decode in its rotated domain (tests/test_cache.c checks every one against e8kv_codec_decode_rotated). */
 void e8kv_cache_read_f16_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d);
-void e8kv_cache_read_e8ball_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d,
-                                 int bits, size_t vector_bytes);
-/* e8ball:4 reader through nibble-packed tables (attn_e8_avx2.c), bit-identical to the above; returns 0
+/* (e8ball:B: the codec's own e8kv_e8ball_decode_rows_avx2, quant/voronoi.h.) e8ball:4 reader through
+ * nibble-packed tables (attn_e8_avx2.c), bit-identical to it; returns 0
  * (nothing written) when d % 64 != 0. The packed tables (NULL if a coordinate would not fit a nibble). */
 int e8kv_cache_read_e8ball4_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d,
                                  size_t vector_bytes);
