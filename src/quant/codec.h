@@ -76,7 +76,8 @@ typedef struct {
     uint8_t var_coded;     /* per-coordinate variances may replace the rotation (e8kv_codec_create_var):
                               how a calibrated stream of `base` codes its eigenbasis coordinates */
     uint8_t auto_rates;    /* any rate on the 1/8-bit grid: auto= may allocate the streams' rates */
-    uint8_t gpu;           /* the GPU cache (src/cuda) decodes this codec (e8box:4, e8p:2, f16) */
+    uint8_t gpu;           /* the GPU cache decodes this codec (e8box:4, e8p:2, f16; src/cuda still matches
+                              its spec strings itself) */
 } e8kv_traits;
 
 /* Parsed spec: "family[:bits][:key=value]..." */
