@@ -1,4 +1,5 @@
-/* `e8kv bench attn`: CPU decode attention over the KV cache (public e8kv_cache_* API only), each format
+/* `e8kv bench attn`: CPU decode attention over the KV cache (timed through the public e8kv_cache_* API;
+ * kvcache.h only to switch the fused kernels off for the check below and to name the kernel), each format
  * against f16 and f32 in the same run, at model-like shapes and long contexts.
  *
  * One row per (shape, ctx, format): a one-layer cache of `ctx` tokens is filled with N(0,1) keys and
@@ -89,9 +90,10 @@ typedef struct {
     double t[64]; /* seconds per timed step, in rep order */
 } attn_row;
 
-static const char *kernel_name(const e8kv_cache *c, const char *spec) {
+static const char *kernel_name(const e8kv_cache *c) {
     if (!c->use_avx2) return "ref";
-    return strncmp(spec, "e8box", 5) ? "avx2" : c->use_vnni ? "vnni" : "avx2";
+    /* the integer-domain tiles are the ones with a VNNI twin */
+    return e8kv_codec_traits(c->layers[0].k.codec)->attn_int && c->use_vnni ? "vnni" : "avx2";
 }
 
 /* Fills row->c and checks its fast step against the _ref twins; 0 on success. */
@@ -210,12 +212,12 @@ static int run_group(const attn_shape *sh, size_t ctx, const char *const *specs,
                    "\"bits_per_value\":%.4f,\"ns_per_step\":%.0f,\"ns_per_step_median\":%.0f,"
                    "\"ns_per_token\":%.3f,\"gb_per_s\":%.3f,\"vs_f16\":%.3f,\"rss_before_kib\":%ld,"
                    "\"rss_after_kib\":%ld,\"fill_s\":%.3f,\"check\":%.2e}\n",
-                   kernel_name(r->c, r->spec), ctx, n_threads, bytes, bpv, step * 1e9, step_med * 1e9,
+                   kernel_name(r->c), ctx, n_threads, bytes, bpv, step * 1e9, step_med * 1e9,
                    step * 1e9 / (double)ctx, (double)bytes / step * 1e-9, vs_f16, r->rss0, r->rss1, r->fill_s,
                    r->check);
         } else {
             printf("%-13s %6zu  %-24s %-5s %12zu %8.3f %12.0f %9.3f %7.2f %6.2f %8ld %8ld %7.2f %8.1e\n",
-                   sh->name, ctx, r->spec, kernel_name(r->c, r->spec), bytes, bpv, step * 1e9,
+                   sh->name, ctx, r->spec, kernel_name(r->c), bytes, bpv, step * 1e9,
                    step * 1e9 / (double)ctx, (double)bytes / step * 1e-9, vs_f16, r->rss0 / 1024,
                    r->rss1 / 1024, r->fill_s, r->check);
         }

@@ -11,7 +11,7 @@
 
 #include "common/common.h"
 #include "common/rng.h"
-#include "quant/eclq.h"
+#include "eclq.h"
 #include "transform/fwht.h"
 
 #include <errno.h>

@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ERR(name) ((size_t) - (ptrdiff_t)E8KV_ERROR_##name)
 
 typedef struct {
     e8kv_calib *cal;
@@ -44,10 +43,10 @@ static e8kv_calib *fail(e8kv_calib *cal, size_t *err, size_t code) {
 e8kv_calib *e8kv_calibrate_model(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
                                  const e8kv_calibrate_params *p, size_t *err) {
     if (err) *err = 0;
-    if (!m || !tokens || !p || p->n_ctx < 16) return fail(NULL, err, ERR(BAD_ARGUMENT));
-    if (p->n_ctx > m->cfg.n_ctx_train && m->cfg.n_ctx_train) return fail(NULL, err, ERR(CONTEXT_FULL));
+    if (!m || !tokens || !p || p->n_ctx < 16) return fail(NULL, err, E8KV_ERR(BAD_ARGUMENT));
+    if (p->n_ctx > m->cfg.n_ctx_train && m->cfg.n_ctx_train) return fail(NULL, err, E8KV_ERR(CONTEXT_FULL));
     const size_t n_all = n_tokens / p->n_ctx;
-    if (n_all == 0) return fail(NULL, err, ERR(SRC_SIZE));
+    if (n_all == 0) return fail(NULL, err, E8KV_ERR(SRC_SIZE));
     const size_t n_chunks = p->n_chunks && p->n_chunks < n_all ? p->n_chunks : n_all;
     const e8kv_model_config *cfg = &m->cfg;
     size_t e = 0;
@@ -81,11 +80,11 @@ e8kv_calib *e8kv_calibrate_model(const e8kv_model *m, const int32_t *tokens, siz
 
 size_t e8kv_calibrate_sensitivity(const e8kv_model *m, const int32_t *tokens, size_t n_tokens, e8kv_calib *cal,
                                   const e8kv_sensitivity_params *p) {
-    if (!m || !tokens || !cal || !p) return ERR(BAD_ARGUMENT);
+    if (!m || !tokens || !cal || !p) return E8KV_ERR(BAD_ARGUMENT);
     const char *probe = p->probe ? p->probe : "e8tv:2";
     const char *colon = strchr(probe, ':');
     const double rate = colon ? strtod(colon + 1, NULL) : 0.0;
-    if (!(rate > 0.0) || rate > 16.0 || strchr(probe, ',') || strchr(probe, '=')) return ERR(BAD_ARGUMENT);
+    if (!(rate > 0.0) || rate > 16.0 || strchr(probe, ',') || strchr(probe, '=')) return E8KV_ERR(BAD_ARGUMENT);
     const e8kv_model_config *cfg = &m->cfg;
     const size_t n_s = 2 * cfg->n_layer;
     /* each probe's spec in full, never cut: "f32,sink=S,rope=pre,layerL.k=PROBE" */
@@ -93,12 +92,12 @@ size_t e8kv_calibrate_sensitivity(const e8kv_model *m, const int32_t *tokens, si
     char *specs = calloc(n_s, spec_cap);
     const char **ptr = calloc(n_s, sizeof *ptr);
     e8kv_ppl_result *res = calloc(E8KV_PPL_MAX_SPECS, sizeof *res);
-    size_t r = specs && ptr && res ? 0 : ERR(OUT_OF_MEMORY);
+    size_t r = specs && ptr && res ? 0 : E8KV_ERR(OUT_OF_MEMORY);
     for (size_t i = 0; i < n_s && !r; i++) { /* K of every layer, then V, as the cache orders streams */
         const int w = snprintf(specs + i * spec_cap, spec_cap, "f32,sink=%zu%s,layer%zu.%c=%s", p->sink,
                                cfg->rope_theta > 0.0f ? ",rope=pre" : "", i % cfg->n_layer,
                                i < cfg->n_layer ? 'k' : 'v', probe);
-        if (w < 0 || (size_t)w >= spec_cap) r = ERR(SPEC);
+        if (w < 0 || (size_t)w >= spec_cap) r = E8KV_ERR(SPEC);
         ptr[i] = specs + i * spec_cap;
     }
     for (size_t b = 0; b < n_s && !e8kv_is_error(r); b += E8KV_PPL_MAX_SPECS) {

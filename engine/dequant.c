@@ -21,7 +21,6 @@
 #include <assert.h>
 #include <string.h>
 
-#define ERR(name) ((size_t) - (ptrdiff_t)E8KV_ERROR_##name)
 
 #define QK 32   /* values per block of the legacy formats */
 #define QK_K 256 /* values per super-block of the K formats */
@@ -237,14 +236,14 @@ static void deq_q6_k(float *restrict y, const uint8_t *restrict x, size_t nb) {
 
 size_t e8kv_ggml_dequant(float *dst, size_t dst_capacity, const void *src, size_t src_size, uint32_t type,
                          uint64_t n_elems) {
-    if (!e8kv_ggml_can_dequant(type)) return ERR(UNSUPPORTED);
-    if ((!dst && n_elems) || (!src && src_size)) return ERR(BAD_ARGUMENT);
+    if (!e8kv_ggml_can_dequant(type)) return E8KV_ERR(UNSUPPORTED);
+    if ((!dst && n_elems) || (!src && src_size)) return E8KV_ERR(BAD_ARGUMENT);
     const size_t be = e8kv_ggml_block_elems(type);
-    if (n_elems % be != 0) return ERR(BAD_ARGUMENT);
+    if (n_elems % be != 0) return E8KV_ERR(BAD_ARGUMENT);
     const size_t need = e8kv_ggml_row_bytes(type, n_elems);
-    if (n_elems && need == 0) return ERR(SRC_SIZE); /* overflow */
-    if (src_size != need) return ERR(SRC_SIZE);
-    if (n_elems > dst_capacity) return ERR(DST_TOO_SMALL);
+    if (n_elems && need == 0) return E8KV_ERR(SRC_SIZE); /* overflow */
+    if (src_size != need) return E8KV_ERR(SRC_SIZE);
+    if (n_elems > dst_capacity) return E8KV_ERR(DST_TOO_SMALL);
     const uint8_t *x = src;
     const size_t n = (size_t)n_elems, nb = n / be;
     switch (type) {
@@ -258,7 +257,7 @@ size_t e8kv_ggml_dequant(float *dst, size_t dst_capacity, const void *src, size_
     case 8: deq_q8_0(dst, x, nb); break;
     case 12: deq_q4_k(dst, x, nb); break;
     case 14: deq_q6_k(dst, x, nb); break;
-    default: assert(0); return ERR(UNSUPPORTED);
+    default: assert(0); return E8KV_ERR(UNSUPPORTED);
     }
     return n;
 }

@@ -28,12 +28,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define ERR(name) ((size_t) - (ptrdiff_t)E8KV_ERROR_##name)
-#define RET_IF_ERR(expr)                                                                               \
-    do {                                                                                               \
-        const size_t r_ = (expr);                                                                      \
-        if (e8kv_is_error(r_)) return r_;                                                              \
-    } while (0)
 
 #define GGUF_MAGIC 0x46554747u          /* "GGUF" read as a little-endian u32 */
 #define GGUF_DEFAULT_ALIGNMENT 32
@@ -94,25 +88,25 @@ static inline size_t left(const cursor *c) { return c->size - c->pos; }
 
 /* Consume n bytes; *at points to them. */
 static size_t take(cursor *c, uint64_t n, const uint8_t **at) {
-    if (n > left(c)) return ERR(TRUNCATED);
+    if (n > left(c)) return E8KV_ERR(TRUNCATED);
     if (at) *at = c->p + c->pos;
     c->pos += (size_t)n;
     return 0;
 }
 static size_t rd_u32(cursor *c, uint32_t *v) {
     const uint8_t *p = NULL;
-    RET_IF_ERR(take(c, 4, &p));
+    E8KV_RETURN_IF_ERROR(take(c, 4, &p));
     *v = ld32(p);
     return 0;
 }
 static size_t rd_u64(cursor *c, uint64_t *v) {
     const uint8_t *p = NULL;
-    RET_IF_ERR(take(c, 8, &p));
+    E8KV_RETURN_IF_ERROR(take(c, 8, &p));
     *v = ld64(p);
     return 0;
 }
 static size_t rd_str(cursor *c, const uint8_t **s, uint64_t *len) {
-    RET_IF_ERR(rd_u64(c, len));
+    E8KV_RETURN_IF_ERROR(rd_u64(c, len));
     return take(c, *len, s);
 }
 
@@ -130,60 +124,60 @@ static size_t scalar_size(uint32_t t) {
 /* Skip one array body (after its element type and count were read), validating nested arrays. */
 static size_t skip_array(cursor *c, uint32_t elem_type, uint64_t n, int depth) {
     const size_t ss = scalar_size(elem_type);
-    if (ss) return n > left(c) / ss ? ERR(TRUNCATED) : take(c, n * ss, NULL);
+    if (ss) return n > left(c) / ss ? E8KV_ERR(TRUNCATED) : take(c, n * ss, NULL);
     if (elem_type == E8KV_GGUF_STRING) {
-        if (n > left(c) / 8) return ERR(TRUNCATED);
+        if (n > left(c) / 8) return E8KV_ERR(TRUNCATED);
         for (uint64_t i = 0; i < n; i++) {
             const uint8_t *s = NULL;
             uint64_t len = 0;
-            RET_IF_ERR(rd_str(c, &s, &len));
+            E8KV_RETURN_IF_ERROR(rd_str(c, &s, &len));
         }
         return 0;
     }
     if (elem_type == E8KV_GGUF_ARRAY) {
-        if (depth >= GGUF_MAX_ARRAY_DEPTH) return ERR(CORRUPTED);
-        if (n > left(c) / 12) return ERR(TRUNCATED);
+        if (depth >= GGUF_MAX_ARRAY_DEPTH) return E8KV_ERR(CORRUPTED);
+        if (n > left(c) / 12) return E8KV_ERR(TRUNCATED);
         for (uint64_t i = 0; i < n; i++) {
             uint32_t et;
             uint64_t en;
-            RET_IF_ERR(rd_u32(c, &et));
-            RET_IF_ERR(rd_u64(c, &en));
-            if (et > E8KV_GGUF_FLOAT64) return ERR(CORRUPTED);
-            RET_IF_ERR(skip_array(c, et, en, depth + 1));
+            E8KV_RETURN_IF_ERROR(rd_u32(c, &et));
+            E8KV_RETURN_IF_ERROR(rd_u64(c, &en));
+            if (et > E8KV_GGUF_FLOAT64) return E8KV_ERR(CORRUPTED);
+            E8KV_RETURN_IF_ERROR(skip_array(c, et, en, depth + 1));
         }
         return 0;
     }
-    return ERR(CORRUPTED);
+    return E8KV_ERR(CORRUPTED);
 }
 
 static size_t parse_kv(cursor *c, gguf_kv *kv) {
     const uint8_t *key = NULL;
     uint64_t key_len = 0;
-    RET_IF_ERR(rd_str(c, &key, &key_len));
-    if (memchr(key, 0, (size_t)key_len)) return ERR(CORRUPTED);
+    E8KV_RETURN_IF_ERROR(rd_str(c, &key, &key_len));
+    if (memchr(key, 0, (size_t)key_len)) return E8KV_ERR(CORRUPTED);
     kv->key = malloc((size_t)key_len + 1);
-    if (!kv->key) return ERR(OUT_OF_MEMORY);
+    if (!kv->key) return E8KV_ERR(OUT_OF_MEMORY);
     memcpy(kv->key, key, (size_t)key_len);
     kv->key[key_len] = 0;
-    RET_IF_ERR(rd_u32(c, &kv->type));
+    E8KV_RETURN_IF_ERROR(rd_u32(c, &kv->type));
     const size_t ss = scalar_size(kv->type);
     if (ss) return take(c, ss, &kv->val);
     if (kv->type == E8KV_GGUF_STRING) return rd_str(c, &kv->val, &kv->len);
-    if (kv->type != E8KV_GGUF_ARRAY) return ERR(CORRUPTED);
-    RET_IF_ERR(rd_u32(c, &kv->elem_type));
-    RET_IF_ERR(rd_u64(c, &kv->len));
-    if (kv->elem_type > E8KV_GGUF_FLOAT64) return ERR(CORRUPTED);
+    if (kv->type != E8KV_GGUF_ARRAY) return E8KV_ERR(CORRUPTED);
+    E8KV_RETURN_IF_ERROR(rd_u32(c, &kv->elem_type));
+    E8KV_RETURN_IF_ERROR(rd_u64(c, &kv->len));
+    if (kv->elem_type > E8KV_GGUF_FLOAT64) return E8KV_ERR(CORRUPTED);
     kv->val = c->p + c->pos;
     if (kv->elem_type == E8KV_GGUF_STRING) {
         /* index the strings once so element access is O(1); the count is bounded by the bytes left */
-        if (kv->len > left(c) / 8) return ERR(TRUNCATED);
+        if (kv->len > left(c) / 8) return E8KV_ERR(TRUNCATED);
         kv->elems = malloc(kv->len ? (size_t)kv->len * sizeof *kv->elems : 1);
-        if (!kv->elems) return ERR(OUT_OF_MEMORY);
+        if (!kv->elems) return E8KV_ERR(OUT_OF_MEMORY);
         for (uint64_t i = 0; i < kv->len; i++) {
             const uint8_t *s = NULL;
             uint64_t len = 0;
             kv->elems[i] = c->p + c->pos;
-            RET_IF_ERR(rd_str(c, &s, &len));
+            E8KV_RETURN_IF_ERROR(rd_str(c, &s, &len));
         }
         return 0;
     }
@@ -193,31 +187,31 @@ static size_t parse_kv(cursor *c, gguf_kv *kv) {
 static size_t parse_tensor(cursor *c, e8kv_gguf_tensor *t, uint64_t *offset) {
     const uint8_t *name = NULL;
     uint64_t name_len = 0;
-    RET_IF_ERR(rd_str(c, &name, &name_len));
-    if (name_len >= GGUF_MAX_NAME || memchr(name, 0, (size_t)name_len)) return ERR(CORRUPTED);
+    E8KV_RETURN_IF_ERROR(rd_str(c, &name, &name_len));
+    if (name_len >= GGUF_MAX_NAME || memchr(name, 0, (size_t)name_len)) return E8KV_ERR(CORRUPTED);
     char *copy = malloc((size_t)name_len + 1);
-    if (!copy) return ERR(OUT_OF_MEMORY);
+    if (!copy) return E8KV_ERR(OUT_OF_MEMORY);
     memcpy(copy, name, (size_t)name_len);
     copy[name_len] = 0;
     t->name = copy;
-    RET_IF_ERR(rd_u32(c, &t->n_dims));
-    if (t->n_dims > GGUF_MAX_DIMS) return ERR(CORRUPTED);
+    E8KV_RETURN_IF_ERROR(rd_u32(c, &t->n_dims));
+    if (t->n_dims > GGUF_MAX_DIMS) return E8KV_ERR(CORRUPTED);
     uint64_t n = 1;
     for (int d = 0; d < GGUF_MAX_DIMS; d++) t->ne[d] = 1;
     for (uint32_t d = 0; d < t->n_dims; d++) {
-        RET_IF_ERR(rd_u64(c, &t->ne[d]));
-        if (t->ne[d] == 0 || t->ne[d] > GGUF_MAX_ELEMS / n) return ERR(CORRUPTED);
+        E8KV_RETURN_IF_ERROR(rd_u64(c, &t->ne[d]));
+        if (t->ne[d] == 0 || t->ne[d] > GGUF_MAX_ELEMS / n) return E8KV_ERR(CORRUPTED);
         n *= t->ne[d];
     }
     t->n_elements = n;
-    RET_IF_ERR(rd_u32(c, &t->type));
-    RET_IF_ERR(rd_u64(c, offset));
+    E8KV_RETURN_IF_ERROR(rd_u32(c, &t->type));
+    E8KV_RETURN_IF_ERROR(rd_u64(c, offset));
     const size_t be = e8kv_ggml_block_elems(t->type);
     if (be) {
         /* ggml stores whole blocks per row */
-        if (t->ne[0] % be != 0) return ERR(CORRUPTED);
+        if (t->ne[0] % be != 0) return E8KV_ERR(CORRUPTED);
         t->n_bytes = e8kv_ggml_row_bytes(t->type, n);
-        if (t->n_bytes == 0) return ERR(CORRUPTED); /* does not fit size_t */
+        if (t->n_bytes == 0) return E8KV_ERR(CORRUPTED); /* does not fit size_t */
     } else {
         t->n_bytes = 0; /* unknown type: size unknown */
     }
@@ -252,14 +246,14 @@ static size_t sorted_index(size_t **out, size_t n, int (*cmp)(const e8kv_gguf *,
     if (!idx || !tmp) {
         free(idx);
         free(tmp);
-        return ERR(OUT_OF_MEMORY);
+        return E8KV_ERR(OUT_OF_MEMORY);
     }
     for (size_t i = 0; i < n; i++) idx[i] = i;
     merge_sort(idx, tmp, n, cmp, g);
     free(tmp);
     *out = idx;
     for (size_t i = 1; i < n; i++)
-        if (cmp(g, idx[i - 1], idx[i]) == 0) return ERR(CORRUPTED);
+        if (cmp(g, idx[i - 1], idx[i]) == 0) return E8KV_ERR(CORRUPTED);
     return 0;
 }
 
@@ -268,24 +262,24 @@ static size_t sorted_index(size_t **out, size_t n, int (*cmp)(const e8kv_gguf *,
 static size_t parse(e8kv_gguf *g) {
     cursor c = {g->base, g->size, 0};
     uint32_t magic;
-    RET_IF_ERR(rd_u32(&c, &magic));
-    if (magic != GGUF_MAGIC) return ERR(CORRUPTED);
-    RET_IF_ERR(rd_u32(&c, &g->version));
-    if (g->version != 2 && g->version != 3) return ERR(VERSION);
+    E8KV_RETURN_IF_ERROR(rd_u32(&c, &magic));
+    if (magic != GGUF_MAGIC) return E8KV_ERR(CORRUPTED);
+    E8KV_RETURN_IF_ERROR(rd_u32(&c, &g->version));
+    if (g->version != 2 && g->version != 3) return E8KV_ERR(VERSION);
     uint64_t n_tensors, n_kv;
-    RET_IF_ERR(rd_u64(&c, &n_tensors));
-    RET_IF_ERR(rd_u64(&c, &n_kv));
-    if (n_tensors > GGUF_MAX_TENSORS || n_kv > GGUF_MAX_KV) return ERR(CORRUPTED);
-    if (n_kv > left(&c) / MIN_KV_BYTES) return ERR(TRUNCATED);
+    E8KV_RETURN_IF_ERROR(rd_u64(&c, &n_tensors));
+    E8KV_RETURN_IF_ERROR(rd_u64(&c, &n_kv));
+    if (n_tensors > GGUF_MAX_TENSORS || n_kv > GGUF_MAX_KV) return E8KV_ERR(CORRUPTED);
+    if (n_kv > left(&c) / MIN_KV_BYTES) return E8KV_ERR(TRUNCATED);
 
     g->kv = calloc(n_kv ? (size_t)n_kv : 1, sizeof *g->kv);
-    if (!g->kv) return ERR(OUT_OF_MEMORY);
+    if (!g->kv) return E8KV_ERR(OUT_OF_MEMORY);
     while (g->n_kv < n_kv) {
         /* counted before parsing so close() frees what a failing entry allocated (the array is zeroed) */
         gguf_kv *kv = &g->kv[g->n_kv++];
-        RET_IF_ERR(parse_kv(&c, kv));
+        E8KV_RETURN_IF_ERROR(parse_kv(&c, kv));
     }
-    RET_IF_ERR(sorted_index(&g->kv_sorted, g->n_kv, cmp_kv_at, g));
+    E8KV_RETURN_IF_ERROR(sorted_index(&g->kv_sorted, g->n_kv, cmp_kv_at, g));
 
     g->alignment = GGUF_DEFAULT_ALIGNMENT;
     const long ai = e8kv_gguf_find(g, "general.alignment");
@@ -293,18 +287,18 @@ static size_t parse(e8kv_gguf *g) {
         uint64_t a;
         const uint32_t at = g->kv[ai].type;
         if (at != E8KV_GGUF_UINT8 && at != E8KV_GGUF_UINT16 && at != E8KV_GGUF_UINT32 && at != E8KV_GGUF_UINT64)
-            return ERR(CORRUPTED);
-        if (e8kv_is_error(e8kv_gguf_get_u64(g, "general.alignment", &a))) return ERR(CORRUPTED);
-        if (a == 0 || (a & (a - 1)) != 0 || a > GGUF_MAX_ALIGNMENT) return ERR(CORRUPTED);
+            return E8KV_ERR(CORRUPTED);
+        if (e8kv_is_error(e8kv_gguf_get_u64(g, "general.alignment", &a))) return E8KV_ERR(CORRUPTED);
+        if (a == 0 || (a & (a - 1)) != 0 || a > GGUF_MAX_ALIGNMENT) return E8KV_ERR(CORRUPTED);
         g->alignment = (size_t)a;
     }
 
-    if (n_tensors > left(&c) / MIN_TENSOR_BYTES) return ERR(TRUNCATED);
+    if (n_tensors > left(&c) / MIN_TENSOR_BYTES) return E8KV_ERR(TRUNCATED);
     g->tensors = calloc(n_tensors ? (size_t)n_tensors : 1, sizeof *g->tensors);
     uint64_t *offsets = malloc((n_tensors ? (size_t)n_tensors : 1) * sizeof *offsets);
     if (!g->tensors || !offsets) {
         free(offsets);
-        return ERR(OUT_OF_MEMORY);
+        return E8KV_ERR(OUT_OF_MEMORY);
     }
     size_t r = 0;
     while (g->n_tensors < n_tensors && !e8kv_is_error(r)) {
@@ -328,8 +322,8 @@ static size_t parse(e8kv_gguf *g) {
     for (size_t i = 0; i < g->n_tensors; i++) {
         e8kv_gguf_tensor *t = &g->tensors[i];
         const uint64_t off = offsets[i];
-        if (off % g->alignment != 0) r = ERR(CORRUPTED);
-        else if (known ? off != expect : off < expect) r = ERR(CORRUPTED);
+        if (off % g->alignment != 0) r = E8KV_ERR(CORRUPTED);
+        else if (known ? off != expect : off < expect) r = E8KV_ERR(CORRUPTED);
         if (e8kv_is_error(r)) break;
         /* the file must hold [data_offset + off, + n_bytes); an unknown type holds at least one byte */
         const uint64_t avail = g->size > g->data_offset ? g->size - g->data_offset : 0;
@@ -337,7 +331,7 @@ static size_t parse(e8kv_gguf *g) {
         if (off > avail || need > avail - off) {
             /* a consistent layout that runs past the end is a short file; an offset beyond the end
              * after an unknown-size tensor cannot be told from a wild one */
-            r = known ? ERR(TRUNCATED) : ERR(CORRUPTED);
+            r = known ? E8KV_ERR(TRUNCATED) : E8KV_ERR(CORRUPTED);
             break;
         }
         if (t->n_bytes == 0) { /* unknown type: the next tensor only has to come later */
@@ -364,37 +358,37 @@ static size_t open_common(e8kv_gguf **out, e8kv_gguf *g) {
 }
 
 size_t e8kv_gguf_open_buffer(e8kv_gguf **out, const void *data, size_t n_bytes) {
-    if (!out || (!data && n_bytes)) return ERR(BAD_ARGUMENT);
+    if (!out || (!data && n_bytes)) return E8KV_ERR(BAD_ARGUMENT);
     *out = NULL;
     e8kv_gguf *g = calloc(1, sizeof *g);
-    if (!g) return ERR(OUT_OF_MEMORY);
+    if (!g) return E8KV_ERR(OUT_OF_MEMORY);
     g->base = data;
     g->size = n_bytes;
     return open_common(out, g);
 }
 
 size_t e8kv_gguf_open(e8kv_gguf **out, const char *path) {
-    if (!out || !path) return ERR(BAD_ARGUMENT);
+    if (!out || !path) return E8KV_ERR(BAD_ARGUMENT);
     *out = NULL;
     const int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ERR(IO);
+    if (fd < 0) return E8KV_ERR(IO);
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        return ERR(IO);
+        return E8KV_ERR(IO);
     }
     if (st.st_size < 4) {
         close(fd);
-        return ERR(TRUNCATED);
+        return E8KV_ERR(TRUNCATED);
     }
     const size_t size = (size_t)st.st_size;
     void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
-    if (map == MAP_FAILED) return ERR(IO);
+    if (map == MAP_FAILED) return E8KV_ERR(IO);
     e8kv_gguf *g = calloc(1, sizeof *g);
     if (!g) {
         munmap(map, size);
-        return ERR(OUT_OF_MEMORY);
+        return E8KV_ERR(OUT_OF_MEMORY);
     }
     g->base = map;
     g->size = size;
@@ -481,7 +475,7 @@ static size_t load_num(const uint8_t *p, uint32_t t, num *v) {
         v->is_int = 0;
         return 0;
     }
-    default: return ERR(CORRUPTED);
+    default: return E8KV_ERR(CORRUPTED);
     }
     if (t == E8KV_GGUF_INT8 || t == E8KV_GGUF_INT16 || t == E8KV_GGUF_INT32 || t == E8KV_GGUF_INT64) {
         v->is_neg = v->i < 0;
@@ -497,7 +491,7 @@ static size_t load_num(const uint8_t *p, uint32_t t, num *v) {
 static const gguf_kv *lookup(const e8kv_gguf *g, const char *key, size_t *err) {
     const long i = e8kv_gguf_find(g, key);
     if (i < 0) {
-        *err = ERR(BAD_ARGUMENT);
+        *err = E8KV_ERR(BAD_ARGUMENT);
         return NULL;
     }
     return &g->kv[i];
@@ -505,12 +499,12 @@ static const gguf_kv *lookup(const e8kv_gguf *g, const char *key, size_t *err) {
 
 static size_t num_to_u64(const num *v, uint64_t *out) {
     if (v->is_int) {
-        if (v->is_neg) return ERR(RANGE);
+        if (v->is_neg) return E8KV_ERR(RANGE);
         *out = v->u;
         return 0;
     }
     /* floats: only exact non-negative integers below 2^64 */
-    if (!(v->f >= 0.0 && v->f < 18446744073709551616.0) || v->f != (double)(uint64_t)v->f) return ERR(RANGE);
+    if (!(v->f >= 0.0 && v->f < 18446744073709551616.0) || v->f != (double)(uint64_t)v->f) return E8KV_ERR(RANGE);
     *out = (uint64_t)v->f;
     return 0;
 }
@@ -520,27 +514,27 @@ static size_t lookup_scalar(const e8kv_gguf *g, const char *key, const void *out
     size_t err = 0;
     const gguf_kv *kv = lookup(g, key, &err);
     if (!kv) return err;
-    if (!out) return ERR(BAD_ARGUMENT);
-    if (!scalar_size(kv->type)) return ERR(CORRUPTED);
+    if (!out) return E8KV_ERR(BAD_ARGUMENT);
+    if (!scalar_size(kv->type)) return E8KV_ERR(CORRUPTED);
     return load_num(kv->val, kv->type, v);
 }
 
 size_t e8kv_gguf_get_u64(const e8kv_gguf *g, const char *key, uint64_t *out) {
     num v;
-    RET_IF_ERR(lookup_scalar(g, key, out, &v));
+    E8KV_RETURN_IF_ERROR(lookup_scalar(g, key, out, &v));
     return num_to_u64(&v, out);
 }
 
 size_t e8kv_gguf_get_f32(const e8kv_gguf *g, const char *key, float *out) {
     num v;
-    RET_IF_ERR(lookup_scalar(g, key, out, &v));
+    E8KV_RETURN_IF_ERROR(lookup_scalar(g, key, out, &v));
     *out = (float)v.f;
     return 0;
 }
 
 size_t e8kv_gguf_get_bool(const e8kv_gguf *g, const char *key, int *out) {
     num v;
-    RET_IF_ERR(lookup_scalar(g, key, out, &v));
+    E8KV_RETURN_IF_ERROR(lookup_scalar(g, key, out, &v));
     *out = v.is_int ? v.u != 0 : v.f != 0.0;
     return 0;
 }
@@ -549,8 +543,8 @@ size_t e8kv_gguf_get_str(const e8kv_gguf *g, const char *key, const char **s, si
     size_t err = 0;
     const gguf_kv *kv = lookup(g, key, &err);
     if (!kv) return err;
-    if (!s || !len) return ERR(BAD_ARGUMENT);
-    if (kv->type != E8KV_GGUF_STRING) return ERR(CORRUPTED);
+    if (!s || !len) return E8KV_ERR(BAD_ARGUMENT);
+    if (kv->type != E8KV_GGUF_STRING) return E8KV_ERR(CORRUPTED);
     *s = (const char *)kv->val;
     *len = (size_t)kv->len;
     return 0;
@@ -560,7 +554,7 @@ size_t e8kv_gguf_get_arr(const e8kv_gguf *g, const char *key, e8kv_gguf_type *el
     size_t err = 0;
     const gguf_kv *kv = lookup(g, key, &err);
     if (!kv) return err;
-    if (kv->type != E8KV_GGUF_ARRAY) return ERR(CORRUPTED);
+    if (kv->type != E8KV_GGUF_ARRAY) return E8KV_ERR(CORRUPTED);
     if (elem_type) *elem_type = (e8kv_gguf_type)kv->elem_type;
     if (n) *n = kv->len;
     return 0;
@@ -570,9 +564,9 @@ size_t e8kv_gguf_get_arr_str(const e8kv_gguf *g, const char *key, uint64_t i, co
     size_t err = 0;
     const gguf_kv *kv = lookup(g, key, &err);
     if (!kv) return err;
-    if (!s || !len) return ERR(BAD_ARGUMENT);
-    if (kv->type != E8KV_GGUF_ARRAY || kv->elem_type != E8KV_GGUF_STRING) return ERR(CORRUPTED);
-    if (i >= kv->len) return ERR(BAD_ARGUMENT);
+    if (!s || !len) return E8KV_ERR(BAD_ARGUMENT);
+    if (kv->type != E8KV_GGUF_ARRAY || kv->elem_type != E8KV_GGUF_STRING) return E8KV_ERR(CORRUPTED);
+    if (i >= kv->len) return E8KV_ERR(BAD_ARGUMENT);
     const uint8_t *p = kv->elems[i]; /* validated at open */
     *len = (size_t)ld64(p);
     *s = (const char *)p + 8;
@@ -584,30 +578,30 @@ static size_t arr_num(const e8kv_gguf *g, const char *key, uint64_t i, num *v) {
     const gguf_kv *kv = lookup(g, key, &err);
     if (!kv) return err;
     const size_t ss = scalar_size(kv->elem_type);
-    if (kv->type != E8KV_GGUF_ARRAY || !ss) return ERR(CORRUPTED);
-    if (i >= kv->len) return ERR(BAD_ARGUMENT);
+    if (kv->type != E8KV_GGUF_ARRAY || !ss) return E8KV_ERR(CORRUPTED);
+    if (i >= kv->len) return E8KV_ERR(BAD_ARGUMENT);
     return load_num(kv->val + (size_t)i * ss, kv->elem_type, v); /* i * ss is inside the file */
 }
 
 size_t e8kv_gguf_get_arr_f32(const e8kv_gguf *g, const char *key, uint64_t i, float *out) {
-    if (!out) return ERR(BAD_ARGUMENT);
+    if (!out) return E8KV_ERR(BAD_ARGUMENT);
     num v;
-    RET_IF_ERR(arr_num(g, key, i, &v));
+    E8KV_RETURN_IF_ERROR(arr_num(g, key, i, &v));
     *out = (float)v.f;
     return 0;
 }
 
 size_t e8kv_gguf_get_arr_i64(const e8kv_gguf *g, const char *key, uint64_t i, int64_t *out) {
-    if (!out) return ERR(BAD_ARGUMENT);
+    if (!out) return E8KV_ERR(BAD_ARGUMENT);
     num v;
-    RET_IF_ERR(arr_num(g, key, i, &v));
+    E8KV_RETURN_IF_ERROR(arr_num(g, key, i, &v));
     if (v.is_int) {
-        if (!v.is_neg && v.u > (uint64_t)INT64_MAX) return ERR(RANGE);
+        if (!v.is_neg && v.u > (uint64_t)INT64_MAX) return E8KV_ERR(RANGE);
         *out = v.i;
         return 0;
     }
     if (!(v.f >= -9223372036854775808.0 && v.f < 9223372036854775808.0) || v.f != (double)(int64_t)v.f)
-        return ERR(RANGE);
+        return E8KV_ERR(RANGE);
     *out = (int64_t)v.f;
     return 0;
 }
@@ -635,17 +629,17 @@ const e8kv_gguf_tensor *e8kv_gguf_find_tensor(const e8kv_gguf *g, const char *na
 }
 
 size_t e8kv_gguf_tensor_to_f32(float *dst, size_t dst_capacity, const e8kv_gguf_tensor *t) {
-    if (!t) return ERR(BAD_ARGUMENT);
-    if (!e8kv_ggml_can_dequant(t->type) || !t->data) return ERR(UNSUPPORTED);
+    if (!t) return E8KV_ERR(BAD_ARGUMENT);
+    if (!e8kv_ggml_can_dequant(t->type) || !t->data) return E8KV_ERR(UNSUPPORTED);
     return e8kv_ggml_dequant(dst, dst_capacity, t->data, (size_t)t->n_bytes, t->type, t->n_elements);
 }
 
 size_t e8kv_gguf_tensor_rows_to_f32(float *dst, size_t dst_capacity, const e8kv_gguf_tensor *t, uint64_t row0,
                                     uint64_t n_rows) {
-    if (!t) return ERR(BAD_ARGUMENT);
-    if (!e8kv_ggml_can_dequant(t->type) || !t->data) return ERR(UNSUPPORTED);
+    if (!t) return E8KV_ERR(BAD_ARGUMENT);
+    if (!e8kv_ggml_can_dequant(t->type) || !t->data) return E8KV_ERR(UNSUPPORTED);
     const uint64_t total_rows = t->n_elements / t->ne[0];
-    if (row0 > total_rows || n_rows > total_rows - row0) return ERR(BAD_ARGUMENT);
+    if (row0 > total_rows || n_rows > total_rows - row0) return E8KV_ERR(BAD_ARGUMENT);
     const size_t row_bytes = e8kv_ggml_row_bytes(t->type, t->ne[0]); /* divides n_bytes */
     const uint64_t n = n_rows * t->ne[0]; /* <= n_elements */
     return e8kv_ggml_dequant(dst, dst_capacity, (const uint8_t *)t->data + row0 * row_bytes,

@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ERR(name) ((size_t) - (ptrdiff_t)E8KV_ERROR_##name)
 
 static size_t fail(char *msg, size_t cap, size_t err, const char *what, const char *path) {
     if (msg && cap) snprintf(msg, cap, "%s: %s (%s)", path, what, e8kv_error_name(err));
@@ -25,14 +24,14 @@ static int32_t le32(const unsigned char *p) {
 
 size_t e8kv_model_load_llama2c(e8kv_model **out, const char *ckpt_path, const char *tokenizer_path, char *msg,
                                size_t msg_capacity) {
-    if (!out || !ckpt_path) return ERR(BAD_ARGUMENT);
+    if (!out || !ckpt_path) return E8KV_ERR(BAD_ARGUMENT);
     *out = NULL;
     FILE *f = fopen(ckpt_path, "rb");
-    if (!f) return fail(msg, msg_capacity, ERR(IO), "cannot open", ckpt_path);
+    if (!f) return fail(msg, msg_capacity, E8KV_ERR(IO), "cannot open", ckpt_path);
     unsigned char hdr[28];
     if (fread(hdr, 1, sizeof hdr, f) != sizeof hdr) {
         fclose(f);
-        return fail(msg, msg_capacity, ERR(TRUNCATED), "header shorter than 28 bytes", ckpt_path);
+        return fail(msg, msg_capacity, E8KV_ERR(TRUNCATED), "header shorter than 28 bytes", ckpt_path);
     }
     int32_t h[7];
     for (int i = 0; i < 7; i++)
@@ -43,7 +42,7 @@ size_t e8kv_model_load_llama2c(e8kv_model **out, const char *ckpt_path, const ch
         h[0] > (1 << 16) || h[1] > (1 << 18) || h[2] > 1024 || vocab > (1 << 22) || h[6] > (1 << 22) ||
         h[0] % h[3] || h[3] % h[4] || (h[0] / h[3]) % 2) {
         fclose(f);
-        return fail(msg, msg_capacity, ERR(CORRUPTED), "implausible header", ckpt_path);
+        return fail(msg, msg_capacity, E8KV_ERR(CORRUPTED), "implausible header", ckpt_path);
     }
     e8kv_model_config cfg = {.n_layer = (size_t)h[2],
                              .dim = (size_t)h[0],
@@ -63,7 +62,7 @@ size_t e8kv_model_load_llama2c(e8kv_model **out, const char *ckpt_path, const ch
                            L * kv_dim * dim * 2 + L * hid * dim * 3 + dim + (size_t)h[6] * cfg.head_dim;
     if (fseek(f, 0, SEEK_END) != 0) {
         fclose(f);
-        return fail(msg, msg_capacity, ERR(IO), "cannot seek", ckpt_path);
+        return fail(msg, msg_capacity, E8KV_ERR(IO), "cannot seek", ckpt_path);
     }
     const long file_size = ftell(f);
     const size_t want = 28 + n_float * sizeof(float);
@@ -71,7 +70,7 @@ size_t e8kv_model_load_llama2c(e8kv_model **out, const char *ckpt_path, const ch
         fclose(f);
         char what[128];
         snprintf(what, sizeof what, "file has %ld bytes, the header implies %zu", file_size, want);
-        return fail(msg, msg_capacity, (size_t)file_size < want ? ERR(TRUNCATED) : ERR(CORRUPTED), what,
+        return fail(msg, msg_capacity, (size_t)file_size < want ? E8KV_ERR(TRUNCATED) : E8KV_ERR(CORRUPTED), what,
                     ckpt_path);
     }
     e8kv_model *m = calloc(1, sizeof *m);
@@ -84,7 +83,7 @@ size_t e8kv_model_load_llama2c(e8kv_model **out, const char *ckpt_path, const ch
         free(o);
         free(arena);
         free(layers);
-        return fail(msg, msg_capacity, ERR(OUT_OF_MEMORY), "out of memory", ckpt_path);
+        return fail(msg, msg_capacity, E8KV_ERR(OUT_OF_MEMORY), "out of memory", ckpt_path);
     }
     m->cfg = cfg;
     m->owned = o;
@@ -94,7 +93,7 @@ size_t e8kv_model_load_llama2c(e8kv_model **out, const char *ckpt_path, const ch
     fclose(f);
     if (!ok) {
         e8kv_model_free(m);
-        return fail(msg, msg_capacity, ERR(IO), "read failed", ckpt_path);
+        return fail(msg, msg_capacity, E8KV_ERR(IO), "read failed", ckpt_path);
     }
     /* the file is little-endian f32, as is every target we build for */
     _Static_assert(sizeof(float) == 4, "f32");

@@ -27,7 +27,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#define ERR(name) ((size_t) - (ptrdiff_t)E8KV_ERROR_##name)
 
 static void set_msg(char *msg, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void set_msg(char *msg, size_t cap, const char *fmt, ...) {
@@ -60,13 +59,13 @@ static size_t load_tensor(float *dst, const e8kv_gguf *g, const char *name, size
     const e8kv_gguf_tensor *t = e8kv_gguf_find_tensor(g, name);
     if (!t) {
         set_msg(msg, cap, "tensor '%s' missing", name);
-        return ERR(CORRUPTED);
+        return E8KV_ERR(CORRUPTED);
     }
     if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1) {
         set_msg(msg, cap, "tensor '%s' has shape [%llu, %llu, %llu, %llu], expected [%zu, %zu]", name,
                 (unsigned long long)t->ne[0], (unsigned long long)t->ne[1], (unsigned long long)t->ne[2],
                 (unsigned long long)t->ne[3], cols, rows);
-        return ERR(DIMENSION);
+        return E8KV_ERR(DIMENSION);
     }
     if (!dst) return 0; /* shape check only */
     const size_t r = e8kv_gguf_tensor_to_f32(dst, rows * cols, t);
@@ -84,7 +83,7 @@ static size_t get_u64(const e8kv_gguf *g, const char *arch, const char *suffix, 
     uint64_t v = 0;
     if (e8kv_is_error(e8kv_gguf_get_u64(g, key, &v)) || v == 0 || v > (1u << 30)) {
         set_msg(msg, cap, "metadata key '%s' missing or invalid", key);
-        return ERR(CORRUPTED);
+        return E8KV_ERR(CORRUPTED);
     }
     *out = (size_t)v;
     return 0;
@@ -96,7 +95,7 @@ static size_t load_gguf_model(e8kv_model *m, e8kv_gguf *g, char *msg, size_t cap
     size_t len = 0;
     if (e8kv_is_error(e8kv_gguf_get_str(g, "general.architecture", &s, &len))) {
         set_msg(msg, cap, "metadata key 'general.architecture' missing");
-        return ERR(CORRUPTED);
+        return E8KV_ERR(CORRUPTED);
     }
     if (len >= sizeof cfg->arch) len = sizeof cfg->arch - 1;
     memcpy(cfg->arch, s, len);
@@ -108,7 +107,7 @@ static size_t load_gguf_model(e8kv_model *m, e8kv_gguf *g, char *msg, size_t cap
         cfg->rope_layout = E8KV_ROPE_SPLIT_HALF;
     } else {
         set_msg(msg, cap, "unsupported architecture '%s' (supported: llama, mistral, qwen2)", cfg->arch);
-        return ERR(UNSUPPORTED);
+        return E8KV_ERR(UNSUPPORTED);
     }
     const char *a = cfg->arch;
     size_t r;
@@ -123,37 +122,37 @@ static size_t load_gguf_model(e8kv_model *m, e8kv_gguf *g, char *msg, size_t cap
     cfg->n_head_kv = e8kv_is_error(e8kv_gguf_get_u64(g, key, &u)) ? cfg->n_head : (size_t)u;
     if (cfg->n_head_kv == 0 || cfg->n_head % cfg->n_head_kv || cfg->dim % cfg->n_head) {
         set_msg(msg, cap, "head counts %zu/%zu do not divide dim %zu", cfg->n_head, cfg->n_head_kv, cfg->dim);
-        return ERR(DIMENSION);
+        return E8KV_ERR(DIMENSION);
     }
     cfg->head_dim = cfg->dim / cfg->n_head;
     snprintf(key, sizeof key, "%s.attention.key_length", a);
     if (!e8kv_is_error(e8kv_gguf_get_u64(g, key, &u)) && u != cfg->head_dim) {
         set_msg(msg, cap, "key_length %llu != dim / n_head = %zu (unsupported)", (unsigned long long)u,
                 cfg->head_dim);
-        return ERR(UNSUPPORTED);
+        return E8KV_ERR(UNSUPPORTED);
     }
     if (cfg->head_dim % 2) {
         set_msg(msg, cap, "odd head_dim %zu", cfg->head_dim);
-        return ERR(DIMENSION);
+        return E8KV_ERR(DIMENSION);
     }
     snprintf(key, sizeof key, "%s.rope.freq_base", a);
     if (e8kv_is_error(e8kv_gguf_get_f32(g, key, &cfg->rope_theta))) cfg->rope_theta = 10000.0f;
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", a);
     if (e8kv_is_error(e8kv_gguf_get_f32(g, key, &cfg->norm_eps))) {
         set_msg(msg, cap, "metadata key '%s' missing", key);
-        return ERR(CORRUPTED);
+        return E8KV_ERR(CORRUPTED);
     }
     if (!(cfg->rope_theta > 0.0f) || !(cfg->norm_eps >= 0.0f) || !isfinite(cfg->norm_eps) ||
         !isfinite(cfg->rope_theta)) {
         set_msg(msg, cap, "invalid rope.freq_base or rms epsilon");
-        return ERR(CORRUPTED);
+        return E8KV_ERR(CORRUPTED);
     }
     e8kv_gguf_type et;
     uint64_t n_vocab = 0;
     if (e8kv_is_error(e8kv_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n_vocab)) || n_vocab == 0 ||
         n_vocab > (1u << 24)) {
         set_msg(msg, cap, "token list 'tokenizer.ggml.tokens' missing or invalid");
-        return ERR(CORRUPTED);
+        return E8KV_ERR(CORRUPTED);
     }
     cfg->vocab_size = (size_t)n_vocab;
     int add_bos = 0;
@@ -173,7 +172,7 @@ static size_t load_gguf_model(e8kv_model *m, e8kv_gguf *g, char *msg, size_t cap
     const size_t n_float = nv * dim * (tied ? 1 : 2) + dim + cfg->n_layer * per_layer;
     e8kv_model_storage *o = m->owned;
     m->layers = calloc(cfg->n_layer, sizeof *m->layers);
-    if (!m->layers) return ERR(OUT_OF_MEMORY);
+    if (!m->layers) return E8KV_ERR(OUT_OF_MEMORY);
     /* pass 0 checks every tensor's presence and shape, so that the arena's size is backed by tensors
      * really in the file (no allocation from metadata alone); pass 1 allocates and dequantizes */
     float *p = NULL;
@@ -183,7 +182,7 @@ static size_t load_gguf_model(e8kv_model *m, e8kv_gguf *g, char *msg, size_t cap
             o->arena = malloc(n_float * sizeof(float));
             if (!o->arena) {
                 set_msg(msg, cap, "out of memory for %zu MB of weights", n_float * 4 >> 20);
-                return ERR(OUT_OF_MEMORY);
+                return E8KV_ERR(OUT_OF_MEMORY);
             }
             p = o->arena;
         }
@@ -229,7 +228,7 @@ static size_t load_gguf_model(e8kv_model *m, e8kv_gguf *g, char *msg, size_t cap
 }
 
 size_t e8kv_model_load_gguf(e8kv_model **out, const char *path, char *msg, size_t msg_capacity) {
-    if (!out || !path) return ERR(BAD_ARGUMENT);
+    if (!out || !path) return E8KV_ERR(BAD_ARGUMENT);
     *out = NULL;
     set_msg(msg, msg_capacity, "ok");
     e8kv_model *m = calloc(1, sizeof *m);
@@ -237,7 +236,7 @@ size_t e8kv_model_load_gguf(e8kv_model **out, const char *path, char *msg, size_
     if (!m || !o) {
         free(m);
         free(o);
-        return ERR(OUT_OF_MEMORY);
+        return E8KV_ERR(OUT_OF_MEMORY);
     }
     m->owned = o;
     size_t r = e8kv_gguf_open(&o->gguf, path);
@@ -258,12 +257,12 @@ size_t e8kv_model_load_gguf(e8kv_model **out, const char *path, char *msg, size_
 }
 
 size_t e8kv_model_load(e8kv_model **out, const char *path, char *msg, size_t msg_capacity) {
-    if (!out || !path) return ERR(BAD_ARGUMENT);
+    if (!out || !path) return E8KV_ERR(BAD_ARGUMENT);
     *out = NULL;
     FILE *f = fopen(path, "rb");
     if (!f) {
         set_msg(msg, msg_capacity, "%s: cannot open", path);
-        return ERR(IO);
+        return E8KV_ERR(IO);
     }
     char magic[4] = {0};
     const size_t n = fread(magic, 1, 4, f);
@@ -299,7 +298,7 @@ size_t e8kv_model_default_path(char *dst, size_t capacity) {
             n = snprintf(dst, capacity, "%s/.cache/e8kv/%s", home ? home : ".", E8KV_DEFAULT_MODEL_NAME);
         }
     }
-    if (n < 0 || (size_t)n >= capacity) return ERR(DST_TOO_SMALL);
+    if (n < 0 || (size_t)n >= capacity) return E8KV_ERR(DST_TOO_SMALL);
     return (size_t)n;
 }
 
@@ -355,17 +354,17 @@ e8kv_context *e8kv_context_create(const e8kv_model *m, const e8kv_context_params
     if (!err) err = &dummy;
     *err = 0;
     if (!m || !p || p->n_ctx == 0 || p->n_threads < 0 || p->n_threads > E8KV_MAX_THREADS) {
-        *err = ERR(BAD_ARGUMENT);
+        *err = E8KV_ERR(BAD_ARGUMENT);
         return NULL;
     }
     const e8kv_model_config *cfg = &m->cfg;
     if (cfg->n_ctx_train && p->n_ctx > cfg->n_ctx_train) {
-        *err = ERR(CONTEXT_FULL);
+        *err = E8KV_ERR(CONTEXT_FULL);
         return NULL;
     }
     e8kv_context *c = calloc(1, sizeof *c);
     if (!c) {
-        *err = ERR(OUT_OF_MEMORY);
+        *err = E8KV_ERR(OUT_OF_MEMORY);
         return NULL;
     }
     c->m = m;
@@ -395,7 +394,7 @@ e8kv_context *e8kv_context_create(const e8kv_model *m, const e8kv_context_params
                                   .calib = p->calib};
     c->cache = e8kv_cache_create(&cp, err); /* n_threads 0: no threads of its own, it gets the pool */
     if (!c->cache) {
-        if (!e8kv_is_error(*err)) *err = ERR(GENERIC);
+        if (!e8kv_is_error(*err)) *err = E8KV_ERR(GENERIC);
         e8kv_context_free(c);
         return NULL;
     }
@@ -416,7 +415,7 @@ e8kv_context *e8kv_context_create(const e8kv_model *m, const e8kv_context_params
     if (!c->rope_cos || !c->rope_sin || !c->x || !c->xb || !c->q || !c->k || !c->v || !c->att || !c->hb ||
         !c->hb2) {
         e8kv_context_free(c);
-        *err = ERR(OUT_OF_MEMORY);
+        *err = E8KV_ERR(OUT_OF_MEMORY);
         return NULL;
     }
     /* RoPE: pair i turns by pos * theta^(-2i / head_dim) */
@@ -446,14 +445,14 @@ const e8kv_cache *e8kv_context_cache(const e8kv_context *c) {
 }
 
 size_t e8kv_context_load_cache(e8kv_context *c, const void *src, size_t src_size) {
-    if (!c || !src) return ERR(BAD_ARGUMENT);
+    if (!c || !src) return E8KV_ERR(BAD_ARGUMENT);
     c->pos = 0;
     const size_t n = e8kv_cache_load_into(c->cache, src, src_size);
     if (e8kv_is_error(n)) return n;
     for (size_t l = 0; l < c->m->cfg.n_layer; l++)
         if (e8kv_cache_n_tokens(c->cache, l) != n) { /* a forward pass leaves every layer at one count */
             e8kv_cache_clear(c->cache);
-            return ERR(CORRUPTED);
+            return E8KV_ERR(CORRUPTED);
         }
     c->pos = n;
     return n;
@@ -620,13 +619,13 @@ static size_t forward_batch(e8kv_context *c, float *logits, const int32_t *token
 
 size_t e8kv_context_eval(e8kv_context *c, float *logits, size_t logits_capacity, const int32_t *tokens,
                          size_t n_tok, size_t logits_from) {
-    if (!c || (!tokens && n_tok) || logits_from > n_tok) return ERR(BAD_ARGUMENT);
+    if (!c || (!tokens && n_tok) || logits_from > n_tok) return E8KV_ERR(BAD_ARGUMENT);
     const size_t nv = c->m->cfg.vocab_size;
     if (logits_from < n_tok && (!logits || logits_capacity / nv < n_tok - logits_from))
-        return ERR(DST_TOO_SMALL);
-    if (n_tok > c->n_ctx - c->pos) return ERR(CONTEXT_FULL);
+        return E8KV_ERR(DST_TOO_SMALL);
+    if (n_tok > c->n_ctx - c->pos) return E8KV_ERR(CONTEXT_FULL);
     for (size_t i = 0; i < n_tok; i++)
-        if (tokens[i] < 0 || (size_t)tokens[i] >= nv) return ERR(BAD_ARGUMENT);
+        if (tokens[i] < 0 || (size_t)tokens[i] >= nv) return E8KV_ERR(BAD_ARGUMENT);
     const size_t pos_start = c->pos;
     for (size_t done = 0; done < n_tok;) {
         const size_t n = n_tok - done < c->n_batch ? n_tok - done : c->n_batch;

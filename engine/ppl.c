@@ -9,7 +9,6 @@
 #include <string.h>
 #include <time.h>
 
-#define ERR(name) ((size_t) - (ptrdiff_t)E8KV_ERROR_##name)
 
 size_t e8kv_log_softmax(float *dst, const float *logits, size_t n) {
     size_t best = 0;
@@ -81,7 +80,7 @@ static size_t eval_prefix(e8kv_context *ctx, float *logits, size_t cap, const in
     /* the context owns its cache; eviction is the one change the harness makes to it between passes */
     e8kv_cache *kv = (e8kv_cache *)(uintptr_t)e8kv_context_cache(ctx);
     r = e8kv_cache_evict(kv, qc->q, n_head, prefix, 0);
-    if (e8kv_is_error(r) && r != ERR(BAD_ARGUMENT)) return r; /* BAD_ARGUMENT: the spec does not evict */
+    if (e8kv_is_error(r) && r != E8KV_ERR(BAD_ARGUMENT)) return r; /* BAD_ARGUMENT: the spec does not evict */
     *compressed = e8kv_cache_bytes(kv);
     *n_kept = e8kv_cache_n_kept(kv, 0);
     r = e8kv_context_eval(ctx, logits, cap, chunk + prefix, score, 0);
@@ -91,15 +90,15 @@ static size_t eval_prefix(e8kv_context *ctx, float *logits, size_t cap, const in
 size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens, const e8kv_ppl_params *p,
                     e8kv_ppl_result *results) {
     if (!m || !p || !results || !p->specs || p->n_specs == 0 || p->n_specs > E8KV_PPL_MAX_SPECS)
-        return ERR(BAD_ARGUMENT);
+        return E8KV_ERR(BAD_ARGUMENT);
     const size_t prefix = p->prefix;
-    if (prefix && p->score < 2) return ERR(BAD_ARGUMENT);
+    if (prefix && p->score < 2) return E8KV_ERR(BAD_ARGUMENT);
     const size_t n_ctx = prefix ? prefix + p->score : p->n_ctx;
-    if (!prefix && (n_ctx < 4 || n_ctx % 2)) return ERR(BAD_ARGUMENT);
-    if (!tokens || n_tokens == 0) return ERR(SRC_SIZE);
-    if (m->cfg.n_ctx_train && n_ctx > m->cfg.n_ctx_train) return ERR(CONTEXT_FULL);
+    if (!prefix && (n_ctx < 4 || n_ctx % 2)) return E8KV_ERR(BAD_ARGUMENT);
+    if (!tokens || n_tokens == 0) return E8KV_ERR(SRC_SIZE);
+    if (m->cfg.n_ctx_train && n_ctx > m->cfg.n_ctx_train) return E8KV_ERR(CONTEXT_FULL);
     const size_t n_chunk_max = n_tokens / n_ctx;
-    if (n_chunk_max == 0) return ERR(SRC_SIZE);
+    if (n_chunk_max == 0) return E8KV_ERR(SRC_SIZE);
     const size_t n_chunk = p->n_chunks && p->n_chunks < n_chunk_max ? p->n_chunks : n_chunk_max;
     const size_t nv = m->cfg.vocab_size, first = prefix ? prefix : n_ctx / 2, n_rows = n_ctx - first,
                  n_scored = n_ctx - 1 - first;
@@ -112,7 +111,7 @@ size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
     memset(results, 0, p->n_specs * sizeof *results);
     for (size_t i = 0; i < p->n_specs; i++) {
         results[i].spec = p->specs[i] ? p->specs[i] : "";
-        if (!p->specs[i]) results[i].status = ERR(SPEC);
+        if (!p->specs[i]) results[i].status = E8KV_ERR(SPEC);
     }
 
     size_t ret = 0;
@@ -132,14 +131,14 @@ size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
         cp.q_hook = q_capture_hook;
         cp.q_hook_user = &qc;
         qc.q = malloc(m->cfg.n_layer * prefix * qc.q_dim * sizeof(float));
-        if (!qc.q) ret = ERR(OUT_OF_MEMORY);
+        if (!qc.q) ret = E8KV_ERR(OUT_OF_MEMORY);
     }
     for (size_t i = 0; i < p->n_specs && base; i++) {
         if (results[i].status || !strcmp(results[i].spec, "f32")) continue;
         cp.kv_spec = results[i].spec;
         size_t err = 0;
         ctx[i] = e8kv_context_create(m, &cp, &err);
-        if (!ctx[i]) results[i].status = e8kv_is_error(err) ? err : ERR(GENERIC);
+        if (!ctx[i]) results[i].status = e8kv_is_error(err) ? err : E8KV_ERR(GENERIC);
     }
     int32_t *chunk = malloc(n_ctx * sizeof *chunk);
     float *logits = malloc(n_rows * nv * sizeof *logits);
@@ -150,7 +149,7 @@ size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
     b.spec = "f32";
     if (!base || e8kv_is_error(ret)) goto done;
     if (!chunk || !logits || !base_lsm || !lsm || !base_top) {
-        ret = ERR(OUT_OF_MEMORY);
+        ret = E8KV_ERR(OUT_OF_MEMORY);
         goto done;
     }
 

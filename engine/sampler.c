@@ -7,11 +7,10 @@
 #include <math.h>
 #include <stdlib.h>
 
-#define ERR(name) ((size_t) - (ptrdiff_t)E8KV_ERROR_##name)
 
 size_t e8kv_sampler_init(e8kv_sampler *s, size_t vocab_size, float temperature, float top_p, uint64_t seed) {
     if (!s || vocab_size == 0 || !(temperature >= 0.0f) || !(top_p > 0.0f && top_p <= 1.0f))
-        return ERR(BAD_ARGUMENT);
+        return E8KV_ERR(BAD_ARGUMENT);
     s->vocab_size = vocab_size;
     s->temperature = temperature;
     s->top_p = top_p;
@@ -20,7 +19,7 @@ size_t e8kv_sampler_init(e8kv_sampler *s, size_t vocab_size, float temperature, 
     s->index = malloc(vocab_size * sizeof *s->index);
     if (!s->probs || !s->index) {
         e8kv_sampler_free(s);
-        return ERR(OUT_OF_MEMORY);
+        return E8KV_ERR(OUT_OF_MEMORY);
     }
     return 0;
 }

@@ -21,13 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TOK_ERR(name) ((size_t) - (ptrdiff_t)E8KV_ERROR_##name)
 #define TOK_BAD_UTF8 0xFFFFFFFFu
-#define E8KV_TOK_RETURN_IF_ERROR(expr)                                                                       \
-    do {                                                                                                     \
-        const size_t tok_r_ = (expr);                                                                        \
-        if (e8kv_is_error(tok_r_)) return tok_r_;                                                            \
-    } while (0)
 
 enum { KIND_SPM = 1, KIND_BPE = 2 };
 enum { PRE_GPT2 = 1, PRE_SMOLLM = 2 };
@@ -216,7 +210,7 @@ static size_t build_specials(e8kv_tokenizer *t) {
     for (size_t i = 0; i < t->n_vocab; i++)
         if (is_special(t, i) && t->text_len[i] > 0) count[(uint8_t)t->text[t->text_off[i]]]++, n++;
     t->specials = malloc((n ? n : 1) * sizeof *t->specials);
-    if (!t->specials) return TOK_ERR(OUT_OF_MEMORY);
+    if (!t->specials) return E8KV_ERR(OUT_OF_MEMORY);
     t->special_start[0] = 0;
     for (int b = 0; b < 256; b++)
         t->special_start[b + 1] = t->special_start[b] + (uint32_t)count[b];
@@ -244,24 +238,24 @@ static size_t build_merges(e8kv_tokenizer *t, const e8kv_tokenizer_vocab *v) {
     t->merge_key = malloc((t->merge_mask + 1) * sizeof *t->merge_key);
     t->merge_rank = malloc((t->merge_mask + 1) * sizeof *t->merge_rank);
     t->merge_id = malloc((t->merge_mask + 1) * sizeof *t->merge_id);
-    if (!t->merge_key || !t->merge_rank || !t->merge_id) return TOK_ERR(OUT_OF_MEMORY);
+    if (!t->merge_key || !t->merge_rank || !t->merge_id) return E8KV_ERR(OUT_OF_MEMORY);
     memset(t->merge_key, 0xFF, (t->merge_mask + 1) * sizeof *t->merge_key);
     char *buf = NULL;
     size_t buf_cap = 0;
     for (size_t r = 0; r < v->n_merges; r++) {
         const char *m = v->merges[r];
         const size_t n = v->merge_lens[r];
-        if (!m && n) return free(buf), TOK_ERR(BAD_ARGUMENT);
+        if (!m && n) return free(buf), E8KV_ERR(BAD_ARGUMENT);
         /* "left right": the separator is the first space after the first byte (as llama.cpp reads it) */
         const char *sp = n > 1 ? memchr(m + 1, ' ', n - 1) : NULL;
-        if (!sp) return free(buf), TOK_ERR(CORRUPTED);
+        if (!sp) return free(buf), E8KV_ERR(CORRUPTED);
         const size_t nl = (size_t)(sp - m), nr = n - nl - 1;
         const int32_t a = lookup_text(t, m, nl), b = lookup_text(t, sp + 1, nr);
         if (nl + nr > buf_cap) {
             free(buf);
             buf_cap = 2 * (nl + nr);
             buf = malloc(buf_cap);
-            if (!buf) return TOK_ERR(OUT_OF_MEMORY);
+            if (!buf) return E8KV_ERR(OUT_OF_MEMORY);
         }
         memcpy(buf, m, nl);
         memcpy(buf + nl, sp + 1, nr);
@@ -289,22 +283,22 @@ static size_t create(e8kv_tokenizer *t, const e8kv_tokenizer_vocab *v) {
     else if (!strcmp(v->model, "llama"))
         t->kind = KIND_SPM;
     else
-        return TOK_ERR(UNSUPPORTED);
+        return E8KV_ERR(UNSUPPORTED);
     if (t->kind == KIND_BPE) {
-        if (!v->pre) return TOK_ERR(UNSUPPORTED);
+        if (!v->pre) return E8KV_ERR(UNSUPPORTED);
         if (!strcmp(v->pre, "gpt2") || !strcmp(v->pre, "gpt-2"))
             t->pre = PRE_GPT2; /* llama.cpp: "gpt-2" */
         else if (!strcmp(v->pre, "smollm"))
             t->pre = PRE_SMOLLM;
         else
-            return TOK_ERR(UNSUPPORTED);
-        if (v->n_merges && (!v->merges || !v->merge_lens)) return TOK_ERR(BAD_ARGUMENT);
+            return E8KV_ERR(UNSUPPORTED);
+        if (v->n_merges && (!v->merges || !v->merge_lens)) return E8KV_ERR(BAD_ARGUMENT);
     } else if (!v->scores) {
-        return TOK_ERR(BAD_ARGUMENT);
+        return E8KV_ERR(BAD_ARGUMENT);
     }
     const int32_t specials[3] = {v->bos, v->eos, v->unk};
     for (int i = 0; i < 3; i++)
-        if (specials[i] < -1 || (specials[i] >= 0 && (size_t)specials[i] >= n)) return TOK_ERR(CORRUPTED);
+        if (specials[i] < -1 || (specials[i] >= 0 && (size_t)specials[i] >= n)) return E8KV_ERR(CORRUPTED);
     t->n_vocab = n;
     t->bos = v->bos;
     t->eos = v->eos;
@@ -314,8 +308,8 @@ static size_t create(e8kv_tokenizer *t, const e8kv_tokenizer_vocab *v) {
 
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
-        if (!v->tokens[i] && v->token_lens[i]) return TOK_ERR(BAD_ARGUMENT);
-        if (v->token_lens[i] > UINT32_MAX) return TOK_ERR(CORRUPTED);
+        if (!v->tokens[i] && v->token_lens[i]) return E8KV_ERR(BAD_ARGUMENT);
+        if (v->token_lens[i] > UINT32_MAX) return E8KV_ERR(CORRUPTED);
         total += v->token_lens[i];
     }
     t->text = malloc(total + 1);
@@ -330,7 +324,7 @@ static size_t create(e8kv_tokenizer *t, const e8kv_tokenizer_vocab *v) {
     t->slots = malloc((t->slot_mask + 1) * sizeof *t->slots);
     if (!t->text || !t->piece || !t->text_off || !t->piece_off || !t->text_len || !t->piece_len ||
         !t->scores || !t->types || !t->slots)
-        return TOK_ERR(OUT_OF_MEMORY);
+        return E8KV_ERR(OUT_OF_MEMORY);
     if (t->kind == KIND_SPM) memcpy(t->scores, v->scores, n * sizeof *t->scores);
     for (size_t i = 0; i < n; i++) {
         const int32_t ty = v->token_types ? v->token_types[i] : E8KV_TOKEN_NORMAL;
@@ -421,18 +415,18 @@ static size_t create(e8kv_tokenizer *t, const e8kv_tokenizer_vocab *v) {
     }
     if (t->kind == KIND_SPM && t->unk < 0) /* an unknown character needs byte tokens or unk */
         for (int b = 0; b < 256; b++)
-            if (t->byte_id[b] < 0) return TOK_ERR(CORRUPTED);
-    if (t->kind == KIND_BPE) E8KV_TOK_RETURN_IF_ERROR(build_merges(t, v));
+            if (t->byte_id[b] < 0) return E8KV_ERR(CORRUPTED);
+    if (t->kind == KIND_BPE) E8KV_RETURN_IF_ERROR(build_merges(t, v));
     return build_specials(t);
 }
 
 size_t e8kv_tokenizer_create(e8kv_tokenizer **out, const e8kv_tokenizer_vocab *v) {
-    if (!out) return TOK_ERR(BAD_ARGUMENT);
+    if (!out) return E8KV_ERR(BAD_ARGUMENT);
     *out = NULL;
-    if (!v || !v->model || !v->n_vocab || !v->tokens || !v->token_lens) return TOK_ERR(BAD_ARGUMENT);
-    if (v->n_vocab >= (size_t)INT32_MAX) return TOK_ERR(UNSUPPORTED);
+    if (!v || !v->model || !v->n_vocab || !v->tokens || !v->token_lens) return E8KV_ERR(BAD_ARGUMENT);
+    if (v->n_vocab >= (size_t)INT32_MAX) return E8KV_ERR(UNSUPPORTED);
     e8kv_tokenizer *t = calloc(1, sizeof *t);
-    if (!t) return TOK_ERR(OUT_OF_MEMORY);
+    if (!t) return E8KV_ERR(OUT_OF_MEMORY);
     const size_t r = create(t, v);
     if (e8kv_is_error(r)) {
         e8kv_tokenizer_free(t);
@@ -695,8 +689,8 @@ size_t e8kv_tokenizer_unknown_bytes(const e8kv_tokenizer *t, const char *text, s
 
 size_t e8kv_tokenizer_encode(const e8kv_tokenizer *t, int32_t *ids, size_t capacity, const char *text,
                              size_t n_bytes, int add_bos) {
-    if (!t || (!ids && capacity) || (!text && n_bytes)) return TOK_ERR(BAD_ARGUMENT);
-    if (n_bytes >= UINT32_MAX - 2) return TOK_ERR(SRC_SIZE);
+    if (!t || (!ids && capacity) || (!text && n_bytes)) return E8KV_ERR(BAD_ARGUMENT);
+    if (n_bytes >= UINT32_MAX - 2) return E8KV_ERR(SRC_SIZE);
     enc e = {0};
     e.ids = ids;
     e.capacity = capacity;
@@ -709,7 +703,7 @@ size_t e8kv_tokenizer_encode(const e8kv_tokenizer *t, int32_t *ids, size_t capac
     uint8_t *prefixed = NULL;
     if (t->add_space_prefix) { /* SentencePiece's dummy prefix; llama2.c adds it for non-empty text */
         prefixed = malloc(n + 1);
-        if (!prefixed) return TOK_ERR(OUT_OF_MEMORY);
+        if (!prefixed) return E8KV_ERR(OUT_OF_MEMORY);
         prefixed[0] = ' ';
         memcpy(prefixed + 1, text, n);
         s = prefixed;
@@ -754,13 +748,13 @@ size_t e8kv_tokenizer_encode(const e8kv_tokenizer *t, int32_t *ids, size_t capac
     free(e.prev);
     free(e.next);
     free(e.heap);
-    return e.oom ? TOK_ERR(OUT_OF_MEMORY) : e.n;
+    return e.oom ? E8KV_ERR(OUT_OF_MEMORY) : e.n;
 }
 
 /* ---------------------------------------------------------------- queries */
 
 size_t e8kv_tokenizer_piece(const e8kv_tokenizer *t, int32_t id, const char **piece) {
-    if (!t || !piece || id < 0 || (size_t)id >= t->n_vocab) return TOK_ERR(BAD_ARGUMENT);
+    if (!t || !piece || id < 0 || (size_t)id >= t->n_vocab) return E8KV_ERR(BAD_ARGUMENT);
     *piece = t->piece + t->piece_off[id];
     return t->piece_len[id];
 }
@@ -779,39 +773,39 @@ int32_t e8kv_tokenizer_eos(const e8kv_tokenizer *t) {
 
 size_t e8kv_tokenizer_from_llama2c_buffer(e8kv_tokenizer **out, const void *data, size_t n_bytes,
                                           size_t vocab_size) {
-    if (!out) return TOK_ERR(BAD_ARGUMENT);
+    if (!out) return E8KV_ERR(BAD_ARGUMENT);
     *out = NULL;
-    if (!data && n_bytes) return TOK_ERR(BAD_ARGUMENT);
+    if (!data && n_bytes) return E8KV_ERR(BAD_ARGUMENT);
     const uint8_t *p = data;
-    if (n_bytes < 4) return TOK_ERR(TRUNCATED);
+    if (n_bytes < 4) return E8KV_ERR(TRUNCATED);
     const int32_t max_len = (int32_t)(p[0] | (p[1] << 8) | (p[2] << 16) | ((uint32_t)p[3] << 24));
-    if (max_len <= 0) return TOK_ERR(CORRUPTED);
+    if (max_len <= 0) return E8KV_ERR(CORRUPTED);
     /* first pass: validate every record and count them */
     size_t pos = 4, count = 0;
     while (vocab_size ? count < vocab_size : pos < n_bytes) {
-        if (n_bytes - pos < 8) return TOK_ERR(TRUNCATED);
+        if (n_bytes - pos < 8) return E8KV_ERR(TRUNCATED);
         uint32_t u = (uint32_t)p[pos] | ((uint32_t)p[pos + 1] << 8) | ((uint32_t)p[pos + 2] << 16) |
                      ((uint32_t)p[pos + 3] << 24);
         float score;
         memcpy(&score, &u, 4);
-        if (!isfinite(score)) return TOK_ERR(CORRUPTED);
+        if (!isfinite(score)) return E8KV_ERR(CORRUPTED);
         u = (uint32_t)p[pos + 4] | ((uint32_t)p[pos + 5] << 8) | ((uint32_t)p[pos + 6] << 16) |
             ((uint32_t)p[pos + 7] << 24);
         const int32_t len = (int32_t)u;
-        if (len < 0 || len > max_len) return TOK_ERR(CORRUPTED);
+        if (len < 0 || len > max_len) return E8KV_ERR(CORRUPTED);
         pos += 8;
-        if (n_bytes - pos < (size_t)len) return TOK_ERR(TRUNCATED);
+        if (n_bytes - pos < (size_t)len) return E8KV_ERR(TRUNCATED);
         pos += (size_t)len;
         count++;
     }
-    if (pos != n_bytes) return TOK_ERR(SRC_SIZE);
-    if (count == 0) return TOK_ERR(CORRUPTED);
+    if (pos != n_bytes) return E8KV_ERR(SRC_SIZE);
+    if (count == 0) return E8KV_ERR(CORRUPTED);
 
     const char **tokens = malloc(count * sizeof *tokens);
     size_t *lens = malloc(count * sizeof *lens);
     float *scores = malloc(count * sizeof *scores);
     int32_t *types = malloc(count * sizeof *types);
-    size_t r = TOK_ERR(OUT_OF_MEMORY);
+    size_t r = E8KV_ERR(OUT_OF_MEMORY);
     if (tokens && lens && scores && types) {
         pos = 4;
         for (size_t i = 0; i < count; i++) {
@@ -853,11 +847,11 @@ size_t e8kv_tokenizer_from_llama2c_buffer(e8kv_tokenizer **out, const void *data
 }
 
 size_t e8kv_tokenizer_from_llama2c(e8kv_tokenizer **out, const char *path, size_t vocab_size) {
-    if (!out) return TOK_ERR(BAD_ARGUMENT);
+    if (!out) return E8KV_ERR(BAD_ARGUMENT);
     *out = NULL;
-    if (!path) return TOK_ERR(BAD_ARGUMENT);
+    if (!path) return E8KV_ERR(BAD_ARGUMENT);
     FILE *f = fopen(path, "rb");
-    if (!f) return TOK_ERR(IO);
+    if (!f) return E8KV_ERR(IO);
     size_t cap = 1 << 16, n = 0;
     uint8_t *buf = malloc(cap);
     size_t r = 0;
@@ -865,7 +859,7 @@ size_t e8kv_tokenizer_from_llama2c(e8kv_tokenizer **out, const char *path, size_
         if (n == cap) {
             uint8_t *nb = cap < ((size_t)1 << 30) ? realloc(buf, 2 * cap) : NULL;
             if (!nb) {
-                r = cap < ((size_t)1 << 30) ? TOK_ERR(OUT_OF_MEMORY) : TOK_ERR(SRC_SIZE);
+                r = cap < ((size_t)1 << 30) ? E8KV_ERR(OUT_OF_MEMORY) : E8KV_ERR(SRC_SIZE);
                 break;
             }
             buf = nb;
@@ -874,12 +868,12 @@ size_t e8kv_tokenizer_from_llama2c(e8kv_tokenizer **out, const char *path, size_
         const size_t got = fread(buf + n, 1, cap - n, f);
         n += got;
         if (got == 0) {
-            if (ferror(f)) r = TOK_ERR(IO);
+            if (ferror(f)) r = E8KV_ERR(IO);
             break;
         }
     }
     fclose(f);
-    if (!buf) return TOK_ERR(OUT_OF_MEMORY);
+    if (!buf) return E8KV_ERR(OUT_OF_MEMORY);
     if (!e8kv_is_error(r)) r = e8kv_tokenizer_from_llama2c_buffer(out, buf, n, vocab_size);
     free(buf);
     return r;
@@ -890,8 +884,8 @@ static size_t gguf_token_id(const e8kv_gguf *g, const char *key, int32_t *out) {
     *out = -1;
     if (e8kv_gguf_find(g, key) < 0) return 0;
     uint64_t v;
-    E8KV_TOK_RETURN_IF_ERROR(e8kv_gguf_get_u64(g, key, &v));
-    if (v > (uint64_t)INT32_MAX) return TOK_ERR(CORRUPTED);
+    E8KV_RETURN_IF_ERROR(e8kv_gguf_get_u64(g, key, &v));
+    if (v > (uint64_t)INT32_MAX) return E8KV_ERR(CORRUPTED);
     *out = (int32_t)v;
     return 0;
 }
@@ -905,8 +899,8 @@ static size_t gguf_flag(const e8kv_gguf *g, const char *key, int dflt, int *out)
 /* Array of n strings or numbers at key; E8KV_ERROR_CORRUPTED for another element type or count. */
 static size_t gguf_array(const e8kv_gguf *g, const char *key, int want_string, uint64_t *n) {
     e8kv_gguf_type et;
-    E8KV_TOK_RETURN_IF_ERROR(e8kv_gguf_get_arr(g, key, &et, n));
-    if ((et == E8KV_GGUF_STRING) != (want_string != 0) || et == E8KV_GGUF_ARRAY) return TOK_ERR(CORRUPTED);
+    E8KV_RETURN_IF_ERROR(e8kv_gguf_get_arr(g, key, &et, n));
+    if ((et == E8KV_GGUF_STRING) != (want_string != 0) || et == E8KV_GGUF_ARRAY) return E8KV_ERR(CORRUPTED);
     return 0;
 }
 
@@ -919,80 +913,80 @@ typedef struct {
 
 static size_t gguf_fill(const e8kv_gguf *g, e8kv_tokenizer_vocab *v, gguf_arrays *a) {
     uint64_t n;
-    E8KV_TOK_RETURN_IF_ERROR(gguf_array(g, "tokenizer.ggml.tokens", 1, &n));
-    if (n == 0 || n >= (uint64_t)INT32_MAX) return TOK_ERR(CORRUPTED);
+    E8KV_RETURN_IF_ERROR(gguf_array(g, "tokenizer.ggml.tokens", 1, &n));
+    if (n == 0 || n >= (uint64_t)INT32_MAX) return E8KV_ERR(CORRUPTED);
     v->n_vocab = (size_t)n;
     a->tokens = malloc(n * sizeof *a->tokens);
     a->token_lens = malloc(n * sizeof *a->token_lens);
-    if (!a->tokens || !a->token_lens) return TOK_ERR(OUT_OF_MEMORY);
+    if (!a->tokens || !a->token_lens) return E8KV_ERR(OUT_OF_MEMORY);
     for (uint64_t i = 0; i < n; i++)
-        E8KV_TOK_RETURN_IF_ERROR(
+        E8KV_RETURN_IF_ERROR(
             e8kv_gguf_get_arr_str(g, "tokenizer.ggml.tokens", i, &a->tokens[i], &a->token_lens[i]));
     v->tokens = a->tokens;
     v->token_lens = a->token_lens;
 
     uint64_t m;
     if (e8kv_gguf_find(g, "tokenizer.ggml.scores") >= 0) {
-        E8KV_TOK_RETURN_IF_ERROR(gguf_array(g, "tokenizer.ggml.scores", 0, &m));
-        if (m != n) return TOK_ERR(CORRUPTED);
+        E8KV_RETURN_IF_ERROR(gguf_array(g, "tokenizer.ggml.scores", 0, &m));
+        if (m != n) return E8KV_ERR(CORRUPTED);
         a->scores = malloc(n * sizeof *a->scores);
-        if (!a->scores) return TOK_ERR(OUT_OF_MEMORY);
+        if (!a->scores) return E8KV_ERR(OUT_OF_MEMORY);
         for (uint64_t i = 0; i < n; i++)
-            E8KV_TOK_RETURN_IF_ERROR(e8kv_gguf_get_arr_f32(g, "tokenizer.ggml.scores", i, &a->scores[i]));
+            E8KV_RETURN_IF_ERROR(e8kv_gguf_get_arr_f32(g, "tokenizer.ggml.scores", i, &a->scores[i]));
         v->scores = a->scores;
     }
     if (e8kv_gguf_find(g, "tokenizer.ggml.token_type") >= 0) {
-        E8KV_TOK_RETURN_IF_ERROR(gguf_array(g, "tokenizer.ggml.token_type", 0, &m));
-        if (m != n) return TOK_ERR(CORRUPTED);
+        E8KV_RETURN_IF_ERROR(gguf_array(g, "tokenizer.ggml.token_type", 0, &m));
+        if (m != n) return E8KV_ERR(CORRUPTED);
         a->types = malloc(n * sizeof *a->types);
-        if (!a->types) return TOK_ERR(OUT_OF_MEMORY);
+        if (!a->types) return E8KV_ERR(OUT_OF_MEMORY);
         for (uint64_t i = 0; i < n; i++) {
             int64_t ty;
-            E8KV_TOK_RETURN_IF_ERROR(e8kv_gguf_get_arr_i64(g, "tokenizer.ggml.token_type", i, &ty));
+            E8KV_RETURN_IF_ERROR(e8kv_gguf_get_arr_i64(g, "tokenizer.ggml.token_type", i, &ty));
             a->types[i] = ty >= 0 && ty <= 6 ? (int32_t)ty : E8KV_TOKEN_NORMAL;
         }
         v->token_types = a->types;
     }
     if (e8kv_gguf_find(g, "tokenizer.ggml.merges") >= 0) {
-        E8KV_TOK_RETURN_IF_ERROR(gguf_array(g, "tokenizer.ggml.merges", 1, &m));
-        if (m >= (uint64_t)1 << 24) return TOK_ERR(UNSUPPORTED); /* ranks are kept exactly in a float */
+        E8KV_RETURN_IF_ERROR(gguf_array(g, "tokenizer.ggml.merges", 1, &m));
+        if (m >= (uint64_t)1 << 24) return E8KV_ERR(UNSUPPORTED); /* ranks are kept exactly in a float */
         a->merges = malloc((m ? m : 1) * sizeof *a->merges);
         a->merge_lens = malloc((m ? m : 1) * sizeof *a->merge_lens);
-        if (!a->merges || !a->merge_lens) return TOK_ERR(OUT_OF_MEMORY);
+        if (!a->merges || !a->merge_lens) return E8KV_ERR(OUT_OF_MEMORY);
         for (uint64_t i = 0; i < m; i++)
-            E8KV_TOK_RETURN_IF_ERROR(
+            E8KV_RETURN_IF_ERROR(
                 e8kv_gguf_get_arr_str(g, "tokenizer.ggml.merges", i, &a->merges[i], &a->merge_lens[i]));
         v->n_merges = (size_t)m;
         v->merges = a->merges;
         v->merge_lens = a->merge_lens;
     }
-    E8KV_TOK_RETURN_IF_ERROR(gguf_token_id(g, "tokenizer.ggml.bos_token_id", &v->bos));
-    E8KV_TOK_RETURN_IF_ERROR(gguf_token_id(g, "tokenizer.ggml.eos_token_id", &v->eos));
-    E8KV_TOK_RETURN_IF_ERROR(gguf_token_id(g, "tokenizer.ggml.unknown_token_id", &v->unk));
+    E8KV_RETURN_IF_ERROR(gguf_token_id(g, "tokenizer.ggml.bos_token_id", &v->bos));
+    E8KV_RETURN_IF_ERROR(gguf_token_id(g, "tokenizer.ggml.eos_token_id", &v->eos));
+    E8KV_RETURN_IF_ERROR(gguf_token_id(g, "tokenizer.ggml.unknown_token_id", &v->unk));
     /* llama.cpp's defaults when a key is absent: SentencePiece vocabularies add BOS and the space prefix */
     const int spm = !strcmp(v->model, "llama");
-    E8KV_TOK_RETURN_IF_ERROR(gguf_flag(g, "tokenizer.ggml.add_bos_token", spm, &v->add_bos));
-    E8KV_TOK_RETURN_IF_ERROR(gguf_flag(g, "tokenizer.ggml.add_space_prefix", 1, &v->add_space_prefix));
+    E8KV_RETURN_IF_ERROR(gguf_flag(g, "tokenizer.ggml.add_bos_token", spm, &v->add_bos));
+    E8KV_RETURN_IF_ERROR(gguf_flag(g, "tokenizer.ggml.add_space_prefix", 1, &v->add_space_prefix));
     v->spm_escaped = 1;
     return 0;
 }
 
 size_t e8kv_tokenizer_from_gguf(e8kv_tokenizer **out, const e8kv_gguf *g) {
-    if (!out) return TOK_ERR(BAD_ARGUMENT);
+    if (!out) return E8KV_ERR(BAD_ARGUMENT);
     *out = NULL;
-    if (!g) return TOK_ERR(BAD_ARGUMENT);
+    if (!g) return E8KV_ERR(BAD_ARGUMENT);
     const char *s;
     size_t len;
-    if (e8kv_gguf_find(g, "tokenizer.ggml.model") < 0) return TOK_ERR(UNSUPPORTED); /* no tokenizer */
-    E8KV_TOK_RETURN_IF_ERROR(e8kv_gguf_get_str(g, "tokenizer.ggml.model", &s, &len));
+    if (e8kv_gguf_find(g, "tokenizer.ggml.model") < 0) return E8KV_ERR(UNSUPPORTED); /* no tokenizer */
+    E8KV_RETURN_IF_ERROR(e8kv_gguf_get_str(g, "tokenizer.ggml.model", &s, &len));
     char model[32], pre[64];
-    if (len >= sizeof model) return TOK_ERR(UNSUPPORTED);
+    if (len >= sizeof model) return E8KV_ERR(UNSUPPORTED);
     memcpy(model, s, len);
     model[len] = 0;
     e8kv_tokenizer_vocab v = {.model = model};
     if (e8kv_gguf_find(g, "tokenizer.ggml.pre") >= 0) {
-        E8KV_TOK_RETURN_IF_ERROR(e8kv_gguf_get_str(g, "tokenizer.ggml.pre", &s, &len));
-        if (len >= sizeof pre) return TOK_ERR(UNSUPPORTED);
+        E8KV_RETURN_IF_ERROR(e8kv_gguf_get_str(g, "tokenizer.ggml.pre", &s, &len));
+        if (len >= sizeof pre) return E8KV_ERR(UNSUPPORTED);
         memcpy(pre, s, len);
         pre[len] = 0;
         v.pre = pre;

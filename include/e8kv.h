@@ -68,6 +68,15 @@ e8kv_error_code e8kv_get_error_code(size_t code);
 /* A stable, human-readable name, e.g. "head_dim not supported by this format". */
 const char *e8kv_error_name(size_t code);
 const char *e8kv_error_code_name(e8kv_error_code code);
+/* The one way the library, and code built on it that answers in its error codes (the engine), makes and
+ * passes on an error: E8KV_ERR(HEAD_DIM) is the size_t value of E8KV_ERROR_HEAD_DIM; E8KV_RETURN_IF_ERROR
+ * returns the value of expr from the enclosing function when it is an error. */
+#define E8KV_ERR(name) ((size_t) - (ptrdiff_t)E8KV_ERROR_##name)
+#define E8KV_RETURN_IF_ERROR(expr)                                                                           \
+    do {                                                                                                     \
+        const size_t e8kv_r_ = (expr);                                                                       \
+        if (e8kv_is_error(e8kv_r_)) return e8kv_r_;                                                          \
+    } while (0)
 
 /* Atomic file writes (every file the library and the CLI write goes through them): the bytes go to a new
  * file beside `path`, which at commit is flushed to disk and renamed over `path`; on any failure (open,

@@ -5,7 +5,7 @@
 
 #include "common/common.h"
 #include "common/rng.h"
-#include "quant/eclq.h"
+#include "eclq.h"
 
 #include <math.h>
 

@@ -20,9 +20,10 @@
  * for waking the workers run on the caller's thread. */
 #include "kvcache.h"
 
-#include "../common/cpu.h"
-#include "../common/pool.h"
-#include "../quant/e8_box.h"
+#include "common/cpu.h"
+#include "common/pool.h"
+#include "quant/e8_box.h"
+#include "quant/voronoi.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -95,7 +96,7 @@ static int read_fast(const e8kv_cache *c, const kv_format *f, float *restrict ds
         return 1;
     case KV_FAST_E8BALL:
         if (f->codec->bits == 4 && e8kv_cache_read_e8ball4_avx2(dst, src, n, d, f->vector_bytes)) return 1;
-        e8kv_cache_read_e8ball_avx2(dst, src, n, d, f->codec->bits, f->vector_bytes);
+        e8kv_e8ball_decode_rows_avx2(dst, src, n, d, f->codec->bits, f->vector_bytes);
         return 1;
     case KV_FAST_E8BOX:
         for (size_t i = 0; i < n; i++)
@@ -225,10 +226,11 @@ static void prefetch_tokens(const e8kv_cache *c, const kv_layer *L, size_t head,
 
 #define BOX_QMAX 16 /* queries per chunk on the integer path (decode: the GQA group) */
 
-/* the integer tiles read e8box:4 only; e8box:3 and e8box:2 go through the fused reader (read_fast) */
+/* the integer tiles read the codecs whose traits say so (e8box:4; e8box:3 and e8box:2 go through the fused
+ * reader, read_fast) */
 static int box_ok(const e8kv_cache *c, const kv_layer *L, size_t n_q) {
-    return L->k.fast == KV_FAST_E8BOX && L->v.fast == KV_FAST_E8BOX && L->k.codec->bits == 4 &&
-           L->v.codec->bits == 4 && L->k.rotated && L->v.rotated && c->head_dim % 64 == 0 &&
+    return e8kv_codec_traits(L->k.codec)->attn_int && e8kv_codec_traits(L->v.codec)->attn_int &&
+           L->k.rotated && L->v.rotated && c->head_dim % 64 == 0 &&
            c->head_dim <= E8KV_BOX_MAX_D && n_q <= BOX_QMAX;
 }
 

@@ -3,8 +3,6 @@
  * relative tolerance in tests/test_cache.c). Requires head_dim % 8 == 0; other sizes use the reference. */
 #include "kvcache.h"
 
-#include "../quant/voronoi.h"
-
 #include "simd_avx2.h"
 
 #include <immintrin.h>
@@ -89,37 +87,6 @@ void e8kv_cache_read_f16_avx2(float *restrict dst, const uint8_t *restrict src, 
     const size_t total = n * d; /* d % 8 == 0: vectors are contiguous in the page */
     for (size_t i = 0; i < total; i += 8)
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + 2 * i))));
-}
-
-/* e8ball:B vector = fp16 scale h, then per 8 values a 16-bit ball index c and, for B = 3, 4, the
- * (8·(B−2))-bit residual digits r; value = (m·ball[c] + res[r]) · (h / 2m), m = 2^(B−2), coordinates
- * doubled integers (int8). Integer math is exact and the single float multiply rounds like the codec's
- * reference decode, so the floats are bit-identical. */
-void e8kv_cache_read_e8ball_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d, int bits,
-                                 size_t vector_bytes) {
-    const unsigned log2_m = (unsigned)bits - 2;
-    const int8_t *const ball = e8kv_ball_table();
-    const int8_t *const res = log2_m ? e8kv_ball_residual_table(log2_m) : NULL;
-    const size_t bb = (size_t)bits;
-    for (size_t t = 0; t < n; t++) {
-        const uint8_t *v = src + t * vector_bytes;
-        float *y = dst + t * d;
-        const float k = _cvtsh_ss(e8kv_load_le16(v)) / (float)(2 << log2_m);
-        const __m256 vk = _mm256_set1_ps(k);
-        const uint8_t *p = v + 2;
-        for (size_t b = 0; b < d; b += 8, p += bb) {
-            int64_t cw;
-            memcpy(&cw, ball + 8 * (size_t)e8kv_load_le16(p), 8);
-            __m256i c = _mm256_cvtepi8_epi32(_mm_cvtsi64_si128(cw));
-            if (log2_m) {
-                const size_t dg = log2_m == 1 ? p[2] : e8kv_load_le16(p + 2);
-                int64_t rw;
-                memcpy(&rw, res + 8 * dg, 8);
-                c = _mm256_add_epi32(_mm256_slli_epi32(c, (int)log2_m), _mm256_cvtepi8_epi32(_mm_cvtsi64_si128(rw)));
-            }
-            _mm256_storeu_ps(y + b, _mm256_mul_ps(_mm256_cvtepi32_ps(c), vk));
-        }
-    }
 }
 
 #if defined(__AVX2__)

@@ -2,7 +2,7 @@
  * (the math is in kvcache.h above e8kv_box_query; the AVX2 twin is attn_box_avx2.c). */
 #include "kvcache.h"
 
-#include "../quant/e8_box.h"
+#include "quant/e8_box.h"
 
 #include <math.h>
 

@@ -14,7 +14,7 @@
  * straight in int32 (vpdpbusd); the coset term Σ_j w8_j·k_jb by masked vpsadbw as before. */
 #include "kvcache.h"
 
-#include "../quant/e8_box.h"
+#include "quant/e8_box.h"
 #include "simd_avx2.h"
 
 #include <immintrin.h>

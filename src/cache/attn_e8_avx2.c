@@ -13,8 +13,8 @@
  * tests/test_cache.c against e8kv_codec_decode_rotated). */
 #include "kvcache.h"
 
-#include "../common/fp16.h"
-#include "../quant/voronoi.h"
+#include "common/fp16.h"
+#include "quant/voronoi.h"
 
 #include <immintrin.h>
 #include <pthread.h>

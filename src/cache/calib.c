@@ -6,7 +6,7 @@
  * anything is allocated, and the bases checked orthonormal on load. */
 #include "calib.h"
 
-#include "../transform/klt.h"
+#include "transform/klt.h"
 
 #include <math.h>
 #include <stdio.h>

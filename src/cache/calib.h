@@ -3,7 +3,7 @@
 #ifndef E8KV_CALIB_H
 #define E8KV_CALIB_H
 
-#include "../common/common.h"
+#include "common/common.h"
 
 #include <pthread.h>
 

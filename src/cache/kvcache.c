@@ -3,8 +3,8 @@
  * full-precision window and sink tokens, truncate and clear. Reads live in attention.c. */
 #include "kvcache.h"
 
-#include "../common/cpu.h"
-#include "../common/pool.h"
+#include "common/cpu.h"
+#include "common/pool.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -190,47 +190,31 @@ static size_t get_codec(e8kv_cache *c, const char *spec, uint64_t seed, const e8
     return 0;
 }
 
-static int is_e8t(const char *spec) {
-    return !strncmp(spec, "e8t", 3) && (spec[3] == 0 || spec[3] == ':' || !strncmp(spec + 3, "v:", 2));
+/* A calibrated format (e8t, e8tv: xform.c) */
+static int is_calibrated(const char *spec) {
+    const e8kv_traits *t = e8kv_family_traits(spec);
+    return t && t->calibrated;
 }
 
 static void set_format(kv_format *f, const e8kv_codec *codec, int rope_pre_key, int center) {
+    const e8kv_traits *t = e8kv_codec_traits(codec);
     f->codec = codec;
     f->xf = NULL;
-    f->centered = 0;
     f->vector_bytes = e8kv_codec_vector_bytes(codec);
     f->rotated = e8kv_codec_is_rotated(codec) && !rope_pre_key;
-    f->group = codec->group_tokens > 1 ? codec->group_tokens : 0;
-    e8kv_spec sp;
-    f->fast = KV_FAST_NONE;
-    if (e8kv_is_error(e8kv_spec_parse(&sp, codec->spec))) return;
-    /* plain formats gain nothing from centering (their error does not scale with the vector); the
-     * llama.cpp block formats keep llama.cpp's semantics unless center=all asks for it */
-    const int plain = !strcmp(sp.family, "f32") || !strcmp(sp.family, "f16");
-    const int llama = !strncmp(sp.family, "q8_0", 4) || !strncmp(sp.family, "q4_0", 4);
-    /* the peers' formats keep their published semantics too; token-group formats code groups as given */
-    const int peer = !strcmp(sp.family, "kivi") || !strcmp(sp.family, "kvquant") ||
-                     !strcmp(sp.family, "e8r") || !strcmp(sp.family, "kakeya");
-    f->centered = !plain && !f->group && (center == 2 || (center == 1 && !llama && !peer));
-    if (!strcmp(sp.family, "f32"))
-        f->fast = KV_FAST_F32;
-    else if (!strcmp(sp.family, "f16"))
-        f->fast = KV_FAST_F16;
-    else if ((!strcmp(sp.family, "e8") || !strcmp(sp.family, "e8ball")) && codec->bits >= 2 &&
-             codec->bits <= 4 && codec->vector_bytes == 2 + codec->head_dim / 8 * (size_t)codec->bits)
-        f->fast = KV_FAST_E8BALL; /* doc/format.md §2 layout: fp16 scale, then B bytes per 8 values */
-    else if (!strcmp(sp.family, "e8box") && codec->head_dim % 32 == 0)
-        f->fast = KV_FAST_E8BOX;
+    f->group = t->layout == E8KV_PAGE_TOKEN_GROUP ? codec->group_tokens : 0;
+    /* token-group formats code groups as given */
+    f->centered = t->center != E8KV_CENTER_NEVER && !f->group &&
+                  (center == 2 || (center == 1 && t->center == E8KV_CENTER_DEFAULT));
+    f->fast = (kv_fast_kind)t->reader;
 }
 
-/* The codec a stream spec uses: "e8t:B" codes with e8:B after its calibrated transform (xform.c). */
+/* The codec a stream spec uses: a calibrated format ("e8t:B") codes with its base (e8:B) after its
+ * transform (xform.c). */
 static const char *codec_of(const char *spec, char buf[E8KV_CODEC_SPEC_MAX + 1]) {
-    int vlc = 0;
-    if (!e8kv_xform_rate(spec, &vlc))
-        return spec; /* not e8t, or an e8t spec with options: SPEC from get_codec */
-    /* "e8tv:3.5" → "e8v:3.5": one character shorter, never cut */
-    snprintf(buf, E8KV_CODEC_SPEC_MAX + 1, "%s%s", vlc ? "e8v" : "e8", spec + (vlc ? 4 : 3));
-    return buf;
+    if (!e8kv_xform_rate(spec, NULL))
+        return spec; /* not calibrated, or a calibrated spec with options: SPEC from get_codec */
+    return e8kv_codec_base_spec(spec, buf);
 }
 /* The attention's threads and scratch (kvcache.h); nonzero when something could not be had. */
 static int attend_setup(e8kv_cache *c) {
@@ -271,14 +255,15 @@ static size_t fail_create(e8kv_cache *c, size_t *err, size_t code) {
 
 /* auto=FAMILY:B: the streams whose format is FAMILY:B (lspec, K of every layer then V) get rates on the
  * family's grid from the calibration's sensitivities with mean B (alloc.c); their names are written to
- * names (2·n_layer entries) and lspec points there. SPEC: not an e8v/e8tv spec, or no calibration with
+ * names (2·n_layer entries) and lspec points there. SPEC: not a family with auto_rates (e8v, e8tv), or no
+ * calibration with
  * sensitivities; RATE: B off the grid or outside [1.5, 8]. */
 #define AUTO_LO8 12 /* 1.5 bits: the lowest rate a stream is given */
 #define AUTO_HI8 64
 static size_t expand_auto(const e8kv_cache *c, const char *auto_spec, const char **lspec, char (*names)[24]) {
     e8kv_spec sp;
-    if (e8kv_is_error(e8kv_spec_parse(&sp, auto_spec)) || sp.q_range > 0.0f ||
-        (strcmp(sp.family, "e8tv") && strcmp(sp.family, "e8v")))
+    const e8kv_traits *t = e8kv_family_traits(auto_spec);
+    if (e8kv_is_error(e8kv_spec_parse(&sp, auto_spec)) || sp.q_range > 0.0f || !t || !t->auto_rates)
         return E8KV_ERR(SPEC);
     if (!c->calib || e8kv_calib_sensitivity(c->calib, 0, 0) < 0.0) {
         e8kv_log(0, "e8kv: auto= needs a calibration with sensitivities (e8kv calibrate)");
@@ -289,9 +274,9 @@ static size_t expand_auto(const e8kv_cache *c, const char *auto_spec, const char
     if (n_layer != c->n_layer) return E8KV_ERR(DIMENSION);
     size_t g = 64, b = c->head_dim; /* step: the smallest rate with whole bytes per vector, 64/gcd(64, d) */
     while (b) {
-        const size_t t = g % b;
+        const size_t rem = g % b;
         g = b;
-        b = t;
+        b = rem;
     }
     const int step8 = (int)(64 / g), lo8 = (AUTO_LO8 + step8 - 1) / step8 * step8;
     if (sp.rate8 % step8 || sp.rate8 < lo8 || sp.rate8 > AUTO_HI8) return E8KV_ERR(RATE);
@@ -307,8 +292,8 @@ static size_t expand_auto(const e8kv_cache *c, const char *auto_spec, const char
         }
     if (!r && n) r = e8kv_alloc_rates(rate8, coef, n, sp.rate8, lo8, AUTO_HI8, step8);
     for (size_t j = 0; j < n && !e8kv_is_error(r); j++) {
-        /* "e8tv:2.375": family ≤ 4 chars, a rate of at most 8 with up to 3 decimals */
-        snprintf(names[idx[j]], sizeof names[0], "%.4s:%.5g", sp.family, rate8[j] / 8.0);
+        /* "e8tv:2.375": a family of at most 15 characters, a rate of at most 8 with up to 3 decimals */
+        snprintf(names[idx[j]], sizeof names[0], "%s:%.5g", t->family, rate8[j] / 8.0);
         lspec[idx[j]] = names[idx[j]];
     }
     free(coef);
@@ -359,22 +344,17 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
             return NULL;
         }
     if (cfg->rope_pre < 0) {
-        /* default: keys coded before RoPE when the caller gives RoPE's parameters and K is one of
-         * e8kv's formats (measured better at every rate on SmolLM2, BENCHMARKS.md); plain K and the
-         * llama.cpp formats (post-RoPE in llama.cpp) stay post, and so does e8box, the format built for
-         * reading speed: its integer-domain attention needs keys in the rotated domain */
+        /* default: keys coded before RoPE when the caller gives RoPE's parameters and K's family says
+         * so (traits.rope_pre: e8kv's formats, measured better at every rate on SmolLM2, BENCHMARKS.md) */
         e8kv_spec ks;
-        const int parsed = !e8kv_is_error(e8kv_spec_parse(&ks, cfg->k));
-        const int ours = parsed && strcmp(ks.family, "f32") && strcmp(ks.family, "f16") &&
-                         strncmp(ks.family, "q8_0", 4) && strncmp(ks.family, "q4_0", 4) &&
-                         strcmp(ks.family, "e8box") && strcmp(ks.family, "kivi") &&
-                         strcmp(ks.family, "kakeya");
-        cfg->rope_pre = params->rope_theta > 0.0f && params->head_dim % 2 == 0 && ours;
+        const e8kv_traits *kt = e8kv_family_traits(cfg->k);
+        const int pre = !e8kv_is_error(e8kv_spec_parse(&ks, cfg->k)) && kt && kt->rope_pre;
+        cfg->rope_pre = params->rope_theta > 0.0f && params->head_dim % 2 == 0 && pre;
     }
-    /* e8t keys are calibrated before RoPE: with RoPE they must be coded before it */
-    int e8t_k = is_e8t(cfg->k);
+    /* calibrated keys are calibrated before RoPE: with RoPE they must be coded before it */
+    int e8t_k = is_calibrated(cfg->k);
     for (size_t i = 0; i < cfg->n_rules; i++)
-        e8t_k |= (cfg->rules[i].which & 1) && is_e8t(cfg->rules[i].codec);
+        e8t_k |= (cfg->rules[i].which & 1) && is_calibrated(cfg->rules[i].codec);
     if (e8t_k && !cfg->rope_pre && params->rope_theta > 0.0f) {
         if (err) *err = E8KV_ERR(SPEC);
         return NULL;
@@ -459,7 +439,7 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
             r = E8KV_ERR(SPEC); /* a token group never straddles pages */
             break;
         }
-        if (c->ev.scorer && (L->k.group || L->v.group)) {
+        if (c->ev.scorer && (!e8kv_codec_traits(kc)->evictable || !e8kv_codec_traits(vc)->evictable)) {
             r = E8KV_ERR(UNSUPPORTED); /* eviction moves single tokens; a token group is coded together */
             break;
         }
@@ -517,7 +497,7 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
     for (size_t i = 0; c->xforms && i < 2 * c->n_layer; i++)
         c->fixed_bytes += sizeof(kv_xform) +
                           (c->xforms[i].w ? 2 * c->n_head_kv * c->head_dim * sizeof(float) : 0) +
-                          (c->xforms[i].vlc ? c->n_head_kv * (sizeof(e8kv_vlc) + c->head_dim * 9 / 8) : 0);
+                          (c->xforms[i].var_codec ? c->n_head_kv * c->xforms[i].var_codec[0]->state_bytes : 0);
     if (c->score_owned)
         c->fixed_bytes += sizeof *c->score_owned +
                           c->n_layer * c->n_head_kv * c->head_dim * (c->head_dim + 3) * sizeof(float);
@@ -852,7 +832,9 @@ size_t e8kv_cache_remove(e8kv_cache *cache, size_t pos, size_t n) {
     for (size_t l = 0; l < cache->n_layer; l++) /* positions of an evicted layer are not contiguous */
         if (cache->layers[l].n_map) return E8KV_ERR(UNSUPPORTED);
     for (size_t l = 0; l < cache->n_layer; l++) /* token groups are coded together: no token moves alone */
-        if (n && (cache->layers[l].k.group || cache->layers[l].v.group)) return E8KV_ERR(UNSUPPORTED);
+        if (n && (!e8kv_codec_traits(cache->layers[l].k.codec)->evictable ||
+                  !e8kv_codec_traits(cache->layers[l].v.codec)->evictable))
+            return E8KV_ERR(UNSUPPORTED);
     const size_t H = cache->n_head_kv, M = cache->n_page_max;
     /* every encode first, so a failure changes nothing */
     uint8_t **enc = calloc(2 * H * cache->n_layer, sizeof *enc);

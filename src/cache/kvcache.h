@@ -12,8 +12,7 @@
 #ifndef E8KV_KVCACHE_H
 #define E8KV_KVCACHE_H
 
-#include "../quant/codec.h"
-#include "../quant/e8_vlc.h"
+#include "quant/codec.h"
 #include "calib.h"
 
 #include <pthread.h>
@@ -30,8 +29,15 @@ typedef struct {
     uint8_t raw;     /* 1: original f32 vectors (page_tokens * head_dim floats); 0: codec bytes */
 } kv_page;
 
-/* Formats with a fused page reader in attention_avx2.c (others go through the codec's decode). */
-typedef enum { KV_FAST_NONE = 0, KV_FAST_F32, KV_FAST_F16, KV_FAST_E8BALL, KV_FAST_E8BOX } kv_fast_kind;
+/* Formats with a fused page reader in attention_avx2.c (others go through the codec's decode): the
+ * codec's traits.reader. */
+typedef enum {
+    KV_FAST_NONE = E8KV_READER_NONE,
+    KV_FAST_F32 = E8KV_READER_F32,
+    KV_FAST_F16 = E8KV_READER_F16,
+    KV_FAST_E8BALL = E8KV_READER_E8BALL,
+    KV_FAST_E8BOX = E8KV_READER_E8BOX
+} kv_fast_kind;
 
 /* Calibrated transform coding of one stream of one layer (cache spec "e8t:B", xform.c): per KV head the
  * calibration's eigenbasis P (y = P·x, klt.h) and the weights w_i = λ_i^(−1/4) applied before the stream's
@@ -42,7 +48,9 @@ typedef struct {
     char spec[E8KV_CODEC_SPEC_MAX + 1]; /* the format as the spec names it ("e8t:4") */
     const float *basis; /* (n_head_kv, d, d), borrowed from the calibration (or score_owned) */
     float *w, *w_inv;   /* e8t: (n_head_kv, d) each: λ^(−1/4) and λ^(1/4) (one allocation, w owns it) */
-    e8kv_vlc *vlc;      /* e8tv: (n_head_kv) entropy-coded E8 with each head's eigenvalues; NULL for e8t */
+    /* a var_coded base (e8tv): (n_head_kv) the base codec with each head's eigenvalues as the variances of
+     * its coordinates (e8kv_codec_create_var), in place of w and the rotation; NULL otherwise */
+    e8kv_codec **var_codec;
     const float *s;     /* score-weighted keys: (n_head_kv, 2, d) s and 1/s (borrowed like basis); else NULL */
 } kv_xform;
 
@@ -182,8 +190,9 @@ void e8kv_fmt_query(const kv_format *f, size_t h, size_t d, float *q, size_t n);
 size_t e8kv_fmt_encode(const kv_format *f, size_t h, uint8_t *dst, const float *x);
 void e8kv_fmt_decode(const kv_format *f, size_t h, float *y, const uint8_t *src);
 
-/* xform.c: the rate of an "e8t:B" or "e8tv:B" spec in eighths of a bit (is_vlc: which), 0 for any other. */
-int e8kv_xform_rate(const char *spec, int *is_vlc);
+/* xform.c: the rate of a calibrated format's spec ("e8t:B", "e8tv:B") in eighths of a bit, 0 for any other
+ * (or one with options); is_var: its base is var_coded. */
+int e8kv_xform_rate(const char *spec, int *is_var);
 /* Build the transforms of every e8t stream of c (per-layer specs in ks, vs). 0 or an error: SPEC without
  * a calibration, DIMENSION when it was made for other dimensions. */
 size_t e8kv_xform_build(struct e8kv_cache *c, const char *const *ks, const char *const *vs);
@@ -246,9 +255,8 @@ void e8kv_attn_box_tile_vnni(const e8kv_box_query *bq, size_t n_q, const uint8_t
 /* Fused readers: n consecutive coded vectors of one page -> n * d floats, bit-identical to the codec's
  * decode in its rotated domain (tests/test_cache.c checks every one against e8kv_codec_decode_rotated). */
 void e8kv_cache_read_f16_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d);
-void e8kv_cache_read_e8ball_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d,
-                                 int bits, size_t vector_bytes);
-/* e8ball:4 reader through nibble-packed tables (attn_e8_avx2.c), bit-identical to the above; returns 0
+/* (e8ball:B: the codec's own e8kv_e8ball_decode_rows_avx2, quant/voronoi.h.) e8ball:4 reader through
+ * nibble-packed tables (attn_e8_avx2.c), bit-identical to it; returns 0
  * (nothing written) when d % 64 != 0. The packed tables (NULL if a coordinate would not fit a nibble). */
 int e8kv_cache_read_e8ball4_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d,
                                  size_t vector_bytes);

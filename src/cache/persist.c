@@ -11,7 +11,6 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/stat.h>
 #include <xxhash.h>
 
 #define CACHE_MAGIC "E8KC"
@@ -45,7 +44,7 @@ static const char *fmt_spec(const e8kv_cache *c, size_t l, int is_k) {
 static size_t canon_spec(const e8kv_cache *c, char *dst, size_t cap) {
     size_t n = 0, n_rules = 0;
     for (size_t i = 0; i < c->n_codecs; i++) /* token-group formats (the peers kivi, kvquant) are not saved */
-        if (c->codecs[i]->group_tokens > 1) return E8KV_ERR(UNSUPPORTED);
+        if (e8kv_codec_traits(c->codecs[i])->layout == E8KV_PAGE_TOKEN_GROUP) return E8KV_ERR(UNSUPPORTED);
     int w = snprintf(dst, cap, "k=%s,v=%s", fmt_spec(c, 0, 1), fmt_spec(c, 0, 0));
     if (w < 0 || (size_t)w >= cap) return E8KV_ERR(UNSUPPORTED);
     n = (size_t)w;
@@ -631,35 +630,6 @@ size_t e8kv_cache_save_file(const e8kv_cache *cache, const char *path, const voi
     if (!e8kv_is_error(r)) r = e8kv_file_write(path, buf, r); /* atomic: the old file survives a failure */
     free(buf);
     return r;
-}
-
-size_t e8kv_cache_read_file(void **dst, const char *path) {
-    if (!dst || !path) return E8KV_ERR(BAD_ARGUMENT);
-    *dst = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return E8KV_ERR(IO);
-    /* Only a regular file has a size: fopen accepts a directory, whose "size" by seeking to its end is
-     * 2^63 - 1 on ext4 (once answered as out of memory), and a FIFO or a device has none. */
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 0 ||
-        (uintmax_t)st.st_size >= SIZE_MAX) {
-        fclose(f);
-        return E8KV_ERR(IO);
-    }
-    const size_t n = (size_t)st.st_size;
-    uint8_t *buf = malloc(n + 1);
-    if (!buf) {
-        fclose(f);
-        return E8KV_ERR(OUT_OF_MEMORY);
-    }
-    const size_t got = fread(buf, 1, n, f);
-    fclose(f);
-    if (got != n) {
-        free(buf);
-        return E8KV_ERR(IO);
-    }
-    *dst = buf;
-    return got;
 }
 
 e8kv_cache *e8kv_cache_load_file(const char *path, size_t n_threads, size_t *err) {

@@ -35,8 +35,8 @@
  * MSE). */
 #include "kvcache.h"
 
-#include "../common/cpu.h"
-#include "../transform/klt.h"
+#include "common/cpu.h"
+#include "transform/klt.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -81,14 +81,14 @@ void e8kv_fmt_forward(const kv_format *f, size_t h, size_t d, float *x, size_t n
     if (f->xf) {
         if (f->xf->s) scale_rows(x, f->xf->s + 2 * h * d, d, n);
         basis_forward(f->xf->basis + h * d * d, d, x, n);
-        if (f->xf->vlc) return;
+        if (f->xf->var_codec) return;
         scale_rows(x, f->xf->w + h * d, d, n);
     }
     if (f->codec->rotate) e8kv_rot_forward(&f->codec->rot, x, n);
 }
 
 void e8kv_fmt_inverse(const kv_format *f, size_t h, size_t d, float *x, size_t n) {
-    if (f->xf && f->xf->vlc) {
+    if (f->xf && f->xf->var_codec) {
         basis_inverse(f->xf->basis + h * d * d, d, x, n);
         if (f->xf->s) scale_rows(x, f->xf->s + (2 * h + 1) * d, d, n);
         return;
@@ -105,7 +105,7 @@ void e8kv_fmt_query(const kv_format *f, size_t h, size_t d, float *q, size_t n) 
     if (f->xf) {
         if (f->xf->s) scale_rows(q, f->xf->s + (2 * h + 1) * d, d, n); /* S⁻¹ where the keys have S */
         basis_forward(f->xf->basis + h * d * d, d, q, n);
-        if (f->xf->vlc) return; /* P orthonormal: the query takes P as the key does */
+        if (f->xf->var_codec) return; /* P orthonormal: the query takes P as the key does */
         scale_rows(q, f->xf->w_inv + h * d, d, n);
     }
     if (f->codec->rotate) e8kv_rot_forward(&f->codec->rot, q, n);
@@ -118,27 +118,29 @@ size_t e8kv_fmt_encode(const kv_format *f, size_t h, uint8_t *dst, const float *
     memcpy(t, x, d * sizeof(float));
     if (f->xf->s) scale_rows(t, f->xf->s + 2 * h * d, d, 1);
     basis_forward(f->xf->basis + h * d * d, d, t, 1);
-    if (f->xf->vlc) return e8kv_vlc_encode(&f->xf->vlc[h], dst, t);
+    if (f->xf->var_codec) return f->xf->var_codec[h]->ops->encode(f->xf->var_codec[h], dst, t);
     scale_rows(t, f->xf->w + h * d, d, 1);
     return e8kv_codec_encode(f->codec, dst, f->vector_bytes, t, 1);
 }
 
 void e8kv_fmt_decode(const kv_format *f, size_t h, float *y, const uint8_t *src) {
-    if (f->xf && f->xf->vlc)
-        e8kv_vlc_decode(&f->xf->vlc[h], y, src);
+    if (f->xf && f->xf->var_codec)
+        f->xf->var_codec[h]->ops->decode(f->xf->var_codec[h], y, src);
     else
         f->codec->ops->decode(f->codec, y, src);
 }
 
 /* ---------------------------------------------------------------- building */
 
-/* "e8t:B" / "e8tv:B" → the rate in eighths of a bit, 0 when spec is neither (or has options) */
-int e8kv_xform_rate(const char *spec, int *is_vlc) {
+int e8kv_xform_rate(const char *spec, int *is_var) {
     e8kv_spec sp;
     if (e8kv_is_error(e8kv_spec_parse(&sp, spec)) || sp.q_range > 0.0f) return 0;
-    const int vlc = !strcmp(sp.family, "e8tv");
-    if (!vlc && strcmp(sp.family, "e8t")) return 0;
-    if (is_vlc) *is_vlc = vlc;
+    const e8kv_traits *t = e8kv_family_traits(spec);
+    if (!t || !t->calibrated) return 0;
+    if (is_var) {
+        const e8kv_traits *base = e8kv_family_traits(t->base);
+        *is_var = base && base->var_coded;
+    }
     return sp.rate8;
 }
 
@@ -260,8 +262,8 @@ static size_t build_stream(e8kv_cache *c, kv_xform *xf, size_t layer, int is_v, 
     const size_t d = c->head_dim, H = c->n_head_kv;
     snprintf(xf->spec, sizeof xf->spec, "%s", spec);
     xf->basis = e8kv_calib_basis(c->calib, layer, is_v, 0);
-    int vlc = 0;
-    const int rate = e8kv_xform_rate(spec, &vlc);
+    int var_coded = 0;
+    (void)e8kv_xform_rate(spec, &var_coded);
     const float *eig_s = NULL; /* score-domain keys: (H, d) the eigenvalues of S·C·S */
     if (!is_v && e8kv_calib_query_energy(c->calib, layer, 0)) {
         const e8kv_calib_score *sc = NULL;
@@ -271,12 +273,15 @@ static size_t build_stream(e8kv_cache *c, kv_xform *xf, size_t layer, int is_v, 
         xf->s = sc->s + 2 * layer * H * d; /* head h: s at 2hd, 1/s at (2h + 1)d */
     }
     size_t r = 0;
-    if (vlc) { /* the same bytes as e8:B */
-        xf->vlc = calloc(H, sizeof *xf->vlc);
-        if (!xf->vlc) r = E8KV_ERR(OUT_OF_MEMORY);
-        for (size_t h = 0; h < H && !e8kv_is_error(r); h++)
-            r = e8kv_vlc_init(&xf->vlc[h], d, 2 + (size_t)rate * d / 64,
-                              eig_s ? eig_s + h * d : e8kv_calib_eigenvalues(c->calib, layer, is_v, h));
+    if (var_coded) { /* the same bytes as the base codec */
+        char buf[E8KV_CODEC_SPEC_MAX + 1];
+        const char *base = e8kv_codec_base_spec(spec, buf);
+        xf->var_codec = calloc(H, sizeof *xf->var_codec);
+        if (!xf->var_codec) r = E8KV_ERR(OUT_OF_MEMORY);
+        for (size_t h = 0; h < H && !e8kv_is_error(r); h++) {
+            const float *var = eig_s ? eig_s + h * d : e8kv_calib_eigenvalues(c->calib, layer, is_v, h);
+            xf->var_codec[h] = e8kv_codec_create_var(base, d, var, &r);
+        }
         return r;
     }
     xf->w = malloc(2 * H * d * sizeof *xf->w);
@@ -325,9 +330,9 @@ void e8kv_xform_free(e8kv_cache *c) {
     if (!c->xforms) return;
     for (size_t i = 0; i < 2 * c->n_layer; i++) {
         free(c->xforms[i].w);
-        for (size_t h = 0; c->xforms[i].vlc && h < c->n_head_kv; h++)
-            e8kv_vlc_free(&c->xforms[i].vlc[h]);
-        free(c->xforms[i].vlc);
+        for (size_t h = 0; c->xforms[i].var_codec && h < c->n_head_kv; h++)
+            e8kv_codec_free(c->xforms[i].var_codec[h]);
+        free(c->xforms[i].var_codec);
     }
     free(c->xforms);
     c->xforms = NULL;

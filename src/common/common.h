@@ -1,10 +1,9 @@
-/* Internal helpers shared by every module: error construction, alignment, little-endian I/O, logging.
- * Depends on nothing but the public header and libc. */
+/* Internal helpers shared by every module: alignment, little-endian I/O, logging (errors are made with
+ * include/e8kv.h's E8KV_ERR). Depends on nothing but the public header and libc. */
 #ifndef E8KV_COMMON_H
 #define E8KV_COMMON_H
 
 #include "e8kv.h"
-#include "error.h" /* E8KV_ERR, E8KV_RETURN_IF_ERROR */
 
 #include <assert.h>
 #include <stddef.h>

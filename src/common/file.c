@@ -169,3 +169,33 @@ size_t e8kv_file_write(const char *path, const void *src, size_t n) {
     }
     return e8kv_file_writer_commit(w);
 }
+
+/* The whole of a regular file (e8kv_cache_read_file, include/e8kv.h): saved caches, calibrations. */
+size_t e8kv_cache_read_file(void **dst, const char *path) {
+    if (!dst || !path) return E8KV_ERR(BAD_ARGUMENT);
+    *dst = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f) return E8KV_ERR(IO);
+    /* Only a regular file has a size: fopen accepts a directory, whose "size" by seeking to its end is
+     * 2^63 - 1 on ext4 (once answered as out of memory), and a FIFO or a device has none. */
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 0 ||
+        (uintmax_t)st.st_size >= SIZE_MAX) {
+        fclose(f);
+        return E8KV_ERR(IO);
+    }
+    const size_t n = (size_t)st.st_size;
+    uint8_t *buf = malloc(n + 1);
+    if (!buf) {
+        fclose(f);
+        return E8KV_ERR(OUT_OF_MEMORY);
+    }
+    const size_t got = fread(buf, 1, n, f);
+    fclose(f);
+    if (got != n) {
+        free(buf);
+        return E8KV_ERR(IO);
+    }
+    *dst = buf;
+    return got;
+}

@@ -14,8 +14,6 @@
  * sleeps, so no wake-up is lost. `run_mu` makes callers of one pool take turns. */
 #include "pool.h"
 
-#include "error.h"
-
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>

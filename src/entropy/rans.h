@@ -19,7 +19,7 @@
 #ifndef E8KV_RANS_H
 #define E8KV_RANS_H
 
-#include "../common/common.h"
+#include "common/common.h"
 
 #define E8KV_RANS_SCALE_BITS 12
 #define E8KV_RANS_SCALE (1u << E8KV_RANS_SCALE_BITS)

@@ -4,7 +4,7 @@
 #ifndef E8KV_ZSTD_PATH_H
 #define E8KV_ZSTD_PATH_H
 
-#include "../common/common.h"
+#include "common/common.h"
 
 size_t e8kv_zstd_page_bound(size_t n_bytes);
 /* rows: n_rows x row_bytes; row_bytes must be a multiple of elem_bytes (1 or 2). */

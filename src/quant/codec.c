@@ -5,34 +5,83 @@
 #include "e8_p.h"
 #include "e8_vlc.h"
 
-#include "../common/fp16.h"
+#include "common/fp16.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 typedef struct {
-    const char *family;
-    int rotate;
-    size_t (*init)(e8kv_codec_t *codec, const e8kv_spec *spec);
+    e8kv_traits traits;
+    size_t (*init)(e8kv_codec_t *codec, const e8kv_spec *spec); /* NULL: calibrated, no codec of its own */
+    /* var_coded families: the init with per-coordinate variances (e8kv_codec_create_var) */
+    size_t (*init_var)(e8kv_codec_t *codec, const e8kv_spec *spec, const float *var);
 } family_entry;
 
+/* Trait shorthands of the registry (codec.h): centring and the RoPE default of keys */
+#define PLAIN .center = E8KV_CENTER_NEVER
+#define KEEPS .center = E8KV_CENTER_ON_REQUEST /* llama.cpp's and the peers' published semantics */
+#define OURS .center = E8KV_CENTER_DEFAULT
+#define PRE .rope_pre = 1 /* e8kv's key formats: coded before RoPE, measured better (BENCHMARKS.md) */
+#define FAMILY(name, ...) {.family = name, __VA_ARGS__}
+
 /* e8:B is the default fixed-rate E8 code: the ball-shaped codebook (plus its Voronoi residual stage at
- * 3 and 4 bits), the design with the best measured fixed-rate SNR (BENCHMARKS.md). */
+ * 3 and 4 bits), the design with the best measured fixed-rate SNR (BENCHMARKS.md). Plain K and the
+ * llama.cpp formats (post-RoPE in llama.cpp) keep keys after RoPE, and so does e8box, the format built for
+ * reading speed: its integer-domain attention needs keys in the rotated domain. */
 static const family_entry k_families[] = {
-    {"f32", 0, e8kv_quant_init_plain},     {"f16", 0, e8kv_quant_init_plain},
-    {"q8_0", 0, e8kv_quant_init_q8_0},     {"q8_0h", 1, e8kv_quant_init_q8_0},
-    {"q4_0", 0, e8kv_quant_init_q4_0},     {"q4_0h", 1, e8kv_quant_init_q4_0},
-    {"lloyd", 1, e8kv_quant_init_lloyd},   {"e8", 1, e8kv_quant_init_e8ball},
-    {"e8ball", 1, e8kv_quant_init_e8ball}, {"e8nest", 1, e8kv_quant_init_e8nest},
-    {"d4nest", 1, e8kv_quant_init_d4nest}, {"e8v", 1, e8kv_quant_init_e8v},
-    {"e8box", 1, e8kv_quant_init_e8box},   {"e8p", 1, e8kv_quant_init_e8p},
+    {FAMILY("f32", PLAIN, .reader = E8KV_READER_F32), e8kv_quant_init_f32, NULL},
+    {FAMILY("f16", PLAIN, .reader = E8KV_READER_F16, .gpu = 1), e8kv_quant_init_f16, NULL},
+    {FAMILY("q8_0", KEEPS), e8kv_quant_init_q8_0, NULL},
+    {FAMILY("q8_0h", KEEPS, .rotates = 1), e8kv_quant_init_q8_0, NULL},
+    {FAMILY("q4_0", KEEPS), e8kv_quant_init_q4_0, NULL},
+    {FAMILY("q4_0h", KEEPS, .rotates = 1), e8kv_quant_init_q4_0, NULL},
+    {FAMILY("lloyd", OURS, PRE, .rotates = 1), e8kv_quant_init_lloyd, NULL},
+    {FAMILY("e8", OURS, PRE, .rotates = 1, .reader = E8KV_READER_E8BALL), e8kv_quant_init_e8ball, NULL},
+    {FAMILY("e8ball", OURS, PRE, .rotates = 1, .reader = E8KV_READER_E8BALL), e8kv_quant_init_e8ball, NULL},
+    {FAMILY("e8nest", OURS, PRE, .rotates = 1), e8kv_quant_init_e8nest, NULL},
+    {FAMILY("d4nest", OURS, PRE, .rotates = 1), e8kv_quant_init_d4nest, NULL},
+    {FAMILY("e8v", OURS, PRE, .rotates = 1, .var_coded = 1, .auto_rates = 1), e8kv_quant_init_e8v,
+     e8kv_quant_init_e8v_var},
+    {FAMILY("e8box", OURS, .rotates = 1, .reader = E8KV_READER_E8BOX, .attn_int = 1, .gpu = 1),
+     e8kv_quant_init_e8box, NULL},
+    {FAMILY("e8p", OURS, PRE, .rotates = 1, .gpu = 1), e8kv_quant_init_e8p, NULL},
+    /* calibrated transforms of a stream, then a codec (cache/xform.c, e8kv calibrate): keys calibrated
+     * before RoPE are coded before it */
+    {FAMILY("e8t", OURS, PRE, .base = "e8", .calibrated = 1), NULL, NULL},
+    {FAMILY("e8tv", OURS, PRE, .base = "e8v", .calibrated = 1, .auto_rates = 1), NULL, NULL},
     /* peers (BENCHMARKS.md, "Peers side by side"); kivi and kvquant code groups of tokens together */
-    {"kivi", 0, e8kv_quant_init_kivi},
-    {"kvquant", 0, e8kv_quant_init_kvquant},
-    {"e8r", 1, e8kv_quant_init_e8r},
-    {"kakeya", 1, e8kv_quant_init_kakeya},
+    {FAMILY("kivi", KEEPS), e8kv_quant_init_kivi, NULL},
+    {FAMILY("kvquant", KEEPS, PRE), e8kv_quant_init_kvquant, NULL},
+    {FAMILY("e8r", KEEPS, PRE, .rotates = 1), e8kv_quant_init_e8r, NULL},
+    {FAMILY("kakeya", KEEPS, .rotates = 1), e8kv_quant_init_kakeya, NULL},
 };
+#undef PLAIN
+#undef KEEPS
+#undef OURS
+#undef PRE
+#undef FAMILY
+
+static const family_entry *find_family(const char *spec) {
+    const size_t n = spec ? strcspn(spec, ":") : 0;
+    for (size_t i = 0; n && i < sizeof k_families / sizeof k_families[0]; i++)
+        if (strlen(k_families[i].traits.family) == n && !memcmp(k_families[i].traits.family, spec, n))
+            return &k_families[i];
+    return NULL;
+}
+
+const e8kv_traits *e8kv_family_traits(const char *spec) {
+    const family_entry *fam = find_family(spec);
+    return fam ? &fam->traits : NULL;
+}
+
+const char *e8kv_codec_base_spec(const char *spec, char buf[E8KV_CODEC_SPEC_MAX + 1]) {
+    const e8kv_traits *t = e8kv_family_traits(spec);
+    if (!t || !t->calibrated) return spec;
+    /* the base name is never longer than the calibrated one ("e8tv" → "e8v"): never cut */
+    snprintf(buf, E8KV_CODEC_SPEC_MAX + 1, "%s%s", t->base, spec + strlen(t->family));
+    return buf;
+}
 
 size_t e8kv_spec_parse(e8kv_spec *out, const char *spec) {
     memset(out, 0, sizeof *out);
@@ -70,22 +119,21 @@ static size_t fail(size_t *err, size_t code) {
     return code;
 }
 
-e8kv_codec *e8kv_codec_create(const char *spec_str, size_t head_dim, uint64_t seed, size_t *err) {
+static e8kv_codec_t *create(const char *spec_str, size_t head_dim, uint64_t seed, const float *var,
+                            size_t *err) {
     e8kv_spec spec;
     if (!spec_str) {
         fail(err, E8KV_ERR(BAD_ARGUMENT));
         return NULL;
     }
-    /* a bad rate is E8KV_ERROR_RATE only for a known family; anything else unparsable is SPEC */
+    /* a bad rate is E8KV_ERROR_RATE only for a family with a codec; anything else unparsable is SPEC */
     const size_t parsed = e8kv_spec_parse(&spec, spec_str);
     if (e8kv_is_error(parsed) && e8kv_get_error_code(parsed) != E8KV_ERROR_RATE) {
         fail(err, E8KV_ERR(SPEC));
         return NULL;
     }
-    const family_entry *fam = NULL;
-    for (size_t i = 0; i < sizeof k_families / sizeof k_families[0]; i++)
-        if (strcmp(k_families[i].family, spec.family) == 0) fam = &k_families[i];
-    if (!fam) {
+    const family_entry *fam = find_family(spec.family);
+    if (!fam || !fam->init || (var && !fam->init_var)) {
         fail(err, E8KV_ERR(SPEC));
         return NULL;
     }
@@ -107,10 +155,12 @@ e8kv_codec *e8kv_codec_create(const char *spec_str, size_t head_dim, uint64_t se
     c->bits = spec.bits;
     c->q_range = spec.q_range;
     c->seed = seed;
-    c->rotate = fam->rotate;
+    c->traits = fam->traits;
+    if (var) c->traits.rotates = 0; /* the variances take the rotation's place */
+    c->rotate = c->traits.rotates;
     size_t r = 0;
     if (c->rotate) r = e8kv_rot_init(&c->rot, head_dim, seed);
-    if (!e8kv_is_error(r)) r = fam->init(c, &spec);
+    if (!e8kv_is_error(r)) r = var ? fam->init_var(c, &spec, var) : fam->init(c, &spec);
     if (e8kv_is_error(r)) {
         fail(err, r);
         e8kv_codec_free(c);
@@ -118,8 +168,27 @@ e8kv_codec *e8kv_codec_create(const char *spec_str, size_t head_dim, uint64_t se
     }
     assert(c->ops && c->vector_bytes > 0);
     assert(c->group_tokens <= 1 ? c->ops->encode && c->ops->decode : c->group && !c->rotate);
+    if (c->group_tokens > 1) { /* a token group is coded together: no token moves or leaves alone */
+        c->traits.layout = E8KV_PAGE_TOKEN_GROUP;
+        c->traits.evictable = 0;
+    } else {
+        c->traits.layout = E8KV_PAGE_VECTOR;
+        c->traits.evictable = 1;
+    }
     if (err) *err = 0;
     return c;
+}
+
+e8kv_codec *e8kv_codec_create(const char *spec_str, size_t head_dim, uint64_t seed, size_t *err) {
+    return create(spec_str, head_dim, seed, NULL, err);
+}
+
+e8kv_codec_t *e8kv_codec_create_var(const char *spec, size_t head_dim, const float *var, size_t *err) {
+    if (!var) {
+        fail(err, E8KV_ERR(BAD_ARGUMENT));
+        return NULL;
+    }
+    return create(spec, head_dim, 0, var, err);
 }
 
 void e8kv_codec_free(e8kv_codec *codec) {
@@ -270,11 +339,16 @@ static void f16_decode(const e8kv_codec_t *c, float *restrict y, const uint8_t *
 static const e8kv_quant_ops k_f32_ops = {f32_encode, f32_decode, NULL};
 static const e8kv_quant_ops k_f16_ops = {f16_encode, f16_decode, NULL};
 
-size_t e8kv_quant_init_plain(e8kv_codec_t *codec, const e8kv_spec *spec) {
+static size_t init_plain(e8kv_codec_t *codec, const e8kv_spec *spec, const e8kv_quant_ops *ops, int bits) {
     if (spec->bits || spec->q_range > 0.0f) return E8KV_ERR(SPEC);
-    const int is_f32 = strcmp(spec->family, "f32") == 0;
-    codec->ops = is_f32 ? &k_f32_ops : &k_f16_ops;
-    codec->vector_bytes = codec->head_dim * (is_f32 ? 4 : 2);
-    codec->bits = is_f32 ? 32 : 16;
+    codec->ops = ops;
+    codec->vector_bytes = codec->head_dim * (size_t)bits / 8;
+    codec->bits = bits;
     return 0;
+}
+size_t e8kv_quant_init_f32(e8kv_codec_t *codec, const e8kv_spec *spec) {
+    return init_plain(codec, spec, &k_f32_ops, 32);
+}
+size_t e8kv_quant_init_f16(e8kv_codec_t *codec, const e8kv_spec *spec) {
+    return init_plain(codec, spec, &k_f16_ops, 16);
 }

@@ -15,8 +15,8 @@
  * Byte layout: doc/format.md §2. */
 #include "voronoi.h"
 
-#include "../common/cpu.h"
-#include "../common/fp16.h"
+#include "common/cpu.h"
+#include "common/fp16.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -539,6 +539,8 @@ size_t e8kv_quant_init_e8ball(e8kv_codec_t *codec, const e8kv_spec *spec) {
     ensure_tables();
     codec->bits = spec->bits;
     codec->vector_bytes = 2 + codec->head_dim / 8 * block_bytes(spec->bits);
+    /* the layout the cache's fused reader reads (traits.reader, E8KV_READER_E8BALL) */
+    assert(codec->vector_bytes == 2 + codec->head_dim / 8 * (size_t)codec->bits);
     codec->ops = e8kv_cpu_has_avx2() ? &k_ops_avx2 : &k_ops_ref;
     codec->state = NULL;
     return 0;

@@ -4,7 +4,7 @@
  * distances) runs in a handful of lane operations. Rare paths (overload) call the shared scalar code. */
 #include "voronoi.h"
 
-#include "../common/fp16.h"
+#include "common/fp16.h"
 
 #include <immintrin.h>
 #include <limits.h>
@@ -237,28 +237,35 @@ size_t e8kv_e8ball_encode_avx2(const e8kv_codec_t *codec, uint8_t *restrict dst,
     return 0;
 }
 
-void e8kv_e8ball_decode_avx2(const e8kv_codec_t *codec, float *restrict y, const uint8_t *restrict src) {
-    const int bits = codec->bits;
+/* value = (m·ball[c] + res[r]) · (h / 2m), m = 2^(B−2), coordinates doubled integers (int8): the integer
+ * math is exact and the single float multiply rounds like the reference decode, so the floats are
+ * bit-identical to it. */
+void e8kv_e8ball_decode_rows_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d, int bits,
+                                  size_t vector_bytes) {
     const unsigned log2_m = (unsigned)bits - 2;
-    const size_t d = codec->head_dim, bb = (size_t)bits;
-    const __m256 k = _mm256_set1_ps(e8kv_fp16_to_fp32(e8kv_load_le16(src)) / (float)(2 << log2_m));
-    const uint8_t *p = src + 2;
+    const size_t bb = (size_t)bits;
     const int8_t *const ball = e8kv_ball_table();
-    if (log2_m == 0) {
+    const int8_t *const res = log2_m ? e8kv_ball_residual_table(log2_m) : NULL;
+    for (size_t t = 0; t < n; t++) {
+        const uint8_t *p = src + t * vector_bytes;
+        float *const y = dst + t * d;
+        /* F16C's conversion: exact, like e8kv_fp16_to_fp32, without a call per vector */
+        const __m256 k = _mm256_set1_ps(_cvtsh_ss(e8kv_load_le16(p)) / (float)(2 << log2_m));
+        p += 2;
         for (size_t b = 0; b < d; b += 8, p += bb) {
-            const __m256i c = _mm256_cvtepi8_epi32(
-                _mm_loadl_epi64((const __m128i *)(ball + 8 * (size_t)e8kv_load_le16(p))));
+            __m256i c = _mm256_cvtepi8_epi32(
+                _mm_loadl_epi64((const __m128i *)(const void *)(ball + 8 * (size_t)e8kv_load_le16(p))));
+            if (log2_m) {
+                const size_t dg = log2_m == 1 ? p[2] : e8kv_load_le16(p + 2);
+                const __m256i r =
+                    _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(res + 8 * dg)));
+                c = _mm256_add_epi32(_mm256_slli_epi32(c, (int)log2_m), r);
+            }
             _mm256_storeu_ps(y + b, _mm256_mul_ps(_mm256_cvtepi32_ps(c), k));
         }
-        return;
     }
-    const int8_t *const res = e8kv_ball_residual_table(log2_m);
-    for (size_t b = 0; b < d; b += 8, p += bb) {
-        const uint32_t dg = log2_m == 1 ? p[2] : e8kv_load_le16(p + 2);
-        const __m256i c =
-            _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(ball + 8 * (size_t)e8kv_load_le16(p))));
-        const __m256i r = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(res + 8 * (size_t)dg)));
-        const __m256i v = _mm256_add_epi32(_mm256_slli_epi32(c, (int)log2_m), r);
-        _mm256_storeu_ps(y + b, _mm256_mul_ps(_mm256_cvtepi32_ps(v), k));
-    }
+}
+
+void e8kv_e8ball_decode_avx2(const e8kv_codec_t *codec, float *restrict y, const uint8_t *restrict src) {
+    e8kv_e8ball_decode_rows_avx2(y, src, 1, codec->head_dim, codec->bits, codec->vector_bytes);
 }

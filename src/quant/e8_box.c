@@ -24,7 +24,7 @@
  * Value i of block b decodes to (δ/2)·(2n_i − 2^B + k_b). */
 #include "e8_box.h"
 
-#include "../common/cpu.h"
+#include "common/cpu.h"
 #include "voronoi.h"
 
 #include <math.h>
@@ -233,5 +233,9 @@ size_t e8kv_quant_init_e8box(e8kv_codec_t *codec, const e8kv_spec *spec) {
     codec->bits = spec->rate8 / 8;
     codec->vector_bytes = e8kv_box_vector_bytes(codec->head_dim, codec->bits);
     codec->ops = &k_ops;
+    if (codec->head_dim % 32) codec->traits.reader = E8KV_READER_NONE; /* the fused reader: 32 at a time */
+    /* the integer-domain attention tiles and the GPU cache read the 4-bit code */
+    codec->traits.attn_int = codec->bits == 4;
+    codec->traits.gpu = codec->bits == 4;
     return 0;
 }

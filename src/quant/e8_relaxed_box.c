@@ -18,7 +18,7 @@
 #include "bitpack.h"
 #include "codec.h"
 
-#include "../common/fp16.h"
+#include "common/fp16.h"
 
 #include <math.h>
 

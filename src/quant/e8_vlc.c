@@ -13,9 +13,9 @@
  * coordinate's residue mod 4 follows from the others: Conway & Sloane, SPLAG ch. 4 §8.1). */
 #include "e8_vlc.h"
 
-#include "../common/cpu.h"
-#include "../common/rng.h"
-#include "../entropy/huff.h"
+#include "common/cpu.h"
+#include "common/rng.h"
+#include "entropy/huff.h"
 #include "voronoi.h"
 
 #include <math.h>
@@ -532,7 +532,7 @@ static void destroy(e8kv_codec_t *codec) {
 
 static const e8kv_quant_ops k_ops = {enc, dec, destroy};
 
-size_t e8kv_quant_init_e8v(e8kv_codec_t *codec, const e8kv_spec *spec) {
+static size_t init(e8kv_codec_t *codec, const e8kv_spec *spec, const float *var) {
     if (spec->q_range > 0.0f) return E8KV_ERR(SPEC);
     if (codec->head_dim % 8 != 0) return E8KV_ERR(HEAD_DIM);
     /* B from 1 to 8 bits per value in steps that give whole bytes: B·head_dim/8 bytes of code */
@@ -541,7 +541,7 @@ size_t e8kv_quant_init_e8v(e8kv_codec_t *codec, const e8kv_spec *spec) {
     vlc_state *s = calloc(1, sizeof *s);
     if (!s) return E8KV_ERR(OUT_OF_MEMORY);
     const size_t r =
-        e8kv_vlc_init(&s->vlc, codec->head_dim, 2 + (size_t)spec->rate8 * codec->head_dim / 64, NULL);
+        e8kv_vlc_init(&s->vlc, codec->head_dim, 2 + (size_t)spec->rate8 * codec->head_dim / 64, var);
     if (e8kv_is_error(r)) {
         free(s);
         return r;
@@ -549,6 +549,15 @@ size_t e8kv_quant_init_e8v(e8kv_codec_t *codec, const e8kv_spec *spec) {
     codec->bits = spec->bits; /* 0 for a fractional rate */
     codec->vector_bytes = s->vlc.vector_bytes;
     codec->state = s;
+    codec->state_bytes = sizeof *s + codec->head_dim * 9 / 8; /* what e8kv_vlc_init allocates */
     codec->ops = &k_ops;
     return 0;
+}
+
+size_t e8kv_quant_init_e8v(e8kv_codec_t *codec, const e8kv_spec *spec) {
+    return init(codec, spec, NULL);
+}
+
+size_t e8kv_quant_init_e8v_var(e8kv_codec_t *codec, const e8kv_spec *spec, const float *var) {
+    return init(codec, spec, var);
 }

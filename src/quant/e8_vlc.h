@@ -70,5 +70,8 @@ int e8kv_vlc_step_index(const uint8_t *src);
 
 /* Codec glue ("e8v:B": the rotation, then e8v with equal variances, 2 + B·head_dim/8 bytes). */
 size_t e8kv_quant_init_e8v(e8kv_codec_t *codec, const e8kv_spec *spec);
+/* "e8v:B" with the variances var (head_dim) and no rotation (e8kv_codec_create_var): the code of a calibrated
+ * stream's eigenbasis coordinates (cache spec "e8tv:B"). */
+size_t e8kv_quant_init_e8v_var(e8kv_codec_t *codec, const e8kv_spec *spec, const float *var);
 
 #endif

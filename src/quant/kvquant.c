@@ -27,7 +27,7 @@
 #include "bitpack.h"
 #include "codec.h"
 
-#include "../common/fp16.h"
+#include "common/fp16.h"
 
 #include <math.h>
 #include <stdlib.h>

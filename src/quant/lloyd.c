@@ -19,7 +19,7 @@
  * integration. MSE per coordinate on N(0,1): 0.1175, 0.03455, 0.009501 for B = 2, 3, 4. */
 #include "codec.h"
 
-#include "../common/fp16.h"
+#include "common/fp16.h"
 
 #include <math.h>
 #include <stdlib.h>

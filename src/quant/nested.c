@@ -12,8 +12,8 @@
  * Default R per rate: tuned for Gaussian data (k_default_q). Byte layout: doc/format.md §2. */
 #include "voronoi.h"
 
-#include "../common/cpu.h"
-#include "../common/fp16.h"
+#include "common/cpu.h"
+#include "common/fp16.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -16,7 +16,7 @@
  * The products and sums below must not be contracted into FMAs (this file is compiled without -mfma). */
 #include "codec.h"
 
-#include "../common/fp16.h"
+#include "common/fp16.h"
 
 #include <float.h>
 #include <math.h>

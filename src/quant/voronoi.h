@@ -135,6 +135,10 @@ size_t e8kv_e8ball_encode_ref(const e8kv_codec_t *codec, uint8_t *restrict dst, 
 void e8kv_e8ball_decode_ref(const e8kv_codec_t *codec, float *restrict y, const uint8_t *restrict src);
 size_t e8kv_e8ball_encode_avx2(const e8kv_codec_t *codec, uint8_t *restrict dst, const float *restrict x);
 void e8kv_e8ball_decode_avx2(const e8kv_codec_t *codec, float *restrict y, const uint8_t *restrict src);
+/* The AVX2 decode of n vectors vector_bytes apart (a page run of the cache's fused reader, and the codec's
+ * decode with n = 1): bit-identical to e8kv_e8ball_decode_ref. */
+void e8kv_e8ball_decode_rows_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d, int bits,
+                                  size_t vector_bytes);
 
 /* e8nest / d4nest twins (nested.c): the AVX2 encoder swaps in the vector E8 closest point. */
 size_t e8kv_nest_encode_ref(const e8kv_codec_t *codec, uint8_t *restrict dst, const float *restrict x);

@@ -2,8 +2,8 @@
  * Walsh–Hadamard transform; the AVX2 twin lives in fwht_avx2.c and is selected at run time. */
 #include "fwht.h"
 
-#include "../common/cpu.h"
-#include "../common/rng.h"
+#include "common/cpu.h"
+#include "common/rng.h"
 
 #include <math.h>
 

@@ -10,7 +10,7 @@
 #ifndef E8KV_FWHT_H
 #define E8KV_FWHT_H
 
-#include "../common/common.h"
+#include "common/common.h"
 
 #define E8KV_ROT_MAX_BLOCKS 8
 

@@ -13,7 +13,7 @@
 #ifndef E8KV_KLT_H
 #define E8KV_KLT_H
 
-#include "../common/common.h"
+#include "common/common.h"
 
 /* Eigen-decomposition of the symmetric n×n matrix a (row-major, double; overwritten) by cyclic Jacobi
  * rotations (Golub & Van Loan, "Matrix Computations", 4th ed., §8.5.2): w the eigenvalues in decreasing

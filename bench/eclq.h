@@ -15,11 +15,14 @@
  * High-rate theory (Gaussian source, variance σ², rate R bits/value): a lattice of volume V per n
  * dimensions scaled by δ has cells of volume δ^n·V, so R ≈ h(X) − log2(δ·V^(1/n)) with
  * h(X) = ½·log2(2πeσ²), giving δ = sqrt(2πeσ²)·2^(−R) / V^(1/n). That is the starting point of the
- * step search; bisection on the measured entropy does the rest. */
+ * step search; bisection on the measured entropy does the rest.
+ *
+ * It lives in bench/, not in the library: only `e8kv bench codec` (bench_codec.c) and its test use it;
+ * no format of the library does. */
 #ifndef E8KV_ECLQ_H
 #define E8KV_ECLQ_H
 
-#include "../common/common.h"
+#include "common/common.h"
 
 typedef enum {
     E8KV_ECLQ_Z = 0,

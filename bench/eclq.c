@@ -4,7 +4,7 @@
  * coder with per-coordinate tables achieves (see rate_bits below). */
 #include "eclq.h"
 
-#include "lattice.h"
+#include "quant/lattice.h"
 
 #include <math.h>
 #include <stdlib.h>

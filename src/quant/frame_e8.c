@@ -2,9 +2,10 @@
  * rotation (transform/fwht.h), then the closest E8 point to x / step (quant/lattice.h), stored as int16
  * doubled coordinates for the parity-aware rANS coder. A uniform step is the optimal entropy-coded
  * quantizer at high rate (Gish & Pierce 1968); E8's normalized second moment puts it at 1.224x D(R).
- * This glue is the one place where entropy/ uses transform/ and quant/. */
-#include "../quant/lattice.h"
-#include "../transform/fwht.h"
+ * It lives in quant/ (which may use transform/ and entropy/), so that entropy/ needs nothing but common/. */
+#include "lattice.h"
+
+#include "transform/fwht.h"
 
 #include <math.h>
 
