@@ -27,7 +27,7 @@
 
 #include "e8kv_cuda.h"
 /* the append kernels alone (e8kv_cu_launch_append), to time them apart from the host-synchronised API */
-#include "../src/cuda/cuda_internal.cuh"
+#include "cuda/cuda_internal.cuh"
 
 #include <time.h>
 
