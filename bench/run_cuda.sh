@@ -17,7 +17,7 @@ python3 bench_cuda_table.py $OUT/bench_cuda.jsonl $OUT/sdpa.jsonl | tee $OUT/tab
 echo "== 64-token pages" | tee -a $LOG; timeout 60 ./bench_cuda --block 64 --json $OUT/bench64.jsonl --only llama3-8b/e8box:4/1/32768,llama3-8b/e8box:4/1/131072,llama3-8b/e8box:4/8/32768,llama3-8b/e8box:4/8/131072,llama3-8b/e8box:4/32/32768,llama3-8b/e8box:4/32/131072,llama3-8b/e8p:2/1/131072,llama3-8b/e8p:2/8/32768,llama3-8b/e8p:2/32/32768 >> $LOG 2>&1; echo "rc=$?"
 for c in llama3-8b/e8box:4/8/32768 llama3-8b/e8p:2/8/32768; do
     echo "== ncu $c" | tee -a $LOG
-    timeout 60 ncu --clock-control none -k regex:attn_ -c 1 --section SpeedOfLight --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis ./bench_cuda --only $c > $OUT/ncu.tmp 2>&1; echo "rc=$?"
+    timeout 60 ncu --clock-control none -k regex:attn_ -s 3 -c 1 --section SpeedOfLight --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis ./bench_cuda --only $c > $OUT/ncu.tmp 2>&1; echo "rc=$?"
     cat $OUT/ncu.tmp >> $LOG; grep -E "Duration|DRAM Throughput|Issue Slots Busy|Achieved Active Warps|Warp Cycles Per Issued" $OUT/ncu.tmp; rm -f $OUT/ncu.tmp
 done
 echo "== memcheck" | tee -a $LOG; timeout 90 compute-sanitizer --tool memcheck ./test_cuda --quick > $OUT/san.tmp 2>&1; echo "rc=$?"; tail -2 $OUT/san.tmp; cat $OUT/san.tmp >> $LOG
