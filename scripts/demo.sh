@@ -27,6 +27,9 @@ e8kv="$root/$build/e8kv"
 echo "== fetching the default model" >&2
 model=$(scripts/fetch_model.sh)
 echo "   $model" >&2
+echo "== calibrating it (once, about 3 minutes; the presets use the calibrated formats)" >&2
+calib=$(scripts/calibrate_model.sh "$e8kv")
+echo "   $calib" >&2
 
 text=data/wikitext-2-raw/wiki.test.raw
 ctx=512
