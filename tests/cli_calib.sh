@@ -62,18 +62,19 @@ P=(ppl -m "$M" -f "$W" --ctx 64 --chunks 1 --threads 1)
 E8KV_CALIB=$C "$CLI" "${P[@]}" --kv balanced --kv aggressive --json >"$TMP/p.out" 2>"$TMP/p.err" || fail "ppl with the calibration"
 has "$TMP/p.err" "calibration $C (5 layers"
 has "$TMP/p.err" "made from data/tinyshakespeare/input.txt, 32 chunks of 512 tokens, probes e8tv:2"
-has "$TMP/p.err" "preset balanced = e8tv"
+has "$TMP/p.err" "preset balanced = auto=e8tv:3.875,sink=1 (calibrated)"
 has "$TMP/p.err" "(calibrated)"
 has "$TMP/p.out" "\"calib\":\"$C\""
 "$CLI" "${P[@]}" --kv balanced --json >"$TMP/n.out" 2>"$TMP/n.err" || fail "ppl without a calibration"
 has "$TMP/n.err" "calibration: none"
 has "$TMP/n.err" "preset balanced = e8:4,sink=1, the uncalibrated fallback: no calibration"
 has "$TMP/n.out" '"calib":null'
-# a calibration without sensitivities: balanced (e8tv) calibrated, aggressive (auto=) falls back
+# a calibration without sensitivities: near-lossless (e8tv) calibrated, balanced (auto=) falls back
 "$CLI" calibrate -m "$M" -f "$TXT" --ctx 64 --chunks 4 --threads 1 --no-sensitivity -o "$TMP/ns.e8cal" >/dev/null 2>&1 ||
     fail "calibrate --no-sensitivity"
-"$CLI" "${P[@]}" --calib "$TMP/ns.e8cal" --kv balanced --kv aggressive >/dev/null 2>"$TMP/ns.err" || fail "ppl --calib ns"
-has "$TMP/ns.err" "the uncalibrated fallback: the calibration has no sensitivities"
+"$CLI" "${P[@]}" --calib "$TMP/ns.e8cal" --kv near-lossless --kv balanced >/dev/null 2>"$TMP/ns.err" || fail "ppl --calib ns"
+has "$TMP/ns.err" "preset near-lossless = e8tv:5,sink=1 (calibrated)"
+has "$TMP/ns.err" "preset balanced = e8:4,sink=1, the uncalibrated fallback: the calibration has no sensitivities"
 # a damaged calibration at the default place is named and not used
 cp -r "$DATA/stories260K" "$TMP/st" # the model with its tokenizer beside it
 M2=$TMP/st/stories260K.bin

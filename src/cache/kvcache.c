@@ -43,7 +43,7 @@ typedef struct {
  * calibration"); without one, the uncalibrated spec (e8kv_cache_preset_spec_calib says which). */
 static const preset k_presets[] = {
     {"near-lossless", "k=q8_0h,v=e8:4,sink=1,center=all,rope=pre", "e8tv:5,sink=1"},
-    {"balanced", "e8:4,sink=1", "e8tv:3.875,sink=1"},
+    {"balanced", "e8:4,sink=1", "auto=e8tv:3.875,sink=1"},
     {"aggressive", "k=e8:4,v=e8:3,sink=1", "auto=e8tv:3,sink=1"},
     /* eviction + calibrated E8 codes (evict.c; auto= needs e8kv calibrate), chosen by measurement at
      * 1600-token prefixes of SmolLM2-135M: 10.3x, 17.4x, 33.5x of f16 with every byte counted
