@@ -1301,11 +1301,12 @@ static void test_auto_rates_and_presets(void **state) {
     assert_true(fabs(r[0] + r[1] + r[2] + r[3] - 12.0) < 1e-12);
     assert_true(r[2] > r[3] && r[3] > r[1] && r[1] > r[0]); /* V0 > V1 > K1 > K0, as c */
     char spec[256];
-    snprintf(spec, sizeof spec, "e8tv:3,layer0.k=e8tv:%g,layer1.k=e8tv:%g,layer0.v=e8tv:%g,layer1.v=e8tv:%g", r[0],
-             r[1], r[2], r[3]);
+    snprintf(spec, sizeof spec, "e8tv:3,layer0.k=e8tv:%g,layer1.k=e8tv:%g,layer0.v=e8tv:%g,layer1.v=e8tv:%g",
+             r[0], r[1], r[2], r[3]);
     const dims s = {2, 2, 4};
     size_t err = 0;
-    e8kv_cache *a = make_e8t_cache(&s, "auto=e8tv:3", 10000.0f, cal, &err), *b = make_e8t_cache(&s, spec, 10000.0f, cal, &err);
+    e8kv_cache *a = make_e8t_cache(&s, "auto=e8tv:3", 10000.0f, cal, &err),
+               *b = make_e8t_cache(&s, spec, 10000.0f, cal, &err);
     assert_non_null(a);
     assert_non_null(b);
     for (size_t l = 0; l < 2; l++) {
@@ -1323,7 +1324,8 @@ static void test_auto_rates_and_presets(void **state) {
         assert_true(full != none && strstr(full, "e8tv"));
         assert_ptr_equal(part, strncmp(full, "auto=", 5) ? full : none);
         /* the name in a cache with the calibration behaves as the calibrated spec */
-        e8kv_cache *x = make_e8t_cache(&s, names[i], 10000.0f, cal, &err), *y = make_e8t_cache(&s, full, 10000.0f, cal, &err);
+        e8kv_cache *x = make_e8t_cache(&s, names[i], 10000.0f, cal, &err),
+                   *y = make_e8t_cache(&s, full, 10000.0f, cal, &err);
         assert_non_null(x);
         assert_non_null(y);
         assert_true(e8kv_cache_bits_per_value(x) == e8kv_cache_bits_per_value(y));

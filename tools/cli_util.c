@@ -396,7 +396,8 @@ int e8kv_cli_calib_source(const char *calib_path, char *dst, size_t cap) {
         snprintf(dst, cap, "the text it was made from is not recorded (no %s)", path);
         return 0;
     }
-    int ok = calib_tag(calib_path, hex) && info_value(info, "file_xxh64", tag, sizeof tag) && !strcmp(tag, hex);
+    int ok =
+        calib_tag(calib_path, hex) && info_value(info, "file_xxh64", tag, sizeof tag) && !strcmp(tag, hex);
     if (!ok)
         snprintf(dst, cap, "%s belongs to another file: the text it was made from is unknown", path);
     else if (!info_value(info, "text", text, sizeof text))
@@ -437,7 +438,8 @@ e8kv_calib *e8kv_cli_load_calib(const char *arg, const char *model_path, const c
     e8kv_calib *cal = e8kv_calib_load_file(path, &err);
     if (!cal) {
         fprintf(stderr, "%s: %s calibration %s: %s%s\n", who,
-                explicit_path ? "cannot load the" : "calibration: none; ignoring the", path, e8kv_error_name(err),
+                explicit_path ? "cannot load the" : "calibration: none; ignoring the", path,
+                e8kv_error_name(err),
                 explicit_path ? "" : " (scripts/calibrate_model.sh or e8kv calibrate makes it again)");
         *failed = explicit_path;
         return NULL;

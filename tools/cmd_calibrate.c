@@ -38,15 +38,15 @@ static void usage(FILE *f) {
         "  --probe-chunks N  chunks per probe (default 1)\n"
         "  --probe-sink S    exact first positions in the probes (default 1, as the presets)\n\n"
         "Diagnostics (printed after the table; --json: one JSON object instead): each layer's K and V share\n"
-        "of its sensitivity, and the AM/GM ratio of the layers' sensitivities (K + V), which predicts when a\n"
-        "uniform bit allocation is far from the best one (1: every layer alike).\n"
+        "of its sensitivity, and the AM/GM ratio of the layers' sensitivities (K + V), which predicts\n"
+        "when a uniform bit allocation is far from the best one (1: every layer alike).\n"
         "  --from FILE       read this calibration instead of measuring one (-f then only for --check)\n"
         "  --json            the report as one JSON object on stdout\n"
-        "  --check           how well the sensitivities rank allocations: the predicted KLD sum_s c_s 4^-r_s\n"
-        "                    of 9 allocations of --check-rate bits per value on average (uniform, auto=,\n"
-        "                    half of auto=, its mirror, K or V +0.5 bit, 3 random pairs of +-d) against their\n"
-        "                    KLD measured by ppl on the first chunks of -f TEXT (use a text other than the\n"
-        "                    calibration's); prints Spearman's rho\n"
+        "  --check           how well the sensitivities rank allocations: the predicted KLD\n"
+        "                    sum_s c_s 4^-r_s of 9 allocations of --check-rate bits per value on average\n"
+        "                    (uniform, auto=, half of auto=, its mirror, K or V +0.5 bit, 3 random pairs\n"
+        "                    of +-d) against their KLD measured by ppl on the first chunks of -f TEXT (use\n"
+        "                    a text other than the calibration's); prints Spearman's rho\n"
         "  --check-rate B    mean e8tv rate of the allocations (default 3)\n"
         "  --check-chunks N  chunks of --ctx tokens measured per allocation (default 2)\n"
         "The file written with -o (or MODEL.e8cal) gets a FILE.info beside it: the text, its size and the\n"
@@ -172,9 +172,9 @@ static double spearman(const double *a, const double *b, size_t n) {
 
 typedef struct {
     const char *name;
-    double *rate;      /* (2 n_layer): K of every layer, then V */
-    char *spec;        /* the cache spec measuring it */
-    double predicted;  /* sum_s c_s 4^-r_s */
+    double *rate;     /* (2 n_layer): K of every layer, then V */
+    char *spec;       /* the cache spec measuring it */
+    double predicted; /* sum_s c_s 4^-r_s */
     e8kv_ppl_result res;
 } allocation;
 
@@ -189,18 +189,19 @@ static size_t make_allocations(allocation *al, const e8kv_calib *cal, size_t n_l
     if (e8kv_is_error(r)) return r;
     uint64_t x = 0x2545f4914f6cdd1dull;
     const double kv = step * ceil(0.5 / step - 1e-9); /* K or V +0.5 bit, on the grid */
-    const double lo = step * ceil(1.5 / step - 1e-9);  /* the lowest rate auto= gives */
+    const double lo = step * ceil(1.5 / step - 1e-9); /* the lowest rate auto= gives */
     for (size_t a = 0; a < CHECK_MAX; a++) {
         double *const rt = al[a].rate;
         al[a].name = names[a];
         for (size_t s = 0; s < n && a != 1; s++) {
-            const double d = autor[s] - B, half = step * floor(0.5 * d / step + 0.5);
-            rt[s] = a == 0 ? B : a == 2 ? B + half : a == 3 ? B - d : a == 4 ? B + (s < n_layer ? kv : -kv)
-                                                  : a == 5 ? B + (s < n_layer ? -kv : kv) : B;
+            const double d = autor[s] - B, half = step * floor(0.5 * d / step + 0.5),
+                         k = s < n_layer ? kv : -kv;
+            const double by[6] = {0.0, 0.0, half, -d, k, -k}; /* offsets of allocations 0..5; random: 0 */
+            rt[s] = B + (a < 6 ? by[a] : 0.0);
         }
         if (a >= 6) { /* random pairs: one stream up by d, another down by d, d in {0, 1, .., 4} steps */
             size_t *perm = malloc(n * sizeof *perm);
-            if (!perm) return (size_t)-(ptrdiff_t)E8KV_ERROR_OUT_OF_MEMORY;
+            if (!perm) return (size_t) - (ptrdiff_t)E8KV_ERROR_OUT_OF_MEMORY;
             for (size_t s = 0; s < n; s++)
                 perm[s] = s;
             for (size_t s = n - 1; s > 0; s--) {
@@ -222,7 +223,7 @@ static size_t make_allocations(allocation *al, const e8kv_calib *cal, size_t n_l
             al[a].predicted += e8kv_calib_sensitivity(cal, s % n_layer, s >= n_layer) * pow(4.0, -rt[s]);
         }
         const size_t cap = 64 + n * 32;
-        if (!(al[a].spec = malloc(cap))) return (size_t)-(ptrdiff_t)E8KV_ERROR_OUT_OF_MEMORY;
+        if (!(al[a].spec = malloc(cap))) return (size_t) - (ptrdiff_t)E8KV_ERROR_OUT_OF_MEMORY;
         int w = snprintf(al[a].spec, cap, "e8tv:%g,sink=%zu%s", B, sink, rope);
         for (size_t s = 0; s < n; s++)
             w += snprintf(al[a].spec + w, cap - (size_t)w, ",layer%zu.%c=e8tv:%g", s % n_layer,
@@ -270,7 +271,8 @@ int e8kv_cmd_calibrate(int argc, char **argv) {
         char *end = NULL;
         check_rate = strtod(check_rate_arg, &end);
         if (!end || *end || end == check_rate_arg || !(check_rate >= 2.0) || check_rate > 7.5)
-            return e8kv_cli_usage_error(WHO, "--check-rate '%s': a number of bits from 2 to 7.5", check_rate_arg);
+            return e8kv_cli_usage_error(WHO, "--check-rate '%s': a number of bits from 2 to 7.5",
+                                        check_rate_arg);
     }
     if (!text_path && !from) return e8kv_cli_usage_error(WHO, "-f TEXT is required");
     if (!text_path && check) return e8kv_cli_usage_error(WHO, "--check measures on -f TEXT: it is required");
@@ -382,7 +384,8 @@ int e8kv_cmd_calibrate(int argc, char **argv) {
         const double step = (double)(64 / g) / 8.0;
         for (size_t a = 0; a < CHECK_MAX; a++)
             if (!(al[a].rate = malloc(2 * L * sizeof *al[a].rate))) goto out_s;
-        err = make_allocations(al, cal, L, check_rate, step, sp.sink, cfg->rope_theta > 0.0f ? ",rope=pre" : "");
+        err = make_allocations(al, cal, L, check_rate, step, sp.sink,
+                               cfg->rope_theta > 0.0f ? ",rope=pre" : "");
         if (e8kv_is_error(err)) {
             fprintf(stderr, "e8kv calibrate: --check-rate %g: %s\n", check_rate, e8kv_error_name(err));
             goto out_s;
@@ -392,8 +395,8 @@ int e8kv_cmd_calibrate(int argc, char **argv) {
         memset(res, 0, sizeof res);
         for (size_t a = 0; a < CHECK_MAX; a++)
             specs[a] = al[a].spec;
-        fprintf(stderr, "e8kv calibrate: --check: %d allocations x %zu chunks of %s\n", CHECK_MAX, check_chunks,
-                text_path);
+        fprintf(stderr, "e8kv calibrate: --check: %d allocations x %zu chunks of %s\n", CHECK_MAX,
+                check_chunks, text_path);
         const e8kv_ppl_params pp = {.n_ctx = p.n_ctx,
                                     .n_chunks = check_chunks,
                                     .n_threads = p.n_threads,
@@ -458,8 +461,8 @@ int e8kv_cmd_calibrate(int argc, char **argv) {
         printf(",\"am_gm_streams\":");
         print_json_number(amgm_stream);
         if (check) {
-            printf(",\"check\":{\"rate\":%g,\"chunks\":%zu,\"ctx\":%zu,\"tokens_scored\":%zu,\"text\":", check_rate,
-                   check_chunks, p.n_ctx, check_tok);
+            printf(",\"check\":{\"rate\":%g,\"chunks\":%zu,\"ctx\":%zu,\"tokens_scored\":%zu,\"text\":",
+                   check_rate, check_chunks, p.n_ctx, check_tok);
             e8kv_cli_json_string(stdout, text_path);
             printf(",\"spearman\":");
             print_json_number(rho);
@@ -469,7 +472,8 @@ int e8kv_cmd_calibrate(int argc, char **argv) {
                 double mean = 0.0;
                 for (size_t s = 0; s < 2 * L; s++)
                     mean += al[a].rate[s] / (double)(2 * L);
-                printf("%s{\"name\":\"%s\",\"mean_rate\":%.4f,\"predicted_kld\":%.6g,\"kld\":%.6g,\"kld_se\":%.3g,"
+                printf("%s{\"name\":\"%s\",\"mean_rate\":%.4f,\"predicted_kld\":%.6g,\"kld\":%.6g,\"kld_se\":"
+                       "%.3g,"
                        "\"ppl\":%.5f,\"ppl_se\":%.4f,\"eff_bits_per_value\":%.4f,\"rates\":[",
                        k++ ? "," : "", al[a].name, mean, al[a].predicted, al[a].res.kld, al[a].res.kld_se,
                        al[a].res.ppl, al[a].res.ppl_se, al[a].res.eff_bits_per_value);
@@ -510,8 +514,8 @@ int e8kv_cmd_calibrate(int argc, char **argv) {
                    "allocation is optimal)\n",
                    amgm_layer, 2 * L, amgm_stream);
         if (check) {
-            printf("\n--check: mean %g bits per value, %zu chunks of %zu tokens of %s (%zu scored)\n", check_rate,
-                   check_chunks, p.n_ctx, text_path, check_tok);
+            printf("\n--check: mean %g bits per value, %zu chunks of %zu tokens of %s (%zu scored)\n",
+                   check_rate, check_chunks, p.n_ctx, text_path, check_tok);
             printf("%-12s %9s %14s %22s %20s\n", "allocation", "mean rate", "predicted KLD", "measured KLD",
                    "PPL");
             for (size_t a = 0; a < CHECK_MAX; a++) {
@@ -519,8 +523,8 @@ int e8kv_cmd_calibrate(int argc, char **argv) {
                 double mean = 0.0;
                 for (size_t s = 0; s < 2 * L; s++)
                     mean += al[a].rate[s] / (double)(2 * L);
-                printf("%-12s %9.4f %14.4g %12.4g +/- %.1e %10.4f +/- %.4f\n", al[a].name, mean, al[a].predicted,
-                       al[a].res.kld, al[a].res.kld_se, al[a].res.ppl, al[a].res.ppl_se);
+                printf("%-12s %9.4f %14.4g %12.4g +/- %.1e %10.4f +/- %.4f\n", al[a].name, mean,
+                       al[a].predicted, al[a].res.kld, al[a].res.kld_se, al[a].res.ppl, al[a].res.ppl_se);
             }
             printf("Spearman rho (predicted vs measured KLD, %zu allocations): %.3f\n", n_checked, rho);
         }

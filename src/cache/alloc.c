@@ -54,7 +54,8 @@ size_t e8kv_calib_auto_rates(const e8kv_calib *cal, double mean_bits, double *ra
         g = b;
         b = t;
     }
-    const int step8 = (int)(64 / g), lo8 = (12 + step8 - 1) / step8 * step8, mean8 = (int)lround(mean_bits * 8.0);
+    const int step8 = (int)(64 / g), lo8 = (12 + step8 - 1) / step8 * step8,
+              mean8 = (int)lround(mean_bits * 8.0);
     if (fabs(mean_bits * 8.0 - mean8) > 1e-9 || mean8 % step8 || mean8 < lo8) return E8KV_ERR(RATE);
     const size_t n = 2 * n_layer;
     double *c = malloc(n * sizeof *c);
