@@ -8,7 +8,8 @@
 # about 3 minutes on 2 idle cores for SmolLM2-135M; with a fixed thread count the same binary makes the
 # same bytes. A stamp beside it (MODEL.e8cal.sha256) holds the recipe and the SHA-256 of the model, the
 # text, the calibration and its .info; when any of them differs, or the binary cannot load the file, the
-# calibration is made again (never used as it is).
+# calibration is made again (never used as it is). A calibration the user made from another text with
+# `e8kv calibrate` (its .info says which) is kept as long as it loads.
 # Usage: scripts/calibrate_model.sh [E8KV]   (default: $BUILD_DIR/e8kv, BUILD_DIR defaulting to build)
 # Environment: E8KV_MODEL (a model other than the fetched default), E8KV_CALIB (where the calibration
 # goes instead of MODEL.e8cal; ppl and generate read it from there too), E8KV_CACHE_DIR (fetch_model.sh).
@@ -39,6 +40,15 @@ expected() {
     echo "info=$(sha256sum "$cal.info" | cut -d" " -f1)"
 }
 
+# a calibration the user made with e8kv calibrate from another text (it writes MODEL.e8cal by default) is
+# theirs: kept while it loads, never replaced by this one
+if [ -e "$cal" ] && [ -e "$cal.info" ] && ! grep -qxF "text=$text" "$cal.info" &&
+    "$e8kv" calibrate -m "$model" --from "$cal" >/dev/null 2>&1; then
+    echo "e8kv: keeping $cal, made by e8kv calibrate from $(sed -n 's/^text=//p' "$cal.info") (not this" \
+        "script's Tiny Shakespeare recipe; remove it and its .info to get the default)" >&2
+    echo "$cal"
+    exit 0
+fi
 if [ -e "$cal" ] || [ -e "$stamp" ]; then
     why=""
     if [ ! -e "$cal" ] || [ ! -e "$cal.info" ] || [ ! -e "$stamp" ]; then

@@ -57,6 +57,14 @@ rm -f "$C.info"
 mk || fail "calibrate_model.sh (no .info) failed"
 has "$TMP/mk.err" "a file of it is missing"
 
+# a calibration the user made from another text at the same place is kept, not replaced
+"$CLI" calibrate -m "$M" -f "$W" --ctx 64 --chunks 4 --threads 1 --no-sensitivity -o "$TMP/u.e8cal" >/dev/null 2>&1 ||
+    fail "calibrate -o u.e8cal"
+E8KV_MODEL=$M E8KV_CALIB=$TMP/u.e8cal "$ROOT/scripts/calibrate_model.sh" "$CLI" >/dev/null 2>"$TMP/u.err" ||
+    fail "calibrate_model.sh over the user's calibration"
+has "$TMP/u.err" "keeping $TMP/u.e8cal, made by e8kv calibrate from $W"
+has "$TMP/u.e8cal.info" "text=$W"
+
 # ---- ppl: which calibration, what the presets mean
 P=(ppl -m "$M" -f "$W" --ctx 64 --chunks 1 --threads 1)
 E8KV_CALIB=$C "$CLI" "${P[@]}" --kv balanced --kv aggressive --json >"$TMP/p.out" 2>"$TMP/p.err" || fail "ppl with the calibration"
