@@ -235,6 +235,12 @@ const float *e8kv_calib_query_energy(const e8kv_calib *cal, size_t layer, size_t
 size_t e8kv_calib_set_sensitivity(e8kv_calib *cal, size_t layer, int is_v, double c);
 /* The coefficient, or -1.0 when the calibration has none (or layer is out of range). */
 double e8kv_calib_sensitivity(const e8kv_calib *cal, size_t layer, int is_v);
+/* The rates (bits per value) the cache spec item auto=e8tv:B gives the 2·n_layer streams of a cache
+ * with this calibration, B = mean_bits: rates[s] for K of layer s (s < n_layer), then V of layer
+ * s − n_layer; reverse water-filling of the sensitivities (src/cache/alloc.c) on the grid e8tv has at the
+ * calibration's head_dim, each stream within [1.5, 8]. BAD_ARGUMENT without sensitivities, RATE for a B
+ * off the grid. */
+size_t e8kv_calib_auto_rates(const e8kv_calib *cal, double mean_bits, double *rates);
 /* Bytes a finalized calibration occupies in memory (bases and eigenvalues; shared, not per cache). */
 size_t e8kv_calib_bytes(const e8kv_calib *cal);
 size_t e8kv_calib_save_bound(const e8kv_calib *cal);
@@ -309,7 +315,8 @@ size_t e8kv_pool_run(e8kv_pool *pool, e8kv_pool_fn fn, void *args, size_t n);
  *                        key at attention time with params.rope_theta / rope_neox) or after it (post,
  *                        default: keys are stored as given and q must carry RoPE too)
  *   near-lossless, balanced, aggressive
- *                        presets, expanded in place (see e8kv_cache_preset_spec()).
+ *                        presets, expanded in place: calibrated e8tv formats when params.calib is given,
+ *                        uncalibrated ones otherwise (see e8kv_cache_preset_spec_calib()).
  * A codec spec or preset may only be the first item (later items refine it), so "f16,e8:4" is not a
  * spec (tools split such lists into formats, README). A spec is at most E8KV_CACHE_SPEC_MAX_LEN bytes.
  * A spec the grammar or a codec rejects is E8KV_ERROR_SPEC (a codec may also answer HEAD_DIM, RATE,
@@ -388,8 +395,12 @@ size_t e8kv_cache_page_tokens(const e8kv_cache *cache);
 /* Bits per value of the K and V formats, all side information counted (mean over layers and K/V;
  * exact window/sink tokens not included). */
 double e8kv_cache_bits_per_value(const e8kv_cache *cache);
-/* The spec a preset name expands to, or NULL for an unknown name. */
+/* The spec a preset name expands to without a calibration, or NULL for an unknown name. */
 const char *e8kv_cache_preset_spec(const char *name);
+/* The spec a preset name expands to in a cache created with params.calib = calib: near-lossless, balanced
+ * and aggressive have a calibrated spec (e8tv formats), used when calib is not NULL and has what it needs
+ * (sensitivities for auto=); otherwise, and for calib NULL, the same as e8kv_cache_preset_spec(name). */
+const char *e8kv_cache_preset_spec_calib(const char *name, const e8kv_calib *calib);
 /* 1 when the cache wants keys BEFORE RoPE (rope=pre, explicit or by default): append un-rotated keys
  * and pass queries WITH RoPE; the cache rotates each decoded key at attention time. 0: keys with RoPE. */
 int e8kv_cache_keys_pre_rope(const e8kv_cache *cache);

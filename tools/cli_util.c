@@ -347,8 +347,75 @@ void e8kv_cli_calib_path(char *dst, size_t cap, const char *model_path) {
     snprintf(dst, cap, "%s.e8cal", model_path);
 }
 
-e8kv_calib *e8kv_cli_load_calib(const char *arg, const char *model_path, const char *who, int *failed) {
+/* The 8-byte checksum that ends a calibration file (doc/format.md §5), as 16 hex digits: what its
+ * .info names it by. 0 when the file cannot be read. */
+static int calib_tag(const char *path, char hex[17]) {
+    FILE *f = fopen(path, "rb");
+    unsigned char t[8];
+    const int ok = f && fseek(f, -8, SEEK_END) == 0 && fread(t, 1, 8, f) == 8;
+    if (f) fclose(f);
+    for (int i = 0; ok && i < 8; i++)
+        snprintf(hex + 2 * i, 3, "%02x", t[7 - i]);
+    return ok;
+}
+
+int e8kv_cli_calib_info_write(const char *calib_path, const char *body) {
+    char hex[17], path[4200], tmp[4300];
+    if (!calib_tag(calib_path, hex)) return 0;
+    snprintf(path, sizeof path, "%s.info", calib_path);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) return 0;
+    const int ok = fprintf(f, "e8kv calibration info 1\nfile_xxh64=%s\n%s", hex, body) > 0;
+    if (fclose(f) != 0 || !ok || rename(tmp, path) != 0) {
+        remove(tmp);
+        return 0;
+    }
+    return 1;
+}
+
+/* The value of "key=" in an .info text, copied to dst (cap bytes); 0 when absent. */
+static int info_value(const char *info, const char *key, char *dst, size_t cap) {
+    const size_t kl = strlen(key);
+    for (const char *l = info; l && *l; l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        if (!strncmp(l, key, kl) && l[kl] == '=') {
+            const char *v = l + kl + 1, *e = strchr(v, '\n');
+            const size_t n = e ? (size_t)(e - v) : strlen(v);
+            snprintf(dst, cap, "%.*s", (int)(n < cap ? n : cap - 1), v);
+            return 1;
+        }
+    return 0;
+}
+
+int e8kv_cli_calib_source(const char *calib_path, char *dst, size_t cap) {
+    char path[4200], hex[17], tag[32], text[1024], ctx[32], chunks[32], probe[80];
+    snprintf(path, sizeof path, "%s.info", calib_path);
+    size_t n = 0;
+    char *info = e8kv_cli_read_all(path, &n);
+    if (!info) {
+        snprintf(dst, cap, "the text it was made from is not recorded (no %s)", path);
+        return 0;
+    }
+    int ok =
+        calib_tag(calib_path, hex) && info_value(info, "file_xxh64", tag, sizeof tag) && !strcmp(tag, hex);
+    if (!ok)
+        snprintf(dst, cap, "%s belongs to another file: the text it was made from is unknown", path);
+    else if (!info_value(info, "text", text, sizeof text))
+        snprintf(dst, cap, "the text it was made from is not recorded in %s", path), ok = 0;
+    else {
+        if (!info_value(info, "ctx", ctx, sizeof ctx)) snprintf(ctx, sizeof ctx, "?");
+        if (!info_value(info, "chunks", chunks, sizeof chunks)) snprintf(chunks, sizeof chunks, "?");
+        if (!info_value(info, "probe", probe, sizeof probe)) snprintf(probe, sizeof probe, "?");
+        snprintf(dst, cap, "made from %s, %s chunks of %s tokens, probes %s", text, chunks, ctx, probe);
+    }
+    free(info);
+    return ok;
+}
+
+e8kv_calib *e8kv_cli_load_calib(const char *arg, const char *model_path, const char *who, int *failed,
+                                char *used, size_t used_cap) {
     *failed = 0;
+    if (used && used_cap) used[0] = 0;
     char path[4200];
     const char *env = getenv("E8KV_CALIB");
     int explicit_path = 1;
@@ -358,20 +425,49 @@ e8kv_calib *e8kv_cli_load_calib(const char *arg, const char *model_path, const c
         snprintf(path, sizeof path, "%s", env);
     else {
         e8kv_cli_calib_path(path, sizeof path, model_path);
-        if (access(path, R_OK) != 0) return NULL;
         explicit_path = 0;
+        if (access(path, R_OK) != 0) {
+            fprintf(stderr,
+                    "%s: calibration: none (no --calib, no $E8KV_CALIB, no %s; scripts/calibrate_model.sh "
+                    "makes the default model's, e8kv calibrate any model's)\n",
+                    who, path);
+            return NULL;
+        }
     }
     size_t err = 0;
     e8kv_calib *cal = e8kv_calib_load_file(path, &err);
     if (!cal) {
         fprintf(stderr, "%s: %s calibration %s: %s%s\n", who,
-                explicit_path ? "cannot load the" : "ignoring the", path, e8kv_error_name(err),
-                explicit_path ? "" : " (run e8kv calibrate again)");
+                explicit_path ? "cannot load the" : "calibration: none; ignoring the", path,
+                e8kv_error_name(err),
+                explicit_path ? "" : " (scripts/calibrate_model.sh or e8kv calibrate makes it again)");
         *failed = explicit_path;
         return NULL;
     }
     size_t n_layer = 0, n_tok = 0;
     e8kv_calib_info(cal, &n_layer, NULL, NULL, &n_tok);
-    fprintf(stderr, "%s: calibration %s (%zu layers, %zu tokens per layer)\n", who, path, n_layer, n_tok);
+    char src[1400];
+    e8kv_cli_calib_source(path, src, sizeof src);
+    fprintf(stderr, "%s: calibration %s (%zu layers, %zu tokens per layer; %s)\n", who, path, n_layer, n_tok,
+            src);
+    if (used && used_cap) snprintf(used, used_cap, "%s", path);
     return cal;
+}
+
+void e8kv_cli_note_presets(const char *who, const char *const *specs, size_t n_specs, const e8kv_calib *cal) {
+    for (size_t i = 0; i < n_specs; i++) {
+        const size_t len = strcspn(specs[i], ",");
+        char name[32];
+        if (len >= sizeof name) continue;
+        snprintf(name, sizeof name, "%.*s", (int)len, specs[i]);
+        const char *plain = e8kv_cache_preset_spec(name), *mine = e8kv_cache_preset_spec_calib(name, cal);
+        if (!plain || !mine) continue;
+        if (mine != plain)
+            fprintf(stderr, "%s: preset %s = %s (calibrated)\n", who, name, mine);
+        else if (strstr(plain, "e8t"))
+            continue; /* a calibrated preset with no fallback (evict-*): the spec error says why */
+        else
+            fprintf(stderr, "%s: preset %s = %s, the uncalibrated fallback: %s\n", who, name, plain,
+                    cal ? "the calibration has no sensitivities (auto= needs them)" : "no calibration");
+    }
 }

@@ -119,7 +119,20 @@ void e8kv_cli_spec_error(const char *who, const char *spec, size_t err, int have
 void e8kv_cli_calib_path(char *dst, size_t cap, const char *model_path);
 /* The calibration for the e8t formats: --calib `arg` if given (a failure to load it is an error: *failed
  * = 1), else $E8KV_CALIB, else the model's default path when that file exists (unreadable: a warning).
- * NULL when there is none. */
-e8kv_calib *e8kv_cli_load_calib(const char *arg, const char *model_path, const char *who, int *failed);
+ * NULL when there is none. Says on stderr which calibration it uses (path and the text it was made from,
+ * e8kv_cli_calib_source) or that there is none; its path goes to `used` (capacity used_cap; "" for none;
+ * used may be NULL). */
+e8kv_calib *e8kv_cli_load_calib(const char *arg, const char *model_path, const char *who, int *failed,
+                                char *used, size_t used_cap);
+/* Writes "<calib_path>.info": a header line, file_xxh64= (the checksum that ends the calibration file, so
+ * that the info is known to describe that file), then `body` (key=value lines: text=, ctx=, chunks=,
+ * probe= ...). Atomic. 1 on success. */
+int e8kv_cli_calib_info_write(const char *calib_path, const char *body);
+/* What "<calib_path>.info" says of the calibration's text, in words, to dst; 1 when the info is there and
+ * describes this very file, 0 otherwise (dst then says why it is unknown). */
+int e8kv_cli_calib_source(const char *calib_path, char *dst, size_t cap);
+/* For each spec that starts with a preset which has a calibrated form: prints on stderr what it means
+ * here, the calibrated spec, or its uncalibrated fallback and why. */
+void e8kv_cli_note_presets(const char *who, const char *const *specs, size_t n_specs, const e8kv_calib *cal);
 
 #endif

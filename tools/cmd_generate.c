@@ -162,8 +162,9 @@ int e8kv_cmd_generate(int argc, char **argv) {
         cal_failed = !cal;
         if (!cal) fprintf(stderr, "e8kv generate: bad calibration in %s: %s\n", load_path, e8kv_error_name(r));
     } else {
-        cal = e8kv_cli_load_calib(calib_arg, path, "e8kv generate", &cal_failed);
+        cal = e8kv_cli_load_calib(calib_arg, path, "e8kv generate", &cal_failed, NULL, 0);
     }
+    e8kv_cli_note_presets("e8kv generate", &kv, 1, cal);
     if (cal_failed) {
         e8kv_model_free(m);
         free(saved);

@@ -197,8 +197,10 @@ int e8kv_cmd_ppl(int argc, char **argv) {
     int32_t *ids = NULL;
     kv_dump kd = {0};
     e8kv_ppl_result *res = calloc(n_specs, sizeof *res);
-    e8kv_calib *cal = e8kv_cli_load_calib(calib_arg, mpath, "e8kv ppl", &cal_failed);
+    char cal_path[4200];
+    e8kv_calib *cal = e8kv_cli_load_calib(calib_arg, mpath, "e8kv ppl", &cal_failed, cal_path, sizeof cal_path);
     if (cal_failed) goto out;
+    e8kv_cli_note_presets(WHO, specs, n_specs, cal);
     if (n_ctx > m->cfg.n_ctx_train) {
         fprintf(stderr, "e8kv ppl: --ctx %zu is larger than the model's context (%zu) [%s]\n", n_ctx,
                 m->cfg.n_ctx_train, e8kv_error_code_name(E8KV_ERROR_CONTEXT_FULL));
@@ -261,7 +263,11 @@ int e8kv_cmd_ppl(int argc, char **argv) {
             e8kv_cli_json_string(stdout, cfg->arch);
             printf(",\"spec\":");
             e8kv_cli_json_string(stdout, x->spec);
-            printf(",\"available\":%s", x->status ? "false" : "true");
+            printf(",\"available\":%s,\"calib\":", x->status ? "false" : "true");
+            if (cal)
+                e8kv_cli_json_string(stdout, cal_path);
+            else
+                printf("null");
             if (x->status) {
                 printf(",\"error\":\"%s\"}\n", e8kv_error_name(x->status));
                 continue;

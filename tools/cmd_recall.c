@@ -93,7 +93,8 @@ int e8kv_cmd_recall(int argc, char **argv) {
     e8kv_model *m = e8kv_cli_load_model(model_path, mpath, sizeof mpath);
     if (!m) goto args_out;
     int cal_failed = 0;
-    e8kv_calib *cal = e8kv_cli_load_calib(calib_arg, mpath, WHO, &cal_failed);
+    e8kv_calib *cal = e8kv_cli_load_calib(calib_arg, mpath, WHO, &cal_failed, NULL, 0);
+    e8kv_cli_note_presets(WHO, (const char *const *)fs.v, fs.n, cal);
     size_t n_in = 0, n_fi = 0, n_qu = 0;
     int32_t *intro = encode(m, k_intro, &n_in), *fill = encode(m, k_filler, &n_fi),
             *ques = encode(m, k_question, &n_qu);

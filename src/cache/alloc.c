@@ -11,6 +11,7 @@
 #include "kvcache.h"
 
 #include <math.h>
+#include <stdlib.h>
 
 size_t e8kv_alloc_rates(int *rate8, const double *c, size_t n, int mean8, int lo8, int hi8, int step8) {
     if (!rate8 || !c || n == 0 || step8 <= 0 || lo8 <= 0 || lo8 > mean8 || mean8 > hi8 || lo8 % step8 ||
@@ -38,4 +39,34 @@ size_t e8kv_alloc_rates(int *rate8, const double *c, size_t n, int mean8, int lo
         rate8[best] += step8;
     }
     return 0;
+}
+
+/* The grid of auto= (expand_auto in kvcache.c): steps of 64/gcd(64, d) eighths of a bit (whole bytes per
+ * vector), every stream in [1.5, 8] bits; test_calib pins the two together. */
+size_t e8kv_calib_auto_rates(const e8kv_calib *cal, double mean_bits, double *rates) {
+    size_t n_layer = 0, d = 0;
+    if (!cal || !rates || e8kv_is_error(e8kv_calib_info(cal, &n_layer, NULL, &d, NULL)) ||
+        e8kv_calib_sensitivity(cal, 0, 0) < 0.0 || !(mean_bits > 0.0) || mean_bits > 8.0)
+        return E8KV_ERR(BAD_ARGUMENT);
+    size_t g = 64, b = d;
+    while (b) {
+        const size_t t = g % b;
+        g = b;
+        b = t;
+    }
+    const int step8 = (int)(64 / g), lo8 = (12 + step8 - 1) / step8 * step8,
+              mean8 = (int)lround(mean_bits * 8.0);
+    if (fabs(mean_bits * 8.0 - mean8) > 1e-9 || mean8 % step8 || mean8 < lo8) return E8KV_ERR(RATE);
+    const size_t n = 2 * n_layer;
+    double *c = malloc(n * sizeof *c);
+    int *r8 = malloc(n * sizeof *r8);
+    size_t r = c && r8 ? 0 : E8KV_ERR(OUT_OF_MEMORY);
+    for (size_t s = 0; s < n && !r; s++)
+        c[s] = e8kv_calib_sensitivity(cal, s % n_layer, s >= n_layer);
+    if (!r) r = e8kv_alloc_rates(r8, c, n, mean8, lo8, 64, step8);
+    for (size_t s = 0; s < n && !e8kv_is_error(r); s++)
+        rates[s] = r8[s] / 8.0;
+    free(c);
+    free(r8);
+    return e8kv_is_error(r) ? r : 0;
 }

@@ -28,24 +28,38 @@ typedef struct {
     size_t n_rules;
     char auto_spec[E8KV_CODEC_SPEC_MAX + 1]; /* auto=FAMILY:B: streams of this spec share bits by sensitivity */
     kv_evict_cfg ev;                         /* evict=, recent=, obs=, budget=, evictA-B= (evict.c) */
+    const e8kv_calib *calib;                 /* params.calib: which spec a preset means (preset_pick) */
 } cache_config;
 
 typedef struct {
     const char *name, *spec;
+    const char *calibrated; /* what the name means when the cache has a calibration (NULL: spec always) */
 } preset;
 
-/* Presets (stable names; the specs behind them may be retuned as measurements improve). */
+/* Presets (stable names; the specs behind them may be retuned as measurements improve). With a
+ * calibration (params.calib: scripts/calibrate_model.sh makes the default model's, e8kv calibrate any
+ * model's) near-lossless, balanced and aggressive mean their calibrated spec, chosen by measurement on
+ * SmolLM2-135M with a calibration on Tiny Shakespeare (BENCHMARKS.md, "Presets with the default
+ * calibration"); without one, the uncalibrated spec (e8kv_cache_preset_spec_calib says which). */
 static const preset k_presets[] = {
-    {"near-lossless", "k=q8_0h,v=e8:4,sink=1,center=all,rope=pre"},
-    {"balanced", "e8:4,sink=1"},
-    {"aggressive", "k=e8:4,v=e8:3,sink=1"},
+    {"near-lossless", "k=q8_0h,v=e8:4,sink=1,center=all,rope=pre", "e8tv:5,sink=1"},
+    {"balanced", "e8:4,sink=1", "auto=e8tv:3.875,sink=1"},
+    {"aggressive", "k=e8:4,v=e8:3,sink=1", "auto=e8tv:3,sink=1"},
     /* eviction + calibrated E8 codes (evict.c; auto= needs e8kv calibrate), chosen by measurement at
      * 1600-token prefixes of SmolLM2-135M: 10.3x, 17.4x, 33.5x of f16 with every byte counted
      * (BENCHMARKS.md). snapkv wants the prefix's queries (e8kv_cache_evict); budget= falls back to keykey */
-    {"evict-high", "auto=e8tv:4,sink=1,evict=snapkv:0.68"},
-    {"evict-balanced", "auto=e8tv:3.5,sink=1,evict=snapkv:0.84"},
-    {"evict-max", "auto=e8tv:4,sink=1,evict=snapkv:0.92"},
+    {"evict-high", "auto=e8tv:4,sink=1,evict=snapkv:0.68", NULL},
+    {"evict-balanced", "auto=e8tv:3.5,sink=1,evict=snapkv:0.84", NULL},
+    {"evict-max", "auto=e8tv:4,sink=1,evict=snapkv:0.92", NULL},
 };
+
+/* The spec a preset means with this calibration: its calibrated spec when there is one and the
+ * calibration has what it needs (sensitivities for auto=), else its uncalibrated spec. */
+static const char *preset_pick(const preset *p, const e8kv_calib *calib) {
+    if (!p->calibrated || !calib) return p->spec;
+    if (!strncmp(p->calibrated, "auto=", 5) && e8kv_calib_sensitivity(calib, 0, 0) < 0.0) return p->spec;
+    return p->calibrated;
+}
 
 static int copy_codec_spec(char dst[E8KV_CODEC_SPEC_MAX + 1], const char *src, size_t len) {
     if (len == 0 || len > E8KV_CODEC_SPEC_MAX) return 0;
@@ -87,7 +101,7 @@ static size_t parse_item(cache_config *cfg, const char *it, size_t len, int dept
     for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++)
         if (strlen(k_presets[i].name) == len && !memcmp(k_presets[i].name, it, len)) {
             if (depth > 0 || !first) return E8KV_ERR(SPEC);
-            return parse_list(cfg, k_presets[i].spec, depth + 1);
+            return parse_list(cfg, preset_pick(&k_presets[i], cfg->calib), depth + 1);
         }
     const char *eq = memchr(it, '=', len);
     const size_t klen = eq ? (size_t)(eq - it) : 0;
@@ -329,6 +343,7 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
     cfg->rope_pre = -1;
     cfg->ev.recent = E8KV_EVICT_DEFAULT_RECENT;
     cfg->ev.obs = E8KV_EVICT_DEFAULT_OBS;
+    cfg->calib = params->calib;
     size_t r = parse_list(cfg, params->spec, 0);
     /* eviction compacts coded pages: not with the exact window's raw pages */
     if (cfg->ev.scorer && cfg->window) r = E8KV_ERR(SPEC);
@@ -922,9 +937,13 @@ size_t e8kv_cache_page_tokens(const e8kv_cache *cache) {
     return cache ? cache->page_tokens : 0;
 }
 
-const char *e8kv_cache_preset_spec(const char *name) {
+const char *e8kv_cache_preset_spec_calib(const char *name, const e8kv_calib *calib) {
     if (!name) return NULL;
     for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++)
-        if (!strcmp(k_presets[i].name, name)) return k_presets[i].spec;
+        if (!strcmp(k_presets[i].name, name)) return preset_pick(&k_presets[i], calib);
     return NULL;
+}
+
+const char *e8kv_cache_preset_spec(const char *name) {
+    return e8kv_cache_preset_spec_calib(name, NULL);
 }
