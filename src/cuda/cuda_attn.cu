@@ -1500,24 +1500,24 @@ size_t e8kv_cu_launch_attend(const attn_launch *a, cudaStream_t stream) {
         if (!ready) {
             uint16_t pat[256];
             e8p_patterns(pat);
-            if (cudaMemcpyToSymbol(c_pat_a, pat, sizeof pat) != cudaSuccess) return E8KV_CU_ERR(CUDA);
+            if (cudaMemcpyToSymbol(c_pat_a, pat, sizeof pat) != cudaSuccess) return E8KV_ERR(CUDA);
             ready = 1;
         }
         attn_launch l = *a;
         l.v_rot = 1, l.v_div = E8P_VSCALE;
         const dim3 grid((unsigned)l.n_split, (unsigned)l.n_head_kv, (unsigned)l.n_seq);
         if (l.d == 128) {
-            if (e8p_smem_attr<128>()) return E8KV_CU_ERR(CUDA);
+            if (e8p_smem_attr<128>()) return E8KV_ERR(CUDA);
             attn_e8p_kernel<128><<<grid, 128, e8p_smem_bytes<128>(), stream>>>(l);
         } else {
-            if (e8p_smem_attr<64>()) return E8KV_CU_ERR(CUDA);
+            if (e8p_smem_attr<64>()) return E8KV_ERR(CUDA);
             attn_e8p_kernel<64><<<grid, 128, e8p_smem_bytes<64>(), stream>>>(l);
         }
-        return cudaGetLastError() == cudaSuccess ? 0 : E8KV_CU_ERR(CUDA);
+        return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
     }
     if (a->d == 128)
         launch_k<128>(a, stream);
     else
         launch_k<64>(a, stream);
-    return cudaGetLastError() == cudaSuccess ? 0 : E8KV_CU_ERR(CUDA);
+    return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
 }

@@ -51,17 +51,17 @@ static int parse_fmt(const char *s, size_t n) {
 
 /* "FMT" or "k=FMT,v=FMT" */
 static size_t parse_spec(const char *spec, int *kf, int *vf) {
-    if (!spec) return E8KV_CU_ERR(SPEC);
+    if (!spec) return E8KV_ERR(SPEC);
     const char *comma = strchr(spec, ',');
     if (!comma) {
         *kf = *vf = parse_fmt(spec, strlen(spec));
     } else {
-        if (strncmp(spec, "k=", 2) || strncmp(comma + 1, "v=", 2)) return E8KV_CU_ERR(SPEC);
+        if (strncmp(spec, "k=", 2) || strncmp(comma + 1, "v=", 2)) return E8KV_ERR(SPEC);
         *kf = parse_fmt(spec + 2, (size_t)(comma - spec - 2));
         *vf = parse_fmt(comma + 3, strlen(comma + 3));
     }
     /* e8p:2 only for both streams (its attention kernel decodes K and V from one table) */
-    if (*kf < 0 || *vf < 0 || (*kf == FMT_E8P2) != (*vf == FMT_E8P2)) return E8KV_CU_ERR(SPEC);
+    if (*kf < 0 || *vf < 0 || (*kf == FMT_E8P2) != (*vf == FMT_E8P2)) return E8KV_ERR(SPEC);
     return 0;
 }
 
@@ -122,34 +122,34 @@ static size_t warm_up(e8kv_cuda_cache *c) {
     uint8_t *tmp = NULL;
     if (cudaMalloc((void **)&tmp, 2 * row) != cudaSuccess) {
         cudaGetLastError();
-        return E8KV_CU_ERR(OUT_OF_MEMORY);
+        return E8KV_ERR(OUT_OF_MEMORY);
     }
     const int32_t one = 1;
     size_t r = 0;
     if (cudaMemset(tmp, 0, 2 * row) != cudaSuccess || cudaMemset(c->d_slots, 0xff, sizeof(int64_t)) != cudaSuccess ||
         cudaMemset(c->d_btables, 0, c->width * sizeof(int32_t)) != cudaSuccess ||
         cudaMemcpy(c->d_ctx, &one, sizeof one, cudaMemcpyHostToDevice) != cudaSuccess)
-        r = E8KV_CU_ERR(CUDA);
+        r = E8KV_ERR(CUDA);
     if (!r) r = e8kv_cuda_append_slots(c, 0, c->d_slots, tmp, tmp, 1, E8KV_DTYPE_F32);
     if (!e8kv_is_error(r))
         r = e8kv_cuda_attend(c, 0, (float *)(tmp + row), tmp, E8KV_DTYPE_F32, 1, c->n_head_kv, c->d_btables,
                              c->width, c->d_ctx, 1, NULL, 0, NULL);
-    if (!e8kv_is_error(r) && cudaDeviceSynchronize() != cudaSuccess) r = E8KV_CU_ERR(CUDA);
+    if (!e8kv_is_error(r) && cudaDeviceSynchronize() != cudaSuccess) r = E8KV_ERR(CUDA);
     cudaFree(tmp);
     return e8kv_is_error(r) ? r : 0;
 }
 
 e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t *err) {
     if (err) *err = 0;
-    if (!p || !p->n_layer || !p->n_head_kv || !p->n_blocks) return fail(NULL, err, E8KV_CU_ERR(BAD_ARGUMENT));
-    if (p->head_dim != 64 && p->head_dim != 128) return fail(NULL, err, E8KV_CU_ERR(HEAD_DIM));
+    if (!p || !p->n_layer || !p->n_head_kv || !p->n_blocks) return fail(NULL, err, E8KV_ERR(BAD_ARGUMENT));
+    if (p->head_dim != 64 && p->head_dim != 128) return fail(NULL, err, E8KV_ERR(HEAD_DIM));
     const size_t bs = p->block_size ? p->block_size : 16;
-    if (bs % 16 || p->n_blocks > INT32_MAX / bs) return fail(NULL, err, E8KV_CU_ERR(BAD_ARGUMENT));
+    if (bs % 16 || p->n_blocks > INT32_MAX / bs) return fail(NULL, err, E8KV_ERR(BAD_ARGUMENT));
     int kf, vf;
     const size_t r = parse_spec(p->spec, &kf, &vf);
     if (r) return fail(NULL, err, r);
     e8kv_cuda_cache *c = (e8kv_cuda_cache *)calloc(1, sizeof *c);
-    if (!c) return fail(NULL, err, E8KV_CU_ERR(OUT_OF_MEMORY));
+    if (!c) return fail(NULL, err, E8KV_ERR(OUT_OF_MEMORY));
     c->n_layer = p->n_layer, c->n_head_kv = p->n_head_kv, c->d = p->head_dim, c->bs = bs;
     c->n_blocks = p->n_blocks, c->kfmt = kf, c->vfmt = vf, c->device = p->device;
     c->max_ctx = p->max_ctx ? p->max_ctx : p->n_blocks * bs;
@@ -160,10 +160,10 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     c->max_append = p->max_append ? p->max_append : 4096;
     c->rot_scale = 1.0f / sqrtf((float)c->d); /* as src/transform/fwht.c */
     if (c->max_n_head % c->n_head_kv || c->max_n_head / c->n_head_kv > 8)
-        return fail(c, err, E8KV_CU_ERR(DIMENSION));
+        return fail(c, err, E8KV_ERR(DIMENSION));
     if (cudaSetDevice(p->device) != cudaSuccess ||
         cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, p->device) != cudaSuccess)
-        return fail(c, err, E8KV_CU_ERR(CUDA));
+        return fail(c, err, E8KV_ERR(CUDA));
     c->occ = e8kv_cu_ctas_per_sm(c->d, kf, vf);
 
     /* the rotation's signs, read through the public codec: column i of H·D/√d has first entry sign_i/√d */
@@ -187,7 +187,7 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
 
     /* one allocation: pools, then tables, workspace, staging */
     c->sd = (stream_desc *)calloc(2 * c->n_layer, sizeof *c->sd);
-    if (!c->sd) return fail(c, err, E8KV_CU_ERR(OUT_OF_MEMORY));
+    if (!c->sd) return fail(c, err, E8KV_ERR(OUT_OF_MEMORY));
     size_t off = 0;
     for (size_t l = 0; l < c->n_layer; l++)
         for (int s = 0; s < 2; s++) {
@@ -196,7 +196,7 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
             sd->head_bytes = bs * fmt_vector_bytes(sd->fmt, c->d);
             sd->page_bytes = c->n_head_kv * sd->head_bytes;
             if (sd->page_bytes > 0xffffffffu)
-                return fail(c, err, E8KV_CU_ERR(DIMENSION)); /* 32-bit page math */
+                return fail(c, err, E8KV_ERR(DIMENSION)); /* 32-bit page math */
             sd->pool = (uint8_t *)off;
             off = align256(off + c->n_blocks * sd->page_bytes);
         }
@@ -221,7 +221,7 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     if (ce != cudaSuccess) {
         c->dev = NULL;
         cudaGetLastError();
-        return fail(c, err, ce == cudaErrorMemoryAllocation ? E8KV_CU_ERR(OUT_OF_MEMORY) : E8KV_CU_ERR(CUDA));
+        return fail(c, err, ce == cudaErrorMemoryAllocation ? E8KV_ERR(OUT_OF_MEMORY) : E8KV_ERR(CUDA));
     }
     for (size_t i = 0; i < 2 * c->n_layer; i++)
         c->sd[i].pool = c->dev + (size_t)c->sd[i].pool;
@@ -236,7 +236,7 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     if (cudaMemset(c->dev, 0, pools) != cudaSuccess ||
         cudaMemset(c->d_work, 0, c->work_bytes) != cudaSuccess ||
         cudaMemcpy(c->d_signs, signs, c->d * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
-        return fail(c, err, E8KV_CU_ERR(CUDA));
+        return fail(c, err, E8KV_ERR(CUDA));
 
     c->tables = (int32_t *)calloc(c->max_seqs * c->width, sizeof(int32_t));
     c->lens = (size_t *)calloc(c->max_seqs * c->n_layer, sizeof(size_t));
@@ -249,7 +249,7 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     c->ctx = (int32_t *)calloc(c->max_batch, sizeof(int32_t));
     if (!c->tables || !c->lens || !c->n_pages || !c->live || !c->refs || !c->free_list || !c->slots ||
         !c->btables || !c->ctx)
-        return fail(c, err, E8KV_CU_ERR(OUT_OF_MEMORY));
+        return fail(c, err, E8KV_ERR(OUT_OF_MEMORY));
     for (size_t i = 0; i < c->n_blocks; i++)
         c->free_list[i] = (int32_t)(c->n_blocks - 1 - i);
     c->n_free = c->n_blocks;
@@ -262,7 +262,7 @@ size_t e8kv_cuda_cache_device_bytes(const e8kv_cuda_cache *c) {
 }
 
 size_t e8kv_cuda_cache_vector_bytes(const e8kv_cuda_cache *c, size_t layer, int stream) {
-    if (!c || layer >= c->n_layer || (stream != 0 && stream != 1)) return E8KV_CU_ERR(BAD_ARGUMENT);
+    if (!c || layer >= c->n_layer || (stream != 0 && stream != 1)) return E8KV_ERR(BAD_ARGUMENT);
     return fmt_vector_bytes(c->sd[2 * layer + stream].fmt, c->d);
 }
 
@@ -276,7 +276,7 @@ size_t e8kv_cuda_cache_token_bytes(const e8kv_cuda_cache *c) {
 
 size_t e8kv_cuda_cache_pages(const e8kv_cuda_cache *c, size_t layer, int stream, void **d_pool) {
     if (!c || !d_pool || layer >= c->n_layer || (stream != 0 && stream != 1))
-        return E8KV_CU_ERR(BAD_ARGUMENT);
+        return E8KV_ERR(BAD_ARGUMENT);
     *d_pool = c->sd[2 * layer + stream].pool;
     return c->sd[2 * layer + stream].page_bytes;
 }
@@ -289,12 +289,12 @@ size_t e8kv_cuda_cache_free_pages(const e8kv_cuda_cache *c) {
 static size_t append_rows(e8kv_cuda_cache *c, size_t layer, const int64_t *host_slots, const void *k,
                           const void *v, size_t n_tok, e8kv_dtype dtype) {
     const size_t esz = dtype == E8KV_DTYPE_F32 ? 4 : 2, row = c->n_head_kv * c->d * esz;
-    if (cudaMemset(c->d_flags, 0, sizeof(unsigned)) != cudaSuccess) return E8KV_CU_ERR(CUDA);
+    if (cudaMemset(c->d_flags, 0, sizeof(unsigned)) != cudaSuccess) return E8KV_ERR(CUDA);
     for (size_t t0 = 0; t0 < n_tok; t0 += c->max_append) {
         const size_t n = n_tok - t0 < c->max_append ? n_tok - t0 : c->max_append;
         if (cudaMemcpy(c->d_slots, host_slots + t0, n * sizeof(int64_t), cudaMemcpyHostToDevice) !=
             cudaSuccess)
-            return E8KV_CU_ERR(CUDA);
+            return E8KV_ERR(CUDA);
         for (int s = 0; s < 2; s++) {
             const uint8_t *const src = (const uint8_t *)(s ? v : k) + t0 * row;
             const size_t r =
@@ -305,8 +305,8 @@ static size_t append_rows(e8kv_cuda_cache *c, size_t layer, const int64_t *host_
     }
     unsigned flags = 0;
     if (cudaMemcpy(&flags, c->d_flags, sizeof flags, cudaMemcpyDeviceToHost) != cudaSuccess)
-        return E8KV_CU_ERR(CUDA);
-    E8KV_CU_RETURN(e8kv_cuda_status_error(flags));
+        return E8KV_ERR(CUDA);
+    E8KV_RETURN_IF_ERROR(e8kv_cuda_status_error(flags));
     return n_tok;
 }
 
@@ -319,8 +319,8 @@ static int bad_dtype(e8kv_dtype t) {
 #endif
 
 size_t e8kv_cuda_status_error(unsigned status) {
-    if (status & FLAG_NONFINITE) return E8KV_CU_ERR(NONFINITE);
-    if (status & FLAG_RANGE) return E8KV_CU_ERR(RANGE);
+    if (status & FLAG_NONFINITE) return E8KV_ERR(NONFINITE);
+    if (status & FLAG_RANGE) return E8KV_ERR(RANGE);
     return 0;
 }
 
@@ -328,9 +328,9 @@ size_t e8kv_cuda_append_slots_async(e8kv_cuda_cache *c, size_t layer, const int6
                                     const void *d_v, size_t n_tok, e8kv_dtype dtype, unsigned *d_status,
                                     void *stream) {
     if (!c || layer >= c->n_layer || bad_dtype(dtype) || !d_status || (n_tok && (!d_slots || !d_k || !d_v)))
-        return E8KV_CU_ERR(BAD_ARGUMENT);
+        return E8KV_ERR(BAD_ARGUMENT);
     for (int s = 0; s < 2; s++)
-        E8KV_CU_RETURN(e8kv_cu_launch_append(&c->sd[2 * layer + s], d_slots, s ? d_v : d_k, n_tok, c->n_head_kv,
+        E8KV_RETURN_IF_ERROR(e8kv_cu_launch_append(&c->sd[2 * layer + s], d_slots, s ? d_v : d_k, n_tok, c->n_head_kv,
                                              c->d, c->bs, (int)dtype, c->d_signs, c->rot_scale, d_status,
                                              (cudaStream_t)stream));
     return n_tok;
@@ -338,13 +338,13 @@ size_t e8kv_cuda_append_slots_async(e8kv_cuda_cache *c, size_t layer, const int6
 
 size_t e8kv_cuda_append_slots(e8kv_cuda_cache *c, size_t layer, const int64_t *d_slots, const void *d_k,
                               const void *d_v, size_t n_tok, e8kv_dtype dtype) {
-    if (!c) return E8KV_CU_ERR(BAD_ARGUMENT);
-    if (cudaMemset(c->d_flags, 0, sizeof(unsigned)) != cudaSuccess) return E8KV_CU_ERR(CUDA);
-    E8KV_CU_RETURN(e8kv_cuda_append_slots_async(c, layer, d_slots, d_k, d_v, n_tok, dtype, c->d_flags, NULL));
+    if (!c) return E8KV_ERR(BAD_ARGUMENT);
+    if (cudaMemset(c->d_flags, 0, sizeof(unsigned)) != cudaSuccess) return E8KV_ERR(CUDA);
+    E8KV_RETURN_IF_ERROR(e8kv_cuda_append_slots_async(c, layer, d_slots, d_k, d_v, n_tok, dtype, c->d_flags, NULL));
     unsigned flags = 0;
     if (cudaMemcpy(&flags, c->d_flags, sizeof flags, cudaMemcpyDeviceToHost) != cudaSuccess)
-        return E8KV_CU_ERR(CUDA);
-    E8KV_CU_RETURN(e8kv_cuda_status_error(flags));
+        return E8KV_ERR(CUDA);
+    E8KV_RETURN_IF_ERROR(e8kv_cuda_status_error(flags));
     return n_tok;
 }
 
@@ -354,15 +354,15 @@ size_t e8kv_cuda_attend(e8kv_cuda_cache *c, size_t layer, float *d_out, const vo
                         void *stream) {
     if (!c || layer >= c->n_layer || bad_dtype(dtype) || !n_seq || !d_out || !d_q || !d_block_tables ||
         !d_ctx_lens || n_seq > 65535)
-        return E8KV_CU_ERR(BAD_ARGUMENT);
-    if (!n_head || n_head % c->n_head_kv || n_head / c->n_head_kv > 8) return E8KV_CU_ERR(DIMENSION);
-    if (max_ctx > max_blocks_per_seq * c->bs || max_ctx > (size_t)INT32_MAX) return E8KV_CU_ERR(DIMENSION);
+        return E8KV_ERR(BAD_ARGUMENT);
+    if (!n_head || n_head % c->n_head_kv || n_head / c->n_head_kv > 8) return E8KV_ERR(DIMENSION);
+    if (max_ctx > max_blocks_per_seq * c->bs || max_ctx > (size_t)INT32_MAX) return E8KV_ERR(DIMENSION);
     const size_t need = e8kv_cuda_attend_workspace_bytes(c, n_seq, n_head, max_ctx);
     if (!d_workspace) {
-        if (need > c->work_bytes) return E8KV_CU_ERR(DST_TOO_SMALL);
+        if (need > c->work_bytes) return E8KV_ERR(DST_TOO_SMALL);
         d_workspace = c->d_work;
     } else if (workspace_bytes < need) {
-        return E8KV_CU_ERR(DST_TOO_SMALL);
+        return E8KV_ERR(DST_TOO_SMALL);
     }
     attn_launch a;
     memset(&a, 0, sizeof a);
@@ -387,7 +387,7 @@ static int seq_ok(const e8kv_cuda_cache *c, size_t seq) {
 }
 
 size_t e8kv_cuda_seq_create(e8kv_cuda_cache *c) {
-    if (!c) return E8KV_CU_ERR(BAD_ARGUMENT);
+    if (!c) return E8KV_ERR(BAD_ARGUMENT);
     for (size_t s = 0; s < c->max_seqs; s++)
         if (!c->live[s]) {
             c->live[s] = 1;
@@ -395,11 +395,11 @@ size_t e8kv_cuda_seq_create(e8kv_cuda_cache *c) {
             memset(c->lens + s * c->n_layer, 0, c->n_layer * sizeof(size_t));
             return s;
         }
-    return E8KV_CU_ERR(CONTEXT_FULL);
+    return E8KV_ERR(CONTEXT_FULL);
 }
 
 size_t e8kv_cuda_seq_fork(e8kv_cuda_cache *c, size_t seq) {
-    if (!seq_ok(c, seq)) return E8KV_CU_ERR(BAD_ARGUMENT);
+    if (!seq_ok(c, seq)) return E8KV_ERR(BAD_ARGUMENT);
     const size_t n = e8kv_cuda_seq_create(c);
     if (e8kv_is_error(n)) return n;
     memcpy(c->tables + n * c->width, c->tables + seq * c->width, c->n_pages[seq] * sizeof(int32_t));
@@ -409,12 +409,12 @@ size_t e8kv_cuda_seq_fork(e8kv_cuda_cache *c, size_t seq) {
         c->refs[c->tables[n * c->width + i]]++;
     if (c->n_pages[n] && cudaMemcpy(c->d_tables + n * c->width, c->tables + n * c->width,
                                     c->n_pages[n] * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess)
-        return E8KV_CU_ERR(CUDA);
+        return E8KV_ERR(CUDA);
     return n;
 }
 
 size_t e8kv_cuda_seq_free(e8kv_cuda_cache *c, size_t seq) {
-    if (!seq_ok(c, seq)) return E8KV_CU_ERR(BAD_ARGUMENT);
+    if (!seq_ok(c, seq)) return E8KV_ERR(BAD_ARGUMENT);
     for (size_t i = 0; i < c->n_pages[seq]; i++) {
         const int32_t p = c->tables[seq * c->width + i];
         if (--c->refs[p] == 0) c->free_list[c->n_free++] = p;
@@ -425,18 +425,18 @@ size_t e8kv_cuda_seq_free(e8kv_cuda_cache *c, size_t seq) {
 }
 
 size_t e8kv_cuda_seq_length(const e8kv_cuda_cache *c, size_t seq, size_t layer) {
-    if (!seq_ok(c, seq) || layer >= c->n_layer) return E8KV_CU_ERR(BAD_ARGUMENT);
+    if (!seq_ok(c, seq) || layer >= c->n_layer) return E8KV_ERR(BAD_ARGUMENT);
     return c->lens[seq * c->n_layer + layer];
 }
 
 /* Makes pages [first, last] of seq writable: allocates missing ones, copies shared ones (every layer and
  * stream, so the other layers' tokens follow). Nothing changes when the pool cannot supply them all. */
 static size_t make_writable(e8kv_cuda_cache *c, size_t seq, size_t first, size_t last) {
-    if (last >= c->width) return E8KV_CU_ERR(CONTEXT_FULL);
+    if (last >= c->width) return E8KV_ERR(CONTEXT_FULL);
     size_t need = 0;
     for (size_t i = first; i <= last; i++)
         need += i >= c->n_pages[seq] || c->refs[c->tables[seq * c->width + i]] > 1;
-    if (need > c->n_free) return E8KV_CU_ERR(OUT_OF_MEMORY);
+    if (need > c->n_free) return E8KV_ERR(OUT_OF_MEMORY);
     int32_t *const t = c->tables + seq * c->width;
     for (size_t i = first; i <= last; i++) {
         if (i < c->n_pages[seq] && c->refs[t[i]] == 1) continue;
@@ -449,7 +449,7 @@ static size_t make_writable(e8kv_cuda_cache *c, size_t seq, size_t first, size_t
                 if (cudaMemcpy(sd->pool + (size_t)np * sd->page_bytes,
                                sd->pool + (size_t)old * sd->page_bytes, sd->page_bytes,
                                cudaMemcpyDeviceToDevice) != cudaSuccess)
-                    return E8KV_CU_ERR(CUDA);
+                    return E8KV_ERR(CUDA);
             }
             c->refs[old]--;
         }
@@ -458,18 +458,18 @@ static size_t make_writable(e8kv_cuda_cache *c, size_t seq, size_t first, size_t
     if (last + 1 > c->n_pages[seq]) c->n_pages[seq] = last + 1;
     if (cudaMemcpy(c->d_tables + seq * c->width + first, t + first, (last + 1 - first) * sizeof(int32_t),
                    cudaMemcpyHostToDevice) != cudaSuccess)
-        return E8KV_CU_ERR(CUDA);
+        return E8KV_ERR(CUDA);
     return 0;
 }
 
 size_t e8kv_cuda_seq_append(e8kv_cuda_cache *c, size_t layer, size_t seq, const void *d_k, const void *d_v,
                             size_t n_tok, e8kv_dtype dtype) {
     if (!seq_ok(c, seq) || layer >= c->n_layer || bad_dtype(dtype) || (n_tok && (!d_k || !d_v)))
-        return E8KV_CU_ERR(BAD_ARGUMENT);
+        return E8KV_ERR(BAD_ARGUMENT);
     size_t *const len = &c->lens[seq * c->n_layer + layer];
     if (!n_tok) return *len;
-    if (*len + n_tok > c->max_ctx) return E8KV_CU_ERR(CONTEXT_FULL);
-    E8KV_CU_RETURN(make_writable(c, seq, *len / c->bs, (*len + n_tok - 1) / c->bs));
+    if (*len + n_tok > c->max_ctx) return E8KV_ERR(CONTEXT_FULL);
+    E8KV_RETURN_IF_ERROR(make_writable(c, seq, *len / c->bs, (*len + n_tok - 1) / c->bs));
     const int32_t *const t = c->tables + seq * c->width;
     const size_t esz = dtype == E8KV_DTYPE_F32 ? 4 : 2, row = c->n_head_kv * c->d * esz;
     for (size_t t0 = 0; t0 < n_tok; t0 += c->max_append) {
@@ -489,16 +489,16 @@ size_t e8kv_cuda_seq_append(e8kv_cuda_cache *c, size_t layer, size_t seq, const 
 size_t e8kv_cuda_seq_append_batch(e8kv_cuda_cache *c, size_t layer, const size_t *seqs, size_t n_seq,
                                   const void *d_k, const void *d_v, e8kv_dtype dtype) {
     if (!c || layer >= c->n_layer || bad_dtype(dtype) || !seqs || !d_k || !d_v || n_seq > c->max_append)
-        return E8KV_CU_ERR(BAD_ARGUMENT);
+        return E8KV_ERR(BAD_ARGUMENT);
     for (size_t i = 0; i < n_seq; i++) {
-        if (!seq_ok(c, seqs[i])) return E8KV_CU_ERR(BAD_ARGUMENT);
+        if (!seq_ok(c, seqs[i])) return E8KV_ERR(BAD_ARGUMENT);
         for (size_t j = 0; j < i; j++)
-            if (seqs[j] == seqs[i]) return E8KV_CU_ERR(BAD_ARGUMENT);
-        if (c->lens[seqs[i] * c->n_layer + layer] + 1 > c->max_ctx) return E8KV_CU_ERR(CONTEXT_FULL);
+            if (seqs[j] == seqs[i]) return E8KV_ERR(BAD_ARGUMENT);
+        if (c->lens[seqs[i] * c->n_layer + layer] + 1 > c->max_ctx) return E8KV_ERR(CONTEXT_FULL);
     }
     for (size_t i = 0; i < n_seq; i++) {
         const size_t pos = c->lens[seqs[i] * c->n_layer + layer];
-        E8KV_CU_RETURN(make_writable(c, seqs[i], pos / c->bs, pos / c->bs));
+        E8KV_RETURN_IF_ERROR(make_writable(c, seqs[i], pos / c->bs, pos / c->bs));
         c->slots[i] =
             (int64_t)c->tables[seqs[i] * c->width + pos / c->bs] * (int64_t)c->bs + (int64_t)(pos % c->bs);
     }
@@ -512,10 +512,10 @@ size_t e8kv_cuda_seq_append_batch(e8kv_cuda_cache *c, size_t layer, const size_t
 size_t e8kv_cuda_seq_attend(e8kv_cuda_cache *c, size_t layer, float *d_out, const void *d_q, e8kv_dtype dtype,
                             const size_t *seqs, size_t n_seq, size_t n_head) {
     if (!c || layer >= c->n_layer || !seqs || !n_seq || n_seq > c->max_batch)
-        return E8KV_CU_ERR(BAD_ARGUMENT);
+        return E8KV_ERR(BAD_ARGUMENT);
     size_t max_ctx = 0;
     for (size_t i = 0; i < n_seq; i++) {
-        if (!seq_ok(c, seqs[i])) return E8KV_CU_ERR(BAD_ARGUMENT);
+        if (!seq_ok(c, seqs[i])) return E8KV_ERR(BAD_ARGUMENT);
         const size_t len = c->lens[seqs[i] * c->n_layer + layer];
         c->ctx[i] = (int32_t)len;
         max_ctx = len > max_ctx ? len : max_ctx;
@@ -525,21 +525,21 @@ size_t e8kv_cuda_seq_attend(e8kv_cuda_cache *c, size_t layer, float *d_out, cons
     if (cudaMemcpy(c->d_btables, c->btables, n_seq * c->width * sizeof(int32_t), cudaMemcpyHostToDevice) !=
             cudaSuccess ||
         cudaMemcpy(c->d_ctx, c->ctx, n_seq * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess)
-        return E8KV_CU_ERR(CUDA);
+        return E8KV_ERR(CUDA);
     const size_t r = e8kv_cuda_attend(c, layer, d_out, d_q, dtype, n_seq, n_head, c->d_btables, c->width,
                                       c->d_ctx, max_ctx, NULL, 0, NULL);
     if (e8kv_is_error(r)) return r;
-    return cudaDeviceSynchronize() == cudaSuccess ? r : E8KV_CU_ERR(CUDA);
+    return cudaDeviceSynchronize() == cudaSuccess ? r : E8KV_ERR(CUDA);
 }
 
 size_t e8kv_cuda_read_slot(const e8kv_cuda_cache *c, void *dst, size_t cap, size_t layer, int stream,
                            int64_t slot, size_t head) {
     if (!c || !dst || layer >= c->n_layer || (stream != 0 && stream != 1) || slot < 0 ||
         head >= c->n_head_kv || (size_t)slot >= c->n_blocks * c->bs)
-        return E8KV_CU_ERR(BAD_ARGUMENT);
+        return E8KV_ERR(BAD_ARGUMENT);
     const stream_desc *const sd = &c->sd[2 * layer + stream];
     const size_t vb = fmt_vector_bytes(sd->fmt, c->d), off = (size_t)slot % c->bs;
-    if (cap < vb) return E8KV_CU_ERR(DST_TOO_SMALL);
+    if (cap < vb) return E8KV_ERR(DST_TOO_SMALL);
     const uint8_t *const area = sd->pool + (size_t)slot / c->bs * sd->page_bytes + head * sd->head_bytes;
     uint8_t *const out = (uint8_t *)dst;
     cudaError_t e;
@@ -556,13 +556,13 @@ size_t e8kv_cuda_read_slot(const e8kv_cuda_cache *c, void *dst, size_t cap, size
     } else {
         e = cudaMemcpy(out, area + off * vb, vb, cudaMemcpyDeviceToHost);
     }
-    return e == cudaSuccess ? vb : E8KV_CU_ERR(CUDA);
+    return e == cudaSuccess ? vb : E8KV_ERR(CUDA);
 }
 
 size_t e8kv_cuda_seq_read_vector(const e8kv_cuda_cache *c, void *dst, size_t cap, size_t seq, size_t layer,
                                  int stream, size_t pos, size_t head) {
     if (!seq_ok(c, seq) || layer >= c->n_layer || pos >= c->lens[seq * c->n_layer + layer])
-        return E8KV_CU_ERR(BAD_ARGUMENT);
+        return E8KV_ERR(BAD_ARGUMENT);
     const int64_t slot =
         (int64_t)c->tables[seq * c->width + pos / c->bs] * (int64_t)c->bs + (int64_t)(pos % c->bs);
     return e8kv_cuda_read_slot(c, dst, cap, layer, stream, slot, head);

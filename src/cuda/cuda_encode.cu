@@ -635,7 +635,7 @@ static size_t encode_tables(void) {
     if (cudaMemcpyFromSymbol(frac, c_box_frac, sizeof frac) != cudaSuccess ||
         cudaMemcpyFromSymbol(ratio, c_ratio, sizeof ratio) != cudaSuccess ||
         cudaMemcpyFromSymbol(p_ratio, c_p_ratio, sizeof p_ratio) != cudaSuccess)
-        return E8KV_CU_ERR(CUDA);
+        return E8KV_ERR(CUDA);
     for (int j = 0; j < 8; j++)
         kfrac[j] = (float)FX_ONE / frac[j];
     for (int r = 0; r < 4; r++) {
@@ -646,7 +646,7 @@ static size_t encode_tables(void) {
         cudaMemcpyToSymbol(c_box_kfrac, kfrac, sizeof kfrac) != cudaSuccess ||
         cudaMemcpyToSymbol(c_box_off, off, sizeof off) != cudaSuccess ||
         cudaMemcpyToSymbol(c_p_off, p_off, sizeof p_off) != cudaSuccess)
-        return E8KV_CU_ERR(CUDA);
+        return E8KV_ERR(CUDA);
     ready = 1;
     return 0;
 }
@@ -656,7 +656,7 @@ size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, cons
                              float rot_scale, unsigned *d_flags, cudaStream_t stream) {
     if (n_tok == 0) return 0;
     if (sd->fmt == FMT_BOX4 || sd->fmt == FMT_E8P2) {
-        E8KV_CU_RETURN(encode_tables());
+        E8KV_RETURN_IF_ERROR(encode_tables());
         /* the kernels index vectors in 32 bits: pieces of fewer than 2^31 threads */
         const size_t per = ((size_t)1 << 31) / (n_head_kv * (d / 8)),
                      row = n_head_kv * d * (dtype == E8KV_DTYPE_F32 ? 4 : 2);
@@ -688,5 +688,5 @@ size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, cons
             append_raw_kernel<__nv_bfloat16><<<(unsigned)blocks, 128, 0, stream>>>(
                 *sd, d_slots, d_src, n_tok, n_head_kv, d, block_size, dtype, d_flags);
     }
-    return cudaGetLastError() == cudaSuccess ? 0 : E8KV_CU_ERR(CUDA);
+    return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
 }

@@ -24,13 +24,6 @@ __device__ __forceinline__ float e8kv_cuda_load_val(const void *src, size_t i, i
     return __bfloat162float(((const __nv_bfloat16 *)src)[i]);
 }
 
-#define E8KV_CU_ERR(name) ((size_t) - (ptrdiff_t)E8KV_ERROR_##name)
-#define E8KV_CU_RETURN(expr)                                                                                 \
-    do {                                                                                                     \
-        const size_t e8kv_cu_r_ = (expr);                                                                    \
-        if (e8kv_is_error(e8kv_cu_r_)) return e8kv_cu_r_;                                                    \
-    } while (0)
-
 enum { FMT_BOX4 = 0, FMT_BF16 = 1, FMT_F16 = 2, FMT_E8P2 = 3 };
 
 /* bytes of one vector of head_dim d in a format */
