@@ -223,6 +223,20 @@ static size_t put_f32s(wbuf *w, const float *x, size_t n) {
     return 0;
 }
 
+/* A u32 size, then rows x row_bytes of `rows_buf` as one frame; frees rows_buf (malloc'd by the caller). */
+static size_t put_frame(wbuf *w, uint8_t *rows_buf, size_t row_bytes, size_t rows,
+                        const e8kv_frame_params *fp) {
+    size_t r = (size_t)(w->end - w->p) < 4 ? E8KV_ERR(DST_TOO_SMALL) : 0;
+    if (!e8kv_is_error(r))
+        r = e8kv_frame_encode(w->p + 4, (size_t)(w->end - w->p) - 4, rows_buf, row_bytes, rows, fp);
+    free(rows_buf);
+    if (e8kv_is_error(r)) return r;
+    if (r > UINT32_MAX) return E8KV_ERR(UNSUPPORTED);
+    e8kv_store_le32(w->p, (uint32_t)r);
+    w->p += 4 + r;
+    return 0;
+}
+
 /* One codec's coded rows: u32 frame size, then the frame (none when the size is 0). */
 static size_t save_group(wbuf *w, const e8kv_cache *c, const e8kv_codec *codec) {
     const size_t rows = group_rows(c, codec), vb = codec->vector_bytes;
@@ -232,15 +246,7 @@ static size_t save_group(wbuf *w, const e8kv_cache *c, const e8kv_codec *codec) 
     group_copy(c, codec, buf, 1);
     const e8kv_frame_params fp = {
         .content = E8KV_FRAME_BYTES, .coder = E8KV_FRAME_RANS, .rows_per_page = FRAME_ROWS_PER_PAGE};
-    size_t r = 0;
-    if ((size_t)(w->end - w->p) < 4) r = E8KV_ERR(DST_TOO_SMALL);
-    if (!e8kv_is_error(r)) r = e8kv_frame_encode(w->p + 4, (size_t)(w->end - w->p) - 4, buf, vb, rows, &fp);
-    free(buf);
-    if (e8kv_is_error(r)) return r;
-    if (r > UINT32_MAX) return E8KV_ERR(UNSUPPORTED);
-    e8kv_store_le32(w->p, (uint32_t)r);
-    w->p += 4 + r;
-    return 0;
+    return put_frame(w, buf, vb, rows, &fp);
 }
 
 static size_t save_layer(wbuf *w, const e8kv_cache *c, const kv_layer *L) {
@@ -689,14 +695,7 @@ static size_t save_evict(wbuf *w, const e8kv_cache *c) {
             e8kv_store_le32(buf + o, c->layers[l].pos[i]);
     const e8kv_frame_params fp = {
         .content = E8KV_FRAME_BYTES, .coder = E8KV_FRAME_ZSTD, .rows_per_page = EVICT_FRAME_ROWS, .delta = 1};
-    size_t r = (size_t)(w->end - w->p) < 4 ? E8KV_ERR(DST_TOO_SMALL) : 0;
-    if (!e8kv_is_error(r)) r = e8kv_frame_encode(w->p + 4, (size_t)(w->end - w->p) - 4, buf, 4, rows, &fp);
-    free(buf);
-    if (e8kv_is_error(r)) return r;
-    if (r > UINT32_MAX) return E8KV_ERR(UNSUPPORTED);
-    e8kv_store_le32(w->p, (uint32_t)r);
-    w->p += 4 + r;
-    return 0;
+    return put_frame(w, buf, 4, rows, &fp);
 }
 
 static size_t load_evict(rbuf *r, e8kv_cache *c) {
