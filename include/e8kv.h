@@ -108,7 +108,7 @@ void e8kv_set_log_callback(e8kv_log_fn fn, void *user);
  * bytes, and vector i can be decoded from its own bytes alone (random access per token).
  *
  * Spec strings (stable; used by scripts):
- *   f32, f16            plain storage
+ *   f32, f16, bf16      plain storage (bf16: the GPU cache's raw pages)
  *   q8_0, q4_0          llama.cpp block formats (32 values + fp16 scale): 8.5 and 4.5 bits/value
  *   q8_0h, q4_0h        the same after the seeded random-sign Hadamard rotation
  *   lloyd:B             rotation + fp16 norm + Lloyd-Max scalar levels for the rotated coordinates, B=2,3,4
@@ -156,6 +156,10 @@ e8kv_codec *e8kv_codec_create(const char *spec, size_t head_dim, uint64_t seed, 
 void e8kv_codec_free(e8kv_codec *codec);
 
 const char *e8kv_codec_spec(const e8kv_codec *codec);
+/* The page format in which the CUDA cache (e8kv_cuda.h) holds this codec's vectors, byte for byte; NONE
+ * when the GPU has no kernel for it. */
+typedef enum { E8KV_GPU_NONE = 0, E8KV_GPU_E8BOX4, E8KV_GPU_E8P2, E8KV_GPU_F16, E8KV_GPU_BF16 } e8kv_gpu_format;
+e8kv_gpu_format e8kv_codec_gpu_format(const e8kv_codec *codec);
 size_t e8kv_codec_head_dim(const e8kv_codec *codec);
 /* Bytes of one encoded vector, side information included. */
 size_t e8kv_codec_vector_bytes(const e8kv_codec *codec);
@@ -401,6 +405,22 @@ const char *e8kv_cache_preset_spec(const char *name);
  * and aggressive have a calibrated spec (e8tv formats), used when calib is not NULL and has what it needs
  * (sensitivities for auto=); otherwise, and for calib NULL, the same as e8kv_cache_preset_spec(name). */
 const char *e8kv_cache_preset_spec_calib(const char *name, const e8kv_calib *calib);
+/* How a cache spec resolves for a model of n_layer layers, without creating a cache: for other caches on
+ * the same grammar (the CUDA cache, e8kv_cuda.h). layer_specs (2 * n_layer entries, may be NULL) receives
+ * each stream's codec spec, layer_specs[2 * l] the K of layer l and [2 * l + 1] its V, after presets
+ * (expanded with calib as e8kv_cache_create would), k=/v=/kv= and the layer rules; an auto= stream keeps
+ * the spec written (its rate comes from the calibration at create). The grammar's other items go to
+ * items. 0, SPEC (a spec the grammar refuses; codecs are not checked), BAD_ARGUMENT or OUT_OF_MEMORY. */
+#define E8KV_CODEC_SPEC_MAX_LEN 63 /* bytes of a codec spec */
+typedef struct {
+    size_t sink, window, page; /* 0 when not given */
+    int rope;                  /* rope=: 1 pre, 0 post, -1 not given */
+    int center;                /* center=: 0, 1, 2 (all), -1 not given */
+    int auto_rates;            /* auto= was given */
+    int evicts;                /* evict= or budget= was given */
+} e8kv_cache_spec_items;
+size_t e8kv_cache_spec_layers(const char *spec, size_t n_layer, const e8kv_calib *calib,
+                              e8kv_cache_spec_items *items, char (*layer_specs)[E8KV_CODEC_SPEC_MAX_LEN + 1]);
 /* 1 when the cache wants keys BEFORE RoPE (rope=pre, explicit or by default): append un-rotated keys
  * and pass queries WITH RoPE; the cache rotates each decoded key at attention time. 0: keys with RoPE. */
 int e8kv_cache_keys_pre_rope(const e8kv_cache *cache);

@@ -13,11 +13,16 @@
  * Page bytes are specified in doc/format.md §6. All pages are allocated once at creation (one
  * cudaMalloc); e8kv_cuda_cache_device_bytes says exactly how many bytes the cache holds on the device.
  *
- * Formats (spec grammar: "FMT" for K and V, or "k=FMT,v=FMT"):
+ * Formats: the library's cache spec grammar (e8kv.h: a format for K and V, k=/v=/kv=, layer rules such as
+ * "k=e8box:4,v=bf16,layers0-1=bf16,layer31=e8p:2"), resolved by e8kv_cache_spec_layers, with formats whose
+ * CPU codec has a GPU page format (e8kv_codec_gpu_format); each page holds that codec's bytes:
  *   e8box:4   the CPU codec e8box:4 (doc/format.md §2.4) after the seeded rotation, same bytes per vector
- *   e8p:2     the CPU codec e8p:2 (§2.5) after the seeded rotation, same bytes per vector; K and V both
- *             (a spec pairing it with another format is E8KV_ERROR_SPEC)
- *   bf16, f16 raw pages (no rotation)
+ *   e8p:2     the CPU codec e8p:2 (§2.5) after the seeded rotation, same bytes per vector; K and V of a
+ *             layer both (a layer pairing it with another format is E8KV_ERROR_SPEC)
+ *   bf16, f16 raw pages (no rotation), the CPU codecs bf16 and f16
+ * Not on the GPU yet, E8KV_ERROR_SPEC: sink=, window=, rope=pre (keys arrive after RoPE), auto=, eviction,
+ * center=1/all (pages are the codec's bytes, uncentred: center=0), page= (block_size is the parameter),
+ * presets and the formats without a GPU page format.
  * head_dim 64 or 128 (E8KV_ERROR_HEAD_DIM otherwise); query heads per KV head 1..8.
  *
  * Errors are the library's size_t codes (e8kv.h); a failing CUDA call is E8KV_ERROR_CUDA, a failed
@@ -41,7 +46,7 @@ typedef struct {
     size_t head_dim;   /* 64 or 128 */
     size_t block_size; /* tokens per page, a multiple of 16 (0: 16) */
     size_t n_blocks;   /* pages per (layer, stream) */
-    const char *spec;  /* "e8box:4", "e8p:2", "bf16", "f16", "k=e8box:4,v=bf16" */
+    const char *spec;  /* "e8box:4", "e8p:2", "bf16", "f16", "k=e8box:4,v=bf16", "e8box:4,layers0-1=bf16" */
     uint64_t seed;     /* rotation seed: the same bytes as e8kv_codec_create(spec, head_dim, seed) */
     size_t max_ctx;    /* longest sequence (0: n_blocks * block_size); sizes block tables and workspace */
     size_t max_seqs;   /* sequences the cache may own at once (0: 256) */

@@ -162,8 +162,15 @@ def test_chunk_with_a_past_reads_the_pages():
 
 
 @needs_gpu
-@pytest.mark.parametrize("spec", ["e8box:4", "e8p:2", "k=e8box:4,v=bf16"])
-def test_codes_equal_cpu_encoding(spec):
+@pytest.mark.parametrize("spec,layers", [
+    ("e8box:4", {0: ("e8box:4", "e8box:4"), 2: ("e8box:4", "e8box:4")}),
+    ("e8p:2", {0: ("e8p:2", "e8p:2"), 2: ("e8p:2", "e8p:2")}),
+    ("k=e8box:4,v=bf16", {0: ("e8box:4", "bf16"), 2: ("e8box:4", "bf16")}),
+    # a format per layer, in the library's grammar
+    ("e8box:4,layer1=e8p:2,layer2.v=bf16", {0: ("e8box:4", "e8box:4"), 1: ("e8p:2", "e8p:2"),
+                                            2: ("e8box:4", "bf16")}),
+])
+def test_codes_equal_cpu_encoding(spec, layers):
     import e8kv.hf  # noqa: F401
     model = tiny_llama(torch.bfloat16)
     cache = gpu_cache(model, spec, 2, cap=64)
@@ -175,20 +182,18 @@ def test_codes_equal_cpu_encoding(spec):
         cache.update(k, v, layer)
     torch.cuda.synchronize()
     cache.check()
-    kf, vf = (spec, spec) if "," not in spec else ("e8box:4", "bf16")
     n_checked = 0
-    for stream, fmt, x in ((0, kf, k), (1, vf, v)):
-        if fmt == "bf16":
-            continue
-        codec = e8kv.Codec(fmt, d, seed=0)
-        want = codec.encode(x.float().cpu())  # (b, h, t, vector_bytes)
-        for layer in (0, 2):
+    for layer, fmts in layers.items():
+        for stream, fmt, x in ((0, fmts[0], k), (1, fmts[1], v)):
+            codec = e8kv.Codec(fmt, d, seed=0)
+            want = codec.encode(x.float().cpu())  # (b, h, t, vector_bytes)
             for bi in range(b):
                 for hi in range(h):
                     for ti in range(t):
                         slot = bi * cache.capacity + ti
                         got = cache.kv.read_slot(layer, stream, slot, hi)
-                        np.testing.assert_array_equal(got, want[bi, hi, ti], err_msg=f"{spec} {layer} {bi} {hi} {ti}")
+                        np.testing.assert_array_equal(got, want[bi, hi, ti],
+                                                      err_msg=f"{spec} {layer} {stream} {bi} {hi} {ti}")
                         n_checked += 1
     assert n_checked > 0
     cache.detach(model.config)
@@ -257,7 +262,8 @@ def test_device_bytes_are_accounted():
 def test_errors_are_named():
     import e8kv.hf
     model = tiny_llama(torch.bfloat16)
-    for spec in ["e8:4", "balanced", "e8box:4,rope=pre", "k=e8box:4,v=e8:3", "auto=e8tv:3"]:
+    for spec in ["e8:4", "balanced", "e8box:4,rope=pre", "k=e8box:4,v=e8:3", "auto=e8tv:3", "e8box:4,sink=1",
+                 "e8box:4,layer1.k=e8p:2"]:
         with pytest.raises(e8kv.E8KVError) as e:
             e8kv.hf.E8KVCache(model.config, spec, device="cuda", max_batch_size=1, max_cache_len=64)
         assert e.value.code == e8kv.ErrorCode.SPEC, spec

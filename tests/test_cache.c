@@ -172,6 +172,36 @@ static void test_f16_and_mixed(void **state) {
     (void)state;
     assert_true(check_spec("f16", "f16", "f16", 1, 1e-5));
     assert_true(check_spec("k=f16,v=f32", "f16", "f32", 2, 1e-5));
+    assert_true(check_spec("k=bf16,v=f16", "bf16", "f16", 1, 1e-5));
+}
+
+/* e8kv_cache_spec_layers: the grammar resolved per stream without a cache (what the CUDA cache reads) */
+static void test_spec_layers(void **state) {
+    (void)state;
+    char sp[8][E8KV_CODEC_SPEC_MAX_LEN + 1];
+    e8kv_cache_spec_items it;
+    assert_int_equal(e8kv_cache_spec_layers("k=e8box:4,v=bf16,layer1=e8p:2,layers2-3.v=f16,layer3.k=bf16", 4,
+                                            NULL, &it, sp),
+                     0);
+    const char *want[8] = {"e8box:4", "bf16", "e8p:2", "e8p:2", "e8box:4", "f16", "bf16", "f16"};
+    for (int i = 0; i < 8; i++)
+        assert_string_equal(sp[i], want[i]);
+    assert_true(it.sink == 0 && it.window == 0 && it.page == 0 && it.rope == -1 && it.center == -1 &&
+                !it.auto_rates && !it.evicts);
+    /* items, and a preset expanded as the cache would (uncalibrated without a calibration) */
+    assert_int_equal(e8kv_cache_spec_layers("balanced,page=32,window=8,rope=post,center=0", 2, NULL, &it, sp), 0);
+    char first[64];
+    snprintf(first, sizeof first, "%s", e8kv_cache_preset_spec("balanced"));
+    *strchr(first, ',') = 0; /* "e8:4,sink=1": its codec */
+    assert_string_equal(sp[0], first);
+    assert_true(it.sink == 1 && it.window == 8 && it.page == 32 && it.rope == 0 && it.center == 0);
+    assert_int_equal(e8kv_cache_spec_layers("auto=e8tv:3,evict=snapkv:0.5", 2, NULL, &it, NULL), 0);
+    assert_true(it.auto_rates && it.evicts);
+    /* refusals: a rule past the last layer, not a spec, no arguments */
+    assert_error(e8kv_cache_spec_layers("e8:4,layer2=f16", 2, NULL, &it, sp), SPEC);
+    assert_error(e8kv_cache_spec_layers("f16,e8:4", 2, NULL, &it, sp), SPEC);
+    assert_error(e8kv_cache_spec_layers(NULL, 2, NULL, &it, sp), BAD_ARGUMENT);
+    assert_error(e8kv_cache_spec_layers("e8:4", 0, NULL, &it, sp), BAD_ARGUMENT);
 }
 
 static void test_compressed_specs(void **state) {
@@ -1203,6 +1233,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f32_exact),
         cmocka_unit_test(test_f16_and_mixed),
+        cmocka_unit_test(test_spec_layers),
         cmocka_unit_test(test_compressed_specs),
         cmocka_unit_test(test_causal_mask),
         cmocka_unit_test(test_bad_input),

@@ -18,6 +18,7 @@ typedef struct {
 static const family_case k_cases[] = {
     {"f32", 64, HUGE_OK, {0, 513, 1000, 0}},
     {"f16", 64, HUGE_RANGE, {0, 513, 0, 0}},
+    {"bf16", 64, HUGE_OK, {0, 513, 0, 0}},
     {"q8_0", 64, HUGE_RANGE, {48, 12, 0, 0}},
     {"q8_0h", 96, HUGE_RANGE, {48, 12, 520, 0}},
     {"q4_0", 128, HUGE_RANGE, {40, 31, 0, 0}},
@@ -131,7 +132,7 @@ static void test_huge_values(void **state) {
             } else {
                 assert_int_equal(r, 2 * vb);
                 assert_int_equal(e8kv_codec_decode(c, y, 2 * d, b, 2 * vb, 2), 2 * d);
-                assert_true(y[d + 3] == (float)sign * 1e30f);
+                assert_true(fabsf(y[d + 3] - (float)sign * 1e30f) <= 0x1p-8f * 1e30f); /* f32 exact, bf16 8 bits */
             }
         }
         free(x);
@@ -316,15 +317,46 @@ static void test_untrusted_bytes(void **state) {
                     if (!isfinite(out[i])) fail_msg("%s: random bytes decoded to %g", spec, out[i]);
             }
         }
-        if (!strcmp(spec, "f16") || !strcmp(spec, "f32")) assert_true(n_bad > 0); /* the check was reached */
+        if (!strcmp(spec, "f16") || !strcmp(spec, "bf16") || !strcmp(spec, "f32"))
+            assert_true(n_bad > 0); /* the check was reached */
         free(b);
         free(out);
         e8kv_codec_free(c);
     }
 }
 
+/* bf16 (the GPU cache's raw pages): the upper 16 bits of binary32 rounded to nearest, ties to even, and
+ * RANGE for what would round to infinity. */
+static void test_bf16(void **state) {
+    (void)state;
+    e8kv_codec *c = e8kv_codec_create("bf16", 8, 1, NULL);
+    assert_non_null(c);
+    assert_int_equal(e8kv_codec_vector_bytes(c), 16);
+    const float x[8] = {1.00390625f,  /* 0x3f808000: a tie, even below → 0x3f80 */
+                        1.01171875f,  /* 0x3f818000: a tie, odd below → 0x3f82 */
+                        0x1.010002p0f, /* just above the tie → 0x3f81 */
+                        -2.5f,        /* exact: 0xc020 */
+                        3.3895313e38f, /* the largest finite bf16, 0x7f7f */
+                        1e-40f,       /* subnormal 0x000116c2 → 0x0001 */
+                        0.0f,         -0.0f};
+    const uint16_t want[8] = {0x3f80, 0x3f82, 0x3f81, 0xc020, 0x7f7f, 0x0001, 0x0000, 0x8000};
+    uint8_t b[16];
+    assert_int_equal(e8kv_codec_encode(c, b, sizeof b, x, 1), 16);
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(b[2 * i] | b[2 * i + 1] << 8, want[i]);
+    float y[8];
+    assert_int_equal(e8kv_codec_decode(c, y, 8, b, 16, 1), 8);
+    assert_true(y[3] == -2.5f && y[0] == 1.0f && y[4] == 3.3895313e38f);
+    float big[8] = {0, 0, 0, 3.4e38f, 0, 0, 0, 0}; /* above 0x1.ffp127: rounds to infinity */
+    memset(b, 0xab, sizeof b);
+    assert_error(e8kv_codec_encode(c, b, sizeof b, big, 1), RANGE);
+    assert_int_equal(b[0], 0xab); /* untouched */
+    e8kv_codec_free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_nonfinite),    cmocka_unit_test(test_zero_vectors), cmocka_unit_test(test_huge_values),
         cmocka_unit_test(test_head_dim),     cmocka_unit_test(test_rate),         cmocka_unit_test(test_spec),
         cmocka_unit_test(test_buffer_sizes), cmocka_unit_test(test_null_pointers),

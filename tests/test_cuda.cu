@@ -96,12 +96,6 @@ static uint16_t bf16_rne(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
 }
-static float bf16_val(uint16_t h) {
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 /* CPU bytes of one vector in a GPU format, and its decode (unrotated) */
 typedef struct {
@@ -110,39 +104,22 @@ typedef struct {
     size_t vb, d;
 } cpu_fmt;
 static cpu_fmt cpu_fmt_make(const char *name, size_t d, uint64_t seed) {
-    cpu_fmt f = {name, NULL, 2 * d, d};
-    if (strcmp(name, "bf16")) {
-        size_t err = 0;
-        f.codec = e8kv_codec_create(name, d, seed, &err);
-        if (!f.codec) {
-            printf("codec %s: %s\n", name, e8kv_error_name(err));
-            exit(1);
-        }
-        f.vb = e8kv_codec_vector_bytes(f.codec);
+    cpu_fmt f = {name, NULL, 0, d};
+    size_t err = 0;
+    f.codec = e8kv_codec_create(name, d, seed, &err);
+    if (!f.codec) {
+        printf("codec %s: %s\n", name, e8kv_error_name(err));
+        exit(1);
     }
+    f.vb = e8kv_codec_vector_bytes(f.codec);
     return f;
 }
 static void cpu_encode(const cpu_fmt *f, uint8_t *dst, const float *x) {
-    if (f->codec) {
-        const size_t r = e8kv_codec_encode(f->codec, dst, f->vb, x, 1);
-        if (e8kv_is_error(r)) printf("cpu encode: %s\n", e8kv_error_name(r)), exit(1);
-    } else {
-        for (size_t i = 0; i < f->d; i++) {
-            const uint16_t h = bf16_rne(x[i]);
-            memcpy(dst + 2 * i, &h, 2);
-        }
-    }
+    const size_t r = e8kv_codec_encode(f->codec, dst, f->vb, x, 1);
+    if (e8kv_is_error(r)) printf("cpu encode: %s\n", e8kv_error_name(r)), exit(1);
 }
 static void cpu_decode(const cpu_fmt *f, float *y, const uint8_t *src) {
-    if (f->codec) {
-        e8kv_codec_decode(f->codec, y, f->d, src, f->vb, 1);
-    } else {
-        for (size_t i = 0; i < f->d; i++) {
-            uint16_t h;
-            memcpy(&h, src + 2 * i, 2);
-            y[i] = bf16_val(h);
-        }
-    }
+    e8kv_codec_decode(f->codec, y, f->d, src, f->vb, 1);
 }
 
 /* ---------------------------------------------------------------- 1 + 2: codes and attention */
@@ -513,6 +490,100 @@ static void test_fork_and_errors(const char *spec, size_t d) {
     CHECK(!e8kv_cuda_cache_create(&bad, &err) && e8kv_get_error_code(err) == E8KV_ERROR_HEAD_DIM, "head_dim");
 }
 
+/* ---------------------------------------------------------------- 4b: a format per layer */
+
+/* One cache whose layers have different formats (the library's spec grammar: k=/v=, layer rules) against
+ * one single-format cache per layer, same seed, same rows: the pages must hold the same bytes and attention
+ * give the same floats, bit for bit, layer by layer. Then the specs the GPU cache refuses. */
+static void test_layers(size_t d) {
+    const size_t n_kv = 2, G = 4, n_head = n_kv * G, len = 150, bs = 16, n_layer = 4, row = n_kv * d;
+    const char *spec = "k=e8box:4,v=bf16,layer1=e8p:2,layers2-3.v=f16,layer3.k=bf16";
+    const char *per_layer[4] = {"k=e8box:4,v=bf16", "e8p:2", "k=e8box:4,v=f16", "k=bf16,v=f16"};
+    e8kv_cuda_cache_params p;
+    memset(&p, 0, sizeof p);
+    p.n_layer = n_layer, p.n_head_kv = n_kv, p.head_dim = d, p.block_size = bs, p.n_blocks = 12;
+    p.spec = spec, p.seed = rnd(), p.max_batch = 1, p.max_seqs = 1;
+    size_t err = 0;
+    e8kv_cuda_cache *c = e8kv_cuda_cache_create(&p, &err);
+    CHECK(c, "create %s: %s", spec, e8kv_error_name(err));
+    if (!c) return;
+    float *x = (float *)malloc(len * row * 4), *y = (float *)malloc(len * row * 4), q[8 * 128];
+    fill_rows(x, len * n_kv, d);
+    fill_rows(y, len * n_kv, d);
+    for (size_t i = 0; i < n_head * d; i++)
+        q[i] = gauss();
+    void *dx = to_device(x, len * row, E8KV_DTYPE_F32), *dy = to_device(y, len * row, E8KV_DTYPE_F32);
+    void *dq = to_device(q, n_head * d, E8KV_DTYPE_F32);
+    float *dout, o1[8 * 128], o2[8 * 128];
+    CU(cudaMalloc((void **)&dout, sizeof o1));
+    const size_t a = e8kv_cuda_seq_create(c);
+    int ok = 1;
+    size_t token_bytes = 0;
+    for (size_t l = 0; l < n_layer; l++) {
+        e8kv_cuda_cache_params p1 = p;
+        p1.n_layer = 1, p1.spec = per_layer[l];
+        e8kv_cuda_cache *c1 = e8kv_cuda_cache_create(&p1, &err);
+        CHECK(c1, "create %s: %s", per_layer[l], e8kv_error_name(err));
+        if (!c1) {
+            ok = 0;
+            continue;
+        }
+        token_bytes += e8kv_cuda_cache_token_bytes(c1);
+        const size_t b = e8kv_cuda_seq_create(c1);
+        CHECK(e8kv_cuda_seq_append(c, l, a, dx, dy, len, E8KV_DTYPE_F32) == len, "append layer %zu", l);
+        CHECK(e8kv_cuda_seq_append(c1, 0, b, dx, dy, len, E8KV_DTYPE_F32) == len, "append %s", per_layer[l]);
+        for (int st = 0; st < 2; st++) {
+            CHECK(e8kv_cuda_cache_vector_bytes(c, l, st) == e8kv_cuda_cache_vector_bytes(c1, 0, st),
+                  "layer %zu stream %d: vector bytes", l, st);
+            uint8_t g1[1024], g2[1024];
+            for (size_t pos = 0; pos < len; pos += 7)
+                for (size_t h = 0; h < n_kv; h++) {
+                    const size_t r1 = e8kv_cuda_seq_read_vector(c, g1, sizeof g1, a, l, st, pos, h);
+                    const size_t r2 = e8kv_cuda_seq_read_vector(c1, g2, sizeof g2, b, 0, st, pos, h);
+                    if (r1 != r2 || e8kv_is_error(r1) || memcmp(g1, g2, r1)) ok = 0;
+                }
+        }
+        CU(cudaMemset(dout, 0xff, sizeof o1));
+        CHECK(e8kv_cuda_seq_attend(c, l, dout, dq, E8KV_DTYPE_F32, &a, 1, n_head) == n_head * d, "attend %zu", l);
+        CU(cudaMemcpy(o1, dout, n_head * d * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemset(dout, 0xff, sizeof o1));
+        CHECK(e8kv_cuda_seq_attend(c1, 0, dout, dq, E8KV_DTYPE_F32, &b, 1, n_head) == n_head * d, "attend %s",
+              per_layer[l]);
+        CU(cudaMemcpy(o2, dout, n_head * d * 4, cudaMemcpyDeviceToHost));
+        if (memcmp(o1, o2, n_head * d * 4)) ok = 0;
+        e8kv_cuda_cache_free(c1);
+    }
+    CHECK(ok, "%s d=%zu: a layer differs from the cache of its own format", spec, d);
+    CHECK(e8kv_cuda_cache_token_bytes(c) == token_bytes, "token bytes %zu, layers' sum %zu",
+          e8kv_cuda_cache_token_bytes(c), token_bytes);
+    printf("  layers %s d=%zu: %s\n", spec, d, ok ? "bit-exact with each layer's own cache" : "FAILED");
+    /* what the GPU cache does not do: a named error, never another cache */
+    const char *refused[] = {"e8box:4,sink=1",      "e8box:4,window=16",   "e8box:4,rope=pre",
+                             "e8box:4,center=1",    "e8box:4,page=32",     "e8box:4,evict=snapkv:0.5",
+                             "balanced",            "e8tv:4",              "auto=e8tv:3",
+                             "e8box:3",             "e8:4",                "e8box:4,layer1.k=e8p:2",
+                             "e8box:4,layers0-4=bf16", "k=e8p:2,v=f16",    "e8box:4,,v=bf16"};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        e8kv_cuda_cache_params b = p;
+        b.spec = refused[i];
+        e8kv_cuda_cache *r = e8kv_cuda_cache_create(&b, &err);
+        CHECK(!r && e8kv_get_error_code(err) == E8KV_ERROR_SPEC, "%s: %s", refused[i],
+              r ? "accepted" : e8kv_error_name(err));
+        e8kv_cuda_cache_free(r);
+    }
+    e8kv_cuda_cache_params b = p; /* center=0 is what the GPU pages are: accepted */
+    b.spec = "e8box:4,center=0,rope=post";
+    e8kv_cuda_cache *r = e8kv_cuda_cache_create(&b, &err);
+    CHECK(r, "e8box:4,center=0,rope=post: %s", e8kv_error_name(err));
+    e8kv_cuda_cache_free(r);
+    free(x), free(y);
+    CU(cudaFree(dx));
+    CU(cudaFree(dy));
+    CU(cudaFree(dq));
+    CU(cudaFree(dout));
+    e8kv_cuda_cache_free(c);
+}
+
 /* ---------------------------------------------------------------- 5: graph-safe decode step */
 
 /* Two caches of one spec and seed, two sequences with caller-owned pages. Cache A is written by the
@@ -723,6 +794,7 @@ int main(int argc, char **argv) {
         test_graph("e8box:4", ds[di]);
         test_graph("e8p:2", ds[di]);
         test_graph("k=e8box:4,v=bf16", ds[di]);
+        test_layers(ds[di]);
     }
     printf("test_cuda: %d checks, %d failed\n", g_checks, g_fail);
     return g_fail ? 1 : 0;

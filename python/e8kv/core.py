@@ -468,8 +468,8 @@ def _stream(t: Any, stream: Any) -> int:
 class CudaCache:
     """The device cache of include/e8kv_cuda.h with caller-owned block tables (the way serving engines own
     theirs): `n_blocks` pages of `block_size` tokens per (layer, K/V), all allocated at creation.
-    spec: "e8box:4", "e8p:2", "bf16", "f16" or "k=FMT,v=FMT" (keys after RoPE: the CUDA formats have no
-    rope=pre). Tensors are torch CUDA tensors, passed by pointer on the current stream (or `stream`)."""
+    spec: "e8box:4", "e8p:2", "bf16", "f16", or the library's grammar over them (k=/v=/kv=, layer rules;
+    keys after RoPE: no rope=pre, sink=, window=, auto= or eviction on the GPU yet). Tensors are torch CUDA tensors, passed by pointer on the current stream (or `stream`)."""
 
     def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, n_blocks: int, spec: str = "e8box:4", *,
                  block_size: int = 16, seed: int = 0, max_ctx: int = 0, max_batch: int = 0, max_n_head: int = 0,

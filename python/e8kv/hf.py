@@ -424,9 +424,10 @@ class E8KVCudaCache(Cache):
     pages b*W .. b*W+W-1, W = max_cache_len / block_size), all allocated at creation like StaticCache, so
     shapes are static and the decode step compiles (torch.compile fullgraph, mode "reduce-overhead").
 
-    spec: "e8box:4", "e8p:2", "bf16", "f16" or "k=FMT,v=FMT" (CUDA_FORMATS). The GPU formats take keys after
-    RoPE (rope=post); specs the CUDA cache cannot hold (rope=pre, e8t/e8tv, presets, sink=, per-layer
-    overrides) are an E8KVError (SPEC). update() appends the new tokens through torch.ops.e8kv.append (slots
+    spec: "e8box:4", "e8p:2", "bf16", "f16" (CUDA_FORMATS), or any spec of the library's grammar made of them:
+    k=/v=/kv= and layer rules ("k=e8box:4,v=bf16,layers0-1=bf16"). The GPU formats take keys after RoPE
+    (rope=post); specs the CUDA cache cannot hold (rope=pre, e8t/e8tv, auto=, presets, sink=, window=,
+    eviction) are an E8KVError (SPEC). update() appends the new tokens through torch.ops.e8kv.append (slots
     computed on the device from the layer's length); the "e8kv" attention attends through
     torch.ops.e8kv.attend: one query row per (batch row, token) with context length position + 1, so a
     chunk with a past reads its own new tokens from the pages too. Exception: in eager mode a chunk of
@@ -442,7 +443,6 @@ class E8KVCudaCache(Cache):
         if bad:
             raise E8KVError(ErrorCode.BAD_ARGUMENT, f"e8kv CUDA cache: unsupported arguments {bad}")
         self.shape = s = ModelShape(config)
-        self._check_spec(spec)
         self.spec, self.seed = spec, seed
         self.device = torch.device(device)
         if self.device.index is None:
@@ -459,8 +459,11 @@ class E8KVCudaCache(Cache):
                                      max_batch=max_batch_size * max(1, max_chunk), max_n_head=s.n_head,
                                      device=self.device.index)
         except E8KVError as e:
+            why = (f": the CUDA cache holds {', '.join(CUDA_FORMATS)} (k=/v=/kv= and layer rules of them), keys "
+                   "after RoPE; not rope=pre, e8t/e8tv, auto=, presets, sink=, window=, eviction"
+                   if e.code == ErrorCode.SPEC else "")
             raise E8KVError(e.code, f"e8kv CUDA cache '{spec}' for {s.model_type} ({max_batch_size} x "
-                                    f"{self.capacity} tokens)") from None
+                                    f"{self.capacity} tokens){why}") from None
         self._key = torch_ops.register_cache(self.kv)
         with torch.device(self.device):
             self._state = torch_ops.new_state()
@@ -472,15 +475,6 @@ class E8KVCudaCache(Cache):
             torch._dynamo.mark_static_address(t)
         self._attach(config)
         super().__init__(layers=[E8KVCudaLayer(self, i) for i in range(s.n_layer)])
-
-    @staticmethod
-    def _check_spec(spec: str) -> None:
-        parts = spec.split(",")
-        fmts = [spec] if len(parts) == 1 else [p[2:] for p in parts if p[:2] in ("k=", "v=")]
-        if len(parts) > 2 or len(fmts) != len(parts) or any(f not in CUDA_FORMATS for f in fmts):
-            raise E8KVError(ErrorCode.SPEC, f"e8kv CUDA cache: spec '{spec}': the CUDA cache holds "
-                                            f"{', '.join(CUDA_FORMATS)} or k=FMT,v=FMT of them, keys after RoPE "
-                                            "(no rope=pre, e8t/e8tv, presets, sink= or per-layer overrides)")
 
     def __del__(self) -> None:
         key = getattr(self, "_key", None)

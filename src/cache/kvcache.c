@@ -61,6 +61,10 @@ static const char *preset_pick(const preset *p, const e8kv_calib *calib) {
     return p->calibrated;
 }
 
+#if E8KV_CODEC_SPEC_MAX != E8KV_CODEC_SPEC_MAX_LEN
+#error "the public bound of a codec spec is the registry's"
+#endif
+
 static int copy_codec_spec(char dst[E8KV_CODEC_SPEC_MAX + 1], const char *src, size_t len) {
     if (len == 0 || len > E8KV_CODEC_SPEC_MAX) return 0;
     memcpy(dst, src, len);
@@ -338,26 +342,58 @@ e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
     return c;
 }
 
-static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cfg, size_t *err) {
+/* Parse a whole spec for n_layer layers into cfg (zeroed by the caller): the grammar's defaults, the
+ * items, and the checks that need no codec. 0 or SPEC. */
+static size_t parse_spec(cache_config *cfg, const char *spec, size_t n_layer, const e8kv_calib *calib) {
     cfg->center = -1;
     cfg->rope_pre = -1;
     cfg->ev.recent = E8KV_EVICT_DEFAULT_RECENT;
     cfg->ev.obs = E8KV_EVICT_DEFAULT_OBS;
-    cfg->calib = params->calib;
-    size_t r = parse_list(cfg, params->spec, 0);
+    cfg->calib = calib;
+    size_t r = parse_list(cfg, spec, 0);
     /* eviction compacts coded pages: not with the exact window's raw pages */
     if (cfg->ev.scorer && cfg->window) r = E8KV_ERR(SPEC);
     for (size_t i = 0; i < cfg->ev.n_rules; i++)
-        if (cfg->ev.last[i] >= params->n_layer) r = E8KV_ERR(SPEC);
-    if (e8kv_is_error(r) || !cfg->k[0] || !cfg->v[0]) {
+        if (cfg->ev.last[i] >= n_layer) r = E8KV_ERR(SPEC);
+    for (size_t i = 0; i < cfg->n_rules; i++)
+        if (cfg->rules[i].last >= n_layer) r = E8KV_ERR(SPEC);
+    return e8kv_is_error(r) || !cfg->k[0] || !cfg->v[0] ? E8KV_ERR(SPEC) : 0;
+}
+
+/* The spec of stream s (0 = K, 1 = V) of layer l: the K/V format, then the layer rules (later ones win). */
+static const char *layer_spec(const cache_config *cfg, size_t l, int s) {
+    const char *spec = s ? cfg->v : cfg->k;
+    for (size_t i = 0; i < cfg->n_rules; i++)
+        if (l >= cfg->rules[i].first && l <= cfg->rules[i].last && (cfg->rules[i].which & (1 << s)))
+            spec = cfg->rules[i].codec;
+    return spec;
+}
+
+size_t e8kv_cache_spec_layers(const char *spec, size_t n_layer, const e8kv_calib *calib,
+                              e8kv_cache_spec_items *items, char (*layer_specs)[E8KV_CODEC_SPEC_MAX_LEN + 1]) {
+    if (!spec || !n_layer) return E8KV_ERR(BAD_ARGUMENT);
+    cache_config *cfg = calloc(1, sizeof *cfg);
+    if (!cfg) return E8KV_ERR(OUT_OF_MEMORY);
+    const size_t r = parse_spec(cfg, spec, n_layer, calib);
+    if (!r && items) {
+        items->sink = cfg->sink, items->window = cfg->window, items->page = cfg->page;
+        items->rope = cfg->rope_pre, items->center = cfg->center;
+        items->auto_rates = cfg->auto_spec[0] != 0;
+        items->evicts = cfg->ev.scorer != KV_EVICT_NONE || cfg->ev.budget != 0;
+    }
+    for (size_t l = 0; l < n_layer && !r && layer_specs; l++)
+        for (int s = 0; s < 2; s++)
+            memcpy(layer_specs[2 * l + s], layer_spec(cfg, l, s), E8KV_CODEC_SPEC_MAX_LEN + 1);
+    free(cfg);
+    return r;
+}
+
+static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cfg, size_t *err) {
+    if (parse_spec(cfg, params->spec, params->n_layer, params->calib)) {
         if (err) *err = E8KV_ERR(SPEC);
         return NULL;
     }
-    for (size_t i = 0; i < cfg->n_rules; i++)
-        if (cfg->rules[i].last >= params->n_layer) {
-            if (err) *err = E8KV_ERR(SPEC);
-            return NULL;
-        }
+    size_t r = 0;
     if (cfg->rope_pre < 0) {
         /* default: keys coded before RoPE when the caller gives RoPE's parameters and K's family says
          * so (traits.rope_pre: e8kv's formats, measured better at every rate on SmolLM2, BENCHMARKS.md) */
@@ -422,13 +458,8 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
         return NULL;
     }
     for (size_t l = 0; l < c->n_layer; l++) {
-        lspec[l] = cfg->k;
-        lspec[c->n_layer + l] = cfg->v;
-        for (size_t i = 0; i < cfg->n_rules; i++) /* later rules win */
-            if (l >= cfg->rules[i].first && l <= cfg->rules[i].last) {
-                if (cfg->rules[i].which & 1) lspec[l] = cfg->rules[i].codec;
-                if (cfg->rules[i].which & 2) lspec[c->n_layer + l] = cfg->rules[i].codec;
-            }
+        lspec[l] = layer_spec(cfg, l, 0);
+        lspec[c->n_layer + l] = layer_spec(cfg, l, 1);
     }
     char(*auto_names)[24] = NULL; /* the per-stream specs of auto= */
     if (cfg->auto_spec[0]) {

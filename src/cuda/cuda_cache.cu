@@ -10,7 +10,8 @@
 
 struct e8kv_cuda_cache {
     size_t n_layer, n_head_kv, d, bs, n_blocks, max_ctx, width, max_seqs, max_batch, max_n_head, max_append;
-    int kfmt, vfmt, device, n_sm, occ; /* occ: resident attention blocks per SM */
+    int device, n_sm;
+    int *occ; /* (n_layer) resident attention blocks per SM of the layer's kernel */
     float rot_scale;
     uint8_t *dev; /* the one allocation */
     size_t dev_bytes;
@@ -41,28 +42,78 @@ int e8kv_cuda_available(void) {
     return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-static int parse_fmt(const char *s, size_t n) {
-    if (n == 7 && !strncmp(s, "e8box:4", 7)) return FMT_BOX4;
-    if (n == 5 && !strncmp(s, "e8p:2", 5)) return FMT_E8P2;
-    if (n == 4 && !strncmp(s, "bf16", 4)) return FMT_BF16;
-    if (n == 3 && !strncmp(s, "f16", 3)) return FMT_F16;
-    return -1;
+/* The page format of a GPU codec (e8kv_codec_gpu_format), -1 for one the GPU cannot hold. */
+static int page_format(e8kv_gpu_format g) {
+    switch (g) {
+    case E8KV_GPU_E8BOX4:
+        return FMT_BOX4;
+    case E8KV_GPU_E8P2:
+        return FMT_E8P2;
+    case E8KV_GPU_F16:
+        return FMT_F16;
+    case E8KV_GPU_BF16:
+        return FMT_BF16;
+    default:
+        return -1;
+    }
 }
 
-/* "FMT" or "k=FMT,v=FMT" */
-static size_t parse_spec(const char *spec, int *kf, int *vf) {
-    if (!spec) return E8KV_ERR(SPEC);
-    const char *comma = strchr(spec, ',');
-    if (!comma) {
-        *kf = *vf = parse_fmt(spec, strlen(spec));
-    } else {
-        if (strncmp(spec, "k=", 2) || strncmp(comma + 1, "v=", 2)) return E8KV_ERR(SPEC);
-        *kf = parse_fmt(spec + 2, (size_t)(comma - spec - 2));
-        *vf = parse_fmt(comma + 3, strlen(comma + 3));
+/* Each stream's page format (fmt[2 * l + s], s 0 = K, 1 = V) and the rotation's signs, from the library's
+ * cache spec grammar (e8kv_cache_spec_layers: a format, k=/v=/kv=, layer rules). Each stream's codec is
+ * created as the CPU cache would create it, and the registry says which GPU page format holds its bytes.
+ * Items the GPU cache does not implement are SPEC: sink=, window=, rope=pre (keys come after RoPE), auto=,
+ * evict=/budget=, center= other than 0 (pages hold the codec's bytes, uncentred), page= (block_size is
+ * the parameter), presets (their formats are not GPU formats). */
+static size_t resolve_formats(const e8kv_cuda_cache_params *p, int *fmt, float signs[128]) {
+    if (!p->spec) return E8KV_ERR(SPEC);
+    const size_t n = 2 * p->n_layer;
+    char(*specs)[E8KV_CODEC_SPEC_MAX_LEN + 1] =
+        (char(*)[E8KV_CODEC_SPEC_MAX_LEN + 1])malloc(n * sizeof *specs);
+    if (!specs) return E8KV_ERR(OUT_OF_MEMORY);
+    e8kv_cache_spec_items it;
+    size_t r = e8kv_cache_spec_layers(p->spec, p->n_layer, NULL, &it, specs);
+    if (!r && (it.sink || it.window || it.page || it.rope == 1 || it.center > 0 || it.auto_rates || it.evicts))
+        r = E8KV_ERR(SPEC);
+    int have_signs = 0;
+    for (size_t i = 0; i < n && !r; i++) {
+        size_t same = 0; /* a stream with the same spec before this one */
+        while (same < i && strcmp(specs[same], specs[i]))
+            same++;
+        if (same < i) {
+            fmt[i] = fmt[same];
+            continue;
+        }
+        size_t e = 0;
+        e8kv_codec *codec = e8kv_codec_create(specs[i], p->head_dim, p->seed, &e);
+        if (!codec) {
+            r = e8kv_is_error(e) ? e : E8KV_ERR(SPEC);
+            break;
+        }
+        fmt[i] = page_format(e8kv_codec_gpu_format(codec));
+        if (fmt[i] == FMT_BOX4 || fmt[i] == FMT_E8P2) {
+            /* column i of H·D/√d has first entry sign_i/√d; every rotating format shares one seed, so
+             * one table must serve all of them */
+            float x[128], sg[128];
+            for (size_t j = 0; j < p->head_dim; j++) {
+                memset(x, 0, sizeof x);
+                x[j] = 1.0f;
+                e8kv_codec_rotate(codec, x, 1, 0);
+                sg[j] = x[0] < 0.0f ? -1.0f : 1.0f;
+            }
+            if (!have_signs) memcpy(signs, sg, p->head_dim * sizeof(float));
+            if (memcmp(signs, sg, p->head_dim * sizeof(float))) r = E8KV_ERR(SPEC);
+            have_signs = 1;
+        }
+        e8kv_codec_free(codec);
+        if (fmt[i] < 0) r = E8KV_ERR(SPEC);
     }
-    /* e8p:2 only for both streams (its attention kernel decodes K and V from one table) */
-    if (*kf < 0 || *vf < 0 || (*kf == FMT_E8P2) != (*vf == FMT_E8P2)) return E8KV_ERR(SPEC);
-    return 0;
+    /* e8p:2 only for both streams of a layer (its attention kernel decodes K and V from one table) */
+    for (size_t l = 0; l < p->n_layer && !r; l++)
+        if ((fmt[2 * l] == FMT_E8P2) != (fmt[2 * l + 1] == FMT_E8P2)) r = E8KV_ERR(SPEC);
+    for (size_t j = 0; j < p->head_dim && !have_signs; j++)
+        signs[j] = 1.0f;
+    free(specs);
+    return r;
 }
 
 static size_t align256(size_t n) {
@@ -72,7 +123,11 @@ static size_t align256(size_t n) {
 size_t e8kv_cuda_attend_workspace_bytes(const e8kv_cuda_cache *c, size_t n_seq, size_t n_head,
                                         size_t max_ctx) {
     if (!c || !n_seq || !n_head) return 0;
-    const size_t ns = e8kv_cu_n_split(n_seq, c->n_head_kv, max_ctx, c->n_sm, c->occ);
+    size_t ns = 0; /* the most splits of any layer */
+    for (size_t l = 0; l < c->n_layer; l++) {
+        const size_t n = e8kv_cu_n_split(n_seq, c->n_head_kv, max_ctx, c->n_sm, c->occ[l]);
+        ns = n > ns ? n : ns;
+    }
     return align256(n_seq * c->n_head_kv * sizeof(unsigned)) +
            align256(n_seq * n_head * ns * c->d * sizeof(float)) + n_seq * n_head * ns * 2 * sizeof(float);
 }
@@ -90,6 +145,7 @@ void e8kv_cuda_cache_free(e8kv_cuda_cache *c) {
     if (!c) return;
     if (c->dev) cudaFree(c->dev);
     free(c->sd);
+    free(c->occ);
     free(c->tables);
     free(c->lens);
     free(c->n_pages);
@@ -145,13 +201,11 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     if (p->head_dim != 64 && p->head_dim != 128) return fail(NULL, err, E8KV_ERR(HEAD_DIM));
     const size_t bs = p->block_size ? p->block_size : 16;
     if (bs % 16 || p->n_blocks > INT32_MAX / bs) return fail(NULL, err, E8KV_ERR(BAD_ARGUMENT));
-    int kf, vf;
-    const size_t r = parse_spec(p->spec, &kf, &vf);
-    if (r) return fail(NULL, err, r);
+    if (p->n_layer > ((size_t)1 << 20)) return fail(NULL, err, E8KV_ERR(BAD_ARGUMENT));
     e8kv_cuda_cache *c = (e8kv_cuda_cache *)calloc(1, sizeof *c);
     if (!c) return fail(NULL, err, E8KV_ERR(OUT_OF_MEMORY));
     c->n_layer = p->n_layer, c->n_head_kv = p->n_head_kv, c->d = p->head_dim, c->bs = bs;
-    c->n_blocks = p->n_blocks, c->kfmt = kf, c->vfmt = vf, c->device = p->device;
+    c->n_blocks = p->n_blocks, c->device = p->device;
     c->max_ctx = p->max_ctx ? p->max_ctx : p->n_blocks * bs;
     c->width = (c->max_ctx + bs - 1) / bs;
     c->max_seqs = p->max_seqs ? p->max_seqs : 256;
@@ -161,38 +215,26 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     c->rot_scale = 1.0f / sqrtf((float)c->d); /* as src/transform/fwht.c */
     if (c->max_n_head % c->n_head_kv || c->max_n_head / c->n_head_kv > 8)
         return fail(c, err, E8KV_ERR(DIMENSION));
+    c->sd = (stream_desc *)calloc(2 * c->n_layer, sizeof *c->sd);
+    c->occ = (int *)calloc(c->n_layer, sizeof *c->occ);
+    int *fmt = (int *)calloc(2 * c->n_layer, sizeof *fmt);
+    float signs[128];
+    size_t r = c->sd && c->occ && fmt ? resolve_formats(p, fmt, signs) : E8KV_ERR(OUT_OF_MEMORY);
+    for (size_t i = 0; i < 2 * c->n_layer && !r; i++)
+        c->sd[i].fmt = fmt[i];
+    free(fmt);
+    if (r) return fail(c, err, r);
     if (cudaSetDevice(p->device) != cudaSuccess ||
         cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, p->device) != cudaSuccess)
         return fail(c, err, E8KV_ERR(CUDA));
-    c->occ = e8kv_cu_ctas_per_sm(c->d, kf, vf);
-
-    /* the rotation's signs, read through the public codec: column i of H·D/√d has first entry sign_i/√d */
-    float signs[128];
-    if (kf == FMT_BOX4 || vf == FMT_BOX4 || kf == FMT_E8P2) {
-        size_t e = 0;
-        e8kv_codec *codec = e8kv_codec_create(kf == FMT_E8P2 ? "e8p:2" : "e8box:4", c->d, p->seed, &e);
-        if (!codec) return fail(c, err, e);
-        float x[128];
-        for (size_t i = 0; i < c->d; i++) {
-            memset(x, 0, sizeof x);
-            x[i] = 1.0f;
-            e8kv_codec_rotate(codec, x, 1, 0);
-            signs[i] = x[0] < 0.0f ? -1.0f : 1.0f;
-        }
-        e8kv_codec_free(codec);
-    } else {
-        for (size_t i = 0; i < c->d; i++)
-            signs[i] = 1.0f;
-    }
+    for (size_t l = 0; l < c->n_layer; l++)
+        c->occ[l] = e8kv_cu_ctas_per_sm(c->d, c->sd[2 * l].fmt, c->sd[2 * l + 1].fmt);
 
     /* one allocation: pools, then tables, workspace, staging */
-    c->sd = (stream_desc *)calloc(2 * c->n_layer, sizeof *c->sd);
-    if (!c->sd) return fail(c, err, E8KV_ERR(OUT_OF_MEMORY));
     size_t off = 0;
     for (size_t l = 0; l < c->n_layer; l++)
         for (int s = 0; s < 2; s++) {
             stream_desc *const sd = &c->sd[2 * l + s];
-            sd->fmt = s ? vf : kf;
             sd->head_bytes = bs * fmt_vector_bytes(sd->fmt, c->d);
             sd->page_bytes = c->n_head_kv * sd->head_bytes;
             if (sd->page_bytes > 0xffffffffu)
@@ -369,7 +411,7 @@ size_t e8kv_cuda_attend(e8kv_cuda_cache *c, size_t layer, float *d_out, const vo
     a.k = c->sd[2 * layer], a.v = c->sd[2 * layer + 1];
     a.n_head_kv = c->n_head_kv, a.n_head = n_head, a.d = c->d, a.block_size = c->bs, a.n_seq = n_seq;
     a.max_blocks = max_blocks_per_seq;
-    a.n_split = e8kv_cu_n_split(n_seq, c->n_head_kv, max_ctx, c->n_sm, c->occ);
+    a.n_split = e8kv_cu_n_split(n_seq, c->n_head_kv, max_ctx, c->n_sm, c->occ[layer]);
     a.q = d_q, a.q_dtype = (int)dtype, a.block_tables = d_block_tables, a.ctx_lens = d_ctx_lens;
     a.signs = c->d_signs, a.rot_scale = c->rot_scale;
     a.done = (unsigned *)d_workspace;

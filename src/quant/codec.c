@@ -31,7 +31,8 @@ typedef struct {
  * reading speed: its integer-domain attention needs keys in the rotated domain. */
 static const family_entry k_families[] = {
     {FAMILY("f32", PLAIN, .reader = E8KV_READER_F32), e8kv_quant_init_f32, NULL},
-    {FAMILY("f16", PLAIN, .reader = E8KV_READER_F16, .gpu = 1), e8kv_quant_init_f16, NULL},
+    {FAMILY("f16", PLAIN, .reader = E8KV_READER_F16, .gpu = E8KV_GPU_F16), e8kv_quant_init_f16, NULL},
+    {FAMILY("bf16", PLAIN, .gpu = E8KV_GPU_BF16), e8kv_quant_init_bf16, NULL},
     {FAMILY("q8_0", KEEPS), e8kv_quant_init_q8_0, NULL},
     {FAMILY("q8_0h", KEEPS, .rotates = 1), e8kv_quant_init_q8_0, NULL},
     {FAMILY("q4_0", KEEPS), e8kv_quant_init_q4_0, NULL},
@@ -43,9 +44,9 @@ static const family_entry k_families[] = {
     {FAMILY("d4nest", OURS, PRE, .rotates = 1), e8kv_quant_init_d4nest, NULL},
     {FAMILY("e8v", OURS, PRE, .rotates = 1, .var_coded = 1, .auto_rates = 1), e8kv_quant_init_e8v,
      e8kv_quant_init_e8v_var},
-    {FAMILY("e8box", OURS, .rotates = 1, .reader = E8KV_READER_E8BOX, .attn_int = 1, .gpu = 1),
+    {FAMILY("e8box", OURS, .rotates = 1, .reader = E8KV_READER_E8BOX, .attn_int = 1, .gpu = E8KV_GPU_E8BOX4),
      e8kv_quant_init_e8box, NULL},
-    {FAMILY("e8p", OURS, PRE, .rotates = 1, .gpu = 1), e8kv_quant_init_e8p, NULL},
+    {FAMILY("e8p", OURS, PRE, .rotates = 1, .gpu = E8KV_GPU_E8P2), e8kv_quant_init_e8p, NULL},
     /* calibrated transforms of a stream, then a codec (cache/xform.c, e8kv calibrate): keys calibrated
      * before RoPE are coded before it */
     {FAMILY("e8t", OURS, PRE, .base = "e8", .calibrated = 1), NULL, NULL},
@@ -200,6 +201,9 @@ void e8kv_codec_free(e8kv_codec *codec) {
 const char *e8kv_codec_spec(const e8kv_codec *codec) {
     return codec ? codec->spec : "";
 }
+e8kv_gpu_format e8kv_codec_gpu_format(const e8kv_codec *codec) {
+    return codec ? (e8kv_gpu_format)codec->traits.gpu : E8KV_GPU_NONE;
+}
 size_t e8kv_codec_head_dim(const e8kv_codec *codec) {
     return codec ? codec->head_dim : 0;
 }
@@ -324,20 +328,36 @@ static void f32_decode(const e8kv_codec_t *c, float *restrict y, const uint8_t *
     for (size_t i = 0; i < c->head_dim; i++)
         y[i] = e8kv_load_lef32(src + 4 * i);
 }
-static size_t f16_encode(const e8kv_codec_t *c, uint8_t *restrict dst, const float *restrict x) {
+/* f16 and bf16 (the GPU cache's raw pages): 16 bits per value, round to nearest even; RANGE for a value
+ * that would round to infinity (at or above `limit`) */
+static size_t enc16(const e8kv_codec_t *c, uint8_t *restrict dst, const float *restrict x, float limit,
+                    uint16_t (*to16)(float)) {
     for (size_t i = 0; i < c->head_dim; i++)
-        if (fabsf(x[i]) >= 65520.0f) return E8KV_ERR(RANGE);
+        if (fabsf(x[i]) >= limit) return E8KV_ERR(RANGE);
     for (size_t i = 0; i < c->head_dim; i++)
-        e8kv_store_le16(dst + 2 * i, e8kv_fp32_to_fp16(x[i]));
+        e8kv_store_le16(dst + 2 * i, to16(x[i]));
     return 0;
 }
-static void f16_decode(const e8kv_codec_t *c, float *restrict y, const uint8_t *restrict src) {
+static void dec16(const e8kv_codec_t *c, float *restrict y, const uint8_t *restrict src, float (*from16)(uint16_t)) {
     for (size_t i = 0; i < c->head_dim; i++)
-        y[i] = e8kv_fp16_to_fp32(e8kv_load_le16(src + 2 * i));
+        y[i] = from16(e8kv_load_le16(src + 2 * i));
+}
+static size_t f16_encode(const e8kv_codec_t *c, uint8_t *restrict dst, const float *restrict x) {
+    return enc16(c, dst, x, 65520.0f, e8kv_fp32_to_fp16);
+}
+static void f16_decode(const e8kv_codec_t *c, float *restrict y, const uint8_t *restrict src) {
+    dec16(c, y, src, e8kv_fp16_to_fp32);
+}
+static size_t bf16_encode(const e8kv_codec_t *c, uint8_t *restrict dst, const float *restrict x) {
+    return enc16(c, dst, x, 0x1.ffp127f, e8kv_fp32_to_bf16);
+}
+static void bf16_decode(const e8kv_codec_t *c, float *restrict y, const uint8_t *restrict src) {
+    dec16(c, y, src, e8kv_bf16_to_fp32);
 }
 
 static const e8kv_quant_ops k_f32_ops = {f32_encode, f32_decode, NULL};
 static const e8kv_quant_ops k_f16_ops = {f16_encode, f16_decode, NULL};
+static const e8kv_quant_ops k_bf16_ops = {bf16_encode, bf16_decode, NULL};
 
 static size_t init_plain(e8kv_codec_t *codec, const e8kv_spec *spec, const e8kv_quant_ops *ops, int bits) {
     if (spec->bits || spec->q_range > 0.0f) return E8KV_ERR(SPEC);
@@ -351,4 +371,7 @@ size_t e8kv_quant_init_f32(e8kv_codec_t *codec, const e8kv_spec *spec) {
 }
 size_t e8kv_quant_init_f16(e8kv_codec_t *codec, const e8kv_spec *spec) {
     return init_plain(codec, spec, &k_f16_ops, 16);
+}
+size_t e8kv_quant_init_bf16(e8kv_codec_t *codec, const e8kv_spec *spec) {
+    return init_plain(codec, spec, &k_bf16_ops, 16);
 }

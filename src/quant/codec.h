@@ -76,8 +76,8 @@ typedef struct {
     uint8_t var_coded;     /* per-coordinate variances may replace the rotation (e8kv_codec_create_var):
                               how a calibrated stream of `base` codes its eigenbasis coordinates */
     uint8_t auto_rates;    /* any rate on the 1/8-bit grid: auto= may allocate the streams' rates */
-    uint8_t gpu;           /* the GPU cache decodes this codec (e8box:4, e8p:2, f16; src/cuda still matches
-                              its spec strings itself) */
+    uint8_t gpu;           /* e8kv_gpu_format: the CUDA cache's page format of this codec (e8box:4, e8p:2,
+                              f16), NONE when the GPU has no kernel for it */
 } e8kv_traits;
 
 /* Parsed spec: "family[:bits][:key=value]..." */
@@ -110,6 +110,7 @@ typedef struct e8kv_codec e8kv_codec_t;
 /* Quantizer constructors, one per file. Each validates head_dim and bits and returns 0 or an error. */
 size_t e8kv_quant_init_f32(e8kv_codec_t *codec, const e8kv_spec *spec);     /* f32             (codec.c) */
 size_t e8kv_quant_init_f16(e8kv_codec_t *codec, const e8kv_spec *spec);     /* f16             (codec.c) */
+size_t e8kv_quant_init_bf16(e8kv_codec_t *codec, const e8kv_spec *spec);    /* bf16            (codec.c) */
 size_t e8kv_quant_init_q8_0(e8kv_codec_t *codec, const e8kv_spec *spec);    /* q8_0, q8_0h     (scalar.c) */
 size_t e8kv_quant_init_q4_0(e8kv_codec_t *codec, const e8kv_spec *spec);    /* q4_0, q4_0h     (scalar.c) */
 size_t e8kv_quant_init_lloyd(e8kv_codec_t *codec, const e8kv_spec *spec);   /* lloyd:B         (lloyd.c) */

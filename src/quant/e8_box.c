@@ -236,6 +236,6 @@ size_t e8kv_quant_init_e8box(e8kv_codec_t *codec, const e8kv_spec *spec) {
     if (codec->head_dim % 32) codec->traits.reader = E8KV_READER_NONE; /* the fused reader: 32 at a time */
     /* the integer-domain attention tiles and the GPU cache read the 4-bit code */
     codec->traits.attn_int = codec->bits == 4;
-    codec->traits.gpu = codec->bits == 4;
+    codec->traits.gpu = codec->bits == 4 ? E8KV_GPU_E8BOX4 : E8KV_GPU_NONE;
     return 0;
 }
