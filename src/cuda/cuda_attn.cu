@@ -1045,7 +1045,7 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
 #define E8P_VSCALE 64.0f
 __constant__ uint16_t c_pat_a[256];
 
-/* dynamic shared memory of attn_e8p_kernel<D>: the tables T (256 × 32 words) and S (128 × 32 words); the
+/* dynamic shared memory of attn_e8p_kernel<D, GT>: the tables T (256 × 32 words) and S (128 × 32 words); the
  * rotated query sq[8][D] f32 is made there first, the merge buffer (WARPS × 8 × D floats) after the loop */
 template <int D> static constexpr int e8p_smem_bytes(void) {
     return E8P_S_OFF + 128 * 32 * 4;
@@ -1111,7 +1111,8 @@ __device__ __forceinline__ uint32_t e8p_hword(uint32_t x) {
     return (~(x >> 8) & 0x00800080u) | 0xCF40CF40u;
 }
 
-template <int D> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_launch a) {
+/* GT: the GQA group size n_head / n_head_kv when it is known at compile time (4: Llama-3-8B), else 0 */
+template <int D, int GT> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_launch a) {
     constexpr int KS = D / 16, BPL = D / 32, NBL = D / 64, KW = D / 64;
     extern __shared__ __align__(16) uint32_t e8p_dyn[];
     uint32_t *const tabT = e8p_dyn, *const tabS = e8p_dyn + E8P_S_OFF / 4;
@@ -1122,7 +1123,7 @@ template <int D> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kerne
     static_assert(E8P_S_OFF >= sizeof(float) * WARPS * 8 * D, "the merge buffer aliases the tables");
 
     const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
-    const int G = (int)(a.n_head / a.n_head_kv);
+    const int G = GT ? GT : (int)(a.n_head / a.n_head_kv);
     const bool LO = 2 * G <= 8;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int n_split = (int)a.n_split;
@@ -1340,12 +1341,33 @@ template <int D> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kerne
     merge_last<D>(a, seq, kvh, G, so);
 }
 
-template <int D> static int e8p_smem_attr(void) {
+template <int D, int GT> static int e8p_smem_attr(void) {
     static int done = 0;
-    if (!done && cudaFuncSetAttribute(attn_e8p_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    if (!done && cudaFuncSetAttribute(attn_e8p_kernel<D, GT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       e8p_smem_bytes<D>()) == cudaSuccess)
         done = 1;
     return !done;
+}
+/* blocks per SM of attn_e8p_kernel<D, GT> (0 on error) */
+template <int D, int GT> static int e8p_occupancy(void) {
+    int n = 0;
+    if (e8p_smem_attr<D, GT>() ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_e8p_kernel<D, GT>, 128, e8p_smem_bytes<D>()) !=
+            cudaSuccess)
+        return 0;
+    return n;
+}
+/* launch attn_e8p_kernel<D, GT> with GT = 4 where the group size is 4, else the run-time G (0) */
+template <int D> static size_t e8p_launch(const attn_launch &l, cudaStream_t stream) {
+    const dim3 grid((unsigned)l.n_split, (unsigned)l.n_head_kv, (unsigned)l.n_seq);
+    if (l.n_head == 4 * l.n_head_kv) {
+        if (e8p_smem_attr<D, 4>()) return E8KV_ERR(CUDA);
+        attn_e8p_kernel<D, 4><<<grid, 128, e8p_smem_bytes<D>(), stream>>>(l);
+    } else {
+        if (e8p_smem_attr<D, 0>()) return E8KV_ERR(CUDA);
+        attn_e8p_kernel<D, 0><<<grid, 128, e8p_smem_bytes<D>(), stream>>>(l);
+    }
+    return 0;
 }
 
 #ifndef SPLIT_FILL
@@ -1409,16 +1431,10 @@ template <int D, int KF, int VF> static int occupancy(void) {
 }
 
 int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf) {
-    if (kf == FMT_E8P2) {
-        int n = 0;
-        const cudaError_t e =
-            d == 128 ? (e8p_smem_attr<128>() ? cudaErrorUnknown
-                                             : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                                   &n, attn_e8p_kernel<128>, 128, e8p_smem_bytes<128>()))
-                     : (e8p_smem_attr<64>() ? cudaErrorUnknown
-                                            : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                                  &n, attn_e8p_kernel<64>, 128, e8p_smem_bytes<64>()));
-        return e == cudaSuccess && n > 0 ? n : 1;
+    if (kf == FMT_E8P2) { /* the fewer of the two instances (the split count does not know G) */
+        const int n0 = d == 128 ? e8p_occupancy<128, 0>() : e8p_occupancy<64, 0>(),
+                  n4 = d == 128 ? e8p_occupancy<128, 4>() : e8p_occupancy<64, 4>(), n = n0 < n4 ? n0 : n4;
+        return n > 0 ? n : 1;
     }
 #define E8KV_OCC(DD)                                                                                         \
     switch (kf * 3 + vf) {                                                                                   \
@@ -1505,14 +1521,8 @@ size_t e8kv_cu_launch_attend(const attn_launch *a, cudaStream_t stream) {
         }
         attn_launch l = *a;
         l.v_rot = 1, l.v_div = E8P_VSCALE;
-        const dim3 grid((unsigned)l.n_split, (unsigned)l.n_head_kv, (unsigned)l.n_seq);
-        if (l.d == 128) {
-            if (e8p_smem_attr<128>()) return E8KV_ERR(CUDA);
-            attn_e8p_kernel<128><<<grid, 128, e8p_smem_bytes<128>(), stream>>>(l);
-        } else {
-            if (e8p_smem_attr<64>()) return E8KV_ERR(CUDA);
-            attn_e8p_kernel<64><<<grid, 128, e8p_smem_bytes<64>(), stream>>>(l);
-        }
+        const size_t rc = l.d == 128 ? e8p_launch<128>(l, stream) : e8p_launch<64>(l, stream);
+        if (rc) return rc;
         return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
     }
     if (a->d == 128)
