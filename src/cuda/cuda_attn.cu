@@ -1024,10 +1024,13 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
  * G_i = (8 | c_i) XOR 0xF·σ_i. Two tables in shared memory give the eight nibbles of a block at once:
  * T[t] = the nibbles 8 | c_i of pattern t (nibble 7 XOR 0xF when Σc_i is odd: that share of σ_7), and
  * S[b] for the code's second byte b = the nibbles 0xF·σ_i (nibble 7: 0xF·(σ_0 ⊕ … ⊕ σ_6)), so that
- * Y = T[t] XOR S[b] holds the G_i (S has 128 entries: b's top bit is h). Each table is written 32 times
- * over (entry e of lane l at word 32e + l): a warp's random lookups never share a bank, and the byte offset
- * of an entry is one shift and one LOP3 from the code word. The words Y & 0x000F000F, Y & 0x00F000F0 and
- * the same of (Y >> 8) are f16x2 subnormals G·2^-24 and G·2^-20, exact mma operands with no bias to remove
+ * Y = T[t] XOR S[b] holds the G_i (S[b] depends on b's low 7 bits only: the top bit is h). Row r of the
+ * table area is 256 bytes: T[r] written 32 times over (bytes 4l … 4l + 3 for lane l), then S[r] 32 times
+ * over, so a warp's random lookups never share a bank, and the byte offset of an entry is one PRMT of the
+ * code word with the lane's offset (code byte → bits 8..15, 4l or 128 + 4l → bits 0..7): the integer pipe,
+ * which the decode keeps busier than any other, does one instruction per lookup. The words
+ * Y & 0x000F000F, Y & 0x00F000F0 and the same of Y >> 8 (a multiply-high, on the FMA pipe) are f16x2
+ * subnormals G·2^-24 and G·2^-20, exact mma operands with no bias to remove
  * (one accumulator per scale; the k-steps of the scores are grouped by scale, the output rows keep theirs
  * until the merge). The (2h − 31)/4 part is one more product per sub-tile with 2h − 31 per (token, block)
  * as an operand: against ¼ of the query's sum over each block (scores), or against P·δ (values: per block of
@@ -1040,15 +1043,15 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
 #ifndef E8P_MINB
 #define E8P_MINB 3 /* resident blocks per SM the register budget is made for */
 #endif
-#define E8P_S_OFF (256 * 32 * 4) /* byte offset of the table S */
+#define E8P_TAB_BYTES (256 * 256) /* 256 rows of T and S entries, 32 copies each */
 /* P·δ_V lifted out of f16 subnormals: an exact power of 2, divided out at the merge */
 #define E8P_VSCALE 64.0f
 __constant__ uint16_t c_pat_a[256];
 
-/* dynamic shared memory of attn_e8p_kernel<D, GT>: the tables T (256 × 32 words) and S (128 × 32 words); the
- * rotated query sq[8][D] f32 is made there first, the merge buffer (WARPS × 8 × D floats) after the loop */
+/* dynamic shared memory of attn_e8p_kernel<D, GT>: the table rows (T and S, 256 × 64 words); the rotated
+ * query sq[8][D] f32 is made there first, the merge buffer (WARPS × 8 × D floats) after the loop */
 template <int D> static constexpr int e8p_smem_bytes(void) {
-    return E8P_S_OFF + 128 * 32 * 4;
+    return E8P_TAB_BYTES;
 }
 
 /* The code bytes one lane needs for E8P_NT sub-tiles:
@@ -1061,24 +1064,52 @@ template <int D> struct e8p_regs {
     uint32_t ks[E8P_NT][2], vs[E8P_NT][2];
 };
 
-template <int D>
-__device__ __forceinline__ void e8p_load(e8p_regs<D> &r, const attn_launch &a, const int32_t *table, int kvh,
-                                         int t0, int end, int g, int t4, int bshift) {
+/* The pages of the E8P_NT sub-tiles from token t0 on (0 past the end: those sub-tiles are skipped), loaded
+ * a step before e8p_load needs them, so that the code loads do not wait for the block table */
+__device__ __forceinline__ void e8p_pages(int (&pg)[E8P_NT], const int32_t *table, int t0, int end, int bs,
+                                          int bshift) {
+#pragma unroll
+    for (int u = 0; u < E8P_NT; u++) {
+        const int s0 = t0 + 16 * u;
+        /* pages of 16·2^k tokens (bshift = k + 4 ≥ 4): the page by a shift, else by division */
+        pg[u] = s0 < end ? __ldg(table + (bshift >= 4 ? s0 >> bshift : s0 / bs)) : 0;
+    }
+}
+
+/* A lane's four code addresses in page 0 (K and V codes, K and V step bytes) and the page sizes (< 2^32
+ * bytes, the cache checks it): per sub-tile, one 32 × 32 → 64-bit multiply-add and one 64-bit add per
+ * address. */
+struct e8p_base {
+    const uint8_t *kt, *vt, *ks, *vs;
+    uint32_t kpb, vpb;
+};
+template <int D> __device__ __forceinline__ e8p_base e8p_bases(const attn_launch &a, int kvh, int g, int t4) {
     const int bs = (int)a.block_size;
+    const uint8_t *const kb = a.k.pool + (size_t)kvh * a.k.head_bytes, *const vb =
+                                                                           a.v.pool +
+                                                                           (size_t)kvh * a.v.head_bytes;
+    e8p_base b;
+    b.kt = kb + g * (D / 4) + (D / 16) * t4;
+    b.vt = vb + 2 * t4 * (D / 4) + (D / 32) * g;
+    b.ks = kb + bs * (D / 4) + 2 * t4;
+    b.vs = vb + bs * (D / 4) + 2 * t4;
+    b.kpb = (uint32_t)a.k.page_bytes, b.vpb = (uint32_t)a.v.page_bytes;
+    return b;
+}
+
+template <int D>
+__device__ __forceinline__ void e8p_load(e8p_regs<D> &r, const e8p_base &b, const int (&pg)[E8P_NT], int t0,
+                                         int end, int bs, int bshift) {
 #pragma unroll
     for (int u = 0; u < E8P_NT; u++) {
         const int s0 = t0 + 16 * u;
         if (s0 >= end) continue; /* its page may not exist; the sub-tile is skipped */
-        /* pages of 16·2^k tokens (bshift = k + 4 ≥ 4): the page and offset by shifts, else by division */
-        const int page = table[bshift >= 4 ? s0 >> bshift : s0 / bs],
-                  o0 = bshift >= 4 ? s0 & ((1 << bshift) - 1) : s0 % bs;
-        const uint8_t *const kb = a.k.pool + (size_t)page * a.k.page_bytes + (size_t)kvh * a.k.head_bytes;
-        const uint8_t *const vb = a.v.pool + (size_t)page * a.v.page_bytes + (size_t)kvh * a.v.head_bytes;
+        const uint32_t page = (uint32_t)pg[u], o0 = bshift >= 4 ? s0 & ((1 << bshift) - 1) : s0 % bs;
         /* one base per stream and area, the rest immediate offsets */
-        const uint8_t *const kt = kb + (o0 + g) * (D / 4) + (D / 16) * t4;
-        const uint8_t *const vt = vb + (o0 + 2 * t4) * (D / 4) + (D / 32) * g;
-        const uint8_t *const ksd = kb + bs * (D / 4) + o0 + 2 * t4;
-        const uint8_t *const vsd = vb + bs * (D / 4) + o0 + 2 * t4;
+        const uint8_t *const kt = b.kt + ((uint64_t)page * b.kpb + o0 * (D / 4));
+        const uint8_t *const vt = b.vt + ((uint64_t)page * b.vpb + o0 * (D / 4));
+        const uint8_t *const ksd = b.ks + ((uint64_t)page * b.kpb + o0);
+        const uint8_t *const vsd = b.vs + ((uint64_t)page * b.vpb + o0);
 #pragma unroll
         for (int tt = 0; tt < 2; tt++) {
             if constexpr (D == 128) {
@@ -1098,29 +1129,58 @@ __device__ __forceinline__ void e8p_load(e8p_regs<D> &r, const attn_launch &a, c
     }
 }
 
-/* Y (the nibbles G_i) of the block code in the low (hf = 0) or high half of w; lane4 = 4 · lane */
+/* T[t] and S[b] of the block code in the low (hf = 0) or high half of w; lane4 = 4 · lane: the row of T is
+ * the code's first byte, the row of S its second (its top bit h lands on a copy of S) */
+__device__ __forceinline__ void e8p_ts(const uint8_t *tabs, uint32_t lane4, uint32_t w, int hf, uint32_t &T,
+                                       uint32_t &S) {
+    T = *reinterpret_cast<const uint32_t *>(tabs + __byte_perm(w, lane4, hf ? 0x5524 : 0x5504));
+    S = *reinterpret_cast<const uint32_t *>(tabs + __byte_perm(w, lane4 | 128u, hf ? 0x5534 : 0x5514));
+}
+/* Y = T XOR S: the nibbles G_i of the block */
 __device__ __forceinline__ uint32_t e8p_y(const uint8_t *tabs, uint32_t lane4, uint32_t w, int hf) {
-    const uint32_t iT = ((hf ? w >> 9 : w << 7) & 0x7F80u) | lane4,
-                   iS = ((hf ? w >> 17 : w >> 1) & 0x3F80u) | lane4;
-    return *reinterpret_cast<const uint32_t *>(tabs + iT) ^
-           *reinterpret_cast<const uint32_t *>(tabs + E8P_S_OFF + iS);
+    uint32_t T, S;
+    e8p_ts(tabs, lane4, w, hf, T, S);
+    return T ^ S;
 }
 
+/* x >> 8 as a multiply-high: the FMA pipe instead of the integer pipe's shifter */
+__device__ __forceinline__ uint32_t e8p_shr8(uint32_t x) {
+    uint32_t r;
+    asm("mul.hi.u32 %0, %1, 16777216;" : "=r"(r) : "r"(x));
+    return r;
+}
+
+/* (a ^ b) & m in one LOP3 (the compiler shares a ^ b between two masks otherwise) */
+template <uint32_t M> __device__ __forceinline__ uint32_t e8p_xand(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0x28;" : "=r"(r) : "r"(a), "r"(b), "n"(M));
+    return r;
+}
+/* (~a & 0x00800080) | 0xCF40CF40 in one LOP3 */
+__device__ __forceinline__ uint32_t e8p_hsel(uint32_t a) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xAE;" : "=r"(r) : "r"(a), "r"(0x00800080u), "r"(0xCF40CF40u));
+    return r;
+}
 /* the shift bits h of two block codes (bits 15, 31 of x) → f16x2 of 2h − 31 (−29 = 0xCF40, −31 = 0xCFC0) */
 __device__ __forceinline__ uint32_t e8p_hword(uint32_t x) {
-    return (~(x >> 8) & 0x00800080u) | 0xCF40CF40u;
+    return e8p_hsel(x >> 8);
+}
+/* the same for the first blocks of x and y (bits 15 of each; PRMT's sign copy puts them in bits 7 and 23) */
+__device__ __forceinline__ uint32_t e8p_hword2(uint32_t x, uint32_t y, int hf) {
+    return e8p_hsel(__byte_perm(x, y, hf ? 0xFFBB : 0xDD99));
 }
 
 /* GT: the GQA group size n_head / n_head_kv when it is known at compile time (4: Llama-3-8B), else 0 */
-template <int D, int GT> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_launch a) {
+template <int D, int GT>
+__global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_launch a) {
     constexpr int KS = D / 16, BPL = D / 32, NBL = D / 64, KW = D / 64;
     extern __shared__ __align__(16) uint32_t e8p_dyn[];
-    uint32_t *const tabT = e8p_dyn, *const tabS = e8p_dyn + E8P_S_OFF / 4;
     float(*const sq)[D] = reinterpret_cast<float(*)[D]>(e8p_dyn); /* until the tables are made */
     __shared__ float sh[256];                                     /* δ(e) */
     __shared__ float sm[WARPS][8], sl[WARPS][8];
     __shared__ float scos[WARPS][8][16];
-    static_assert(E8P_S_OFF >= sizeof(float) * WARPS * 8 * D, "the merge buffer aliases the tables");
+    static_assert(E8P_TAB_BYTES >= sizeof(float) * WARPS * 8 * D, "the merge buffer aliases the tables");
 
     const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
     const int G = GT ? GT : (int)(a.n_head / a.n_head_kv);
@@ -1136,7 +1196,11 @@ template <int D, int GT> __global__ void __launch_bounds__(128, E8P_MINB) attn_e
 
     /* the first step's codes are in flight while the tables and the query are made */
     e8p_regs<D> cur, nxt;
-    if (first < end) e8p_load<D>(cur, a, table, kvh, first, end, g, t4, bshift);
+    int pg[E8P_NT]; /* the pages of the next step */
+    e8p_pages(pg, table, first, end, (int)a.block_size, bshift);
+    const e8p_base eb = e8p_bases<D>(a, kvh, g, t4);
+    if (first < end) e8p_load<D>(cur, eb, pg, first, end, (int)a.block_size, bshift);
+    e8p_pages(pg, table, first + step, end, (int)a.block_size, bshift);
 
     load_query<D>(a, seq, kvh, G, true, sq);
     const float qscale = a.rot_scale * rsqrtf((float)D) * LOG2E;
@@ -1183,13 +1247,10 @@ template <int D, int GT> __global__ void __launch_bounds__(128, E8P_MINB) attn_e
         }
         if (__popc(W & 0x5555u) & 1) T ^= 0xF0000000u;
         if (__popc((unsigned)i & 0x7Fu) & 1) S |= 0xF0000000u;
-        uint4 *const dT = reinterpret_cast<uint4 *>(tabT + 32 * i);
-        uint4 *const dS = reinterpret_cast<uint4 *>(tabS + 32 * i);
+        uint4 *const row = reinterpret_cast<uint4 *>(e8p_dyn + 64 * i);
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            dT[j] = make_uint4(T, T, T, T);
-            if (i < 128) dS[j] = make_uint4(S, S, S, S);
-        }
+        for (int j = 0; j < 8; j++)
+            row[j] = make_uint4(T, T, T, T), row[8 + j] = make_uint4(S, S, S, S);
         sh[i] = i ? c_box_frac[i & 7] * __int_as_float(((i >> 3) - 20 + 127) << 23) : 0.0f;
     }
     __syncthreads();
@@ -1205,7 +1266,10 @@ template <int D, int GT> __global__ void __launch_bounds__(128, E8P_MINB) attn_e
 
     for (int t0 = first; t0 < end; t0 += step) {
         const int n0 = t0 + step;
-        if (n0 < end) e8p_load<D>(nxt, a, table, kvh, n0, end, g, t4, bshift);
+        if (n0 < end) {
+            e8p_load<D>(nxt, eb, pg, n0, end, (int)a.block_size, bshift);
+            e8p_pages(pg, table, n0 + step, end, (int)a.block_size, bshift);
+        }
 #pragma unroll
         for (int u = 0; u < E8P_NT; u++) {
             const int tile0 = t0 + 16 * u;
@@ -1224,11 +1288,14 @@ template <int D, int GT> __global__ void __launch_bounds__(128, E8P_MINB) attn_e
                     const uint32_t w = cur.kw[u][tt][wi];
 #pragma unroll
                     for (int hf = 0; hf < 2; hf++) {
-                        const uint32_t Y = e8p_y(tabs, lane4, w, hf);
-                        const uint32_t Y8 = Y >> 8;
+                        /* Y = T ^ S and Y >> 8 = (T >> 8) ^ (S >> 8): each XOR fuses with its mask
+                         * into one LOP3, the shifts run on the FMA pipe */
+                        uint32_t T, S;
+                        e8p_ts(tabs, lane4, w, hf, T, S);
+                        const uint32_t T8 = e8p_shr8(T), S8 = e8p_shr8(S);
                         const int lb = 2 * wi + hf;
-                        const uint32_t b0[2] = {Y & 0x000F000Fu, Y8 & 0x000F000Fu};
-                        const uint32_t b4[2] = {Y & 0x00F000F0u, Y8 & 0x00F000F0u};
+                        const uint32_t b0[2] = {e8p_xand<0x000F000Fu>(T, S), e8p_xand<0x000F000Fu>(T8, S8)};
+                        const uint32_t b4[2] = {e8p_xand<0x00F000F0u>(T, S), e8p_xand<0x00F000F0u>(T8, S8)};
                         mma16816<false>(acc[tt][0], qa[2 * lb], b0);
                         mma16816<false>(acc[tt][1], qa[2 * lb + 1], b4);
                     }
@@ -1290,10 +1357,11 @@ template <int D, int GT> __global__ void __launch_bounds__(128, E8P_MINB) attn_e
                                zh1 = __byte_perm(Yv[2], Yv[3], 0x7632);
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
-                    const int s8 = k >= 2 ? 8 : 0;
+                    const bool s8 = k >= 2;
                     const uint32_t msk = (k & 1) ? 0x00F000F0u : 0x000F000Fu;
-                    const uint32_t r[4] = {(zl0 >> s8) & msk, (zh0 >> s8) & msk, (zl1 >> s8) & msk,
-                                           (zh1 >> s8) & msk};
+                    const uint32_t r[4] = {(s8 ? e8p_shr8(zl0) : zl0) & msk, (s8 ? e8p_shr8(zh0) : zh0) & msk,
+                                           (s8 ? e8p_shr8(zl1) : zl1) & msk,
+                                           (s8 ? e8p_shr8(zh1) : zh1) & msk};
                     mma16816<false>(oacc[4 * bb + k], r, pb);
                     if (!LO) mma16816<false>(oacc[4 * bb + k], r, pl);
                 }
@@ -1301,10 +1369,8 @@ template <int D, int GT> __global__ void __launch_bounds__(128, E8P_MINB) attn_e
             {
                 /* the (2h − 31) part: rows g / g + 8 = blocks (D/64)·g and (D/64)·g + 1 */
                 const uint32_t *const w = cur.vw[u];
-                const uint32_t r[4] = {e8p_hword(__byte_perm(w[0], w[1], 0x5410)),
-                                       NBL > 1 ? e8p_hword(__byte_perm(w[0], w[1], 0x7632)) : 0u,
-                                       e8p_hword(__byte_perm(w[2], w[3], 0x5410)),
-                                       NBL > 1 ? e8p_hword(__byte_perm(w[2], w[3], 0x7632)) : 0u};
+                const uint32_t r[4] = {e8p_hword2(w[0], w[1], 0), NBL > 1 ? e8p_hword2(w[0], w[1], 1) : 0u,
+                                       e8p_hword2(w[2], w[3], 0), NBL > 1 ? e8p_hword2(w[2], w[3], 1) : 0u};
                 mma16816<false>(ocos[0], r, pb);
                 if (!LO) mma16816<false>(ocos[0], r, pl);
             }
@@ -1351,9 +1417,8 @@ template <int D, int GT> static int e8p_smem_attr(void) {
 /* blocks per SM of attn_e8p_kernel<D, GT> (0 on error) */
 template <int D, int GT> static int e8p_occupancy(void) {
     int n = 0;
-    if (e8p_smem_attr<D, GT>() ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_e8p_kernel<D, GT>, 128, e8p_smem_bytes<D>()) !=
-            cudaSuccess)
+    if (e8p_smem_attr<D, GT>() || cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                      &n, attn_e8p_kernel<D, GT>, 128, e8p_smem_bytes<D>()) != cudaSuccess)
         return 0;
     return n;
 }
