@@ -1015,9 +1015,16 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
 /* ---- e8p:2 pages (K and V both) on the tensor cores ----
  *
  * The frame of attn_split_kernel: a warp takes 16-token sub-tiles of its split (E8P_NT per step, the next
- * step's codes already loaded into registers), the scores are S = Q·Kᵀ with the query rows as A (rows
- * 0..G−1 the f16 hi parts, 8..8+G−1 the lo parts) and the score fragment of a thread is the P fragment it
- * feeds into Oᵀ += Vᵀ·Pᵀ.
+ * step's codes already loaded into registers, the pages of the step after that too), the scores are
+ * S = Q·Kᵀ with the query rows as A (rows 0..G−1 the f16 hi parts, 8..8+G−1 the lo parts) and the score
+ * fragment of a thread is the P fragment it feeds into Oᵀ += Vᵀ·Pᵀ. For G = 4 (E8P_SW; Llama-3-8B) the
+ * scores are Sᵀ = K·Qᵀ instead: the decoded K words of a lane's two tokens g, g + 8 are exactly an A fragment
+ * (16 tokens × 16 coordinates), the query is B (columns 0..3 the hi parts, 4..7 the lo parts), so one product
+ * covers 16 tokens instead of 8 and no lane computes empty rows; hi + lo is one shuffle (lanes t4, t4 ^ 2),
+ * each lane keeps the softmax state of its two heads (2t4 + c) & 3, which are also the output columns it
+ * rescales, and movmatrix transposes P·δ (hi parts from lanes t4 < 2, lo parts from the others) into the B
+ * fragments of Oᵀ += Vᵀ·Pᵀ. H100, Llama-3-8B 8 × 32K: 143 → 121 µs (ncu: 61.6 → 55.1 M instructions, 153
+ * registers instead of 168).
  *
  * Decode (doc/format.md §2.5): coordinate i of a block is x̂_i = δ/4·((1 − 2σ_i)(4c_i + 2) + 2h − 1)
  * = δ·(G_i + (2h − 31)/4) with G_i = 8 + c_i for σ_i = 0 and 7 − c_i for σ_i = 1, i.e. the nibble
@@ -1043,7 +1050,18 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
 #ifndef E8P_MINB
 #define E8P_MINB 3 /* resident blocks per SM the register budget is made for */
 #endif
+#ifndef E8P_ROWS
+#define E8P_ROWS 1 /* 1: 256-byte rows of T and S (64 KB, PRMT offsets); 0: T then S by entry (48 KB) */
+/* (0 with E8P_MINB 4, 16 warps per SM at 128 registers: 8 × 32K 137 µs against 121 for the default, H100) */
+#endif
+#if E8P_ROWS
 #define E8P_TAB_BYTES (256 * 256) /* 256 rows of T and S entries, 32 copies each */
+#else
+#define E8P_TAB_BYTES (384 * 128) /* T (256 entries) then S (128 entries), 32 copies each */
+#endif
+#ifndef E8P_SW
+#define E8P_SW 1 /* G = 4: scores as Sᵀ = K·Qᵀ (16 tokens per product) */
+#endif
 /* P·δ_V lifted out of f16 subnormals: an exact power of 2, divided out at the merge */
 #define E8P_VSCALE 64.0f
 __constant__ uint16_t c_pat_a[256];
@@ -1083,7 +1101,8 @@ struct e8p_base {
     const uint8_t *kt, *vt, *ks, *vs;
     uint32_t kpb, vpb;
 };
-template <int D> __device__ __forceinline__ e8p_base e8p_bases(const attn_launch &a, int kvh, int g, int t4) {
+template <int D, bool SW>
+__device__ __forceinline__ e8p_base e8p_bases(const attn_launch &a, int kvh, int g, int t4) {
     const int bs = (int)a.block_size;
     const uint8_t *const kb = a.k.pool + (size_t)kvh * a.k.head_bytes, *const vb =
                                                                            a.v.pool +
@@ -1091,13 +1110,13 @@ template <int D> __device__ __forceinline__ e8p_base e8p_bases(const attn_launch
     e8p_base b;
     b.kt = kb + g * (D / 4) + (D / 16) * t4;
     b.vt = vb + 2 * t4 * (D / 4) + (D / 32) * g;
-    b.ks = kb + bs * (D / 4) + 2 * t4;
-    b.vs = vb + bs * (D / 4) + 2 * t4;
+    b.ks = kb + bs * (D / 4) + (SW ? g : 2 * t4);
+    b.vs = vb + bs * (D / 4) + (SW ? g : 2 * t4);
     b.kpb = (uint32_t)a.k.page_bytes, b.vpb = (uint32_t)a.v.page_bytes;
     return b;
 }
 
-template <int D>
+template <int D, bool SW>
 __device__ __forceinline__ void e8p_load(e8p_regs<D> &r, const e8p_base &b, const int (&pg)[E8P_NT], int t0,
                                          int end, int bs, int bshift) {
 #pragma unroll
@@ -1118,8 +1137,13 @@ __device__ __forceinline__ void e8p_load(e8p_regs<D> &r, const e8p_base &b, cons
             } else {
                 r.kw[u][tt][0] = __ldg((const uint32_t *)(kt + 8 * tt * (D / 4)));
             }
-            r.ks[u][tt] = __ldg((const uint16_t *)(ksd + 8 * tt));
-            r.vs[u][tt] = __ldg((const uint16_t *)(vsd + 8 * tt));
+            if constexpr (SW) { /* token g + 8tt */
+                r.ks[u][tt] = __ldg(ksd + 8 * tt);
+                r.vs[u][tt] = __ldg(vsd + 8 * tt);
+            } else { /* tokens 8tt + 2t4, 8tt + 2t4 + 1 */
+                r.ks[u][tt] = __ldg((const uint16_t *)(ksd + 8 * tt));
+                r.vs[u][tt] = __ldg((const uint16_t *)(vsd + 8 * tt));
+            }
         }
         constexpr int tv[4] = {0, 1, 8, 9}; /* tokens 2t4 + tv[i] */
 #pragma unroll
@@ -1133,8 +1157,13 @@ __device__ __forceinline__ void e8p_load(e8p_regs<D> &r, const e8p_base &b, cons
  * the code's first byte, the row of S its second (its top bit h lands on a copy of S) */
 __device__ __forceinline__ void e8p_ts(const uint8_t *tabs, uint32_t lane4, uint32_t w, int hf, uint32_t &T,
                                        uint32_t &S) {
+#if E8P_ROWS
     T = *reinterpret_cast<const uint32_t *>(tabs + __byte_perm(w, lane4, hf ? 0x5524 : 0x5504));
     S = *reinterpret_cast<const uint32_t *>(tabs + __byte_perm(w, lane4 | 128u, hf ? 0x5534 : 0x5514));
+#else
+    T = *reinterpret_cast<const uint32_t *>(tabs + (((hf ? w >> 9 : w << 7) & 0x7F80u) | lane4));
+    S = *reinterpret_cast<const uint32_t *>(tabs + 256 * 128 + (((hf ? w >> 17 : w >> 1) & 0x3F80u) | lane4));
+#endif
 }
 /* Y = T XOR S: the nibbles G_i of the block */
 __device__ __forceinline__ uint32_t e8p_y(const uint8_t *tabs, uint32_t lane4, uint32_t w, int hf) {
@@ -1185,6 +1214,7 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
     const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
     const int G = GT ? GT : (int)(a.n_head / a.n_head_kv);
     const bool LO = 2 * G <= 8;
+    constexpr bool SW = GT == 4 && E8P_SW; /* the score product with K as A (below) */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int n_split = (int)a.n_split;
     const int ctx = a.ctx_lens[seq];
@@ -1198,8 +1228,8 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
     e8p_regs<D> cur, nxt;
     int pg[E8P_NT]; /* the pages of the next step */
     e8p_pages(pg, table, first, end, (int)a.block_size, bshift);
-    const e8p_base eb = e8p_bases<D>(a, kvh, g, t4);
-    if (first < end) e8p_load<D>(cur, eb, pg, first, end, (int)a.block_size, bshift);
+    const e8p_base eb = e8p_bases<D, SW>(a, kvh, g, t4);
+    if (first < end) e8p_load<D, SW>(cur, eb, pg, first, end, (int)a.block_size, bshift);
     e8p_pages(pg, table, first + step, end, (int)a.block_size, bshift);
 
     load_query<D>(a, seq, kvh, G, true, sq);
@@ -1207,35 +1237,67 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
     /* A fragments: k-step s holds block (D/32)·t4 + s/2 of the lane's K words, elements (0, 4) / (2, 6) for
      * s even (scale 2^-24), (1, 5) / (3, 7) for s odd (2^-20): k index 2t4 + 8u + c ↔ element s%2 + 2u + 4c.
      * qs: the shift product, k index 2t4 + 8u + c ↔ block (D/32)·t4 + 2u + c, ¼ of the block's query sum. */
-    uint32_t qa[KS][4], qs[4];
+    uint32_t qa[KS][SW ? 2 : 4], qs[SW ? 2 : 4];
+    if constexpr (SW) {
+        /* B fragments of Qᵀ (k × 8 columns: column g the hi part of head g for g < 4, the lo part of head g −
+         * 4 for g ≥ 4), same k order as the A fragments below: qa[s][u] holds k 2t4 + 8u + c ↔ element s%2 +
+         * 2u + 4c of block (D/32)·t4 + s/2; qs[u]: k 2t4 + 8u + c ↔ block (D/32)·t4 + 2u + c */
+        const int hd = g & 3;
 #pragma unroll
-    for (int s = 0; s < KS; s++)
+        for (int s = 0; s < KS; s++)
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                float x[2];
+#pragma unroll
+                for (int c = 0; c < 2; c++)
+                    x[c] = sq[hd][8 * (BPL * t4 + (s >> 1)) + (s & 1) + 2 * u + 4 * c] * qscale;
+                qa[s][u] = g < 4 ? pack(hi16<false>(x[0]), hi16<false>(x[1]))
+                                 : pack(lo16<false>(x[0]), lo16<false>(x[1]));
+            }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            float x[2];
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int lb = 2 * u + c;
+                float sum = 0.0f;
+                if (lb < BPL)
+                    for (int i = 0; i < 8; i++)
+                        sum += sq[hd][8 * (BPL * t4 + lb) + i] * qscale;
+                x[c] = 0.25f * sum;
+            }
+            qs[u] = g < 4 ? pack(hi16<false>(x[0]), hi16<false>(x[1]))
+                          : pack(lo16<false>(x[0]), lo16<false>(x[1]));
+        }
+    } else {
+#pragma unroll
+        for (int s = 0; s < KS; s++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float x[2];
+#pragma unroll
+                for (int c = 0; c < 2; c++)
+                    x[c] = g < G ? sq[g][8 * (BPL * t4 + (s >> 1)) + (s & 1) + 2 * (j >> 1) + 4 * c] * qscale
+                                 : 0.0f;
+                qa[s][j] = (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1]))
+                                   : pack(hi16<false>(x[0]), hi16<false>(x[1]));
+            }
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             float x[2];
 #pragma unroll
-            for (int c = 0; c < 2; c++)
-                x[c] =
-                    g < G ? sq[g][8 * (BPL * t4 + (s >> 1)) + (s & 1) + 2 * (j >> 1) + 4 * c] * qscale : 0.0f;
-            qa[s][j] = (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1]))
-                               : pack(hi16<false>(x[0]), hi16<false>(x[1]));
+            for (int c = 0; c < 2; c++) {
+                const int lb = 2 * (j >> 1) + c;
+                float sum = 0.0f;
+                if (g < G && lb < BPL)
+                    for (int i = 0; i < 8; i++)
+                        sum += sq[g][8 * (BPL * t4 + lb) + i] * qscale;
+                x[c] = 0.25f * sum;
+            }
+            qs[j] = (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1]))
+                            : pack(hi16<false>(x[0]), hi16<false>(x[1]));
         }
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        float x[2];
-#pragma unroll
-        for (int c = 0; c < 2; c++) {
-            const int lb = 2 * (j >> 1) + c;
-            float sum = 0.0f;
-            if (g < G && lb < BPL)
-                for (int i = 0; i < 8; i++)
-                    sum += sq[g][8 * (BPL * t4 + lb) + i] * qscale;
-            x[c] = 0.25f * sum;
-        }
-        qs[j] =
-            (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1])) : pack(hi16<false>(x[0]), hi16<false>(x[1]));
     }
-
     __syncthreads(); /* sq is read: the tables take its place */
     for (int i = tid; i < 256; i += blockDim.x) {
         const unsigned W = c_pat_a[i];
@@ -1247,15 +1309,26 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
         }
         if (__popc(W & 0x5555u) & 1) T ^= 0xF0000000u;
         if (__popc((unsigned)i & 0x7Fu) & 1) S |= 0xF0000000u;
+#if E8P_ROWS
         uint4 *const row = reinterpret_cast<uint4 *>(e8p_dyn + 64 * i);
 #pragma unroll
         for (int j = 0; j < 8; j++)
             row[j] = make_uint4(T, T, T, T), row[8 + j] = make_uint4(S, S, S, S);
+#else
+        uint4 *const dT = reinterpret_cast<uint4 *>(e8p_dyn + 32 * i), *const dS = reinterpret_cast<uint4 *>(
+                                                                           e8p_dyn + 256 * 32 + 32 * i);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            dT[j] = make_uint4(T, T, T, T);
+            if (i < 128) dS[j] = make_uint4(S, S, S, S);
+        }
+#endif
         sh[i] = i ? c_box_frac[i & 7] * __int_as_float(((i >> 3) - 20 + 127) << 23) : 0.0f;
     }
     __syncthreads();
 
     float m = -INFINITY, l = 0.0f;
+    float m2[2] = {-INFINITY, -INFINITY}, l2[2] = {0.0f, 0.0f}; /* SW: heads (2t4 + c) & 3 */
     float oacc[KS][4], ocos[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
     for (int mt = 0; mt < KS; mt++)
@@ -1267,82 +1340,174 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
     for (int t0 = first; t0 < end; t0 += step) {
         const int n0 = t0 + step;
         if (n0 < end) {
-            e8p_load<D>(nxt, eb, pg, n0, end, (int)a.block_size, bshift);
+            e8p_load<D, SW>(nxt, eb, pg, n0, end, (int)a.block_size, bshift);
             e8p_pages(pg, table, n0 + step, end, (int)a.block_size, bshift);
         }
 #pragma unroll
         for (int u = 0; u < E8P_NT; u++) {
             const int tile0 = t0 + 16 * u;
             if (tile0 >= end) break;
-            /* ---- scores of tokens 8tt + 2t4 + c: [tt][scale 2^-24, 2^-20, shift][fragment] */
-            float acc[2][3][4];
-#pragma unroll
-            for (int tt = 0; tt < 2; tt++)
+            uint32_t pb[2], pl[2] = {0u, 0u};
+            if constexpr (SW) {
+                /* ---- scores Sᵀ = K·Qᵀ: A = 16 tokens (rows g, g + 8 = the lane's tokens of tt = 0, 1) × 16
+                 * coordinates, B = the query columns (hi 0..3, lo 4..7): one product per 16 tokens instead of
+                 * 8, and every lane's scores are used. acc[scale 2^-24, 2^-20, shift][fragment]: fragment
+                 * 2r + c = token g + 8r, column 2t4 + c */
+                float acc[3][4];
 #pragma unroll
                 for (int h = 0; h < 3; h++)
-                    acc[tt][h][0] = acc[tt][h][1] = acc[tt][h][2] = acc[tt][h][3] = 0.0f;
-#pragma unroll
-            for (int tt = 0; tt < 2; tt++) {
+                    acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.0f;
 #pragma unroll
                 for (int wi = 0; wi < KW; wi++) {
-                    const uint32_t w = cur.kw[u][tt][wi];
 #pragma unroll
                     for (int hf = 0; hf < 2; hf++) {
-                        /* Y = T ^ S and Y >> 8 = (T >> 8) ^ (S >> 8): each XOR fuses with its mask
-                         * into one LOP3, the shifts run on the FMA pipe */
-                        uint32_t T, S;
-                        e8p_ts(tabs, lane4, w, hf, T, S);
-                        const uint32_t T8 = e8p_shr8(T), S8 = e8p_shr8(S);
+                        uint32_t T0, S0, T1, S1;
+                        e8p_ts(tabs, lane4, cur.kw[u][0][wi], hf, T0, S0);
+                        e8p_ts(tabs, lane4, cur.kw[u][1][wi], hf, T1, S1);
+                        const uint32_t T08 = e8p_shr8(T0), S08 = e8p_shr8(S0), T18 = e8p_shr8(T1),
+                                       S18 = e8p_shr8(S1);
                         const int lb = 2 * wi + hf;
-                        const uint32_t b0[2] = {e8p_xand<0x000F000Fu>(T, S), e8p_xand<0x000F000Fu>(T8, S8)};
-                        const uint32_t b4[2] = {e8p_xand<0x00F000F0u>(T, S), e8p_xand<0x00F000F0u>(T8, S8)};
-                        mma16816<false>(acc[tt][0], qa[2 * lb], b0);
-                        mma16816<false>(acc[tt][1], qa[2 * lb + 1], b4);
+                        const uint32_t a0[4] = {e8p_xand<0x000F000Fu>(T0, S0), e8p_xand<0x000F000Fu>(T1, S1),
+                                                e8p_xand<0x000F000Fu>(T08, S08),
+                                                e8p_xand<0x000F000Fu>(T18, S18)};
+                        const uint32_t a4[4] = {e8p_xand<0x00F000F0u>(T0, S0), e8p_xand<0x00F000F0u>(T1, S1),
+                                                e8p_xand<0x00F000F0u>(T08, S08),
+                                                e8p_xand<0x00F000F0u>(T18, S18)};
+                        mma16816<false>(acc[0], a0, qa[2 * lb]);
+                        mma16816<false>(acc[1], a4, qa[2 * lb + 1]);
                     }
                 }
-                const uint32_t hb[2] = {e8p_hword(cur.kw[u][tt][0]),
-                                        KW > 1 ? e8p_hword(cur.kw[u][tt][KW - 1]) : 0u};
-                mma16816<false>(acc[tt][2], qs, hb);
-            }
-            const bool full = tile0 + 16 <= end;
-            float sc[2][2], tmax = -INFINITY;
-#pragma unroll
-            for (int tt = 0; tt < 2; tt++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const float raw = 0x1p24f * (acc[tt][0][c] + acc[tt][0][c + 2]) +
-                                      0x1p20f * (acc[tt][1][c] + acc[tt][1][c + 2]) +
-                                      (acc[tt][2][c] + acc[tt][2][c + 2]);
-                    float sv = raw * sh[(cur.ks[u][tt] >> (8 * c)) & 255u];
-                    if (g >= G || (!full && tile0 + 8 * tt + 2 * t4 + c >= end)) sv = -INFINITY;
-                    sc[tt][c] = sv;
-                    tmax = fmaxf(tmax, sv);
+                {
+                    const uint32_t ah[4] = {e8p_hword(cur.kw[u][0][0]), e8p_hword(cur.kw[u][1][0]),
+                                            KW > 1 ? e8p_hword(cur.kw[u][0][KW - 1]) : 0u,
+                                            KW > 1 ? e8p_hword(cur.kw[u][1][KW - 1]) : 0u};
+                    mma16816<false>(acc[2], ah, qs);
                 }
-            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-            /* the running maximum moves only when a score passes it (a warp vote): the accumulators are
-             * rescaled on those sub-tiles only */
-            if (__any_sync(0xffffffffu, tmax > m)) {
-                const float m_new = fmaxf(m, tmax);
-                const float alpha = m_new == -INFINITY ? 1.0f : ex2(m - m_new);
-                l *= alpha;
-                m = m_new;
-                const float al0 = __shfl_sync(0xffffffffu, alpha, pc.col_row[0] * 4),
-                            al1 = __shfl_sync(0xffffffffu, alpha, pc.col_row[1] * 4);
-                scale_cols<KS>(oacc, al0, al1);
-                scale_cols<1>(ocos, al0, al1);
-            }
-            float pv[2][2];
+                const bool full = tile0 + 16 <= end;
+                /* hi + lo: columns 2t4 + c and 2t4 + c ± 4 are lanes t4 and t4 ^ 2; both get head (2t4 + c) &
+                 * 3 */
+                float sc[2][2];
+                bool over = false;
 #pragma unroll
-            for (int tt = 0; tt < 2; tt++)
+                for (int r = 0; r < 2; r++)
 #pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const float p = m == -INFINITY ? 0.0f : ex2(sc[tt][c] - m);
-                    l += p;
-                    pv[tt][c] = p * sh[(cur.vs[u][tt] >> (8 * c)) & 255u] * E8P_VSCALE;
+                    for (int c = 0; c < 2; c++) {
+                        float raw =
+                            0x1p24f * acc[0][2 * r + c] + 0x1p20f * acc[1][2 * r + c] + acc[2][2 * r + c];
+                        raw += __shfl_xor_sync(0xffffffffu, raw, 2);
+                        float sv = raw * sh[cur.ks[u][r]];
+                        if (!full && tile0 + 8 * r + g >= end) sv = -INFINITY;
+                        sc[r][c] = sv;
+                        over |= sv > m2[c];
+                    }
+                /* the running maxima move only when a score passes them (a warp vote): then the tile maxima
+                 * over the tokens (lanes g) and the accumulators are rescaled, on those sub-tiles only */
+                if (__any_sync(0xffffffffu, over)) {
+                    float al[2];
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        float tmax = fmaxf(sc[0][c], sc[1][c]);
+                        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 4));
+                        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 8));
+                        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 16));
+                        const float m_new = fmaxf(m2[c], tmax);
+                        al[c] = m_new == -INFINITY ? 1.0f : ex2(m2[c] - m_new);
+                        l2[c] *= al[c];
+                        m2[c] = m_new;
+                    }
+                    scale_cols<KS>(oacc, al[0], al[1]);
+                    scale_cols<1>(ocos, al[0], al[1]);
                 }
-            uint32_t pb[2], pl[2];
-            p_fragments<false>(pv, pc, g, G, pb, pl);
+                /* P·δ·64 of tokens g, g + 8: the hi parts in columns 0..3 (lanes t4 < 2), the lo parts
+                 * in 4..7; a transpose of each 8 × 8 half gives the B fragments (tokens 2t4, 2t4 + 1 of
+                 * column g) */
+                uint32_t pw[2];
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float pv[2];
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const float p = m2[c] == -INFINITY ? 0.0f : ex2(sc[r][c] - m2[c]);
+                        l2[c] += p;
+                        pv[c] = p * sh[cur.vs[u][r]] * E8P_VSCALE;
+                    }
+                    pw[r] = t4 < 2 ? pack(hi16<false>(pv[0]), hi16<false>(pv[1]))
+                                   : pack(lo16<false>(pv[0]), lo16<false>(pv[1]));
+                }
+                pb[0] = transpose8x8(pw[0]);
+                pb[1] = transpose8x8(pw[1]);
+            } else {
+                /* ---- scores of tokens 8tt + 2t4 + c: [tt][scale 2^-24, 2^-20, shift][fragment] */
+                float acc[2][3][4];
+#pragma unroll
+                for (int tt = 0; tt < 2; tt++)
+#pragma unroll
+                    for (int h = 0; h < 3; h++)
+                        acc[tt][h][0] = acc[tt][h][1] = acc[tt][h][2] = acc[tt][h][3] = 0.0f;
+#pragma unroll
+                for (int tt = 0; tt < 2; tt++) {
+#pragma unroll
+                    for (int wi = 0; wi < KW; wi++) {
+                        const uint32_t w = cur.kw[u][tt][wi];
+#pragma unroll
+                        for (int hf = 0; hf < 2; hf++) {
+                            /* Y = T ^ S and Y >> 8 = (T >> 8) ^ (S >> 8): each XOR fuses with its mask
+                             * into one LOP3, the shifts run on the FMA pipe */
+                            uint32_t T, S;
+                            e8p_ts(tabs, lane4, w, hf, T, S);
+                            const uint32_t T8 = e8p_shr8(T), S8 = e8p_shr8(S);
+                            const int lb = 2 * wi + hf;
+                            const uint32_t b0[2] = {e8p_xand<0x000F000Fu>(T, S),
+                                                    e8p_xand<0x000F000Fu>(T8, S8)};
+                            const uint32_t b4[2] = {e8p_xand<0x00F000F0u>(T, S),
+                                                    e8p_xand<0x00F000F0u>(T8, S8)};
+                            mma16816<false>(acc[tt][0], qa[2 * lb], b0);
+                            mma16816<false>(acc[tt][1], qa[2 * lb + 1], b4);
+                        }
+                    }
+                    const uint32_t hb[2] = {e8p_hword(cur.kw[u][tt][0]),
+                                            KW > 1 ? e8p_hword(cur.kw[u][tt][KW - 1]) : 0u};
+                    mma16816<false>(acc[tt][2], qs, hb);
+                }
+                const bool full = tile0 + 16 <= end;
+                float sc[2][2], tmax = -INFINITY;
+#pragma unroll
+                for (int tt = 0; tt < 2; tt++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const float raw = 0x1p24f * (acc[tt][0][c] + acc[tt][0][c + 2]) +
+                                          0x1p20f * (acc[tt][1][c] + acc[tt][1][c + 2]) +
+                                          (acc[tt][2][c] + acc[tt][2][c + 2]);
+                        float sv = raw * sh[(cur.ks[u][tt] >> (8 * c)) & 255u];
+                        if (g >= G || (!full && tile0 + 8 * tt + 2 * t4 + c >= end)) sv = -INFINITY;
+                        sc[tt][c] = sv;
+                        tmax = fmaxf(tmax, sv);
+                    }
+                tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+                tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+                /* the running maximum moves only when a score passes it (a warp vote): the accumulators are
+                 * rescaled on those sub-tiles only */
+                if (__any_sync(0xffffffffu, tmax > m)) {
+                    const float m_new = fmaxf(m, tmax);
+                    const float alpha = m_new == -INFINITY ? 1.0f : ex2(m - m_new);
+                    l *= alpha;
+                    m = m_new;
+                    const float al0 = __shfl_sync(0xffffffffu, alpha, pc.col_row[0] * 4),
+                                al1 = __shfl_sync(0xffffffffu, alpha, pc.col_row[1] * 4);
+                    scale_cols<KS>(oacc, al0, al1);
+                    scale_cols<1>(ocos, al0, al1);
+                }
+                float pv[2][2];
+#pragma unroll
+                for (int tt = 0; tt < 2; tt++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const float p = m == -INFINITY ? 0.0f : ex2(sc[tt][c] - m);
+                        l += p;
+                        pv[tt][c] = p * sh[(cur.vs[u][tt] >> (8 * c)) & 255u] * E8P_VSCALE;
+                    }
+                p_fragments<false>(pv, pc, g, G, pb, pl);
+            }
             /* ---- values: rows g / g + 8 of M-tile 4bb + k = elements k / 4 + k of block (D/64)·g + bb,
              * columns tokens 2t4, 2t4 + 1 (a0, a1) and 2t4 + 8, 2t4 + 9 (a2, a3) */
 #pragma unroll
@@ -1378,8 +1543,17 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
         if (n0 < end) cur = nxt;
     }
     /* ---- merge the warps: the output rows put back in coordinate order at their scale */
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if constexpr (SW) {
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            l2[c] += __shfl_xor_sync(0xffffffffu, l2[c], 4);
+            l2[c] += __shfl_xor_sync(0xffffffffu, l2[c], 8);
+            l2[c] += __shfl_xor_sync(0xffffffffu, l2[c], 16);
+        }
+    } else {
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+    }
     __syncthreads(); /* no warp reads the tables any more: they become the merge buffer */
     float(*const so)[8][D] = reinterpret_cast<float(*)[8][D]>(e8p_dyn);
 #pragma unroll
@@ -1397,7 +1571,14 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
         scos[warp][2 * t4][NBL * g + 1] = 0.25f * ocos[0][2];
         scos[warp][2 * t4 + 1][NBL * g + 1] = 0.25f * ocos[0][3];
     }
-    if (t4 == 0) sm[warp][g] = m, sl[warp][g] = l;
+    if constexpr (SW) {
+        if (g == 0 && t4 < 2)
+#pragma unroll
+            for (int c = 0; c < 2; c++)
+                sm[warp][2 * t4 + c] = m2[c], sl[warp][2 * t4 + c] = l2[c];
+    } else if (t4 == 0) {
+        sm[warp][g] = m, sl[warp][g] = l;
+    }
     __syncthreads();
     store_split<D>(a, seq, kvh, G, split, sm, sl, [&](int w, int r, int i) {
         float o = so[w][r][i] + scos[w][r][i >> 3];
