@@ -1098,21 +1098,23 @@ __device__ __forceinline__ void e8p_pages(int (&pg)[E8P_NT], const int32_t *tabl
  * bytes, the cache checks it): per sub-tile, one 32 × 32 → 64-bit multiply-add and one 64-bit add per
  * address. */
 struct e8p_base {
-    const uint8_t *kt, *vt, *ks, *vs;
-    uint32_t kpb, vpb;
+    const uint8_t *kb, *vb; /* the KV head's area in page 0 of each pool */
+    uint32_t okt, ovt, os;  /* the lane's byte offsets there: K codes, V codes, step bytes (K and V alike) */
+    uint32_t kpb, vpb;      /* page sizes */
 };
 template <int D, bool SW>
 __device__ __forceinline__ e8p_base e8p_bases(const attn_launch &a, int kvh, int g, int t4) {
     const int bs = (int)a.block_size;
-    const uint8_t *const kb = a.k.pool + (size_t)kvh * a.k.head_bytes, *const vb =
-                                                                           a.v.pool +
-                                                                           (size_t)kvh * a.v.head_bytes;
     e8p_base b;
-    b.kt = kb + g * (D / 4) + (D / 16) * t4;
-    b.vt = vb + 2 * t4 * (D / 4) + (D / 32) * g;
-    b.ks = kb + bs * (D / 4) + (SW ? g : 2 * t4);
-    b.vs = vb + bs * (D / 4) + (SW ? g : 2 * t4);
+    b.kb = a.k.pool + (size_t)kvh * a.k.head_bytes;
+    b.vb = a.v.pool + (size_t)kvh * a.v.head_bytes;
+    b.okt = g * (D / 4) + (D / 16) * t4;
+    b.ovt = 2 * t4 * (D / 4) + (D / 32) * g;
+    b.os = bs * (D / 4) + (SW ? g : 2 * t4);
     b.kpb = (uint32_t)a.k.page_bytes, b.vpb = (uint32_t)a.v.page_bytes;
+    /* opaque to the compiler, which would otherwise recompute them from the thread index and the launch
+     * parameters in every step (register pressure): ~30 instructions per sub-tile */
+    asm volatile("" : "+r"(b.okt), "+r"(b.ovt), "+r"(b.os), "+l"(b.kb), "+l"(b.vb));
     return b;
 }
 
@@ -1125,10 +1127,9 @@ __device__ __forceinline__ void e8p_load(e8p_regs<D> &r, const e8p_base &b, cons
         if (s0 >= end) continue; /* its page may not exist; the sub-tile is skipped */
         const uint32_t page = (uint32_t)pg[u], o0 = bshift >= 4 ? s0 & ((1 << bshift) - 1) : s0 % bs;
         /* one base per stream and area, the rest immediate offsets */
-        const uint8_t *const kt = b.kt + ((uint64_t)page * b.kpb + o0 * (D / 4));
-        const uint8_t *const vt = b.vt + ((uint64_t)page * b.vpb + o0 * (D / 4));
-        const uint8_t *const ksd = b.ks + ((uint64_t)page * b.kpb + o0);
-        const uint8_t *const vsd = b.vs + ((uint64_t)page * b.vpb + o0);
+        const uint8_t *const kp = b.kb + (uint64_t)page * b.kpb, *const vp = b.vb + (uint64_t)page * b.vpb;
+        const uint8_t *const kt = kp + (b.okt + o0 * (D / 4)), *const vt = vp + (b.ovt + o0 * (D / 4));
+        const uint8_t *const ksd = kp + (b.os + o0), *const vsd = vp + (b.os + o0);
 #pragma unroll
         for (int tt = 0; tt < 2; tt++) {
             if constexpr (D == 128) {
