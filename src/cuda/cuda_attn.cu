@@ -1023,8 +1023,8 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
  * covers 16 tokens instead of 8 and no lane computes empty rows; hi + lo is one shuffle (lanes t4, t4 ^ 2),
  * each lane keeps the softmax state of its two heads (2t4 + c) & 3, which are also the output columns it
  * rescales, and movmatrix transposes P·δ (hi parts from lanes t4 < 2, lo parts from the others) into the B
- * fragments of Oᵀ += Vᵀ·Pᵀ. H100, Llama-3-8B 8 × 32K: 143 → 121 µs (ncu: 61.6 → 55.1 M instructions, 153
- * registers instead of 168).
+ * fragments of Oᵀ += Vᵀ·Pᵀ. H100, Llama-3-8B 8 × 32K: 143 → 121 µs (ncu: 61.6 → 55.1 M instructions, and
+ * 15 registers fewer).
  *
  * Decode (doc/format.md §2.5): coordinate i of a block is x̂_i = δ/4·((1 − 2σ_i)(4c_i + 2) + 2h − 1)
  * = δ·(G_i + (2h − 31)/4) with G_i = 8 + c_i for σ_i = 0 and 7 − c_i for σ_i = 1, i.e. the nibble
