@@ -1015,19 +1015,29 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
 /* ---- e8p:2 pages (K and V both) on the tensor cores ----
  *
  * The frame of attn_split_kernel: a warp takes 16-token sub-tiles of its split (E8P_NT per step, the next
- * step's codes already loaded into registers), the scores are S = Q·Kᵀ with the query rows as A (rows
- * 0..G−1 the f16 hi parts, 8..8+G−1 the lo parts) and the score fragment of a thread is the P fragment it
- * feeds into Oᵀ += Vᵀ·Pᵀ.
+ * step's codes already loaded into registers, the pages of the step after that too), the scores are
+ * S = Q·Kᵀ with the query rows as A (rows 0..G−1 the f16 hi parts, 8..8+G−1 the lo parts) and the score
+ * fragment of a thread is the P fragment it feeds into Oᵀ += Vᵀ·Pᵀ. For G = 4 (E8P_SW; Llama-3-8B) the
+ * scores are Sᵀ = K·Qᵀ instead: the decoded K words of a lane's two tokens g, g + 8 are exactly an A fragment
+ * (16 tokens × 16 coordinates), the query is B (columns 0..3 the hi parts, 4..7 the lo parts), so one product
+ * covers 16 tokens instead of 8 and no lane computes empty rows; hi + lo is one shuffle (lanes t4, t4 ^ 2),
+ * each lane keeps the softmax state of its two heads (2t4 + c) & 3, which are also the output columns it
+ * rescales, and movmatrix transposes P·δ (hi parts from lanes t4 < 2, lo parts from the others) into the B
+ * fragments of Oᵀ += Vᵀ·Pᵀ. H100, Llama-3-8B 8 × 32K: 143 → 121 µs (ncu: 61.6 → 55.1 M instructions, and
+ * 15 registers fewer).
  *
  * Decode (doc/format.md §2.5): coordinate i of a block is x̂_i = δ/4·((1 − 2σ_i)(4c_i + 2) + 2h − 1)
  * = δ·(G_i + (2h − 31)/4) with G_i = 8 + c_i for σ_i = 0 and 7 − c_i for σ_i = 1, i.e. the nibble
  * G_i = (8 | c_i) XOR 0xF·σ_i. Two tables in shared memory give the eight nibbles of a block at once:
  * T[t] = the nibbles 8 | c_i of pattern t (nibble 7 XOR 0xF when Σc_i is odd: that share of σ_7), and
  * S[b] for the code's second byte b = the nibbles 0xF·σ_i (nibble 7: 0xF·(σ_0 ⊕ … ⊕ σ_6)), so that
- * Y = T[t] XOR S[b] holds the G_i (S has 128 entries: b's top bit is h). Each table is written 32 times
- * over (entry e of lane l at word 32e + l): a warp's random lookups never share a bank, and the byte offset
- * of an entry is one shift and one LOP3 from the code word. The words Y & 0x000F000F, Y & 0x00F000F0 and
- * the same of (Y >> 8) are f16x2 subnormals G·2^-24 and G·2^-20, exact mma operands with no bias to remove
+ * Y = T[t] XOR S[b] holds the G_i (S[b] depends on b's low 7 bits only: the top bit is h). Row r of the
+ * table area is 256 bytes: T[r] written 32 times over (bytes 4l … 4l + 3 for lane l), then S[r] 32 times
+ * over, so a warp's random lookups never share a bank, and the byte offset of an entry is one PRMT of the
+ * code word with the lane's offset (code byte → bits 8..15, 4l or 128 + 4l → bits 0..7): the integer pipe,
+ * which the decode keeps busier than any other, does one instruction per lookup. The words
+ * Y & 0x000F000F, Y & 0x00F000F0 and the same of Y >> 8 (a multiply-high, on the FMA pipe) are f16x2
+ * subnormals G·2^-24 and G·2^-20, exact mma operands with no bias to remove
  * (one accumulator per scale; the k-steps of the scores are grouped by scale, the output rows keep theirs
  * until the merge). The (2h − 31)/4 part is one more product per sub-tile with 2h − 31 per (token, block)
  * as an operand: against ¼ of the query's sum over each block (scores), or against P·δ (values: per block of
@@ -1040,15 +1050,26 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
 #ifndef E8P_MINB
 #define E8P_MINB 3 /* resident blocks per SM the register budget is made for */
 #endif
-#define E8P_S_OFF (256 * 32 * 4) /* byte offset of the table S */
+#ifndef E8P_ROWS
+#define E8P_ROWS 1 /* 1: 256-byte rows of T and S (64 KB, PRMT offsets); 0: T then S by entry (48 KB) */
+/* (0 with E8P_MINB 4, 16 warps per SM at 128 registers: 8 × 32K 137 µs against 121 for the default, H100) */
+#endif
+#if E8P_ROWS
+#define E8P_TAB_BYTES (256 * 256) /* 256 rows of T and S entries, 32 copies each */
+#else
+#define E8P_TAB_BYTES (384 * 128) /* T (256 entries) then S (128 entries), 32 copies each */
+#endif
+#ifndef E8P_SW
+#define E8P_SW 1 /* G = 4: scores as Sᵀ = K·Qᵀ (16 tokens per product) */
+#endif
 /* P·δ_V lifted out of f16 subnormals: an exact power of 2, divided out at the merge */
 #define E8P_VSCALE 64.0f
 __constant__ uint16_t c_pat_a[256];
 
-/* dynamic shared memory of attn_e8p_kernel<D>: the tables T (256 × 32 words) and S (128 × 32 words); the
- * rotated query sq[8][D] f32 is made there first, the merge buffer (WARPS × 8 × D floats) after the loop */
+/* dynamic shared memory of attn_e8p_kernel<D, GT>: the table rows (T and S, 256 × 64 words); the rotated
+ * query sq[8][D] f32 is made there first, the merge buffer (WARPS × 8 × D floats) after the loop */
 template <int D> static constexpr int e8p_smem_bytes(void) {
-    return E8P_S_OFF + 128 * 32 * 4;
+    return E8P_TAB_BYTES;
 }
 
 /* The code bytes one lane needs for E8P_NT sub-tiles:
@@ -1061,24 +1082,54 @@ template <int D> struct e8p_regs {
     uint32_t ks[E8P_NT][2], vs[E8P_NT][2];
 };
 
-template <int D>
-__device__ __forceinline__ void e8p_load(e8p_regs<D> &r, const attn_launch &a, const int32_t *table, int kvh,
-                                         int t0, int end, int g, int t4, int bshift) {
+/* The pages of the E8P_NT sub-tiles from token t0 on (0 past the end: those sub-tiles are skipped), loaded
+ * a step before e8p_load needs them, so that the code loads do not wait for the block table */
+__device__ __forceinline__ void e8p_pages(int (&pg)[E8P_NT], const int32_t *table, int t0, int end, int bs,
+                                          int bshift) {
+#pragma unroll
+    for (int u = 0; u < E8P_NT; u++) {
+        const int s0 = t0 + 16 * u;
+        /* pages of 16·2^k tokens (bshift = k + 4 ≥ 4): the page by a shift, else by division */
+        pg[u] = s0 < end ? __ldg(table + (bshift >= 4 ? s0 >> bshift : s0 / bs)) : 0;
+    }
+}
+
+/* A lane's four code addresses in page 0 (K and V codes, K and V step bytes) and the page sizes (< 2^32
+ * bytes, the cache checks it): per sub-tile, one 32 × 32 → 64-bit multiply-add and one 64-bit add per
+ * address. */
+struct e8p_base {
+    const uint8_t *kb, *vb; /* the KV head's area in page 0 of each pool */
+    uint32_t okt, ovt, os;  /* the lane's byte offsets there: K codes, V codes, step bytes (K and V alike) */
+    uint32_t kpb, vpb;      /* page sizes */
+};
+template <int D, bool SW>
+__device__ __forceinline__ e8p_base e8p_bases(const attn_launch &a, int kvh, int g, int t4) {
     const int bs = (int)a.block_size;
+    e8p_base b;
+    b.kb = a.k.pool + (size_t)kvh * a.k.head_bytes;
+    b.vb = a.v.pool + (size_t)kvh * a.v.head_bytes;
+    b.okt = g * (D / 4) + (D / 16) * t4;
+    b.ovt = 2 * t4 * (D / 4) + (D / 32) * g;
+    b.os = bs * (D / 4) + (SW ? g : 2 * t4);
+    b.kpb = (uint32_t)a.k.page_bytes, b.vpb = (uint32_t)a.v.page_bytes;
+    /* opaque to the compiler, which would otherwise recompute them from the thread index and the launch
+     * parameters in every step (register pressure): ~30 instructions per sub-tile */
+    asm volatile("" : "+r"(b.okt), "+r"(b.ovt), "+r"(b.os), "+l"(b.kb), "+l"(b.vb));
+    return b;
+}
+
+template <int D, bool SW>
+__device__ __forceinline__ void e8p_load(e8p_regs<D> &r, const e8p_base &b, const int (&pg)[E8P_NT], int t0,
+                                         int end, int bs, int bshift) {
 #pragma unroll
     for (int u = 0; u < E8P_NT; u++) {
         const int s0 = t0 + 16 * u;
         if (s0 >= end) continue; /* its page may not exist; the sub-tile is skipped */
-        /* pages of 16·2^k tokens (bshift = k + 4 ≥ 4): the page and offset by shifts, else by division */
-        const int page = table[bshift >= 4 ? s0 >> bshift : s0 / bs],
-                  o0 = bshift >= 4 ? s0 & ((1 << bshift) - 1) : s0 % bs;
-        const uint8_t *const kb = a.k.pool + (size_t)page * a.k.page_bytes + (size_t)kvh * a.k.head_bytes;
-        const uint8_t *const vb = a.v.pool + (size_t)page * a.v.page_bytes + (size_t)kvh * a.v.head_bytes;
+        const uint32_t page = (uint32_t)pg[u], o0 = bshift >= 4 ? s0 & ((1 << bshift) - 1) : s0 % bs;
         /* one base per stream and area, the rest immediate offsets */
-        const uint8_t *const kt = kb + (o0 + g) * (D / 4) + (D / 16) * t4;
-        const uint8_t *const vt = vb + (o0 + 2 * t4) * (D / 4) + (D / 32) * g;
-        const uint8_t *const ksd = kb + bs * (D / 4) + o0 + 2 * t4;
-        const uint8_t *const vsd = vb + bs * (D / 4) + o0 + 2 * t4;
+        const uint8_t *const kp = b.kb + (uint64_t)page * b.kpb, *const vp = b.vb + (uint64_t)page * b.vpb;
+        const uint8_t *const kt = kp + (b.okt + o0 * (D / 4)), *const vt = vp + (b.ovt + o0 * (D / 4));
+        const uint8_t *const ksd = kp + (b.os + o0), *const vsd = vp + (b.os + o0);
 #pragma unroll
         for (int tt = 0; tt < 2; tt++) {
             if constexpr (D == 128) {
@@ -1087,8 +1138,13 @@ __device__ __forceinline__ void e8p_load(e8p_regs<D> &r, const attn_launch &a, c
             } else {
                 r.kw[u][tt][0] = __ldg((const uint32_t *)(kt + 8 * tt * (D / 4)));
             }
-            r.ks[u][tt] = __ldg((const uint16_t *)(ksd + 8 * tt));
-            r.vs[u][tt] = __ldg((const uint16_t *)(vsd + 8 * tt));
+            if constexpr (SW) { /* token g + 8tt */
+                r.ks[u][tt] = __ldg(ksd + 8 * tt);
+                r.vs[u][tt] = __ldg(vsd + 8 * tt);
+            } else { /* tokens 8tt + 2t4, 8tt + 2t4 + 1 */
+                r.ks[u][tt] = __ldg((const uint16_t *)(ksd + 8 * tt));
+                r.vs[u][tt] = __ldg((const uint16_t *)(vsd + 8 * tt));
+            }
         }
         constexpr int tv[4] = {0, 1, 8, 9}; /* tokens 2t4 + tv[i] */
 #pragma unroll
@@ -1098,32 +1154,68 @@ __device__ __forceinline__ void e8p_load(e8p_regs<D> &r, const attn_launch &a, c
     }
 }
 
-/* Y (the nibbles G_i) of the block code in the low (hf = 0) or high half of w; lane4 = 4 · lane */
+/* T[t] and S[b] of the block code in the low (hf = 0) or high half of w; lane4 = 4 · lane: the row of T is
+ * the code's first byte, the row of S its second (its top bit h lands on a copy of S) */
+__device__ __forceinline__ void e8p_ts(const uint8_t *tabs, uint32_t lane4, uint32_t w, int hf, uint32_t &T,
+                                       uint32_t &S) {
+#if E8P_ROWS
+    T = *reinterpret_cast<const uint32_t *>(tabs + __byte_perm(w, lane4, hf ? 0x5524 : 0x5504));
+    S = *reinterpret_cast<const uint32_t *>(tabs + __byte_perm(w, lane4 | 128u, hf ? 0x5534 : 0x5514));
+#else
+    T = *reinterpret_cast<const uint32_t *>(tabs + (((hf ? w >> 9 : w << 7) & 0x7F80u) | lane4));
+    S = *reinterpret_cast<const uint32_t *>(tabs + 256 * 128 + (((hf ? w >> 17 : w >> 1) & 0x3F80u) | lane4));
+#endif
+}
+/* Y = T XOR S: the nibbles G_i of the block */
 __device__ __forceinline__ uint32_t e8p_y(const uint8_t *tabs, uint32_t lane4, uint32_t w, int hf) {
-    const uint32_t iT = ((hf ? w >> 9 : w << 7) & 0x7F80u) | lane4,
-                   iS = ((hf ? w >> 17 : w >> 1) & 0x3F80u) | lane4;
-    return *reinterpret_cast<const uint32_t *>(tabs + iT) ^
-           *reinterpret_cast<const uint32_t *>(tabs + E8P_S_OFF + iS);
+    uint32_t T, S;
+    e8p_ts(tabs, lane4, w, hf, T, S);
+    return T ^ S;
 }
 
+/* x >> 8 as a multiply-high: the FMA pipe instead of the integer pipe's shifter */
+__device__ __forceinline__ uint32_t e8p_shr8(uint32_t x) {
+    uint32_t r;
+    asm("mul.hi.u32 %0, %1, 16777216;" : "=r"(r) : "r"(x));
+    return r;
+}
+
+/* (a ^ b) & m in one LOP3 (the compiler shares a ^ b between two masks otherwise) */
+template <uint32_t M> __device__ __forceinline__ uint32_t e8p_xand(uint32_t a, uint32_t b) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0x28;" : "=r"(r) : "r"(a), "r"(b), "n"(M));
+    return r;
+}
+/* (~a & 0x00800080) | 0xCF40CF40 in one LOP3 */
+__device__ __forceinline__ uint32_t e8p_hsel(uint32_t a) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xAE;" : "=r"(r) : "r"(a), "r"(0x00800080u), "r"(0xCF40CF40u));
+    return r;
+}
 /* the shift bits h of two block codes (bits 15, 31 of x) → f16x2 of 2h − 31 (−29 = 0xCF40, −31 = 0xCFC0) */
 __device__ __forceinline__ uint32_t e8p_hword(uint32_t x) {
-    return (~(x >> 8) & 0x00800080u) | 0xCF40CF40u;
+    return e8p_hsel(x >> 8);
+}
+/* the same for the first blocks of x and y (bits 15 of each; PRMT's sign copy puts them in bits 7 and 23) */
+__device__ __forceinline__ uint32_t e8p_hword2(uint32_t x, uint32_t y, int hf) {
+    return e8p_hsel(__byte_perm(x, y, hf ? 0xFFBB : 0xDD99));
 }
 
-template <int D> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_launch a) {
+/* GT: the GQA group size n_head / n_head_kv when it is known at compile time (4: Llama-3-8B), else 0 */
+template <int D, int GT>
+__global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_launch a) {
     constexpr int KS = D / 16, BPL = D / 32, NBL = D / 64, KW = D / 64;
     extern __shared__ __align__(16) uint32_t e8p_dyn[];
-    uint32_t *const tabT = e8p_dyn, *const tabS = e8p_dyn + E8P_S_OFF / 4;
     float(*const sq)[D] = reinterpret_cast<float(*)[D]>(e8p_dyn); /* until the tables are made */
     __shared__ float sh[256];                                     /* δ(e) */
     __shared__ float sm[WARPS][8], sl[WARPS][8];
     __shared__ float scos[WARPS][8][16];
-    static_assert(E8P_S_OFF >= sizeof(float) * WARPS * 8 * D, "the merge buffer aliases the tables");
+    static_assert(E8P_TAB_BYTES >= sizeof(float) * WARPS * 8 * D, "the merge buffer aliases the tables");
 
     const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
-    const int G = (int)(a.n_head / a.n_head_kv);
+    const int G = GT ? GT : (int)(a.n_head / a.n_head_kv);
     const bool LO = 2 * G <= 8;
+    constexpr bool SW = GT == 4 && E8P_SW; /* the score product with K as A (below) */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int n_split = (int)a.n_split;
     const int ctx = a.ctx_lens[seq];
@@ -1135,42 +1227,78 @@ template <int D> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kerne
 
     /* the first step's codes are in flight while the tables and the query are made */
     e8p_regs<D> cur, nxt;
-    if (first < end) e8p_load<D>(cur, a, table, kvh, first, end, g, t4, bshift);
+    int pg[E8P_NT]; /* the pages of the next step */
+    e8p_pages(pg, table, first, end, (int)a.block_size, bshift);
+    const e8p_base eb = e8p_bases<D, SW>(a, kvh, g, t4);
+    if (first < end) e8p_load<D, SW>(cur, eb, pg, first, end, (int)a.block_size, bshift);
+    e8p_pages(pg, table, first + step, end, (int)a.block_size, bshift);
 
     load_query<D>(a, seq, kvh, G, true, sq);
     const float qscale = a.rot_scale * rsqrtf((float)D) * LOG2E;
     /* A fragments: k-step s holds block (D/32)·t4 + s/2 of the lane's K words, elements (0, 4) / (2, 6) for
      * s even (scale 2^-24), (1, 5) / (3, 7) for s odd (2^-20): k index 2t4 + 8u + c ↔ element s%2 + 2u + 4c.
      * qs: the shift product, k index 2t4 + 8u + c ↔ block (D/32)·t4 + 2u + c, ¼ of the block's query sum. */
-    uint32_t qa[KS][4], qs[4];
+    uint32_t qa[KS][SW ? 2 : 4], qs[SW ? 2 : 4];
+    if constexpr (SW) {
+        /* B fragments of Qᵀ (k × 8 columns: column g the hi part of head g for g < 4, the lo part of head g −
+         * 4 for g ≥ 4), same k order as the A fragments below: qa[s][u] holds k 2t4 + 8u + c ↔ element s%2 +
+         * 2u + 4c of block (D/32)·t4 + s/2; qs[u]: k 2t4 + 8u + c ↔ block (D/32)·t4 + 2u + c */
+        const int hd = g & 3;
 #pragma unroll
-    for (int s = 0; s < KS; s++)
+        for (int s = 0; s < KS; s++)
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                float x[2];
+#pragma unroll
+                for (int c = 0; c < 2; c++)
+                    x[c] = sq[hd][8 * (BPL * t4 + (s >> 1)) + (s & 1) + 2 * u + 4 * c] * qscale;
+                qa[s][u] = g < 4 ? pack(hi16<false>(x[0]), hi16<false>(x[1]))
+                                 : pack(lo16<false>(x[0]), lo16<false>(x[1]));
+            }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            float x[2];
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int lb = 2 * u + c;
+                float sum = 0.0f;
+                if (lb < BPL)
+                    for (int i = 0; i < 8; i++)
+                        sum += sq[hd][8 * (BPL * t4 + lb) + i] * qscale;
+                x[c] = 0.25f * sum;
+            }
+            qs[u] = g < 4 ? pack(hi16<false>(x[0]), hi16<false>(x[1]))
+                          : pack(lo16<false>(x[0]), lo16<false>(x[1]));
+        }
+    } else {
+#pragma unroll
+        for (int s = 0; s < KS; s++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float x[2];
+#pragma unroll
+                for (int c = 0; c < 2; c++)
+                    x[c] = g < G ? sq[g][8 * (BPL * t4 + (s >> 1)) + (s & 1) + 2 * (j >> 1) + 4 * c] * qscale
+                                 : 0.0f;
+                qa[s][j] = (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1]))
+                                   : pack(hi16<false>(x[0]), hi16<false>(x[1]));
+            }
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             float x[2];
 #pragma unroll
-            for (int c = 0; c < 2; c++)
-                x[c] =
-                    g < G ? sq[g][8 * (BPL * t4 + (s >> 1)) + (s & 1) + 2 * (j >> 1) + 4 * c] * qscale : 0.0f;
-            qa[s][j] = (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1]))
-                               : pack(hi16<false>(x[0]), hi16<false>(x[1]));
+            for (int c = 0; c < 2; c++) {
+                const int lb = 2 * (j >> 1) + c;
+                float sum = 0.0f;
+                if (g < G && lb < BPL)
+                    for (int i = 0; i < 8; i++)
+                        sum += sq[g][8 * (BPL * t4 + lb) + i] * qscale;
+                x[c] = 0.25f * sum;
+            }
+            qs[j] = (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1]))
+                            : pack(hi16<false>(x[0]), hi16<false>(x[1]));
         }
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        float x[2];
-#pragma unroll
-        for (int c = 0; c < 2; c++) {
-            const int lb = 2 * (j >> 1) + c;
-            float sum = 0.0f;
-            if (g < G && lb < BPL)
-                for (int i = 0; i < 8; i++)
-                    sum += sq[g][8 * (BPL * t4 + lb) + i] * qscale;
-            x[c] = 0.25f * sum;
-        }
-        qs[j] =
-            (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1])) : pack(hi16<false>(x[0]), hi16<false>(x[1]));
     }
-
     __syncthreads(); /* sq is read: the tables take its place */
     for (int i = tid; i < 256; i += blockDim.x) {
         const unsigned W = c_pat_a[i];
@@ -1182,18 +1310,26 @@ template <int D> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kerne
         }
         if (__popc(W & 0x5555u) & 1) T ^= 0xF0000000u;
         if (__popc((unsigned)i & 0x7Fu) & 1) S |= 0xF0000000u;
-        uint4 *const dT = reinterpret_cast<uint4 *>(tabT + 32 * i);
-        uint4 *const dS = reinterpret_cast<uint4 *>(tabS + 32 * i);
+#if E8P_ROWS
+        uint4 *const row = reinterpret_cast<uint4 *>(e8p_dyn + 64 * i);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            row[j] = make_uint4(T, T, T, T), row[8 + j] = make_uint4(S, S, S, S);
+#else
+        uint4 *const dT = reinterpret_cast<uint4 *>(e8p_dyn + 32 * i), *const dS = reinterpret_cast<uint4 *>(
+                                                                           e8p_dyn + 256 * 32 + 32 * i);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             dT[j] = make_uint4(T, T, T, T);
             if (i < 128) dS[j] = make_uint4(S, S, S, S);
         }
+#endif
         sh[i] = i ? c_box_frac[i & 7] * __int_as_float(((i >> 3) - 20 + 127) << 23) : 0.0f;
     }
     __syncthreads();
 
     float m = -INFINITY, l = 0.0f;
+    float m2[2] = {-INFINITY, -INFINITY}, l2[2] = {0.0f, 0.0f}; /* SW: heads (2t4 + c) & 3 */
     float oacc[KS][4], ocos[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
     for (int mt = 0; mt < KS; mt++)
@@ -1204,77 +1340,175 @@ template <int D> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kerne
 
     for (int t0 = first; t0 < end; t0 += step) {
         const int n0 = t0 + step;
-        if (n0 < end) e8p_load<D>(nxt, a, table, kvh, n0, end, g, t4, bshift);
+        if (n0 < end) {
+            e8p_load<D, SW>(nxt, eb, pg, n0, end, (int)a.block_size, bshift);
+            e8p_pages(pg, table, n0 + step, end, (int)a.block_size, bshift);
+        }
 #pragma unroll
         for (int u = 0; u < E8P_NT; u++) {
             const int tile0 = t0 + 16 * u;
             if (tile0 >= end) break;
-            /* ---- scores of tokens 8tt + 2t4 + c: [tt][scale 2^-24, 2^-20, shift][fragment] */
-            float acc[2][3][4];
-#pragma unroll
-            for (int tt = 0; tt < 2; tt++)
+            uint32_t pb[2], pl[2] = {0u, 0u};
+            if constexpr (SW) {
+                /* ---- scores Sᵀ = K·Qᵀ: A = 16 tokens (rows g, g + 8 = the lane's tokens of tt = 0, 1) × 16
+                 * coordinates, B = the query columns (hi 0..3, lo 4..7): one product per 16 tokens instead of
+                 * 8, and every lane's scores are used. acc[scale 2^-24, 2^-20, shift][fragment]: fragment
+                 * 2r + c = token g + 8r, column 2t4 + c */
+                float acc[3][4];
 #pragma unroll
                 for (int h = 0; h < 3; h++)
-                    acc[tt][h][0] = acc[tt][h][1] = acc[tt][h][2] = acc[tt][h][3] = 0.0f;
-#pragma unroll
-            for (int tt = 0; tt < 2; tt++) {
+                    acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.0f;
 #pragma unroll
                 for (int wi = 0; wi < KW; wi++) {
-                    const uint32_t w = cur.kw[u][tt][wi];
 #pragma unroll
                     for (int hf = 0; hf < 2; hf++) {
-                        const uint32_t Y = e8p_y(tabs, lane4, w, hf);
-                        const uint32_t Y8 = Y >> 8;
+                        uint32_t T0, S0, T1, S1;
+                        e8p_ts(tabs, lane4, cur.kw[u][0][wi], hf, T0, S0);
+                        e8p_ts(tabs, lane4, cur.kw[u][1][wi], hf, T1, S1);
+                        const uint32_t T08 = e8p_shr8(T0), S08 = e8p_shr8(S0), T18 = e8p_shr8(T1),
+                                       S18 = e8p_shr8(S1);
                         const int lb = 2 * wi + hf;
-                        const uint32_t b0[2] = {Y & 0x000F000Fu, Y8 & 0x000F000Fu};
-                        const uint32_t b4[2] = {Y & 0x00F000F0u, Y8 & 0x00F000F0u};
-                        mma16816<false>(acc[tt][0], qa[2 * lb], b0);
-                        mma16816<false>(acc[tt][1], qa[2 * lb + 1], b4);
+                        const uint32_t a0[4] = {e8p_xand<0x000F000Fu>(T0, S0), e8p_xand<0x000F000Fu>(T1, S1),
+                                                e8p_xand<0x000F000Fu>(T08, S08),
+                                                e8p_xand<0x000F000Fu>(T18, S18)};
+                        const uint32_t a4[4] = {e8p_xand<0x00F000F0u>(T0, S0), e8p_xand<0x00F000F0u>(T1, S1),
+                                                e8p_xand<0x00F000F0u>(T08, S08),
+                                                e8p_xand<0x00F000F0u>(T18, S18)};
+                        mma16816<false>(acc[0], a0, qa[2 * lb]);
+                        mma16816<false>(acc[1], a4, qa[2 * lb + 1]);
                     }
                 }
-                const uint32_t hb[2] = {e8p_hword(cur.kw[u][tt][0]),
-                                        KW > 1 ? e8p_hword(cur.kw[u][tt][KW - 1]) : 0u};
-                mma16816<false>(acc[tt][2], qs, hb);
-            }
-            const bool full = tile0 + 16 <= end;
-            float sc[2][2], tmax = -INFINITY;
-#pragma unroll
-            for (int tt = 0; tt < 2; tt++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const float raw = 0x1p24f * (acc[tt][0][c] + acc[tt][0][c + 2]) +
-                                      0x1p20f * (acc[tt][1][c] + acc[tt][1][c + 2]) +
-                                      (acc[tt][2][c] + acc[tt][2][c + 2]);
-                    float sv = raw * sh[(cur.ks[u][tt] >> (8 * c)) & 255u];
-                    if (g >= G || (!full && tile0 + 8 * tt + 2 * t4 + c >= end)) sv = -INFINITY;
-                    sc[tt][c] = sv;
-                    tmax = fmaxf(tmax, sv);
+                {
+                    const uint32_t ah[4] = {e8p_hword(cur.kw[u][0][0]), e8p_hword(cur.kw[u][1][0]),
+                                            KW > 1 ? e8p_hword(cur.kw[u][0][KW - 1]) : 0u,
+                                            KW > 1 ? e8p_hword(cur.kw[u][1][KW - 1]) : 0u};
+                    mma16816<false>(acc[2], ah, qs);
                 }
-            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
-            tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
-            /* the running maximum moves only when a score passes it (a warp vote): the accumulators are
-             * rescaled on those sub-tiles only */
-            if (__any_sync(0xffffffffu, tmax > m)) {
-                const float m_new = fmaxf(m, tmax);
-                const float alpha = m_new == -INFINITY ? 1.0f : ex2(m - m_new);
-                l *= alpha;
-                m = m_new;
-                const float al0 = __shfl_sync(0xffffffffu, alpha, pc.col_row[0] * 4),
-                            al1 = __shfl_sync(0xffffffffu, alpha, pc.col_row[1] * 4);
-                scale_cols<KS>(oacc, al0, al1);
-                scale_cols<1>(ocos, al0, al1);
-            }
-            float pv[2][2];
+                const bool full = tile0 + 16 <= end;
+                /* hi + lo: columns 2t4 + c and 2t4 + c ± 4 are lanes t4 and t4 ^ 2; both get head (2t4 + c) &
+                 * 3 */
+                float sc[2][2];
+                bool over = false;
 #pragma unroll
-            for (int tt = 0; tt < 2; tt++)
+                for (int r = 0; r < 2; r++)
 #pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const float p = m == -INFINITY ? 0.0f : ex2(sc[tt][c] - m);
-                    l += p;
-                    pv[tt][c] = p * sh[(cur.vs[u][tt] >> (8 * c)) & 255u] * E8P_VSCALE;
+                    for (int c = 0; c < 2; c++) {
+                        float raw =
+                            0x1p24f * acc[0][2 * r + c] + 0x1p20f * acc[1][2 * r + c] + acc[2][2 * r + c];
+                        raw += __shfl_xor_sync(0xffffffffu, raw, 2);
+                        float sv = raw * sh[cur.ks[u][r]];
+                        if (!full && tile0 + 8 * r + g >= end) sv = -INFINITY;
+                        sc[r][c] = sv;
+                        over |= sv > m2[c];
+                    }
+                /* the running maxima move only when a score passes them (a warp vote): then the tile maxima
+                 * over the tokens (lanes g) and the accumulators are rescaled, on those sub-tiles only */
+                if (__any_sync(0xffffffffu, over)) {
+                    float al[2];
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        float tmax = fmaxf(sc[0][c], sc[1][c]);
+                        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 4));
+                        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 8));
+                        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 16));
+                        const float m_new = fmaxf(m2[c], tmax);
+                        al[c] = m_new == -INFINITY ? 1.0f : ex2(m2[c] - m_new);
+                        l2[c] *= al[c];
+                        m2[c] = m_new;
+                    }
+                    scale_cols<KS>(oacc, al[0], al[1]);
+                    scale_cols<1>(ocos, al[0], al[1]);
                 }
-            uint32_t pb[2], pl[2];
-            p_fragments<false>(pv, pc, g, G, pb, pl);
+                /* P·δ·64 of tokens g, g + 8: the hi parts in columns 0..3 (lanes t4 < 2), the lo parts
+                 * in 4..7; a transpose of each 8 × 8 half gives the B fragments (tokens 2t4, 2t4 + 1 of
+                 * column g) */
+                uint32_t pw[2];
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float pv[2];
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const float p = m2[c] == -INFINITY ? 0.0f : ex2(sc[r][c] - m2[c]);
+                        l2[c] += p;
+                        pv[c] = p * sh[cur.vs[u][r]] * E8P_VSCALE;
+                    }
+                    pw[r] = t4 < 2 ? pack(hi16<false>(pv[0]), hi16<false>(pv[1]))
+                                   : pack(lo16<false>(pv[0]), lo16<false>(pv[1]));
+                }
+                pb[0] = transpose8x8(pw[0]);
+                pb[1] = transpose8x8(pw[1]);
+            } else {
+                /* ---- scores of tokens 8tt + 2t4 + c: [tt][scale 2^-24, 2^-20, shift][fragment] */
+                float acc[2][3][4];
+#pragma unroll
+                for (int tt = 0; tt < 2; tt++)
+#pragma unroll
+                    for (int h = 0; h < 3; h++)
+                        acc[tt][h][0] = acc[tt][h][1] = acc[tt][h][2] = acc[tt][h][3] = 0.0f;
+#pragma unroll
+                for (int tt = 0; tt < 2; tt++) {
+#pragma unroll
+                    for (int wi = 0; wi < KW; wi++) {
+                        const uint32_t w = cur.kw[u][tt][wi];
+#pragma unroll
+                        for (int hf = 0; hf < 2; hf++) {
+                            /* Y = T ^ S and Y >> 8 = (T >> 8) ^ (S >> 8): each XOR fuses with its mask
+                             * into one LOP3, the shifts run on the FMA pipe */
+                            uint32_t T, S;
+                            e8p_ts(tabs, lane4, w, hf, T, S);
+                            const uint32_t T8 = e8p_shr8(T), S8 = e8p_shr8(S);
+                            const int lb = 2 * wi + hf;
+                            const uint32_t b0[2] = {e8p_xand<0x000F000Fu>(T, S),
+                                                    e8p_xand<0x000F000Fu>(T8, S8)};
+                            const uint32_t b4[2] = {e8p_xand<0x00F000F0u>(T, S),
+                                                    e8p_xand<0x00F000F0u>(T8, S8)};
+                            mma16816<false>(acc[tt][0], qa[2 * lb], b0);
+                            mma16816<false>(acc[tt][1], qa[2 * lb + 1], b4);
+                        }
+                    }
+                    const uint32_t hb[2] = {e8p_hword(cur.kw[u][tt][0]),
+                                            KW > 1 ? e8p_hword(cur.kw[u][tt][KW - 1]) : 0u};
+                    mma16816<false>(acc[tt][2], qs, hb);
+                }
+                const bool full = tile0 + 16 <= end;
+                float sc[2][2], tmax = -INFINITY;
+#pragma unroll
+                for (int tt = 0; tt < 2; tt++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const float raw = 0x1p24f * (acc[tt][0][c] + acc[tt][0][c + 2]) +
+                                          0x1p20f * (acc[tt][1][c] + acc[tt][1][c + 2]) +
+                                          (acc[tt][2][c] + acc[tt][2][c + 2]);
+                        float sv = raw * sh[(cur.ks[u][tt] >> (8 * c)) & 255u];
+                        if (g >= G || (!full && tile0 + 8 * tt + 2 * t4 + c >= end)) sv = -INFINITY;
+                        sc[tt][c] = sv;
+                        tmax = fmaxf(tmax, sv);
+                    }
+                tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+                tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+                /* the running maximum moves only when a score passes it (a warp vote): the accumulators are
+                 * rescaled on those sub-tiles only */
+                if (__any_sync(0xffffffffu, tmax > m)) {
+                    const float m_new = fmaxf(m, tmax);
+                    const float alpha = m_new == -INFINITY ? 1.0f : ex2(m - m_new);
+                    l *= alpha;
+                    m = m_new;
+                    const float al0 = __shfl_sync(0xffffffffu, alpha, pc.col_row[0] * 4),
+                                al1 = __shfl_sync(0xffffffffu, alpha, pc.col_row[1] * 4);
+                    scale_cols<KS>(oacc, al0, al1);
+                    scale_cols<1>(ocos, al0, al1);
+                }
+                float pv[2][2];
+#pragma unroll
+                for (int tt = 0; tt < 2; tt++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const float p = m == -INFINITY ? 0.0f : ex2(sc[tt][c] - m);
+                        l += p;
+                        pv[tt][c] = p * sh[(cur.vs[u][tt] >> (8 * c)) & 255u] * E8P_VSCALE;
+                    }
+                p_fragments<false>(pv, pc, g, G, pb, pl);
+            }
             /* ---- values: rows g / g + 8 of M-tile 4bb + k = elements k / 4 + k of block (D/64)·g + bb,
              * columns tokens 2t4, 2t4 + 1 (a0, a1) and 2t4 + 8, 2t4 + 9 (a2, a3) */
 #pragma unroll
@@ -1289,10 +1523,11 @@ template <int D> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kerne
                                zh1 = __byte_perm(Yv[2], Yv[3], 0x7632);
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
-                    const int s8 = k >= 2 ? 8 : 0;
+                    const bool s8 = k >= 2;
                     const uint32_t msk = (k & 1) ? 0x00F000F0u : 0x000F000Fu;
-                    const uint32_t r[4] = {(zl0 >> s8) & msk, (zh0 >> s8) & msk, (zl1 >> s8) & msk,
-                                           (zh1 >> s8) & msk};
+                    const uint32_t r[4] = {(s8 ? e8p_shr8(zl0) : zl0) & msk, (s8 ? e8p_shr8(zh0) : zh0) & msk,
+                                           (s8 ? e8p_shr8(zl1) : zl1) & msk,
+                                           (s8 ? e8p_shr8(zh1) : zh1) & msk};
                     mma16816<false>(oacc[4 * bb + k], r, pb);
                     if (!LO) mma16816<false>(oacc[4 * bb + k], r, pl);
                 }
@@ -1300,10 +1535,8 @@ template <int D> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kerne
             {
                 /* the (2h − 31) part: rows g / g + 8 = blocks (D/64)·g and (D/64)·g + 1 */
                 const uint32_t *const w = cur.vw[u];
-                const uint32_t r[4] = {e8p_hword(__byte_perm(w[0], w[1], 0x5410)),
-                                       NBL > 1 ? e8p_hword(__byte_perm(w[0], w[1], 0x7632)) : 0u,
-                                       e8p_hword(__byte_perm(w[2], w[3], 0x5410)),
-                                       NBL > 1 ? e8p_hword(__byte_perm(w[2], w[3], 0x7632)) : 0u};
+                const uint32_t r[4] = {e8p_hword2(w[0], w[1], 0), NBL > 1 ? e8p_hword2(w[0], w[1], 1) : 0u,
+                                       e8p_hword2(w[2], w[3], 0), NBL > 1 ? e8p_hword2(w[2], w[3], 1) : 0u};
                 mma16816<false>(ocos[0], r, pb);
                 if (!LO) mma16816<false>(ocos[0], r, pl);
             }
@@ -1311,8 +1544,17 @@ template <int D> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kerne
         if (n0 < end) cur = nxt;
     }
     /* ---- merge the warps: the output rows put back in coordinate order at their scale */
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    if constexpr (SW) {
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            l2[c] += __shfl_xor_sync(0xffffffffu, l2[c], 4);
+            l2[c] += __shfl_xor_sync(0xffffffffu, l2[c], 8);
+            l2[c] += __shfl_xor_sync(0xffffffffu, l2[c], 16);
+        }
+    } else {
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+    }
     __syncthreads(); /* no warp reads the tables any more: they become the merge buffer */
     float(*const so)[8][D] = reinterpret_cast<float(*)[8][D]>(e8p_dyn);
 #pragma unroll
@@ -1330,7 +1572,14 @@ template <int D> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kerne
         scos[warp][2 * t4][NBL * g + 1] = 0.25f * ocos[0][2];
         scos[warp][2 * t4 + 1][NBL * g + 1] = 0.25f * ocos[0][3];
     }
-    if (t4 == 0) sm[warp][g] = m, sl[warp][g] = l;
+    if constexpr (SW) {
+        if (g == 0 && t4 < 2)
+#pragma unroll
+            for (int c = 0; c < 2; c++)
+                sm[warp][2 * t4 + c] = m2[c], sl[warp][2 * t4 + c] = l2[c];
+    } else if (t4 == 0) {
+        sm[warp][g] = m, sl[warp][g] = l;
+    }
     __syncthreads();
     store_split<D>(a, seq, kvh, G, split, sm, sl, [&](int w, int r, int i) {
         float o = so[w][r][i] + scos[w][r][i >> 3];
@@ -1340,12 +1589,32 @@ template <int D> __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kerne
     merge_last<D>(a, seq, kvh, G, so);
 }
 
-template <int D> static int e8p_smem_attr(void) {
+template <int D, int GT> static int e8p_smem_attr(void) {
     static int done = 0;
-    if (!done && cudaFuncSetAttribute(attn_e8p_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    if (!done && cudaFuncSetAttribute(attn_e8p_kernel<D, GT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       e8p_smem_bytes<D>()) == cudaSuccess)
         done = 1;
     return !done;
+}
+/* blocks per SM of attn_e8p_kernel<D, GT> (0 on error) */
+template <int D, int GT> static int e8p_occupancy(void) {
+    int n = 0;
+    if (e8p_smem_attr<D, GT>() || cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                      &n, attn_e8p_kernel<D, GT>, 128, e8p_smem_bytes<D>()) != cudaSuccess)
+        return 0;
+    return n;
+}
+/* launch attn_e8p_kernel<D, GT> with GT = 4 where the group size is 4, else the run-time G (0) */
+template <int D> static size_t e8p_launch(const attn_launch &l, cudaStream_t stream) {
+    const dim3 grid((unsigned)l.n_split, (unsigned)l.n_head_kv, (unsigned)l.n_seq);
+    if (l.n_head == 4 * l.n_head_kv) {
+        if (e8p_smem_attr<D, 4>()) return E8KV_ERR(CUDA);
+        attn_e8p_kernel<D, 4><<<grid, 128, e8p_smem_bytes<D>(), stream>>>(l);
+    } else {
+        if (e8p_smem_attr<D, 0>()) return E8KV_ERR(CUDA);
+        attn_e8p_kernel<D, 0><<<grid, 128, e8p_smem_bytes<D>(), stream>>>(l);
+    }
+    return 0;
 }
 
 #ifndef SPLIT_FILL
@@ -1409,16 +1678,10 @@ template <int D, int KF, int VF> static int occupancy(void) {
 }
 
 int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf) {
-    if (kf == FMT_E8P2) {
-        int n = 0;
-        const cudaError_t e =
-            d == 128 ? (e8p_smem_attr<128>() ? cudaErrorUnknown
-                                             : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                                   &n, attn_e8p_kernel<128>, 128, e8p_smem_bytes<128>()))
-                     : (e8p_smem_attr<64>() ? cudaErrorUnknown
-                                            : cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                                  &n, attn_e8p_kernel<64>, 128, e8p_smem_bytes<64>()));
-        return e == cudaSuccess && n > 0 ? n : 1;
+    if (kf == FMT_E8P2) { /* the fewer of the two instances (the split count does not know G) */
+        const int n0 = d == 128 ? e8p_occupancy<128, 0>() : e8p_occupancy<64, 0>(),
+                  n4 = d == 128 ? e8p_occupancy<128, 4>() : e8p_occupancy<64, 4>(), n = n0 < n4 ? n0 : n4;
+        return n > 0 ? n : 1;
     }
 #define E8KV_OCC(DD)                                                                                         \
     switch (kf * 3 + vf) {                                                                                   \
@@ -1505,14 +1768,8 @@ size_t e8kv_cu_launch_attend(const attn_launch *a, cudaStream_t stream) {
         }
         attn_launch l = *a;
         l.v_rot = 1, l.v_div = E8P_VSCALE;
-        const dim3 grid((unsigned)l.n_split, (unsigned)l.n_head_kv, (unsigned)l.n_seq);
-        if (l.d == 128) {
-            if (e8p_smem_attr<128>()) return E8KV_ERR(CUDA);
-            attn_e8p_kernel<128><<<grid, 128, e8p_smem_bytes<128>(), stream>>>(l);
-        } else {
-            if (e8p_smem_attr<64>()) return E8KV_ERR(CUDA);
-            attn_e8p_kernel<64><<<grid, 128, e8p_smem_bytes<64>(), stream>>>(l);
-        }
+        const size_t rc = l.d == 128 ? e8p_launch<128>(l, stream) : e8p_launch<64>(l, stream);
+        if (rc) return rc;
         return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
     }
     if (a->d == 128)
