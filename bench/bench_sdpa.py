@@ -4,7 +4,7 @@ One query token per sequence, torch.nn.functional.scaled_dot_product_attention w
 K/V of (batch, n_head_kv, ctx, head_dim); CUDA events around each call, 5 warm-up calls, median of 30, calls
 queued back to back (us), with the host waiting for each call (us_sync), and 20 calls captured into one CUDA
 graph and replayed (us_graph: the graph's time / 20, median of 10 replays after 2 warm-up replays).
-Usage: python3 bench/bench_sdpa.py [--json FILE] [--quick]"""
+Usage: python3 bench/bench_sdpa.py [--json FILE] [--quick] [--only SHAPE/BATCH/CTX,...]"""
 import argparse
 import json
 
@@ -56,7 +56,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", help="those cases only, e.g. llama3-8b/8/32768,llama3-8b/1/131072")
     a = ap.parse_args()
+    only = set(a.only.split(",")) if a.only else None
     out = open(a.json, "w") if a.json else None
     dev = torch.cuda.get_device_name()
     shapes = [("llama3-8b", 8, 4, 128), ("smollm2", 3, 3, 64)]
@@ -65,6 +67,8 @@ def main():
     for name, kv, g, d in shapes:
         for b in batches:
             for ctx in ctxs:
+                if only is not None and f"{name}/{b}/{ctx}" not in only:
+                    continue
                 q = torch.randn(b, kv * g, 1, d, dtype=torch.bfloat16, device="cuda")
                 k = torch.randn(b, kv, ctx, d, dtype=torch.bfloat16, device="cuda")
                 v = torch.randn(b, kv, ctx, d, dtype=torch.bfloat16, device="cuda")
