@@ -17,6 +17,9 @@
  * in 640 ×12), which put more coordinates at the box's edge after the rotation; (b) a decode step, batch 8 × 1 token × 32 layers: µs per append_slots
  * call (one layer) and the 64 kernels of a step alone (a CUDA graph, median of 20 replays).
  *
+ * Built with -DBOX_PROF (bench/build_prof.sh: bench_cuda_prof), each e8box:4 case runs one more call and prints
+ * the spread over the blocks of each phase of attn_box_kernel (setup, loop, store, merge) from its stamps.
+ *
  * Usage: bench_cuda [--json FILE] [--quick] [--only SHAPE/SPEC/BATCH/CTX,...] [--block N] [--encode]
  * (--only: those cases; --block: tokens per page, a multiple of 16, default 16 as vLLM's) */
 #include <cuda_bf16.h>
