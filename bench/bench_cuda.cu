@@ -17,6 +17,9 @@
  * in 640 ×12), which put more coordinates at the box's edge after the rotation; (b) a decode step, batch 8 × 1 token × 32 layers: µs per append_slots
  * call (one layer) and the 64 kernels of a step alone (a CUDA graph, median of 20 replays).
  *
+ * Built with -DBOX_PROF (bench/build_prof.sh: bench_cuda_prof), each e8box:4 case runs one more call and prints
+ * the spread over the blocks of each phase of attn_box_kernel (setup, loop, store, merge) from its stamps.
+ *
  * Usage: bench_cuda [--json FILE] [--quick] [--only SHAPE/SPEC/BATCH/CTX,...] [--block N] [--encode]
  * (--only: those cases; --block: tokens per page, a multiple of 16, default 16 as vLLM's) */
 #include <cuda_bf16.h>
@@ -103,6 +106,69 @@ static double copy_bandwidth(void) {
     CU(cudaFree(b));
     return 2.0 * (double)n / (ms * 1e-3) / 1e9;
 }
+
+#ifdef BOX_PROF
+static int cmp_u64(const void *a, const void *b) {
+    const unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
+    return x < y ? -1 : x > y;
+}
+/* percentile p (0..100) of n values (sorted in place) */
+static double pct(unsigned long long *v, size_t n, int p) {
+    qsort(v, n, sizeof *v, cmp_u64);
+    return n ? (double)v[(n - 1) * (size_t)p / 100] : 0.0;
+}
+/* One more call of the case with the kernel's stamps (a -DBOX_PROF build): where a call's time goes, in µs
+ * from the first block's entry (0 = median, 100 = max over the blocks) */
+static void box_prof(e8kv_cuda_cache *c, float *out, const void *q, size_t batch, size_t n_head,
+                     const int32_t *d_tables, size_t per, const int32_t *d_ctx, size_t ctx) {
+    static unsigned long long st[BOX_PROF_MAX][8], v[BOX_PROF_MAX];
+    CU(cudaDeviceSynchronize());
+    if (e8kv_cu_box_prof(NULL, 0, 1)) exit(1);
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    CU(cudaEventRecord(e0));
+    e8kv_cuda_attend(c, 0, out, q, E8KV_DTYPE_BF16, batch, n_head, d_tables, per, d_ctx, ctx, NULL, 0, NULL);
+    CU(cudaEventRecord(e1));
+    CU(cudaEventSynchronize(e1));
+    float ms;
+    CU(cudaEventElapsedTime(&ms, e0, e1));
+    if (e8kv_is_error(e8kv_cu_box_prof(&st[0][0], BOX_PROF_MAX, 0))) exit(1);
+    size_t n = 0;
+    unsigned long long t0 = ~0ull, end = 0, loop_end = 0;
+    for (size_t b = 0; b < BOX_PROF_MAX && st[b][0]; b++, n++) {
+        t0 = st[b][0] < t0 ? st[b][0] : t0;
+        end = st[b][4] > end ? st[b][4] : end;
+        loop_end = st[b][2] > loop_end ? st[b][2] : loop_end;
+    }
+    int sms[256] = {0};
+    for (size_t b = 0; b < n; b++)
+        sms[st[b][5] & 255]++;
+    int sm_max = 0, sm_used = 0;
+    for (int i = 0; i < 256; i++)
+        sm_max = sms[i] > sm_max ? sms[i] : sm_max, sm_used += sms[i] > 0;
+    /* phases between stamps (entry offset, issue, query, fragments, loop, store, merge) */
+    const int from[7] = {-1, 0, 6, 7, 1, 2, 3}, to[7] = {0, 6, 7, 1, 2, 3, 4};
+    const char *name[7] = {"entry", "issue", "query", "frags", "loop", "store", "merge"};
+    printf(
+        "  prof: %zu blocks on %d SMs (<= %d per SM), event %.1f us, first entry -> last end %.1f us, last "
+        "loop end %.1f us; min/median/max us:",
+        n, sm_used, sm_max, ms * 1e3, (end - t0) * 1e-3, (loop_end - t0) * 1e-3);
+    for (int k = 0; k < 7; k++) {
+        double r[3];
+        const int ps[3] = {0, 50, 100};
+        for (int j = 0; j < 3; j++) {
+            for (size_t b = 0; b < n; b++)
+                v[b] = st[b][to[k]] - (from[k] < 0 ? t0 : st[b][from[k]]);
+            r[j] = pct(v, n, ps[j]) * 1e-3;
+        }
+        printf("  %s %.1f/%.1f/%.1f", name[k], r[0], r[1], r[2]);
+    }
+    printf("\n");
+    CU(cudaEventDestroy(e0));
+    CU(cudaEventDestroy(e1));
+}
+#endif
 
 static size_t g_bs = 16;
 static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, double copy_gbps) {
@@ -242,6 +308,9 @@ static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, dou
         CU(cudaGraphDestroy(graph));
         CU(cudaStreamDestroy(st));
     }
+#ifdef BOX_PROF
+    if (!strcmp(spec, "e8box:4")) box_prof(c, out, q, batch, n_head, d_tables, per, d_ctx, ctx);
+#endif
     for (int i = 0; i < 2 * (N_WARM + N_REP); i++)
         CU(cudaEventDestroy(ev[i]));
     CU(cudaGetLastError());

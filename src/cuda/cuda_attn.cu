@@ -175,32 +175,65 @@ __device__ __forceinline__ void load_tile(tile_regs<D, KF, VF> &r, const attn_la
     }
 }
 
-/* The unnormalised Hadamard transform of rows 0..G−1 of x, in place, by the whole block (synchronised). */
-template <int D> __device__ __forceinline__ void fwht_rows(float (*x)[D], int G) {
-    for (int h = 1; h < D; h *= 2) {
-        for (int idx = threadIdx.x; idx < G * D / 2; idx += blockDim.x) {
-            const int r = idx / (D / 2), j = idx % (D / 2), i = (j / h) * 2 * h + j % h;
-            const float u = x[r][i], w = x[r][i + h];
-            x[r][i] = u + w;
-            x[r][i + h] = u - w;
+/* The unnormalised Hadamard transform of one row held by a warp: lane l has coordinates 32j + l in v[j].
+ * Butterflies in the order h = 1, 2, …, D/2 (those below 32 across lanes, the others within a lane). */
+template <int D> __device__ __forceinline__ void fwht_warp(float (&v)[D / 32]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int h = 1; h < 32 && h < D; h *= 2)
+#pragma unroll
+        for (int j = 0; j < D / 32; j++) {
+            const float o = __shfl_xor_sync(0xffffffffu, v[j], h);
+            v[j] = lane & h ? o - v[j] : v[j] + o;
         }
-        __syncthreads();
-    }
+#pragma unroll
+    for (int hj = 1; hj < D / 32; hj *= 2)
+#pragma unroll
+        for (int j = 0; j < D / 32; j++)
+            if (!(j & hj)) {
+                const float u = v[j], w = v[j + hj];
+                v[j] = u + w, v[j + hj] = u - w;
+            }
 }
 
-/* The query rows of the G heads of (seq, KV head kvh) into sq; with rot, times the rotation signs and through
- * the Hadamard transform (the rotated domain of the code pages). Ends with the block synchronised. */
+/* The unnormalised Hadamard transform of rows 0..G−1 of x, in place, a warp per row (no barrier between the
+ * butterflies); the block must be synchronised before and is after. */
+template <int D> __device__ __forceinline__ void fwht_rows(float (*x)[D], int G) {
+    for (int r = threadIdx.x >> 5; r < G; r += blockDim.x >> 5) {
+        float v[D / 32];
+#pragma unroll
+        for (int j = 0; j < D / 32; j++)
+            v[j] = x[r][32 * j + (threadIdx.x & 31)];
+        fwht_warp<D>(v);
+#pragma unroll
+        for (int j = 0; j < D / 32; j++)
+            x[r][32 * j + (threadIdx.x & 31)] = v[j];
+    }
+    __syncthreads();
+}
+
+/* The query rows of the G heads of (seq, KV head kvh) into sq, a warp per row; with rot, times the rotation
+ * signs and through the Hadamard transform (the rotated domain of the code pages). Ends with the block
+ * synchronised. */
 template <int D>
 __device__ __forceinline__ void load_query(const attn_launch &a, int seq, int kvh, int G, bool rot,
                                            float (*sq)[D]) {
-    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-        const int r = idx / D, i = idx % D;
-        const float v =
-            e8kv_cuda_load_val(a.q, ((size_t)seq * a.n_head + (size_t)kvh * G + r) * D + i, a.q_dtype);
-        sq[r][i] = rot ? v * a.signs[i] : v;
+    const int lane = threadIdx.x & 31;
+    for (int r = threadIdx.x >> 5; r < G; r += blockDim.x >> 5) {
+        const size_t row = ((size_t)seq * a.n_head + (size_t)kvh * G + r) * D;
+        float v[D / 32];
+#pragma unroll
+        for (int j = 0; j < D / 32; j++) {
+            const int i = 32 * j + lane;
+            v[j] = e8kv_cuda_load_val(a.q, row + i, a.q_dtype);
+            if (rot) v[j] *= a.signs[i];
+        }
+        if (rot) fwht_warp<D>(v);
+#pragma unroll
+        for (int j = 0; j < D / 32; j++)
+            sq[r][32 * j + lane] = v[j];
     }
     __syncthreads();
-    if (rot) fwht_rows<D>(sq, G);
 }
 
 /* Where the P fragment of a thread comes from when the score fragment of row g is the P fragment of column g
@@ -657,6 +690,40 @@ __device__ __forceinline__ uint32_t bits_f16x2(uint32_t x) {
     return (x & 0x00010001u) * 0x3C00u;
 }
 
+#ifdef BOX_PROF
+/* -DBOX_PROF (a measurement build, never the library's): thread 0 of each block of attn_box_kernel stamps
+ * %globaltimer at entry (0), once its first copies are issued (6), after the query rotation (7), before its
+ * first tile (1), after its last tile (2), after storing its split (3) and at its end (4: the last block of a
+ * (sequence, KV head) after the merge), with its SM (5): e8kv_cu_box_prof reads them. */
+__device__ unsigned long long g_box_prof[BOX_PROF_MAX][8];
+__device__ __forceinline__ void box_stamp(int k) {
+    if (threadIdx.x == 0) {
+        const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        if (b < BOX_PROF_MAX) g_box_prof[b][k] = t;
+        if (k == 0 && b < BOX_PROF_MAX) {
+            unsigned sm;
+            asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+            g_box_prof[b][5] = sm;
+        }
+    }
+}
+size_t e8kv_cu_box_prof(unsigned long long *host, size_t n_blocks, int clear) {
+    const size_t n = n_blocks < BOX_PROF_MAX ? n_blocks : BOX_PROF_MAX;
+    if (clear) {
+        static unsigned long long zero[BOX_PROF_MAX][8];
+        return cudaMemcpyToSymbol(g_box_prof, zero, sizeof zero) == cudaSuccess ? 0 : E8KV_ERR(CUDA);
+    }
+    return cudaMemcpyFromSymbol(host, g_box_prof, n * 8 * sizeof(unsigned long long)) == cudaSuccess
+               ? n
+               : E8KV_ERR(CUDA);
+}
+#define BOX_STAMP(k) box_stamp(k)
+#else
+#define BOX_STAMP(k) ((void)0)
+#endif
+
 template <int D> static constexpr int box_smem_bytes(void) {
     return WARPS * BOX_STAGES * BOX_NT * box_geo<D>::STAGE;
 }
@@ -675,10 +742,20 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
     static_assert(WARPS * BOX_STAGES * BOX_NT * Gm::STAGE >= sizeof(float) * WARPS * 8 * D,
                   "the merge buffer aliases the stages");
 
+    BOX_STAMP(0);
     const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
     const int G = (int)(a.n_head / a.n_head_kv);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int n_split = (int)a.n_split;
+    {
+        /* the query rows and the rotation signs on their way to L1 before this block's copies queue up
+         * ahead of them (load_query below) */
+        const int esz = a.q_dtype == E8KV_DTYPE_F32 ? 4 : 2, qbytes = G * D * esz, qlines = qbytes / 128 + 1;
+        const char *const qb = (const char *)a.q + ((size_t)seq * a.n_head + (size_t)kvh * G) * D * esz;
+        const char *const p = tid < qlines ? qb + min(128 * tid, qbytes - 1)
+                                           : (const char *)a.signs + 128 * (tid - qlines); /* D·4 bytes */
+        if (tid < qlines + D * 4 / 128) asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+    }
     const int ctx = a.ctx_lens[seq];
     const int chunk = ((ctx + n_split - 1) / n_split + 16 * BOX_NT - 1) & -(16 * BOX_NT);
     const int start = split * chunk, end = min(start + chunk, ctx);
@@ -726,28 +803,37 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
     /* start this warp's copies first: their latency overlaps the query rotation. A tile is BOX_NT
      * sub-tiles of 16 tokens (each in one page); a sub-tile at or past the end is not copied (its page
      * may not exist): its scores are masked and its stale bytes decode to finite values times P = 0. */
-    int o_next[BOX_NT], pg_next[BOX_NT];
-    auto lookup = [&](int t0) {
+    auto lookup = [&](int t0, int(&pg)[BOX_NT], int(&o)[BOX_NT]) {
 #pragma unroll
         for (int u = 0; u < BOX_NT; u++)
-            pg_next[u] = t0 + 16 * u < end ? page_of(t0 + 16 * u, &o_next[u]) : 0;
+            pg[u] = t0 + 16 * u < end ? page_of(t0 + 16 * u, &o[u]) : 0;
     };
-    auto issue_tile = [&](int t0, int buf) {
+    auto issue_tile = [&](int t0, int buf, const int(&pg)[BOX_NT], const int(&o)[BOX_NT]) {
 #pragma unroll
         for (int u = 0; u < BOX_NT; u++)
-            if (t0 + 16 * u < end) issue(pg_next[u], o_next[u], sbase + (buf * BOX_NT + u) * Gm::STAGE);
+            if (t0 + 16 * u < end) issue(pg[u], o[u], sbase + (buf * BOX_NT + u) * Gm::STAGE);
     };
-    if (n_t > 0) lookup(first);
+    /* the pages of the first BOX_STAGES tiles looked up together (their table loads in flight at once, not
+     * one after each copy: the copies are asm with a memory clobber), then the first copies */
+    int pg_first[BOX_STAGES][BOX_NT] = {}, o_first[BOX_STAGES][BOX_NT] = {};
+#pragma unroll
+    for (int i = 0; i < BOX_STAGES; i++)
+        if (i < n_t) lookup(first + i * step, pg_first[i], o_first[i]);
 #pragma unroll
     for (int i = 0; i < BOX_STAGES - 1; i++) {
-        if (i < n_t) issue_tile(first + i * step, i);
+        if (i < n_t) issue_tile(first + i * step, i, pg_first[i], o_first[i]);
         cp_commit();
-        if (i + 1 < n_t) lookup(first + (i + 1) * step);
     }
+    int pg_next[BOX_NT], o_next[BOX_NT];
+#pragma unroll
+    for (int u = 0; u < BOX_NT; u++)
+        pg_next[u] = pg_first[BOX_STAGES - 1][u], o_next[u] = o_first[BOX_STAGES - 1][u];
 
+    BOX_STAMP(6);
     for (int i = tid; i < 256; i += blockDim.x)
         sh[i] = i ? c_box_frac[i & 7] * __int_as_float(((i >> 3) - 21 + 127) << 23) : 0.0f; /* δ/2 */
     load_query<D>(a, seq, kvh, G, true, sq);
+    BOX_STAMP(7);
     const float qscale = a.rot_scale * rsqrtf((float)D) * LOG2E;
     /* B fragments of the scores: k-step s = word s/2 of the lane's nibbles, low (s even) or high nibbles;
      * k index 2t4 ↔ byte 0, 2t4 + 1 ↔ byte 2, 2t4 + 8 ↔ byte 1, 2t4 + 9 ↔ byte 3 of the word. Column g:
@@ -865,6 +951,7 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
      * products of tile i (one basic block), so their independent chains overlap; tile i + 1 must then be
      * resident, so BOX_STAGES − 2 tiles stay in flight during the compute */
     float sc[BOX_NT][2][2];
+    BOX_STAMP(1);
     if (n_t > 0) {
         cp_wait<BOX_STAGES - 2>();
         __syncwarp();
@@ -872,9 +959,9 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
     }
     for (int i = 0; i < n_t; i++) {
         const int jn = i + BOX_STAGES - 1;
-        if (jn < n_t) issue_tile(first + jn * step, jn % BOX_STAGES);
+        if (jn < n_t) issue_tile(first + jn * step, jn % BOX_STAGES, pg_next, o_next);
         cp_commit();
-        if (jn + 1 < n_t) lookup(first + (jn + 1) * step);
+        if (jn + 1 < n_t) lookup(first + (jn + 1) * step, pg_next, o_next);
         /* ---- online softmax; the maximum moves only when a score passes it */
         bool up = false;
 #pragma unroll
@@ -985,6 +1072,7 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
         l1 += __shfl_xor_sync(0xffffffffu, l1, o);
     }
     __syncthreads(); /* every warp is done with its stages: they become the merge buffer */
+    BOX_STAMP(2);
     float(*so)[8][D] = reinterpret_cast<float(*)[8][D]>(box_dyn);
 #pragma unroll
     for (int mt = 0; mt < KS; mt++) {
@@ -1008,7 +1096,9 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
         if (!G8) o += so[w][r + 4][i] + scos[w][r + 4][i >> 3];
         return o;
     });
+    BOX_STAMP(3);
     merge_last<D>(a, seq, kvh, G, so);
+    BOX_STAMP(4);
 }
 
 /* One wave: every block of the launch resident at once and all with the same work, so no tail. */

@@ -82,5 +82,11 @@ size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm,
 /* resident blocks per SM of the attention kernel for (head_dim, K format, V format) */
 int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf);
 size_t e8kv_cu_launch_attend(const attn_launch *a, cudaStream_t stream);
+#ifdef BOX_PROF
+#define BOX_PROF_MAX 4096
+/* clear: zero the stamps; else copy those of n_blocks blocks ([block][8], cuda_attn.cu says which) to host;
+ * returns the count or an error (a measurement build only) */
+size_t e8kv_cu_box_prof(unsigned long long *host, size_t n_blocks, int clear);
+#endif
 
 #endif
