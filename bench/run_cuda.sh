@@ -6,7 +6,7 @@
 # build/bench_cuda_prof from bench/build_prof.sh, optional) into one folder and run it there with OUT set to where
 # the logs go (the device machine's $OUT; 7 files: test.log, run.log with every other log, bench_cuda.jsonl,
 # encode.jsonl, bench64.jsonl, sdpa.jsonl, table.md). QUICK=1: small sizes only. CASES=SHAPE/BATCH/CTX,...: those
-# cases only (every format, and SDPA); ENCODE=0: no encode timings. One case alone (e.g. under ncu):
+# cases only (every format, and SDPA); ENCODE=0: no encode timings; NCU=0: no ncu cases. One case alone (e.g. under ncu):
 # ./bench_cuda --only llama3-8b/e8box:4/8/32768
 cd "$(dirname "$0")"
 OUT=${OUT:-.}
@@ -35,6 +35,7 @@ for s in long_scoreboard short_scoreboard wait barrier no_instruction math_pipe_
     M=$M,smsp__average_warps_issue_stalled_${s}_per_issue_active.ratio
 done
 for c in llama3-8b/e8box:4/8/32768 llama3-8b/e8p:2/8/32768; do
+    [ "${NCU:-1}" = 0 ] && break
     echo "== ncu $c" | tee -a $LOG
     timeout 60 ncu --clock-control none -k regex:attn_ -s 3 -c 1 --section SpeedOfLight --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis --metrics $M ./bench_cuda --only $c > $OUT/ncu.tmp 2>&1; echo "rc=$?"
     cat $OUT/ncu.tmp >> $LOG; grep -E "Duration|DRAM Throughput|Issue Slots Busy|Achieved Active Warps|Warp Cycles Per Issued|stalled_(long|wait|selected|short)" $OUT/ncu.tmp; rm -f $OUT/ncu.tmp
