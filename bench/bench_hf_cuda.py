@@ -10,11 +10,14 @@ pools) + the e8kv cache's own cudaMalloc (E8KVCudaCache.n_bytes). Then the large
 the long context for each cache (batches tried in increasing order until one runs out of memory; eager
 steps), with a compiled step at that batch, then batch 1 and the short context.
 One JSON object per line to --json (written as it goes: a cut-off run keeps what it measured).
-Usage: python3 bench/bench_hf_cuda.py [--json FILE] [--quick] [--budget SECONDS]"""
+With --profile, each compiled case of the main and floor parts also records the GPU kernel time of 3 steps
+by group (attention, append, matmul, other; torch.profiler), to say where a step's time goes.
+Usage: python3 bench/bench_hf_cuda.py [--json FILE] [--quick] [--budget SECONDS] [--parts ...] [--profile]"""
 import argparse
 import gc
 import json
 import os
+import re
 import sys
 import time
 
@@ -85,7 +88,37 @@ def release(model, cache):
     model.config._attn_implementation = "sdpa"
 
 
-def measure(model, kind, mode, batch, ctx, steps, out):
+KERNEL_GROUPS = (("attention", re.compile(r"attn_|flash|fmha|sdpa|softmax|efficient_attention")),
+                 ("append", re.compile(r"append|encode|e8kv_(?!attn)")),
+                 ("matmul", re.compile(r"gemm|gemv|nvjet|cutlass|splitk|sm90_xmma|cublas", re.I)))
+
+
+def profile_steps(fn, tok, cache, n=3):
+    """GPU kernel time of n steps under torch.profiler, summed per group (attention, append, matmul, other):
+    ms per step for each group and the 8 kernels that took longest."""
+    from torch.profiler import ProfilerActivity, profile
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            fn(input_ids=tok, past_key_values=cache, use_cache=True)
+        torch.cuda.synchronize()
+    groups, kernels = {}, []
+    for ev in prof.key_averages():
+        us = getattr(ev, "self_device_time_total", None)
+        if us is None:
+            us = getattr(ev, "self_cuda_time_total", 0)
+        if not us:
+            continue
+        g = next((name for name, rx in KERNEL_GROUPS if rx.search(ev.key)), "other")
+        groups[g] = groups.get(g, 0.0) + us
+        kernels.append((us, ev.count, ev.key[:90]))
+    kernels.sort(reverse=True)
+    return {"steps": n, "ms_per_step": {g: round(us / n / 1e3, 3) for g, us in sorted(groups.items())},
+            "gpu_ms_per_step": round(sum(groups.values()) / n / 1e3, 3),
+            "top": [{"ms_per_step": round(us / n / 1e3, 3), "calls_per_step": c / n, "kernel": k}
+                    for us, c, k in kernels[:8]]}
+
+
+def measure(model, kind, mode, batch, ctx, steps, out, prof=False):
     warm = 4 if mode == "compiled" else 2
     torch.cuda.synchronize()
     gc.collect()
@@ -94,7 +127,7 @@ def measure(model, kind, mode, batch, ctx, steps, out):
     cache = None
     rec = {"cache": kind, "mode": mode, "batch": batch, "ctx": ctx, "device": torch.cuda.get_device_name()}
     try:
-        cache = make_cache(model, kind, batch, ctx, warm + steps + 8)
+        cache = make_cache(model, kind, batch, ctx, warm + steps + (3 if prof else 0) + 8)
         fn = model.forward
         if mode == "compiled":
             torch._dynamo.reset()
@@ -112,6 +145,8 @@ def measure(model, kind, mode, batch, ctx, steps, out):
                 fn(input_ids=tok, past_key_values=cache, use_cache=True)
                 torch.cuda.synchronize()
                 times.append(time.perf_counter() - t)
+            if prof:
+                rec["profile"] = profile_steps(fn, tok, cache)
         times.sort()
         ms = 1e3 * times[len(times) // 2]
         rec.update(ms=round(ms, 3), tok_s=round(batch / ms * 1e3, 1),
@@ -146,11 +181,14 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--budget", type=float, default=1e9, help="seconds: stop starting new cases after this")
     ap.add_argument("--parts", default="main,fit,small",
-                    help="main (8 x long, every cache and mode), fit (largest batch at long), small (batch 1, "
+                    help="main (8 x long, every cache and mode), floor (compiled at 8 x 64), fit (largest batch at long), small (batch 1, "
                          "short context), again (DynamicCache and e8box:4 eager at 8 x long once more)")
     ap.add_argument("--kinds", default="dynamic,static,e8box:4,e8p:2", help="caches of the main and small parts")
     ap.add_argument("--fit-kinds", default="dynamic,static,e8box:4,e8p:2")
     ap.add_argument("--fit-from", type=int, default=8, help="first batch tried by the fit search")
+    ap.add_argument("--profile", action="store_true",
+                    help="main part's compiled cases: GPU kernel time per step by group (torch.profiler), and a "
+                         "part 'floor' (every kind compiled at 8 x 64 tokens: the step without long attention)")
     args = ap.parse_args()
     out = open(args.json, "a") if args.json else None
     model = build(args.quick)
@@ -160,11 +198,11 @@ def main():
     kinds = args.kinds.split(",")
     parts = args.parts.split(",")
 
-    def go(kind, mode, b, c, steps=args.steps):
+    def go(kind, mode, b, c, steps=args.steps, prof=False):
         if time.time() - T0 > args.budget:
             log("budget spent: skipped", kind, mode, b, c)
             return None
-        return measure(model, kind, mode, b, c, steps, out)
+        return measure(model, kind, mode, b, c, steps, out, prof and args.profile)
 
     if "again" in parts:
         for kind in ("dynamic", "e8box:4"):
@@ -174,7 +212,11 @@ def main():
             go(kind, "eager", 8, big)
         for kind in kinds:
             if kind != "dynamic":
-                go(kind, "compiled", 8, big)
+                go(kind, "compiled", 8, big, prof=True)
+    if "floor" in parts:  # the compiled step over a short cache: weights, launches, and little attention
+        for kind in kinds:
+            if kind != "dynamic":
+                go(kind, "compiled", 8, 64, prof=True)
     if "fit" in parts:  # the largest batch at `big` (eager steps), then a compiled step at that batch
         tries = [b for b in (8, 12, 16, 20, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 160, 192, 224, 256)
                  if b >= args.fit_from]

@@ -1,8 +1,14 @@
 #!/usr/bin/env python3
 """The markdown table of bench/bench_hf_cuda.py's JSON lines (BENCHMARKS.md).
+Then, for the cases run with --profile, where a step's time goes: the GPU kernel time per step by group
+(torch.profiler) and the rest of the wall time (host work and gaps between kernels).
 Usage: python3 bench/bench_hf_table.py bench_hf.jsonl [more.jsonl ...]"""
 import json
 import sys
+
+
+def ctx_str(n):
+    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
 
 
 def table(path):
@@ -13,7 +19,7 @@ def table(path):
         r = json.loads(line)
         if "largest_batch" in r:
             continue
-        bc = f"{r['batch']} × {r['ctx'] // 1024}K"
+        bc = f"{r['batch']} × {ctx_str(r['ctx'])}"
         if not r["ok"]:
             print(f"| {r['cache']} | {r['mode']} | {bc} | out of memory | | |")
             continue
@@ -21,6 +27,24 @@ def table(path):
         print(f"| {r['cache']} | {r['mode']} | {bc} | {r['ms']:.1f} | {r['tok_s']:.0f} | {r['peak_gb']:.1f}{own} |")
 
 
+def profile_table(path):
+    rows = [json.loads(line) for line in open(path)]
+    rows = [r for r in rows if r.get("ok") and "profile" in r]
+    if not rows:
+        return
+    print()
+    print("| cache | mode | batch × context | wall ms per step | GPU kernels ms | attention | append | matmul | "
+          "other kernels | wall − kernels |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        p = r["profile"]
+        g = p["ms_per_step"]
+        cells = " | ".join(f"{g.get(k, 0.0):.2f}" for k in ("attention", "append", "matmul", "other"))
+        print(f"| {r['cache']} | {r['mode']} | {r['batch']} × {ctx_str(r['ctx'])} | {r['ms']:.2f} | "
+              f"{p['gpu_ms_per_step']:.2f} | {cells} | {r['ms'] - p['gpu_ms_per_step']:.2f} |")
+
+
 if __name__ == "__main__":
     for path in sys.argv[1:]:
         table(path)
+        profile_table(path)
