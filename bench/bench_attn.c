@@ -29,12 +29,18 @@
 typedef struct {
     const char *name;
     size_t n_head_kv, n_head, head_dim;
+    float rope_theta; /* the model's RoPE base, given to the cache with --rope */
 } attn_shape;
 
 static const attn_shape k_shapes[] = {
-    {"smollm2-135m", 3, 9, 64},
-    {"llama3-8b", 8, 32, 128},
+    {"smollm2-135m", 3, 9, 64, 100000.0f},
+    {"llama3-8b", 8, 32, 128, 500000.0f},
 };
+
+/* --rope: the caches get the shape's RoPE parameters, so rope=pre specs (keys coded before RoPE, rotated
+ * at attention time) can be timed against rope=post; without it no cache knows RoPE (every key format
+ * is read as given, the earlier tables' setting) */
+static int g_rope;
 
 #define WHO "e8kv bench attn"
 
@@ -42,7 +48,7 @@ static void usage(FILE *f) {
     fprintf(
         f,
         "usage: e8kv bench attn [--ctx N[,N...]] [--kv SPEC]... [--shape NAME|all] [--threads T]\n"
-        "                       [--reps N] [--no-baseline] [--json]\n\n"
+        "                       [--reps N] [--no-baseline] [--rope] [--json]\n\n"
         "Decode attention (one query token over the whole context, one layer) from the KV cache.\n"
         "  --ctx LIST     context lengths (default 4096,16384,65536)\n"
         "  --kv FORMATS   cache specs, as e8kv ppl --kv (repeatable; ';' separates formats, and ','\n"
@@ -53,6 +59,9 @@ static void usage(FILE *f) {
         "  --threads T    attention threads, 1 to 64 (cache param n_threads, default 1)\n"
         "  --reps N       timed decode steps per format, 1 to 64, the formats taking turns; the\n"
         "                 fastest is reported (default 7)\n"
+        "  --rope         give the caches the shape's RoPE base (neox layout), so that 'rope=pre' specs\n"
+        "                 (keys coded before RoPE, rotated back at each read) run; e8kv's key formats\n"
+        "                 then default to rope=pre, other formats and 'rope=post' specs are unchanged\n"
         "  --json         one JSON object per row\n"
         "Columns: kv_bytes = e8kv_cache_bytes() (really allocated), bits/val = e8kv_cache_bits_per_value(),\n"
         "ns/step = one decode step (all heads of one layer), ns/token = ns/step / ctx, GB/s = kv_bytes /\n"
@@ -108,6 +117,10 @@ static int prepare_row(attn_row *row, const attn_shape *sh, size_t ctx, size_t n
     p.spec = row->spec;
     p.seed = 1;
     p.n_threads = n_threads;
+    if (g_rope) {
+        p.rope_theta = sh->rope_theta;
+        p.rope_neox = 1;
+    }
     size_t err = 0;
     row->c = e8kv_cache_create(&p, &err);
     if (!row->c) {
@@ -244,6 +257,7 @@ int e8kv_bench_attn(int argc, char **argv) {
     const e8kv_cli_opt opts[] = {
         E8KV_OPT_FLAG("--json", &json),
         E8KV_OPT_FLAG("--no-baseline", &no_baseline),
+        E8KV_OPT_FLAG("--rope", &g_rope),
         E8KV_OPT_STR("--ctx", &ctx_list),
         E8KV_OPT_LIST("--kv", &kv),
         E8KV_OPT_STR("--shape", &shape),

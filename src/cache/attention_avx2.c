@@ -103,3 +103,64 @@ void e8kv_cache_add_rows_avx2(float *restrict y, const float *restrict mu, size_
     e8kv_cache_add_rows_ref(y, mu, n, d);
 }
 #endif
+
+/* The per-pair rotation and the (cos, sin) recurrence of e8kv_rope_rows_ref, 8 pairs per vector: neox
+ * pairs (i, i + d/2) are two aligned halves; interleaved pairs (2i, 2i + 1) sit in one vector, rotated with
+ * cos/sin duplicated per pair and the pair swapped (_mm256_permute_ps 0xB1). Every output is the
+ * reference's operations one by one (two products rounded, then one add or subtract; a product by -1
+ * is exact), never fused into an FMA, so the twins are bit-exact (tests/test_cache.c) and a cache reads
+ * the same keys with or without AVX2. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("fp-contract=off")))
+#endif
+void e8kv_rope_rows_avx2(float *restrict x, size_t n, size_t d, int neox, float *restrict cs, float *restrict sn,
+                         const float *restrict dc, const float *restrict ds) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+    const size_t half = d / 2;
+    if (neox ? half % 8 : d % 8) {
+        e8kv_rope_rows_ref(x, n, d, neox, cs, sn, dc, ds);
+        return;
+    }
+    if (neox) {
+        for (size_t t = 0; t < n; t++) {
+            float *const y = x + t * d;
+            for (size_t i = 0; i < half; i += 8) {
+                const __m256 c = _mm256_loadu_ps(cs + i), s = _mm256_loadu_ps(sn + i);
+                const __m256 a = _mm256_loadu_ps(y + i), b = _mm256_loadu_ps(y + half + i);
+                _mm256_storeu_ps(y + i, _mm256_sub_ps(_mm256_mul_ps(a, c), _mm256_mul_ps(b, s)));
+                _mm256_storeu_ps(y + half + i, _mm256_add_ps(_mm256_mul_ps(a, s), _mm256_mul_ps(b, c)));
+                const __m256 sc = _mm256_loadu_ps(dc + i), ss = _mm256_loadu_ps(ds + i);
+                _mm256_storeu_ps(cs + i, _mm256_sub_ps(_mm256_mul_ps(c, sc), _mm256_mul_ps(s, ss)));
+                _mm256_storeu_ps(sn + i, _mm256_add_ps(_mm256_mul_ps(s, sc), _mm256_mul_ps(c, ss)));
+            }
+        }
+        return;
+    }
+    /* interleaved: cos and sin per lane, duplicated over each pair; sin signed (-, +) for the swap */
+    float cd[E8KV_MAX_HEAD_DIM], sd[E8KV_MAX_HEAD_DIM], dcd[E8KV_MAX_HEAD_DIM], dsd[E8KV_MAX_HEAD_DIM];
+    for (size_t i = 0; i < half; i++) {
+        cd[2 * i] = cd[2 * i + 1] = cs[i];
+        sd[2 * i] = sd[2 * i + 1] = sn[i];
+        dcd[2 * i] = dcd[2 * i + 1] = dc[i];
+        dsd[2 * i] = dsd[2 * i + 1] = ds[i];
+    }
+    const __m256 sign = _mm256_setr_ps(-1.0f, 1.0f, -1.0f, 1.0f, -1.0f, 1.0f, -1.0f, 1.0f);
+    for (size_t t = 0; t < n; t++) {
+        float *const y = x + t * d;
+        for (size_t j = 0; j < d; j += 8) {
+            const __m256 c = _mm256_loadu_ps(cd + j), s = _mm256_loadu_ps(sd + j);
+            const __m256 v = _mm256_loadu_ps(y + j);
+            const __m256 w = _mm256_mul_ps(_mm256_permute_ps(v, 0xB1), sign); /* (-x1, x0) per pair */
+            _mm256_storeu_ps(y + j, _mm256_add_ps(_mm256_mul_ps(v, c), _mm256_mul_ps(w, s)));
+            const __m256 sc = _mm256_loadu_ps(dcd + j), ss = _mm256_loadu_ps(dsd + j);
+            _mm256_storeu_ps(cd + j, _mm256_sub_ps(_mm256_mul_ps(c, sc), _mm256_mul_ps(s, ss)));
+            _mm256_storeu_ps(sd + j, _mm256_add_ps(_mm256_mul_ps(s, sc), _mm256_mul_ps(c, ss)));
+        }
+    }
+    for (size_t i = 0; i < half; i++) {
+        cs[i] = cd[2 * i];
+        sn[i] = sd[2 * i];
+    }
+}

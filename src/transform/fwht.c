@@ -66,9 +66,20 @@ void e8kv_rot_forward(const e8kv_rot *rot, float *x, size_t n_vec) {
 }
 
 void e8kv_rot_inverse(const e8kv_rot *rot, float *x, size_t n_vec) {
+    /* the block's 1/sqrt(n) and the sign in one multiply: x * (s * ±1) = (x * s) * ±1 exactly */
+    float scale[E8KV_MAX_HEAD_DIM];
+    for (size_t b = 0, off = 0; b < rot->n_block; off += rot->block_len[b++]) {
+        const float s = 1.0f / sqrtf((float)rot->block_len[b]);
+        for (size_t i = 0; i < rot->block_len[b]; i++) scale[off + i] = s * rot->signs[off + i];
+    }
+    if (e8kv_cpu_has_avx2()) {
+        e8kv_rot_inverse_avx2(rot, x, n_vec, scale);
+        return;
+    }
     for (size_t v = 0; v < n_vec; v++) {
         float *const xv = x + v * rot->head_dim;
-        hadamard_blocks(rot, xv);
-        for (size_t i = 0; i < rot->head_dim; i++) xv[i] *= rot->signs[i];
+        for (size_t b = 0, off = 0; b < rot->n_block; off += rot->block_len[b++])
+            e8kv_fwht_ref(xv + off, rot->block_len[b]);
+        for (size_t i = 0; i < rot->head_dim; i++) xv[i] *= scale[i];
     }
 }

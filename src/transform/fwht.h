@@ -30,5 +30,8 @@ void e8kv_rot_inverse(const e8kv_rot *rot, float *x, size_t n_vec);
 /* Unnormalized in-place Walsh–Hadamard transform of n = 2^k floats (reference and AVX2 twins). */
 void e8kv_fwht_ref(float *x, size_t n);
 void e8kv_fwht_avx2(float *x, size_t n);
+/* e8kv_rot_inverse's AVX2 body (its blocks are multiples of 8), bit-exact with the portable loop: scale =
+ * the block's 1/sqrt(n) times the sign, per coordinate. Called by e8kv_rot_inverse when the CPU has AVX2. */
+void e8kv_rot_inverse_avx2(const e8kv_rot *rot, float *x, size_t n_vec, const float *scale);
 
 #endif

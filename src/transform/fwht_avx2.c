@@ -36,6 +36,21 @@ void e8kv_fwht_avx2(float *x, size_t n) {
         }
     }
 }
+
+void e8kv_rot_inverse_avx2(const e8kv_rot *rot, float *x, size_t n_vec, const float *scale) {
+    const size_t d = rot->head_dim;
+    for (size_t v = 0; v < n_vec; v++) {
+        float *const xv = x + v * d;
+        for (size_t b = 0, off = 0; b < rot->n_block; off += rot->block_len[b++])
+            e8kv_fwht_avx2(xv + off, rot->block_len[b]);
+        for (size_t i = 0; i < d; i += 8)
+            _mm256_storeu_ps(xv + i, _mm256_mul_ps(_mm256_loadu_ps(xv + i), _mm256_loadu_ps(scale + i)));
+    }
+}
 #else
 void e8kv_fwht_avx2(float *x, size_t n) { e8kv_fwht_ref(x, n); }
+void e8kv_rot_inverse_avx2(const e8kv_rot *rot, float *x, size_t n_vec, const float *scale) {
+    (void)scale;
+    e8kv_rot_inverse(rot, x, n_vec);
+}
 #endif
