@@ -315,7 +315,7 @@ struct e8kv_context {
     void *kv_hook_user;
     e8kv_q_hook q_hook;
     void *q_hook_user;
-    float *rope_cos, *rope_sin; /* (n_ctx, head_dim / 2) */
+    e8kv_rope *rope; /* queries' and (rope=post) keys' RoPE: the library's, the cache's rope=pre keys' too */
     /* scratch, (n_batch, ...) each */
     float *x;   /* (n_batch, dim) residual stream */
     float *xb;  /* (n_batch, dim) normalized */
@@ -331,8 +331,7 @@ void e8kv_context_free(e8kv_context *c) {
     if (!c) return;
     e8kv_cache_free(c->cache); /* before the pool it borrows */
     e8kv_pool_free(c->pool);
-    free(c->rope_cos);
-    free(c->rope_sin);
+    e8kv_rope_free(c->rope);
     free(c->x);
     free(c->xb);
     free(c->q);
@@ -400,10 +399,10 @@ e8kv_context *e8kv_context_create(const e8kv_model *m, const e8kv_context_params
     }
     e8kv_cache_set_pool(c->cache, c->pool);
     c->keys_pre_rope = e8kv_cache_keys_pre_rope(c->cache);
-    const size_t B = c->n_batch, hd = cfg->head_dim, half = hd / 2;
+    const size_t B = c->n_batch, hd = cfg->head_dim;
     const size_t q_dim = cfg->n_head * hd, kv_dim = cfg->n_head_kv * hd;
-    c->rope_cos = falloc(p->n_ctx * half);
-    c->rope_sin = falloc(p->n_ctx * half);
+    size_t rerr = 0;
+    c->rope = e8kv_rope_create(hd, cfg->rope_theta, cfg->rope_layout == E8KV_ROPE_SPLIT_HALF, &rerr);
     c->x = falloc(B * cfg->dim);
     c->xb = falloc(B * cfg->dim);
     c->q = falloc(B * q_dim);
@@ -412,20 +411,11 @@ e8kv_context *e8kv_context_create(const e8kv_model *m, const e8kv_context_params
     c->att = falloc(B * q_dim);
     c->hb = falloc(B * cfg->hidden_dim);
     c->hb2 = falloc(B * cfg->hidden_dim);
-    if (!c->rope_cos || !c->rope_sin || !c->x || !c->xb || !c->q || !c->k || !c->v || !c->att || !c->hb ||
+    if (!c->rope || !c->x || !c->xb || !c->q || !c->k || !c->v || !c->att || !c->hb ||
         !c->hb2) {
         e8kv_context_free(c);
-        *err = E8KV_ERR(OUT_OF_MEMORY);
+        *err = c->rope ? E8KV_ERR(OUT_OF_MEMORY) : rerr;
         return NULL;
-    }
-    /* RoPE: pair i turns by pos * theta^(-2i / head_dim) */
-    for (size_t pos = 0; pos < p->n_ctx; pos++) {
-        for (size_t i = 0; i < half; i++) {
-            const double freq = pow((double)cfg->rope_theta, -2.0 * (double)i / (double)hd);
-            const double ang = (double)pos * freq;
-            c->rope_cos[pos * half + i] = (float)cos(ang);
-            c->rope_sin[pos * half + i] = (float)sin(ang);
-        }
     }
     openblas_set_num_threads(1); /* the pool's items call it: one thread each, no second pool */
     return c;
@@ -526,22 +516,9 @@ static void add_bias(float *y, const float *b, size_t n, size_t n_out) {
             y[r * n_out + i] += b[i];
 }
 
-/* Rotate n rows of n_heads head vectors; row r is at position pos0 + r. */
+/* Rotate n rows of n_heads head vectors; row r is at position pos0 + r (RoPE: include/e8kv.h e8kv_rope_*). */
 static void rope(const e8kv_context *c, float *x, size_t n, size_t n_heads, size_t pos0) {
-    const size_t hd = c->m->cfg.head_dim, half = hd / 2;
-    const int split = c->m->cfg.rope_layout == E8KV_ROPE_SPLIT_HALF;
-    for (size_t r = 0; r < n; r++) {
-        const float *cs = c->rope_cos + (pos0 + r) * half, *sn = c->rope_sin + (pos0 + r) * half;
-        for (size_t h = 0; h < n_heads; h++) {
-            float *v = x + (r * n_heads + h) * hd;
-            for (size_t i = 0; i < half; i++) {
-                const size_t i0 = split ? i : 2 * i, i1 = split ? i + half : 2 * i + 1;
-                const float a = v[i0], b = v[i1];
-                v[i0] = a * cs[i] - b * sn[i];
-                v[i1] = a * sn[i] + b * cs[i];
-            }
-        }
-    }
+    e8kv_rope_apply(c->rope, x, n, n_heads, pos0);
 }
 
 /* hb = silu(hb) * hb2, element-wise over n values, in blocks of SWIGLU_BLOCK. */

@@ -425,6 +425,23 @@ size_t e8kv_cache_spec_layers(const char *spec, size_t n_layer, const e8kv_calib
  * and pass queries WITH RoPE; the cache rotates each decoded key at attention time. 0: keys with RoPE. */
 int e8kv_cache_keys_pre_rope(const e8kv_cache *cache);
 
+/* ---------------------------------------------------------------- RoPE
+ *
+ * RoPE as e8kv applies it: the engine's queries and keys and the cache's rope=pre keys go through this one
+ * implementation (src/common/rope.c). Pair i of a head vector at position p turns by p·theta^(-2i/head_dim);
+ * pairs (i, i + head_dim/2) when neox (GPT-NeoX / Hugging Face Llama layout), else (2i, 2i+1) (GGUF /
+ * Meta layout). Each position's cos and sin are those of 64·floor(p/64) (computed in double) turned by those
+ * of p mod 64 (a table made in double at create): about two float roundings, no drift along the context,
+ * and the same bits for a position however the rows are split. */
+typedef struct e8kv_rope e8kv_rope;
+/* head_dim even, at most E8KV_MAX_HEAD_DIM (HEAD_DIM); theta > 0 and finite (BAD_ARGUMENT). */
+e8kv_rope *e8kv_rope_create(size_t head_dim, float theta, int neox, size_t *err);
+void e8kv_rope_free(e8kv_rope *rope);
+/* In place: n rows at positions pos0 .. pos0 + n - 1, each row n_vec head vectors of head_dim floats. */
+void e8kv_rope_apply(const e8kv_rope *rope, float *x, size_t n, size_t n_vec, size_t pos0);
+/* Bytes the object holds (its offset tables: 64 x head_dim floats). */
+size_t e8kv_rope_bytes(const e8kv_rope *rope);
+
 /* ---------------------------------------------------------------- token eviction
  *
  * Cache spec items (src/cache/evict.c):

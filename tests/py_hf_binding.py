@@ -42,6 +42,35 @@ def test_codec_roundtrip_and_errors():
     assert e.value.code == e8kv.ErrorCode.NONFINITE
 
 
+def test_rope_is_the_library_one():
+    """e8kv.Rope (the engine's and the cache's RoPE) against RoPE in double, both layouts, numpy and torch,
+    and split calls giving the same bits; bad arrays are named errors."""
+    rng = np.random.default_rng(5)
+    d, n, h, pos0, theta = 64, 130, 3, 70001, 100000.0
+    x = rng.standard_normal((n, h, d)).astype(np.float32)
+    i = np.arange(d // 2)
+    ang = (pos0 + np.arange(n))[:, None] * theta ** (-2.0 * i / d)[None, :]
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    for neox in (True, False):
+        r = e8kv.Rope(d, theta, neox=neox)
+        y = r.apply_(x.copy(), pos0)
+        i0, i1 = (i, i + d // 2) if neox else (2 * i, 2 * i + 1)
+        x0, x1 = x[..., i0].astype(np.float64), x[..., i1].astype(np.float64)
+        want = np.empty((n, h, d))
+        want[..., i0], want[..., i1] = x0 * c - x1 * s, x0 * s + x1 * c
+        assert np.abs(y - want).max() < 1e-6
+        t = torch.from_numpy(x.copy())
+        r.apply_(t[:50], pos0)  # rows 0..49, then 50.. as a second call
+        r.apply_(t[50:], pos0 + 50)
+        assert np.array_equal(t.numpy(), y)
+    with pytest.raises(e8kv.E8KVError) as e:
+        r.apply_(x.astype(np.float64), 0)
+    assert e.value.code == e8kv.ErrorCode.BAD_ARGUMENT
+    with pytest.raises(e8kv.E8KVError) as e:
+        e8kv.Rope(7, theta)
+    assert e.value.code == e8kv.ErrorCode.HEAD_DIM
+
+
 def test_cache_append_attend_save_load(tmp_path):
     rng = np.random.default_rng(2)
     kv = e8kv.Cache(2, 3, 64, 256, "e8:4,sink=1", rope_theta=10000.0)

@@ -588,60 +588,6 @@ static void test_tile_avx2_vs_ref(void **state) {
     }
 }
 
-/* RoPE of a run of keys (the rope=pre read): the reference and AVX2 twins bit-exact with each other, and
- * both against RoPE computed in double with each position's own angles, both layouts, head_dims that take the vector and the fallback paths,
- * positions up to 131K (where float angles would be off by radians). */
-static void test_rope_rows_twins(void **state) {
-    (void)state;
-    if (!e8kv_cpu_has_avx2()) skip();
-    e8kv_rng rng;
-    e8kv_rng_seed(&rng, 23);
-    static const size_t dims[] = {8, 16, 24, 64, 128};
-    static const size_t poss[] = {0, 7, 100003, 131008};
-    const size_t n = 64;
-    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
-        for (int neox = 0; neox <= 1; neox++)
-            for (size_t pi = 0; pi < sizeof poss / sizeof poss[0]; pi++) {
-                const size_t d = dims[di], half = d / 2, pos = poss[pi];
-                float *x = rand_vec(&rng, n * d, 1.0), *a = malloc(n * d * sizeof(float)),
-                      *b = malloc(n * d * sizeof(float));
-                memcpy(a, x, n * d * sizeof(float));
-                memcpy(b, x, n * d * sizeof(float));
-                float cs1[64], sn1[64], cs2[64], sn2[64], dc[64], ds[64];
-                double f[64];
-                for (size_t i = 0; i < half; i++) {
-                    f[i] = pow(500000.0, -2.0 * (double)i / (double)d);
-                    const double ang = fmod((double)pos * f[i], 6.283185307179586);
-                    cs1[i] = cs2[i] = (float)cos(ang);
-                    sn1[i] = sn2[i] = (float)sin(ang);
-                    dc[i] = (float)cos(f[i]);
-                    ds[i] = (float)sin(f[i]);
-                }
-                e8kv_rope_rows_ref(a, n, d, neox, cs1, sn1, dc, ds);
-                e8kv_rope_rows_avx2(b, n, d, neox, cs2, sn2, dc, ds);
-                double worst_ref = 0, worst_avx2 = 0;
-                for (size_t t = 0; t < n; t++)
-                    for (size_t i = 0; i < half; i++) {
-                        const size_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-                        const double ang = fmod((double)(pos + t) * f[i], 6.283185307179586);
-                        const double x0 = x[t * d + i0], x1 = x[t * d + i1];
-                        const double y0 = x0 * cos(ang) - x1 * sin(ang), y1 = x0 * sin(ang) + x1 * cos(ang);
-                        worst_ref = fmax(worst_ref, fmax(fabs(a[t * d + i0] - y0), fabs(a[t * d + i1] - y1)));
-                        worst_avx2 = fmax(worst_avx2, fmax(fabs(b[t * d + i0] - y0), fabs(b[t * d + i1] - y1)));
-                    }
-                /* the recurrence drifts by ~n float ulps of values of size ~4 */
-                assert_true(worst_ref < 2e-5);
-                assert_true(worst_avx2 < 2e-5);
-                /* the twins do the same IEEE operations: the same bits, and the same state left */
-                assert_memory_equal(a, b, n * d * sizeof(float));
-                assert_memory_equal(cs1, cs2, half * sizeof(float));
-                assert_memory_equal(sn1, sn2, half * sizeof(float));
-                free(x);
-                free(a);
-                free(b);
-            }
-}
-
 /* Fused page readers (AVX2) against the codec's own decode, bit-exact, and whole attention with the
  * fused path against the reference path (codec decode + reference tile kernel). */
 static void test_fused_readers(void **state) {
@@ -1286,7 +1232,6 @@ static void test_remove_errors(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f32_exact),
-        cmocka_unit_test(test_rope_rows_twins),
         cmocka_unit_test(test_f16_and_mixed),
         cmocka_unit_test(test_spec_layers),
         cmocka_unit_test(test_compressed_specs),

@@ -6,6 +6,8 @@
 #include "common/fp16.h"
 #include "common/pool.h"
 #include "common/rng.h"
+#include "common/rope.h"
+#include "common/cpu.h"
 
 #include <dirent.h>
 #include <pthread.h>
@@ -316,9 +318,94 @@ static void test_atomic_write(void **state) {
     assert_int_equal(rmdir(dir), 0);
 }
 
+/* RoPE (common/rope.c): the row kernels' twins give the same bits; e8kv_rope_apply against RoPE computed in
+ * double with each position's own angle, both layouts, positions to 131K; the same bits however the rows
+ * are split (one call, runs of 1..63 rows, one head at a time), which is what lets the engine's keys and
+ * the cache's rope=pre keys be rotated identically. */
+static void test_rope(void **state) {
+    (void)state;
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 31);
+    static const size_t dims[] = {8, 24, 64, 128};
+    static const size_t poss[] = {0, 5, 100003, 131008};
+    const size_t n = 150, n_vec = 3;
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+        for (int neox = 0; neox <= 1; neox++) {
+            const size_t d = dims[di], half = d / 2, w = n_vec * d;
+            size_t err = 1;
+            e8kv_rope *r = e8kv_rope_create(d, 500000.0f, neox, &err);
+            assert_non_null(r);
+            assert_int_equal(err, 0);
+            for (size_t pi = 0; pi < sizeof poss / sizeof poss[0]; pi++) {
+                const size_t pos = poss[pi];
+                float *x = malloc(n * w * sizeof(float)), *a = malloc(n * w * sizeof(float)),
+                      *b = malloc(n * w * sizeof(float));
+                for (size_t i = 0; i < n * w; i++) x[i] = (float)e8kv_rng_normal(&rng);
+                memcpy(a, x, n * w * sizeof(float));
+                memcpy(b, x, n * w * sizeof(float));
+                e8kv_rope_apply(r, a, n, n_vec, pos);
+                /* split into uneven runs, one head vector at a time */
+                for (size_t t = 0, k = 1; t < n; t += k, k = k % 63 + 7)
+                    for (size_t h = 0; h < n_vec; h++)
+                        for (size_t u = t; u < t + k && u < n; u++)
+                            e8kv_rope_apply(r, b + u * w + h * d, 1, 1, pos + u);
+                assert_memory_equal(a, b, n * w * sizeof(float));
+                double worst = 0;
+                for (size_t t = 0; t < n; t++)
+                    for (size_t h = 0; h < n_vec; h++)
+                        for (size_t i = 0; i < half; i++) {
+                            const size_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+                            const double f = pow(500000.0, -2.0 * (double)i / (double)d);
+                            const double ang = fmod((double)(pos + t) * f, 6.283185307179586);
+                            const float *xv = x + t * w + h * d, *av = a + t * w + h * d;
+                            const double y0 = xv[i0] * cos(ang) - xv[i1] * sin(ang);
+                            const double y1 = xv[i0] * sin(ang) + xv[i1] * cos(ang);
+                            worst = fmax(worst, fmax(fabs(av[i0] - y0), fabs(av[i1] - y1)));
+                        }
+                /* values of size ~4: cos/sin within half a float ulp, then one product and sum in float */
+                assert_true(worst < 1e-6);
+                free(x);
+                free(a);
+                free(b);
+            }
+            e8kv_rope_free(r);
+        }
+    /* the twins alone, on rows whose base and offsets are arbitrary */
+    if (!e8kv_cpu_has_avx2()) return;
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+        for (int neox = 0; neox <= 1; neox++) {
+            const size_t d = dims[di], half = d / 2, rows = 9;
+            double cb[64], sb[64], ct[9 * 64], st[9 * 64];
+            float a[9 * 2 * 128], b[9 * 2 * 128];
+            for (size_t i = 0; i < half; i++) {
+                const double u = e8kv_rng_normal(&rng);
+                cb[i] = cos(u);
+                sb[i] = sin(u);
+            }
+            for (size_t i = 0; i < rows * half; i++) {
+                const double u = e8kv_rng_normal(&rng);
+                ct[i] = cos(u);
+                st[i] = sin(u);
+            }
+            for (size_t i = 0; i < rows * 2 * d; i++) a[i] = b[i] = (float)e8kv_rng_normal(&rng);
+            e8kv_rope_rows_ref(a, rows, 2, d, neox, cb, sb, ct, st);
+            e8kv_rope_rows_avx2(b, rows, 2, d, neox, cb, sb, ct, st);
+            assert_memory_equal(a, b, rows * 2 * d * sizeof(float));
+        }
+    /* bad parameters are named errors */
+    size_t err = 0;
+    assert_null(e8kv_rope_create(7, 10000.0f, 0, &err));
+    assert_int_equal(e8kv_get_error_code(err), E8KV_ERROR_HEAD_DIM);
+    assert_null(e8kv_rope_create(64, 0.0f, 0, &err));
+    assert_int_equal(e8kv_get_error_code(err), E8KV_ERROR_BAD_ARGUMENT);
+    assert_null(e8kv_rope_create(64, NAN, 0, &err));
+    assert_int_equal(e8kv_get_error_code(err), E8KV_ERROR_BAD_ARGUMENT);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_rope),
 #if defined(__FLT16_MAX__)
         cmocka_unit_test(test_fp16_against_compiler),
 #endif

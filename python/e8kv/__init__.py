@@ -8,8 +8,9 @@ The Hugging Face transformers integration is `e8kv.hf` (needs torch and transfor
 library built with nvcc): `e8kv.CudaCache`, the custom operators of `e8kv.torch_ops`, and
 `e8kv.hf.E8KVCache(config, "e8box:4", device="cuda", max_batch_size=..., max_cache_len=...)`.
 """
-from .core import Cache, Calib, Codec, CudaCache, E8KVError, ErrorCode, cuda_available, cuda_built, preset_spec, version
+from .core import (Cache, Calib, Codec, CudaCache, E8KVError, ErrorCode, Rope, cuda_available, cuda_built,
+                   preset_spec, version)
 
-__all__ = ["Cache", "Calib", "Codec", "CudaCache", "E8KVError", "ErrorCode", "cuda_available", "cuda_built",
-           "preset_spec", "version"]
+__all__ = ["Cache", "Calib", "Codec", "CudaCache", "E8KVError", "ErrorCode", "Rope", "cuda_available",
+           "cuda_built", "preset_spec", "version"]
 __version__ = "0.1.0"

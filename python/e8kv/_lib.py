@@ -87,6 +87,10 @@ _SIGNATURES = {
     "e8kv_get_error_code": (c_int, [c_size_t]),
     "e8kv_error_name": (c_char_p, [c_size_t]),
     "e8kv_error_code_name": (c_char_p, [c_int]),
+    # RoPE (the library's one implementation)
+    "e8kv_rope_create": (c_void_p, [c_size_t, c_float, c_int, _SZ]),
+    "e8kv_rope_free": (None, [c_void_p]),
+    "e8kv_rope_apply": (None, [c_void_p, _F, c_size_t, c_size_t, c_size_t]),
     # codecs
     "e8kv_codec_create": (c_void_p, [c_char_p, c_size_t, c_uint64, _SZ]),
     "e8kv_codec_free": (None, [c_void_p]),

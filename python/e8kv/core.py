@@ -124,6 +124,37 @@ def _empty_like_kind(template: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
 
 
 # ------------------------------------------------------------------------------------------ codec
+class Rope:
+    """RoPE as the library applies it (include/e8kv.h e8kv_rope_*: the engine's queries and keys, the cache's
+    rope=pre keys): pair i at position p turns by p * theta^(-2i/head_dim); neox: pairs (i, i + head_dim/2)
+    (transformers' layout), else (2i, 2i+1)."""
+
+    def __init__(self, head_dim: int, theta: float, neox: bool = True) -> None:
+        err = c_size_t(0)
+        self._p = lib.e8kv_rope_create(head_dim, theta, int(bool(neox)), byref(err))
+        if not self._p:
+            raise E8KVError(lib.e8kv_get_error_code(err.value), f"RoPE at head_dim {head_dim}, theta {theta}")
+        self.head_dim = head_dim
+
+    def __del__(self) -> None:
+        if getattr(self, "_p", None):
+            lib.e8kv_rope_free(self._p)
+            self._p = None
+
+    def apply_(self, x: Any, pos0: int) -> Any:
+        """In place on x (n, head_dim) or (n, n_vec, head_dim): row t at position pos0 + t. x must be a
+        C-contiguous float32 CPU tensor or numpy array (it is written through its pointer); returns x."""
+        ok = (x.dtype == _torch.float32 and x.device.type == "cpu" and x.is_contiguous()) if _is_torch(x) else (
+            isinstance(x, np.ndarray) and x.dtype == np.float32 and x.flags["C_CONTIGUOUS"])
+        if not ok or x.ndim not in (2, 3) or x.shape[-1] != self.head_dim:
+            raise E8KVError(ErrorCode.BAD_ARGUMENT, f"Rope.apply_: expected a C-contiguous float32 CPU array "
+                                                    f"(n, [n_vec,] {self.head_dim})")
+        n, n_vec = x.shape[0], (x.shape[1] if x.ndim == 3 else 1)
+        ptr = ctypes.cast(x.data_ptr(), POINTER(c_float)) if _is_torch(x) else x.ctypes.data_as(POINTER(c_float))
+        lib.e8kv_rope_apply(self._p, ptr, n, n_vec, pos0)
+        return x
+
+
 class Codec:
     """A fixed-rate vector format: `head_dim` floats <-> `vector_bytes` bytes (side information included),
     each vector decodable from its own bytes. `spec` as in include/e8kv.h ("e8:4", "e8box:4", "q4_0h")."""

@@ -107,16 +107,6 @@ def _rope_cos_sin(theta: float, head_dim: int, pos0: int, n: int) -> tuple[torch
     return emb.cos(), emb.sin()
 
 
-def _rope_cos_sin_exact(theta: float, head_dim: int, pos0: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same angles as e8kv (engine/model.c, the C cache's rope=pre): pos * theta^(-2i/d) in double,
-    rounded to float32 after cos/sin; split-half layout (n, head_dim)."""
-    i = torch.arange(0, head_dim // 2, dtype=torch.float64)
-    freq = torch.pow(torch.tensor(float(theta), dtype=torch.float64), -2.0 * i / head_dim)
-    ang = torch.arange(pos0, pos0 + n, dtype=torch.float64)[:, None] * freq[None, :]
-    c, s = ang.cos().to(torch.float32), ang.sin().to(torch.float32)
-    return torch.cat((c, c), dim=-1), torch.cat((s, s), dim=-1)
-
-
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     h = x.shape[-1] // 2
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
@@ -125,10 +115,6 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 def _unrope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Undo transformers' RoPE (x*cos + rotate_half(x)*sin) on x (b, h, t, d): rotate by the opposite angle."""
     return x * cos - _rotate_half(x) * sin
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + _rotate_half(x) * sin
 
 
 # ------------------------------------------------------------------------------------------ the cache
@@ -231,6 +217,7 @@ class E8KVCache(Cache):
         self.rows: list[core.Cache] = []
         s = self.shape
         self._perm = None
+        self._rope: Optional[core.Rope] = None  # for keys the cache takes with RoPE: e8kv's own rotation
         if s.rope_layout == "interleaved":  # GGUF index 2i <- i, 2i+1 <- i + d/2
             h = s.head_dim // 2
             self._perm = torch.stack((torch.arange(h), torch.arange(h) + h), dim=1).reshape(-1)
@@ -281,8 +268,13 @@ class E8KVCache(Cache):
         if self.shape.rope_problem is None:
             th, d, t = self.shape.rope_theta, self.shape.head_dim, x.shape[2]
             x = _unrope(x, *_rope_cos_sin(th, d, pos0, t))
-            if rope == "exact":
-                x = _rope(x, *_rope_cos_sin_exact(th, d, pos0, t))
+            if rope == "exact":  # the library's own RoPE (e8kv.Rope), the one the engine and cache use
+                if self._rope is None:
+                    self._rope = core.Rope(d, th, neox=True)
+                xt = x.transpose(1, 2).contiguous()  # (b, t, h, d): rows at consecutive positions
+                for row in xt:
+                    self._rope.apply_(row, pos0)
+                x = xt.transpose(1, 2)
         elif rope == "none":
             raise UnsupportedModelError(f"keys before RoPE needed: {self.shape.rope_problem}")
         if self._perm is not None:

@@ -37,43 +37,6 @@ static_assert(E8KV_ATTEND_SLICE_MIN % TILE_MAX_TOKENS == 0, "slices hold whole t
 /* query-key products of a call below which its items run on the caller's thread (~10 µs of work) */
 #define ATTEND_POOL_MIN 65536
 
-void e8kv_rope_rows_ref(float *restrict x, size_t n, size_t d, int neox, float *restrict cs, float *restrict sn,
-                        const float *restrict dc, const float *restrict ds) {
-    const size_t half = d / 2;
-    for (size_t t = 0; t < n; t++) {
-        float *const y = x + t * d;
-        for (size_t i = 0; i < half; i++) {
-            const size_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-            const float x0 = y[i0], x1 = y[i1];
-            y[i0] = x0 * cs[i] - x1 * sn[i];
-            y[i1] = x0 * sn[i] + x1 * cs[i];
-            const float c2 = cs[i] * dc[i] - sn[i] * ds[i];
-            sn[i] = sn[i] * dc[i] + cs[i] * ds[i];
-            cs[i] = c2;
-        }
-    }
-}
-
-/* RoPE of n consecutive key vectors at positions pos .. pos + n - 1 (x: (n, head_dim)). The angle of
- * the first is taken in double (pos * theta^(-2i/d) reaches 1e5 rad, beyond float's precision); the
- * next ones by rotating (cos, sin) by the per-frequency step (rope_step, made at create), so a
- * run costs head_dim / 2 sincos calls instead of n * head_dim / 2. n <= one page (64 by default): the
- * recurrence drifts by ~n float ulps. */
-static void rope_apply_run(const e8kv_cache *c, float *restrict x, size_t pos, size_t n) {
-    const size_t half = c->head_dim / 2;
-    float cs[E8KV_MAX_HEAD_DIM / 2], sn[E8KV_MAX_HEAD_DIM / 2];
-    for (size_t i = 0; i < half; i++) {
-        const double a = fmod((double)pos * c->rope_inv_freq[i], 6.283185307179586);
-        cs[i] = (float)cos(a);
-        sn[i] = (float)sin(a);
-    }
-    const float *dc = c->rope_step, *ds = c->rope_step + half;
-    if (c->use_avx2)
-        e8kv_rope_rows_avx2(x, n, c->head_dim, c->rope_neox, cs, sn, dc, ds);
-    else
-        e8kv_rope_rows_ref(x, n, c->head_dim, c->rope_neox, cs, sn, dc, ds);
-}
-
 /* RoPE of the keys of slots [slot, slot + n) of one head at their positions (kv_slot_pos: after an
  * eviction, runs of consecutive positions). */
 static void rope_slots(const e8kv_cache *c, const kv_layer *L, size_t head, float *restrict x, size_t slot,
@@ -83,7 +46,7 @@ static void rope_slots(const e8kv_cache *c, const kv_layer *L, size_t head, floa
         size_t run = 1;
         while (t + run < n && kv_slot_pos(L, head, slot + t + run) == p + run)
             run++;
-        rope_apply_run(c, x + t * c->head_dim, p, run);
+        e8kv_rope_apply(c->rope, x + t * c->head_dim, run, 1, p);
         t += run;
     }
 }

@@ -443,14 +443,11 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
     c->use_vnni = c->use_avx2 && e8kv_cpu_has_avxvnni();
     c->rope_theta = params->rope_theta;
     c->rope_neox = params->rope_neox ? 1 : 0;
-    if (c->rope_pre && !(c->rope_step = malloc(c->head_dim * sizeof *c->rope_step))) {
-        fail_create(c, err, E8KV_ERR(OUT_OF_MEMORY));
-        return NULL;
-    }
-    for (size_t i = 0, half = c->head_dim / 2; i < half && c->rope_pre; i++) {
+    for (size_t i = 0; i < c->head_dim / 2 && c->rope_pre; i++)
         c->rope_inv_freq[i] = pow((double)c->rope_theta, -2.0 * (double)i / (double)c->head_dim);
-        c->rope_step[i] = (float)cos(c->rope_inv_freq[i]);
-        c->rope_step[half + i] = (float)sin(c->rope_inv_freq[i]);
+    if (c->rope_pre && !(c->rope = e8kv_rope_create(c->head_dim, c->rope_theta, c->rope_neox, &r))) {
+        fail_create(c, err, r);
+        return NULL;
     }
     c->layers = calloc(c->n_layer, sizeof *c->layers);
     if (!c->layers || attend_setup(c)) {
@@ -458,7 +455,7 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
         return NULL;
     }
     c->fixed_bytes = sizeof *c + c->n_layer * sizeof *c->layers +
-                     (c->rope_step ? e8kv_aligned_size(c->head_dim * sizeof *c->rope_step) : 0);
+                     e8kv_rope_bytes(c->rope);
     const size_t n_tab = c->n_head_kv * c->n_page_max;
     const char **lspec = calloc(2 * c->n_layer, sizeof *lspec); /* per layer: K spec, then V spec */
     if (!lspec) {
@@ -585,7 +582,7 @@ void e8kv_cache_free(e8kv_cache *cache) {
     e8kv_pool_free(cache->pool_owned);
     free(cache->attn_part);
     free(cache->attn_boxq);
-    free(cache->rope_step);
+    e8kv_rope_free(cache->rope);
     if (cache->attn_mu_ready) pthread_mutex_destroy(&cache->attn_mu);
     if (cache->layers) {
         for (size_t l = 0; l < cache->n_layer; l++) {

@@ -170,7 +170,7 @@ struct e8kv_cache {
      * another RoPE setting (xform.c); NULL otherwise */
     e8kv_calib_score *score_owned;
     double rope_inv_freq[E8KV_MAX_HEAD_DIM / 2]; /* theta^(-2i/head_dim), double like the engine's tables */
-    float *rope_step; /* with rope=pre, head_dim floats: cos then sin of rope_inv_freq (one position's turn) */
+    e8kv_rope *rope;  /* with rope=pre: the keys' RoPE at attention time (src/common/rope.c) */
     kv_layer *layers;
     e8kv_codec *codecs[E8KV_CACHE_MAX_CODECS]; /* unique codecs, owned */
     size_t n_codecs;
@@ -264,15 +264,6 @@ int e8kv_cache_read_e8ball4_avx2(float *restrict dst, const uint8_t *restrict sr
 const uint32_t *e8kv_attn_ball_nib(void);
 const uint32_t *e8kv_attn_res4_nib(void);
 
-/* RoPE of n consecutive key rows x (n, d) at positions p .. p + n - 1, in place: cs, sn (d / 2 each) hold
- * cos and sin of the first row's angles and are advanced one position per row by the per-frequency step
- * (dc, ds); neox: pairs (i, i + d/2), else (2i, 2i + 1). _ref and _avx2 twins (attention.c,
- * attention_avx2.c), bit-exact (tests/test_cache.c); _avx2 falls back to _ref unless d % 16 == 0 (neox)
- * or d % 8 == 0. */
-void e8kv_rope_rows_ref(float *restrict x, size_t n, size_t d, int neox, float *restrict cs, float *restrict sn,
-                        const float *restrict dc, const float *restrict ds);
-void e8kv_rope_rows_avx2(float *restrict x, size_t n, size_t d, int neox, float *restrict cs, float *restrict sn,
-                         const float *restrict dc, const float *restrict ds);
 /* y[t] += mu for n rows of d floats (the centering add-back on reads); _avx2 needs d % 8 == 0. */
 void e8kv_cache_add_rows_ref(float *restrict y, const float *restrict mu, size_t n, size_t d);
 void e8kv_cache_add_rows_avx2(float *restrict y, const float *restrict mu, size_t n, size_t d);
