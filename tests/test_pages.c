@@ -238,6 +238,55 @@ static void test_compaction(void **state) {
     assert_int_equal(t.n, 0);
 }
 
+/* Random allocs (with and without reservations, two sizes), frees and compactions: every page keeps its
+ * bytes, none overlaps another, and the held bytes are what the system gave, at every step. */
+static void test_random_ops(void **state) {
+    (void)state;
+    kv_pages p;
+    tracker t;
+    assert_int_equal(e8kv_pages_init(&p, 2), 0);
+    track(&p, &t);
+    static uint8_t *pg[N_PAGES];
+    static uint32_t id[N_PAGES];
+    static size_t sz[N_PAGES];
+    memset(pg, 0, sizeof pg);
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 12);
+    for (size_t step = 0; step < 3000; step++) {
+        const uint64_t r = e8kv_rng_next(&rng);
+        const size_t i = (size_t)(r % N_PAGES), op = (size_t)(r >> 32) % 10;
+        if (op < 5 && !pg[i]) {
+            sz[i] = (r >> 40) & 1 ? 1024 : 3072;
+            if (op == 0) assert_int_equal(e8kv_pages_reserve(&p, sz[i], 1 + (size_t)(r >> 48) % 40), 0);
+            pg[i] = e8kv_pages_alloc(&p, sz[i], &id[i]);
+            assert_non_null(pg[i]);
+            fill(pg[i], sz[i], (uint32_t)(i + step));
+            sz[i] |= (step << 16); /* the tag is kept with the size */
+        } else if (op < 9 && pg[i]) {
+            e8kv_pages_free(&p, pg[i], id[i]);
+            pg[i] = NULL;
+        } else if (op == 9 && e8kv_pages_compact_begin(&p)) {
+            for (size_t j = 0; j < N_PAGES; j++)
+                if (pg[j] && e8kv_pages_moving(&p, id[j])) e8kv_pages_move(&p, &pg[j], &id[j]);
+            e8kv_pages_compact_end(&p);
+            assert_false(e8kv_pages_wasteful(&p)); /* compaction leaves at most 1/32 free */
+        }
+        if (step % 100 == 0 || op == 9) {
+            size_t live = 0;
+            for (size_t j = 0; j < N_PAGES; j++)
+                if (pg[j]) {
+                    const size_t n = sz[j] & 0xffff;
+                    assert_true(filled(pg[j], n, (uint32_t)(j + (sz[j] >> 16))));
+                    live += n;
+                }
+            assert_int_equal(e8kv_pages_live_bytes(&p), live);
+            check_held(&p, &t);
+        }
+    }
+    e8kv_pages_release(&p);
+    assert_int_equal(t.n, 0);
+}
+
 /* Every allocation of the system allocator failing in turn: alloc answers NULL and reserve 1, with the
  * bytes held and every page already out unchanged. */
 static void test_out_of_memory(void **state) {
@@ -464,10 +513,10 @@ static void test_cache_reservations(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_alloc_free_reuse),     cmocka_unit_test(test_slab_release),
-        cmocka_unit_test(test_compaction),           cmocka_unit_test(test_out_of_memory),
-        cmocka_unit_test(test_cache_bytes_are_held), cmocka_unit_test(test_cache_out_of_memory),
-        cmocka_unit_test(test_cache_reservations),
+        cmocka_unit_test(test_alloc_free_reuse),    cmocka_unit_test(test_slab_release),
+        cmocka_unit_test(test_compaction),          cmocka_unit_test(test_random_ops),
+        cmocka_unit_test(test_out_of_memory),       cmocka_unit_test(test_cache_bytes_are_held),
+        cmocka_unit_test(test_cache_out_of_memory), cmocka_unit_test(test_cache_reservations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

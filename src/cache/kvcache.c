@@ -877,6 +877,9 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
         *pend[i].page = pend[i].coded;
     }
     free(pend);
+    /* the raw pages just freed leave holes in slabs that stay live (a page that is still inside the window
+     * shares its slab with ones that left it): compact when that adds up (pages.h) */
+    if (n_pend && e8kv_pages_wasteful(&cache->pages)) e8kv_cache_compact_pages(cache);
     L->n_tokens = n1;
     E8KV_RETURN_IF_ERROR(e8kv_evict_after_append(cache, layer, n_tok));
     return L->n_tokens + L->n_evicted;

@@ -310,12 +310,13 @@ size_t e8kv_pages_compact_begin(kv_pages *p) {
         size_t cap_left = 0;
         const size_t waste = mark_greedy(p, ci, &n_marked, &cap_left);
         if (waste * E8KV_SLAB_WASTE_DIV <= cap_left) continue;
-        /* still more than 1/E8KV_SLAB_WASTE_DIV free: every slab with a free page is emptied into new
-         * slabs just large enough (when they can be had; else the greedy marks stand) */
+        /* still more than 1/E8KV_SLAB_WASTE_DIV free: every slab with a free page (and every one marked
+         * above) is emptied into new slabs just large enough (when they can be had; else the greedy marks stand) */
         size_t n_move = 0, n_new = 0, made = 0;
         for (size_t i = 0; i < p->n_id; i++) {
             kv_slab *s = p->slab[i];
-            if (!s || s->cls != ci || !s->free_mask) continue;
+            if (!s || s->cls != ci || (!s->free_mask && !s->moving))
+                continue; /* full: stays, unless marked */
             n_move += s->n_pages - n_free_in(s);
             n_new += !s->moving;
             if (!s->moving) mark(k, s, 2);
@@ -339,6 +340,14 @@ size_t e8kv_pages_compact_begin(kv_pages *p) {
             }
     }
     return n_marked;
+}
+
+int e8kv_pages_wasteful(const kv_pages *p) {
+    for (size_t ci = 0; ci < p->n_cls; ci++) {
+        const size_t waste = p->cls[ci].n_cap - p->cls[ci].n_live;
+        if (waste >= p->cls[ci].max_pages && waste * E8KV_SLAB_WASTE_DIV > p->cls[ci].n_cap) return 1;
+    }
+    return 0;
 }
 
 int e8kv_pages_moving(const kv_pages *p, uint32_t slab) {

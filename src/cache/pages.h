@@ -86,6 +86,9 @@ size_t e8kv_pages_live_bytes(const kv_pages *p);
  * one; end puts any slab still marked back in service. */
 size_t e8kv_pages_compact_begin(kv_pages *p);
 int e8kv_pages_moving(const kv_pages *p, uint32_t slab);
+/* O(1): some class has at least a slab's worth of free pages and more than 1/E8KV_SLAB_WASTE_DIV of its
+ * pages free (worth a compaction where one is not due anyway). */
+int e8kv_pages_wasteful(const kv_pages *p);
 void e8kv_pages_move(kv_pages *p, uint8_t **page, uint32_t *slab);
 void e8kv_pages_compact_end(kv_pages *p);
 
