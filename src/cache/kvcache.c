@@ -847,12 +847,13 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
             r = append_stream(cache, &L->v, h, L->v_pages + h * M, vs, v + h * d, stride, n0, n1,
                               mean_of(L, 0, h, d));
     }
-    pending_conv *pend = NULL;
+    /* a decode step of a model with up to 16 KV heads converts on the stack: no allocation per token */
+    pending_conv pend_local[64], *pend = NULL;
     size_t n_pend = 0;
     if (!e8kv_is_error(r) && (cache->window > 0 || L->k.group || L->v.group)) {
         /* pages that leave the window in this call: at most n_tok / P + 1 per stream and head */
         const size_t cap = 2 * cache->n_head_kv * (n_tok / cache->page_tokens + 2);
-        pend = malloc(cap * sizeof *pend);
+        pend = cap <= sizeof pend_local / sizeof pend_local[0] ? pend_local : malloc(cap * sizeof *pend);
         if (!pend || e8kv_cache_reserve_pages(cache, &L->k, 0, raw_pages_leaving(cache, L->k_pages, n0, n1),
                                               &L->v, 0, raw_pages_leaving(cache, L->v_pages, n0, n1)))
             r = E8KV_ERR(OUT_OF_MEMORY);
@@ -867,7 +868,7 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
     if (e8kv_is_error(r)) {
         for (size_t i = 0; i < n_pend; i++)
             free_page(cache, &pend[i].coded);
-        free(pend);
+        if (pend != pend_local) free(pend);
         free_pages_from(cache, L, n0);
         e8kv_cache_compact_pages(cache);
         return r;
@@ -876,7 +877,7 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
         free_page(cache, pend[i].page);
         *pend[i].page = pend[i].coded;
     }
-    free(pend);
+    if (pend != pend_local) free(pend);
     /* the raw pages just freed leave holes in slabs that stay live (a page that is still inside the window
      * shares its slab with ones that left it): compact when that adds up (pages.h) */
     if (n_pend && e8kv_pages_wasteful(&cache->pages)) e8kv_cache_compact_pages(cache);
