@@ -13,8 +13,11 @@
  * held").
  *
  * Frees leave holes in slabs that stay live; e8kv_pages_compact_begin marks, per class, the sparsest
- * slabs whose pages would fit in the free pages of the others, the owner moves every page of a marked
- * slab (e8kv_pages_move) and the emptied slabs are released, so truncation and eviction return memory.
+ * slabs whose pages fit in the free pages of the others (and, when more than 1/E8KV_SLAB_WASTE_DIV would
+ * still be free, every slab with a hole, to be emptied into new slabs of the right size), the owner moves
+ * every page of a marked slab (e8kv_pages_move) and the emptied slabs are released, so truncation and
+ * eviction return memory. "Released" means handed back to malloc (free), which may keep it for the
+ * process's next allocations rather than unmap it.
  *
  * Not locked: a cache's pages are allocated and freed only by calls that modify the cache, which the API
  * forbids on one cache from two threads at once (include/e8kv.h); the attention pool only reads pages. */
