@@ -349,6 +349,7 @@ size_t e8kv_evict_after_append(e8kv_cache *c, size_t l, size_t n_new) {
     const kv_layer *L = &c->layers[l];
     if (L->n_tokens <= c->ev.budget + c->page_tokens) return 0; /* a page of slack: not at every token */
     const size_t r = evict_layer(c, l, c->ev.budget, n_new, NULL, 0, 0, 0);
+    e8kv_cache_compact_pages(c);
     return r == E8KV_ERR(OUT_OF_MEMORY) ? 0 : r; /* best effort: the append itself stands */
 }
 
@@ -358,13 +359,14 @@ size_t e8kv_cache_evict(e8kv_cache *cache, const float *q, size_t n_head, size_t
     if (!q && (cache->ev.scorer == KV_EVICT_SNAPKV || cache->ev.scorer == KV_EVICT_H2O))
         return E8KV_ERR(BAD_ARGUMENT);
     if (q && !e8kv_all_finite(q, cache->n_layer * n_q * n_head * cache->head_dim)) return E8KV_ERR(NONFINITE);
-    size_t n_max = 0;
-    for (size_t l = 0; l < cache->n_layer; l++) {
+    size_t n_max = 0, r = 0;
+    for (size_t l = 0; l < cache->n_layer && !e8kv_is_error(r); l++) {
         kv_layer *L = &cache->layers[l];
         const size_t n = L->n_tokens;
         const size_t m = n - (size_t)floor((double)L->evict_frac * (double)n);
-        E8KV_RETURN_IF_ERROR(evict_layer(cache, l, m, 0, q, n_head, n_q, q_pos0));
+        r = evict_layer(cache, l, m, 0, q, n_head, n_q, q_pos0);
         if (L->n_tokens > n_max) n_max = L->n_tokens;
     }
-    return n_max;
+    e8kv_cache_compact_pages(cache); /* the evicted pages' slabs go back to the system */
+    return e8kv_is_error(r) ? r : n_max;
 }

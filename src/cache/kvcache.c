@@ -322,6 +322,24 @@ static size_t expand_auto(const e8kv_cache *c, const char *auto_spec, const char
 
 static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cfg, size_t *err);
 
+/* The page allocator, one size class per distinct page size (every layer's coded K and V, and raw). */
+static int init_pages(e8kv_cache *c) {
+    const size_t n_size = 2 * c->n_layer + 1; /* size j: layer j / 2's coded K (even j) or V, then raw */
+#define PAGE_SIZE_OF(j)                                                                                      \
+    e8kv_aligned_size((j) == 2 * c->n_layer                                                                  \
+                          ? kv_page_bytes(c, &c->layers[0].k, 1)                                             \
+                          : kv_page_bytes(c, (j) % 2 ? &c->layers[(j) / 2].v : &c->layers[(j) / 2].k, 0))
+    size_t n_cls = 0;
+    for (size_t j = 0; j < n_size; j++) {
+        size_t m = 0;
+        while (m < j && PAGE_SIZE_OF(m) != PAGE_SIZE_OF(j))
+            m++;
+        n_cls += m == j;
+    }
+#undef PAGE_SIZE_OF
+    return e8kv_pages_init(&c->pages, n_cls);
+}
+
 e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
     if (err) *err = 0;
     if (!params || !params->spec || !params->n_layer || !params->n_head_kv || !params->n_ctx) {
@@ -528,6 +546,7 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
     }
     free(lspec);
     free(auto_names);
+    if (!e8kv_is_error(r) && init_pages(c)) r = E8KV_ERR(OUT_OF_MEMORY);
     if (e8kv_is_error(r)) {
         fail_create(c, err, r);
         return NULL;
@@ -555,12 +574,42 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
     return c;
 }
 
-static void free_page(e8kv_cache *c, const kv_format *f, kv_page *pg) {
+static_assert(sizeof(kv_page) == sizeof(uint8_t *) + 8, "the slab id sits in kv_page's padding");
+
+static void free_page(e8kv_cache *c, kv_page *pg) {
     if (!pg->data) return;
-    c->page_bytes_alloc -= e8kv_aligned_size(kv_page_bytes(c, f, pg->raw));
-    e8kv_free_aligned(pg->data);
+    e8kv_pages_free(&c->pages, pg->data, pg->slab);
     pg->data = NULL;
     pg->raw = 0;
+}
+
+/* A zeroed page for pg (raw: f32 vectors, else f's codes); 0 or OUT_OF_MEMORY (pg unchanged). */
+static size_t alloc_page(e8kv_cache *c, const kv_format *f, kv_page *pg, int raw) {
+    uint32_t slab = 0;
+    uint8_t *data = e8kv_pages_alloc(&c->pages, kv_page_bytes(c, f, raw), &slab);
+    if (!data) return E8KV_ERR(OUT_OF_MEMORY);
+    pg->data = data;
+    pg->slab = slab;
+    pg->raw = (uint8_t)raw;
+    return 0;
+}
+
+size_t e8kv_cache_alloc_page(e8kv_cache *c, const kv_format *f, kv_page *pg, int raw) {
+    return alloc_page(c, f, pg, raw);
+}
+
+/* The allocator names the slabs to empty; every table entry pointing into one moves (kvcache.h). */
+void e8kv_cache_compact_pages(e8kv_cache *c) {
+    if (!c->layers || !e8kv_pages_compact_begin(&c->pages)) return;
+    const size_t n_tab = c->n_head_kv * c->n_page_max;
+    for (size_t l = 0; l < c->n_layer; l++)
+        for (int is_k = 0; is_k < 2; is_k++) {
+            kv_page *tab = is_k ? c->layers[l].k_pages : c->layers[l].v_pages;
+            for (size_t i = 0; tab && i < n_tab; i++)
+                if (tab[i].data && e8kv_pages_moving(&c->pages, tab[i].slab))
+                    e8kv_pages_move(&c->pages, &tab[i].data, &tab[i].slab);
+        }
+    e8kv_pages_compact_end(&c->pages);
 }
 
 /* Free every page whose first position is >= n_keep, in every head of both streams of L. */
@@ -568,8 +617,8 @@ static void free_pages_from(e8kv_cache *c, kv_layer *L, size_t n_keep) {
     const size_t first = (n_keep + c->page_tokens - 1) / c->page_tokens;
     for (size_t h = 0; h < c->n_head_kv; h++)
         for (size_t i = first; i < c->n_page_max; i++) {
-            free_page(c, &L->k, &L->k_pages[h * c->n_page_max + i]);
-            free_page(c, &L->v, &L->v_pages[h * c->n_page_max + i]);
+            free_page(c, &L->k_pages[h * c->n_page_max + i]);
+            free_page(c, &L->v_pages[h * c->n_page_max + i]);
         }
 }
 
@@ -597,6 +646,7 @@ void e8kv_cache_free(e8kv_cache *cache) {
         }
         free(cache->layers);
     }
+    e8kv_pages_release(&cache->pages);
     for (size_t i = 0; i < cache->n_codecs; i++)
         e8kv_codec_free(cache->codecs[i]);
     e8kv_xform_free(cache);
@@ -609,8 +659,7 @@ void e8kv_cache_free(e8kv_cache *cache) {
 /* A raw page that the window has left behind, encoded into a fresh buffer not yet swapped in. */
 typedef struct {
     kv_page *page;
-    const kv_format *fmt;
-    uint8_t *coded;
+    kv_page coded;
 } pending_conv;
 
 /* Encode one stream (K or V) of one head for tokens [n0, n1). Pages first touched here are allocated
@@ -639,14 +688,11 @@ void e8kv_cache_read_group(const kv_format *f, const uint8_t *page, size_t slot,
 /* An append into a coded page of a token-group format (after a truncate): back to raw, the decoded values
  * of its tokens in place of the originals; it is coded again once full. */
 static size_t reopen_group_page(e8kv_cache *c, const kv_format *f, kv_page *pg) {
-    const size_t nb = kv_page_bytes(c, f, 1);
-    float *raw = e8kv_calloc_aligned(nb);
-    if (!raw) return E8KV_ERR(OUT_OF_MEMORY);
-    e8kv_cache_read_group(f, pg->data, 0, c->page_tokens, raw);
-    free_page(c, f, pg);
-    pg->data = (uint8_t *)raw;
-    pg->raw = 1;
-    c->page_bytes_alloc += e8kv_aligned_size(nb);
+    kv_page raw = {0};
+    E8KV_RETURN_IF_ERROR(alloc_page(c, f, &raw, 1));
+    e8kv_cache_read_group(f, pg->data, 0, c->page_tokens, (float *)(void *)raw.data);
+    free_page(c, pg);
+    *pg = raw;
     return 0;
 }
 
@@ -661,14 +707,7 @@ static size_t append_stream(e8kv_cache *c, const kv_format *f, size_t h, kv_page
         }
         kv_page *pg = &tab[pos / P];
         if (pg->data && !pg->raw && f->group) E8KV_RETURN_IF_ERROR(reopen_group_page(c, f, pg));
-        if (!pg->data) {
-            const int raw = c->window > 0 || f->group;
-            const size_t nb = kv_page_bytes(c, f, raw);
-            pg->data = e8kv_calloc_aligned(nb);
-            if (!pg->data) return E8KV_ERR(OUT_OF_MEMORY);
-            pg->raw = (uint8_t)raw;
-            c->page_bytes_alloc += e8kv_aligned_size(nb);
-        }
+        if (!pg->data) E8KV_RETURN_IF_ERROR(alloc_page(c, f, pg, c->window > 0 || f->group));
         const size_t slot = pos % P;
         if (pg->raw) {
             memcpy((float *)(void *)pg->data + slot * d, x, d * sizeof(float));
@@ -690,14 +729,12 @@ static size_t convert_stream(e8kv_cache *c, const kv_format *f, size_t h, kv_pag
     for (size_t i = i0; (i + 1) * P <= n_old; i++) {
         kv_page *pg = &tab[i];
         if (!pg->data || !pg->raw) continue;
-        const size_t nb = kv_page_bytes(c, f, 0);
-        uint8_t *coded = e8kv_calloc_aligned(nb);
-        if (!coded) return E8KV_ERR(OUT_OF_MEMORY);
-        if (*n_pend >= cap) { /* cannot happen: bounded by the pages an append can complete */
-            e8kv_free_aligned(coded);
-            return E8KV_ERR(GENERIC);
-        }
-        pend[(*n_pend)++] = (pending_conv){pg, f, coded};
+        /* cannot happen: bounded by the pages an append can complete */
+        if (*n_pend >= cap) return E8KV_ERR(GENERIC);
+        kv_page cp = {0};
+        E8KV_RETURN_IF_ERROR(alloc_page(c, f, &cp, 0));
+        pend[(*n_pend)++] = (pending_conv){pg, cp};
+        uint8_t *const coded = cp.data;
         float *raw = (float *)(void *)pg->data;
         if (f->group) {
             /* sink slots are unused: give them a neighbour's values so they do not widen the statistics */
@@ -714,6 +751,43 @@ static size_t convert_stream(e8kv_cache *c, const kv_format *f, size_t h, kv_pag
         }
     }
     return 0;
+}
+
+/* Pages of one stream table (every head) that an append of [n0, n1) allocates: the absent ones past the
+ * sink, and the coded pages of a token-group format that it reopens as raw. */
+static size_t new_pages(const e8kv_cache *c, const kv_layer *L, const kv_page *tab, size_t n0, size_t n1) {
+    const size_t P = c->page_tokens, lo = n0 > c->n_sink ? n0 : c->n_sink;
+    const int group = (tab == L->k_pages ? L->k.group : L->v.group) != 0;
+    size_t n = 0;
+    for (size_t h = 0; h < c->n_head_kv && lo < n1; h++)
+        for (size_t i = lo / P; i <= (n1 - 1) / P; i++) {
+            const kv_page *pg = &tab[h * c->n_page_max + i];
+            n += !pg->data || (group && !pg->raw);
+        }
+    return n;
+}
+
+/* Raw pages of one stream table (every head) that leave the window in an append of [n0, n1): coded
+ * copies are made for them (convert_stream's loop). */
+static size_t raw_pages_leaving(const e8kv_cache *c, const kv_page *tab, size_t n0, size_t n1) {
+    const size_t P = c->page_tokens;
+    if (n1 < c->window) return 0;
+    const size_t n_old = n1 - c->window, i0 = n0 >= c->window ? (n0 - c->window) / P : 0;
+    size_t n = 0;
+    for (size_t h = 0; h < c->n_head_kv; h++)
+        for (size_t i = i0; (i + 1) * P <= n_old; i++) {
+            const kv_page *pg = &tab[h * c->n_page_max + i];
+            n += pg->data && pg->raw;
+        }
+    return n;
+}
+
+int e8kv_cache_reserve_pages(e8kv_cache *c, const kv_format *fk, int rk, size_t nk, const kv_format *fv,
+                             int rv, size_t nv) {
+    const size_t bk = kv_page_bytes(c, fk, rk), bv = kv_page_bytes(c, fv, rv);
+    if (e8kv_aligned_size(bk) == e8kv_aligned_size(bv))
+        return nk + nv && e8kv_pages_reserve(&c->pages, bk, nk + nv);
+    return (nk && e8kv_pages_reserve(&c->pages, bk, nk)) || (nv && e8kv_pages_reserve(&c->pages, bv, nv));
 }
 
 /* The mean subtracted from head h's K (is_k) or V stream before coding; NULL when not centered. */
@@ -763,6 +837,11 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
         return E8KV_ERR(NONFINITE);
     const size_t n1 = n0 + n_tok;
     const size_t M = cache->n_page_max;
+    /* the pages this call opens, in as few slabs as the allocator allows (pages.h) */
+    const int raw = cache->window > 0;
+    if (e8kv_cache_reserve_pages(cache, &L->k, L->k.group || raw, new_pages(cache, L, L->k_pages, n0, n1),
+                                 &L->v, L->v.group || raw, new_pages(cache, L, L->v_pages, n0, n1)))
+        return E8KV_ERR(OUT_OF_MEMORY);
     size_t r = 0;
     if (n0 == 0 && !L->mu_set && L->k_mu) set_means(cache, L, k, v, n_tok);
     for (size_t h = 0; h < cache->n_head_kv && !e8kv_is_error(r); h++) {
@@ -774,13 +853,16 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
             r = append_stream(cache, &L->v, h, L->v_pages + h * M, vs, v + h * d, stride, n0, n1,
                               mean_of(L, 0, h, d));
     }
-    pending_conv *pend = NULL;
+    /* a decode step of a model with up to 16 KV heads converts on the stack: no allocation per token */
+    pending_conv pend_local[64], *pend = NULL;
     size_t n_pend = 0;
     if (!e8kv_is_error(r) && (cache->window > 0 || L->k.group || L->v.group)) {
         /* pages that leave the window in this call: at most n_tok / P + 1 per stream and head */
         const size_t cap = 2 * cache->n_head_kv * (n_tok / cache->page_tokens + 2);
-        pend = malloc(cap * sizeof *pend);
-        if (!pend) r = E8KV_ERR(OUT_OF_MEMORY);
+        pend = cap <= sizeof pend_local / sizeof pend_local[0] ? pend_local : malloc(cap * sizeof *pend);
+        if (!pend || e8kv_cache_reserve_pages(cache, &L->k, 0, raw_pages_leaving(cache, L->k_pages, n0, n1),
+                                              &L->v, 0, raw_pages_leaving(cache, L->v_pages, n0, n1)))
+            r = E8KV_ERR(OUT_OF_MEMORY);
         for (size_t h = 0; h < cache->n_head_kv && !e8kv_is_error(r); h++) {
             r = convert_stream(cache, &L->k, h, L->k_pages + h * M, n0, n1, pend, &n_pend, cap,
                                mean_of(L, 1, h, d));
@@ -791,18 +873,20 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
     }
     if (e8kv_is_error(r)) {
         for (size_t i = 0; i < n_pend; i++)
-            e8kv_free_aligned(pend[i].coded);
-        free(pend);
+            free_page(cache, &pend[i].coded);
+        if (pend != pend_local) free(pend);
         free_pages_from(cache, L, n0);
+        e8kv_cache_compact_pages(cache);
         return r;
     }
     for (size_t i = 0; i < n_pend; i++) {
-        free_page(cache, pend[i].fmt, pend[i].page);
-        pend[i].page->data = pend[i].coded;
-        pend[i].page->raw = 0;
-        cache->page_bytes_alloc += e8kv_aligned_size(kv_page_bytes(cache, pend[i].fmt, 0));
+        free_page(cache, pend[i].page);
+        *pend[i].page = pend[i].coded;
     }
-    free(pend);
+    if (pend != pend_local) free(pend);
+    /* the raw pages just freed leave holes in slabs that stay live (a page that is still inside the window
+     * shares its slab with ones that left it): compact when that adds up (pages.h) */
+    if (n_pend && e8kv_pages_wasteful(&cache->pages)) e8kv_cache_compact_pages(cache);
     L->n_tokens = n1;
     E8KV_RETURN_IF_ERROR(e8kv_evict_after_append(cache, layer, n_tok));
     return L->n_tokens + L->n_evicted;
@@ -922,6 +1006,7 @@ size_t e8kv_cache_remove(e8kv_cache *cache, size_t pos, size_t n) {
         if (L->n_tokens > n_max) n_max = L->n_tokens;
     }
     free(enc);
+    e8kv_cache_compact_pages(cache);
     return e8kv_is_error(r) ? r : n_max;
 }
 
@@ -946,6 +1031,7 @@ size_t e8kv_cache_truncate(e8kv_cache *cache, size_t n_keep) {
         }
         if (L->n_tokens + L->n_evicted > n_max) n_max = L->n_tokens + L->n_evicted;
     }
+    e8kv_cache_compact_pages(cache);
     return n_max;
 }
 
@@ -955,7 +1041,7 @@ void e8kv_cache_clear(e8kv_cache *cache) {
 
 size_t e8kv_cache_bytes(const e8kv_cache *cache) {
     if (!cache) return 0;
-    return cache->page_bytes_alloc + cache->fixed_bytes + cache->index_bytes;
+    return e8kv_pages_bytes(&cache->pages) + cache->fixed_bytes + cache->index_bytes;
 }
 
 size_t e8kv_cache_fixed_bytes(const e8kv_cache *cache) {

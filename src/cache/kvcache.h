@@ -3,7 +3,8 @@
  * Storage, per layer, per KV head, separately for K and V: a table of n_page_max page pointers. A page
  * holds page_tokens consecutive token vectors of one stream, contiguous, each exactly vector_bytes of
  * the stream's codec (codes and side information together, as the codec lays them out). Pages are
- * allocated on first write and freed by truncate/clear, so e8kv_cache_bytes() tracks what really lives.
+ * allocated on first write and freed by truncate/clear/eviction, from the cache's slab allocator
+ * (pages.h), and e8kv_cache_bytes() counts the slabs it holds, so it tracks what really lives.
  *
  * A page is "raw" (the original f32 vectors) while any of its tokens is inside the full-precision recent
  * window; once the window has moved past its last token it is encoded in place of the raw copy.
@@ -14,6 +15,7 @@
 
 #include "quant/codec.h"
 #include "calib.h"
+#include "pages.h"
 
 #include <pthread.h>
 
@@ -27,6 +29,7 @@
 typedef struct {
     uint8_t *data;   /* NULL when not allocated */
     uint8_t raw;     /* 1: original f32 vectors (page_tokens * head_dim floats); 0: codec bytes */
+    uint32_t slab;   /* the slab holding data (pages.h) */
 } kv_page;
 
 /* Formats with a fused page reader in attention_avx2.c (others go through the codec's decode): the
@@ -136,7 +139,15 @@ void e8kv_evict_reset(struct e8kv_cache *c, kv_layer *L);
 size_t e8kv_evict_after_append(struct e8kv_cache *c, size_t l, size_t n_new);
 /* Free every page whose first slot is >= n_keep in both streams of L (kvcache.c). */
 void e8kv_cache_free_pages_from(struct e8kv_cache *c, kv_layer *L, size_t n_keep);
-
+/* A zeroed page for pg from c's allocator (raw: f32 vectors, else f's codes); 0 or OUT_OF_MEMORY. */
+size_t e8kv_cache_alloc_page(struct e8kv_cache *c, const kv_format *f, kv_page *pg, int raw);
+/* Reserve nk pages of K's format fk (raw f32 pages when rk) and nv of V's, so that they come from as few
+ * slabs as possible (pages.h): one reservation when both are the same size. 0, or 1 when out of memory. */
+int e8kv_cache_reserve_pages(struct e8kv_cache *c, const kv_format *fk, int rk, size_t nk,
+                             const kv_format *fv, int rv, size_t nv);
+/* After frees: empty the sparse slabs into the others so they go back to the system (pages.h); the pages'
+ * contents are unchanged, their addresses move. */
+void e8kv_cache_compact_pages(struct e8kv_cache *c);
 
 struct e8kv_cache {
     size_t n_layer, n_head_kv, head_dim, n_ctx;
@@ -174,7 +185,7 @@ struct e8kv_cache {
     kv_layer *layers;
     e8kv_codec *codecs[E8KV_CACHE_MAX_CODECS]; /* unique codecs, owned */
     size_t n_codecs;
-    size_t page_bytes_alloc; /* bytes of every live page allocation (aligned sizes) */
+    kv_pages pages;          /* the allocator of every page (pages.h): its slabs are the pages' bytes */
     size_t fixed_bytes;      /* page tables, layer array, sink buffers, the struct itself */
     kv_evict_cfg ev;         /* eviction (evict.c); ev.scorer == KV_EVICT_NONE: off */
     size_t index_bytes;      /* the kept positions' index (kv_layer.pos) of every layer */

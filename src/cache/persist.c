@@ -433,15 +433,6 @@ static size_t get_f32s(rbuf *r, float *dst, size_t n) {
     return e8kv_all_finite(dst, n) ? 0 : E8KV_ERR(CORRUPTED);
 }
 
-static size_t alloc_page(e8kv_cache *c, const kv_format *f, kv_page *pg, int raw) {
-    const size_t nb = kv_page_bytes(c, f, raw);
-    pg->data = e8kv_calloc_aligned(nb);
-    if (!pg->data) return E8KV_ERR(OUT_OF_MEMORY);
-    pg->raw = (uint8_t)raw;
-    c->page_bytes_alloc += e8kv_aligned_size(nb);
-    return 0;
-}
-
 /* Codes from a file are untrusted: bytes that no encode writes (an f16 payload or a scale field that is NaN
  * or Inf) would decode to NaN/Inf inside attention. Every row is decoded once (in the rotated domain,
  * which keeps finite values finite) and must be finite. */
@@ -499,6 +490,12 @@ static size_t load_layer(rbuf *r, e8kv_cache *c, kv_layer *L) {
     const uint8_t *map = NULL;
     if (n_used > (size_t)(r->end - r->p) / 2 / c->n_head_kv) return E8KV_ERR(CORRUPTED);
     E8KV_RETURN_IF_ERROR(take(r, &map, 2 * c->n_head_kv * n_used));
+    size_t n_st[2][2] = {{0}}; /* [is_k][raw]: the pages the map asks for (checked below) */
+    for (size_t j = 0; j < 2 * c->n_head_kv * n_used; j++)
+        if (map[j] == PAGE_RAW || map[j] == PAGE_CODED) n_st[j < c->n_head_kv * n_used][map[j] == PAGE_RAW]++;
+    if (e8kv_cache_reserve_pages(c, &L->k, 0, n_st[1][0], &L->v, 0, n_st[0][0]) ||
+        e8kv_cache_reserve_pages(c, &L->k, 1, n_st[1][1], &L->v, 1, n_st[0][1]))
+        return E8KV_ERR(OUT_OF_MEMORY);
     for (int is_k = 1; is_k >= 0; is_k--) {
         kv_page *tab = is_k ? L->k_pages : L->v_pages;
         const kv_format *f = is_k ? &L->k : &L->v;
@@ -509,7 +506,8 @@ static size_t load_layer(rbuf *r, e8kv_cache *c, kv_layer *L) {
                     (st != PAGE_ABSENT) != page_expected(c, i, n_tokens))
                     return E8KV_ERR(CORRUPTED);
                 if (st != PAGE_ABSENT)
-                    E8KV_RETURN_IF_ERROR(alloc_page(c, f, &tab[h * c->n_page_max + i], st == PAGE_RAW));
+                    E8KV_RETURN_IF_ERROR(
+                        e8kv_cache_alloc_page(c, f, &tab[h * c->n_page_max + i], st == PAGE_RAW));
             }
     }
     for (int is_k = 1; is_k >= 0; is_k--) {
