@@ -370,27 +370,30 @@ static void test_rope(void **state) {
             }
             e8kv_rope_free(r);
         }
-    /* the twins alone, on rows whose base and offsets are arbitrary */
+    /* the twins alone, from an arbitrary angle and step (the state they leave included) */
     if (!e8kv_cpu_has_avx2()) return;
     for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
         for (int neox = 0; neox <= 1; neox++) {
             const size_t d = dims[di], half = d / 2, rows = 9;
-            double cb[64], sb[64], ct[9 * 64], st[9 * 64];
+            double c1[64], s1[64], c2[64], s2[64], dc[64], ds[64];
             float a[9 * 2 * 128], b[9 * 2 * 128];
             for (size_t i = 0; i < half; i++) {
-                const double u = e8kv_rng_normal(&rng);
-                cb[i] = cos(u);
-                sb[i] = sin(u);
-            }
-            for (size_t i = 0; i < rows * half; i++) {
-                const double u = e8kv_rng_normal(&rng);
-                ct[i] = cos(u);
-                st[i] = sin(u);
+                const double u = e8kv_rng_normal(&rng), v = e8kv_rng_normal(&rng);
+                c1[i] = c2[i] = cos(u);
+                s1[i] = s2[i] = sin(u);
+                dc[i] = cos(v);
+                ds[i] = sin(v);
             }
             for (size_t i = 0; i < rows * 2 * d; i++) a[i] = b[i] = (float)e8kv_rng_normal(&rng);
-            e8kv_rope_rows_ref(a, rows, 2, d, neox, cb, sb, ct, st);
-            e8kv_rope_rows_avx2(b, rows, 2, d, neox, cb, sb, ct, st);
+            e8kv_rope_rows_ref(a, rows, 2, d, neox, c1, s1, dc, ds);
+            e8kv_rope_rows_avx2(b, rows, 2, d, neox, c2, s2, dc, ds);
             assert_memory_equal(a, b, rows * 2 * d * sizeof(float));
+            assert_memory_equal(c1, c2, half * sizeof(double));
+            assert_memory_equal(s1, s2, half * sizeof(double));
+            e8kv_rope_rows_ref(NULL, 5, 0, d, neox, c1, s1, dc, ds); /* advancing alone */
+            e8kv_rope_rows_avx2(NULL, 5, 0, d, neox, c2, s2, dc, ds);
+            assert_memory_equal(c1, c2, half * sizeof(double));
+            assert_memory_equal(s1, s2, half * sizeof(double));
         }
     /* bad parameters are named errors */
     size_t err = 0;

@@ -18,18 +18,17 @@
 #define E8KV_NO_FP_CONTRACT_BODY
 #endif
 
-/* positions per base angle: position p turns by the base 64·floor(p / 64) (double) then offset p mod 64 */
+/* positions per base angle: position p's angle is that of 64·floor(p / 64) turned p mod 64 times */
 #define E8KV_ROPE_BLOCK 64
 
-/* n rows x (each n_vec head vectors of d floats, rows contiguous) at consecutive positions of one block:
- * row t's angle = base (cb, sb: cos and sin, d/2 each) turned by the offset table's row t (ct, st: rows of
- * d/2, the caller points them at the first row's offset), in double: C = (float)(cb·ct − sb·st), S =
- * (float)(sb·ct + cb·st) per pair, then (x0, x1) -> (x0·C − x1·S, x0·S + x1·C) in float; neox: pairs
- * (i, i + d/2), else (2i, 2i + 1). The twins do the same IEEE operations one by one (no FMA) and give the
- * same bits; _avx2 needs d % 16 == 0 and falls back to _ref otherwise. */
-void e8kv_rope_rows_ref(float *restrict x, size_t n, size_t n_vec, size_t d, int neox, const double *restrict cb,
-                        const double *restrict sb, const double *restrict ct, const double *restrict st);
-void e8kv_rope_rows_avx2(float *restrict x, size_t n, size_t n_vec, size_t d, int neox, const double *restrict cb,
-                         const double *restrict sb, const double *restrict ct, const double *restrict st);
+/* n rows x (each n_vec head vectors of d floats, rows contiguous) at consecutive positions: row t turns
+ * pair i by the angle whose cos, sin are cc[i], ss[i] (double) rounded to float, (x0, x1) -> (x0·C − x1·S,
+ * x0·S + x1·C) in float, then (cc, ss) advance one position by the step (dc, ds) in double; neox: pairs
+ * (i, i + d/2), else (2i, 2i + 1). n_vec = 0 (x unused) only advances. The twins do the same IEEE operations
+ * one by one (no FMA) and give the same bits; _avx2 needs d % 16 == 0 and falls back to _ref otherwise. */
+void e8kv_rope_rows_ref(float *restrict x, size_t n, size_t n_vec, size_t d, int neox, double *restrict cc,
+                        double *restrict ss, const double *restrict dc, const double *restrict ds);
+void e8kv_rope_rows_avx2(float *restrict x, size_t n, size_t n_vec, size_t d, int neox, double *restrict cc,
+                         double *restrict ss, const double *restrict dc, const double *restrict ds);
 
 #endif
