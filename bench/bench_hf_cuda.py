@@ -48,15 +48,16 @@ def build(quick):
     return model
 
 
-def make_cache(model, kind, batch, ctx, pad):
-    """A cache of `kind` holding `ctx` random tokens per sequence, room for `pad` more."""
+def make_cache(model, kind, batch, ctx, pad, max_chunk=1):
+    """A cache of `kind` holding `ctx` random tokens per sequence, room for `pad` more (e8kv: chunks of up to
+    max_chunk tokens with a past)."""
     cfg = model.config
     L, H, D = cfg.num_hidden_layers, cfg.num_key_value_heads, 128
     g = torch.Generator(device="cuda").manual_seed(0)
     if kind == "dynamic":
         cfg._attn_implementation = "sdpa"
         cache = DynamicCache(config=cfg)
-        for layer in range(L):
+        for layer in range(L if ctx else 0):
             k = torch.randn((batch, H, ctx, D), generator=g, device="cuda", dtype=torch.bfloat16)
             cache.update(k, torch.randn_like(k), layer)
         return cache
@@ -67,7 +68,10 @@ def make_cache(model, kind, batch, ctx, pad):
             k = torch.randn((batch, H, ctx, D), generator=g, device="cuda", dtype=torch.bfloat16)
             cache.update(k, torch.randn_like(k), layer)
         return cache
-    cache = e8kv.hf.E8KVCache(cfg, kind, device="cuda", max_batch_size=batch, max_cache_len=ctx + pad, max_chunk=1)
+    cache = e8kv.hf.E8KVCache(cfg, kind, device="cuda", max_batch_size=batch, max_cache_len=ctx + pad,
+                              max_chunk=max_chunk)
+    if ctx == 0:
+        return cache
     rows = max(1, min(batch, (1 << 28) // (H * ctx * D)))  # ~0.5 GB of bf16 per piece
     for layer in range(L):
         for r0 in range(0, batch, rows):
@@ -174,6 +178,57 @@ def measure(model, kind, mode, batch, ctx, steps, out, prof=False):
     return rec
 
 
+def measure_prefill(model, kind, ctx, chunk, out, reps=3):
+    """Eager prefill, batch 1: chunk == 0, a ctx-token prompt on an empty cache (e8kv: SDPA over the prompt's
+    exact K/V, then its append); chunk > 0, chunks of `chunk` tokens after a ctx-token past (random K/V;
+    e8kv: one attention row per token through the decode kernel). ms = median of reps after one warm-up;
+    only the last position's logits are computed (logits_to_keep=1)."""
+    rec = {"cache": kind, "mode": "prefill" if chunk == 0 else "chunk", "batch": 1, "ctx": ctx, "chunk": chunk,
+           "device": torch.cuda.get_device_name()}
+    torch.cuda.synchronize()
+    gc.collect()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    cache = None
+    times = []
+    try:
+        n_tok = ctx if chunk == 0 else chunk
+        ids = torch.full((1, n_tok), 17, dtype=torch.long, device="cuda")
+        if chunk:
+            cache = make_cache(model, kind, 1, ctx, chunk * (reps + 1) + 8, max_chunk=chunk)
+        with torch.no_grad():
+            for r in range(reps + 1):
+                if chunk == 0:
+                    if cache is not None:
+                        release(model, cache)
+                    cache = make_cache(model, kind, 1, 0, ctx + 8, max_chunk=64)
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                torch.cuda.synchronize()
+                if r:
+                    times.append(time.perf_counter() - t)
+        times.sort()
+        ms = 1e3 * times[len(times) // 2]
+        rec.update(ms=round(ms, 3), tok_s=round(n_tok / ms * 1e3, 1),
+                   peak_gb=round((torch.cuda.max_memory_allocated() + cache_bytes(cache)) / 1e9, 2), ok=True)
+        if isinstance(cache, e8kv.hf.E8KVCudaCache):
+            cache.check()
+    except (torch.OutOfMemoryError, e8kv.E8KVError) as e:
+        rec.update(ok=False, error=str(e)[:200])
+    finally:
+        if cache is not None:
+            release(model, cache)
+        del cache
+        gc.collect()
+        torch.cuda.empty_cache()
+    log(json.dumps(rec))
+    if out:
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+    return rec
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -181,7 +236,8 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--budget", type=float, default=1e9, help="seconds: stop starting new cases after this")
     ap.add_argument("--parts", default="main,fit,small",
-                    help="main (8 x long, every cache and mode), floor (compiled at 8 x 64), fit (largest batch at long), small (batch 1, "
+                    help="main (8 x long, every cache and mode), floor (compiled at 8 x 64), prefill (eager, batch 1: a short and a long "
+                         "prompt on an empty cache, 64-token chunks after a long past), fit (largest batch at long), small (batch 1, "
                          "short context), again (DynamicCache and e8box:4 eager at 8 x long once more)")
     ap.add_argument("--kinds", default="dynamic,static,e8box:4,e8p:2", help="caches of the main and small parts")
     ap.add_argument("--fit-kinds", default="dynamic,static,e8box:4,e8p:2")
@@ -244,6 +300,13 @@ def main():
         for kind in kinds:
             if kind != "dynamic":
                 go(kind, "compiled", 1, big)
+    if "prefill" in parts:  # eager prefill of a prompt, then 64-token chunks after a long past
+        for kind in kinds:
+            if kind == "static" or time.time() - T0 > args.budget:
+                continue
+            for c in (small, big):
+                measure_prefill(model, kind, c, 0, out)
+            measure_prefill(model, kind, big, 64, out)
     if "again" in parts:
         go("dynamic", "eager", 8, big)
     log("done")
