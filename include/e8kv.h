@@ -455,10 +455,12 @@ size_t e8kv_rope_bytes(const e8kv_rope *rope);
  *   budget=N             also evict at append when a layer holds more than N + page tokens, down to N (the
  *                        appending call's tokens are kept; scorers needing queries use keykey there)
  *   evictA-B=F           the fraction of layers A..B ("evictA=F" one layer)
- *   evict-high, evict-balanced, evict-max
- *                        presets of eviction + calibrated E8 codes, measured at 10.3x, 17.4x and 33.5x of
- *                        f16 on 1600-token prefixes of SmolLM2-135M (e8kv_cache_preset_spec; BENCHMARKS.md);
- *                        they use auto=e8tv (params.calib with sensitivities) and snapkv (queries)
+ *   evict-high, evict-balanced, evict-max, evict-safe
+ *                        presets of eviction + calibrated E8 codes, measured at 10.3x, 17.4x, 33.5x and 6.4x
+ *                        of f16 on 1600-token prefixes of SmolLM2-135M (e8kv_cache_preset_spec;
+ *                        BENCHMARKS.md); evict-safe (half evicted) is the one that kept f16's passkey recall
+ *                        at every depth of 1K-token prompts; they use auto=e8tv (params.calib with
+ *                        sensitivities) and snapkv (queries)
  * The first max(sink, 1) positions are never evicted. Kept tokens keep their positions (RoPE phases):
  * the cache stores each kept slot's position per KV head (4 bytes, in e8kv_cache_bytes), and slots are
  * compacted into the first pages so that the pages after them are freed. Positions stay the caller's:

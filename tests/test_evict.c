@@ -325,7 +325,8 @@ static void test_evict_spec(void **state) {
                           "e8:4,evict=keykey:0.5,evict0-1=0.25",
                           "evict-high",
                           "evict-balanced",
-                          "evict-max"};
+                          "evict-max",
+                          "evict-safe"};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         size_t err = 0;
         e8kv_cache *c = make(good[i], 64, &err);
@@ -336,6 +337,7 @@ static void test_evict_spec(void **state) {
         e8kv_cache_free(c);
     }
     assert_non_null(e8kv_cache_preset_spec("evict-max"));
+    assert_string_equal(e8kv_cache_preset_spec("evict-safe"), "auto=e8tv:4,sink=1,evict=snapkv:0.5");
     /* token-group formats code groups of tokens together: eviction, which moves single tokens, is refused */
     {
         const e8kv_cache_params gp = {
