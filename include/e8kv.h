@@ -459,8 +459,8 @@ size_t e8kv_rope_bytes(const e8kv_rope *rope);
  *                        presets of eviction + calibrated E8 codes, measured at 10.3x, 17.4x, 33.5x and 6.4x
  *                        of f16 on 1600-token prefixes of SmolLM2-135M (e8kv_cache_preset_spec;
  *                        BENCHMARKS.md); evict-safe (half evicted) is the one that kept f16's passkey recall
- *                        at every depth of 1K-token prompts; they use auto=e8tv (params.calib with
- *                        sensitivities) and snapkv (queries)
+ *                        at every depth of 1K-token prompts (not of 2K-token ones); they use auto=e8tv
+ *                        (params.calib with sensitivities) and snapkv (queries)
  * The first max(sink, 1) positions are never evicted. Kept tokens keep their positions (RoPE phases):
  * the cache stores each kept slot's position per KV head (4 bytes, in e8kv_cache_bytes), and slots are
  * compacted into the first pages so that the pages after them are freed. Positions stay the caller's:

@@ -52,7 +52,8 @@ static const preset k_presets[] = {
     {"evict-balanced", "auto=e8tv:3.5,sink=1,evict=snapkv:0.84", NULL},
     {"evict-max", "auto=e8tv:4,sink=1,evict=snapkv:0.92", NULL},
     /* half the prefix evicted: 6.4x at a 1600-token prefix, and the only eviction measured to keep f16's
-     * passkey recall at every depth of 1K-token prompts (the presets above lose it; BENCHMARKS.md) */
+     * passkey recall at every depth of 1K-token prompts (the presets above lose it); at 2K-token prompts
+     * it loses it too (BENCHMARKS.md) */
     {"evict-safe", "auto=e8tv:4,sink=1,evict=snapkv:0.5", NULL},
 };
 
