@@ -413,8 +413,8 @@ e8kv_context *e8kv_context_create(const e8kv_model *m, const e8kv_context_params
     c->hb2 = falloc(B * cfg->hidden_dim);
     if (!c->rope || !c->x || !c->xb || !c->q || !c->k || !c->v || !c->att || !c->hb ||
         !c->hb2) {
+        *err = c->rope ? E8KV_ERR(OUT_OF_MEMORY) : rerr; /* before the free: c goes with it */
         e8kv_context_free(c);
-        *err = c->rope ? E8KV_ERR(OUT_OF_MEMORY) : rerr;
         return NULL;
     }
     openblas_set_num_threads(1); /* the pool's items call it: one thread each, no second pool */

@@ -31,9 +31,12 @@ e8kv_rope *e8kv_rope_create(size_t head_dim, float theta, int neox, size_t *err)
         r->head_dim = head_dim;
         r->neox = neox ? 1 : 0;
         r->avx2 = e8kv_cpu_has_avx2();
-        if (!(r->inv_freq = malloc(3 * half * sizeof *r->inv_freq))) e = E8KV_ERR(OUT_OF_MEMORY);
-        r->dc = r->inv_freq + half;
-        r->ds = r->inv_freq + 2 * half;
+        if (!(r->inv_freq = malloc(3 * half * sizeof *r->inv_freq))) {
+            e = E8KV_ERR(OUT_OF_MEMORY);
+        } else {
+            r->dc = r->inv_freq + half;
+            r->ds = r->inv_freq + 2 * half;
+        }
         for (size_t i = 0; i < half && !e; i++) {
             r->inv_freq[i] = pow((double)theta, -2.0 * (double)i / (double)head_dim);
             r->dc[i] = cos(r->inv_freq[i]);
