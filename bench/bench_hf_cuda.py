@@ -122,12 +122,26 @@ def profile_steps(fn, tok, cache, n=3):
                     for us, c, k in kernels[:8]]}
 
 
-def measure(model, kind, mode, batch, ctx, steps, out, prof=False):
-    warm = 4 if mode == "compiled" else 2
+def emit(rec, out):
+    """Log one result and append it to the JSON-lines file (written as it goes)."""
+    log(json.dumps(rec))
+    if out:
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+    return rec
+
+
+def fresh_device():
+    """Free what the last case left and reset the peak-memory counter."""
     torch.cuda.synchronize()
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
+
+
+def measure(model, kind, mode, batch, ctx, steps, out, prof=False):
+    warm = 4 if mode == "compiled" else 2
+    fresh_device()
     cache = None
     rec = {"cache": kind, "mode": mode, "batch": batch, "ctx": ctx, "device": torch.cuda.get_device_name()}
     try:
@@ -171,11 +185,7 @@ def measure(model, kind, mode, batch, ctx, steps, out, prof=False):
             torch._dynamo.reset()
         gc.collect()
         torch.cuda.empty_cache()
-    log(json.dumps(rec))
-    if out:
-        out.write(json.dumps(rec) + "\n")
-        out.flush()
-    return rec
+    return emit(rec, out)
 
 
 def measure_prefill(model, kind, ctx, chunk, out, reps=3):
@@ -185,10 +195,7 @@ def measure_prefill(model, kind, ctx, chunk, out, reps=3):
     only the last position's logits are computed (logits_to_keep=1)."""
     rec = {"cache": kind, "mode": "prefill" if chunk == 0 else "chunk", "batch": 1, "ctx": ctx, "chunk": chunk,
            "device": torch.cuda.get_device_name()}
-    torch.cuda.synchronize()
-    gc.collect()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+    fresh_device()
     cache = None
     times = []
     try:
@@ -222,11 +229,7 @@ def measure_prefill(model, kind, ctx, chunk, out, reps=3):
         del cache
         gc.collect()
         torch.cuda.empty_cache()
-    log(json.dumps(rec))
-    if out:
-        out.write(json.dumps(rec) + "\n")
-        out.flush()
-    return rec
+    return emit(rec, out)
 
 
 def main():
@@ -287,10 +290,7 @@ def main():
                 rec = {"cache": kind, "largest_batch": last["batch"], "ctx": big, "ms": last["ms"],
                        "tok_s": last["tok_s"], "peak_gb": last["peak_gb"], "device": last["device"],
                        "next_tried_failed": r is not None and not r["ok"]}
-                log(json.dumps(rec))
-                if out:
-                    out.write(json.dumps(rec) + "\n")
-                    out.flush()
+                emit(rec, out)
                 if kind != "dynamic" and last["batch"] != 8:
                     go(kind, "compiled", last["batch"], big)
     if "small" in parts:
