@@ -588,7 +588,7 @@ static void free_page(e8kv_cache *c, kv_page *pg) {
 }
 
 /* A zeroed page for pg (raw: f32 vectors, else f's codes); 0 or OUT_OF_MEMORY (pg unchanged). */
-static size_t alloc_page(e8kv_cache *c, const kv_format *f, kv_page *pg, int raw) {
+size_t e8kv_cache_alloc_page(e8kv_cache *c, const kv_format *f, kv_page *pg, int raw) {
     uint32_t slab = 0;
     uint8_t *data = e8kv_pages_alloc(&c->pages, kv_page_bytes(c, f, raw), &slab);
     if (!data) return E8KV_ERR(OUT_OF_MEMORY);
@@ -596,10 +596,6 @@ static size_t alloc_page(e8kv_cache *c, const kv_format *f, kv_page *pg, int raw
     pg->slab = slab;
     pg->raw = (uint8_t)raw;
     return 0;
-}
-
-size_t e8kv_cache_alloc_page(e8kv_cache *c, const kv_format *f, kv_page *pg, int raw) {
-    return alloc_page(c, f, pg, raw);
 }
 
 /* The allocator names the slabs to empty; every table entry pointing into one moves (kvcache.h). */
@@ -693,7 +689,7 @@ void e8kv_cache_read_group(const kv_format *f, const uint8_t *page, size_t slot,
  * of its tokens in place of the originals; it is coded again once full. */
 static size_t reopen_group_page(e8kv_cache *c, const kv_format *f, kv_page *pg) {
     kv_page raw = {0};
-    E8KV_RETURN_IF_ERROR(alloc_page(c, f, &raw, 1));
+    E8KV_RETURN_IF_ERROR(e8kv_cache_alloc_page(c, f, &raw, 1));
     e8kv_cache_read_group(f, pg->data, 0, c->page_tokens, (float *)(void *)raw.data);
     free_page(c, pg);
     *pg = raw;
@@ -711,7 +707,7 @@ static size_t append_stream(e8kv_cache *c, const kv_format *f, size_t h, kv_page
         }
         kv_page *pg = &tab[pos / P];
         if (pg->data && !pg->raw && f->group) E8KV_RETURN_IF_ERROR(reopen_group_page(c, f, pg));
-        if (!pg->data) E8KV_RETURN_IF_ERROR(alloc_page(c, f, pg, c->window > 0 || f->group));
+        if (!pg->data) E8KV_RETURN_IF_ERROR(e8kv_cache_alloc_page(c, f, pg, c->window > 0 || f->group));
         const size_t slot = pos % P;
         if (pg->raw) {
             memcpy((float *)(void *)pg->data + slot * d, x, d * sizeof(float));
@@ -736,7 +732,7 @@ static size_t convert_stream(e8kv_cache *c, const kv_format *f, size_t h, kv_pag
         /* cannot happen: bounded by the pages an append can complete */
         if (*n_pend >= cap) return E8KV_ERR(GENERIC);
         kv_page cp = {0};
-        E8KV_RETURN_IF_ERROR(alloc_page(c, f, &cp, 0));
+        E8KV_RETURN_IF_ERROR(e8kv_cache_alloc_page(c, f, &cp, 0));
         pend[(*n_pend)++] = (pending_conv){pg, cp};
         uint8_t *const coded = cp.data;
         float *raw = (float *)(void *)pg->data;
