@@ -56,30 +56,42 @@ static void dump_trampoline(void *user, size_t layer, const float *k, const floa
     if (g->active) g->fn(g->user, layer, k, v, n_tok, pos0);
 }
 
-/* Prefix mode: every layer's queries (before RoPE) of the prefix, for the scorers that need them. */
-typedef struct {
-    float *q; /* (n_layer, n_pos, q_dim) */
-    size_t n_pos, q_dim;
-    int active;
-} q_capture;
+size_t e8kv_qcap_init(e8kv_qcap *qc, const e8kv_model *m, size_t n_pos) {
+    *qc = (e8kv_qcap){NULL, m->cfg.n_layer, n_pos, m->cfg.n_head * m->cfg.head_dim, 0};
+    qc->q = malloc(qc->n_layer * n_pos * qc->q_dim * sizeof(float));
+    return qc->q ? 0 : E8KV_ERR(OUT_OF_MEMORY);
+}
 
-static void q_capture_hook(void *user, size_t layer, const float *q, size_t n_tok, size_t pos0) {
-    const q_capture *g = user;
-    if (!g->active || pos0 + n_tok > g->n_pos) return;
+void e8kv_qcap_free(e8kv_qcap *qc) {
+    free(qc->q);
+    qc->q = NULL;
+}
+
+void e8kv_qcap_hook(void *user, size_t layer, const float *q, size_t n_tok, size_t pos0) {
+    const e8kv_qcap *g = user;
+    if (!g->active || layer >= g->n_layer || pos0 + n_tok > g->n_pos) return;
     memcpy(g->q + (layer * g->n_pos + pos0) * g->q_dim, q, n_tok * g->q_dim * sizeof(float));
+}
+
+size_t e8kv_qcap_evict(e8kv_qcap *qc, e8kv_cache *kv, size_t n_head, size_t n_q) {
+    if (!qc->q || n_q == 0 || n_q > qc->n_pos) return E8KV_ERR(BAD_ARGUMENT);
+    /* layer l's rows start at l * n_pos; the cache reads them at l * n_q (destination <= source, in order) */
+    for (size_t l = 1; n_q < qc->n_pos && l < qc->n_layer; l++)
+        memmove(qc->q + l * n_q * qc->q_dim, qc->q + l * qc->n_pos * qc->q_dim, n_q * qc->q_dim * sizeof(float));
+    return e8kv_cache_evict(kv, qc->q, n_head, n_q, 0);
 }
 
 /* Prefix mode: prefill, compress, then the scored tokens (logits of every one of them). Returns the
  * forward passes' error or 0; *compressed: the cache's bytes right after the eviction. */
 static size_t eval_prefix(e8kv_context *ctx, float *logits, size_t cap, const int32_t *chunk, size_t prefix,
-                          size_t score, q_capture *qc, size_t n_head, size_t *compressed, size_t *n_kept) {
+                          size_t score, e8kv_qcap *qc, size_t n_head, size_t *compressed, size_t *n_kept) {
     qc->active = 1;
     size_t r = e8kv_context_eval(ctx, NULL, 0, chunk, prefix, prefix);
     qc->active = 0;
     if (e8kv_is_error(r)) return r;
     /* the context owns its cache; eviction is the one change the harness makes to it between passes */
     e8kv_cache *kv = (e8kv_cache *)(uintptr_t)e8kv_context_cache(ctx);
-    r = e8kv_cache_evict(kv, qc->q, n_head, prefix, 0);
+    r = e8kv_qcap_evict(qc, kv, n_head, prefix);
     if (e8kv_is_error(r) && r != E8KV_ERR(BAD_ARGUMENT)) return r; /* BAD_ARGUMENT: the spec does not evict */
     *compressed = e8kv_cache_bytes(kv);
     *n_kept = e8kv_cache_n_kept(kv, 0);
@@ -106,7 +118,7 @@ size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
     /* K and V values a cache holds after one chunk */
     const double n_kv_values = 2.0 * (double)(prefix ? prefix : n_ctx) * (double)m->cfg.n_layer *
                                (double)m->cfg.n_head_kv * (double)m->cfg.head_dim;
-    q_capture qc = {NULL, prefix, m->cfg.n_head * m->cfg.head_dim, 0};
+    e8kv_qcap qc = {0};
 
     memset(results, 0, p->n_specs * sizeof *results);
     for (size_t i = 0; i < p->n_specs; i++) {
@@ -128,10 +140,10 @@ size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens,
     e8kv_context *ctx[E8KV_PPL_MAX_SPECS] = {0};
     cp.kv_hook = NULL;
     if (prefix) {
-        cp.q_hook = q_capture_hook;
+        cp.q_hook = e8kv_qcap_hook;
         cp.q_hook_user = &qc;
-        qc.q = malloc(m->cfg.n_layer * prefix * qc.q_dim * sizeof(float));
-        if (!qc.q) ret = E8KV_ERR(OUT_OF_MEMORY);
+        const size_t qr = e8kv_qcap_init(&qc, m, prefix);
+        if (qr) ret = qr;
     }
     for (size_t i = 0; i < p->n_specs && base; i++) {
         if (results[i].status || !strcmp(results[i].spec, "f32")) continue;
@@ -235,6 +247,6 @@ done:
     free(base_lsm);
     free(lsm);
     free(base_top);
-    free(qc.q);
+    e8kv_qcap_free(&qc);
     return ret;
 }

@@ -68,6 +68,25 @@ typedef struct {
 size_t e8kv_ppl_run(const e8kv_model *m, const int32_t *tokens, size_t n_tokens, const e8kv_ppl_params *p,
                     e8kv_ppl_result *results);
 
+/* The queries of a prefill (before RoPE), for the eviction scorers that need them (snapkv, h2o): pass
+ * e8kv_qcap_hook and the capture as the context's q_hook / q_hook_user, set `active` around the prefill,
+ * then e8kv_qcap_evict. The capture holds up to n_pos positions per layer; a prefill may be shorter. */
+typedef struct {
+    float *q; /* (n_layer, n_pos, q_dim) */
+    size_t n_layer, n_pos, q_dim;
+    int active;
+} e8kv_qcap;
+
+/* 0 or E8KV_ERROR_OUT_OF_MEMORY. */
+size_t e8kv_qcap_init(e8kv_qcap *qc, const e8kv_model *m, size_t n_pos);
+void e8kv_qcap_free(e8kv_qcap *qc);
+void e8kv_qcap_hook(void *user, size_t layer, const float *q, size_t n_tok, size_t pos0);
+/* e8kv_cache_evict with the captured queries of positions 0 .. n_q - 1 (n_q <= n_pos), laid out as it
+ * wants them ((n_layer, n_q, q_dim): the layers are moved together in place when n_q < n_pos, so the
+ * capture is spent until the next prefill fills it again). Returns what e8kv_cache_evict returns
+ * (E8KV_ERROR_BAD_ARGUMENT when the spec does not evict); n_q > n_pos is BAD_ARGUMENT. */
+size_t e8kv_qcap_evict(e8kv_qcap *qc, e8kv_cache *kv, size_t n_head, size_t n_q);
+
 /* Log-softmax of one row of n logits (double accumulation); returns the index of the largest logit. */
 size_t e8kv_log_softmax(float *dst, const float *logits, size_t n);
 

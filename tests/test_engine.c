@@ -225,6 +225,65 @@ static void test_stories_ppl(void **state) {
     e8kv_model_free(m);
 }
 
+/* e8kv_qcap_evict gives the cache each layer's own queries whatever the capture's capacity: a prefill of
+ * n tokens into a capture of n + 37 positions evicts as one of exactly n positions (the logits of the
+ * next token are the same bits), and reading the larger capture as if it were laid out by n (what
+ * e8kv recall did) keeps other tokens. */
+static e8kv_context *evict_after_prefill(const e8kv_model *m, const int32_t *toks, size_t n, size_t cap,
+                                         int raw_layout, float *logits) {
+    e8kv_qcap qc;
+    assert_int_equal(e8kv_qcap_init(&qc, m, cap), 0);
+    const e8kv_context_params p = {.n_ctx = n + 8,
+                                   .kv_spec = "f16,sink=1,evict=snapkv:0.5,page=16,recent=8,obs=16",
+                                   .n_threads = 1,
+                                   .q_hook = e8kv_qcap_hook,
+                                   .q_hook_user = &qc};
+    size_t err = 0;
+    e8kv_context *c = e8kv_context_create(m, &p, &err);
+    if (!c) fail_msg("context: %s", e8kv_error_name(err));
+    qc.active = 1;
+    assert_false(e8kv_is_error(e8kv_context_eval(c, NULL, 0, toks, n, n)));
+    qc.active = 0;
+    e8kv_cache *kv = (e8kv_cache *)(uintptr_t)e8kv_context_cache(c);
+    const size_t kept = raw_layout ? e8kv_cache_evict(kv, qc.q, m->cfg.n_head, n, 0)
+                                   : e8kv_qcap_evict(&qc, kv, m->cfg.n_head, n);
+    assert_false(e8kv_is_error(kept));
+    assert_true(kept < n);
+    assert_false(e8kv_is_error(e8kv_context_eval(c, logits, m->cfg.vocab_size, toks + n, 1, 0)));
+    e8kv_qcap_free(&qc);
+    return c;
+}
+
+static void test_qcap_evict_layout(void **state) {
+    (void)state;
+    e8kv_model *m = load_stories();
+    SKIP_WITHOUT_STORIES(m);
+    enum { N = 200 };
+    int32_t toks[N + 1];
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 17);
+    toks[0] = 1;
+    for (size_t i = 1; i <= N; i++)
+        toks[i] = (int32_t)(2 + e8kv_rng_next(&rng) % (m->cfg.vocab_size - 2));
+    const size_t nv = m->cfg.vocab_size;
+    float *exact = malloc(nv * sizeof *exact), *wide = malloc(nv * sizeof *wide), *raw = malloc(nv * sizeof *raw);
+    e8kv_context_free(evict_after_prefill(m, toks, N, N, 0, exact));
+    e8kv_context_free(evict_after_prefill(m, toks, N, N + 37, 0, wide));
+    e8kv_context_free(evict_after_prefill(m, toks, N, N + 37, 1, raw));
+    assert_memory_equal(exact, wide, nv * sizeof *exact);
+    assert_memory_not_equal(exact, raw, nv * sizeof *exact);
+    /* bad input */
+    e8kv_qcap qc;
+    assert_int_equal(e8kv_qcap_init(&qc, m, 8), 0);
+    assert_error(e8kv_qcap_evict(&qc, NULL, m->cfg.n_head, 9), BAD_ARGUMENT);
+    assert_error(e8kv_qcap_evict(&qc, NULL, m->cfg.n_head, 0), BAD_ARGUMENT);
+    e8kv_qcap_free(&qc);
+    free(exact);
+    free(wide);
+    free(raw);
+    e8kv_model_free(m);
+}
+
 /* Threads: the forward pass (matrix products, SwiGLU, the cache's attention) runs on one pool in
  * pieces that do not depend on the thread count, so 2, 3 and 64 threads give the logits of 1 thread bit
  * for bit: a prefill in batches (the second at pos0 > 0) and single-token decode steps, with f32 and
@@ -679,6 +738,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories_greedy),    cmocka_unit_test(test_stories_batch_equals_decode),
         cmocka_unit_test(test_stories_ppl),       cmocka_unit_test(test_stories_threads_identical),
+        cmocka_unit_test(test_qcap_evict_layout),
         cmocka_unit_test(test_llama2c_malformed), cmocka_unit_test(test_gguf_malformed),
         cmocka_unit_test(test_sampler),           cmocka_unit_test(test_cli_bad_input),
     };

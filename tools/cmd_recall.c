@@ -7,6 +7,7 @@
 #include "cli_util.h"
 #include "e8kv.h"
 #include "model.h"
+#include "ppl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,18 +32,6 @@ static void usage(FILE *f) {
                "  --kv FORMATS   cache specs as in e8kv ppl (default f16); eviction runs after the prompt\n"
                "  --threads N    threads (default: CPUs)   --seed S   passkeys' seed (default 1)\n"
                "  --calib FILE   calibration for the e8t formats   --json   one JSON object per row\n");
-}
-
-typedef struct {
-    float *q; /* (n_layer, n_pos, q_dim) */
-    size_t n_pos, q_dim;
-    int active;
-} q_capture;
-
-static void q_hook(void *user, size_t layer, const float *q, size_t n_tok, size_t pos0) {
-    const q_capture *g = user;
-    if (!g->active || pos0 + n_tok > g->n_pos) return;
-    memcpy(g->q + (layer * g->n_pos + pos0) * g->q_dim, q, n_tok * g->q_dim * sizeof(float));
 }
 
 /* Token ids of a piece of text without BOS; NULL on failure. */
@@ -102,9 +91,9 @@ int e8kv_cmd_recall(int argc, char **argv) {
     const size_t n_max = ctx + 64, nv = cfg->vocab_size;
     int32_t *prompt = malloc(n_max * sizeof *prompt);
     float *logits = malloc(nv * sizeof *logits);
-    q_capture qc = {malloc(cfg->n_layer * n_max * cfg->n_head * cfg->head_dim * sizeof(float)), n_max,
-                    cfg->n_head * cfg->head_dim, 0};
-    if (cal_failed || !intro || !fill || !ques || !prompt || !logits || !qc.q || !n_fi) {
+    e8kv_qcap qc = {0};
+    const size_t qr = e8kv_qcap_init(&qc, m, n_max);
+    if (cal_failed || !intro || !fill || !ques || !prompt || !logits || qr || !n_fi) {
         fprintf(stderr, "%s: setup failed (tokenizer, calibration or memory)\n", WHO);
         goto out;
     }
@@ -119,7 +108,7 @@ int e8kv_cmd_recall(int argc, char **argv) {
                                         .kv_spec = fs.v[s],
                                         .seed = 0,
                                         .n_threads = threads,
-                                        .q_hook = q_hook,
+                                        .q_hook = e8kv_qcap_hook,
                                         .q_hook_user = &qc,
                                         .calib = cal};
         size_t err = 0;
@@ -166,7 +155,7 @@ int e8kv_cmd_recall(int argc, char **argv) {
                 qc.active = 0;
                 e8kv_cache *kvc = (e8kv_cache *)(uintptr_t)e8kv_context_cache(c);
                 if (!e8kv_is_error(r)) {
-                    const size_t e = e8kv_cache_evict(kvc, qc.q, cfg->n_head, n, 0);
+                    const size_t e = e8kv_qcap_evict(&qc, kvc, cfg->n_head, n);
                     if (e8kv_is_error(e) && e8kv_get_error_code(e) != E8KV_ERROR_BAD_ARGUMENT) r = e;
                 }
                 /* greedy answer: the first run of digits must be the key */
@@ -214,7 +203,7 @@ out:
     free(ques);
     free(prompt);
     free(logits);
-    free(qc.q);
+    e8kv_qcap_free(&qc);
     e8kv_calib_free(cal);
     e8kv_model_free(m);
 args_out:
