@@ -20,10 +20,12 @@ def table(path):
         if "largest_batch" in r:
             continue
         bc = f"{r['batch']} × {ctx_str(r['ctx'])}"
+        if r.get("chunk"):  # the prefill part's chunk rows: `chunk` new tokens after ctx of past
+            bc += f" + {r['chunk']}"
         if not r["ok"]:
             print(f"| {r['cache']} | {r['mode']} | {bc} | out of memory | | |")
             continue
-        own = f" ({r['cache_gb']:.2f})" if r["cache_gb"] else ""
+        own = f" ({r['cache_gb']:.2f})" if r.get("cache_gb") else ""  # prefill rows have none
         print(f"| {r['cache']} | {r['mode']} | {bc} | {r['ms']:.1f} | {r['tok_s']:.0f} | {r['peak_gb']:.1f}{own} |")
 
 
