@@ -498,12 +498,65 @@ static void test_evict_save_load(void **state) {
     free(o2);
 }
 
+/* snapkv pools by the maximum over 7 neighbours: the 7 tokens around a key the observation attends to most
+ * are kept whole, even where clusters of keys attended less (each 1/4.5 of it) fill the budget first when
+ * the pooling averages (their mean over 7 then beats the spike's 1/7). Keys before RoPE with no RoPE
+ * (rope_theta 0), one direction e0: query logits are the keys' first coordinate exactly. */
+static void test_evict_snapkv_pools_spans(void **state) {
+    (void)state;
+    const size_t n = 200, spike = 80;
+    const size_t clusters[] = {20, 40, 120, 140, 160};
+    const e8kv_cache_params p = {.n_layer = NL,
+                                 .n_head_kv = HKV,
+                                 .head_dim = D,
+                                 .n_ctx = 256,
+                                 .spec = "f32,page=16,evict=snapkv:0.9,recent=8,obs=16",
+                                 .seed = 7};
+    size_t err = 0;
+    e8kv_cache *c = e8kv_cache_create(&p, &err);
+    assert_non_null(c);
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 5);
+    float *K = rand_vec(&rng, n * HKV * D, 0.1), *V = rand_vec(&rng, n * HKV * D, 1.0);
+    float *Q = calloc(NL * n * NH * D, sizeof *Q);
+    assert_non_null(Q);
+    for (size_t t = 0; t < n; t++)
+        for (size_t h = 0; h < HKV; h++)
+            K[(t * HKV + h) * D] = 0.0f;
+    for (size_t h = 0; h < HKV; h++) {
+        K[(spike * HKV + h) * D] = 11.5f;
+        for (size_t k = 0; k < sizeof clusters / sizeof clusters[0]; k++)
+            for (size_t t = clusters[k]; t < clusters[k] + 7; t++)
+                K[(t * HKV + h) * D] = 10.0f;
+    }
+    for (size_t i = 0; i < NL * n * NH; i++)
+        Q[i * D] = 4.0f; /* logit = 4 · k0 / sqrt(16) = k0 */
+    append_all(c, K, V, 0, n);
+    assert_false(e8kv_is_error(e8kv_cache_evict(c, Q, NH, n, 0)));
+    for (size_t l = 0; l < NL; l++) {
+        const kv_layer *L = &c->layers[l];
+        assert_int_equal(L->n_tokens, 32); /* 20 rounded up to whole pages: 1 + 8 protected, 23 chosen */
+        for (size_t h = 0; h < HKV; h++) {
+            size_t around = 0;
+            for (size_t j = 0; j < L->n_tokens; j++) {
+                const size_t pos = kv_slot_pos(L, h, j);
+                around += pos + 3 >= spike && pos <= spike + 3;
+            }
+            assert_int_equal(around, 7);
+        }
+    }
+    free(K);
+    free(V);
+    free(Q);
+    e8kv_cache_free(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_evict_attention_exact), cmocka_unit_test(test_evict_formats),
         cmocka_unit_test(test_evict_memory),          cmocka_unit_test(test_evict_spec),
         cmocka_unit_test(test_evict_positions),       cmocka_unit_test(test_evict_budget),
-        cmocka_unit_test(test_evict_save_load),
+        cmocka_unit_test(test_evict_save_load),       cmocka_unit_test(test_evict_snapkv_pools_spans),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

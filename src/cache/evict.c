@@ -11,8 +11,11 @@
  *           centred, stand in for queries, each of up to KEYKEY_OBSERVERS evenly spaced keys attends
  *           causally (its own key excluded) and j scores the mean weight it receives from the keys that
  *           see it.
- *   snapkv  the attention of the last `obs` queries of the prefix, summed, then averaged over a window of
- *           SNAPKV_POOL neighbouring slots (Li et al. 2024, "SnapKV", §4.2 clustering by pooling).
+ *   snapkv  the attention of the last `obs` queries of the prefix, summed, then the largest over a window
+ *           of SNAPKV_POOL neighbouring slots (Li et al. 2024, "SnapKV", §4.2 clustering by pooling; max
+ *           pooling as in the authors' code): a token next to an attended one ranks as high as it, so
+ *           attended spans are kept whole. Averaging instead left gaps inside them: a passkey's digits
+ *           kept with one missing, and the greedy answer skipping that digit (BENCHMARKS.md).
  *   h2o     accumulated attention: the sum of the weights from every query given (Zhang et al. 2023,
  *           "H2O: Heavy-Hitter Oracle").
  *   stream  sinks and the newest tokens only (Xiao et al. 2023, "StreamingLLM"): the floor.
@@ -232,14 +235,14 @@ static void score_head(const e8kv_cache *c, const kv_layer *L, size_t h, int sco
                 qv[i] *= scale;
             observe(qv, q_pos0 + t, SIZE_MAX, K, kp, n, d, w, score, NULL);
         }
-    if (scorer == KV_EVICT_SNAPKV) { /* average over SNAPKV_POOL neighbours (cnt as scratch) */
+    if (scorer == KV_EVICT_SNAPKV) { /* the largest of SNAPKV_POOL neighbours (cnt as scratch) */
         for (size_t j = 0; j < n; j++) {
             const size_t a = j >= SNAPKV_POOL / 2 ? j - SNAPKV_POOL / 2 : 0;
             const size_t b = j + SNAPKV_POOL / 2 + 1 < n ? j + SNAPKV_POOL / 2 + 1 : n;
             double s = 0.0;
             for (size_t i = a; i < b; i++)
-                s += score[i];
-            cnt[j] = s / (double)(b - a);
+                s = score[i] > s ? score[i] : s;
+            cnt[j] = s;
         }
         memcpy(score, cnt, n * sizeof *score);
     }
