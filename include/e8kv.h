@@ -447,8 +447,8 @@ size_t e8kv_rope_bytes(const e8kv_rope *rope);
  * Cache spec items (src/cache/evict.c):
  *   evict=SCORER:F       each eviction removes the fraction F (0 <= F < 1) of a layer's tokens, chosen per
  *                        KV head by SCORER: keykey (key-key attention: the keys stand in for queries; no
- *                        queries needed), snapkv (attention of the last `obs` queries given, pooled over 7
- *                        neighbours), h2o (attention accumulated over every query given), stream (sinks and
+ *                        queries needed), snapkv (attention of the last `obs` queries given, max-pooled
+ *                        over 7 neighbours: attended spans are kept whole), h2o (attention accumulated over every query given), stream (sinks and
  *                        the newest tokens only, StreamingLLM). Not with window=.
  *   recent=W             the newest W tokens are never evicted (default 32)
  *   obs=W                snapkv's observation window: the last W queries (default 32)
@@ -456,11 +456,11 @@ size_t e8kv_rope_bytes(const e8kv_rope *rope);
  *                        appending call's tokens are kept; scorers needing queries use keykey there)
  *   evictA-B=F           the fraction of layers A..B ("evictA=F" one layer)
  *   evict-high, evict-balanced, evict-max, evict-safe
- *                        presets of eviction + calibrated E8 codes, measured at 10.3x, 17.4x, 33.5x and 6.4x
+ *                        presets of eviction + calibrated E8 codes, measured at 10.2x, 17.4x, 33.3x and 6.5x
  *                        of f16 on 1600-token prefixes of SmolLM2-135M (e8kv_cache_preset_spec;
- *                        BENCHMARKS.md); evict-safe (half evicted) is the one that kept f16's passkey recall
- *                        at every depth of 1K-token prompts (not of 2K-token ones); they use auto=e8tv
- *                        (params.calib with sensitivities) and snapkv (queries)
+ *                        BENCHMARKS.md); passkey recall: evict-safe (half evicted) 65% / 75% of keys at 1K /
+ *                        2K-token prompts and evict-high 55% / 75%, against f16's 80% / 80%, with the loss at
+ *                        25% depth; they use auto=e8tv (params.calib with sensitivities) and snapkv (queries)
  * The first max(sink, 1) positions are never evicted. Kept tokens keep their positions (RoPE phases):
  * the cache stores each kept slot's position per KV head (4 bytes, in e8kv_cache_bytes), and slots are
  * compacted into the first pages so that the pages after them are freed. Positions stay the caller's:

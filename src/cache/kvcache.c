@@ -51,9 +51,9 @@ static const preset k_presets[] = {
     {"evict-high", "auto=e8tv:4,sink=1,evict=snapkv:0.68", NULL},
     {"evict-balanced", "auto=e8tv:3.5,sink=1,evict=snapkv:0.84", NULL},
     {"evict-max", "auto=e8tv:4,sink=1,evict=snapkv:0.92", NULL},
-    /* half the prefix evicted: 6.4x at a 1600-token prefix, and the only eviction measured to keep f16's
-     * passkey recall at every depth of 1K-token prompts (the presets above lose it); at 2K-token prompts
-     * it loses it too (BENCHMARKS.md) */
+    /* half the prefix evicted: 6.5x at a 1600-token prefix; of the presets the closest to f16's passkey
+     * recall (65% / 75% of keys at 1K / 2K-token prompts against f16's 80%, lost at 25% depth;
+     * BENCHMARKS.md) */
     {"evict-safe", "auto=e8tv:4,sink=1,evict=snapkv:0.5", NULL},
 };
 
