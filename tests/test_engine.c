@@ -229,8 +229,8 @@ static void test_stories_ppl(void **state) {
  * n tokens into a capture of n + 37 positions evicts as one of exactly n positions (the logits of the
  * next token are the same bits), and reading the larger capture as if it were laid out by n (what
  * e8kv recall did) keeps other tokens. */
-static e8kv_context *evict_after_prefill(const e8kv_model *m, const int32_t *toks, size_t n, size_t cap,
-                                         int raw_layout, float *logits) {
+static void evict_after_prefill(const e8kv_model *m, const int32_t *toks, size_t n, size_t cap, int raw_layout,
+                                float *logits) {
     e8kv_qcap qc;
     assert_int_equal(e8kv_qcap_init(&qc, m, cap), 0);
     const e8kv_context_params p = {.n_ctx = n + 8,
@@ -251,7 +251,7 @@ static e8kv_context *evict_after_prefill(const e8kv_model *m, const int32_t *tok
     assert_true(kept < n);
     assert_false(e8kv_is_error(e8kv_context_eval(c, logits, m->cfg.vocab_size, toks + n, 1, 0)));
     e8kv_qcap_free(&qc);
-    return c;
+    e8kv_context_free(c);
 }
 
 static void test_qcap_evict_layout(void **state) {
@@ -259,17 +259,13 @@ static void test_qcap_evict_layout(void **state) {
     e8kv_model *m = load_stories();
     SKIP_WITHOUT_STORIES(m);
     enum { N = 200 };
-    int32_t toks[N + 1];
-    e8kv_rng rng;
-    e8kv_rng_seed(&rng, 17);
-    toks[0] = 1;
-    for (size_t i = 1; i <= N; i++)
-        toks[i] = (int32_t)(2 + e8kv_rng_next(&rng) % (m->cfg.vocab_size - 2));
     const size_t nv = m->cfg.vocab_size;
+    int32_t toks[N + 1];
+    some_tokens(toks, N + 1, nv);
     float *exact = malloc(nv * sizeof *exact), *wide = malloc(nv * sizeof *wide), *raw = malloc(nv * sizeof *raw);
-    e8kv_context_free(evict_after_prefill(m, toks, N, N, 0, exact));
-    e8kv_context_free(evict_after_prefill(m, toks, N, N + 37, 0, wide));
-    e8kv_context_free(evict_after_prefill(m, toks, N, N + 37, 1, raw));
+    evict_after_prefill(m, toks, N, N, 0, exact);
+    evict_after_prefill(m, toks, N, N + 37, 0, wide);
+    evict_after_prefill(m, toks, N, N + 37, 1, raw);
     assert_memory_equal(exact, wide, nv * sizeof *exact);
     assert_memory_not_equal(exact, raw, nv * sizeof *exact);
     /* bad input */
