@@ -20,8 +20,9 @@
  * Built with -DBOX_PROF (bench/build_prof.sh: bench_cuda_prof), each e8box:4 case runs one more call and prints
  * the spread over the blocks of each phase of attn_box_kernel (setup, loop, store, merge) from its stamps.
  *
- * Usage: bench_cuda [--json FILE] [--quick] [--only SHAPE/SPEC/BATCH/CTX,...] [--block N] [--encode]
- * (--only: those cases; --block: tokens per page, a multiple of 16, default 16 as vLLM's) */
+ * Usage: bench_cuda [--json FILE] [--quick] [--only SHAPE/SPEC/BATCH/CTX,...] [--block N] [--sink N] [--encode]
+ * (--only: those cases; --block: tokens per page, a multiple of 16, default 16 as vLLM's; --sink: every format
+ * with sink=N) */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -170,19 +171,25 @@ static void box_prof(e8kv_cuda_cache *c, float *out, const void *q, size_t batch
 }
 #endif
 
-static size_t g_bs = 16;
+static size_t g_bs = 16, g_sink = 0;
 static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, double copy_gbps) {
+    char spec_sink[64];
+    if (g_sink) { /* --sink N: the format with sink=N (its sink rows left zero: what is timed is the same) */
+        snprintf(spec_sink, sizeof spec_sink, "%s,sink=%zu", spec, g_sink);
+        spec = spec_sink;
+    }
     const size_t bs = g_bs, pages = batch * ctx / bs, n_head = sh->n_kv * sh->G, d = sh->d;
     e8kv_cuda_cache_params p;
     memset(&p, 0, sizeof p);
     p.n_layer = 1, p.n_head_kv = sh->n_kv, p.head_dim = d, p.block_size = bs, p.n_blocks = pages;
-    p.spec = spec, p.seed = 42, p.max_ctx = ctx, p.max_seqs = 1, p.max_batch = 32, p.max_n_head = n_head;
+    p.spec = spec, p.seed = 42, p.max_ctx = ctx, p.max_batch = 32, p.max_n_head = n_head;
+    p.max_seqs = batch; /* a sink=N spec's rows: one per sequence (e8kv_cuda_attend: row = batch index) */
     p.max_append = 65536;
     size_t free0, total;
     CU(cudaMemGetInfo(&free0, &total));
-    const size_t vb = !strcmp(spec, "bf16")    ? 2 * d
-                      : !strcmp(spec, "e8p:2") ? 1 + d / 4
-                                               : 1 + (d + 63) / 64 + d / 2;
+    const size_t vb = !strncmp(spec, "bf16", 4)    ? 2 * d
+                      : !strncmp(spec, "e8p:2", 5) ? 1 + d / 4
+                                                   : 1 + (d + 63) / 64 + d / 2;
     const size_t need = pages * bs * sh->n_kv * vb * 2 + ((size_t)1 << 30);
     if (need > free0) {
         printf("%-8s %-8s batch %2zu ctx %6zu: does not fit (%zu MB needed)\n", sh->name, spec, batch, ctx,
@@ -521,6 +528,8 @@ int main(int argc, char **argv) {
             only = argv[++i];
         else if (!strcmp(argv[i], "--block") && i + 1 < argc)
             g_bs = (size_t)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--sink") && i + 1 < argc)
+            g_sink = (size_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--encode"))
             encode = 1;
     }

@@ -20,7 +20,13 @@
  *   e8p:2     the CPU codec e8p:2 (§2.5) after the seeded rotation, same bytes per vector; K and V of a
  *             layer both (a layer pairing it with another format is E8KV_ERROR_SPEC)
  *   bf16, f16 raw pages (no rotation), the CPU codecs bf16 and f16
- * Not on the GPU yet, E8KV_ERROR_SPEC: sink=, window=, rope=pre (keys arrive after RoPE), auto=, eviction,
+ *   sink=N    (N ≤ E8KV_CUDA_SINK_MAX) the first N positions of every sequence are also kept exact, f32, in
+ *             sink rows (as the CPU cache's sink=); attention reads them from there, not from the pages.
+ *             The cache holds max_seqs sink rows per (layer, stream); an owned sequence's row is its id.
+ *             A caller that owns the block tables writes its sequences' first N tokens with
+ *             e8kv_cuda_append_sink_async (as well as into their slots) and names each sequence's row in
+ *             e8kv_cuda_attend_sinks.
+ * Not on the GPU yet, E8KV_ERROR_SPEC: window=, rope=pre (keys arrive after RoPE), auto=, eviction,
  * center=1/all (pages are the codec's bytes, uncentred: center=0), page= (block_size is the parameter),
  * presets and the formats without a GPU page format.
  * head_dim 64 or 128 (E8KV_ERROR_HEAD_DIM otherwise); query heads per KV head 1..8.
@@ -64,7 +70,7 @@ int e8kv_cuda_available(void);
 e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *params, size_t *err);
 void e8kv_cuda_cache_free(e8kv_cuda_cache *cache);
 
-/* Every byte the cache holds on the device (pages, block tables, workspace), as allocated. */
+/* Every byte the cache holds on the device (pages, sink rows, block tables, workspace), as allocated. */
 size_t e8kv_cuda_cache_device_bytes(const e8kv_cuda_cache *cache);
 /* Bytes of one token in the pages: all layers, K and V, all KV heads. */
 size_t e8kv_cuda_cache_token_bytes(const e8kv_cuda_cache *cache);
@@ -112,6 +118,26 @@ size_t e8kv_cuda_attend(e8kv_cuda_cache *cache, size_t layer, float *d_out, cons
                         size_t n_seq, size_t n_head, const int32_t *d_block_tables, size_t max_blocks_per_seq,
                         const int32_t *d_ctx_lens, size_t max_ctx, void *d_workspace, size_t workspace_bytes,
                         void *stream);
+
+/* sink=N caches (e8kv_cuda_cache_sink > 0): the exact rows of positions 0..N-1. Writes n_tok K/V rows (as
+ * in append_slots) into sink slots d_sink_slots[i] = row * N + position (row < max_seqs, position < N;
+ * negative: skipped). Graph-safe like e8kv_cuda_append_slots_async; NaN/Inf set E8KV_CUDA_STATUS_NONFINITE
+ * in *d_status. The same tokens must also be appended to their slots (the pages keep every position's
+ * codes). A cache without sink rows: E8KV_ERROR_SPEC. */
+size_t e8kv_cuda_append_sink_async(e8kv_cuda_cache *cache, size_t layer, const int64_t *d_sink_slots,
+                                   const void *d_k, const void *d_v, size_t n_tok, e8kv_dtype dtype,
+                                   unsigned *d_status, void *stream);
+/* e8kv_cuda_attend with each sequence's sink row: d_sink_rows (n_seq) int32 in [0, max_seqs); a row
+ * outside that range makes the sequence's output NaN. NULL: row s for batch entry s (what
+ * e8kv_cuda_attend does; then n_seq ≤ max_seqs on a sink cache). A cache without sink rows ignores it. */
+size_t e8kv_cuda_attend_sinks(e8kv_cuda_cache *cache, size_t layer, float *d_out, const void *d_q,
+                              e8kv_dtype dtype, size_t n_seq, size_t n_head, const int32_t *d_block_tables,
+                              size_t max_blocks_per_seq, const int32_t *d_ctx_lens, size_t max_ctx,
+                              const int32_t *d_sink_rows, void *d_workspace, size_t workspace_bytes,
+                              void *stream);
+/* N of the spec's sink=N (0: none). */
+size_t e8kv_cuda_cache_sink(const e8kv_cuda_cache *cache);
+#define E8KV_CUDA_SINK_MAX 64
 
 /* ---- sequences owned by the cache ---- */
 /* A new empty sequence: its id, or an error (E8KV_ERROR_CONTEXT_FULL when max_seqs are live). */

@@ -127,6 +127,7 @@ static void cpu_decode(const cpu_fmt *f, float *y, const uint8_t *src) {
 
 typedef struct {
     const char *spec, *kname, *vname;
+    size_t sink; /* the spec's sink=N: positions below it are exact in the reference */
 } spec_case;
 
 static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const size_t *lens, size_t n_seq,
@@ -247,24 +248,27 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
             const float *qq = q + (s * n_head + h) * d;
             double mx = -INFINITY, sum = 0.0, ref[128] = {0}, e2 = 0.0, r2 = 0.0;
             for (size_t t = 0; t < lens[s]; t++) {
+                const float *const kk = (t < sc->sink ? K[s] : DK[s]) + t * row + kh * d;
                 double dot = 0.0;
                 for (size_t i = 0; i < d; i++)
-                    dot += (double)qq[i] * DK[s][t * row + kh * d + i];
+                    dot += (double)qq[i] * kk[i];
                 sc_[t] = dot / sqrt((double)d);
                 mx = sc_[t] > mx ? sc_[t] : mx;
             }
             double vmax = 0.0;
             for (size_t t = 0; t < lens[s]; t++) {
+                const float *const vv = (t < sc->sink ? V[s] : DV[s]) + t * row + kh * d;
                 double n2 = 0.0;
                 for (size_t i = 0; i < d; i++)
-                    n2 += (double)DV[s][t * row + kh * d + i] * DV[s][t * row + kh * d + i];
+                    n2 += (double)vv[i] * vv[i];
                 vmax = fmax(vmax, sqrt(n2));
             }
             for (size_t t = 0; t < lens[s]; t++) {
+                const float *const vv = (t < sc->sink ? V[s] : DV[s]) + t * row + kh * d;
                 const double w = exp(sc_[t] - mx);
                 sum += w;
                 for (size_t i = 0; i < d; i++)
-                    ref[i] += w * DV[s][t * row + kh * d + i];
+                    ref[i] += w * vv[i];
             }
             int finite = 1;
             for (size_t i = 0; i < d; i++) {
@@ -436,6 +440,10 @@ static void test_fork_and_errors(const char *spec, size_t d) {
     const size_t free0 = e8kv_cuda_cache_free_pages(c);
     const size_t b = e8kv_cuda_seq_fork(c, a);
     CHECK(!e8kv_is_error(b) && e8kv_cuda_cache_free_pages(c) == free0, "fork shares pages");
+    CU(cudaMemset(dout, 0xff, sizeof o1));
+    e8kv_cuda_seq_attend(c, 1, dout, dq, E8KV_DTYPE_F32, &b, 1, n_head);
+    CU(cudaMemcpy(o2, dout, n_head * d * 4, cudaMemcpyDeviceToHost));
+    CHECK(!memcmp(o1, o2, n_head * d * 4), "%s: the fork attends unlike its parent", spec);
     /* b writes into the shared partial page: it must be copied, a unchanged */
     for (size_t l = 0; l < 2; l++)
         CHECK(e8kv_cuda_seq_append(c, l, b, (uint8_t *)dx + 40 * row * 4, (uint8_t *)dy + 40 * row * 4, 30,
@@ -489,6 +497,118 @@ static void test_fork_and_errors(const char *spec, size_t d) {
     CHECK(!e8kv_cuda_cache_create(&bad, &err) && e8kv_get_error_code(err) == E8KV_ERROR_SPEC, "mixed e8p");
     bad.spec = spec, bad.head_dim = 96;
     CHECK(!e8kv_cuda_cache_create(&bad, &err) && e8kv_get_error_code(err) == E8KV_ERROR_HEAD_DIM, "head_dim");
+}
+
+/* ---------------------------------------------------------------- 4a: sink rows, caller-owned */
+
+/* sink=N through the serving-engine calls: each sequence's rows appended to its slots and its first N rows
+ * to a sink row of the caller's choosing (here in reverse order), attended with e8kv_cuda_attend_sinks;
+ * the same rows in an owned-sequence cache (row = its id) must give the same floats, bit for bit. A sink
+ * row out of range makes that sequence's output NaN, and the others are untouched. */
+static void test_sink_slots(const char *spec, size_t d, size_t sink) {
+    const size_t n_kv = 2, G = 4, n_head = n_kv * G, bs = 16, n_seq = 3, row = n_kv * d;
+    const size_t lens[3] = {sink > 1 ? sink - 1 : 1, 300, 1100}, width = (1100 + bs - 1) / bs;
+    e8kv_cuda_cache_params p;
+    memset(&p, 0, sizeof p);
+    p.n_layer = 1, p.n_head_kv = n_kv, p.head_dim = d, p.block_size = bs, p.n_blocks = n_seq * width;
+    p.spec = spec, p.seed = rnd(), p.max_seqs = n_seq, p.max_batch = n_seq, p.max_ctx = width * bs;
+    size_t err = 0;
+    e8kv_cuda_cache *a = e8kv_cuda_cache_create(&p, &err), *b = e8kv_cuda_cache_create(&p, &err);
+    CHECK(a && b && e8kv_cuda_cache_sink(a) == sink, "create %s: %s", spec, e8kv_error_name(err));
+    if (!a || !b) {
+        e8kv_cuda_cache_free(a), e8kv_cuda_cache_free(b);
+        return;
+    }
+    unsigned *dstat;
+    CU(cudaMalloc((void **)&dstat, sizeof(unsigned)));
+    CU(cudaMemset(dstat, 0, sizeof(unsigned)));
+    int32_t tables[3 * 69], ctx[3], rows[3];
+    size_t ids[3];
+    float *x = (float *)malloc(1100 * row * sizeof(float)), *y = (float *)malloc(1100 * row * sizeof(float));
+    int64_t *slots = (int64_t *)malloc(1100 * sizeof(int64_t)), *sslots = (int64_t *)malloc(1100 * sizeof(int64_t));
+    int64_t *dslots, *dsslots;
+    CU(cudaMalloc((void **)&dslots, 1100 * sizeof(int64_t)));
+    CU(cudaMalloc((void **)&dsslots, 1100 * sizeof(int64_t)));
+    for (size_t s = 0; s < n_seq; s++) {
+        for (size_t i = 0; i < width; i++)
+            tables[s * width + i] = (int32_t)(i * n_seq + (n_seq - 1 - s)); /* interleaved pages */
+        ctx[s] = (int32_t)lens[s], rows[s] = (int32_t)(n_seq - 1 - s);
+        fill_rows(x, lens[s] * n_kv, d);
+        fill_rows(y, lens[s] * n_kv, d);
+        void *dx = to_device(x, lens[s] * row, E8KV_DTYPE_BF16), *dy = to_device(y, lens[s] * row, E8KV_DTYPE_BF16);
+        for (size_t t = 0; t < lens[s]; t++) {
+            slots[t] = (int64_t)tables[s * width + t / bs] * (int64_t)bs + (int64_t)(t % bs);
+            sslots[t] = t < sink ? (int64_t)(rows[s] * sink + t) : -1;
+        }
+        CU(cudaMemcpy(dslots, slots, lens[s] * sizeof(int64_t), cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dsslots, sslots, lens[s] * sizeof(int64_t), cudaMemcpyHostToDevice));
+        CHECK(e8kv_cuda_append_slots(a, 0, dslots, dx, dy, lens[s], E8KV_DTYPE_BF16) == lens[s], "append_slots");
+        CHECK(e8kv_cuda_append_sink_async(a, 0, dsslots, dx, dy, lens[s], E8KV_DTYPE_BF16, dstat, NULL) == lens[s],
+              "append_sink_async");
+        ids[s] = e8kv_cuda_seq_create(b);
+        CHECK(e8kv_cuda_seq_append(b, 0, ids[s], dx, dy, lens[s], E8KV_DTYPE_BF16) == lens[s], "seq_append");
+        CU(cudaFree(dx));
+        CU(cudaFree(dy));
+    }
+    unsigned stat = 1;
+    CU(cudaMemcpy(&stat, dstat, sizeof stat, cudaMemcpyDeviceToHost));
+    CHECK(stat == 0, "sink append status %u", stat);
+    float *q = (float *)malloc(n_seq * n_head * d * sizeof(float));
+    for (size_t i = 0; i < n_seq * n_head * d; i++)
+        q[i] = gauss();
+    void *dq = to_device(q, n_seq * n_head * d, E8KV_DTYPE_F32);
+    const size_t n_out = n_seq * n_head * d;
+    float *dout, *oa = (float *)malloc(n_out * 4), *ob = (float *)malloc(n_out * 4);
+    int32_t *dt, *dc, *dr;
+    CU(cudaMalloc((void **)&dout, n_out * 4));
+    CU(cudaMalloc((void **)&dt, sizeof tables));
+    CU(cudaMalloc((void **)&dc, sizeof ctx));
+    CU(cudaMalloc((void **)&dr, sizeof rows));
+    CU(cudaMemcpy(dt, tables, sizeof tables, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dc, ctx, sizeof ctx, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dr, rows, sizeof rows, cudaMemcpyHostToDevice));
+    CU(cudaMemset(dout, 0xff, n_out * 4));
+    size_t r = e8kv_cuda_attend_sinks(a, 0, dout, dq, E8KV_DTYPE_F32, n_seq, n_head, dt, width, dc, 1100, dr,
+                                      NULL, 0, NULL);
+    CHECK(r == n_out, "attend_sinks: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "count");
+    CU(cudaMemcpy(oa, dout, n_out * 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemset(dout, 0xff, n_out * 4));
+    r = e8kv_cuda_seq_attend(b, 0, dout, dq, E8KV_DTYPE_F32, ids, n_seq, n_head);
+    CHECK(r == n_out, "seq_attend: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "count");
+    CU(cudaMemcpy(ob, dout, n_out * 4, cudaMemcpyDeviceToHost));
+    CHECK(!memcmp(oa, ob, n_out * 4), "%s d=%zu: caller-owned sink rows attend unlike owned ones", spec, d);
+    /* sequence 1 names a row past max_seqs: its output is NaN, the others' unchanged */
+    rows[1] = (int32_t)n_seq;
+    CU(cudaMemcpy(dr, rows, sizeof rows, cudaMemcpyHostToDevice));
+    CU(cudaMemset(dout, 0, n_out * 4));
+    e8kv_cuda_attend_sinks(a, 0, dout, dq, E8KV_DTYPE_F32, n_seq, n_head, dt, width, dc, 1100, dr, NULL, 0, NULL);
+    CU(cudaMemcpy(ob, dout, n_out * 4, cudaMemcpyDeviceToHost));
+    int nan1 = 1;
+    for (size_t i = n_head * d; i < 2 * n_head * d; i++)
+        nan1 &= isnan(ob[i]);
+    CHECK(nan1 && !memcmp(oa, ob, n_head * d * 4) && !memcmp(oa + 2 * n_head * d, ob + 2 * n_head * d, n_head * d * 4),
+          "a bad sink row: NaN for its sequence alone");
+    /* NaN into a sink row: the status says so */
+    x[3] = NAN;
+    void *dn = to_device(x, row, E8KV_DTYPE_F32);
+    sslots[0] = 0;
+    CU(cudaMemcpy(dsslots, sslots, sizeof(int64_t), cudaMemcpyHostToDevice));
+    e8kv_cuda_append_sink_async(a, 0, dsslots, dn, dn, 1, E8KV_DTYPE_F32, dstat, NULL);
+    CU(cudaMemcpy(&stat, dstat, sizeof stat, cudaMemcpyDeviceToHost));
+    CHECK(e8kv_get_error_code(e8kv_cuda_status_error(stat)) == E8KV_ERROR_NONFINITE, "NaN sink row: status %u", stat);
+    printf("  sink rows %-22s d=%zu: caller-owned = owned %s\n", spec, d, memcmp(oa, ob, n_head * d * 4) ? "NO" : "yes");
+    free(x), free(y), free(slots), free(sslots), free(q), free(oa), free(ob);
+    CU(cudaFree(dn));
+    CU(cudaFree(dslots));
+    CU(cudaFree(dsslots));
+    CU(cudaFree(dq));
+    CU(cudaFree(dout));
+    CU(cudaFree(dt));
+    CU(cudaFree(dc));
+    CU(cudaFree(dr));
+    CU(cudaFree(dstat));
+    e8kv_cuda_cache_free(a);
+    e8kv_cuda_cache_free(b);
 }
 
 /* ---------------------------------------------------------------- 4b: a format per layer */
@@ -559,7 +679,7 @@ static void test_layers(size_t d) {
           e8kv_cuda_cache_token_bytes(c), token_bytes);
     printf("  layers %s d=%zu: %s\n", spec, d, ok ? "bit-exact with each layer's own cache" : "FAILED");
     /* what the GPU cache does not do: a named error, never another cache */
-    const char *refused[] = {"e8box:4,sink=1",      "e8box:4,window=16",   "e8box:4,rope=pre",
+    const char *refused[] = {"e8box:4,sink=65",     "e8box:4,window=16",   "e8box:4,rope=pre",
                              "e8box:4,center=1",    "e8box:4,page=32",     "e8box:4,evict=snapkv:0.5",
                              "balanced",            "e8tv:4",              "auto=e8tv:3",
                              "e8box:3",             "e8:4",                "e8box:4,layer1.k=e8p:2",
@@ -786,11 +906,15 @@ int main(int argc, char **argv) {
     if (getenv("E8KV_TEST_SEED")) g_rng = strtoull(getenv("E8KV_TEST_SEED"), NULL, 0);
     if (!g_rng) g_rng = 1;
     printf("test_cuda: seed 0x%llx\n", (unsigned long long)g_rng);
-    const spec_case cases[] = {{"e8box:4", "e8box:4", "e8box:4"},
-                               {"bf16", "bf16", "bf16"},
-                               {"f16", "f16", "f16"},
-                               {"k=e8box:4,v=bf16", "e8box:4", "bf16"},
-                               {"e8p:2", "e8p:2", "e8p:2"}};
+    const spec_case cases[] = {{"e8box:4", "e8box:4", "e8box:4", 0},
+                               {"bf16", "bf16", "bf16", 0},
+                               {"f16", "f16", "f16", 0},
+                               {"k=e8box:4,v=bf16", "e8box:4", "bf16", 0},
+                               {"e8p:2", "e8p:2", "e8p:2", 0},
+                               {"e8box:4,sink=1", "e8box:4", "e8box:4", 1},
+                               {"e8p:2,sink=4", "e8p:2", "e8p:2", 4},
+                               {"k=e8box:4,v=bf16,sink=40", "e8box:4", "bf16", 40},
+                               {"f16,sink=64", "f16", "f16", 64}};
     const size_t lens_full[] = {1, 15, 16, 17, 100, 777, 3000, 9001};
     const size_t lens_quick[] = {1, 17, 40, 130};
     const size_t *lens = quick ? lens_quick : lens_full;
@@ -817,8 +941,17 @@ int main(int argc, char **argv) {
         run_case(&cases[4], 128, 2, 4, lens, 6, E8KV_DTYPE_BF16, 1, 32);
         run_case(&cases[4], 64, 3, 3, lens, 6, E8KV_DTYPE_F16, 1, 48);
     }
+    /* sink=N: every kernel, N past a tile, a split and a whole sequence (lens 1, 15, 16, 17) */
+    for (size_t ci = 5; ci < 9 && !graph_only; ci++)
+        for (size_t di = 0; di < 2; di++) {
+            if (quick && (ci + di) % 2) continue;
+            run_case(&cases[ci], ds[di], 2, Gs[(ci + di) % 4], lens, n_seq, dts[(ci + di) % 3], 1, 16);
+        }
     for (size_t di = 0; di < 2; di++) {
         if (!graph_only) {
+            test_sink_slots("e8box:4,sink=4", ds[di], 4);
+            test_sink_slots(di ? "e8p:2,sink=1" : "bf16,sink=20", ds[di], di ? 1 : 20);
+            test_fork_and_errors("e8box:4,sink=2", ds[di]);
             test_isolation("e8box:4", ds[di]);
             test_isolation("bf16", ds[di]);
             test_fork_and_errors("e8box:4", ds[di]);

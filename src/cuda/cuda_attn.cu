@@ -278,16 +278,76 @@ template <int N> __device__ __forceinline__ void scale_cols(float (&o)[N][4], fl
     }
 }
 
+/* sink=N: split 0's block asks for its sink rows (to L1) at entry, before its first copies queue up ahead of
+ * them; sink_state reads them later */
+template <int D>
+__device__ __forceinline__ void sink_prefetch(const attn_launch &a, int seq, int kvh, int split) {
+    if (!a.sink_n || split) return;
+    const int ns = min(a.sink_n, a.ctx_lens[seq]);
+    const int row = a.sink_rows ? a.sink_rows[seq] : seq;
+    if (ns <= 0 || row < 0 || row >= a.sink_rows_max) return;
+    constexpr int LPR = D * 4 / 128; /* 128-byte lines per row */
+    for (int i = threadIdx.x; i < 2 * ns * LPR; i += blockDim.x) {
+        const int j = (i / LPR) % ns;
+        const float *const p = (i < ns * LPR ? a.sink_k : a.sink_v) +
+                               ((size_t)row * a.sink_n * a.n_head_kv + (size_t)j * a.n_head_kv + kvh) * D +
+                               32 * (i % LPR);
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
+    }
+}
+
+/* sink=N: the softmax state of a (sequence, KV head)'s G heads over its exact sink rows (positions
+ * 0 .. min(N, ctx) − 1, f32, in the output's domain), a warp per head, stored to sink_o / sink_ml for
+ * merge_last. Split 0's block runs it while its first tiles are in flight. */
+template <int D> __device__ __forceinline__ void sink_state(const attn_launch &a, int seq, int kvh, int G) {
+    constexpr int PL = D / 32;
+    const int ns = min(a.sink_n, a.ctx_lens[seq]);
+    const int row = a.sink_rows ? a.sink_rows[seq] : seq;
+    if (ns <= 0 || row < 0 || row >= a.sink_rows_max) return; /* merge_last: no sink, or a NaN output */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t srow = (size_t)row * a.sink_n * a.n_head_kv + (size_t)kvh;
+    const float scale = rsqrtf((float)D) * LOG2E;
+    for (int r = warp; r < G; r += WARPS) {
+        const size_t h = (size_t)seq * a.n_head + (size_t)kvh * G + r;
+        float q[PL], o[PL], m = -INFINITY, l = 0.0f;
+#pragma unroll
+        for (int k = 0; k < PL; k++)
+            q[k] = e8kv_cuda_load_val(a.q, h * D + lane + 32 * k, a.q_dtype), o[k] = 0.0f;
+#pragma unroll 4
+        for (int j = 0; j < ns; j++) {
+            const float *const kr = a.sink_k + (srow + (size_t)j * a.n_head_kv) * D + lane;
+            const float *const vr = a.sink_v + (srow + (size_t)j * a.n_head_kv) * D + lane;
+            float dot = 0.0f, v[PL];
+#pragma unroll
+            for (int k = 0; k < PL; k++)
+                dot += q[k] * __ldg(kr + 32 * k), v[k] = __ldg(vr + 32 * k);
+            for (int x = 16; x; x >>= 1)
+                dot += __shfl_xor_sync(0xffffffffu, dot, x);
+            dot *= scale;
+            const float mn = fmaxf(m, dot), al = exp2f(m - mn), p = exp2f(dot - mn);
+            l = l * al + p;
+#pragma unroll
+            for (int k = 0; k < PL; k++)
+                o[k] = o[k] * al + p * v[k];
+            m = mn;
+        }
+#pragma unroll
+        for (int k = 0; k < PL; k++)
+            a.sink_o[h * D + lane + 32 * k] = o[k];
+        if (lane == 0) a.sink_ml[2 * h] = m, a.sink_ml[2 * h + 1] = l;
+    }
+}
+
 /* The split-K merge, fused: every block stores its partial state, then takes a ticket; the block that
  * finishes a (sequence, KV head) last merges its n_split states for the G heads (log-sum-exp), undoes
  * the V rotation and writes the output, and sets the counter back to 0 for the next call. The states
  * are read across the warps (split s by warp s mod WARPS, 16-byte loads), so the merge costs a few
  * L2 round trips instead of a second kernel that walks n_split states in a loop. buf: WARPS × 8 × D
  * floats of shared memory that the caller no longer uses. */
-template <int D>
+template <int D, bool SK>
 __device__ __forceinline__ void merge_last(const attn_launch &a, int seq, int kvh, int G,
                                            float (*buf)[8][D]) {
-    __shared__ float sM[8], sL[8];
+    __shared__ float sM[8], sL[8], sW[8];
     __shared__ int s_last;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int n = (int)a.n_split;
@@ -303,23 +363,44 @@ __device__ __forceinline__ void merge_last(const attn_launch &a, int seq, int kv
     if (!s_last) return;
     __threadfence();
     const size_t head0 = (size_t)seq * a.n_head + (size_t)kvh * G;
+    /* sink=N: the sink rows' state (sink_state, stored by split 0) joins the splits' */
+    bool sink = false, bad_row = false;
+    if (SK && a.ctx_lens[seq] > 0) {
+        const int row = a.sink_rows ? a.sink_rows[seq] : seq;
+        bad_row = row < 0 || row >= a.sink_rows_max;
+        sink = !bad_row;
+    }
     /* max and denominator per head: warp r mod WARPS walks head r's splits */
     for (int r = warp; r < G; r += WARPS) {
         const float2 *const ml = reinterpret_cast<const float2 *>(a.part_ml) + (head0 + r) * n;
         float M = -INFINITY;
         for (int s = lane; s < n; s += 32)
             M = fmaxf(M, __ldcg(&ml[s]).x);
+        float2 sml = make_float2(-INFINITY, 0.0f);
+        if constexpr (SK) {
+            if (sink) sml = __ldcg(reinterpret_cast<const float2 *>(a.sink_ml) + head0 + r);
+            M = fmaxf(M, sml.x);
+        }
         for (int o = 16; o; o >>= 1)
             M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
         float L = 0.0f;
-        if (M != -INFINITY)
+        if (M != -INFINITY) {
             for (int s = lane; s < n; s += 32) {
                 const float2 v = __ldcg(&ml[s]);
                 L += exp2f(v.x - M) * v.y;
             }
+        }
         for (int o = 16; o; o >>= 1)
             L += __shfl_xor_sync(0xffffffffu, L, o);
-        if (lane == 0) sM[r] = M, sL[r] = L;
+        float sw = 0.0f; /* the sink state's weight */
+        if constexpr (SK) {
+            sw = M != -INFINITY ? exp2f(sml.x - M) : 0.0f;
+            L += sw * sml.y;
+        }
+        if (lane == 0) {
+            sM[r] = M, sL[r] = L;
+            if constexpr (SK) sW[r] = sw;
+        }
     }
     __syncthreads();
     /* Σ_s w_s·O_s over F = G·D/4 float4 outputs: thread t owns outputs f = t mod F (+ 128) and the splits
@@ -379,7 +460,10 @@ __device__ __forceinline__ void merge_last(const attn_launch &a, int seq, int kv
     if (a.v_rot) fwht_rows<D>(buf[0], G);
     for (int idx = tid; idx < G * D; idx += blockDim.x) {
         const int r = idx / D, i = idx % D;
-        a.out[(head0 + r) * D + i] = a.v_rot ? buf[0][r][i] * a.rot_scale * a.signs[i] : buf[0][r][i];
+        float o = a.v_rot ? buf[0][r][i] * a.rot_scale * a.signs[i] : buf[0][r][i];
+        if (sink && sL[r] > 0.0f)
+            o += sW[r] * __ldcg(&a.sink_o[(head0 + r) * D + i]) / sL[r]; /* output domain */
+        a.out[(head0 + r) * D + i] = bad_row ? __int_as_float(0x7fc00000) : o;
     }
 }
 
@@ -410,7 +494,7 @@ __device__ __forceinline__ void store_split(const attn_launch &a, int seq, int k
     }
 }
 
-template <int D, int KF, int VF>
+template <int D, int KF, int VF, bool SK>
 __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a) {
     constexpr int KS = D / 16; /* k-steps of the scores = M-tiles of the output */
     constexpr bool KBF = KF == FMT_BF16, VBF = VF == FMT_BF16;
@@ -427,10 +511,16 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
     const int ctx = a.ctx_lens[seq];
     const int chunk = ((ctx + n_split - 1) / n_split + 15) & ~15;
     const int start = split * chunk, end = min(start + chunk, ctx);
+    /* positions [0, lo) are sink rows (merge_last): masked here like those past the end; a position p is
+     * read when (unsigned)(p - lo) < span */
+    const int lo = SK ? min(a.sink_n, ctx) : 0;
+    const unsigned span = end > lo ? (unsigned)(end - lo) : 0u;
     const int32_t *const table = a.block_tables + (size_t)seq * a.max_blocks;
 
+    if (SK) sink_prefetch<D>(a, seq, kvh, split);
     for (int i = tid; i < 256; i += blockDim.x)
         sh[i] = i ? c_box_frac[i & 7] * __int_as_float(((i >> 3) - 21 + 127) << 23) : 0.0f; /* δ/2 */
+    if (SK && split == 0) sink_state<D>(a, seq, kvh, G);
     load_query<D>(a, seq, kvh, G, KF == FMT_BOX4, sq);
     const float qscale = (KF == FMT_BOX4 ? a.rot_scale : 1.0f) * rsqrtf((float)D) * LOG2E;
     uint32_t qa[KS][4];
@@ -501,7 +591,7 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
             sc[tt][0] = (acc[tt][0][0] + acc[tt][1][0]) + (acc[tt][0][2] + acc[tt][1][2]);
             sc[tt][1] = (acc[tt][0][1] + acc[tt][1][1]) + (acc[tt][0][3] + acc[tt][1][3]);
         }
-        const bool full = tile0 + 16 <= end;
+        const bool full = tile0 + 16 <= end && (!SK || tile0 >= lo);
         float tmax = -INFINITY;
 #pragma unroll
         for (int tt = 0; tt < 2; tt++)
@@ -510,7 +600,8 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
                 const int t = 8 * tt + 2 * t4 + c;
                 float sv = sc[tt][c];
                 if (KF == FMT_BOX4) sv *= sh[(cur.ks[tt] >> (8 * c)) & 255u];
-                if (g >= G || (!full && tile0 + t >= end)) sv = -INFINITY;
+                if (g >= G || (!full && (SK ? (unsigned)(tile0 + t - lo) >= span : tile0 + t >= end)))
+                    sv = -INFINITY;
                 sc[tt][c] = sv;
                 tmax = fmaxf(tmax, sv);
             }
@@ -562,8 +653,14 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
                 if (!LO) mma16816<false>(oacc[mt], r, pl);
             }
         } else {
-            uint32_t mask0 = 0xffffffffu, mask1 = 0xffffffffu; /* tokens past the end: zeros, not garbage */
-            if (!full) {
+            /* tokens past the end or in the sink: zeros, not garbage */
+            uint32_t mask0 = 0xffffffffu, mask1 = 0xffffffffu;
+            if (!full && SK) {
+                const int p = tile0 + 2 * t4 - lo;
+                mask0 = ((unsigned)p < span ? 0xffffu : 0u) | ((unsigned)(p + 1) < span ? 0xffff0000u : 0u);
+                mask1 =
+                    ((unsigned)(p + 8) < span ? 0xffffu : 0u) | ((unsigned)(p + 9) < span ? 0xffff0000u : 0u);
+            } else if (!full) {
                 mask0 = (tile0 + 2 * t4 < end ? 0xffffu : 0u) | (tile0 + 2 * t4 + 1 < end ? 0xffff0000u : 0u);
                 mask1 =
                     (tile0 + 2 * t4 + 8 < end ? 0xffffu : 0u) | (tile0 + 2 * t4 + 9 < end ? 0xffff0000u : 0u);
@@ -602,7 +699,7 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
     __syncthreads();
     store_split<D>(a, seq, kvh, G, split, sm, sl,
                    [&](int w, int r, int i) { return so[w][r][i] + (LO ? so[w][r + G][i] : 0.0f); });
-    merge_last<D>(a, seq, kvh, G, so);
+    merge_last<D, SK>(a, seq, kvh, G, so);
 }
 
 /* ---- e8box:4 K and V: a per-warp cp.async pipeline into shared memory ----
@@ -728,7 +825,7 @@ template <int D> static constexpr int box_smem_bytes(void) {
     return WARPS * BOX_STAGES * BOX_NT * box_geo<D>::STAGE;
 }
 
-template <int D, bool G8>
+template <int D, bool G8, bool SK>
 __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_launch a) {
     using Gm = box_geo<D>;
     constexpr int KS = D / 16, NW = D / 32;
@@ -747,6 +844,7 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
     const int G = (int)(a.n_head / a.n_head_kv);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int n_split = (int)a.n_split;
+    if (SK) sink_prefetch<D>(a, seq, kvh, split);
     {
         /* the query rows and the rotation signs on their way to L1 before this block's copies queue up
          * ahead of them (load_query below) */
@@ -759,6 +857,7 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
     const int ctx = a.ctx_lens[seq];
     const int chunk = ((ctx + n_split - 1) / n_split + 16 * BOX_NT - 1) & -(16 * BOX_NT);
     const int start = split * chunk, end = min(start + chunk, ctx);
+    const int lo = SK ? min(a.sink_n, ctx) : 0; /* sink positions [0, lo): masked (attn_split_kernel) */
     const int32_t *const table = a.block_tables + (size_t)seq * a.max_blocks;
     /* pages of 16·2^k tokens: a tile's page and offset by shifts */
     const int bs = (int)a.block_size, bs16 = bs >> 4, pow2 = (bs16 & (bs16 - 1)) == 0;
@@ -830,6 +929,7 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
         pg_next[u] = pg_first[BOX_STAGES - 1][u], o_next[u] = o_first[BOX_STAGES - 1][u];
 
     BOX_STAMP(6);
+    if (SK && split == 0) sink_state<D>(a, seq, kvh, G);
     for (int i = tid; i < 256; i += blockDim.x)
         sh[i] = i ? c_box_frac[i & 7] * __int_as_float(((i >> 3) - 21 + 127) << 23) : 0.0f; /* δ/2 */
     load_query<D>(a, seq, kvh, G, true, sq);
@@ -942,7 +1042,8 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
                     float v = (acc[0][e] + acc[1][e]) + (acc[2][e] + acc[3][e]);
                     if (!G8) v += __shfl_xor_sync(0xffffffffu, v, 2);
                     v *= ksc[tt];
-                    if (tile0 + 16 * u + g + 8 * tt >= end) v = -INFINITY;
+                    const int pos = tile0 + 16 * u + g + 8 * tt;
+                    if (pos >= end || (SK && pos < lo)) v = -INFINITY;
                     out[u][tt][c] = v;
                 }
         }
@@ -1097,7 +1198,7 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
         return o;
     });
     BOX_STAMP(3);
-    merge_last<D>(a, seq, kvh, G, so);
+    merge_last<D, SK>(a, seq, kvh, G, so);
     BOX_STAMP(4);
 }
 
@@ -1292,7 +1393,7 @@ __device__ __forceinline__ uint32_t e8p_hword2(uint32_t x, uint32_t y, int hf) {
 }
 
 /* GT: the GQA group size n_head / n_head_kv when it is known at compile time (4: Llama-3-8B), else 0 */
-template <int D, int GT>
+template <int D, int GT, bool SK>
 __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_launch a) {
     constexpr int KS = D / 16, BPL = D / 32, NBL = D / 64, KW = D / 64;
     extern __shared__ __align__(16) uint32_t e8p_dyn[];
@@ -1311,10 +1412,13 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
     const int ctx = a.ctx_lens[seq];
     const int chunk = ((ctx + n_split - 1) / n_split + 16 * E8P_NT - 1) & -(16 * E8P_NT);
     const int start = split * chunk, end = min(start + chunk, ctx);
+    const int lo = SK ? min(a.sink_n, ctx) : 0; /* sink positions [0, lo): masked (attn_split_kernel) */
+    const unsigned span = end > lo ? (unsigned)(end - lo) : 0u;
     const int32_t *const table = a.block_tables + (size_t)seq * a.max_blocks;
     const int step = 16 * E8P_NT * WARPS, first = start + 16 * E8P_NT * warp;
     const int bshift = (a.block_size & (a.block_size - 1)) == 0 ? __ffs((int)a.block_size) - 1 : 0;
 
+    if (SK) sink_prefetch<D>(a, seq, kvh, split);
     /* the first step's codes are in flight while the tables and the query are made */
     e8p_regs<D> cur, nxt;
     int pg[E8P_NT]; /* the pages of the next step */
@@ -1323,6 +1427,7 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
     if (first < end) e8p_load<D, SW>(cur, eb, pg, first, end, (int)a.block_size, bshift);
     e8p_pages(pg, table, first + step, end, (int)a.block_size, bshift);
 
+    if (SK && split == 0) sink_state<D>(a, seq, kvh, G);
     load_query<D>(a, seq, kvh, G, true, sq);
     const float qscale = a.rot_scale * rsqrtf((float)D) * LOG2E;
     /* A fragments: k-step s holds block (D/32)·t4 + s/2 of the lane's K words, elements (0, 4) / (2, 6) for
@@ -1474,7 +1579,7 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
                                             KW > 1 ? e8p_hword(cur.kw[u][1][KW - 1]) : 0u};
                     mma16816<false>(acc[2], ah, qs);
                 }
-                const bool full = tile0 + 16 <= end;
+                const bool full = tile0 + 16 <= end && (!SK || tile0 >= lo);
                 /* hi + lo: columns 2t4 + c and 2t4 + c ± 4 are lanes t4 and t4 ^ 2; both get head (2t4 + c) &
                  * 3 */
                 float sc[2][2];
@@ -1487,7 +1592,9 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
                             0x1p24f * acc[0][2 * r + c] + 0x1p20f * acc[1][2 * r + c] + acc[2][2 * r + c];
                         raw += __shfl_xor_sync(0xffffffffu, raw, 2);
                         float sv = raw * sh[cur.ks[u][r]];
-                        if (!full && tile0 + 8 * r + g >= end) sv = -INFINITY;
+                        if (!full &&
+                            (SK ? (unsigned)(tile0 + 8 * r + g - lo) >= span : tile0 + 8 * r + g >= end))
+                            sv = -INFINITY;
                         sc[r][c] = sv;
                         over |= sv > m2[c];
                     }
@@ -1560,7 +1667,7 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
                                             KW > 1 ? e8p_hword(cur.kw[u][tt][KW - 1]) : 0u};
                     mma16816<false>(acc[tt][2], qs, hb);
                 }
-                const bool full = tile0 + 16 <= end;
+                const bool full = tile0 + 16 <= end && (!SK || tile0 >= lo);
                 float sc[2][2], tmax = -INFINITY;
 #pragma unroll
                 for (int tt = 0; tt < 2; tt++)
@@ -1570,7 +1677,9 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
                                           0x1p20f * (acc[tt][1][c] + acc[tt][1][c + 2]) +
                                           (acc[tt][2][c] + acc[tt][2][c + 2]);
                         float sv = raw * sh[(cur.ks[u][tt] >> (8 * c)) & 255u];
-                        if (g >= G || (!full && tile0 + 8 * tt + 2 * t4 + c >= end)) sv = -INFINITY;
+                        if (g >= G || (!full && (SK ? (unsigned)(tile0 + 8 * tt + 2 * t4 + c - lo) >= span
+                                                    : tile0 + 8 * tt + 2 * t4 + c >= end)))
+                            sv = -INFINITY;
                         sc[tt][c] = sv;
                         tmax = fmaxf(tmax, sv);
                     }
@@ -1676,33 +1785,40 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
         if (LO) o += so[w][r + G][i] + scos[w][r + G][i >> 3];
         return o;
     });
-    merge_last<D>(a, seq, kvh, G, so);
+    merge_last<D, SK>(a, seq, kvh, G, so);
 }
 
-template <int D, int GT> static int e8p_smem_attr(void) {
+template <int D, int GT> static int e8p_smem_attr(void) { /* both instances: with sink rows and without */
     static int done = 0;
-    if (!done && cudaFuncSetAttribute(attn_e8p_kernel<D, GT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      e8p_smem_bytes<D>()) == cudaSuccess)
+    if (!done &&
+        cudaFuncSetAttribute(attn_e8p_kernel<D, GT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             e8p_smem_bytes<D>()) == cudaSuccess &&
+        cudaFuncSetAttribute(attn_e8p_kernel<D, GT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             e8p_smem_bytes<D>()) == cudaSuccess)
         done = 1;
     return !done;
 }
-/* blocks per SM of attn_e8p_kernel<D, GT> (0 on error) */
+/* blocks per SM of attn_e8p_kernel<D, GT, ·>, the fewer of its two instances (0 on error) */
 template <int D, int GT> static int e8p_occupancy(void) {
-    int n = 0;
-    if (e8p_smem_attr<D, GT>() || cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                      &n, attn_e8p_kernel<D, GT>, 128, e8p_smem_bytes<D>()) != cudaSuccess)
+    int n = 0, ns = 0;
+    if (e8p_smem_attr<D, GT>() ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_e8p_kernel<D, GT, false>, 128,
+                                                      e8p_smem_bytes<D>()) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ns, attn_e8p_kernel<D, GT, true>, 128,
+                                                      e8p_smem_bytes<D>()) != cudaSuccess)
         return 0;
-    return n;
+    return n < ns ? n : ns;
 }
-/* launch attn_e8p_kernel<D, GT> with GT = 4 where the group size is 4, else the run-time G (0) */
-template <int D> static size_t e8p_launch(const attn_launch &l, cudaStream_t stream) {
+/* launch attn_e8p_kernel<D, GT, SK> with GT = 4 where the group size is 4, else the run-time G (0); SK:
+ * sink rows (a cache without them runs the instance that has no sink code at all) */
+template <int D, bool SK> static size_t e8p_launch(const attn_launch &l, cudaStream_t stream) {
     const dim3 grid((unsigned)l.n_split, (unsigned)l.n_head_kv, (unsigned)l.n_seq);
     if (l.n_head == 4 * l.n_head_kv) {
         if (e8p_smem_attr<D, 4>()) return E8KV_ERR(CUDA);
-        attn_e8p_kernel<D, 4><<<grid, 128, e8p_smem_bytes<D>(), stream>>>(l);
+        attn_e8p_kernel<D, 4, SK><<<grid, 128, e8p_smem_bytes<D>(), stream>>>(l);
     } else {
         if (e8p_smem_attr<D, 0>()) return E8KV_ERR(CUDA);
-        attn_e8p_kernel<D, 0><<<grid, 128, e8p_smem_bytes<D>(), stream>>>(l);
+        attn_e8p_kernel<D, 0, SK><<<grid, 128, e8p_smem_bytes<D>(), stream>>>(l);
     }
     return 0;
 }
@@ -1738,11 +1854,16 @@ size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm,
 /* the e8box kernel's stages are dynamic shared memory beyond 48 KB: raise its limit once */
 template <int D> static int box_smem_attr(void) {
     static int done = 0;
+    const int b = box_smem_bytes<D>();
     if (!done &&
-        cudaFuncSetAttribute(attn_box_kernel<D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             box_smem_bytes<D>()) == cudaSuccess &&
-        cudaFuncSetAttribute(attn_box_kernel<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             box_smem_bytes<D>()) == cudaSuccess)
+        cudaFuncSetAttribute(attn_box_kernel<D, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             b) == cudaSuccess &&
+        cudaFuncSetAttribute(attn_box_kernel<D, true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             b) == cudaSuccess &&
+        cudaFuncSetAttribute(attn_box_kernel<D, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             b) == cudaSuccess &&
+        cudaFuncSetAttribute(attn_box_kernel<D, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             b) == cudaSuccess)
         done = 1;
     return !done;
 }
@@ -1751,17 +1872,28 @@ template <int D, int KF, int VF> static int occupancy(void) {
     static int n = 0;
     if (n) return n;
     if constexpr (KF == FMT_BOX4 && VF == FMT_BOX4) {
-        int n1 = 0, n2 = 0;
+        int n1 = 0, n2 = 0, n3 = 0, n4 = 0;
         if (box_smem_attr<D>() ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n1, attn_box_kernel<D, false>, 128,
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n1, attn_box_kernel<D, false, false>, 128,
                                                           box_smem_bytes<D>()) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n2, attn_box_kernel<D, true>, 128,
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n2, attn_box_kernel<D, true, false>, 128,
+                                                          box_smem_bytes<D>()) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n3, attn_box_kernel<D, false, true>, 128,
+                                                          box_smem_bytes<D>()) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n4, attn_box_kernel<D, true, true>, 128,
                                                           box_smem_bytes<D>()) != cudaSuccess)
+            n1 = n2 = n3 = n4 = 1;
+        n = n1 < n2 ? n1 : n2;
+        n = n3 < n ? n3 : n;
+        n = n4 < n ? n4 : n;
+    } else {
+        int n1 = 0, n2 = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n1, attn_split_kernel<D, KF, VF, false>, 128, 0) !=
+                cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n2, attn_split_kernel<D, KF, VF, true>, 128, 0) !=
+                cudaSuccess)
             n1 = n2 = 1;
         n = n1 < n2 ? n1 : n2;
-    } else if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_split_kernel<D, KF, VF>, 128, 0) !=
-               cudaSuccess) {
-        n = 1;
     }
     if (n < 1) n = 1;
     return n;
@@ -1808,14 +1940,21 @@ template <int D, int KF, int VF> static void launch(const attn_launch *la, cudaS
     l.v_div = VF == FMT_BOX4 ? V_BOX_SCALE : VF == FMT_F16 ? V_F16_SCALE : 1.0f;
     const attn_launch *const a = &l;
     const dim3 grid((unsigned)a->n_split, (unsigned)a->n_head_kv, (unsigned)a->n_seq);
+    const bool sk = a->sink_n > 0; /* the instances without sink rows have no sink code at all */
     if constexpr (KF == FMT_BOX4 && VF == FMT_BOX4) {
         box_smem_attr<D>();
-        if (a->n_head > 4 * a->n_head_kv)
-            attn_box_kernel<D, true><<<grid, 128, box_smem_bytes<D>(), stream>>>(*a);
+        if (a->n_head > 4 * a->n_head_kv && sk)
+            attn_box_kernel<D, true, true><<<grid, 128, box_smem_bytes<D>(), stream>>>(*a);
+        else if (a->n_head > 4 * a->n_head_kv)
+            attn_box_kernel<D, true, false><<<grid, 128, box_smem_bytes<D>(), stream>>>(*a);
+        else if (sk)
+            attn_box_kernel<D, false, true><<<grid, 128, box_smem_bytes<D>(), stream>>>(*a);
         else
-            attn_box_kernel<D, false><<<grid, 128, box_smem_bytes<D>(), stream>>>(*a);
+            attn_box_kernel<D, false, false><<<grid, 128, box_smem_bytes<D>(), stream>>>(*a);
+    } else if (sk) {
+        attn_split_kernel<D, KF, VF, true><<<grid, 128, 0, stream>>>(*a);
     } else {
-        attn_split_kernel<D, KF, VF><<<grid, 128, 0, stream>>>(*a);
+        attn_split_kernel<D, KF, VF, false><<<grid, 128, 0, stream>>>(*a);
     }
 }
 
@@ -1858,7 +1997,9 @@ size_t e8kv_cu_launch_attend(const attn_launch *a, cudaStream_t stream) {
         }
         attn_launch l = *a;
         l.v_rot = 1, l.v_div = E8P_VSCALE;
-        const size_t rc = l.d == 128 ? e8p_launch<128>(l, stream) : e8p_launch<64>(l, stream);
+        const size_t rc =
+            l.sink_n ? (l.d == 128 ? e8p_launch<128, true>(l, stream) : e8p_launch<64, true>(l, stream))
+                     : (l.d == 128 ? e8p_launch<128, false>(l, stream) : e8p_launch<64, false>(l, stream));
         if (rc) return rc;
         return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
     }

@@ -10,6 +10,11 @@
 
 struct e8kv_cuda_cache {
     size_t n_layer, n_head_kv, d, bs, n_blocks, max_ctx, width, max_seqs, max_batch, max_n_head, max_append;
+    size_t sink;     /* sink=N: exact f32 rows of the first N positions, max_seqs rows per (layer, stream) */
+    float *d_sink;   /* (n_layer, 2, max_seqs, sink, n_head_kv, d) */
+    int32_t *d_rows; /* (max_batch): the sink rows (sequence ids) of one seq_attend call */
+    int64_t *d_sslots; /* (max_append): sink slots of an owned append */
+    int64_t *sslots;   /* host twin */
     int device, n_sm;
     int *occ; /* (n_layer) resident attention blocks per SM of the layer's kernel */
     float rot_scale;
@@ -35,6 +40,7 @@ struct e8kv_cuda_cache {
     int64_t *slots;   /* (max_append) */
     int32_t *btables; /* (max_batch, width) */
     int32_t *ctx;     /* (max_batch) */
+    int32_t *rows;    /* (max_batch) */
 };
 
 int e8kv_cuda_available(void) {
@@ -61,10 +67,10 @@ static int page_format(e8kv_gpu_format g) {
 /* Each stream's page format (fmt[2 * l + s], s 0 = K, 1 = V) and the rotation's signs, from the library's
  * cache spec grammar (e8kv_cache_spec_layers: a format, k=/v=/kv=, layer rules). Each stream's codec is
  * created as the CPU cache would create it, and the registry says which GPU page format holds its bytes.
- * Items the GPU cache does not implement are SPEC: sink=, window=, rope=pre (keys come after RoPE), auto=,
+ * Items the GPU cache does not implement are SPEC: sink= beyond E8KV_CUDA_SINK_MAX, window=, rope=pre (keys come after RoPE), auto=,
  * evict=/budget=, center= other than 0 (pages hold the codec's bytes, uncentred), page= (block_size is
  * the parameter), presets (their formats are not GPU formats). */
-static size_t resolve_formats(const e8kv_cuda_cache_params *p, int *fmt, float signs[128]) {
+static size_t resolve_formats(const e8kv_cuda_cache_params *p, int *fmt, float signs[128], size_t *sink) {
     if (!p->spec) return E8KV_ERR(SPEC);
     const size_t n = 2 * p->n_layer;
     char(*specs)[E8KV_CODEC_SPEC_MAX_LEN + 1] =
@@ -72,8 +78,10 @@ static size_t resolve_formats(const e8kv_cuda_cache_params *p, int *fmt, float s
     if (!specs) return E8KV_ERR(OUT_OF_MEMORY);
     e8kv_cache_spec_items it;
     size_t r = e8kv_cache_spec_layers(p->spec, p->n_layer, NULL, &it, specs);
-    if (!r && (it.sink || it.window || it.page || it.rope == 1 || it.center > 0 || it.auto_rates || it.evicts))
+    if (!r && (it.sink > E8KV_CUDA_SINK_MAX || it.window || it.page || it.rope == 1 || it.center > 0 ||
+               it.auto_rates || it.evicts))
         r = E8KV_ERR(SPEC);
+    if (!r) *sink = it.sink;
     int have_signs = 0;
     for (size_t i = 0; i < n && !r; i++) {
         size_t same = 0; /* a stream with the same spec before this one */
@@ -129,7 +137,9 @@ size_t e8kv_cuda_attend_workspace_bytes(const e8kv_cuda_cache *c, size_t n_seq, 
         ns = n > ns ? n : ns;
     }
     return align256(n_seq * c->n_head_kv * sizeof(unsigned)) +
-           align256(n_seq * n_head * ns * c->d * sizeof(float)) + n_seq * n_head * ns * 2 * sizeof(float);
+           align256(n_seq * n_head * ns * c->d * sizeof(float)) +
+           align256(n_seq * n_head * ns * 2 * sizeof(float)) +
+           (c->sink ? align256(n_seq * n_head * c->d * sizeof(float)) + n_seq * n_head * 2 * sizeof(float) : 0);
 }
 
 static size_t max_workspace(const e8kv_cuda_cache *c) {
@@ -155,6 +165,8 @@ void e8kv_cuda_cache_free(e8kv_cuda_cache *c) {
     free(c->slots);
     free(c->btables);
     free(c->ctx);
+    free(c->sslots);
+    free(c->rows);
     free(c);
 }
 
@@ -219,7 +231,7 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     c->occ = (int *)calloc(c->n_layer, sizeof *c->occ);
     int *fmt = (int *)calloc(2 * c->n_layer, sizeof *fmt);
     float signs[128];
-    size_t r = c->sd && c->occ && fmt ? resolve_formats(p, fmt, signs) : E8KV_ERR(OUT_OF_MEMORY);
+    size_t r = c->sd && c->occ && fmt ? resolve_formats(p, fmt, signs, &c->sink) : E8KV_ERR(OUT_OF_MEMORY);
     for (size_t i = 0; i < 2 * c->n_layer && !r; i++)
         c->sd[i].fmt = fmt[i];
     free(fmt);
@@ -242,6 +254,8 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
             sd->pool = (uint8_t *)off;
             off = align256(off + c->n_blocks * sd->page_bytes);
         }
+    const size_t o_sink = off, sink_floats = 2 * c->n_layer * c->max_seqs * c->sink * c->n_head_kv * c->d;
+    off = align256(off + sink_floats * sizeof(float));
     const size_t pools = off;
     const size_t o_tables = off;
     off = align256(off + c->max_seqs * c->width * sizeof(int32_t));
@@ -251,6 +265,10 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     off = align256(off + c->max_batch * sizeof(int32_t));
     const size_t o_slots = off;
     off = align256(off + c->max_append * sizeof(int64_t));
+    const size_t o_sslots = off;
+    off = align256(off + (c->sink ? c->max_append * sizeof(int64_t) : 0));
+    const size_t o_rows = off;
+    off = align256(off + c->max_batch * sizeof(int32_t));
     const size_t o_signs = off;
     off = align256(off + c->d * sizeof(float));
     const size_t o_flags = off;
@@ -271,6 +289,9 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     c->d_btables = (int32_t *)(c->dev + o_btables);
     c->d_ctx = (int32_t *)(c->dev + o_ctx);
     c->d_slots = (int64_t *)(c->dev + o_slots);
+    c->d_sink = c->sink ? (float *)(c->dev + o_sink) : NULL;
+    c->d_sslots = (int64_t *)(c->dev + o_sslots);
+    c->d_rows = (int32_t *)(c->dev + o_rows);
     c->d_signs = (float *)(c->dev + o_signs);
     c->d_flags = (unsigned *)(c->dev + o_flags);
     c->d_work = (float *)(c->dev + o_work);
@@ -289,8 +310,10 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     c->slots = (int64_t *)malloc(c->max_append * sizeof(int64_t));
     c->btables = (int32_t *)calloc(c->max_batch * c->width, sizeof(int32_t));
     c->ctx = (int32_t *)calloc(c->max_batch, sizeof(int32_t));
+    c->sslots = (int64_t *)malloc(c->max_append * sizeof(int64_t));
+    c->rows = (int32_t *)calloc(c->max_batch, sizeof(int32_t));
     if (!c->tables || !c->lens || !c->n_pages || !c->live || !c->refs || !c->free_list || !c->slots ||
-        !c->btables || !c->ctx)
+        !c->btables || !c->ctx || !c->sslots || !c->rows)
         return fail(c, err, E8KV_ERR(OUT_OF_MEMORY));
     for (size_t i = 0; i < c->n_blocks; i++)
         c->free_list[i] = (int32_t)(c->n_blocks - 1 - i);
@@ -323,13 +346,24 @@ size_t e8kv_cuda_cache_pages(const e8kv_cuda_cache *c, size_t layer, int stream,
     return c->sd[2 * layer + stream].page_bytes;
 }
 
+size_t e8kv_cuda_cache_sink(const e8kv_cuda_cache *c) {
+    return c ? c->sink : 0;
+}
+
+/* the sink rows of (layer, stream): (max_seqs, sink, n_head_kv, d) f32 */
+static float *sink_pool(const e8kv_cuda_cache *c, size_t layer, int s) {
+    return c->d_sink + (2 * layer + (size_t)s) * c->max_seqs * c->sink * c->n_head_kv * c->d;
+}
+
 size_t e8kv_cuda_cache_free_pages(const e8kv_cuda_cache *c) {
     return c ? c->n_free : 0;
 }
 
-/* writes n_tok rows whose slots are in c->slots (host), in pieces of max_append */
-static size_t append_rows(e8kv_cuda_cache *c, size_t layer, const int64_t *host_slots, const void *k,
-                          const void *v, size_t n_tok, e8kv_dtype dtype) {
+/* writes n_tok rows whose slots are in host_slots, in pieces of max_append; the rows whose host_sink_slots
+ * (NULL: none) are not negative also into the sink rows */
+static size_t append_rows(e8kv_cuda_cache *c, size_t layer, const int64_t *host_slots,
+                          const int64_t *host_sink_slots, const void *k, const void *v, size_t n_tok,
+                          e8kv_dtype dtype) {
     const size_t esz = dtype == E8KV_DTYPE_F32 ? 4 : 2, row = c->n_head_kv * c->d * esz;
     if (cudaMemset(c->d_flags, 0, sizeof(unsigned)) != cudaSuccess) return E8KV_ERR(CUDA);
     for (size_t t0 = 0; t0 < n_tok; t0 += c->max_append) {
@@ -337,11 +371,16 @@ static size_t append_rows(e8kv_cuda_cache *c, size_t layer, const int64_t *host_
         if (cudaMemcpy(c->d_slots, host_slots + t0, n * sizeof(int64_t), cudaMemcpyHostToDevice) !=
             cudaSuccess)
             return E8KV_ERR(CUDA);
+        if (host_sink_slots && cudaMemcpy(c->d_sslots, host_sink_slots + t0, n * sizeof(int64_t),
+                                          cudaMemcpyHostToDevice) != cudaSuccess)
+            return E8KV_ERR(CUDA);
         for (int s = 0; s < 2; s++) {
             const uint8_t *const src = (const uint8_t *)(s ? v : k) + t0 * row;
-            const size_t r =
-                e8kv_cu_launch_append(&c->sd[2 * layer + s], c->d_slots, src, n, c->n_head_kv, c->d, c->bs,
-                                      (int)dtype, c->d_signs, c->rot_scale, c->d_flags, 0);
+            size_t r = e8kv_cu_launch_append(&c->sd[2 * layer + s], c->d_slots, src, n, c->n_head_kv, c->d,
+                                             c->bs, (int)dtype, c->d_signs, c->rot_scale, c->d_flags, 0);
+            if (!r && host_sink_slots)
+                r = e8kv_cu_launch_sink_append(sink_pool(c, layer, s), c->d_sslots, src, n, c->n_head_kv * c->d,
+                                               (int)dtype, c->d_flags, 0);
             if (r) return r;
         }
     }
@@ -378,6 +417,19 @@ size_t e8kv_cuda_append_slots_async(e8kv_cuda_cache *c, size_t layer, const int6
     return n_tok;
 }
 
+size_t e8kv_cuda_append_sink_async(e8kv_cuda_cache *c, size_t layer, const int64_t *d_sink_slots,
+                                   const void *d_k, const void *d_v, size_t n_tok, e8kv_dtype dtype,
+                                   unsigned *d_status, void *stream) {
+    if (!c || layer >= c->n_layer || bad_dtype(dtype) || !d_status || (n_tok && (!d_sink_slots || !d_k || !d_v)))
+        return E8KV_ERR(BAD_ARGUMENT);
+    if (!c->sink) return E8KV_ERR(SPEC);
+    for (int s = 0; s < 2; s++)
+        E8KV_RETURN_IF_ERROR(e8kv_cu_launch_sink_append(sink_pool(c, layer, s), d_sink_slots, s ? d_v : d_k, n_tok,
+                                                        c->n_head_kv * c->d, (int)dtype, d_status,
+                                                        (cudaStream_t)stream));
+    return n_tok;
+}
+
 size_t e8kv_cuda_append_slots(e8kv_cuda_cache *c, size_t layer, const int64_t *d_slots, const void *d_k,
                               const void *d_v, size_t n_tok, e8kv_dtype dtype) {
     if (!c) return E8KV_ERR(BAD_ARGUMENT);
@@ -394,8 +446,18 @@ size_t e8kv_cuda_attend(e8kv_cuda_cache *c, size_t layer, float *d_out, const vo
                         size_t n_seq, size_t n_head, const int32_t *d_block_tables, size_t max_blocks_per_seq,
                         const int32_t *d_ctx_lens, size_t max_ctx, void *d_workspace, size_t workspace_bytes,
                         void *stream) {
+    return e8kv_cuda_attend_sinks(c, layer, d_out, d_q, dtype, n_seq, n_head, d_block_tables,
+                                  max_blocks_per_seq, d_ctx_lens, max_ctx, NULL, d_workspace, workspace_bytes,
+                                  stream);
+}
+
+size_t e8kv_cuda_attend_sinks(e8kv_cuda_cache *c, size_t layer, float *d_out, const void *d_q, e8kv_dtype dtype,
+                              size_t n_seq, size_t n_head, const int32_t *d_block_tables,
+                              size_t max_blocks_per_seq, const int32_t *d_ctx_lens, size_t max_ctx,
+                              const int32_t *d_sink_rows, void *d_workspace, size_t workspace_bytes,
+                              void *stream) {
     if (!c || layer >= c->n_layer || bad_dtype(dtype) || !n_seq || !d_out || !d_q || !d_block_tables ||
-        !d_ctx_lens || n_seq > 65535)
+        !d_ctx_lens || n_seq > 65535 || (c->sink && !d_sink_rows && n_seq > c->max_seqs))
         return E8KV_ERR(BAD_ARGUMENT);
     if (!n_head || n_head % c->n_head_kv || n_head / c->n_head_kv > 8) return E8KV_ERR(DIMENSION);
     if (max_ctx > max_blocks_per_seq * c->bs || max_ctx > (size_t)INT32_MAX) return E8KV_ERR(DIMENSION);
@@ -418,6 +480,12 @@ size_t e8kv_cuda_attend(e8kv_cuda_cache *c, size_t layer, float *d_out, const vo
     a.part_o = (float *)((uint8_t *)d_workspace + align256(n_seq * c->n_head_kv * sizeof(unsigned)));
     a.part_ml = (float *)((uint8_t *)a.part_o + align256(n_seq * n_head * a.n_split * c->d * sizeof(float)));
     a.out = d_out;
+    if (c->sink) { /* the sink rows' state after the splits' in the workspace */
+        a.sink_n = (int)c->sink, a.sink_rows = d_sink_rows, a.sink_rows_max = (int)c->max_seqs;
+        a.sink_k = sink_pool(c, layer, 0), a.sink_v = sink_pool(c, layer, 1);
+        a.sink_o = (float *)((uint8_t *)a.part_ml + align256(n_seq * n_head * a.n_split * 2 * sizeof(float)));
+        a.sink_ml = (float *)((uint8_t *)a.sink_o + align256(n_seq * n_head * c->d * sizeof(float)));
+    }
     const size_t r = e8kv_cu_launch_attend(&a, (cudaStream_t)stream);
     return r ? r : n_seq * n_head * c->d;
 }
@@ -452,6 +520,12 @@ size_t e8kv_cuda_seq_fork(e8kv_cuda_cache *c, size_t seq) {
     if (c->n_pages[n] && cudaMemcpy(c->d_tables + n * c->width, c->tables + n * c->width,
                                     c->n_pages[n] * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess)
         return E8KV_ERR(CUDA);
+    const size_t srow = c->sink * c->n_head_kv * c->d; /* floats of one sequence's sink rows */
+    for (size_t l = 0; l < c->n_layer && c->sink; l++)
+        for (int s = 0; s < 2; s++)
+            if (cudaMemcpy(sink_pool(c, l, s) + n * srow, sink_pool(c, l, s) + seq * srow, srow * sizeof(float),
+                           cudaMemcpyDeviceToDevice) != cudaSuccess)
+                return E8KV_ERR(CUDA);
     return n;
 }
 
@@ -516,11 +590,14 @@ size_t e8kv_cuda_seq_append(e8kv_cuda_cache *c, size_t layer, size_t seq, const 
     const size_t esz = dtype == E8KV_DTYPE_F32 ? 4 : 2, row = c->n_head_kv * c->d * esz;
     for (size_t t0 = 0; t0 < n_tok; t0 += c->max_append) {
         const size_t n = n_tok - t0 < c->max_append ? n_tok - t0 : c->max_append;
+        int sinks = 0;
         for (size_t i = 0; i < n; i++) {
             const size_t pos = *len + t0 + i;
             c->slots[i] = (int64_t)t[pos / c->bs] * (int64_t)c->bs + (int64_t)(pos % c->bs);
+            c->sslots[i] = pos < c->sink ? (int64_t)(seq * c->sink + pos) : -1;
+            sinks |= pos < c->sink;
         }
-        const size_t r = append_rows(c, layer, c->slots, (const uint8_t *)d_k + t0 * row,
+        const size_t r = append_rows(c, layer, c->slots, sinks ? c->sslots : NULL, (const uint8_t *)d_k + t0 * row,
                                      (const uint8_t *)d_v + t0 * row, n, dtype);
         if (e8kv_is_error(r)) return r;
     }
@@ -538,13 +615,16 @@ size_t e8kv_cuda_seq_append_batch(e8kv_cuda_cache *c, size_t layer, const size_t
             if (seqs[j] == seqs[i]) return E8KV_ERR(BAD_ARGUMENT);
         if (c->lens[seqs[i] * c->n_layer + layer] + 1 > c->max_ctx) return E8KV_ERR(CONTEXT_FULL);
     }
+    int sinks = 0;
     for (size_t i = 0; i < n_seq; i++) {
         const size_t pos = c->lens[seqs[i] * c->n_layer + layer];
         E8KV_RETURN_IF_ERROR(make_writable(c, seqs[i], pos / c->bs, pos / c->bs));
         c->slots[i] =
             (int64_t)c->tables[seqs[i] * c->width + pos / c->bs] * (int64_t)c->bs + (int64_t)(pos % c->bs);
+        c->sslots[i] = pos < c->sink ? (int64_t)(seqs[i] * c->sink + pos) : -1;
+        sinks |= pos < c->sink;
     }
-    const size_t r = append_rows(c, layer, c->slots, d_k, d_v, n_seq, dtype);
+    const size_t r = append_rows(c, layer, c->slots, sinks ? c->sslots : NULL, d_k, d_v, n_seq, dtype);
     if (e8kv_is_error(r)) return r;
     for (size_t i = 0; i < n_seq; i++)
         c->lens[seqs[i] * c->n_layer + layer]++;
@@ -563,13 +643,15 @@ size_t e8kv_cuda_seq_attend(e8kv_cuda_cache *c, size_t layer, float *d_out, cons
         max_ctx = len > max_ctx ? len : max_ctx;
         memcpy(c->btables + i * c->width, c->tables + seqs[i] * c->width,
                c->n_pages[seqs[i]] * sizeof(int32_t));
+        c->rows[i] = (int32_t)seqs[i];
     }
     if (cudaMemcpy(c->d_btables, c->btables, n_seq * c->width * sizeof(int32_t), cudaMemcpyHostToDevice) !=
             cudaSuccess ||
-        cudaMemcpy(c->d_ctx, c->ctx, n_seq * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess)
+        cudaMemcpy(c->d_ctx, c->ctx, n_seq * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaMemcpy(c->d_rows, c->rows, n_seq * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess)
         return E8KV_ERR(CUDA);
-    const size_t r = e8kv_cuda_attend(c, layer, d_out, d_q, dtype, n_seq, n_head, c->d_btables, c->width,
-                                      c->d_ctx, max_ctx, NULL, 0, NULL);
+    const size_t r = e8kv_cuda_attend_sinks(c, layer, d_out, d_q, dtype, n_seq, n_head, c->d_btables, c->width,
+                                            c->d_ctx, max_ctx, c->d_rows, NULL, 0, NULL);
     if (e8kv_is_error(r)) return r;
     return cudaDeviceSynchronize() == cudaSuccess ? r : E8KV_ERR(CUDA);
 }

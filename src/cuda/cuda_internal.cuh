@@ -61,6 +61,11 @@ size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, cons
                              size_t n_head_kv, size_t d, size_t block_size, int dtype, const float *d_signs,
                              float rot_scale, unsigned *d_flags, cudaStream_t stream);
 
+/* sink rows: n_tok rows of n_vals values of dtype to f32 rows of `pool` at d_sink_slots[i] (row * sink +
+ * position; negative: skipped); NaN/Inf raise FLAG_NONFINITE in *d_flags */
+size_t e8kv_cu_launch_sink_append(float *pool, const int64_t *d_sink_slots, const void *d_src, size_t n_tok,
+                                  size_t n_vals, int dtype, unsigned *d_flags, cudaStream_t stream);
+
 typedef struct {
     stream_desc k, v;
     size_t n_head_kv, n_head, d, block_size, n_seq, max_blocks, n_split;
@@ -75,6 +80,13 @@ typedef struct {
     int v_rot;          /* V pages rotated (e8box): the merge undoes the rotation */
     float v_div;        /* the V pages' scale of P */
     float *out;         /* (n_seq, n_head, d) */
+    /* sink=N: positions [0, min(N, ctx)) are read from the exact rows of sink_k / sink_v (f32, (row, N,
+     * n_head_kv, d) for this layer; row = sink_rows[seq], or seq when NULL) instead of the pages: split 0
+     * computes their state (sink_state), the merge adds it (merge_last); sink_n = 0: none */
+    const float *sink_k, *sink_v;
+    float *sink_o, *sink_ml; /* (n_seq, n_head, d) and (n_seq, n_head, 2): the sink rows' softmax state */
+    const int32_t *sink_rows;
+    int sink_n, sink_rows_max; /* a row outside [0, sink_rows_max) makes the sequence's output NaN */
 } attn_launch;
 
 /* Partial splits for these sizes (the host and the workspace bound agree through this). */
