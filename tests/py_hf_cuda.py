@@ -139,14 +139,17 @@ def test_bf16_pages_equal_dynamic_cache(dtype):
 
 
 @needs_gpu
-def test_chunk_with_a_past_reads_the_pages():
+@pytest.mark.parametrize("spec", ["bf16", "e8box:4,sink=64", "e8p:2,sink=64"])
+def test_chunk_with_a_past_reads_the_pages(spec):
     """A chunk of 4 tokens after the prompt: attention through one virtual row per token (context =
-    position + 1) over the pages, the chunk's own tokens included; logits = DynamicCache's steps'."""
+    position + 1) over the pages, the chunk's own tokens included; logits = DynamicCache's steps'. With
+    sink=64 every position is a sink row: exact K/V whatever the pages' format (each batch row reads its own
+    sink rows, in the prompt's appends, the chunk's and the step's)."""
     import e8kv.hf  # noqa: F401
     model = tiny_llama(torch.bfloat16)
     prompt = prompt_ids(2, 12)
     ref, toks = reference(model, prompt, 6)
-    cache = gpu_cache(model, "bf16", 2)
+    cache = gpu_cache(model, spec, 2)
     with torch.no_grad():
         model(input_ids=prompt, past_key_values=cache, use_cache=True)
         chunk = model(input_ids=toks[:, :4], past_key_values=cache, use_cache=True).logits.float()
@@ -156,9 +159,61 @@ def test_chunk_with_a_past_reads_the_pages():
     got = torch.cat((chunk.transpose(0, 1), after[None]))  # (5, b, vocab): after tokens 0..4
     scale = float(ref.abs().max())
     err = float((got - ref[1:6]).abs().max())
-    print(f"chunk of 4 with a past, bf16 pages: max |logit diff| {err:.3g} (max |logit| {scale:.3g})")
+    print(f"chunk of 4 with a past, {spec}: max |logit diff| {err:.3g} (max |logit| {scale:.3g})")
     assert err <= 2e-2 * scale, (err, scale)
     assert int(cache.get_seq_length()) == 12 + 5
+
+
+@needs_gpu
+@pytest.mark.parametrize("spec,kf,vf", [("e8box:4,sink=3", "e8box:4", "e8box:4"), ("e8p:2,sink=1", "e8p:2", "e8p:2"),
+                                        ("k=e8box:4,v=bf16,sink=20", "e8box:4", "bf16")])
+def test_sink_rows_attend_exactly(spec, kf, vf):
+    """sink=N through the caller-owned calls (sink slots row * N + position, sink rows in reverse order of
+    the sequences): each sequence's attention within 1e-3 of float64 attention over the CPU codecs' decode
+    of its K/V with the first N rows exact; the reference without exact rows is further away on the
+    sequence whose tokens are all sinks (the rows are used). (Not against e8kv.Cache: the CPU cache scores
+    e8box:4 keys with int8 queries, ~1e-2 from exact on these scores.)"""
+    n_kv, d, G, n = 2, 64, 4, int(spec.split("sink=")[1])
+    lens, per = [2, 37, 150], 10
+    kv = e8kv.CudaCache(1, n_kv, d, 3 * per, spec, max_seqs=3, max_batch=3, max_ctx=per * 16)
+    assert kv.sink == n
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q = torch.randn((3, n_kv * G * d), generator=g, device="cuda")
+    tables = torch.arange(3 * per, dtype=torch.int32, device="cuda").view(3, per)
+    rows = torch.tensor([2, 1, 0], dtype=torch.int32, device="cuda")
+    codecs = [e8kv.Codec(f, d, seed=0) for f in (kf, vf)]
+    refs = []
+    for s, L in enumerate(lens):
+        k = (torch.randn((L, n_kv * d), generator=g, device="cuda") * 2).to(torch.bfloat16)
+        v = torch.randn((L, n_kv * d), generator=g, device="cuda").to(torch.bfloat16)
+        pos = torch.arange(L, dtype=torch.int64, device="cuda")
+        slots = s * per * 16 + pos  # row s owns pages s*per .. s*per+per-1
+        sink_slots = torch.where(pos < n, int(rows[s]) * n + pos, torch.full_like(pos, -1))
+        kv.append(0, slots, k, v, sink_slots=sink_slots)
+        exact = [x.double().cpu().numpy().reshape(L, n_kv, d) for x in (k, v)]
+        coded = [c.decode(c.encode(x.astype(np.float32))).astype(np.float64).reshape(L, n_kv, d)
+                 for c, x in zip(codecs, exact)]
+        qs = q[s].double().cpu().numpy().reshape(n_kv * G, d)
+        out = []
+        for kd, vd in ((np.concatenate((exact[0][:n], coded[0][n:])), np.concatenate((exact[1][:n], coded[1][n:]))),
+                       (coded[0], coded[1])):
+            o = []
+            for h in range(n_kv * G):
+                sc = kd[:, h // G] @ qs[h] / np.sqrt(d)
+                w = np.exp(sc - sc.max())
+                o.append(w @ vd[:, h // G] / w.sum())
+            out.append(np.concatenate(o))
+        refs.append(out)
+    ctx = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    got = kv.attend(0, q, tables, ctx, sink_rows=rows).double().cpu().numpy()
+    for s in range(3):
+        want, plain = refs[s]
+        rel = float(np.linalg.norm(got[s] - want) / np.linalg.norm(want))
+        rel_plain = float(np.linalg.norm(got[s] - plain) / np.linalg.norm(plain))
+        print(f"{spec} seq {s} (len {lens[s]}): rel err {rel:.2e}; against the codes alone {rel_plain:.2e}")
+        assert rel <= 1e-3, (s, rel)
+        if lens[s] <= n:
+            assert rel_plain > 10 * max(rel, 1e-6), (s, rel, rel_plain)
 
 
 @needs_gpu
@@ -262,8 +317,8 @@ def test_device_bytes_are_accounted():
 def test_errors_are_named():
     import e8kv.hf
     model = tiny_llama(torch.bfloat16)
-    for spec in ["e8:4", "balanced", "e8box:4,rope=pre", "k=e8box:4,v=e8:3", "auto=e8tv:3", "e8box:4,sink=1",
-                 "e8box:4,layer1.k=e8p:2"]:
+    for spec in ["e8:4", "balanced", "e8box:4,rope=pre", "k=e8box:4,v=e8:3", "auto=e8tv:3", "e8box:4,sink=65",
+                 "e8box:4,window=16", "e8box:4,layer1.k=e8p:2"]:
         with pytest.raises(e8kv.E8KVError) as e:
             e8kv.hf.E8KVCache(model.config, spec, device="cuda", max_batch_size=1, max_cache_len=64)
         assert e.value.code == e8kv.ErrorCode.SPEC, spec

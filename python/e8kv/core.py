@@ -499,8 +499,11 @@ def _stream(t: Any, stream: Any) -> int:
 class CudaCache:
     """The device cache of include/e8kv_cuda.h with caller-owned block tables (the way serving engines own
     theirs): `n_blocks` pages of `block_size` tokens per (layer, K/V), all allocated at creation.
-    spec: "e8box:4", "e8p:2", "bf16", "f16", or the library's grammar over them (k=/v=/kv=, layer rules;
-    keys after RoPE: no rope=pre, sink=, window=, auto= or eviction on the GPU yet). Tensors are torch CUDA tensors, passed by pointer on the current stream (or `stream`)."""
+    spec: "e8box:4", "e8p:2", "bf16", "f16", or the library's grammar over them (k=/v=/kv=, layer rules,
+    sink=N; keys after RoPE: no rope=pre, window=, auto= or eviction on the GPU yet). With sink=N the cache
+    holds max_seqs sink rows: the exact first N tokens of a sequence (append's sink_slots = row * N +
+    position) that attention reads instead of their codes (attend's sink_rows). Tensors are torch CUDA
+    tensors, passed by pointer on the current stream (or `stream`)."""
 
     def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, n_blocks: int, spec: str = "e8box:4", *,
                  block_size: int = 16, seed: int = 0, max_ctx: int = 0, max_batch: int = 0, max_n_head: int = 0,
@@ -525,6 +528,8 @@ class CudaCache:
         self.n_layer, self.n_head_kv, self.head_dim, self.n_blocks = n_layer, n_head_kv, head_dim, n_blocks
         self.block_size, self.spec, self.seed, self.device = block_size, spec, seed, int(device)
         self.max_ctx = max_ctx or n_blocks * block_size
+        self.sink = int(self._lib.e8kv_cuda_cache_sink(self._p))
+        self.max_seqs = max_seqs
 
     def __del__(self) -> None:
         if getattr(self, "_p", None):
@@ -549,11 +554,13 @@ class CudaCache:
     def vector_bytes(self, layer: int = 0, stream: int = 0) -> int:
         return _check(self._lib.e8kv_cuda_cache_vector_bytes(self._p, layer, stream), "vector_bytes")
 
-    def append(self, layer: int, slots: Any, k: Any, v: Any, *, status: Any = None, stream: Any = None) -> int:
+    def append(self, layer: int, slots: Any, k: Any, v: Any, *, status: Any = None, stream: Any = None,
+               sink_slots: Any = None) -> int:
         """Write rows k, v (n_tok, n_head_kv * head_dim) into slots (int64 (n_tok), page * block_size +
         offset; negative: skipped). status=None: synchronous, a NaN/Inf or out-of-range value is an
         E8KVError. status: an int32 CUDA tensor of one element: asynchronous on the stream (graph-safe), the
-        error bits are OR-ed into it (e8kv_cuda_status_error / check_status)."""
+        error bits are OR-ed into it (e8kv_cuda_status_error / check_status). sink_slots (int64 (n_tok),
+        sink=N caches): the rows whose entry is row * N + position (not negative) also go to the sink rows."""
         n_tok = slots.numel()
         row = self.n_head_kv * self.head_dim
         if k.numel() != n_tok * row or v.numel() != n_tok * row or k.dtype != v.dtype:
@@ -561,13 +568,27 @@ class CudaCache:
                                                 f"rows of {row}")
         sp, kp, vp = _dev(slots, "slots", _torch.int64), _dev(k, "k"), _dev(v, "v")
         dt = _cuda_dtype(k)
+        if sink_slots is not None and sink_slots.numel() != n_tok:
+            raise E8KVError(ErrorCode.SRC_SIZE, f"append: {n_tok} slots, {sink_slots.numel()} sink slots")
         if status is None:
-            return _check(self._lib.e8kv_cuda_append_slots(self._p, layer, sp, kp, vp, n_tok, dt), f"append layer {layer}")
+            n = _check(self._lib.e8kv_cuda_append_slots(self._p, layer, sp, kp, vp, n_tok, dt), f"append layer {layer}")
+            if sink_slots is not None:
+                st = _torch.zeros(1, dtype=_torch.int32, device=k.device)
+                _check(self._lib.e8kv_cuda_append_sink_async(self._p, layer, _dev(sink_slots, "sink_slots", _torch.int64),
+                                                             kp, vp, n_tok, dt, st.data_ptr(), _stream(k, stream)),
+                       f"append (sink rows) layer {layer}")
+                self.check_status(st)
+            return n
         if status.numel() != 1:
             raise E8KVError(ErrorCode.BAD_ARGUMENT, "append: status is one int32 element")
-        return _check(self._lib.e8kv_cuda_append_slots_async(self._p, layer, sp, kp, vp, n_tok, dt,
-                                                       _dev(status, "status", _torch.int32), _stream(k, stream)),
-                      f"append layer {layer}")
+        stp = _dev(status, "status", _torch.int32)
+        n = _check(self._lib.e8kv_cuda_append_slots_async(self._p, layer, sp, kp, vp, n_tok, dt, stp,
+                                                          _stream(k, stream)), f"append layer {layer}")
+        if sink_slots is not None:
+            _check(self._lib.e8kv_cuda_append_sink_async(self._p, layer, _dev(sink_slots, "sink_slots", _torch.int64),
+                                                         kp, vp, n_tok, dt, stp, _stream(k, stream)),
+                   f"append (sink rows) layer {layer}")
+        return n
 
     @staticmethod
     def check_status(status: Any) -> None:
@@ -575,10 +596,11 @@ class CudaCache:
         _check(cuda_lib().e8kv_cuda_status_error(int(status.item()) & 0xffffffff), "append (status word)")
 
     def attend(self, layer: int, q: Any, block_tables: Any, ctx_lens: Any, max_ctx: Optional[int] = None,
-               out: Any = None, *, stream: Any = None) -> Any:
+               out: Any = None, *, stream: Any = None, sink_rows: Any = None) -> Any:
         """Decode attention of one query row per sequence: q (n_seq, n_head * head_dim) (f32/f16/bf16),
         block_tables int32 (n_seq, max_blocks), ctx_lens int32 (n_seq), each at most max_ctx (default: the
-        cache's). Asynchronous on the stream; returns float32 (n_seq, n_head * head_dim)."""
+        cache's); sink_rows int32 (n_seq) with sink=N (None: row s for sequence s). Asynchronous on the
+        stream; returns float32 (n_seq, n_head * head_dim)."""
         n_seq = q.shape[0]
         width = q.numel() // n_seq
         if width % self.head_dim or block_tables.dim() != 2 or block_tables.shape[0] != n_seq or \
@@ -589,10 +611,15 @@ class CudaCache:
             out = _torch.empty((n_seq, width), dtype=_torch.float32, device=q.device)
         elif out.numel() != n_seq * width:
             raise E8KVError(ErrorCode.DST_TOO_SMALL, "attend: out must hold (n_seq, n_head * head_dim) floats")
-        _check(self._lib.e8kv_cuda_attend(self._p, layer, _dev(out, "out", _torch.float32), _dev(q, "q"), _cuda_dtype(q),
-                                    n_seq, width // self.head_dim, _dev(block_tables, "block_tables", _torch.int32),
-                                    block_tables.shape[1], _dev(ctx_lens, "ctx_lens", _torch.int32),
-                                    self.max_ctx if max_ctx is None else max_ctx, None, 0, _stream(q, stream)),
+        if sink_rows is not None and sink_rows.numel() != n_seq:
+            raise E8KVError(ErrorCode.SRC_SIZE, f"attend: {n_seq} sequences, {sink_rows.numel()} sink rows")
+        rows = None if sink_rows is None else _dev(sink_rows, "sink_rows", _torch.int32)
+        _check(self._lib.e8kv_cuda_attend_sinks(self._p, layer, _dev(out, "out", _torch.float32), _dev(q, "q"),
+                                                _cuda_dtype(q), n_seq, width // self.head_dim,
+                                                _dev(block_tables, "block_tables", _torch.int32),
+                                                block_tables.shape[1], _dev(ctx_lens, "ctx_lens", _torch.int32),
+                                                self.max_ctx if max_ctx is None else max_ctx, rows, None, 0,
+                                                _stream(q, stream)),
                f"attend layer {layer}")
         return out
 

@@ -417,9 +417,10 @@ class E8KVCudaCache(Cache):
     shapes are static and the decode step compiles (torch.compile fullgraph, mode "reduce-overhead").
 
     spec: "e8box:4", "e8p:2", "bf16", "f16" (CUDA_FORMATS), or any spec of the library's grammar made of them:
-    k=/v=/kv= and layer rules ("k=e8box:4,v=bf16,layers0-1=bf16"). The GPU formats take keys after RoPE
-    (rope=post); specs the CUDA cache cannot hold (rope=pre, e8t/e8tv, auto=, presets, sink=, window=,
-    eviction) are an E8KVError (SPEC). update() appends the new tokens through torch.ops.e8kv.append (slots
+    k=/v=/kv= and layer rules ("k=e8box:4,v=bf16,layers0-1=bf16"), and sink=N (N <= 64: the first N tokens
+    of each batch row also kept exact and attended from there, as the CPU cache's sink=). The GPU formats
+    take keys after RoPE (rope=post); specs the CUDA cache cannot hold (rope=pre, e8t/e8tv, auto=, presets,
+    window=, eviction) are an E8KVError (SPEC). update() appends the new tokens through torch.ops.e8kv.append (slots
     computed on the device from the layer's length); the "e8kv" attention attends through
     torch.ops.e8kv.attend: one query row per (batch row, token) with context length position + 1, so a
     chunk with a past reads its own new tokens from the pages too. Exception: in eager mode a chunk of
@@ -449,10 +450,10 @@ class E8KVCudaCache(Cache):
             self.kv = core.CudaCache(s.n_layer, s.n_head_kv, s.head_dim, max_batch_size * self.pages_per_seq, spec,
                                      block_size=block_size, seed=seed, max_ctx=self.capacity,
                                      max_batch=max_batch_size * max(1, max_chunk), max_n_head=s.n_head,
-                                     device=self.device.index)
+                                     max_seqs=max_batch_size, device=self.device.index)
         except E8KVError as e:
             why = (f": the CUDA cache holds {', '.join(CUDA_FORMATS)} (k=/v=/kv= and layer rules of them), keys "
-                   "after RoPE; not rope=pre, e8t/e8tv, auto=, presets, sink=, window=, eviction"
+                   "after RoPE, sink=N up to 64; not rope=pre, e8t/e8tv, auto=, presets, window=, eviction"
                    if e.code == ErrorCode.SPEC else "")
             raise E8KVError(e.code, f"e8kv CUDA cache '{spec}' for {s.model_type} ({max_batch_size} x "
                                     f"{self.capacity} tokens){why}") from None
@@ -463,7 +464,9 @@ class E8KVCudaCache(Cache):
                 max_batch_size, self.pages_per_seq)
             self._row_base = torch.arange(max_batch_size, dtype=torch.int64) * self.capacity
             self._arange = torch.arange(max(max_chunk, 1), dtype=torch.int64)
-        for t in (self._tables, self._row_base, self._arange):
+            self._batch_rows = torch.arange(max_batch_size, dtype=torch.int32)  # each row's sink row
+        self.sink = self.kv.sink
+        for t in (self._tables, self._row_base, self._arange, self._batch_rows):
             torch._dynamo.mark_static_address(t)
         self._attach(config)
         super().__init__(layers=[E8KVCudaLayer(self, i) for i in range(s.n_layer)])
@@ -502,7 +505,13 @@ class E8KVCudaCache(Cache):
         else:
             pos = self._arange[:t] + length
         slots = (self._row_base[row0:row0 + b, None] + pos[None, :]).reshape(-1)
-        torch.ops.e8kv.append(self._state, self._key, layer, slots, self._rows(key_states), self._rows(value_states))
+        sink_slots = None
+        if self.sink:  # positions below sink=N also into the row's sink rows
+            rows = self._batch_rows[row0:row0 + b, None].to(torch.int64)
+            sink_slots = torch.where(pos[None, :] < self.sink, rows * self.sink + pos[None, :],
+                                     torch.full_like(pos[None, :], -1)).reshape(-1)
+        torch.ops.e8kv.append(self._state, self._key, layer, slots, self._rows(key_states), self._rows(value_states),
+                              sink_slots)
 
     def fill(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor, row0: int = 0) -> None:
         """Write K/V (b, n_head_kv, t, head_dim) of batch rows row0 .. row0+b-1 at positions 0 .. t-1 of a
@@ -535,6 +544,7 @@ class E8KVCudaCache(Cache):
         if t == 1:
             tables = self._tables[:b]
             ctx = length.to(torch.int32).expand(b).contiguous()
+            sink_rows = self._batch_rows[:b] if self.sink else None
         else:  # one virtual row per (batch row, token): context = its position + 1
             if b * t > self.batch_rows * max(1, self.max_chunk):
                 raise E8KVError(ErrorCode.DIMENSION, f"e8kv CUDA cache: a chunk of {t} tokens x {b} rows with a "
@@ -542,7 +552,8 @@ class E8KVCudaCache(Cache):
             tables = self._tables[:b].repeat_interleave(t, dim=0)
             pos = torch.arange(t, dtype=torch.int64, device=query.device) + (length - t + 1)
             ctx = pos.to(torch.int32).repeat(b)
-        out = torch.ops.e8kv.attend(self._state, self._key, layer, q, tables, ctx, self.capacity)
+            sink_rows = self._batch_rows[:b].repeat_interleave(t) if self.sink else None
+        out = torch.ops.e8kv.attend(self._state, self._key, layer, q, tables, ctx, self.capacity, sink_rows)
         return out.view(b, t, n_head, d).to(query.dtype), None
 
     # -- accounting
@@ -550,7 +561,8 @@ class E8KVCudaCache(Cache):
     def n_bytes(self) -> int:
         """Device bytes the cache holds: the C cache's one allocation (pages, tables, workspace) plus its
         small torch tensors (block tables, lengths, status word)."""
-        extra = sum(x.numel() * x.element_size() for x in (self._state, self._tables, self._row_base, self._arange))
+        extra = sum(x.numel() * x.element_size() for x in (self._state, self._tables, self._row_base, self._arange,
+                                                                self._batch_rows))
         return self.kv.device_bytes + extra + 8 * len(self.layers)
 
     @property
