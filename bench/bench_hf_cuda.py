@@ -242,8 +242,10 @@ def main():
                     help="main (8 x long, every cache and mode), floor (compiled at 8 x 64), prefill (eager, batch 1: a short and a long "
                          "prompt on an empty cache, 64-token chunks after a long past), fit (largest batch at long), small (batch 1, "
                          "short context), again (DynamicCache and e8box:4 eager at 8 x long once more)")
-    ap.add_argument("--kinds", default="dynamic,static,e8box:4,e8p:2", help="caches of the main and small parts")
-    ap.add_argument("--fit-kinds", default="dynamic,static,e8box:4,e8p:2")
+    ap.add_argument("--kinds", default="dynamic,static,e8box:4,e8p:2",
+                    help="caches of the main and small parts, comma-separated; or ';'-separated when a spec holds "
+                         "commas ('dynamic;e8box:4;e8box:4,sink=4')")
+    ap.add_argument("--fit-kinds", default="dynamic,static,e8box:4,e8p:2", help="as --kinds")
     ap.add_argument("--fit-from", type=int, default=8, help="first batch tried by the fit search")
     ap.add_argument("--profile", action="store_true",
                     help="main part's compiled cases: GPU kernel time per step by group (torch.profiler), and a "
@@ -254,7 +256,10 @@ def main():
     log("model built:", sum(p.numel() for p in model.parameters()) / 1e9, "G params,",
         torch.cuda.memory_allocated() / 1e9, "GB")
     big, small = (2048, 512) if args.quick else (32768, 8192)
-    kinds = args.kinds.split(",")
+    def kind_list(s):
+        return s.split(";") if ";" in s else s.split(",")
+
+    kinds = kind_list(args.kinds)
     parts = args.parts.split(",")
 
     def go(kind, mode, b, c, steps=args.steps, prof=False):
@@ -279,7 +284,7 @@ def main():
     if "fit" in parts:  # the largest batch at `big` (eager steps), then a compiled step at that batch
         tries = [b for b in (8, 12, 16, 20, 24, 32, 40, 48, 56, 64, 72, 80, 96, 112, 128, 160, 192, 224, 256)
                  if b >= args.fit_from]
-        for kind in args.fit_kinds.split(","):
+        for kind in kind_list(args.fit_kinds):
             last = r = None
             for b in tries:
                 r = go(kind, "eager", b, big, steps=5)

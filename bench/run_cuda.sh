@@ -6,7 +6,8 @@
 # build/bench_cuda_prof from bench/build_prof.sh, optional) into one folder and run it there with OUT set to where
 # the logs go (the device machine's $OUT; 7 files: test.log, run.log with every other log, bench_cuda.jsonl,
 # encode.jsonl, bench64.jsonl, sdpa.jsonl, table.md). QUICK=1: small sizes only. CASES=SHAPE/BATCH/CTX,...: those
-# cases only (every format, and SDPA); ENCODE=0: no encode timings; NCU=0: no ncu cases. One case alone (e.g. under ncu):
+# cases only (every format, and SDPA); ENCODE=0: no encode timings; NCU=0: no ncu cases; SINK=N: the same cases
+# again with sink=N (sink.jsonl; the sink rows' cost against the rows without, same run). One case alone (e.g. under ncu):
 # ./bench_cuda --only llama3-8b/e8box:4/8/32768
 cd "$(dirname "$0")"
 OUT=${OUT:-.}
@@ -20,6 +21,9 @@ fi
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee $LOG
 echo "== test_cuda"; timeout 120 ./test_cuda > $OUT/test.log 2>&1; echo "rc=$?"; tail -8 $OUT/test.log
 echo "== bench" | tee -a $LOG; timeout 240 ./bench_cuda ${QUICK:+--quick} ${ONLY:+--only $ONLY} --json $OUT/bench_cuda.jsonl >> $LOG 2>&1; echo "rc=$?"
+if [ -n "$SINK" ]; then
+    echo "== bench, sink=$SINK" | tee -a $LOG; timeout 240 ./bench_cuda --sink $SINK ${QUICK:+--quick} ${ONLY:+--only $ONLY} --json $OUT/sink.jsonl >> $LOG 2>&1; echo "rc=$?"
+fi
 if [ "${ENCODE:-1}" != 0 ]; then
     echo "== encode" | tee -a $LOG; timeout 60 ./bench_cuda --encode --json $OUT/encode.jsonl > $OUT/enc.tmp 2>&1; echo "rc=$?"; grep -v decode $OUT/enc.tmp; cat $OUT/enc.tmp >> $LOG; rm -f $OUT/enc.tmp
 fi
