@@ -272,7 +272,7 @@ def test_greedy_decode_runs(spec):
 
 
 @needs_gpu
-@pytest.mark.parametrize("spec", ["e8box:4", "bf16"])
+@pytest.mark.parametrize("spec", ["e8box:4", "bf16", "e8box:4,sink=2"])
 def test_compiled_equals_eager(spec):
     import e8kv.hf  # noqa: F401
     from torch._dynamo.utils import counters
