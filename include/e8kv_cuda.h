@@ -122,8 +122,9 @@ size_t e8kv_cuda_attend(e8kv_cuda_cache *cache, size_t layer, float *d_out, cons
 /* sink=N caches (e8kv_cuda_cache_sink > 0): the exact rows of positions 0..N-1. Writes n_tok K/V rows (as
  * in append_slots) into sink slots d_sink_slots[i] = row * N + position (row < max_seqs, position < N;
  * negative: skipped). Graph-safe like e8kv_cuda_append_slots_async; NaN/Inf set E8KV_CUDA_STATUS_NONFINITE
- * in *d_status. The same tokens must also be appended to their slots (the pages keep every position's
- * codes). A cache without sink rows: E8KV_ERROR_SPEC. */
+ * in *d_status, a slot of max_seqs * N or more is not written and sets E8KV_CUDA_STATUS_RANGE. The same
+ * tokens must also be appended to their slots (the pages keep every position's codes). A cache without sink
+ * rows: E8KV_ERROR_SPEC. */
 size_t e8kv_cuda_append_sink_async(e8kv_cuda_cache *cache, size_t layer, const int64_t *d_sink_slots,
                                    const void *d_k, const void *d_v, size_t n_tok, e8kv_dtype dtype,
                                    unsigned *d_status, void *stream);

@@ -588,6 +588,22 @@ static void test_sink_slots(const char *spec, size_t d, size_t sink) {
         nan1 &= isnan(ob[i]);
     CHECK(nan1 && !memcmp(oa, ob, n_head * d * 4) && !memcmp(oa + 2 * n_head * d, ob + 2 * n_head * d, n_head * d * 4),
           "a bad sink row: NaN for its sequence alone");
+    /* a sink slot past the rows: RANGE, nothing written (the outputs stay those of the first call) */
+    void *dfin = to_device(x, row, E8KV_DTYPE_F32);
+    sslots[0] = (int64_t)(n_seq * sink);
+    CU(cudaMemcpy(dsslots, sslots, sizeof(int64_t), cudaMemcpyHostToDevice));
+    e8kv_cuda_append_sink_async(a, 0, dsslots, dfin, dfin, 1, E8KV_DTYPE_F32, dstat, NULL);
+    CU(cudaMemcpy(&stat, dstat, sizeof stat, cudaMemcpyDeviceToHost));
+    CHECK(e8kv_get_error_code(e8kv_cuda_status_error(stat)) == E8KV_ERROR_RANGE, "sink slot past the rows: status %u",
+          stat);
+    rows[1] = 1;
+    CU(cudaMemcpy(dr, rows, sizeof rows, cudaMemcpyHostToDevice));
+    CU(cudaMemset(dout, 0xff, n_out * 4));
+    e8kv_cuda_attend_sinks(a, 0, dout, dq, E8KV_DTYPE_F32, n_seq, n_head, dt, width, dc, 1100, dr, NULL, 0, NULL);
+    CU(cudaMemcpy(ob, dout, n_out * 4, cudaMemcpyDeviceToHost));
+    CHECK(!memcmp(oa, ob, n_out * 4), "a refused sink slot changed what is attended");
+    CU(cudaFree(dfin));
+    CU(cudaMemset(dstat, 0, sizeof(unsigned)));
     /* NaN into a sink row: the status says so */
     x[3] = NAN;
     void *dn = to_device(x, row, E8KV_DTYPE_F32);

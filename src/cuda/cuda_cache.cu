@@ -67,8 +67,8 @@ static int page_format(e8kv_gpu_format g) {
 /* Each stream's page format (fmt[2 * l + s], s 0 = K, 1 = V) and the rotation's signs, from the library's
  * cache spec grammar (e8kv_cache_spec_layers: a format, k=/v=/kv=, layer rules). Each stream's codec is
  * created as the CPU cache would create it, and the registry says which GPU page format holds its bytes.
- * Items the GPU cache does not implement are SPEC: sink= beyond E8KV_CUDA_SINK_MAX, window=, rope=pre (keys come after RoPE), auto=,
- * evict=/budget=, center= other than 0 (pages hold the codec's bytes, uncentred), page= (block_size is
+ * Items the GPU cache does not implement are SPEC: sink= beyond E8KV_CUDA_SINK_MAX, window=, rope=pre (keys
+ * come after RoPE), auto=, evict=/budget=, center= other than 0 (pages hold the codec's bytes, uncentred), page= (block_size is
  * the parameter), presets (their formats are not GPU formats). */
 static size_t resolve_formats(const e8kv_cuda_cache_params *p, int *fmt, float signs[128], size_t *sink) {
     if (!p->spec) return E8KV_ERR(SPEC);
@@ -379,8 +379,8 @@ static size_t append_rows(e8kv_cuda_cache *c, size_t layer, const int64_t *host_
             size_t r = e8kv_cu_launch_append(&c->sd[2 * layer + s], c->d_slots, src, n, c->n_head_kv, c->d,
                                              c->bs, (int)dtype, c->d_signs, c->rot_scale, c->d_flags, 0);
             if (!r && host_sink_slots)
-                r = e8kv_cu_launch_sink_append(sink_pool(c, layer, s), c->d_sslots, src, n, c->n_head_kv * c->d,
-                                               (int)dtype, c->d_flags, 0);
+                r = e8kv_cu_launch_sink_append(sink_pool(c, layer, s), c->d_sslots, c->max_seqs * c->sink, src, n,
+                                               c->n_head_kv * c->d, (int)dtype, c->d_flags, 0);
             if (r) return r;
         }
     }
@@ -424,9 +424,9 @@ size_t e8kv_cuda_append_sink_async(e8kv_cuda_cache *c, size_t layer, const int64
         return E8KV_ERR(BAD_ARGUMENT);
     if (!c->sink) return E8KV_ERR(SPEC);
     for (int s = 0; s < 2; s++)
-        E8KV_RETURN_IF_ERROR(e8kv_cu_launch_sink_append(sink_pool(c, layer, s), d_sink_slots, s ? d_v : d_k, n_tok,
-                                                        c->n_head_kv * c->d, (int)dtype, d_status,
-                                                        (cudaStream_t)stream));
+        E8KV_RETURN_IF_ERROR(e8kv_cu_launch_sink_append(sink_pool(c, layer, s), d_sink_slots, c->max_seqs * c->sink,
+                                                        s ? d_v : d_k, n_tok, c->n_head_kv * c->d, (int)dtype,
+                                                        d_status, (cudaStream_t)stream));
     return n_tok;
 }
 

@@ -691,13 +691,17 @@ size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, cons
     return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
 }
 
-/* sink rows (sink=N): the exact values, f32, one thread per value */
-__global__ void append_sink_kernel(float *pool, const int64_t *slots, const void *src, size_t n_tok,
-                                   size_t n_vals, int dtype, unsigned *flags) {
+/* sink rows (sink=N): the exact values, f32, one thread per value; a slot past the rows is not written */
+__global__ void append_sink_kernel(float *pool, const int64_t *slots, size_t n_slots, const void *src,
+                                   size_t n_tok, size_t n_vals, int dtype, unsigned *flags) {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_tok * n_vals) return;
     const int64_t slot = slots[i / n_vals];
     if (slot < 0) return;
+    if ((uint64_t)slot >= n_slots) {
+        atomicOr(flags, FLAG_RANGE);
+        return;
+    }
     const float x = e8kv_cuda_load_val(src, i, dtype);
     if (!isfinite(x)) {
         atomicOr(flags, FLAG_NONFINITE);
@@ -706,12 +710,12 @@ __global__ void append_sink_kernel(float *pool, const int64_t *slots, const void
     pool[(size_t)slot * n_vals + i % n_vals] = x;
 }
 
-size_t e8kv_cu_launch_sink_append(float *pool, const int64_t *d_sink_slots, const void *d_src, size_t n_tok,
-                                  size_t n_vals, int dtype, unsigned *d_flags, cudaStream_t stream) {
+size_t e8kv_cu_launch_sink_append(float *pool, const int64_t *d_sink_slots, size_t n_slots, const void *d_src,
+                                  size_t n_tok, size_t n_vals, int dtype, unsigned *d_flags, cudaStream_t stream) {
     if (n_tok == 0) return 0;
     const size_t blocks = (n_tok * n_vals + 255) / 256;
     if (blocks > 0x7fffffffu) return E8KV_ERR(DIMENSION);
-    append_sink_kernel<<<(unsigned)blocks, 256, 0, stream>>>(pool, d_sink_slots, d_src, n_tok, n_vals, dtype,
-                                                              d_flags);
+    append_sink_kernel<<<(unsigned)blocks, 256, 0, stream>>>(pool, d_sink_slots, n_slots, d_src, n_tok, n_vals,
+                                                              dtype, d_flags);
     return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
 }

@@ -62,9 +62,11 @@ size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, cons
                              float rot_scale, unsigned *d_flags, cudaStream_t stream);
 
 /* sink rows: n_tok rows of n_vals values of dtype to f32 rows of `pool` at d_sink_slots[i] (row * sink +
- * position; negative: skipped); NaN/Inf raise FLAG_NONFINITE in *d_flags */
-size_t e8kv_cu_launch_sink_append(float *pool, const int64_t *d_sink_slots, const void *d_src, size_t n_tok,
-                                  size_t n_vals, int dtype, unsigned *d_flags, cudaStream_t stream);
+ * position; negative: skipped; n_slots or more: not written, FLAG_RANGE); NaN/Inf raise FLAG_NONFINITE in
+ * *d_flags */
+size_t e8kv_cu_launch_sink_append(float *pool, const int64_t *d_sink_slots, size_t n_slots, const void *d_src,
+                                  size_t n_tok, size_t n_vals, int dtype, unsigned *d_flags,
+                                  cudaStream_t stream);
 
 typedef struct {
     stream_desc k, v;
