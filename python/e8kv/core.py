@@ -572,22 +572,20 @@ class CudaCache:
             raise E8KVError(ErrorCode.SRC_SIZE, f"append: {n_tok} slots, {sink_slots.numel()} sink slots")
         if status is None:
             n = _check(self._lib.e8kv_cuda_append_slots(self._p, layer, sp, kp, vp, n_tok, dt), f"append layer {layer}")
-            if sink_slots is not None:
-                st = _torch.zeros(1, dtype=_torch.int32, device=k.device)
-                _check(self._lib.e8kv_cuda_append_sink_async(self._p, layer, _dev(sink_slots, "sink_slots", _torch.int64),
-                                                             kp, vp, n_tok, dt, st.data_ptr(), _stream(k, stream)),
-                       f"append (sink rows) layer {layer}")
-                self.check_status(st)
-            return n
-        if status.numel() != 1:
+        elif status.numel() != 1:
             raise E8KVError(ErrorCode.BAD_ARGUMENT, "append: status is one int32 element")
-        stp = _dev(status, "status", _torch.int32)
-        n = _check(self._lib.e8kv_cuda_append_slots_async(self._p, layer, sp, kp, vp, n_tok, dt, stp,
-                                                          _stream(k, stream)), f"append layer {layer}")
-        if sink_slots is not None:
+        else:
+            n = _check(self._lib.e8kv_cuda_append_slots_async(self._p, layer, sp, kp, vp, n_tok, dt,
+                                                              _dev(status, "status", _torch.int32), _stream(k, stream)),
+                       f"append layer {layer}")
+        if sink_slots is not None:  # synchronous: a status word of its own, read back at once
+            st = status if status is not None else _torch.zeros(1, dtype=_torch.int32, device=k.device)
             _check(self._lib.e8kv_cuda_append_sink_async(self._p, layer, _dev(sink_slots, "sink_slots", _torch.int64),
-                                                         kp, vp, n_tok, dt, stp, _stream(k, stream)),
+                                                         kp, vp, n_tok, dt, _dev(st, "status", _torch.int32),
+                                                         _stream(k, stream)),
                    f"append (sink rows) layer {layer}")
+            if status is None:
+                self.check_status(st)
         return n
 
     @staticmethod

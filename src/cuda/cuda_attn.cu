@@ -278,14 +278,20 @@ template <int N> __device__ __forceinline__ void scale_cols(float (&o)[N][4], fl
     }
 }
 
+/* sink=N: the sink row of sequence seq (the caller's, else seq itself), or -1 when it is out of range (the
+ * sequence's output is then NaN: merge_last) */
+__device__ __forceinline__ int sink_row(const attn_launch &a, int seq) {
+    const int row = a.sink_rows ? a.sink_rows[seq] : seq;
+    return row >= 0 && row < a.sink_rows_max ? row : -1;
+}
+
 /* sink=N: split 0's block asks for its sink rows (to L1) at entry, before its first copies queue up ahead of
  * them; sink_state reads them later */
 template <int D>
 __device__ __forceinline__ void sink_prefetch(const attn_launch &a, int seq, int kvh, int split) {
     if (!a.sink_n || split) return;
-    const int ns = min(a.sink_n, a.ctx_lens[seq]);
-    const int row = a.sink_rows ? a.sink_rows[seq] : seq;
-    if (ns <= 0 || row < 0 || row >= a.sink_rows_max) return;
+    const int ns = min(a.sink_n, a.ctx_lens[seq]), row = sink_row(a, seq);
+    if (ns <= 0 || row < 0) return;
     constexpr int LPR = D * 4 / 128; /* 128-byte lines per row */
     for (int i = threadIdx.x; i < 2 * ns * LPR; i += blockDim.x) {
         const int j = (i / LPR) % ns;
@@ -301,9 +307,8 @@ __device__ __forceinline__ void sink_prefetch(const attn_launch &a, int seq, int
  * merge_last. Split 0's block runs it while its first tiles are in flight. */
 template <int D> __device__ __forceinline__ void sink_state(const attn_launch &a, int seq, int kvh, int G) {
     constexpr int PL = D / 32;
-    const int ns = min(a.sink_n, a.ctx_lens[seq]);
-    const int row = a.sink_rows ? a.sink_rows[seq] : seq;
-    if (ns <= 0 || row < 0 || row >= a.sink_rows_max) return; /* merge_last: no sink, or a NaN output */
+    const int ns = min(a.sink_n, a.ctx_lens[seq]), row = sink_row(a, seq);
+    if (ns <= 0 || row < 0) return; /* merge_last: no sink, or a NaN output */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t srow = (size_t)row * a.sink_n * a.n_head_kv + (size_t)kvh;
     const float scale = rsqrtf((float)D) * LOG2E;
@@ -366,8 +371,7 @@ __device__ __forceinline__ void merge_last(const attn_launch &a, int seq, int kv
     /* sink=N: the sink rows' state (sink_state, stored by split 0) joins the splits' */
     bool sink = false, bad_row = false;
     if (SK && a.ctx_lens[seq] > 0) {
-        const int row = a.sink_rows ? a.sink_rows[seq] : seq;
-        bad_row = row < 0 || row >= a.sink_rows_max;
+        bad_row = sink_row(a, seq) < 0;
         sink = !bad_row;
     }
     /* max and denominator per head: warp r mod WARPS walks head r's splits */
@@ -384,12 +388,11 @@ __device__ __forceinline__ void merge_last(const attn_launch &a, int seq, int kv
         for (int o = 16; o; o >>= 1)
             M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
         float L = 0.0f;
-        if (M != -INFINITY) {
+        if (M != -INFINITY)
             for (int s = lane; s < n; s += 32) {
                 const float2 v = __ldcg(&ml[s]);
                 L += exp2f(v.x - M) * v.y;
             }
-        }
         for (int o = 16; o; o >>= 1)
             L += __shfl_xor_sync(0xffffffffu, L, o);
         float sw = 0.0f; /* the sink state's weight */

@@ -371,17 +371,20 @@ static size_t append_rows(e8kv_cuda_cache *c, size_t layer, const int64_t *host_
         if (cudaMemcpy(c->d_slots, host_slots + t0, n * sizeof(int64_t), cudaMemcpyHostToDevice) !=
             cudaSuccess)
             return E8KV_ERR(CUDA);
-        if (host_sink_slots && cudaMemcpy(c->d_sslots, host_sink_slots + t0, n * sizeof(int64_t),
-                                          cudaMemcpyHostToDevice) != cudaSuccess)
-            return E8KV_ERR(CUDA);
         for (int s = 0; s < 2; s++) {
             const uint8_t *const src = (const uint8_t *)(s ? v : k) + t0 * row;
-            size_t r = e8kv_cu_launch_append(&c->sd[2 * layer + s], c->d_slots, src, n, c->n_head_kv, c->d,
-                                             c->bs, (int)dtype, c->d_signs, c->rot_scale, c->d_flags, 0);
-            if (!r && host_sink_slots)
-                r = e8kv_cu_launch_sink_append(sink_pool(c, layer, s), c->d_sslots, c->max_seqs * c->sink, src, n,
-                                               c->n_head_kv * c->d, (int)dtype, c->d_flags, 0);
+            const size_t r =
+                e8kv_cu_launch_append(&c->sd[2 * layer + s], c->d_slots, src, n, c->n_head_kv, c->d, c->bs,
+                                      (int)dtype, c->d_signs, c->rot_scale, c->d_flags, 0);
             if (r) return r;
+        }
+        if (host_sink_slots) {
+            if (cudaMemcpy(c->d_sslots, host_sink_slots + t0, n * sizeof(int64_t), cudaMemcpyHostToDevice) !=
+                cudaSuccess)
+                return E8KV_ERR(CUDA);
+            E8KV_RETURN_IF_ERROR(e8kv_cuda_append_sink_async(c, layer, c->d_sslots, (const uint8_t *)k + t0 * row,
+                                                             (const uint8_t *)v + t0 * row, n, dtype, c->d_flags,
+                                                             NULL));
         }
     }
     unsigned flags = 0;
