@@ -189,6 +189,10 @@ def test_sink_rows_attend_exactly(spec, kf, vf):
         pos = torch.arange(L, dtype=torch.int64, device="cuda")
         slots = s * per * 16 + pos  # row s owns pages s*per .. s*per+per-1
         sink_slots = torch.where(pos < n, int(rows[s]) * n + pos, torch.full_like(pos, -1))
+        if s == 0:  # a sink slot per row, and a sink row per sequence, or a named error
+            with pytest.raises(e8kv.E8KVError) as e:
+                kv.append(0, slots, k, v, sink_slots=sink_slots[:-1])
+            assert e.value.code == e8kv.ErrorCode.SRC_SIZE
         kv.append(0, slots, k, v, sink_slots=sink_slots)
         exact = [x.double().cpu().numpy().reshape(L, n_kv, d) for x in (k, v)]
         coded = [c.decode(c.encode(x.astype(np.float32))).astype(np.float64).reshape(L, n_kv, d)
@@ -205,6 +209,9 @@ def test_sink_rows_attend_exactly(spec, kf, vf):
             out.append(np.concatenate(o))
         refs.append(out)
     ctx = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    with pytest.raises(e8kv.E8KVError) as e:
+        kv.attend(0, q, tables, ctx, sink_rows=rows[:2])
+    assert e.value.code == e8kv.ErrorCode.SRC_SIZE
     got = kv.attend(0, q, tables, ctx, sink_rows=rows).double().cpu().numpy()
     for s in range(3):
         want, plain = refs[s]
