@@ -172,12 +172,16 @@ static void box_prof(e8kv_cuda_cache *c, float *out, const void *q, size_t batch
 #endif
 
 static size_t g_bs = 16, g_sink = 0;
+static const char *g_suffix = ""; /* --suffix S: appended to every spec (",center=0": uncentred pages) */
 static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, double copy_gbps) {
-    char spec_sink[64];
-    if (g_sink) { /* --sink N: the format with sink=N (its sink rows left zero: what is timed is the same) */
-        snprintf(spec_sink, sizeof spec_sink, "%s,sink=%zu", spec, g_sink);
-        spec = spec_sink;
-    }
+    char spec_sink[96];
+    /* --sink N: the format with sink=N (its sink rows left zero: what is timed is the same); the means of a
+     * centred cache (the default) stay zero too: the merge adds them all the same */
+    if (g_sink)
+        snprintf(spec_sink, sizeof spec_sink, "%s,sink=%zu%s", spec, g_sink, g_suffix);
+    else
+        snprintf(spec_sink, sizeof spec_sink, "%s%s", spec, g_suffix);
+    spec = spec_sink;
     const size_t bs = g_bs, pages = batch * ctx / bs, n_head = sh->n_kv * sh->G, d = sh->d;
     e8kv_cuda_cache_params p;
     memset(&p, 0, sizeof p);
@@ -365,6 +369,9 @@ static double now_us(void) {
 /* Encode timings of one shape and format (see the header): n_tok tokens per call, n_layer layers. */
 static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n_layer, int outliers,
                        double copy_gbps) {
+    char spec_sfx[96];
+    snprintf(spec_sfx, sizeof spec_sfx, "%s%s", spec, g_suffix);
+    spec = spec_sfx;
     const size_t bs = g_bs, d = sh->d, row = sh->n_kv * d, pages = n_tok; /* one page per token at most */
     e8kv_cuda_cache_params p;
     memset(&p, 0, sizeof p);
@@ -407,14 +414,30 @@ static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n
     }
     CU(cudaDeviceSynchronize());
     const double in_bytes = (double)n_tok * row * 2 * 2; /* bf16 K + V */
+    /* a centred cache (the default for e8box, e8p) is appended with rows (row 0 for every token: the encode
+     * kernels subtract its means), as a serving engine's centred appends are; uncentred: append_slots */
+    const int centered = e8kv_cuda_cache_centered(c);
+    int32_t *d_rows = NULL;
+    unsigned *d_stat = NULL;
+    CU(cudaMalloc((void **)&d_rows, n_tok * sizeof(int32_t)));
+    CU(cudaMemset(d_rows, 0, n_tok * sizeof(int32_t)));
+    CU(cudaMalloc((void **)&d_stat, sizeof(unsigned)));
+    CU(cudaMemset(d_stat, 0, sizeof(unsigned)));
     /* (a) the API, host-synchronised */
     enum { N_API = 10, N_KER = 20 };
     const int n_api = n_tok == 8 ? 32 * N_API : N_API;
     float *ta = (float *)malloc((size_t)(n_api + 3) * sizeof(float));
     for (int i = -3; i < n_api; i++) {
         const double t0 = now_us();
-        const size_t a = e8kv_cuda_append_slots(c, (size_t)(i + 3) % n_layer, d_slots, kin, vin, n_tok,
-                                                E8KV_DTYPE_BF16);
+        size_t a;
+        if (centered) {
+            a = e8kv_cuda_append_rows_async(c, (size_t)(i + 3) % n_layer, d_slots, d_rows, kin, vin, n_tok,
+                                            E8KV_DTYPE_BF16, d_stat, NULL);
+            CU(cudaDeviceSynchronize());
+        } else {
+            a = e8kv_cuda_append_slots(c, (size_t)(i + 3) % n_layer, d_slots, kin, vin, n_tok,
+                                       E8KV_DTYPE_BF16);
+        }
         const double t1 = now_us();
         if (e8kv_is_error(a)) {
             printf("append: %s\n", e8kv_error_name(a));
@@ -434,7 +457,9 @@ static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n
     CU(cudaMemcpy(d_signs, hs, d * sizeof(float), cudaMemcpyHostToDevice));
     CU(cudaMalloc((void **)&d_flags, sizeof(unsigned)));
     CU(cudaMemset(d_flags, 0, sizeof(unsigned)));
-    const int fmt = !strcmp(spec, "e8box:4") ? FMT_BOX4 : !strcmp(spec, "e8p:2") ? FMT_E8P2 : FMT_BF16;
+    const int fmt = !strncmp(spec, "e8box:4", 7) ? FMT_BOX4
+                    : !strncmp(spec, "e8p:2", 5) ? FMT_E8P2
+                                                 : FMT_BF16;
     stream_desc *sd = (stream_desc *)malloc(2 * n_layer * sizeof(stream_desc));
     for (size_t l = 0; l < n_layer; l++)
         for (int s = 0; s < 2; s++) {
@@ -442,6 +467,7 @@ static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n
             const size_t pb = e8kv_cuda_cache_pages(c, l, s, &pool);
             sd[2 * l + s].pool = (uint8_t *)pool, sd[2 * l + s].page_bytes = pb;
             sd[2 * l + s].head_bytes = pb / sh->n_kv, sd[2 * l + s].fmt = fmt;
+            sd[2 * l + s].mu = NULL; /* the kernels alone: uncentred (the API timing above has the means) */
         }
     const float rot = 1.0f / sqrtf((float)d);
     cudaStream_t st;
@@ -457,8 +483,9 @@ static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n
         CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
         for (size_t l = 0; l < n_layer; l++)
             for (int s = 0; s < 2; s++)
-                if (e8kv_cu_launch_append(&sd[2 * l + s], d_slots, s ? (void *)vin : (void *)kin, n_tok, sh->n_kv,
-                                          d, bs, E8KV_DTYPE_BF16, d_signs, rot, d_flags, st))
+                if (e8kv_cu_launch_append(&sd[2 * l + s], d_slots, s ? (void *)vin : (void *)kin, n_tok,
+                                          sh->n_kv, d, bs, E8KV_DTYPE_BF16, d_signs, rot, d_flags, st, NULL,
+                                          0))
                     printf("launch failed\n"), exit(1);
         CU(cudaStreamEndCapture(st, &g));
         CU(cudaGraphInstantiate(&ge, g, 0));
@@ -477,8 +504,8 @@ static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n
         for (int i = 0; i < N_KER + 3; i++) {
             CU(cudaEventRecord(ev[2 * i], st));
             for (int s = 0; s < 2; s++)
-                if (e8kv_cu_launch_append(&sd[s], d_slots, s ? (void *)vin : (void *)kin, n_tok, sh->n_kv, d, bs,
-                                          E8KV_DTYPE_BF16, d_signs, rot, d_flags, st))
+                if (e8kv_cu_launch_append(&sd[s], d_slots, s ? (void *)vin : (void *)kin, n_tok, sh->n_kv, d,
+                                          bs, E8KV_DTYPE_BF16, d_signs, rot, d_flags, st, NULL, 0))
                     printf("launch failed\n"), exit(1);
             CU(cudaEventRecord(ev[2 * i + 1], st));
         }
@@ -510,7 +537,7 @@ static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n
         CU(cudaEventDestroy(ev[i]));
     CU(cudaStreamDestroy(st));
     free(sd), free(ta), free(slots), free(perm);
-    void *const dev[] = {d_slots, kin, vin, d_signs, d_flags};
+    void *const dev[] = {d_slots, kin, vin, d_signs, d_flags, d_rows, d_stat};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         CU(cudaFree(dev[i]));
     e8kv_cuda_cache_free(c);
@@ -530,6 +557,8 @@ int main(int argc, char **argv) {
             g_bs = (size_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--sink") && i + 1 < argc)
             g_sink = (size_t)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--suffix") && i + 1 < argc)
+            g_suffix = argv[++i];
         else if (!strcmp(argv[i], "--encode"))
             encode = 1;
     }

@@ -7,7 +7,10 @@
 # the logs go (the device machine's $OUT; 7 files: test.log, run.log with every other log, bench_cuda.jsonl,
 # encode.jsonl, bench64.jsonl, sdpa.jsonl, table.md). QUICK=1: small sizes only. CASES=SHAPE/BATCH/CTX,...: those
 # cases only (every format, and SDPA); ENCODE=0: no encode timings; NCU=0: no ncu cases; SINK=N: the same cases
-# again with sink=N (sink.jsonl; the sink rows' cost against the rows without, same run). One case alone (e.g. under ncu):
+# again with sink=N (sink.jsonl; the sink rows' cost against the rows without, same run); CENTER0=1: the cases and
+# the encode timings again with center=0 (center0.jsonl, encode_center0.jsonl: what centring costs, same run);
+# NO64=1: not the 64-token-page cases.
+# One case alone (e.g. under ncu):
 # ./bench_cuda --only llama3-8b/e8box:4/8/32768
 cd "$(dirname "$0")"
 OUT=${OUT:-.}
@@ -24,12 +27,18 @@ echo "== bench" | tee -a $LOG; timeout 240 ./bench_cuda ${QUICK:+--quick} ${ONLY
 if [ -n "$SINK" ]; then
     echo "== bench, sink=$SINK" | tee -a $LOG; timeout 240 ./bench_cuda --sink $SINK ${QUICK:+--quick} ${ONLY:+--only $ONLY} --json $OUT/sink.jsonl >> $LOG 2>&1; echo "rc=$?"
 fi
+if [ -n "$CENTER0" ]; then
+    echo "== bench, center=0" | tee -a $LOG; timeout 240 ./bench_cuda --suffix ,center=0 ${QUICK:+--quick} ${ONLY:+--only $ONLY} --json $OUT/center0.jsonl >> $LOG 2>&1; echo "rc=$?"
+fi
 if [ "${ENCODE:-1}" != 0 ]; then
     echo "== encode" | tee -a $LOG; timeout 60 ./bench_cuda --encode --json $OUT/encode.jsonl > $OUT/enc.tmp 2>&1; echo "rc=$?"; grep -v decode $OUT/enc.tmp; cat $OUT/enc.tmp >> $LOG; rm -f $OUT/enc.tmp
+    if [ -n "$CENTER0" ]; then
+        echo "== encode, center=0" | tee -a $LOG; timeout 60 ./bench_cuda --encode --suffix ,center=0 --json $OUT/encode_center0.jsonl > $OUT/enc.tmp 2>&1; echo "rc=$?"; grep -v decode $OUT/enc.tmp; cat $OUT/enc.tmp >> $LOG; rm -f $OUT/enc.tmp
+    fi
 fi
 echo "== sdpa" | tee -a $LOG; timeout 150 env PYTHONUNBUFFERED=1 python3 bench_sdpa.py ${QUICK:+--quick} ${CASES:+--only $CASES} --json $OUT/sdpa.jsonl >> $LOG 2>&1; echo "rc=$?"
 python3 bench_cuda_table.py $OUT/bench_cuda.jsonl $OUT/sdpa.jsonl | tee $OUT/table.md
-echo "== 64-token pages" | tee -a $LOG; timeout 60 ./bench_cuda --block 64 --json $OUT/bench64.jsonl --only llama3-8b/e8box:4/1/32768,llama3-8b/e8box:4/1/131072,llama3-8b/e8box:4/8/32768,llama3-8b/e8box:4/8/131072,llama3-8b/e8box:4/32/32768,llama3-8b/e8box:4/32/131072,llama3-8b/e8p:2/1/131072,llama3-8b/e8p:2/8/32768,llama3-8b/e8p:2/32/32768 >> $LOG 2>&1; echo "rc=$?"
+[ -n "$NO64" ] || { echo "== 64-token pages" | tee -a $LOG; timeout 60 ./bench_cuda --block 64 --json $OUT/bench64.jsonl --only llama3-8b/e8box:4/1/32768,llama3-8b/e8box:4/1/131072,llama3-8b/e8box:4/8/32768,llama3-8b/e8box:4/8/131072,llama3-8b/e8box:4/32/32768,llama3-8b/e8box:4/32/131072,llama3-8b/e8p:2/1/131072,llama3-8b/e8p:2/8/32768,llama3-8b/e8p:2/32/32768 >> $LOG 2>&1; echo "rc=$?"; }
 if [ -x ./bench_cuda_prof ]; then
     echo "== phase stamps (bench_cuda_prof)" | tee -a $LOG
     timeout 60 ./bench_cuda_prof --only llama3-8b/e8box:4/1/4096,llama3-8b/e8box:4/1/131072,llama3-8b/e8box:4/8/32768,llama3-8b/e8box:4/8/131072 2>&1 | grep -v "^device" | tee -a $LOG

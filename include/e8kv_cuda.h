@@ -25,10 +25,16 @@
  *             The cache holds max_seqs sink rows per (layer, stream); an owned sequence's row is its id.
  *             A caller that owns the block tables writes its sequences' first N tokens with
  *             e8kv_cuda_append_sink_async (as well as into their slots) and names each sequence's row in
- *             e8kv_cuda_attend_sinks.
+ *             e8kv_cuda_attend_rows.
+ *   center=   as on the CPU, the default is center=1: the e8box and e8p streams code x − μ, μ the mean of
+ *             the sequence's first append (E8KV_CUDA_CENTER_MIN_TOKENS or more tokens, else 0) per layer,
+ *             stream and KV head, kept in f32 in the sequence's row (max_seqs rows, as for sink=); the
+ *             attention adds μ back. The pages then hold the bytes of the CPU cache of the same spec (its
+ *             codec's bytes of x − μ). center=0: uncentred, the codec's bytes of x. A caller that owns the
+ *             block tables sets a row's means with e8kv_cuda_set_means_async, appends with
+ *             e8kv_cuda_append_rows_async and attends with e8kv_cuda_attend_rows; rows never set hold 0.
  * Not on the GPU yet, E8KV_ERROR_SPEC: window=, rope=pre (keys arrive after RoPE), auto=, eviction,
- * center=1/all (pages are the codec's bytes, uncentred: center=0), page= (block_size is the parameter),
- * presets and the formats without a GPU page format.
+ * page= (block_size is the parameter), presets and the formats without a GPU page format.
  * head_dim 64 or 128 (E8KV_ERROR_HEAD_DIM otherwise); query heads per KV head 1..8.
  *
  * Errors are the library's size_t codes (e8kv.h); a failing CUDA call is E8KV_ERROR_CUDA, a failed
@@ -119,6 +125,26 @@ size_t e8kv_cuda_attend(e8kv_cuda_cache *cache, size_t layer, float *d_out, cons
                         const int32_t *d_ctx_lens, size_t max_ctx, void *d_workspace, size_t workspace_bytes,
                         void *stream);
 
+/* Each sequence of a caller-owned cache may have a row (0 .. max_seqs − 1, the caller's choice): its sink
+ * rows (sink=N) and its means (center=1) live there. */
+/* center=1 caches (e8kv_cuda_cache_centered): sets the means of `row` for this layer from n_tok K/V rows (as
+ * in append_slots; a sequence's first append, the CPU cache's rule): their mean, summed in double in token
+ * order, when n_tok ≥ E8KV_CUDA_CENTER_MIN_TOKENS, else 0. Asynchronous on `stream`. row ≥ max_seqs:
+ * E8KV_ERROR_BAD_ARGUMENT; an uncentred cache: E8KV_ERROR_SPEC. NaN/Inf make the means NaN, and the
+ * appends that use them are then refused (NONFINITE). */
+size_t e8kv_cuda_set_means_async(e8kv_cuda_cache *cache, size_t layer, size_t row, const void *d_k,
+                                 const void *d_v, size_t n_tok, e8kv_dtype dtype, void *stream);
+/* e8kv_cuda_append_slots_async with each token's row (d_rows: n_tok int32; negative: no mean): centred
+ * streams code x − μ of that row. A row of max_seqs or more: E8KV_CUDA_STATUS_RANGE (the token is coded
+ * uncentred). Graph-safe. An uncentred cache ignores d_rows. e8kv_cuda_append_slots(_async) code every token
+ * uncentred. */
+size_t e8kv_cuda_append_rows_async(e8kv_cuda_cache *cache, size_t layer, const int64_t *d_slots,
+                                   const int32_t *d_rows, const void *d_k, const void *d_v, size_t n_tok,
+                                   e8kv_dtype dtype, unsigned *d_status, void *stream);
+/* 1 when some stream is centred (center=1, the default, and an e8box or e8p stream). */
+int e8kv_cuda_cache_centered(const e8kv_cuda_cache *cache);
+#define E8KV_CUDA_CENTER_MIN_TOKENS 16
+
 /* sink=N caches (e8kv_cuda_cache_sink > 0): the exact rows of positions 0..N-1. Writes n_tok K/V rows (as
  * in append_slots) into sink slots d_sink_slots[i] = row * N + position (row < max_seqs, position < N;
  * negative: skipped). Graph-safe like e8kv_cuda_append_slots_async; NaN/Inf set E8KV_CUDA_STATUS_NONFINITE
@@ -128,14 +154,14 @@ size_t e8kv_cuda_attend(e8kv_cuda_cache *cache, size_t layer, float *d_out, cons
 size_t e8kv_cuda_append_sink_async(e8kv_cuda_cache *cache, size_t layer, const int64_t *d_sink_slots,
                                    const void *d_k, const void *d_v, size_t n_tok, e8kv_dtype dtype,
                                    unsigned *d_status, void *stream);
-/* e8kv_cuda_attend with each sequence's sink row: d_sink_rows (n_seq) int32 in [0, max_seqs); a row
- * outside that range makes the sequence's output NaN. NULL: row s for batch entry s (what
- * e8kv_cuda_attend does; then n_seq ≤ max_seqs on a sink cache). A cache without sink rows ignores it. */
-size_t e8kv_cuda_attend_sinks(e8kv_cuda_cache *cache, size_t layer, float *d_out, const void *d_q,
-                              e8kv_dtype dtype, size_t n_seq, size_t n_head, const int32_t *d_block_tables,
-                              size_t max_blocks_per_seq, const int32_t *d_ctx_lens, size_t max_ctx,
-                              const int32_t *d_sink_rows, void *d_workspace, size_t workspace_bytes,
-                              void *stream);
+/* e8kv_cuda_attend with each sequence's row (its sink rows and means): d_rows (n_seq) int32 in
+ * [0, max_seqs); a row outside that range makes the sequence's output NaN. NULL: row s for batch entry s
+ * (what e8kv_cuda_attend does; then n_seq ≤ max_seqs on a cache with sink rows or means). A cache with
+ * neither ignores it. */
+size_t e8kv_cuda_attend_rows(e8kv_cuda_cache *cache, size_t layer, float *d_out, const void *d_q,
+                             e8kv_dtype dtype, size_t n_seq, size_t n_head, const int32_t *d_block_tables,
+                             size_t max_blocks_per_seq, const int32_t *d_ctx_lens, size_t max_ctx,
+                             const int32_t *d_rows, void *d_workspace, size_t workspace_bytes, void *stream);
 /* N of the spec's sink=N (0: none). */
 size_t e8kv_cuda_cache_sink(const e8kv_cuda_cache *cache);
 #define E8KV_CUDA_SINK_MAX 64

@@ -168,15 +168,16 @@ def test_chunk_with_a_past_reads_the_pages(spec):
 @pytest.mark.parametrize("spec,kf,vf", [("e8box:4,sink=3", "e8box:4", "e8box:4"), ("e8p:2,sink=1", "e8p:2", "e8p:2"),
                                         ("k=e8box:4,v=bf16,sink=20", "e8box:4", "bf16")])
 def test_sink_rows_attend_exactly(spec, kf, vf):
-    """sink=N through the caller-owned calls (sink slots row * N + position, sink rows in reverse order of
-    the sequences): each sequence's attention within 1e-3 of float64 attention over the CPU codecs' decode
-    of its K/V with the first N rows exact; the reference without exact rows is further away on the
-    sequence whose tokens are all sinks (the rows are used). (Not against e8kv.Cache: the CPU cache scores
+    """sink=N and center=1 through the caller-owned calls (rows in reverse order of the sequences: means set
+    from each sequence's tokens, tokens appended with their row, sink slots row * N + position): each
+    sequence's attention within 1e-3 of float64 attention over the CPU codecs' decode of its K/V minus
+    its mean (mean added back), with the first N rows exact; the reference without exact rows is further
+    away on the sequence whose tokens are all sinks (the rows are used). (Not against e8kv.Cache: the CPU cache scores
     e8box:4 keys with int8 queries, ~1e-2 from exact on these scores.)"""
     n_kv, d, G, n = 2, 64, 4, int(spec.split("sink=")[1])
     lens, per = [2, 37, 150], 10
     kv = e8kv.CudaCache(1, n_kv, d, 3 * per, spec, max_seqs=3, max_batch=3, max_ctx=per * 16)
-    assert kv.sink == n
+    assert kv.sink == n and kv.centered
     g = torch.Generator(device="cuda").manual_seed(11)
     q = torch.randn((3, n_kv * G * d), generator=g, device="cuda")
     tables = torch.arange(3 * per, dtype=torch.int32, device="cuda").view(3, per)
@@ -193,10 +194,20 @@ def test_sink_rows_attend_exactly(spec, kf, vf):
             with pytest.raises(e8kv.E8KVError) as e:
                 kv.append(0, slots, k, v, sink_slots=sink_slots[:-1])
             assert e.value.code == e8kv.ErrorCode.SRC_SIZE
-        kv.append(0, slots, k, v, sink_slots=sink_slots)
+            with pytest.raises(e8kv.E8KVError) as e:
+                kv.append(0, slots, k, v, rows=rows[:1])
+            assert e.value.code == e8kv.ErrorCode.SRC_SIZE
+        kv.set_means(0, int(rows[s]), k, v)
+        kv.append(0, slots, k, v, sink_slots=sink_slots, rows=rows[s].repeat(L))
         exact = [x.double().cpu().numpy().reshape(L, n_kv, d) for x in (k, v)]
-        coded = [c.decode(c.encode(x.astype(np.float32))).astype(np.float64).reshape(L, n_kv, d)
-                 for c, x in zip(codecs, exact)]
+        coded = []
+        for c, f, x in zip(codecs, (kf, vf), exact):
+            x32 = x.reshape(L, n_kv * d).astype(np.float32)
+            mu = np.zeros(n_kv * d, np.float32)
+            if f != "bf16" and L >= 16:
+                mu = (np.cumsum(x32.astype(np.float64), axis=0)[-1] / L).astype(np.float32)
+            y = c.decode(c.encode((x32 - mu).reshape(L, n_kv, d))).reshape(L, n_kv * d)
+            coded.append((y.astype(np.float64) + mu).reshape(L, n_kv, d))
         qs = q[s].double().cpu().numpy().reshape(n_kv * G, d)
         out = []
         for kd, vd in ((np.concatenate((exact[0][:n], coded[0][n:])), np.concatenate((exact[1][:n], coded[1][n:]))),
@@ -210,9 +221,9 @@ def test_sink_rows_attend_exactly(spec, kf, vf):
         refs.append(out)
     ctx = torch.tensor(lens, dtype=torch.int32, device="cuda")
     with pytest.raises(e8kv.E8KVError) as e:
-        kv.attend(0, q, tables, ctx, sink_rows=rows[:2])
+        kv.attend(0, q, tables, ctx, rows=rows[:2])
     assert e.value.code == e8kv.ErrorCode.SRC_SIZE
-    got = kv.attend(0, q, tables, ctx, sink_rows=rows).double().cpu().numpy()
+    got = kv.attend(0, q, tables, ctx, rows=rows).double().cpu().numpy()
     for s in range(3):
         want, plain = refs[s]
         rel = float(np.linalg.norm(got[s] - want) / np.linalg.norm(want))
@@ -226,6 +237,7 @@ def test_sink_rows_attend_exactly(spec, kf, vf):
 @needs_gpu
 @pytest.mark.parametrize("spec,layers", [
     ("e8box:4", {0: ("e8box:4", "e8box:4"), 2: ("e8box:4", "e8box:4")}),
+    ("e8box:4,center=0", {0: ("e8box:4", "e8box:4")}),
     ("e8p:2", {0: ("e8p:2", "e8p:2"), 2: ("e8p:2", "e8p:2")}),
     ("k=e8box:4,v=bf16", {0: ("e8box:4", "bf16"), 2: ("e8box:4", "bf16")}),
     # a format per layer, in the library's grammar
@@ -238,17 +250,35 @@ def test_codes_equal_cpu_encoding(spec, layers):
     cache = gpu_cache(model, spec, 2, cap=64)
     g = torch.Generator(device="cuda").manual_seed(3)
     b, h, t, d = 2, 2, 21, 64
-    k = (torch.randn((b, h, t, d), generator=g, device="cuda") * 2).to(torch.bfloat16)
-    v = torch.randn((b, h, t, d), generator=g, device="cuda").to(torch.bfloat16)
-    for layer in range(3):
-        cache.update(k, v, layer)
-    torch.cuda.synchronize()
-    cache.check()
+    n_checked = 0
+    for again in range(2):  # then reset: a new sequence's first tokens set new means
+        if again:
+            cache.reset()
+        k = (torch.randn((b, h, t, d), generator=g, device="cuda") * 2 + again).to(torch.bfloat16)
+        v = torch.randn((b, h, t, d), generator=g, device="cuda").to(torch.bfloat16)
+        for layer in range(3):
+            cache.update(k, v, layer)
+        torch.cuda.synchronize()
+        cache.check()
+        n_checked += check_codes(cache, spec, layers, k, v, t, d)
+    assert n_checked > 0
+    cache.detach(model.config)
+
+
+def check_codes(cache, spec, layers, k, v, t, d):
+    """Every stored vector of `layers` against the CPU codec's bytes of the same rows (minus the rows'
+    means where the stream is centred); returns how many were compared."""
+    b, h = k.shape[:2]
     n_checked = 0
     for layer, fmts in layers.items():
         for stream, fmt, x in ((0, fmts[0], k), (1, fmts[1], v)):
             codec = e8kv.Codec(fmt, d, seed=0)
-            want = codec.encode(x.float().cpu())  # (b, h, t, vector_bytes)
+            xf = x.float().cpu().numpy()
+            if fmt != "bf16" and "center=0" not in spec:  # centred (the default): x - the row's mean over its
+                # first append, summed as the CPU cache sums
+                mu = (np.cumsum(xf.astype(np.float64), axis=2)[:, :, -1:] / t).astype(np.float32)
+                xf = xf - mu
+            want = codec.encode(xf)  # (b, h, t, vector_bytes)
             for bi in range(b):
                 for hi in range(h):
                     for ti in range(t):
@@ -257,8 +287,7 @@ def test_codes_equal_cpu_encoding(spec, layers):
                         np.testing.assert_array_equal(got, want[bi, hi, ti],
                                                       err_msg=f"{spec} {layer} {stream} {bi} {hi} {ti}")
                         n_checked += 1
-    assert n_checked > 0
-    cache.detach(model.config)
+    return n_checked
 
 
 @needs_gpu

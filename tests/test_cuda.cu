@@ -146,6 +146,13 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
     CHECK(c, "create %s: %s", sc->spec, e8kv_error_name(err));
     if (!c) return;
     cpu_fmt kf = cpu_fmt_make(sc->kname, d, seed), vf = cpu_fmt_make(sc->vname, d, seed);
+    /* center=1 unless the spec says center=0: the e8box and e8p streams code x − μ, μ the mean of the
+     * sequence's first append (here its prefill, or one token: 0) as the CPU cache computes it */
+    const int cen[2] = {
+        !strstr(sc->spec, "center=0") && strcmp(sc->kname, "bf16") && strcmp(sc->kname, "f16"),
+        !strstr(sc->spec, "center=0") && strcmp(sc->vname, "bf16") && strcmp(sc->vname, "f16")};
+    CHECK(e8kv_cuda_cache_centered(c) == (cen[0] || cen[1]), "%s: centered %d", sc->spec,
+          e8kv_cuda_cache_centered(c));
     size_t *ids = (size_t *)malloc(n_seq * sizeof *ids);
     for (size_t s = 0; s < n_seq; s++)
         ids[s] = e8kv_cuda_seq_create(c);
@@ -156,6 +163,7 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
     /* host copies of what went in: (seq, pos, head, d) */
     float **K = (float **)malloc(n_seq * sizeof *K), **V = (float **)malloc(n_seq * sizeof *V);
     const size_t row = n_kv * d;
+    float *MU = (float *)calloc(n_seq * 2 * row, sizeof(float)); /* (seq, K/V, head, d) */
     /* prefill: the first 2/3 of each sequence in one or two appends; the rest by batched decode steps */
     for (size_t s = 0; s < n_seq; s++) {
         K[s] = (float *)malloc((lens[s] + 1) * row * sizeof(float));
@@ -164,6 +172,13 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
         fill_rows(V[s], lens[s] * n_kv, d);
         const size_t pre = 2 * lens[s] / 3;
         void *dk = to_device(K[s], lens[s] * row, dt), *dv = to_device(V[s], lens[s] * row, dt);
+        for (int st = 0; st < 2; st++)
+            for (size_t j = 0; j < row && cen[st] && pre >= E8KV_CUDA_CENTER_MIN_TOKENS; j++) {
+                double sum = 0.0;
+                for (size_t t = 0; t < pre; t++)
+                    sum += (st ? V[s] : K[s])[t * row + j];
+                MU[(s * 2 + st) * row + j] = (float)(sum / (double)pre);
+            }
         if (pre) {
             const size_t r = e8kv_cuda_seq_append(c, layer, ids[s], dk, dv, pre, dt);
             CHECK(r == pre, "prefill append: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "count");
@@ -208,7 +223,10 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
             for (size_t h = 0; h < n_kv; h++)
                 for (int st = 0; st < 2; st++) {
                     const cpu_fmt *f = st ? &vf : &kf;
-                    const float *x = (st ? V[s] : K[s]) + pos * row + h * d;
+                    const float *const mu = MU + (s * 2 + st) * row + h * d;
+                    float x[128];
+                    for (size_t i = 0; i < d; i++)
+                        x[i] = (st ? V[s] : K[s])[pos * row + h * d + i] - mu[i];
                     const size_t r = e8kv_cuda_seq_read_vector(c, gb, sizeof gb, ids[s], layer, st, pos, h);
                     CHECK(r == f->vb, "read_vector: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "size");
                     cpu_encode(f, cb, x);
@@ -223,7 +241,10 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
                         }
                         mism++;
                     }
-                    cpu_decode(f, (st ? DV[s] : DK[s]) + pos * row + h * d, gb);
+                    float *const y = (st ? DV[s] : DK[s]) + pos * row + h * d;
+                    cpu_decode(f, y, gb);
+                    for (size_t i = 0; i < d; i++)
+                        y[i] += mu[i];
                 }
     }
     CHECK(mism == 0, "%s d=%zu dtype %d: %zu of %zu vectors differ from the CPU codec", sc->spec, d, (int)dt,
@@ -298,7 +319,7 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
            sc->spec, d, n_kv, G, (int)dt, n_seq, bs, n_vec, mism ? "NO" : "yes", worst);
     for (size_t s = 0; s < n_seq; s++)
         free(K[s]), free(V[s]), free(DK[s]), free(DV[s]);
-    free(K), free(V), free(DK), free(DV), free(q), free(out), free(sc_), free(ids);
+    free(K), free(V), free(DK), free(DV), free(q), free(out), free(sc_), free(ids), free(MU);
     CU(cudaFree(dq));
     CU(cudaFree(dout));
     e8kv_codec_free(kf.codec);
@@ -501,10 +522,12 @@ static void test_fork_and_errors(const char *spec, size_t d) {
 
 /* ---------------------------------------------------------------- 4a: sink rows, caller-owned */
 
-/* sink=N through the serving-engine calls: each sequence's rows appended to its slots and its first N rows
- * to a sink row of the caller's choosing (here in reverse order), attended with e8kv_cuda_attend_sinks;
- * the same rows in an owned-sequence cache (row = its id) must give the same floats, bit for bit. A sink
- * row out of range makes that sequence's output NaN, and the others are untouched. */
+/* sink=N (and center=1) through the serving-engine calls: each sequence gets a row of the caller's choosing
+ * (here in reverse order): its means set from its rows (e8kv_cuda_set_means_async), its rows appended to
+ * its slots with that row (e8kv_cuda_append_rows_async) and its first N rows to the row's sink rows,
+ * attended with e8kv_cuda_attend_rows; the same rows in an owned-sequence cache (row = its id) must give
+ * the same bytes and floats, bit for bit. A row out of range makes that sequence's output NaN, and the
+ * others are untouched; appended with a row out of range, a token is RANGE in the status word. */
 static void test_sink_slots(const char *spec, size_t d, size_t sink) {
     const size_t n_kv = 2, G = 4, n_head = n_kv * G, bs = 16, n_seq = 3, row = n_kv * d;
     const size_t lens[3] = {sink > 1 ? sink - 1 : 1, 300, 1100}, width = (1100 + bs - 1) / bs;
@@ -527,8 +550,11 @@ static void test_sink_slots(const char *spec, size_t d, size_t sink) {
     float *x = (float *)malloc(1100 * row * sizeof(float)), *y = (float *)malloc(1100 * row * sizeof(float));
     int64_t *slots = (int64_t *)malloc(1100 * sizeof(int64_t)), *sslots = (int64_t *)malloc(1100 * sizeof(int64_t));
     int64_t *dslots, *dsslots;
+    int32_t *trows = (int32_t *)malloc(1100 * sizeof(int32_t)), *dtrows;
     CU(cudaMalloc((void **)&dslots, 1100 * sizeof(int64_t)));
     CU(cudaMalloc((void **)&dsslots, 1100 * sizeof(int64_t)));
+    CU(cudaMalloc((void **)&dtrows, 1100 * sizeof(int32_t)));
+    const int centered = e8kv_cuda_cache_centered(a);
     for (size_t s = 0; s < n_seq; s++) {
         for (size_t i = 0; i < width; i++)
             tables[s * width + i] = (int32_t)(i * n_seq + (n_seq - 1 - s)); /* interleaved pages */
@@ -539,10 +565,18 @@ static void test_sink_slots(const char *spec, size_t d, size_t sink) {
         for (size_t t = 0; t < lens[s]; t++) {
             slots[t] = (int64_t)tables[s * width + t / bs] * (int64_t)bs + (int64_t)(t % bs);
             sslots[t] = t < sink ? (int64_t)(rows[s] * sink + t) : -1;
+            trows[t] = rows[s];
         }
         CU(cudaMemcpy(dslots, slots, lens[s] * sizeof(int64_t), cudaMemcpyHostToDevice));
         CU(cudaMemcpy(dsslots, sslots, lens[s] * sizeof(int64_t), cudaMemcpyHostToDevice));
-        CHECK(e8kv_cuda_append_slots(a, 0, dslots, dx, dy, lens[s], E8KV_DTYPE_BF16) == lens[s], "append_slots");
+        CU(cudaMemcpy(dtrows, trows, lens[s] * sizeof(int32_t), cudaMemcpyHostToDevice));
+        if (centered)
+            CHECK(!e8kv_is_error(e8kv_cuda_set_means_async(a, 0, (size_t)rows[s], dx, dy, lens[s],
+                                                           E8KV_DTYPE_BF16, NULL)),
+                  "set_means_async");
+        CHECK(e8kv_cuda_append_rows_async(a, 0, dslots, dtrows, dx, dy, lens[s], E8KV_DTYPE_BF16, dstat,
+                                          NULL) == lens[s],
+              "append_rows_async");
         CHECK(e8kv_cuda_append_sink_async(a, 0, dsslots, dx, dy, lens[s], E8KV_DTYPE_BF16, dstat, NULL) == lens[s],
               "append_sink_async");
         ids[s] = e8kv_cuda_seq_create(b);
@@ -553,6 +587,17 @@ static void test_sink_slots(const char *spec, size_t d, size_t sink) {
     unsigned stat = 1;
     CU(cudaMemcpy(&stat, dstat, sizeof stat, cudaMemcpyDeviceToHost));
     CHECK(stat == 0, "sink append status %u", stat);
+    int same_bytes = 1; /* the pages: the same bytes at each sequence's slots */
+    for (size_t s = 0; s < n_seq; s++)
+        for (size_t t = 0; t < lens[s]; t += 13)
+            for (int st = 0; st < 2; st++) {
+                uint8_t ga[1024], gb[1024];
+                const int64_t slot = (int64_t)tables[s * width + t / bs] * (int64_t)bs + (int64_t)(t % bs);
+                const size_t r1 = e8kv_cuda_read_slot(a, ga, sizeof ga, 0, st, slot, 1);
+                const size_t r2 = e8kv_cuda_seq_read_vector(b, gb, sizeof gb, ids[s], 0, st, t, 1);
+                same_bytes &= r1 == r2 && !e8kv_is_error(r1) && !memcmp(ga, gb, r1);
+            }
+    CHECK(same_bytes, "%s d=%zu: caller-owned pages unlike owned ones", spec, d);
     float *q = (float *)malloc(n_seq * n_head * d * sizeof(float));
     for (size_t i = 0; i < n_seq * n_head * d; i++)
         q[i] = gauss();
@@ -568,9 +613,9 @@ static void test_sink_slots(const char *spec, size_t d, size_t sink) {
     CU(cudaMemcpy(dc, ctx, sizeof ctx, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(dr, rows, sizeof rows, cudaMemcpyHostToDevice));
     CU(cudaMemset(dout, 0xff, n_out * 4));
-    size_t r = e8kv_cuda_attend_sinks(a, 0, dout, dq, E8KV_DTYPE_F32, n_seq, n_head, dt, width, dc, 1100, dr,
-                                      NULL, 0, NULL);
-    CHECK(r == n_out, "attend_sinks: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "count");
+    size_t r = e8kv_cuda_attend_rows(a, 0, dout, dq, E8KV_DTYPE_F32, n_seq, n_head, dt, width, dc, 1100, dr,
+                                     NULL, 0, NULL);
+    CHECK(r == n_out, "attend_rows: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "count");
     CU(cudaMemcpy(oa, dout, n_out * 4, cudaMemcpyDeviceToHost));
     CU(cudaMemset(dout, 0xff, n_out * 4));
     r = e8kv_cuda_seq_attend(b, 0, dout, dq, E8KV_DTYPE_F32, ids, n_seq, n_head);
@@ -581,7 +626,8 @@ static void test_sink_slots(const char *spec, size_t d, size_t sink) {
     rows[1] = (int32_t)n_seq;
     CU(cudaMemcpy(dr, rows, sizeof rows, cudaMemcpyHostToDevice));
     CU(cudaMemset(dout, 0, n_out * 4));
-    e8kv_cuda_attend_sinks(a, 0, dout, dq, E8KV_DTYPE_F32, n_seq, n_head, dt, width, dc, 1100, dr, NULL, 0, NULL);
+    e8kv_cuda_attend_rows(a, 0, dout, dq, E8KV_DTYPE_F32, n_seq, n_head, dt, width, dc, 1100, dr, NULL, 0,
+                          NULL);
     CU(cudaMemcpy(ob, dout, n_out * 4, cudaMemcpyDeviceToHost));
     int nan1 = 1;
     for (size_t i = n_head * d; i < 2 * n_head * d; i++)
@@ -599,9 +645,21 @@ static void test_sink_slots(const char *spec, size_t d, size_t sink) {
     rows[1] = 1;
     CU(cudaMemcpy(dr, rows, sizeof rows, cudaMemcpyHostToDevice));
     CU(cudaMemset(dout, 0xff, n_out * 4));
-    e8kv_cuda_attend_sinks(a, 0, dout, dq, E8KV_DTYPE_F32, n_seq, n_head, dt, width, dc, 1100, dr, NULL, 0, NULL);
+    e8kv_cuda_attend_rows(a, 0, dout, dq, E8KV_DTYPE_F32, n_seq, n_head, dt, width, dc, 1100, dr, NULL, 0,
+                          NULL);
     CU(cudaMemcpy(ob, dout, n_out * 4, cudaMemcpyDeviceToHost));
     CHECK(!memcmp(oa, ob, n_out * 4), "a refused sink slot changed what is attended");
+    if (centered) { /* a token appended with a row past max_seqs (to no slot): RANGE */
+        CU(cudaMemset(dstat, 0, sizeof(unsigned)));
+        trows[0] = (int32_t)n_seq;
+        slots[0] = -1;
+        CU(cudaMemcpy(dtrows, trows, sizeof(int32_t), cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dslots, slots, sizeof(int64_t), cudaMemcpyHostToDevice));
+        e8kv_cuda_append_rows_async(a, 0, dslots, dtrows, dfin, dfin, 1, E8KV_DTYPE_F32, dstat, NULL);
+        CU(cudaMemcpy(&stat, dstat, sizeof stat, cudaMemcpyDeviceToHost));
+        CHECK(e8kv_get_error_code(e8kv_cuda_status_error(stat)) == E8KV_ERROR_RANGE,
+              "row past max_seqs: status %u", stat);
+    }
     CU(cudaFree(dfin));
     CU(cudaMemset(dstat, 0, sizeof(unsigned)));
     /* NaN into a sink row: the status says so */
@@ -613,7 +671,8 @@ static void test_sink_slots(const char *spec, size_t d, size_t sink) {
     CU(cudaMemcpy(&stat, dstat, sizeof stat, cudaMemcpyDeviceToHost));
     CHECK(e8kv_get_error_code(e8kv_cuda_status_error(stat)) == E8KV_ERROR_NONFINITE, "NaN sink row: status %u", stat);
     printf("  sink rows %-22s d=%zu: caller-owned = owned %s\n", spec, d, memcmp(oa, ob, n_head * d * 4) ? "NO" : "yes");
-    free(x), free(y), free(slots), free(sslots), free(q), free(oa), free(ob);
+    free(x), free(y), free(slots), free(sslots), free(q), free(oa), free(ob), free(trows);
+    CU(cudaFree(dtrows));
     CU(cudaFree(dn));
     CU(cudaFree(dslots));
     CU(cudaFree(dsslots));
@@ -695,11 +754,20 @@ static void test_layers(size_t d) {
           e8kv_cuda_cache_token_bytes(c), token_bytes);
     printf("  layers %s d=%zu: %s\n", spec, d, ok ? "bit-exact with each layer's own cache" : "FAILED");
     /* what the GPU cache does not do: a named error, never another cache */
-    const char *refused[] = {"e8box:4,sink=65",     "e8box:4,window=16",   "e8box:4,rope=pre",
-                             "e8box:4,center=1",    "e8box:4,page=32",     "e8box:4,evict=snapkv:0.5",
-                             "balanced",            "e8tv:4",              "auto=e8tv:3",
-                             "e8box:3",             "e8:4",                "e8box:4,layer1.k=e8p:2",
-                             "e8box:4,layers0-4=bf16", "k=e8p:2,v=f16",    "e8box:4,,v=bf16"};
+    const char *refused[] = {"e8box:4,sink=65",
+                             "e8box:4,window=16",
+                             "e8box:4,rope=pre",
+                             "e8box:4,page=32",
+                             "e8box:4,evict=snapkv:0.5",
+                             "balanced",
+                             "e8tv:4",
+                             "auto=e8tv:3",
+                             "e8box:3",
+                             "e8:4",
+                             "e8box:4,layer1.k=e8p:2",
+                             "e8box:4,layers0-4=bf16",
+                             "k=e8p:2,v=f16",
+                             "e8box:4,,v=bf16"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         e8kv_cuda_cache_params b = p;
         b.spec = refused[i];
@@ -708,11 +776,15 @@ static void test_layers(size_t d) {
               r ? "accepted" : e8kv_error_name(err));
         e8kv_cuda_cache_free(r);
     }
-    e8kv_cuda_cache_params b = p; /* center=0 is what the GPU pages are: accepted */
-    b.spec = "e8box:4,center=0,rope=post";
-    e8kv_cuda_cache *r = e8kv_cuda_cache_create(&b, &err);
-    CHECK(r, "e8box:4,center=0,rope=post: %s", e8kv_error_name(err));
-    e8kv_cuda_cache_free(r);
+    const char *accepted[] = {"e8box:4,center=0,rope=post", "e8box:4,center=1", "e8p:2,center=all"};
+    for (size_t i = 0; i < 3; i++) {
+        e8kv_cuda_cache_params b = p;
+        b.spec = accepted[i];
+        e8kv_cuda_cache *r = e8kv_cuda_cache_create(&b, &err);
+        CHECK(r && e8kv_cuda_cache_centered(r) == (i > 0), "%s: %s", accepted[i],
+              r ? "centering" : e8kv_error_name(err));
+        e8kv_cuda_cache_free(r);
+    }
     free(x), free(y);
     CU(cudaFree(dx));
     CU(cudaFree(dy));
@@ -930,7 +1002,9 @@ int main(int argc, char **argv) {
                                {"e8box:4,sink=1", "e8box:4", "e8box:4", 1},
                                {"e8p:2,sink=4", "e8p:2", "e8p:2", 4},
                                {"k=e8box:4,v=bf16,sink=40", "e8box:4", "bf16", 40},
-                               {"f16,sink=64", "f16", "f16", 64}};
+                               {"f16,sink=64", "f16", "f16", 64},
+                               {"e8box:4,center=0", "e8box:4", "e8box:4", 0},
+                               {"e8p:2,sink=2,center=0", "e8p:2", "e8p:2", 2}};
     const size_t lens_full[] = {1, 15, 16, 17, 100, 777, 3000, 9001};
     const size_t lens_quick[] = {1, 17, 40, 130};
     const size_t *lens = quick ? lens_quick : lens_full;
@@ -958,7 +1032,7 @@ int main(int argc, char **argv) {
         run_case(&cases[4], 64, 3, 3, lens, 6, E8KV_DTYPE_F16, 1, 48);
     }
     /* sink=N: every kernel, N past a tile, a split and a whole sequence (lens 1, 15, 16, 17) */
-    for (size_t ci = 5; ci < 9 && !graph_only; ci++)
+    for (size_t ci = 5; ci < 11 && !graph_only; ci++)
         for (size_t di = 0; di < 2; di++) {
             if (quick && (ci + di) % 2) continue;
             run_case(&cases[ci], ds[di], 2, Gs[(ci + di) % 4], lens, n_seq, dts[(ci + di) % 3], 1, 16);

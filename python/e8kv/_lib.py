@@ -159,10 +159,15 @@ _CUDA_SIGNATURES = {
     "e8kv_cuda_read_slot": (c_size_t, [c_void_p, c_void_p, c_size_t, c_size_t, c_int, ctypes.c_int64, c_size_t]),
     "e8kv_cuda_append_sink_async": (c_size_t, [c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_size_t, c_int,
                                                c_void_p, c_void_p]),
-    "e8kv_cuda_attend_sinks": (c_size_t, [c_void_p, c_size_t, c_void_p, c_void_p, c_int, c_size_t, c_size_t,
-                                          c_void_p, c_size_t, c_void_p, c_size_t, c_void_p, c_void_p, c_size_t,
-                                          c_void_p]),
+    "e8kv_cuda_attend_rows": (c_size_t, [c_void_p, c_size_t, c_void_p, c_void_p, c_int, c_size_t, c_size_t,
+                                         c_void_p, c_size_t, c_void_p, c_size_t, c_void_p, c_void_p, c_size_t,
+                                         c_void_p]),
     "e8kv_cuda_cache_sink": (c_size_t, [c_void_p]),
+    "e8kv_cuda_set_means_async": (c_size_t, [c_void_p, c_size_t, c_size_t, c_void_p, c_void_p, c_size_t, c_int,
+                                             c_void_p]),
+    "e8kv_cuda_append_rows_async": (c_size_t, [c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_void_p, c_size_t,
+                                               c_int, c_void_p, c_void_p]),
+    "e8kv_cuda_cache_centered": (c_int, [c_void_p]),
 }
 
 

@@ -500,10 +500,12 @@ class CudaCache:
     """The device cache of include/e8kv_cuda.h with caller-owned block tables (the way serving engines own
     theirs): `n_blocks` pages of `block_size` tokens per (layer, K/V), all allocated at creation.
     spec: "e8box:4", "e8p:2", "bf16", "f16", or the library's grammar over them (k=/v=/kv=, layer rules,
-    sink=N; keys after RoPE: no rope=pre, window=, auto= or eviction on the GPU yet). With sink=N the cache
-    holds max_seqs sink rows: the exact first N tokens of a sequence (append's sink_slots = row * N +
-    position) that attention reads instead of their codes (attend's sink_rows). Tensors are torch CUDA
-    tensors, passed by pointer on the current stream (or `stream`)."""
+    sink=N, center=; keys after RoPE: no rope=pre, window=, auto= or eviction on the GPU yet). Each sequence
+    may have a row (0 .. max_seqs - 1, the caller's choice) holding its sink rows (sink=N: its exact first N
+    tokens, append's sink_slots = row * N + position, attended instead of their codes) and its means
+    (`centered`: center=1, the default, with e8box or e8p streams: set_means from the sequence's first
+    tokens, then append(rows=) codes x - mean and attend(rows=) adds it back, as the CPU cache does).
+    Tensors are torch CUDA tensors, passed by pointer on the current stream (or `stream`)."""
 
     def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, n_blocks: int, spec: str = "e8box:4", *,
                  block_size: int = 16, seed: int = 0, max_ctx: int = 0, max_batch: int = 0, max_n_head: int = 0,
@@ -529,6 +531,7 @@ class CudaCache:
         self.block_size, self.spec, self.seed, self.device = block_size, spec, seed, int(device)
         self.max_ctx = max_ctx or n_blocks * block_size
         self.sink = int(self._lib.e8kv_cuda_cache_sink(self._p))
+        self.centered = bool(self._lib.e8kv_cuda_cache_centered(self._p))
         self.max_seqs = max_seqs
 
     def __del__(self) -> None:
@@ -554,13 +557,25 @@ class CudaCache:
     def vector_bytes(self, layer: int = 0, stream: int = 0) -> int:
         return _check(self._lib.e8kv_cuda_cache_vector_bytes(self._p, layer, stream), "vector_bytes")
 
+    def set_means(self, layer: int, row: int, k: Any, v: Any, *, stream: Any = None) -> None:
+        """centered caches: the means of `row` for this layer from a sequence's first tokens k, v (n_tok,
+        n_head_kv * head_dim): their mean when n_tok >= 16, else 0 (the CPU cache's rule). Asynchronous."""
+        row_len = self.n_head_kv * self.head_dim
+        n_tok = k.numel() // row_len
+        if k.numel() != n_tok * row_len or v.numel() != k.numel() or k.dtype != v.dtype or n_tok == 0:
+            raise E8KVError(ErrorCode.SRC_SIZE, f"set_means: k {tuple(k.shape)}, v {tuple(v.shape)}, rows of {row_len}")
+        _check(self._lib.e8kv_cuda_set_means_async(self._p, layer, row, _dev(k, "k"), _dev(v, "v"), n_tok,
+                                                   _cuda_dtype(k), _stream(k, stream)), f"set_means layer {layer}")
+
     def append(self, layer: int, slots: Any, k: Any, v: Any, *, status: Any = None, stream: Any = None,
-               sink_slots: Any = None) -> int:
+               sink_slots: Any = None, rows: Any = None) -> int:
         """Write rows k, v (n_tok, n_head_kv * head_dim) into slots (int64 (n_tok), page * block_size +
         offset; negative: skipped). status=None: synchronous, a NaN/Inf or out-of-range value is an
         E8KVError. status: an int32 CUDA tensor of one element: asynchronous on the stream (graph-safe), the
         error bits are OR-ed into it (e8kv_cuda_status_error / check_status). sink_slots (int64 (n_tok),
-        sink=N caches): the rows whose entry is row * N + position (not negative) also go to the sink rows."""
+        sink=N caches): the rows whose entry is row * N + position (not negative) also go to the sink rows.
+        rows (int32 (n_tok), centered caches): each token's row, whose means its centred streams subtract
+        (None: no means)."""
         n_tok = slots.numel()
         row = self.n_head_kv * self.head_dim
         if k.numel() != n_tok * row or v.numel() != n_tok * row or k.dtype != v.dtype:
@@ -570,22 +585,25 @@ class CudaCache:
         dt = _cuda_dtype(k)
         if sink_slots is not None and sink_slots.numel() != n_tok:
             raise E8KVError(ErrorCode.SRC_SIZE, f"append: {n_tok} slots, {sink_slots.numel()} sink slots")
-        if status is None:
-            n = _check(self._lib.e8kv_cuda_append_slots(self._p, layer, sp, kp, vp, n_tok, dt), f"append layer {layer}")
-        elif status.numel() != 1:
+        if rows is not None and rows.numel() != n_tok:
+            raise E8KVError(ErrorCode.SRC_SIZE, f"append: {n_tok} slots, {rows.numel()} rows")
+        sync = status is None  # then one status word of its own, read back at the end
+        st = _torch.zeros(1, dtype=_torch.int32, device=k.device) if sync else status
+        if st.numel() != 1:
             raise E8KVError(ErrorCode.BAD_ARGUMENT, "append: status is one int32 element")
+        sw, cs = _dev(st, "status", _torch.int32), _stream(k, stream)
+        if rows is not None:
+            n = _check(self._lib.e8kv_cuda_append_rows_async(self._p, layer, sp, _dev(rows, "rows", _torch.int32), kp,
+                                                             vp, n_tok, dt, sw, cs), f"append layer {layer}")
         else:
-            n = _check(self._lib.e8kv_cuda_append_slots_async(self._p, layer, sp, kp, vp, n_tok, dt,
-                                                              _dev(status, "status", _torch.int32), _stream(k, stream)),
+            n = _check(self._lib.e8kv_cuda_append_slots_async(self._p, layer, sp, kp, vp, n_tok, dt, sw, cs),
                        f"append layer {layer}")
-        if sink_slots is not None:  # synchronous: a status word of its own, read back at once
-            st = status if status is not None else _torch.zeros(1, dtype=_torch.int32, device=k.device)
+        if sink_slots is not None:
             _check(self._lib.e8kv_cuda_append_sink_async(self._p, layer, _dev(sink_slots, "sink_slots", _torch.int64),
-                                                         kp, vp, n_tok, dt, _dev(st, "status", _torch.int32),
-                                                         _stream(k, stream)),
+                                                         kp, vp, n_tok, dt, sw, cs),
                    f"append (sink rows) layer {layer}")
-            if status is None:
-                self.check_status(st)
+        if sync:
+            self.check_status(st)
         return n
 
     @staticmethod
@@ -594,10 +612,11 @@ class CudaCache:
         _check(cuda_lib().e8kv_cuda_status_error(int(status.item()) & 0xffffffff), "append (status word)")
 
     def attend(self, layer: int, q: Any, block_tables: Any, ctx_lens: Any, max_ctx: Optional[int] = None,
-               out: Any = None, *, stream: Any = None, sink_rows: Any = None) -> Any:
+               out: Any = None, *, stream: Any = None, rows: Any = None) -> Any:
         """Decode attention of one query row per sequence: q (n_seq, n_head * head_dim) (f32/f16/bf16),
         block_tables int32 (n_seq, max_blocks), ctx_lens int32 (n_seq), each at most max_ctx (default: the
-        cache's); sink_rows int32 (n_seq) with sink=N (None: row s for sequence s). Asynchronous on the
+        cache's); rows int32 (n_seq): each sequence's row of sink rows and means (None: row s for sequence s).
+        Asynchronous on the
         stream; returns float32 (n_seq, n_head * head_dim)."""
         n_seq = q.shape[0]
         width = q.numel() // n_seq
@@ -609,15 +628,15 @@ class CudaCache:
             out = _torch.empty((n_seq, width), dtype=_torch.float32, device=q.device)
         elif out.numel() != n_seq * width:
             raise E8KVError(ErrorCode.DST_TOO_SMALL, "attend: out must hold (n_seq, n_head * head_dim) floats")
-        if sink_rows is not None and sink_rows.numel() != n_seq:
-            raise E8KVError(ErrorCode.SRC_SIZE, f"attend: {n_seq} sequences, {sink_rows.numel()} sink rows")
-        rows = None if sink_rows is None else _dev(sink_rows, "sink_rows", _torch.int32)
-        _check(self._lib.e8kv_cuda_attend_sinks(self._p, layer, _dev(out, "out", _torch.float32), _dev(q, "q"),
-                                                _cuda_dtype(q), n_seq, width // self.head_dim,
-                                                _dev(block_tables, "block_tables", _torch.int32),
-                                                block_tables.shape[1], _dev(ctx_lens, "ctx_lens", _torch.int32),
-                                                self.max_ctx if max_ctx is None else max_ctx, rows, None, 0,
-                                                _stream(q, stream)),
+        if rows is not None and rows.numel() != n_seq:
+            raise E8KVError(ErrorCode.SRC_SIZE, f"attend: {n_seq} sequences, {rows.numel()} rows")
+        rp = None if rows is None else _dev(rows, "rows", _torch.int32)
+        _check(self._lib.e8kv_cuda_attend_rows(self._p, layer, _dev(out, "out", _torch.float32), _dev(q, "q"),
+                                               _cuda_dtype(q), n_seq, width // self.head_dim,
+                                               _dev(block_tables, "block_tables", _torch.int32),
+                                               block_tables.shape[1], _dev(ctx_lens, "ctx_lens", _torch.int32),
+                                               self.max_ctx if max_ctx is None else max_ctx, rp, None, 0,
+                                               _stream(q, stream)),
                f"attend layer {layer}")
         return out
 

@@ -372,7 +372,8 @@ class E8KVCudaLayer(CacheLayerMixin):
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.parent._append(self.layer_idx, key_states, value_states, self.cumulative_length)
+        self.parent._append(self.layer_idx, key_states, value_states, self.cumulative_length,
+                            first=self.parent._fresh[self.layer_idx])
         self.cumulative_length.add_(key_states.shape[2])
         return key_states, value_states  # the attention reads the past from the pages
 
@@ -387,11 +388,14 @@ class E8KVCudaLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         self.cumulative_length.zero_()
+        self.parent._fresh[self.layer_idx] = True
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
             raise ValueError("crop takes a negative count (tokens to remove from the end)")
         self.cumulative_length.add_(tokens_to_remove).clamp_(min=0)
+        if self.parent.kv.centered and int(self.cumulative_length) == 0:
+            self.parent._fresh[self.layer_idx] = True
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         raise NotImplementedError("e8kv CUDA cache: beam search reordering is not supported")
@@ -418,8 +422,10 @@ class E8KVCudaCache(Cache):
 
     spec: "e8box:4", "e8p:2", "bf16", "f16" (CUDA_FORMATS), or any spec of the library's grammar made of them:
     k=/v=/kv= and layer rules ("k=e8box:4,v=bf16,layers0-1=bf16"), and sink=N (N <= 64: the first N tokens
-    of each batch row also kept exact and attended from there, as the CPU cache's sink=). The GPU formats
-    take keys after RoPE (rope=post); specs the CUDA cache cannot hold (rope=pre, e8t/e8tv, auto=, presets,
+    of each batch row also kept exact and attended from there, as the CPU cache's sink=), center= (as on the
+    CPU, e8box and e8p streams are centred by default: each batch row's means are set, per layer, by its
+    first tokens appended in eager mode; center=0 turns it off). The GPU formats take keys after RoPE
+    (rope=post); specs the CUDA cache cannot hold (rope=pre, e8t/e8tv, auto=, presets,
     window=, eviction) are an E8KVError (SPEC). update() appends the new tokens through torch.ops.e8kv.append (slots
     computed on the device from the layer's length); the "e8kv" attention attends through
     torch.ops.e8kv.attend: one query row per (batch row, token) with context length position + 1, so a
@@ -464,8 +470,10 @@ class E8KVCudaCache(Cache):
                 max_batch_size, self.pages_per_seq)
             self._row_base = torch.arange(max_batch_size, dtype=torch.int64) * self.capacity
             self._arange = torch.arange(max(max_chunk, 1), dtype=torch.int64)
-            self._batch_rows = torch.arange(max_batch_size, dtype=torch.int32)  # each row's sink row
+            self._batch_rows = torch.arange(max_batch_size, dtype=torch.int32)  # each row's sink rows and means
         self.sink = self.kv.sink
+        self._use_rows = bool(self.sink) or self.kv.centered
+        self._fresh = [True] * s.n_layer  # per layer: no token since creation or reset (the host's own record)
         for t in (self._tables, self._row_base, self._arange, self._batch_rows):
             torch._dynamo.mark_static_address(t)
         self._attach(config)
@@ -498,7 +506,7 @@ class E8KVCudaCache(Cache):
         return x.transpose(1, 2).reshape(b * t, h * d)
 
     def _append(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor, length: torch.Tensor,
-                row0: int = 0) -> None:
+                row0: int = 0, first: bool = True) -> None:
         b, h, t, d = key_states.shape
         if t > self._arange.shape[0]:
             pos = torch.arange(t, dtype=torch.int64, device=key_states.device) + length
@@ -510,8 +518,17 @@ class E8KVCudaCache(Cache):
             rows = self._batch_rows[row0:row0 + b, None].to(torch.int64)
             sink_slots = torch.where(pos[None, :] < self.sink, rows * self.sink + pos[None, :],
                                      torch.full_like(pos[None, :], -1)).reshape(-1)
-        torch.ops.e8kv.append(self._state, self._key, layer, slots, self._rows(key_states), self._rows(value_states),
-                              sink_slots)
+        kr, vr = self._rows(key_states), self._rows(value_states)
+        rows = None
+        if self.kv.centered:
+            if first and not torch.compiler.is_compiling():
+                # a row's first tokens set its means (the CPU cache's rule); a first append inside a compiled
+                # step keeps the row's previous means, which its encode and attention then share
+                for i in range(b):
+                    self.kv.set_means(layer, row0 + i, kr[i * t:(i + 1) * t], vr[i * t:(i + 1) * t])
+                self._fresh[layer] = False
+            rows = self._batch_rows[row0:row0 + b].repeat_interleave(t) if t > 1 else self._batch_rows[row0:row0 + b]
+        torch.ops.e8kv.append(self._state, self._key, layer, slots, kr, vr, sink_slots, rows)
 
     def fill(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor, row0: int = 0) -> None:
         """Write K/V (b, n_head_kv, t, head_dim) of batch rows row0 .. row0+b-1 at positions 0 .. t-1 of a
@@ -544,7 +561,7 @@ class E8KVCudaCache(Cache):
         if t == 1:
             tables = self._tables[:b]
             ctx = length.to(torch.int32).expand(b).contiguous()
-            sink_rows = self._batch_rows[:b] if self.sink else None
+            rows = self._batch_rows[:b] if self._use_rows else None
         else:  # one virtual row per (batch row, token): context = its position + 1
             if b * t > self.batch_rows * max(1, self.max_chunk):
                 raise E8KVError(ErrorCode.DIMENSION, f"e8kv CUDA cache: a chunk of {t} tokens x {b} rows with a "
@@ -552,8 +569,8 @@ class E8KVCudaCache(Cache):
             tables = self._tables[:b].repeat_interleave(t, dim=0)
             pos = torch.arange(t, dtype=torch.int64, device=query.device) + (length - t + 1)
             ctx = pos.to(torch.int32).repeat(b)
-            sink_rows = self._batch_rows[:b].repeat_interleave(t) if self.sink else None
-        out = torch.ops.e8kv.attend(self._state, self._key, layer, q, tables, ctx, self.capacity, sink_rows)
+            rows = self._batch_rows[:b].repeat_interleave(t) if self._use_rows else None
+        out = torch.ops.e8kv.attend(self._state, self._key, layer, q, tables, ctx, self.capacity, rows)
         return out.view(b, t, n_head, d).to(query.dtype), None
 
     # -- accounting

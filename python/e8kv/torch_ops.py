@@ -1,11 +1,11 @@
 """PyTorch custom operators over the CUDA cache (include/e8kv_cuda.h), for eager use and torch.compile
 (fullgraph, mode "reduce-overhead" = CUDA graphs):
 
-    torch.ops.e8kv.append(state, cache, layer, slots, k, v, sink_slots)     # mutates `state`
-    out = torch.ops.e8kv.attend(state, cache, layer, q, block_tables, ctx_lens, max_ctx, sink_rows)
+    torch.ops.e8kv.append(state, cache, layer, slots, k, v, sink_slots, rows)     # mutates `state`
+    out = torch.ops.e8kv.attend(state, cache, layer, q, block_tables, ctx_lens, max_ctx, rows)
 
-(sink_slots, sink_rows: None, or with a sink=N cache the rows' sink slots and each sequence's sink row;
-CudaCache.append / attend say what they hold.)
+(sink_slots: None, or with a sink=N cache the tokens' sink slots; rows: None, or each token's (append) or
+sequence's (attend) row of sink rows and means; CudaCache.append / attend say what they hold.)
 
 `cache` is the number `register_cache` gave a CudaCache. `state` is the cache's device status word (an
 int32 CUDA tensor of one element): append ORs its error bits into it (e8kv_cuda_append_slots_async: no host
@@ -50,27 +50,27 @@ def _get(key: int) -> CudaCache:
 
 @torch.library.custom_op("e8kv::append", mutates_args=("state",), device_types="cuda")
 def append(state: torch.Tensor, cache: int, layer: int, slots: torch.Tensor, k: torch.Tensor,
-           v: torch.Tensor, sink_slots: Optional[torch.Tensor] = None) -> None:
+           v: torch.Tensor, sink_slots: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None) -> None:
     """k, v (n_tok, n_head_kv * head_dim) into slots (int64, n_tok) and sink slots; errors into state."""
-    _get(cache).append(layer, slots, k, v, status=state, sink_slots=sink_slots)
+    _get(cache).append(layer, slots, k, v, status=state, sink_slots=sink_slots, rows=rows)
 
 
 @append.register_fake
 def _(state: torch.Tensor, cache: int, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-      sink_slots: Optional[torch.Tensor] = None) -> None:
+      sink_slots: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None) -> None:
     return None
 
 
 @torch.library.custom_op("e8kv::attend", mutates_args=(), device_types="cuda")
 def attend(state: torch.Tensor, cache: int, layer: int, q: torch.Tensor, block_tables: torch.Tensor,
-           ctx_lens: torch.Tensor, max_ctx: int, sink_rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+           ctx_lens: torch.Tensor, max_ctx: int, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
     """q (n_seq, n_head * head_dim) -> float32 (n_seq, n_head * head_dim) over each row's first ctx_lens."""
-    return _get(cache).attend(layer, q, block_tables, ctx_lens, max_ctx, sink_rows=sink_rows)
+    return _get(cache).attend(layer, q, block_tables, ctx_lens, max_ctx, rows=rows)
 
 
 @attend.register_fake
 def _(state: torch.Tensor, cache: int, layer: int, q: torch.Tensor, block_tables: torch.Tensor,
-      ctx_lens: torch.Tensor, max_ctx: int, sink_rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+      ctx_lens: torch.Tensor, max_ctx: int, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
     return q.new_empty((q.shape[0], q.shape[1]), dtype=torch.float32)
 
 

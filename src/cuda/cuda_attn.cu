@@ -278,11 +278,11 @@ template <int N> __device__ __forceinline__ void scale_cols(float (&o)[N][4], fl
     }
 }
 
-/* sink=N: the sink row of sequence seq (the caller's, else seq itself), or -1 when it is out of range (the
- * sequence's output is then NaN: merge_last) */
-__device__ __forceinline__ int sink_row(const attn_launch &a, int seq) {
-    const int row = a.sink_rows ? a.sink_rows[seq] : seq;
-    return row >= 0 && row < a.sink_rows_max ? row : -1;
+/* The row of sequence seq in the sink rows and the means (the caller's, else seq itself), or -1 when it is
+ * out of range (the sequence's output is then NaN: merge_last) */
+__device__ __forceinline__ int seq_row(const attn_launch &a, int seq) {
+    const int row = a.rows ? a.rows[seq] : seq;
+    return row >= 0 && row < a.rows_max ? row : -1;
 }
 
 /* sink=N: split 0's block asks for its sink rows (to L1) at entry, before its first copies queue up ahead of
@@ -290,7 +290,7 @@ __device__ __forceinline__ int sink_row(const attn_launch &a, int seq) {
 template <int D>
 __device__ __forceinline__ void sink_prefetch(const attn_launch &a, int seq, int kvh, int split) {
     if (!a.sink_n || split) return;
-    const int ns = min(a.sink_n, a.ctx_lens[seq]), row = sink_row(a, seq);
+    const int ns = min(a.sink_n, a.ctx_lens[seq]), row = seq_row(a, seq);
     if (ns <= 0 || row < 0) return;
     constexpr int LPR = D * 4 / 128; /* 128-byte lines per row */
     for (int i = threadIdx.x; i < 2 * ns * LPR; i += blockDim.x) {
@@ -307,7 +307,7 @@ __device__ __forceinline__ void sink_prefetch(const attn_launch &a, int seq, int
  * merge_last. Split 0's block runs it while its first tiles are in flight. */
 template <int D> __device__ __forceinline__ void sink_state(const attn_launch &a, int seq, int kvh, int G) {
     constexpr int PL = D / 32;
-    const int ns = min(a.sink_n, a.ctx_lens[seq]), row = sink_row(a, seq);
+    const int ns = min(a.sink_n, a.ctx_lens[seq]), row = seq_row(a, seq);
     if (ns <= 0 || row < 0) return; /* merge_last: no sink, or a NaN output */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t srow = (size_t)row * a.sink_n * a.n_head_kv + (size_t)kvh;
@@ -352,7 +352,7 @@ template <int D> __device__ __forceinline__ void sink_state(const attn_launch &a
 template <int D, bool SK>
 __device__ __forceinline__ void merge_last(const attn_launch &a, int seq, int kvh, int G,
                                            float (*buf)[8][D]) {
-    __shared__ float sM[8], sL[8], sW[8];
+    __shared__ float sM[8], sL[8], sW[8], sLc[8];
     __shared__ int s_last;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int n = (int)a.n_split;
@@ -368,11 +368,15 @@ __device__ __forceinline__ void merge_last(const attn_launch &a, int seq, int kv
     if (!s_last) return;
     __threadfence();
     const size_t head0 = (size_t)seq * a.n_head + (size_t)kvh * G;
-    /* sink=N: the sink rows' state (sink_state, stored by split 0) joins the splits' */
+    /* sink=N: the sink rows' state (sink_state, stored by split 0) joins the splits'. center=1: the pages
+     * hold x − μ of the sequence's row; the scores of the coded keys lack q·μ_k (the sink state is shifted
+     * down by it instead: only differences count), and the coded part of the output lacks μ_v */
     bool sink = false, bad_row = false;
-    if (SK && a.ctx_lens[seq] > 0) {
-        bad_row = sink_row(a, seq) < 0;
-        sink = !bad_row;
+    int row = -1;
+    if ((SK || a.k.mu || a.v.mu) && a.ctx_lens[seq] > 0) {
+        row = seq_row(a, seq);
+        bad_row = row < 0;
+        sink = SK && !bad_row;
     }
     /* max and denominator per head: warp r mod WARPS walks head r's splits */
     for (int r = warp; r < G; r += WARPS) {
@@ -383,6 +387,15 @@ __device__ __forceinline__ void merge_last(const attn_launch &a, int seq, int kv
         float2 sml = make_float2(-INFINITY, 0.0f);
         if constexpr (SK) {
             if (sink) sml = __ldcg(reinterpret_cast<const float2 *>(a.sink_ml) + head0 + r);
+            if (sink && a.k.mu) { /* q·μ_k, in the scores' units (log2, scaled) */
+                const float *const mu = a.k.mu + ((size_t)row * a.n_head_kv + kvh) * D;
+                float dot = 0.0f;
+                for (int i = lane; i < D; i += 32)
+                    dot += e8kv_cuda_load_val(a.q, (head0 + r) * D + i, a.q_dtype) * mu[i];
+                for (int o = 16; o; o >>= 1)
+                    dot += __shfl_xor_sync(0xffffffffu, dot, o);
+                sml.x -= dot * (rsqrtf((float)D) * LOG2E);
+            }
             M = fmaxf(M, sml.x);
         }
         for (int o = 16; o; o >>= 1)
@@ -395,13 +408,13 @@ __device__ __forceinline__ void merge_last(const attn_launch &a, int seq, int kv
             }
         for (int o = 16; o; o >>= 1)
             L += __shfl_xor_sync(0xffffffffu, L, o);
-        float sw = 0.0f; /* the sink state's weight */
+        float sw = 0.0f, Lc = L; /* the sink state's weight; the coded positions' share of L */
         if constexpr (SK) {
             sw = M != -INFINITY ? exp2f(sml.x - M) : 0.0f;
             L += sw * sml.y;
         }
         if (lane == 0) {
-            sM[r] = M, sL[r] = L;
+            sM[r] = M, sL[r] = L, sLc[r] = Lc;
             if constexpr (SK) sW[r] = sw;
         }
     }
@@ -466,6 +479,8 @@ __device__ __forceinline__ void merge_last(const attn_launch &a, int seq, int kv
         float o = a.v_rot ? buf[0][r][i] * a.rot_scale * a.signs[i] : buf[0][r][i];
         if (sink && sL[r] > 0.0f)
             o += sW[r] * __ldcg(&a.sink_o[(head0 + r) * D + i]) / sL[r]; /* output domain */
+        if (a.v.mu && row >= 0 && sL[r] > 0.0f)
+            o += a.v.mu[((size_t)row * a.n_head_kv + kvh) * D + i] * (sLc[r] / sL[r]);
         a.out[(head0 + r) * D + i] = bad_row ? __int_as_float(0x7fc00000) : o;
     }
 }

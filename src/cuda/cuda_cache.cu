@@ -12,9 +12,12 @@ struct e8kv_cuda_cache {
     size_t n_layer, n_head_kv, d, bs, n_blocks, max_ctx, width, max_seqs, max_batch, max_n_head, max_append;
     size_t sink;     /* sink=N: exact f32 rows of the first N positions, max_seqs rows per (layer, stream) */
     float *d_sink;   /* (n_layer, 2, max_seqs, sink, n_head_kv, d) */
-    int32_t *d_rows; /* (max_batch): the sink rows (sequence ids) of one seq_attend call */
+    int32_t *d_rows; /* (max_batch): the rows (sequence ids) of one seq_attend call */
     int64_t *d_sslots; /* (max_append): sink slots of an owned append */
     int64_t *sslots;   /* host twin */
+    int centered;      /* some stream has means (center=1): sd[].mu, (max_seqs, n_head_kv, d) each */
+    int32_t *d_arows;  /* (max_append): the rows of an owned append's tokens */
+    int32_t *arows;    /* host twin */
     int device, n_sm;
     int *occ; /* (n_layer) resident attention blocks per SM of the layer's kernel */
     float rot_scale;
@@ -68,9 +71,10 @@ static int page_format(e8kv_gpu_format g) {
  * cache spec grammar (e8kv_cache_spec_layers: a format, k=/v=/kv=, layer rules). Each stream's codec is
  * created as the CPU cache would create it, and the registry says which GPU page format holds its bytes.
  * Items the GPU cache does not implement are SPEC: sink= beyond E8KV_CUDA_SINK_MAX, window=, rope=pre (keys
- * come after RoPE), auto=, evict=/budget=, center= other than 0 (pages hold the codec's bytes, uncentred), page= (block_size is
- * the parameter), presets (their formats are not GPU formats). */
-static size_t resolve_formats(const e8kv_cuda_cache_params *p, int *fmt, float signs[128], size_t *sink) {
+ * come after RoPE), auto=, evict=/budget=, page= (block_size is the parameter), presets (their formats are
+ * not GPU formats). *center: center=1 (the default) or all, as the CPU cache has it. */
+static size_t resolve_formats(const e8kv_cuda_cache_params *p, int *fmt, float signs[128], size_t *sink,
+                              int *center) {
     if (!p->spec) return E8KV_ERR(SPEC);
     const size_t n = 2 * p->n_layer;
     char(*specs)[E8KV_CODEC_SPEC_MAX_LEN + 1] =
@@ -78,10 +82,10 @@ static size_t resolve_formats(const e8kv_cuda_cache_params *p, int *fmt, float s
     if (!specs) return E8KV_ERR(OUT_OF_MEMORY);
     e8kv_cache_spec_items it;
     size_t r = e8kv_cache_spec_layers(p->spec, p->n_layer, NULL, &it, specs);
-    if (!r && (it.sink > E8KV_CUDA_SINK_MAX || it.window || it.page || it.rope == 1 || it.center > 0 ||
-               it.auto_rates || it.evicts))
+    if (!r &&
+        (it.sink > E8KV_CUDA_SINK_MAX || it.window || it.page || it.rope == 1 || it.auto_rates || it.evicts))
         r = E8KV_ERR(SPEC);
-    if (!r) *sink = it.sink;
+    if (!r) *sink = it.sink, *center = it.center != 0;
     int have_signs = 0;
     for (size_t i = 0; i < n && !r; i++) {
         size_t same = 0; /* a stream with the same spec before this one */
@@ -167,6 +171,7 @@ void e8kv_cuda_cache_free(e8kv_cuda_cache *c) {
     free(c->ctx);
     free(c->sslots);
     free(c->rows);
+    free(c->arows);
     free(c);
 }
 
@@ -231,9 +236,15 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     c->occ = (int *)calloc(c->n_layer, sizeof *c->occ);
     int *fmt = (int *)calloc(2 * c->n_layer, sizeof *fmt);
     float signs[128];
-    size_t r = c->sd && c->occ && fmt ? resolve_formats(p, fmt, signs, &c->sink) : E8KV_ERR(OUT_OF_MEMORY);
-    for (size_t i = 0; i < 2 * c->n_layer && !r; i++)
+    int center = 0;
+    size_t r =
+        c->sd && c->occ && fmt ? resolve_formats(p, fmt, signs, &c->sink, &center) : E8KV_ERR(OUT_OF_MEMORY);
+    for (size_t i = 0; i < 2 * c->n_layer && !r; i++) {
         c->sd[i].fmt = fmt[i];
+        /* the e8kv codes are centred by default, raw pages never (the CPU cache's traits) */
+        c->sd[i].mu = center && (fmt[i] == FMT_BOX4 || fmt[i] == FMT_E8P2) ? (float *)1 : NULL;
+        c->centered |= c->sd[i].mu != NULL;
+    }
     free(fmt);
     if (r) return fail(c, err, r);
     if (cudaSetDevice(p->device) != cudaSuccess ||
@@ -256,6 +267,11 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
         }
     const size_t o_sink = off, sink_floats = 2 * c->n_layer * c->max_seqs * c->sink * c->n_head_kv * c->d;
     off = align256(off + sink_floats * sizeof(float));
+    for (size_t i = 0; i < 2 * c->n_layer; i++) /* the means of the centred streams */
+        if (c->sd[i].mu) {
+            c->sd[i].mu = (float *)off;
+            off = align256(off + c->max_seqs * c->n_head_kv * c->d * sizeof(float));
+        }
     const size_t pools = off;
     const size_t o_tables = off;
     off = align256(off + c->max_seqs * c->width * sizeof(int32_t));
@@ -269,6 +285,9 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     off = align256(off + (c->sink ? c->max_append * sizeof(int64_t) : 0));
     const size_t o_rows = off;
     off = align256(off + c->max_batch * sizeof(int32_t));
+    const size_t o_arows = off;
+    off = align256(off + (c->centered ? c->max_append * sizeof(int32_t) : 0));
+
     const size_t o_signs = off;
     off = align256(off + c->d * sizeof(float));
     const size_t o_flags = off;
@@ -283,8 +302,12 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
         cudaGetLastError();
         return fail(c, err, ce == cudaErrorMemoryAllocation ? E8KV_ERR(OUT_OF_MEMORY) : E8KV_ERR(CUDA));
     }
-    for (size_t i = 0; i < 2 * c->n_layer; i++)
+    for (size_t i = 0; i < 2 * c->n_layer; i++) {
         c->sd[i].pool = c->dev + (size_t)c->sd[i].pool;
+        if (c->sd[i].mu) c->sd[i].mu = (float *)(c->dev + (size_t)c->sd[i].mu);
+    }
+    c->d_arows = c->centered ? (int32_t *)(c->dev + o_arows) : NULL;
+
     c->d_tables = (int32_t *)(c->dev + o_tables);
     c->d_btables = (int32_t *)(c->dev + o_btables);
     c->d_ctx = (int32_t *)(c->dev + o_ctx);
@@ -312,8 +335,9 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     c->ctx = (int32_t *)calloc(c->max_batch, sizeof(int32_t));
     c->sslots = (int64_t *)malloc(c->max_append * sizeof(int64_t));
     c->rows = (int32_t *)calloc(c->max_batch, sizeof(int32_t));
+    c->arows = (int32_t *)malloc(c->max_append * sizeof(int32_t));
     if (!c->tables || !c->lens || !c->n_pages || !c->live || !c->refs || !c->free_list || !c->slots ||
-        !c->btables || !c->ctx || !c->sslots || !c->rows)
+        !c->btables || !c->ctx || !c->sslots || !c->rows || !c->arows)
         return fail(c, err, E8KV_ERR(OUT_OF_MEMORY));
     for (size_t i = 0; i < c->n_blocks; i++)
         c->free_list[i] = (int32_t)(c->n_blocks - 1 - i);
@@ -359,11 +383,20 @@ size_t e8kv_cuda_cache_free_pages(const e8kv_cuda_cache *c) {
     return c ? c->n_free : 0;
 }
 
+/* One stream's append: a centred stream with rows codes x − μ of each token's row (in the encode kernels,
+ * the CPU cache's values), any other the rows as they are */
+static size_t append_stream(e8kv_cuda_cache *c, size_t layer, int s, const int64_t *d_slots,
+                            const int32_t *d_rows, const void *src, size_t n, e8kv_dtype dtype,
+                            unsigned *d_flags, cudaStream_t stream) {
+    return e8kv_cu_launch_append(&c->sd[2 * layer + (size_t)s], d_slots, src, n, c->n_head_kv, c->d, c->bs,
+                                 (int)dtype, c->d_signs, c->rot_scale, d_flags, stream, d_rows, c->max_seqs);
+}
+
 /* writes n_tok rows whose slots are in host_slots, in pieces of max_append; the rows whose host_sink_slots
- * (NULL: none) are not negative also into the sink rows */
+ * (NULL: none) are not negative also into the sink rows; host_rows (NULL: none): each token's row of means */
 static size_t append_rows(e8kv_cuda_cache *c, size_t layer, const int64_t *host_slots,
-                          const int64_t *host_sink_slots, const void *k, const void *v, size_t n_tok,
-                          e8kv_dtype dtype) {
+                          const int64_t *host_sink_slots, const int32_t *host_rows, const void *k,
+                          const void *v, size_t n_tok, e8kv_dtype dtype) {
     const size_t esz = dtype == E8KV_DTYPE_F32 ? 4 : 2, row = c->n_head_kv * c->d * esz;
     if (cudaMemset(c->d_flags, 0, sizeof(unsigned)) != cudaSuccess) return E8KV_ERR(CUDA);
     for (size_t t0 = 0; t0 < n_tok; t0 += c->max_append) {
@@ -371,12 +404,14 @@ static size_t append_rows(e8kv_cuda_cache *c, size_t layer, const int64_t *host_
         if (cudaMemcpy(c->d_slots, host_slots + t0, n * sizeof(int64_t), cudaMemcpyHostToDevice) !=
             cudaSuccess)
             return E8KV_ERR(CUDA);
+        const int rows = c->centered && host_rows;
+        if (rows && cudaMemcpy(c->d_arows, host_rows + t0, n * sizeof(int32_t), cudaMemcpyHostToDevice) !=
+                        cudaSuccess)
+            return E8KV_ERR(CUDA);
         for (int s = 0; s < 2; s++) {
             const uint8_t *const src = (const uint8_t *)(s ? v : k) + t0 * row;
-            const size_t r =
-                e8kv_cu_launch_append(&c->sd[2 * layer + s], c->d_slots, src, n, c->n_head_kv, c->d, c->bs,
-                                      (int)dtype, c->d_signs, c->rot_scale, c->d_flags, 0);
-            if (r) return r;
+            E8KV_RETURN_IF_ERROR(append_stream(c, layer, s, c->d_slots, rows ? c->d_arows : NULL, src, n,
+                                               dtype, c->d_flags, 0));
         }
         if (host_sink_slots) {
             if (cudaMemcpy(c->d_sslots, host_sink_slots + t0, n * sizeof(int64_t), cudaMemcpyHostToDevice) !=
@@ -414,10 +449,42 @@ size_t e8kv_cuda_append_slots_async(e8kv_cuda_cache *c, size_t layer, const int6
     if (!c || layer >= c->n_layer || bad_dtype(dtype) || !d_status || (n_tok && (!d_slots || !d_k || !d_v)))
         return E8KV_ERR(BAD_ARGUMENT);
     for (int s = 0; s < 2; s++)
-        E8KV_RETURN_IF_ERROR(e8kv_cu_launch_append(&c->sd[2 * layer + s], d_slots, s ? d_v : d_k, n_tok, c->n_head_kv,
-                                             c->d, c->bs, (int)dtype, c->d_signs, c->rot_scale, d_status,
-                                             (cudaStream_t)stream));
+        E8KV_RETURN_IF_ERROR(append_stream(c, layer, s, d_slots, NULL, s ? d_v : d_k, n_tok, dtype, d_status,
+                                           (cudaStream_t)stream));
     return n_tok;
+}
+
+size_t e8kv_cuda_append_rows_async(e8kv_cuda_cache *c, size_t layer, const int64_t *d_slots,
+                                   const int32_t *d_rows, const void *d_k, const void *d_v, size_t n_tok,
+                                   e8kv_dtype dtype, unsigned *d_status, void *stream) {
+    if (!c || layer >= c->n_layer || bad_dtype(dtype) || !d_status ||
+        (n_tok && (!d_slots || !d_rows || !d_k || !d_v)))
+        return E8KV_ERR(BAD_ARGUMENT);
+    for (int s = 0; s < 2; s++)
+        E8KV_RETURN_IF_ERROR(append_stream(c, layer, s, d_slots, d_rows, s ? d_v : d_k, n_tok, dtype,
+                                           d_status, (cudaStream_t)stream));
+    return n_tok;
+}
+
+int e8kv_cuda_cache_centered(const e8kv_cuda_cache *c) {
+    return c ? c->centered : 0;
+}
+
+/* the means of (layer, stream) of one row: n_head_kv * d floats */
+static float *mean_row(const e8kv_cuda_cache *c, size_t layer, int s, size_t row) {
+    return c->sd[2 * layer + (size_t)s].mu + row * c->n_head_kv * c->d;
+}
+
+size_t e8kv_cuda_set_means_async(e8kv_cuda_cache *c, size_t layer, size_t row, const void *d_k,
+                                 const void *d_v, size_t n_tok, e8kv_dtype dtype, void *stream) {
+    if (!c || layer >= c->n_layer || bad_dtype(dtype) || row >= c->max_seqs || !n_tok || !d_k || !d_v)
+        return E8KV_ERR(BAD_ARGUMENT);
+    if (!c->centered) return E8KV_ERR(SPEC);
+    for (int s = 0; s < 2; s++)
+        if (c->sd[2 * layer + (size_t)s].mu)
+            E8KV_RETURN_IF_ERROR(e8kv_cu_launch_means(mean_row(c, layer, s, row), s ? d_v : d_k, n_tok,
+                                                      c->n_head_kv * c->d, (int)dtype, (cudaStream_t)stream));
+    return 0;
 }
 
 size_t e8kv_cuda_append_sink_async(e8kv_cuda_cache *c, size_t layer, const int64_t *d_sink_slots,
@@ -449,18 +516,17 @@ size_t e8kv_cuda_attend(e8kv_cuda_cache *c, size_t layer, float *d_out, const vo
                         size_t n_seq, size_t n_head, const int32_t *d_block_tables, size_t max_blocks_per_seq,
                         const int32_t *d_ctx_lens, size_t max_ctx, void *d_workspace, size_t workspace_bytes,
                         void *stream) {
-    return e8kv_cuda_attend_sinks(c, layer, d_out, d_q, dtype, n_seq, n_head, d_block_tables,
-                                  max_blocks_per_seq, d_ctx_lens, max_ctx, NULL, d_workspace, workspace_bytes,
-                                  stream);
+    return e8kv_cuda_attend_rows(c, layer, d_out, d_q, dtype, n_seq, n_head, d_block_tables,
+                                 max_blocks_per_seq, d_ctx_lens, max_ctx, NULL, d_workspace, workspace_bytes,
+                                 stream);
 }
 
-size_t e8kv_cuda_attend_sinks(e8kv_cuda_cache *c, size_t layer, float *d_out, const void *d_q, e8kv_dtype dtype,
-                              size_t n_seq, size_t n_head, const int32_t *d_block_tables,
-                              size_t max_blocks_per_seq, const int32_t *d_ctx_lens, size_t max_ctx,
-                              const int32_t *d_sink_rows, void *d_workspace, size_t workspace_bytes,
-                              void *stream) {
+size_t e8kv_cuda_attend_rows(e8kv_cuda_cache *c, size_t layer, float *d_out, const void *d_q,
+                             e8kv_dtype dtype, size_t n_seq, size_t n_head, const int32_t *d_block_tables,
+                             size_t max_blocks_per_seq, const int32_t *d_ctx_lens, size_t max_ctx,
+                             const int32_t *d_rows, void *d_workspace, size_t workspace_bytes, void *stream) {
     if (!c || layer >= c->n_layer || bad_dtype(dtype) || !n_seq || !d_out || !d_q || !d_block_tables ||
-        !d_ctx_lens || n_seq > 65535 || (c->sink && !d_sink_rows && n_seq > c->max_seqs))
+        !d_ctx_lens || n_seq > 65535 || ((c->sink || c->centered) && !d_rows && n_seq > c->max_seqs))
         return E8KV_ERR(BAD_ARGUMENT);
     if (!n_head || n_head % c->n_head_kv || n_head / c->n_head_kv > 8) return E8KV_ERR(DIMENSION);
     if (max_ctx > max_blocks_per_seq * c->bs || max_ctx > (size_t)INT32_MAX) return E8KV_ERR(DIMENSION);
@@ -483,8 +549,9 @@ size_t e8kv_cuda_attend_sinks(e8kv_cuda_cache *c, size_t layer, float *d_out, co
     a.part_o = (float *)((uint8_t *)d_workspace + align256(n_seq * c->n_head_kv * sizeof(unsigned)));
     a.part_ml = (float *)((uint8_t *)a.part_o + align256(n_seq * n_head * a.n_split * c->d * sizeof(float)));
     a.out = d_out;
+    a.rows = d_rows, a.rows_max = (int)c->max_seqs;
     if (c->sink) { /* the sink rows' state after the splits' in the workspace */
-        a.sink_n = (int)c->sink, a.sink_rows = d_sink_rows, a.sink_rows_max = (int)c->max_seqs;
+        a.sink_n = (int)c->sink;
         a.sink_k = sink_pool(c, layer, 0), a.sink_v = sink_pool(c, layer, 1);
         a.sink_o = (float *)((uint8_t *)a.part_ml + align256(n_seq * n_head * a.n_split * 2 * sizeof(float)));
         a.sink_ml = (float *)((uint8_t *)a.sink_o + align256(n_seq * n_head * c->d * sizeof(float)));
@@ -527,6 +594,12 @@ size_t e8kv_cuda_seq_fork(e8kv_cuda_cache *c, size_t seq) {
     for (size_t l = 0; l < c->n_layer && c->sink; l++)
         for (int s = 0; s < 2; s++)
             if (cudaMemcpy(sink_pool(c, l, s) + n * srow, sink_pool(c, l, s) + seq * srow, srow * sizeof(float),
+                           cudaMemcpyDeviceToDevice) != cudaSuccess)
+                return E8KV_ERR(CUDA);
+    for (size_t l = 0; l < c->n_layer; l++)
+        for (int s = 0; s < 2; s++)
+            if (c->sd[2 * l + (size_t)s].mu &&
+                cudaMemcpy(mean_row(c, l, s, n), mean_row(c, l, s, seq), c->n_head_kv * c->d * sizeof(float),
                            cudaMemcpyDeviceToDevice) != cudaSuccess)
                 return E8KV_ERR(CUDA);
     return n;
@@ -591,6 +664,8 @@ size_t e8kv_cuda_seq_append(e8kv_cuda_cache *c, size_t layer, size_t seq, const 
     E8KV_RETURN_IF_ERROR(make_writable(c, seq, *len / c->bs, (*len + n_tok - 1) / c->bs));
     const int32_t *const t = c->tables + seq * c->width;
     const size_t esz = dtype == E8KV_DTYPE_F32 ? 4 : 2, row = c->n_head_kv * c->d * esz;
+    if (c->centered && *len == 0) /* the sequence's first append fixes its means (the CPU cache's rule) */
+        E8KV_RETURN_IF_ERROR(e8kv_cuda_set_means_async(c, layer, seq, d_k, d_v, n_tok, dtype, NULL));
     for (size_t t0 = 0; t0 < n_tok; t0 += c->max_append) {
         const size_t n = n_tok - t0 < c->max_append ? n_tok - t0 : c->max_append;
         int sinks = 0;
@@ -598,10 +673,12 @@ size_t e8kv_cuda_seq_append(e8kv_cuda_cache *c, size_t layer, size_t seq, const 
             const size_t pos = *len + t0 + i;
             c->slots[i] = (int64_t)t[pos / c->bs] * (int64_t)c->bs + (int64_t)(pos % c->bs);
             c->sslots[i] = pos < c->sink ? (int64_t)(seq * c->sink + pos) : -1;
+            c->arows[i] = (int32_t)seq;
             sinks |= pos < c->sink;
         }
-        const size_t r = append_rows(c, layer, c->slots, sinks ? c->sslots : NULL, (const uint8_t *)d_k + t0 * row,
-                                     (const uint8_t *)d_v + t0 * row, n, dtype);
+        const size_t r =
+            append_rows(c, layer, c->slots, sinks ? c->sslots : NULL, c->arows,
+                        (const uint8_t *)d_k + t0 * row, (const uint8_t *)d_v + t0 * row, n, dtype);
         if (e8kv_is_error(r)) return r;
     }
     *len += n_tok;
@@ -619,15 +696,21 @@ size_t e8kv_cuda_seq_append_batch(e8kv_cuda_cache *c, size_t layer, const size_t
         if (c->lens[seqs[i] * c->n_layer + layer] + 1 > c->max_ctx) return E8KV_ERR(CONTEXT_FULL);
     }
     int sinks = 0;
+    const size_t row = c->n_head_kv * c->d * (dtype == E8KV_DTYPE_F32 ? 4 : 2);
     for (size_t i = 0; i < n_seq; i++) {
         const size_t pos = c->lens[seqs[i] * c->n_layer + layer];
         E8KV_RETURN_IF_ERROR(make_writable(c, seqs[i], pos / c->bs, pos / c->bs));
         c->slots[i] =
             (int64_t)c->tables[seqs[i] * c->width + pos / c->bs] * (int64_t)c->bs + (int64_t)(pos % c->bs);
         c->sslots[i] = pos < c->sink ? (int64_t)(seqs[i] * c->sink + pos) : -1;
+        c->arows[i] = (int32_t)seqs[i];
         sinks |= pos < c->sink;
+        if (c->centered && pos == 0) /* a first append of one token: means of 0 */
+            E8KV_RETURN_IF_ERROR(e8kv_cuda_set_means_async(c, layer, seqs[i], (const uint8_t *)d_k + i * row,
+                                                           (const uint8_t *)d_v + i * row, 1, dtype, NULL));
     }
-    const size_t r = append_rows(c, layer, c->slots, sinks ? c->sslots : NULL, d_k, d_v, n_seq, dtype);
+    const size_t r =
+        append_rows(c, layer, c->slots, sinks ? c->sslots : NULL, c->arows, d_k, d_v, n_seq, dtype);
     if (e8kv_is_error(r)) return r;
     for (size_t i = 0; i < n_seq; i++)
         c->lens[seqs[i] * c->n_layer + layer]++;
@@ -653,8 +736,8 @@ size_t e8kv_cuda_seq_attend(e8kv_cuda_cache *c, size_t layer, float *d_out, cons
         cudaMemcpy(c->d_ctx, c->ctx, n_seq * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess ||
         cudaMemcpy(c->d_rows, c->rows, n_seq * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess)
         return E8KV_ERR(CUDA);
-    const size_t r = e8kv_cuda_attend_sinks(c, layer, d_out, d_q, dtype, n_seq, n_head, c->d_btables, c->width,
-                                            c->d_ctx, max_ctx, c->d_rows, NULL, 0, NULL);
+    const size_t r = e8kv_cuda_attend_rows(c, layer, d_out, d_q, dtype, n_seq, n_head, c->d_btables, c->width,
+                                           c->d_ctx, max_ctx, c->d_rows, NULL, 0, NULL);
     if (e8kv_is_error(r)) return r;
     return cudaDeviceSynchronize() == cudaSuccess ? r : E8KV_ERR(CUDA);
 }

@@ -155,15 +155,16 @@ __device__ __forceinline__ unsigned e8p_code(const int32_t X[8], int sb_o, const
     return lo | (sgn & 127u) << 8 | (unsigned)sb << 15;
 }
 
-/* ---- the front of both kernels: a group of LANES = d/8 lanes per vector, lane b holding values 8b..8b+7 ----
- * Loads the lane's 8 values (one or two 16-byte loads when the rows are aligned), multiplies by the random
- * signs and runs the butterflies: strides 1, 2, 4 inside the lane, then 8 .. d/2 between lanes, where the
- * lower lane of a pair computes a + b and the upper one a − b as fma(b, −1, a): one rounding of an exact
+/* ---- the front of both kernels: a group of LANES = d/8 lanes per vector, lane b holding values 8b..8b+7
+ * ---- Loads the lane's 8 values (one or two 16-byte loads when the rows are aligned), subtracts the
+ * sequence's means when the stream is centred (mu: that vector's d means, else NULL), multiplies by the
+ * random signs and runs the butterflies: strides 1, 2, 4 inside the lane, then 8 .. d/2 between lanes, where
+ * the lower lane of a pair computes a + b and the upper one a − b as fma(b, −1, a): one rounding of an exact
  * value, the CPU's subtraction. Then the 1/sqrtf(d) multiply. Returns whether the 8 inputs are finite. */
 template <int D>
-__device__ __forceinline__ bool load_rotated(float x[8], const void *__restrict__ src, size_t vi, int b, bool live,
-                                             int dtype, int vec16, const float *__restrict__ signs,
-                                             float rot_scale) {
+__device__ __forceinline__ bool load_rotated(float x[8], const void *__restrict__ src, size_t vi, int b,
+                                             bool live, int dtype, int vec16, const float *__restrict__ signs,
+                                             float rot_scale, const float *__restrict__ mu) {
     constexpr int LANES = D / 8;
     if (live && vec16) {
         const size_t at = vi * D + 8 * b;
@@ -185,6 +186,13 @@ __device__ __forceinline__ bool load_rotated(float x[8], const void *__restrict_
 #pragma unroll
         for (int i = 0; i < 8; i++)
             x[i] = live ? e8kv_cuda_load_val(src, vi * D + 8 * b + i, dtype) : 0.0f;
+    }
+    if (mu) { /* center=1: x − μ, one rounding, what the CPU cache codes */
+        const float4 m0 = ((const float4 *)mu)[2 * b], m1 = ((const float4 *)mu)[2 * b + 1];
+        const float m[8] = {m0.x, m0.y, m0.z, m0.w, m1.x, m1.y, m1.z, m1.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            x[i] = __fsub_rn(x[i], m[i]);
     }
     const float4 s0 = ((const float4 *)signs)[2 * b], s1 = ((const float4 *)signs)[2 * b + 1];
     const float s[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
@@ -230,7 +238,7 @@ template <int D>
 __device__ __forceinline__ lane_pos lane_front(float x[8], const int64_t *__restrict__ slots,
                                                const void *__restrict__ src, size_t n_tok, size_t n_head_kv,
                                                int dtype, int vec16, const float *__restrict__ signs,
-                                               float rot_scale) {
+                                               float rot_scale, const center_args &ca, unsigned *flags) {
     constexpr int LANES = D / 8;
     lane_pos p;
     p.lane = threadIdx.x & 31, p.b = p.lane % LANES;
@@ -239,7 +247,15 @@ __device__ __forceinline__ lane_pos lane_front(float x[8], const int64_t *__rest
     p.live = vi < n_tok * n_head_kv;
     p.head = p.live ? vi % n_kv : 0;
     p.slot = p.live ? slots[vi / n_kv] : -1;
-    const bool finite = load_rotated<D>(x, src, vi, p.b, p.live, dtype, vec16, signs, rot_scale);
+    const float *mu = NULL; /* center=1: the means of the token's row, for this head */
+    if (ca.rows && p.live) {
+        const int32_t row = ca.rows[vi / n_kv];
+        if (row >= 0 && (size_t)row < ca.rows_max)
+            mu = ca.mu + ((size_t)row * n_kv + p.head) * D;
+        else if (row >= 0 && p.b == 0)
+            atomicOr(flags, FLAG_RANGE); /* coded uncentred; the caller's step fails */
+    }
+    const bool finite = load_rotated<D>(x, src, vi, p.b, p.live, dtype, vec16, signs, rot_scale, mu);
     p.all_finite = (__ballot_sync(0xffffffffu, finite) & p.gmask) == p.gmask;
     return p;
 }
@@ -395,10 +411,12 @@ template <int D>
 __global__ void __launch_bounds__(128)
     append_box4_kernel(stream_desc sd, const int64_t *__restrict__ slots, const void *__restrict__ src,
                        size_t n_tok, size_t n_head_kv, size_t block_size, int dtype,
-                       const float *__restrict__ signs, float rot_scale, unsigned *flags, int vec16) {
+                       const float *__restrict__ signs, float rot_scale, unsigned *flags, int vec16,
+                       const center_args ca) {
     constexpr int LANES = D / 8, N_COS = (D + 63) / 64;
     float x[8];
-    const lane_pos p = lane_front<D>(x, slots, src, n_tok, n_head_kv, dtype, vec16, signs, rot_scale);
+    const lane_pos p =
+        lane_front<D>(x, slots, src, n_tok, n_head_kv, dtype, vec16, signs, rot_scale, ca, flags);
     const int lane = p.lane, b = p.b;
     const unsigned gmask = p.gmask;
     const size_t head = p.head;
@@ -515,13 +533,15 @@ template <int D>
 __global__ void __launch_bounds__(128)
     append_e8p_kernel(stream_desc sd, const int64_t *__restrict__ slots, const void *__restrict__ src,
                       size_t n_tok, size_t n_head_kv, size_t block_size, int dtype,
-                      const float *__restrict__ signs, float rot_scale, unsigned *flags, int vec16) {
+                      const float *__restrict__ signs, float rot_scale, unsigned *flags, int vec16,
+                      const center_args ca) {
     constexpr int LANES = D / 8, VPB = 128 / LANES;
     __shared__ float xs[VPB][D + 1]; /* +1: the VPB summing threads read one column at a time */
     __shared__ double rms_s[VPB];
     __shared__ uint16_t pat_s[256]; /* the patterns, for the lanes' binary searches */
     float x[8];
-    const lane_pos p = lane_front<D>(x, slots, src, n_tok, n_head_kv, dtype, vec16, signs, rot_scale);
+    const lane_pos p =
+        lane_front<D>(x, slots, src, n_tok, n_head_kv, dtype, vec16, signs, rot_scale, ca, flags);
     const int b = p.b, vl = threadIdx.x / LANES;
     const unsigned gmask = p.gmask;
     const size_t head = p.head;
@@ -653,7 +673,8 @@ static size_t encode_tables(void) {
 
 size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, const void *d_src, size_t n_tok,
                              size_t n_head_kv, size_t d, size_t block_size, int dtype, const float *d_signs,
-                             float rot_scale, unsigned *d_flags, cudaStream_t stream) {
+                             float rot_scale, unsigned *d_flags, cudaStream_t stream, const int32_t *d_rows,
+                             size_t rows_max) {
     if (n_tok == 0) return 0;
     if (sd->fmt == FMT_BOX4 || sd->fmt == FMT_E8P2) {
         E8KV_RETURN_IF_ERROR(encode_tables());
@@ -665,19 +686,20 @@ size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, cons
             const size_t blocks = (n * n_head_kv * (d / 8) + 127) / 128;
             const int64_t *const sl = d_slots + t0;
             const void *const x = (const uint8_t *)d_src + t0 * row;
+            const center_args ca = {sd->mu && d_rows ? d_rows + t0 : NULL, sd->mu, rows_max};
             const int vec16 = ((uintptr_t)x & 15) == 0; /* rows of d values keep every lane's 8 aligned */
             if (sd->fmt == FMT_E8P2 && d == 128)
                 append_e8p_kernel<128><<<(unsigned)blocks, 128, 0, stream>>>(
-                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16);
+                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16, ca);
             else if (sd->fmt == FMT_E8P2)
                 append_e8p_kernel<64><<<(unsigned)blocks, 128, 0, stream>>>(
-                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16);
+                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16, ca);
             else if (d == 128)
                 append_box4_kernel<128><<<(unsigned)blocks, 128, 0, stream>>>(
-                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16);
+                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16, ca);
             else
                 append_box4_kernel<64><<<(unsigned)blocks, 128, 0, stream>>>(
-                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16);
+                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16, ca);
         }
     } else {
         const size_t threads = n_tok * n_head_kv * d / 8, blocks = (threads + 127) / 128;
@@ -717,5 +739,35 @@ size_t e8kv_cu_launch_sink_append(float *pool, const int64_t *d_sink_slots, size
     if (blocks > 0x7fffffffu) return E8KV_ERR(DIMENSION);
     append_sink_kernel<<<(unsigned)blocks, 256, 0, stream>>>(pool, d_sink_slots, n_slots, d_src, n_tok, n_vals,
                                                               dtype, d_flags);
+    return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
+}
+
+/* center=1: the mean of n_tok rows, one thread per value, summed in double in token order as the CPU cache
+ * does (kvcache.c, set_means); the loads run 8 tokens ahead of the sums */
+__global__ void means_kernel(float *mu, const void *src, size_t n_tok, size_t n_vals, int dtype) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_vals) return;
+    double s = 0.0;
+    if (n_tok >= E8KV_CUDA_CENTER_MIN_TOKENS) {
+        size_t t = 0;
+        for (; t + 8 <= n_tok; t += 8) {
+            float x[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                x[u] = e8kv_cuda_load_val(src, (t + u) * n_vals + i, dtype);
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                s += (double)x[u];
+        }
+        for (; t < n_tok; t++)
+            s += (double)e8kv_cuda_load_val(src, t * n_vals + i, dtype);
+    }
+    mu[i] = (float)(s / (double)n_tok);
+}
+
+size_t e8kv_cu_launch_means(float *mu, const void *d_src, size_t n_tok, size_t n_vals, int dtype,
+                            cudaStream_t stream) {
+    if (n_tok == 0) return 0;
+    means_kernel<<<(unsigned)((n_vals + 127) / 128), 128, 0, stream>>>(mu, d_src, n_tok, n_vals, dtype);
     return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
 }

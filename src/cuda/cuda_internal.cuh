@@ -54,12 +54,30 @@ typedef struct {
     size_t page_bytes; /* n_head_kv * head_bytes */
     size_t head_bytes; /* block_size * vector bytes */
     int fmt;
+    /* center=1 (the e8box and e8p streams of a cache without center=0): the means of this (layer, stream),
+     * f32 (rows, n_head_kv, d), subtracted before coding and added back by the attention; NULL: uncentred */
+    float *mu;
 } stream_desc;
 
-/* append: n_tok rows of n_head_kv * d values of dtype into slots */
+/* center=1 in the append kernels: token i of a centred stream codes x − mu of row rows[i] (negative: none;
+ * rows_max or more: none, and FLAG_RANGE); rows NULL: every token uncentred */
+typedef struct {
+    const int32_t *rows;
+    const float *mu; /* the stream's means, (rows_max, n_head_kv, d) */
+    size_t rows_max;
+} center_args;
+
+/* append: n_tok rows of n_head_kv * d values of dtype into slots; a centred stream (sd->mu) subtracts the
+ * means of each token's row d_rows[i] (d_rows NULL: none) */
 size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, const void *d_src, size_t n_tok,
                              size_t n_head_kv, size_t d, size_t block_size, int dtype, const float *d_signs,
-                             float rot_scale, unsigned *d_flags, cudaStream_t stream);
+                             float rot_scale, unsigned *d_flags, cudaStream_t stream, const int32_t *d_rows,
+                             size_t rows_max);
+
+/* center=1: mu (n_vals) = the mean of n_tok rows of n_vals values of dtype, summed in double in token order
+ * (the CPU cache's set_means), or 0 when n_tok < E8KV_CUDA_CENTER_MIN_TOKENS */
+size_t e8kv_cu_launch_means(float *mu, const void *d_src, size_t n_tok, size_t n_vals, int dtype,
+                            cudaStream_t stream);
 
 /* sink rows: n_tok rows of n_vals values of dtype to f32 rows of `pool` at d_sink_slots[i] (row * sink +
  * position; negative: skipped; n_slots or more: not written, FLAG_RANGE); NaN/Inf raise FLAG_NONFINITE in
@@ -82,13 +100,16 @@ typedef struct {
     int v_rot;          /* V pages rotated (e8box): the merge undoes the rotation */
     float v_div;        /* the V pages' scale of P */
     float *out;         /* (n_seq, n_head, d) */
+    /* each sequence's row of the sink rows and the means (k.mu, v.mu): rows[seq], or seq when NULL; a row
+     * outside [0, rows_max) makes the sequence's output NaN */
+    const int32_t *rows;
+    int rows_max;
     /* sink=N: positions [0, min(N, ctx)) are read from the exact rows of sink_k / sink_v (f32, (row, N,
-     * n_head_kv, d) for this layer; row = sink_rows[seq], or seq when NULL) instead of the pages: split 0
-     * computes their state (sink_state), the merge adds it (merge_last); sink_n = 0: none */
+     * n_head_kv, d) for this layer) instead of the pages: split 0 computes their state (sink_state), the
+     * merge adds it (merge_last); sink_n = 0: none */
     const float *sink_k, *sink_v;
     float *sink_o, *sink_ml; /* (n_seq, n_head, d) and (n_seq, n_head, 2): the sink rows' softmax state */
-    const int32_t *sink_rows;
-    int sink_n, sink_rows_max; /* a row outside [0, sink_rows_max) makes the sequence's output NaN */
+    int sink_n;
 } attn_launch;
 
 /* Partial splits for these sizes (the host and the workspace bound agree through this). */
