@@ -431,8 +431,8 @@ static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n
         const double t0 = now_us();
         size_t a;
         if (centered) {
-            a = e8kv_cuda_append_rows_async(c, (size_t)(i + 3) % n_layer, d_slots, d_rows, kin, vin, n_tok,
-                                            E8KV_DTYPE_BF16, d_stat, NULL);
+            a = e8kv_cuda_append_rows_async(c, (size_t)(i + 3) % n_layer, d_slots, d_rows, NULL, kin, vin,
+                                            n_tok, E8KV_DTYPE_BF16, d_stat, NULL);
             CU(cudaDeviceSynchronize());
         } else {
             a = e8kv_cuda_append_slots(c, (size_t)(i + 3) % n_layer, d_slots, kin, vin, n_tok,
@@ -484,8 +484,7 @@ static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n
         for (size_t l = 0; l < n_layer; l++)
             for (int s = 0; s < 2; s++)
                 if (e8kv_cu_launch_append(&sd[2 * l + s], d_slots, s ? (void *)vin : (void *)kin, n_tok,
-                                          sh->n_kv, d, bs, E8KV_DTYPE_BF16, d_signs, rot, d_flags, st, NULL,
-                                          0))
+                                          sh->n_kv, d, bs, E8KV_DTYPE_BF16, d_signs, rot, d_flags, st, NULL))
                     printf("launch failed\n"), exit(1);
         CU(cudaStreamEndCapture(st, &g));
         CU(cudaGraphInstantiate(&ge, g, 0));
@@ -505,7 +504,7 @@ static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n
             CU(cudaEventRecord(ev[2 * i], st));
             for (int s = 0; s < 2; s++)
                 if (e8kv_cu_launch_append(&sd[s], d_slots, s ? (void *)vin : (void *)kin, n_tok, sh->n_kv, d,
-                                          bs, E8KV_DTYPE_BF16, d_signs, rot, d_flags, st, NULL, 0))
+                                          bs, E8KV_DTYPE_BF16, d_signs, rot, d_flags, st, NULL))
                     printf("launch failed\n"), exit(1);
             CU(cudaEventRecord(ev[2 * i + 1], st));
         }

@@ -134,13 +134,16 @@ size_t e8kv_cuda_attend(e8kv_cuda_cache *cache, size_t layer, float *d_out, cons
  * appends that use them are then refused (NONFINITE). */
 size_t e8kv_cuda_set_means_async(e8kv_cuda_cache *cache, size_t layer, size_t row, const void *d_k,
                                  const void *d_v, size_t n_tok, e8kv_dtype dtype, void *stream);
-/* e8kv_cuda_append_slots_async with each token's row (d_rows: n_tok int32; negative: no mean): centred
- * streams code x − μ of that row. A row of max_seqs or more: E8KV_CUDA_STATUS_RANGE (the token is coded
- * uncentred). Graph-safe. An uncentred cache ignores d_rows. e8kv_cuda_append_slots(_async) code every token
- * uncentred. */
+/* e8kv_cuda_append_slots_async with each token's row and sink slot, in one launch per stream. d_rows (n_tok
+ * int32; NULL: none; negative: no mean): centred streams code x − μ of that row; a row of max_seqs or more
+ * is E8KV_CUDA_STATUS_RANGE (the token is coded uncentred); an uncentred cache ignores it. d_sink_slots
+ * (n_tok int64; NULL: none; sink=N caches, else E8KV_ERROR_SPEC): the token's exact values also go to sink
+ * slot row * N + position, as e8kv_cuda_append_sink_async writes them (negative: none; max_seqs * N or
+ * more: not written, RANGE). Graph-safe. e8kv_cuda_append_slots(_async) code every token uncentred. */
 size_t e8kv_cuda_append_rows_async(e8kv_cuda_cache *cache, size_t layer, const int64_t *d_slots,
-                                   const int32_t *d_rows, const void *d_k, const void *d_v, size_t n_tok,
-                                   e8kv_dtype dtype, unsigned *d_status, void *stream);
+                                   const int32_t *d_rows, const int64_t *d_sink_slots, const void *d_k,
+                                   const void *d_v, size_t n_tok, e8kv_dtype dtype, unsigned *d_status,
+                                   void *stream);
 /* 1 when some stream is centred (center=1, the default, and an e8box or e8p stream). */
 int e8kv_cuda_cache_centered(const e8kv_cuda_cache *cache);
 #define E8KV_CUDA_CENTER_MIN_TOKENS 16

@@ -574,11 +574,18 @@ static void test_sink_slots(const char *spec, size_t d, size_t sink) {
             CHECK(!e8kv_is_error(e8kv_cuda_set_means_async(a, 0, (size_t)rows[s], dx, dy, lens[s],
                                                            E8KV_DTYPE_BF16, NULL)),
                   "set_means_async");
-        CHECK(e8kv_cuda_append_rows_async(a, 0, dslots, dtrows, dx, dy, lens[s], E8KV_DTYPE_BF16, dstat,
-                                          NULL) == lens[s],
-              "append_rows_async");
-        CHECK(e8kv_cuda_append_sink_async(a, 0, dsslots, dx, dy, lens[s], E8KV_DTYPE_BF16, dstat, NULL) == lens[s],
-              "append_sink_async");
+        if (s % 2 == 0) { /* codes, means and sink rows in one call */
+            CHECK(e8kv_cuda_append_rows_async(a, 0, dslots, dtrows, dsslots, dx, dy, lens[s], E8KV_DTYPE_BF16,
+                                              dstat, NULL) == lens[s],
+                  "append_rows_async with sink slots");
+        } else { /* the sink rows by a call of their own */
+            CHECK(e8kv_cuda_append_rows_async(a, 0, dslots, dtrows, NULL, dx, dy, lens[s], E8KV_DTYPE_BF16,
+                                              dstat, NULL) == lens[s],
+                  "append_rows_async");
+            CHECK(e8kv_cuda_append_sink_async(a, 0, dsslots, dx, dy, lens[s], E8KV_DTYPE_BF16, dstat, NULL) ==
+                      lens[s],
+                  "append_sink_async");
+        }
         ids[s] = e8kv_cuda_seq_create(b);
         CHECK(e8kv_cuda_seq_append(b, 0, ids[s], dx, dy, lens[s], E8KV_DTYPE_BF16) == lens[s], "seq_append");
         CU(cudaFree(dx));
@@ -655,10 +662,27 @@ static void test_sink_slots(const char *spec, size_t d, size_t sink) {
         slots[0] = -1;
         CU(cudaMemcpy(dtrows, trows, sizeof(int32_t), cudaMemcpyHostToDevice));
         CU(cudaMemcpy(dslots, slots, sizeof(int64_t), cudaMemcpyHostToDevice));
-        e8kv_cuda_append_rows_async(a, 0, dslots, dtrows, dfin, dfin, 1, E8KV_DTYPE_F32, dstat, NULL);
+        e8kv_cuda_append_rows_async(a, 0, dslots, dtrows, NULL, dfin, dfin, 1, E8KV_DTYPE_F32, dstat, NULL);
         CU(cudaMemcpy(&stat, dstat, sizeof stat, cudaMemcpyDeviceToHost));
         CHECK(e8kv_get_error_code(e8kv_cuda_status_error(stat)) == E8KV_ERROR_RANGE,
               "row past max_seqs: status %u", stat);
+    }
+    { /* a sink slot past the rows in the one-call append (to no page slot): RANGE, nothing written */
+        CU(cudaMemset(dstat, 0, sizeof(unsigned)));
+        trows[0] = -1, slots[0] = -1, sslots[0] = (int64_t)(n_seq * sink);
+        CU(cudaMemcpy(dtrows, trows, sizeof(int32_t), cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dslots, slots, sizeof(int64_t), cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dsslots, sslots, sizeof(int64_t), cudaMemcpyHostToDevice));
+        e8kv_cuda_append_rows_async(a, 0, dslots, dtrows, dsslots, dfin, dfin, 1, E8KV_DTYPE_F32, dstat,
+                                    NULL);
+        CU(cudaMemcpy(&stat, dstat, sizeof stat, cudaMemcpyDeviceToHost));
+        CHECK(e8kv_get_error_code(e8kv_cuda_status_error(stat)) == E8KV_ERROR_RANGE,
+              "sink slot past the rows (one-call append): status %u", stat);
+        CU(cudaMemset(dout, 0xff, n_out * 4));
+        e8kv_cuda_attend_rows(a, 0, dout, dq, E8KV_DTYPE_F32, n_seq, n_head, dt, width, dc, 1100, dr, NULL, 0,
+                              NULL);
+        CU(cudaMemcpy(ob, dout, n_out * 4, cudaMemcpyDeviceToHost));
+        CHECK(!memcmp(oa, ob, n_out * 4), "a refused sink slot (one-call append) changed what is attended");
     }
     CU(cudaFree(dfin));
     CU(cudaMemset(dstat, 0, sizeof(unsigned)));

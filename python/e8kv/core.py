@@ -592,16 +592,14 @@ class CudaCache:
         if st.numel() != 1:
             raise E8KVError(ErrorCode.BAD_ARGUMENT, "append: status is one int32 element")
         sw, cs = _dev(st, "status", _torch.int32), _stream(k, stream)
-        if rows is not None:
-            n = _check(self._lib.e8kv_cuda_append_rows_async(self._p, layer, sp, _dev(rows, "rows", _torch.int32), kp,
-                                                             vp, n_tok, dt, sw, cs), f"append layer {layer}")
+        if rows is not None or sink_slots is not None:  # codes, means and sink rows in one launch per stream
+            rp = None if rows is None else _dev(rows, "rows", _torch.int32)
+            ssp = None if sink_slots is None else _dev(sink_slots, "sink_slots", _torch.int64)
+            n = _check(self._lib.e8kv_cuda_append_rows_async(self._p, layer, sp, rp, ssp, kp, vp, n_tok, dt, sw, cs),
+                       f"append layer {layer}")
         else:
             n = _check(self._lib.e8kv_cuda_append_slots_async(self._p, layer, sp, kp, vp, n_tok, dt, sw, cs),
                        f"append layer {layer}")
-        if sink_slots is not None:
-            _check(self._lib.e8kv_cuda_append_sink_async(self._p, layer, _dev(sink_slots, "sink_slots", _torch.int64),
-                                                         kp, vp, n_tok, dt, sw, cs),
-                   f"append (sink rows) layer {layer}")
         if sync:
             self.check_status(st)
         return n

@@ -383,13 +383,18 @@ size_t e8kv_cuda_cache_free_pages(const e8kv_cuda_cache *c) {
     return c ? c->n_free : 0;
 }
 
-/* One stream's append: a centred stream with rows codes x − μ of each token's row (in the encode kernels,
- * the CPU cache's values), any other the rows as they are */
+/* One stream's append, one launch: a centred stream with rows codes x − μ of each token's row (in the
+ * encode kernels, the CPU cache's values), any other the rows as they are; with sink slots (NULL: none)
+ * the tokens' exact values also go to the sink rows */
 static size_t append_stream(e8kv_cuda_cache *c, size_t layer, int s, const int64_t *d_slots,
-                            const int32_t *d_rows, const void *src, size_t n, e8kv_dtype dtype,
-                            unsigned *d_flags, cudaStream_t stream) {
+                            const int32_t *d_rows, const int64_t *d_sink_slots, const void *src, size_t n,
+                            e8kv_dtype dtype, unsigned *d_flags, cudaStream_t stream) {
+    token_args ta = {d_rows, NULL, c->max_seqs, NULL, NULL, 0};
+    if (d_sink_slots && c->sink)
+        ta.sink_slots = d_sink_slots, ta.sink = sink_pool(c, layer, s),
+        ta.n_sink_slots = c->max_seqs * c->sink;
     return e8kv_cu_launch_append(&c->sd[2 * layer + (size_t)s], d_slots, src, n, c->n_head_kv, c->d, c->bs,
-                                 (int)dtype, c->d_signs, c->rot_scale, d_flags, stream, d_rows, c->max_seqs);
+                                 (int)dtype, c->d_signs, c->rot_scale, d_flags, stream, &ta);
 }
 
 /* writes n_tok rows whose slots are in host_slots, in pieces of max_append; the rows whose host_sink_slots
@@ -408,18 +413,14 @@ static size_t append_rows(e8kv_cuda_cache *c, size_t layer, const int64_t *host_
         if (rows && cudaMemcpy(c->d_arows, host_rows + t0, n * sizeof(int32_t), cudaMemcpyHostToDevice) !=
                         cudaSuccess)
             return E8KV_ERR(CUDA);
+        if (host_sink_slots && cudaMemcpy(c->d_sslots, host_sink_slots + t0, n * sizeof(int64_t),
+                                          cudaMemcpyHostToDevice) != cudaSuccess)
+            return E8KV_ERR(CUDA);
         for (int s = 0; s < 2; s++) {
             const uint8_t *const src = (const uint8_t *)(s ? v : k) + t0 * row;
-            E8KV_RETURN_IF_ERROR(append_stream(c, layer, s, c->d_slots, rows ? c->d_arows : NULL, src, n,
-                                               dtype, c->d_flags, 0));
-        }
-        if (host_sink_slots) {
-            if (cudaMemcpy(c->d_sslots, host_sink_slots + t0, n * sizeof(int64_t), cudaMemcpyHostToDevice) !=
-                cudaSuccess)
-                return E8KV_ERR(CUDA);
-            E8KV_RETURN_IF_ERROR(e8kv_cuda_append_sink_async(c, layer, c->d_sslots, (const uint8_t *)k + t0 * row,
-                                                             (const uint8_t *)v + t0 * row, n, dtype, c->d_flags,
-                                                             NULL));
+            E8KV_RETURN_IF_ERROR(append_stream(c, layer, s, c->d_slots, rows ? c->d_arows : NULL,
+                                               host_sink_slots ? c->d_sslots : NULL, src, n, dtype,
+                                               c->d_flags, 0));
         }
     }
     unsigned flags = 0;
@@ -449,20 +450,21 @@ size_t e8kv_cuda_append_slots_async(e8kv_cuda_cache *c, size_t layer, const int6
     if (!c || layer >= c->n_layer || bad_dtype(dtype) || !d_status || (n_tok && (!d_slots || !d_k || !d_v)))
         return E8KV_ERR(BAD_ARGUMENT);
     for (int s = 0; s < 2; s++)
-        E8KV_RETURN_IF_ERROR(append_stream(c, layer, s, d_slots, NULL, s ? d_v : d_k, n_tok, dtype, d_status,
-                                           (cudaStream_t)stream));
+        E8KV_RETURN_IF_ERROR(append_stream(c, layer, s, d_slots, NULL, NULL, s ? d_v : d_k, n_tok, dtype,
+                                           d_status, (cudaStream_t)stream));
     return n_tok;
 }
 
 size_t e8kv_cuda_append_rows_async(e8kv_cuda_cache *c, size_t layer, const int64_t *d_slots,
-                                   const int32_t *d_rows, const void *d_k, const void *d_v, size_t n_tok,
-                                   e8kv_dtype dtype, unsigned *d_status, void *stream) {
-    if (!c || layer >= c->n_layer || bad_dtype(dtype) || !d_status ||
-        (n_tok && (!d_slots || !d_rows || !d_k || !d_v)))
+                                   const int32_t *d_rows, const int64_t *d_sink_slots, const void *d_k,
+                                   const void *d_v, size_t n_tok, e8kv_dtype dtype, unsigned *d_status,
+                                   void *stream) {
+    if (!c || layer >= c->n_layer || bad_dtype(dtype) || !d_status || (n_tok && (!d_slots || !d_k || !d_v)))
         return E8KV_ERR(BAD_ARGUMENT);
+    if (d_sink_slots && !c->sink) return E8KV_ERR(SPEC);
     for (int s = 0; s < 2; s++)
-        E8KV_RETURN_IF_ERROR(append_stream(c, layer, s, d_slots, d_rows, s ? d_v : d_k, n_tok, dtype,
-                                           d_status, (cudaStream_t)stream));
+        E8KV_RETURN_IF_ERROR(append_stream(c, layer, s, d_slots, d_rows, d_sink_slots, s ? d_v : d_k, n_tok,
+                                           dtype, d_status, (cudaStream_t)stream));
     return n_tok;
 }
 

@@ -164,7 +164,8 @@ __device__ __forceinline__ unsigned e8p_code(const int32_t X[8], int sb_o, const
 template <int D>
 __device__ __forceinline__ bool load_rotated(float x[8], const void *__restrict__ src, size_t vi, int b,
                                              bool live, int dtype, int vec16, const float *__restrict__ signs,
-                                             float rot_scale, const float *__restrict__ mu) {
+                                             float rot_scale, const float *__restrict__ mu,
+                                             float *__restrict__ sink) {
     constexpr int LANES = D / 8;
     if (live && vec16) {
         const size_t at = vi * D + 8 * b;
@@ -186,6 +187,16 @@ __device__ __forceinline__ bool load_rotated(float x[8], const void *__restrict_
 #pragma unroll
         for (int i = 0; i < 8; i++)
             x[i] = live ? e8kv_cuda_load_val(src, vi * D + 8 * b + i, dtype) : 0.0f;
+    }
+    if (sink) { /* sink=N: the exact values too (a non-finite lane writes nothing: the append is refused) */
+        bool fin = true;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            fin = fin && isfinite(x[i]);
+        if (fin) {
+            ((float4 *)sink)[2 * b] = make_float4(x[0], x[1], x[2], x[3]);
+            ((float4 *)sink)[2 * b + 1] = make_float4(x[4], x[5], x[6], x[7]);
+        }
     }
     if (mu) { /* center=1: x − μ, one rounding, what the CPU cache codes */
         const float4 m0 = ((const float4 *)mu)[2 * b], m1 = ((const float4 *)mu)[2 * b + 1];
@@ -238,7 +249,7 @@ template <int D>
 __device__ __forceinline__ lane_pos lane_front(float x[8], const int64_t *__restrict__ slots,
                                                const void *__restrict__ src, size_t n_tok, size_t n_head_kv,
                                                int dtype, int vec16, const float *__restrict__ signs,
-                                               float rot_scale, const center_args &ca, unsigned *flags) {
+                                               float rot_scale, const token_args &ta, unsigned *flags) {
     constexpr int LANES = D / 8;
     lane_pos p;
     p.lane = threadIdx.x & 31, p.b = p.lane % LANES;
@@ -248,14 +259,22 @@ __device__ __forceinline__ lane_pos lane_front(float x[8], const int64_t *__rest
     p.head = p.live ? vi % n_kv : 0;
     p.slot = p.live ? slots[vi / n_kv] : -1;
     const float *mu = NULL; /* center=1: the means of the token's row, for this head */
-    if (ca.rows && p.live) {
-        const int32_t row = ca.rows[vi / n_kv];
-        if (row >= 0 && (size_t)row < ca.rows_max)
-            mu = ca.mu + ((size_t)row * n_kv + p.head) * D;
+    if (ta.rows && p.live) {
+        const int32_t row = ta.rows[vi / n_kv];
+        if (row >= 0 && (size_t)row < ta.rows_max)
+            mu = ta.mu + ((size_t)row * n_kv + p.head) * D;
         else if (row >= 0 && p.b == 0)
             atomicOr(flags, FLAG_RANGE); /* coded uncentred; the caller's step fails */
     }
-    const bool finite = load_rotated<D>(x, src, vi, p.b, p.live, dtype, vec16, signs, rot_scale, mu);
+    float *sink = NULL; /* sink=N: where the token's exact values go */
+    if (ta.sink_slots && p.live) {
+        const int64_t ss = ta.sink_slots[vi / n_kv];
+        if (ss >= 0 && (uint64_t)ss < ta.n_sink_slots)
+            sink = ta.sink + ((size_t)ss * n_kv + p.head) * D;
+        else if (ss >= 0 && p.b == 0)
+            atomicOr(flags, FLAG_RANGE);
+    }
+    const bool finite = load_rotated<D>(x, src, vi, p.b, p.live, dtype, vec16, signs, rot_scale, mu, sink);
     p.all_finite = (__ballot_sync(0xffffffffu, finite) & p.gmask) == p.gmask;
     return p;
 }
@@ -412,11 +431,11 @@ __global__ void __launch_bounds__(128)
     append_box4_kernel(stream_desc sd, const int64_t *__restrict__ slots, const void *__restrict__ src,
                        size_t n_tok, size_t n_head_kv, size_t block_size, int dtype,
                        const float *__restrict__ signs, float rot_scale, unsigned *flags, int vec16,
-                       const center_args ca) {
+                       const token_args ta) {
     constexpr int LANES = D / 8, N_COS = (D + 63) / 64;
     float x[8];
     const lane_pos p =
-        lane_front<D>(x, slots, src, n_tok, n_head_kv, dtype, vec16, signs, rot_scale, ca, flags);
+        lane_front<D>(x, slots, src, n_tok, n_head_kv, dtype, vec16, signs, rot_scale, ta, flags);
     const int lane = p.lane, b = p.b;
     const unsigned gmask = p.gmask;
     const size_t head = p.head;
@@ -534,14 +553,14 @@ __global__ void __launch_bounds__(128)
     append_e8p_kernel(stream_desc sd, const int64_t *__restrict__ slots, const void *__restrict__ src,
                       size_t n_tok, size_t n_head_kv, size_t block_size, int dtype,
                       const float *__restrict__ signs, float rot_scale, unsigned *flags, int vec16,
-                      const center_args ca) {
+                      const token_args ta) {
     constexpr int LANES = D / 8, VPB = 128 / LANES;
     __shared__ float xs[VPB][D + 1]; /* +1: the VPB summing threads read one column at a time */
     __shared__ double rms_s[VPB];
     __shared__ uint16_t pat_s[256]; /* the patterns, for the lanes' binary searches */
     float x[8];
     const lane_pos p =
-        lane_front<D>(x, slots, src, n_tok, n_head_kv, dtype, vec16, signs, rot_scale, ca, flags);
+        lane_front<D>(x, slots, src, n_tok, n_head_kv, dtype, vec16, signs, rot_scale, ta, flags);
     const int b = p.b, vl = threadIdx.x / LANES;
     const unsigned gmask = p.gmask;
     const size_t head = p.head;
@@ -617,29 +636,39 @@ __device__ __forceinline__ void to_raw(__nv_bfloat16 *y, float f) {
     *y = __float2bfloat16_rn(f);
 }
 
-/* raw pages: one thread per 8 values */
+/* raw pages: one thread per 8 values (never centred; sink rows as in the coded formats) */
 template <typename T>
 __global__ void __launch_bounds__(128)
     append_raw_kernel(stream_desc sd, const int64_t *__restrict__ slots, const void *__restrict__ src,
-                      size_t n_tok, size_t n_head_kv, size_t d, size_t block_size, int dtype,
-                      unsigned *flags) {
+                      size_t n_tok, size_t n_head_kv, size_t d, size_t block_size, int dtype, unsigned *flags,
+                      const token_args ta) {
     const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x, per_row = n_head_kv * d / 8;
     if (t >= n_tok * per_row) return;
     const size_t tok = t / per_row, j = t % per_row, head = 8 * j / d, i0 = 8 * j % d;
     const int64_t slot = slots[tok];
-    if (slot < 0) return;
+    float f[8];
     T v[8];
     bool finite = true;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        const float f = e8kv_cuda_load_val(src, tok * n_head_kv * d + head * d + i0 + i, dtype);
-        finite = finite && isfinite(f);
-        to_raw(&v[i], f);
+        f[i] = e8kv_cuda_load_val(src, tok * n_head_kv * d + head * d + i0 + i, dtype);
+        finite = finite && isfinite(f[i]);
+        to_raw(&v[i], f[i]);
     }
     if (!finite) {
         atomicOr(flags, FLAG_NONFINITE);
         return;
     }
+    if (ta.sink_slots) {
+        const int64_t ss = ta.sink_slots[tok];
+        if (ss >= 0 && (uint64_t)ss < ta.n_sink_slots) {
+            float4 *const dst = (float4 *)(ta.sink + ((size_t)ss * n_head_kv + head) * d + i0);
+            dst[0] = make_float4(f[0], f[1], f[2], f[3]), dst[1] = make_float4(f[4], f[5], f[6], f[7]);
+        } else if (ss >= 0 && i0 == 0) {
+            atomicOr(flags, FLAG_RANGE);
+        }
+    }
+    if (slot < 0) return;
     uint8_t *const area =
         sd.pool + (size_t)(slot / (int64_t)block_size) * sd.page_bytes + head * sd.head_bytes;
     *(uint4 *)(area + ((size_t)(slot % (int64_t)block_size) * d + i0) * 2) = *(const uint4 *)v;
@@ -673,9 +702,13 @@ static size_t encode_tables(void) {
 
 size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, const void *d_src, size_t n_tok,
                              size_t n_head_kv, size_t d, size_t block_size, int dtype, const float *d_signs,
-                             float rot_scale, unsigned *d_flags, cudaStream_t stream, const int32_t *d_rows,
-                             size_t rows_max) {
+                             float rot_scale, unsigned *d_flags, cudaStream_t stream,
+                             const token_args *ta_in) {
     if (n_tok == 0) return 0;
+    token_args ta0 = {NULL, NULL, 0, NULL, NULL, 0};
+    if (ta_in) ta0 = *ta_in;
+    ta0.mu = sd->mu;
+    if (!sd->mu) ta0.rows = NULL; /* an uncentred stream ignores the rows */
     if (sd->fmt == FMT_BOX4 || sd->fmt == FMT_E8P2) {
         E8KV_RETURN_IF_ERROR(encode_tables());
         /* the kernels index vectors in 32 bits: pieces of fewer than 2^31 threads */
@@ -686,29 +719,31 @@ size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, cons
             const size_t blocks = (n * n_head_kv * (d / 8) + 127) / 128;
             const int64_t *const sl = d_slots + t0;
             const void *const x = (const uint8_t *)d_src + t0 * row;
-            const center_args ca = {sd->mu && d_rows ? d_rows + t0 : NULL, sd->mu, rows_max};
+            token_args ta = ta0;
+            if (ta.rows) ta.rows += t0;
+            if (ta.sink_slots) ta.sink_slots += t0;
             const int vec16 = ((uintptr_t)x & 15) == 0; /* rows of d values keep every lane's 8 aligned */
             if (sd->fmt == FMT_E8P2 && d == 128)
                 append_e8p_kernel<128><<<(unsigned)blocks, 128, 0, stream>>>(
-                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16, ca);
+                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16, ta);
             else if (sd->fmt == FMT_E8P2)
                 append_e8p_kernel<64><<<(unsigned)blocks, 128, 0, stream>>>(
-                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16, ca);
+                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16, ta);
             else if (d == 128)
                 append_box4_kernel<128><<<(unsigned)blocks, 128, 0, stream>>>(
-                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16, ca);
+                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16, ta);
             else
                 append_box4_kernel<64><<<(unsigned)blocks, 128, 0, stream>>>(
-                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16, ca);
+                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16, ta);
         }
     } else {
         const size_t threads = n_tok * n_head_kv * d / 8, blocks = (threads + 127) / 128;
         if (sd->fmt == FMT_F16)
             append_raw_kernel<__half><<<(unsigned)blocks, 128, 0, stream>>>(
-                *sd, d_slots, d_src, n_tok, n_head_kv, d, block_size, dtype, d_flags);
+                *sd, d_slots, d_src, n_tok, n_head_kv, d, block_size, dtype, d_flags, ta0);
         else
             append_raw_kernel<__nv_bfloat16><<<(unsigned)blocks, 128, 0, stream>>>(
-                *sd, d_slots, d_src, n_tok, n_head_kv, d, block_size, dtype, d_flags);
+                *sd, d_slots, d_src, n_tok, n_head_kv, d, block_size, dtype, d_flags, ta0);
     }
     return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
 }

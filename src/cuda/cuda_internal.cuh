@@ -59,20 +59,25 @@ typedef struct {
     float *mu;
 } stream_desc;
 
-/* center=1 in the append kernels: token i of a centred stream codes x − mu of row rows[i] (negative: none;
- * rows_max or more: none, and FLAG_RANGE); rows NULL: every token uncentred */
+/* What an append kernel does per token besides coding it. center=1: token i of a centred stream codes
+ * x − μ of row rows[i] (negative: none; rows_max or more: none, and FLAG_RANGE); rows NULL: every token
+ * uncentred. sink=N: token i's exact values (before centring) also go to sink slot sink_slots[i] of `sink`
+ * (f32, (n_sink_slots, n_head_kv, d); negative: none; n_sink_slots or more: not written, FLAG_RANGE); NaN/Inf
+ * are refused with the codes (FLAG_NONFINITE). */
 typedef struct {
     const int32_t *rows;
     const float *mu; /* the stream's means, (rows_max, n_head_kv, d) */
     size_t rows_max;
-} center_args;
+    const int64_t *sink_slots;
+    float *sink;
+    size_t n_sink_slots;
+} token_args;
 
-/* append: n_tok rows of n_head_kv * d values of dtype into slots; a centred stream (sd->mu) subtracts the
- * means of each token's row d_rows[i] (d_rows NULL: none) */
+/* append: n_tok rows of n_head_kv * d values of dtype into slots, with `ta` (NULL: codes alone; ta->mu is
+ * the launcher's business: sd->mu) */
 size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, const void *d_src, size_t n_tok,
                              size_t n_head_kv, size_t d, size_t block_size, int dtype, const float *d_signs,
-                             float rot_scale, unsigned *d_flags, cudaStream_t stream, const int32_t *d_rows,
-                             size_t rows_max);
+                             float rot_scale, unsigned *d_flags, cudaStream_t stream, const token_args *ta);
 
 /* center=1: mu (n_vals) = the mean of n_tok rows of n_vals values of dtype, summed in double in token order
  * (the CPU cache's set_means), or 0 when n_tok < E8KV_CUDA_CENTER_MIN_TOKENS */
