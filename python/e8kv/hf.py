@@ -515,8 +515,8 @@ class E8KVCudaCache(Cache):
         slots = (self._row_base[row0:row0 + b, None] + pos[None, :]).reshape(-1)
         sink_slots = None
         if self.sink:  # positions below sink=N also into the row's sink rows
-            rows = self._batch_rows[row0:row0 + b, None].to(torch.int64)
-            sink_slots = torch.where(pos[None, :] < self.sink, rows * self.sink + pos[None, :],
+            row = self._batch_rows[row0:row0 + b, None].to(torch.int64)
+            sink_slots = torch.where(pos[None, :] < self.sink, row * self.sink + pos[None, :],
                                      torch.full_like(pos[None, :], -1)).reshape(-1)
         kr, vr = self._rows(key_states), self._rows(value_states)
         rows = None

@@ -447,12 +447,8 @@ size_t e8kv_cuda_status_error(unsigned status) {
 size_t e8kv_cuda_append_slots_async(e8kv_cuda_cache *c, size_t layer, const int64_t *d_slots, const void *d_k,
                                     const void *d_v, size_t n_tok, e8kv_dtype dtype, unsigned *d_status,
                                     void *stream) {
-    if (!c || layer >= c->n_layer || bad_dtype(dtype) || !d_status || (n_tok && (!d_slots || !d_k || !d_v)))
-        return E8KV_ERR(BAD_ARGUMENT);
-    for (int s = 0; s < 2; s++)
-        E8KV_RETURN_IF_ERROR(append_stream(c, layer, s, d_slots, NULL, NULL, s ? d_v : d_k, n_tok, dtype,
-                                           d_status, (cudaStream_t)stream));
-    return n_tok;
+    return e8kv_cuda_append_rows_async(c, layer, d_slots, NULL, NULL, d_k, d_v, n_tok, dtype, d_status,
+                                       stream);
 }
 
 size_t e8kv_cuda_append_rows_async(e8kv_cuda_cache *c, size_t layer, const int64_t *d_slots,
@@ -495,10 +491,9 @@ size_t e8kv_cuda_append_sink_async(e8kv_cuda_cache *c, size_t layer, const int64
     if (!c || layer >= c->n_layer || bad_dtype(dtype) || !d_status || (n_tok && (!d_sink_slots || !d_k || !d_v)))
         return E8KV_ERR(BAD_ARGUMENT);
     if (!c->sink) return E8KV_ERR(SPEC);
-    for (int s = 0; s < 2; s++)
-        E8KV_RETURN_IF_ERROR(e8kv_cu_launch_sink_append(sink_pool(c, layer, s), d_sink_slots, c->max_seqs * c->sink,
-                                                        s ? d_v : d_k, n_tok, c->n_head_kv * c->d, (int)dtype,
-                                                        d_status, (cudaStream_t)stream));
+    for (int s = 0; s < 2; s++) /* the append kernels with no page slots */
+        E8KV_RETURN_IF_ERROR(append_stream(c, layer, s, NULL, NULL, d_sink_slots, s ? d_v : d_k, n_tok, dtype,
+                                           d_status, (cudaStream_t)stream));
     return n_tok;
 }
 

@@ -155,17 +155,19 @@ __device__ __forceinline__ unsigned e8p_code(const int32_t X[8], int sb_o, const
     return lo | (sgn & 127u) << 8 | (unsigned)sb << 15;
 }
 
-/* ---- the front of both kernels: a group of LANES = d/8 lanes per vector, lane b holding values 8b..8b+7
- * ---- Loads the lane's 8 values (one or two 16-byte loads when the rows are aligned), subtracts the
- * sequence's means when the stream is centred (mu: that vector's d means, else NULL), multiplies by the
- * random signs and runs the butterflies: strides 1, 2, 4 inside the lane, then 8 .. d/2 between lanes, where
- * the lower lane of a pair computes a + b and the upper one a − b as fma(b, −1, a): one rounding of an exact
- * value, the CPU's subtraction. Then the 1/sqrtf(d) multiply. Returns whether the 8 inputs are finite. */
+/* ---- the front of both kernels ----
+ * A group of LANES = d/8 lanes per vector, lane b holding values 8b..8b+7. Loads the lane's 8 values (one or
+ * two 16-byte loads when the rows are aligned), stores them to the token's sink row (sink: that vector's row,
+ * else NULL; a non-finite lane stores nothing and raises FLAG_NONFINITE), subtracts the sequence's means when
+ * the stream is centred (mu: that vector's d means, else NULL), multiplies by the random signs and runs the
+ * butterflies: strides 1, 2, 4 inside the lane, then 8 .. d/2 between lanes, where the lower lane of a pair
+ * computes a + b and the upper one a − b as fma(b, −1, a): one rounding of an exact value, the CPU's
+ * subtraction. Then the 1/sqrtf(d) multiply. Returns whether the 8 inputs are finite. */
 template <int D>
 __device__ __forceinline__ bool load_rotated(float x[8], const void *__restrict__ src, size_t vi, int b,
                                              bool live, int dtype, int vec16, const float *__restrict__ signs,
                                              float rot_scale, const float *__restrict__ mu,
-                                             float *__restrict__ sink) {
+                                             float *__restrict__ sink, unsigned *flags) {
     constexpr int LANES = D / 8;
     if (live && vec16) {
         const size_t at = vi * D + 8 * b;
@@ -188,7 +190,7 @@ __device__ __forceinline__ bool load_rotated(float x[8], const void *__restrict_
         for (int i = 0; i < 8; i++)
             x[i] = live ? e8kv_cuda_load_val(src, vi * D + 8 * b + i, dtype) : 0.0f;
     }
-    if (sink) { /* sink=N: the exact values too (a non-finite lane writes nothing: the append is refused) */
+    if (sink) { /* sink=N: the exact values too; raised here as well, since a token may have no page slot */
         bool fin = true;
 #pragma unroll
         for (int i = 0; i < 8; i++)
@@ -196,6 +198,8 @@ __device__ __forceinline__ bool load_rotated(float x[8], const void *__restrict_
         if (fin) {
             ((float4 *)sink)[2 * b] = make_float4(x[0], x[1], x[2], x[3]);
             ((float4 *)sink)[2 * b + 1] = make_float4(x[4], x[5], x[6], x[7]);
+        } else {
+            atomicOr(flags, FLAG_NONFINITE);
         }
     }
     if (mu) { /* center=1: x − μ, one rounding, what the CPU cache codes */
@@ -257,7 +261,7 @@ __device__ __forceinline__ lane_pos lane_front(float x[8], const int64_t *__rest
     const unsigned vi = (blockIdx.x * 128u + threadIdx.x) / LANES, n_kv = (unsigned)n_head_kv; /* < 2^31 */
     p.live = vi < n_tok * n_head_kv;
     p.head = p.live ? vi % n_kv : 0;
-    p.slot = p.live ? slots[vi / n_kv] : -1;
+    p.slot = p.live && slots ? slots[vi / n_kv] : -1;
     const float *mu = NULL; /* center=1: the means of the token's row, for this head */
     if (ta.rows && p.live) {
         const int32_t row = ta.rows[vi / n_kv];
@@ -274,7 +278,8 @@ __device__ __forceinline__ lane_pos lane_front(float x[8], const int64_t *__rest
         else if (ss >= 0 && p.b == 0)
             atomicOr(flags, FLAG_RANGE);
     }
-    const bool finite = load_rotated<D>(x, src, vi, p.b, p.live, dtype, vec16, signs, rot_scale, mu, sink);
+    const bool finite =
+        load_rotated<D>(x, src, vi, p.b, p.live, dtype, vec16, signs, rot_scale, mu, sink, flags);
     p.all_finite = (__ballot_sync(0xffffffffu, finite) & p.gmask) == p.gmask;
     return p;
 }
@@ -645,7 +650,13 @@ __global__ void __launch_bounds__(128)
     const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x, per_row = n_head_kv * d / 8;
     if (t >= n_tok * per_row) return;
     const size_t tok = t / per_row, j = t % per_row, head = 8 * j / d, i0 = 8 * j % d;
-    const int64_t slot = slots[tok];
+    const int64_t slot = slots ? slots[tok] : -1, ss = ta.sink_slots ? ta.sink_slots[tok] : -1;
+    if (slot < 0 && ss < 0) return; /* nothing to write: not even checked */
+    float *sink = NULL;             /* sink=N: where the token's exact values go */
+    if (ss >= 0 && (uint64_t)ss < ta.n_sink_slots)
+        sink = ta.sink + ((size_t)ss * n_head_kv + head) * d + i0;
+    else if (ss >= 0 && i0 == 0)
+        atomicOr(flags, FLAG_RANGE);
     float f[8];
     T v[8];
     bool finite = true;
@@ -659,14 +670,9 @@ __global__ void __launch_bounds__(128)
         atomicOr(flags, FLAG_NONFINITE);
         return;
     }
-    if (ta.sink_slots) {
-        const int64_t ss = ta.sink_slots[tok];
-        if (ss >= 0 && (uint64_t)ss < ta.n_sink_slots) {
-            float4 *const dst = (float4 *)(ta.sink + ((size_t)ss * n_head_kv + head) * d + i0);
-            dst[0] = make_float4(f[0], f[1], f[2], f[3]), dst[1] = make_float4(f[4], f[5], f[6], f[7]);
-        } else if (ss >= 0 && i0 == 0) {
-            atomicOr(flags, FLAG_RANGE);
-        }
+    if (sink) {
+        ((float4 *)sink)[0] = make_float4(f[0], f[1], f[2], f[3]);
+        ((float4 *)sink)[1] = make_float4(f[4], f[5], f[6], f[7]);
     }
     if (slot < 0) return;
     uint8_t *const area =
@@ -717,7 +723,7 @@ size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, cons
         for (size_t t0 = 0; t0 < n_tok; t0 += per) {
             const size_t n = n_tok - t0 < per ? n_tok - t0 : per;
             const size_t blocks = (n * n_head_kv * (d / 8) + 127) / 128;
-            const int64_t *const sl = d_slots + t0;
+            const int64_t *const sl = d_slots ? d_slots + t0 : NULL;
             const void *const x = (const uint8_t *)d_src + t0 * row;
             token_args ta = ta0;
             if (ta.rows) ta.rows += t0;
@@ -745,35 +751,6 @@ size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, cons
             append_raw_kernel<__nv_bfloat16><<<(unsigned)blocks, 128, 0, stream>>>(
                 *sd, d_slots, d_src, n_tok, n_head_kv, d, block_size, dtype, d_flags, ta0);
     }
-    return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
-}
-
-/* sink rows (sink=N): the exact values, f32, one thread per value; a slot past the rows is not written */
-__global__ void append_sink_kernel(float *pool, const int64_t *slots, size_t n_slots, const void *src,
-                                   size_t n_tok, size_t n_vals, int dtype, unsigned *flags) {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n_tok * n_vals) return;
-    const int64_t slot = slots[i / n_vals];
-    if (slot < 0) return;
-    if ((uint64_t)slot >= n_slots) {
-        atomicOr(flags, FLAG_RANGE);
-        return;
-    }
-    const float x = e8kv_cuda_load_val(src, i, dtype);
-    if (!isfinite(x)) {
-        atomicOr(flags, FLAG_NONFINITE);
-        return;
-    }
-    pool[(size_t)slot * n_vals + i % n_vals] = x;
-}
-
-size_t e8kv_cu_launch_sink_append(float *pool, const int64_t *d_sink_slots, size_t n_slots, const void *d_src,
-                                  size_t n_tok, size_t n_vals, int dtype, unsigned *d_flags, cudaStream_t stream) {
-    if (n_tok == 0) return 0;
-    const size_t blocks = (n_tok * n_vals + 255) / 256;
-    if (blocks > 0x7fffffffu) return E8KV_ERR(DIMENSION);
-    append_sink_kernel<<<(unsigned)blocks, 256, 0, stream>>>(pool, d_sink_slots, n_slots, d_src, n_tok, n_vals,
-                                                              dtype, d_flags);
     return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
 }
 

@@ -73,8 +73,8 @@ typedef struct {
     size_t n_sink_slots;
 } token_args;
 
-/* append: n_tok rows of n_head_kv * d values of dtype into slots, with `ta` (NULL: codes alone; ta->mu is
- * the launcher's business: sd->mu) */
+/* append: n_tok rows of n_head_kv * d values of dtype into slots (d_slots NULL: no page is written, e.g. the
+ * sink rows alone), with `ta` (NULL: codes alone; ta->mu is the launcher's business: sd->mu) */
 size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, const void *d_src, size_t n_tok,
                              size_t n_head_kv, size_t d, size_t block_size, int dtype, const float *d_signs,
                              float rot_scale, unsigned *d_flags, cudaStream_t stream, const token_args *ta);
@@ -83,13 +83,6 @@ size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, cons
  * (the CPU cache's set_means), or 0 when n_tok < E8KV_CUDA_CENTER_MIN_TOKENS */
 size_t e8kv_cu_launch_means(float *mu, const void *d_src, size_t n_tok, size_t n_vals, int dtype,
                             cudaStream_t stream);
-
-/* sink rows: n_tok rows of n_vals values of dtype to f32 rows of `pool` at d_sink_slots[i] (row * sink +
- * position; negative: skipped; n_slots or more: not written, FLAG_RANGE); NaN/Inf raise FLAG_NONFINITE in
- * *d_flags */
-size_t e8kv_cu_launch_sink_append(float *pool, const int64_t *d_sink_slots, size_t n_slots, const void *d_src,
-                                  size_t n_tok, size_t n_vals, int dtype, unsigned *d_flags,
-                                  cudaStream_t stream);
 
 typedef struct {
     stream_desc k, v;
