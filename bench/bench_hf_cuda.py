@@ -48,9 +48,10 @@ def build(quick):
     return model
 
 
-def make_cache(model, kind, batch, ctx, pad, max_chunk=1):
+def make_cache(model, kind, batch, ctx, pad, max_chunk=1, gather_from=16):
     """A cache of `kind` holding `ctx` random tokens per sequence, room for `pad` more (e8kv: chunks of up to
-    max_chunk tokens with a past)."""
+    max_chunk tokens with a past through the decode kernel, those of gather_from tokens or more through SDPA
+    over the gathered values)."""
     cfg = model.config
     L, H, D = cfg.num_hidden_layers, cfg.num_key_value_heads, 128
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -69,7 +70,7 @@ def make_cache(model, kind, batch, ctx, pad, max_chunk=1):
             cache.update(k, torch.randn_like(k), layer)
         return cache
     cache = e8kv.hf.E8KVCache(cfg, kind, device="cuda", max_batch_size=batch, max_cache_len=ctx + pad,
-                              max_chunk=max_chunk)
+                              max_chunk=max_chunk, gather_from=gather_from)
     if ctx == 0:
         return cache
     rows = max(1, min(batch, (1 << 28) // (H * ctx * D)))  # ~0.5 GB of bf16 per piece
@@ -188,13 +189,16 @@ def measure(model, kind, mode, batch, ctx, steps, out, prof=False):
     return emit(rec, out)
 
 
-def measure_prefill(model, kind, ctx, chunk, out, reps=3):
+def measure_prefill(model, kind, ctx, chunk, out, reps=3, path="gather"):
     """Eager prefill, batch 1: chunk == 0, a ctx-token prompt on an empty cache (e8kv: SDPA over the prompt's
     exact K/V, then its append); chunk > 0, chunks of `chunk` tokens after a ctx-token past (random K/V;
-    e8kv: one attention row per token through the decode kernel). ms = median of reps after one warm-up;
-    only the last position's logits are computed (logits_to_keep=1)."""
+    e8kv: path "gather", SDPA over the values gathered from the pages (the default from 16 tokens), or
+    "kernel", one attention row per token through the decode kernel). ms = median of reps after one
+    warm-up; only the last position's logits are computed (logits_to_keep=1)."""
     rec = {"cache": kind, "mode": "prefill" if chunk == 0 else "chunk", "batch": 1, "ctx": ctx, "chunk": chunk,
            "device": torch.cuda.get_device_name()}
+    if chunk and kind not in ("dynamic", "static"):
+        rec["path"] = path
     fresh_device()
     cache = None
     times = []
@@ -202,7 +206,8 @@ def measure_prefill(model, kind, ctx, chunk, out, reps=3):
         n_tok = ctx if chunk == 0 else chunk
         ids = torch.full((1, n_tok), 17, dtype=torch.long, device="cuda")
         if chunk:
-            cache = make_cache(model, kind, 1, ctx, chunk * (reps + 1) + 8, max_chunk=chunk)
+            cache = make_cache(model, kind, 1, ctx, chunk * (reps + 1) + 8, max_chunk=chunk,
+                               gather_from=2 if path == "gather" else 10 ** 9)
         with torch.no_grad():
             for r in range(reps + 1):
                 if chunk == 0:
@@ -232,6 +237,50 @@ def measure_prefill(model, kind, ctx, chunk, out, reps=3):
     return emit(rec, out)
 
 
+def measure_gather(model, kind, ctx, out, batch=1, reps=20):
+    """CudaCache.gather of one layer (ctx positions, bf16 out) against a device copy of a bf16 tensor of the
+    same size (torch copy_), CUDA events, median of reps after 3 warm-ups, same run: µs, GB/s of bf16
+    written, and the page bytes read."""
+    rec = {"cache": kind, "mode": "gather", "batch": batch, "ctx": ctx, "device": torch.cuda.get_device_name()}
+    fresh_device()
+    cache = None
+    try:
+        cache = make_cache(model, kind, batch, ctx, 8)
+        kv = cache.kv
+
+        def timed(fn):
+            for _ in range(3):
+                fn()
+            ts = []
+            for _ in range(reps):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                fn()
+                b.record()
+                b.synchronize()
+                ts.append(a.elapsed_time(b) * 1e3)
+            ts.sort()
+            return ts[len(ts) // 2]
+
+        rows = cache._batch_rows[:batch] if cache._use_rows else None
+        us = timed(lambda: kv.gather(0, ctx, cache._tables[:batch], rows=rows, dtype=torch.bfloat16))
+        n = 2 * batch * kv.n_head_kv * ctx * kv.head_dim
+        src, dst = torch.empty(n, dtype=torch.bfloat16, device="cuda"), torch.empty(n, dtype=torch.bfloat16, device="cuda")
+        cp = timed(lambda: dst.copy_(src))
+        read = batch * ctx * (kv.vector_bytes(0, 0) + kv.vector_bytes(0, 1)) * kv.n_head_kv
+        rec.update(us=round(us, 1), copy_us=round(cp, 1), gb_s_written=round(2 * n / us / 1e3, 1),
+                   page_bytes_read=read, ok=True)
+    except (torch.OutOfMemoryError, e8kv.E8KVError) as e:
+        rec.update(ok=False, error=str(e)[:200])
+    finally:
+        if cache is not None:
+            release(model, cache)
+        del cache
+        gc.collect()
+        torch.cuda.empty_cache()
+    return emit(rec, out)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -240,13 +289,18 @@ def main():
     ap.add_argument("--budget", type=float, default=1e9, help="seconds: stop starting new cases after this")
     ap.add_argument("--parts", default="main,fit,small",
                     help="main (8 x long, every cache and mode), floor (compiled at 8 x 64), prefill (eager, batch 1: a short and a long "
-                         "prompt on an empty cache, 64-token chunks after a long past), fit (largest batch at long), small (batch 1, "
+                         "prompt on an empty cache, 64-token chunks after a long past), chunks (eager, batch 1: --chunks after a long "
+                         "past, e8kv by both paths), fit (largest batch at long), small (batch 1, "
                          "short context), again (DynamicCache and e8box:4 eager at 8 x long once more)")
     ap.add_argument("--kinds", default="dynamic,static,e8box:4,e8p:2",
                     help="caches of the main and small parts, comma-separated; or ';'-separated when a spec holds "
                          "commas ('dynamic;e8box:4;e8box:4,sink=4')")
     ap.add_argument("--fit-kinds", default="dynamic,static,e8box:4,e8p:2", help="as --kinds")
     ap.add_argument("--fit-from", type=int, default=8, help="first batch tried by the fit search")
+    ap.add_argument("--chunks", type=lambda s: [int(x) for x in s.split(",")], default=[16, 64, 512, 2048],
+                    help="part chunks: chunk lengths after a past of the long context")
+    ap.add_argument("--chunk-ctx", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                    help="part chunks: the pasts (default: the long context)")
     ap.add_argument("--profile", action="store_true",
                     help="main part's compiled cases: GPU kernel time per step by group (torch.profiler), and a "
                          "part 'floor' (every kind compiled at 8 x 64 tokens: the step without long attention)")
@@ -312,6 +366,21 @@ def main():
             for c in (small, big):
                 measure_prefill(model, kind, c, 0, out)
             measure_prefill(model, kind, big, 64, out)
+    if "chunks" in parts:  # chunks of 16 .. 2048 tokens after a long past: e8kv's two paths against bf16
+        for kind in kinds:
+            if kind not in ("dynamic", "static"):
+                measure_gather(model, kind, big, out)
+        for kind in [k for k in kinds if k not in ("dynamic", "static")][:1]:  # unrecorded: the first use of each path in the process (module loads)
+            for path in ("gather", "kernel"):
+                measure_prefill(model, kind, big, args.chunks[0], None, reps=1, path=path)
+        for ctx in args.chunk_ctx or [big]:
+            for chunk in args.chunks:
+                for kind in kinds:
+                    if kind == "static" or time.time() - T0 > args.budget:
+                        continue
+                    measure_prefill(model, kind, ctx, chunk, out, reps=5)
+                    if kind != "dynamic" and chunk <= 512:
+                        measure_prefill(model, kind, ctx, chunk, out, reps=5, path="kernel")
     if "again" in parts:
         go("dynamic", "eager", 8, big)
     log("done")

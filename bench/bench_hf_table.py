@@ -17,16 +17,31 @@ def table(path):
     print("|---|---|---|---|---|---|")
     for line in open(path):
         r = json.loads(line)
-        if "largest_batch" in r:
+        if "largest_batch" in r or r.get("mode") == "gather":
             continue
         bc = f"{r['batch']} × {ctx_str(r['ctx'])}"
         if r.get("chunk"):  # the prefill part's chunk rows: `chunk` new tokens after ctx of past
             bc += f" + {r['chunk']}"
+        mode = f"{r['mode']} ({r['path']})" if r.get("path") else r["mode"]  # e8kv chunk rows: gather / kernel
         if not r["ok"]:
-            print(f"| {r['cache']} | {r['mode']} | {bc} | out of memory | | |")
+            print(f"| {r['cache']} | {mode} | {bc} | {r.get('error', 'out of memory')[:60]} | | |")
             continue
         own = f" ({r['cache_gb']:.2f})" if r.get("cache_gb") else ""  # prefill rows have none
-        print(f"| {r['cache']} | {r['mode']} | {bc} | {r['ms']:.1f} | {r['tok_s']:.0f} | {r['peak_gb']:.1f}{own} |")
+        print(f"| {r['cache']} | {mode} | {bc} | {r['ms']:.1f} | {r['tok_s']:.0f} | {r['peak_gb']:.1f}{own} |")
+
+
+def gather_table(path):
+    rows = [json.loads(line) for line in open(path)]
+    rows = [r for r in rows if r.get("mode") == "gather" and r.get("ok")]
+    if not rows:
+        return
+    print()
+    print("| cache | batch × context | gather µs (one layer, bf16 out) | copy of the same bf16 bytes µs | gather ÷ copy | "
+          "GB/s written | page MB read |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['cache']} | {r['batch']} × {ctx_str(r['ctx'])} | {r['us']:.1f} | {r['copy_us']:.1f} | "
+              f"{r['us'] / r['copy_us']:.2f} | {r['gb_s_written']:.0f} | {r['page_bytes_read'] / 1e6:.1f} |")
 
 
 def profile_table(path):
@@ -49,4 +64,5 @@ def profile_table(path):
 if __name__ == "__main__":
     for path in sys.argv[1:]:
         table(path)
+        gather_table(path)
         profile_table(path)

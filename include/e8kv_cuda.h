@@ -165,6 +165,20 @@ size_t e8kv_cuda_attend_rows(e8kv_cuda_cache *cache, size_t layer, float *d_out,
                              e8kv_dtype dtype, size_t n_seq, size_t n_head, const int32_t *d_block_tables,
                              size_t max_blocks_per_seq, const int32_t *d_ctx_lens, size_t max_ctx,
                              const int32_t *d_rows, void *d_workspace, size_t workspace_bytes, void *stream);
+/* A chunk of many new tokens after a past (chunked prefill, a long turn of a chat): the decode kernel reads
+ * the whole past once per query row, so such a chunk is better served by a dense attention kernel (flash /
+ * SDPA, many query rows per K/V read) over the values this writes. For n_seq sequences (block tables and
+ * rows as in e8kv_cuda_attend_rows), the values the attention reads at positions 0 .. n_tok − 1: the pages
+ * decoded as the CPU codec decodes them, un-rotated, plus the means (center=1), and the sink rows' exact
+ * values at positions below N (sink=N); written in `dtype` to d_k and d_v as (n_seq, n_head_kv, n_tok,
+ * head_dim), row-major (f32 output: bit-identical to the CPU codec's decode + μ). A page id outside the
+ * pool, or a row outside [0, max_seqs) on a cache with sink rows or means, makes the vectors it covers NaN.
+ * Asynchronous on `stream`; graph-safe. Returns n_seq * n_head_kv * n_tok * head_dim or an argument error
+ * (n_tok > max_blocks_per_seq * block_size, or 2^27 vectors n_seq * n_head_kv * n_tok or more:
+ * E8KV_ERROR_DIMENSION). */
+size_t e8kv_cuda_gather_async(const e8kv_cuda_cache *cache, size_t layer, void *d_k, void *d_v,
+                              e8kv_dtype dtype, size_t n_seq, size_t n_tok, const int32_t *d_block_tables,
+                              size_t max_blocks_per_seq, const int32_t *d_rows, void *stream);
 /* N of the spec's sink=N (0: none). */
 size_t e8kv_cuda_cache_sink(const e8kv_cuda_cache *cache);
 #define E8KV_CUDA_SINK_MAX 64
@@ -192,6 +206,10 @@ size_t e8kv_cuda_seq_append_batch(e8kv_cuda_cache *cache, size_t layer, const si
  * d_out as in e8kv_cuda_attend. Synchronous. */
 size_t e8kv_cuda_seq_attend(e8kv_cuda_cache *cache, size_t layer, float *d_out, const void *d_q,
                             e8kv_dtype dtype, const size_t *seqs, size_t n_seq, size_t n_head);
+/* e8kv_cuda_gather_async for owned sequences (host ids): positions 0 .. n_tok − 1 of each (n_tok at most
+ * every one's length, else E8KV_ERROR_DIMENSION). Synchronous. */
+size_t e8kv_cuda_seq_gather(e8kv_cuda_cache *cache, size_t layer, void *d_k, void *d_v, e8kv_dtype dtype,
+                            const size_t *seqs, size_t n_seq, size_t n_tok);
 /* Copies the bytes of vector (seq, layer, stream, pos, head) back to the host in the CPU codec's order
  * (e8kv_codec_encode of the same spec): what the tests compare. Returns the vector bytes or an error. */
 size_t e8kv_cuda_seq_read_vector(const e8kv_cuda_cache *cache, void *dst, size_t dst_capacity, size_t seq,

@@ -63,9 +63,9 @@ def test_cuda_cache_without_gpu_is_a_named_error():
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def tiny_llama(dtype):
+def tiny_llama(dtype, n_layer=3):
     from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=3, num_attention_heads=8,
+    cfg = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=n_layer, num_attention_heads=8,
                       num_key_value_heads=2, vocab_size=1024, max_position_embeddings=512, rope_theta=10000.0,
                       attn_implementation="sdpa")
     torch.manual_seed(1234)
@@ -139,29 +139,64 @@ def test_bf16_pages_equal_dynamic_cache(dtype):
 
 
 @needs_gpu
+@pytest.mark.parametrize("n", [4, 40])
 @pytest.mark.parametrize("spec", ["bf16", "e8box:4,sink=64", "e8p:2,sink=64"])
-def test_chunk_with_a_past_reads_the_pages(spec):
-    """A chunk of 4 tokens after the prompt: attention through one virtual row per token (context =
-    position + 1) over the pages, the chunk's own tokens included; logits = DynamicCache's steps'. With
+def test_chunk_with_a_past_reads_the_pages(spec, n):
+    """A chunk of n tokens after the prompt; n = 4: attention through one virtual row per token (context =
+    position + 1) over the pages, the chunk's own tokens included; n = 40 (past gather_from = 16): SDPA over
+    the values gathered from the pages, causal from the bottom right. Logits = DynamicCache's steps'. With
     sink=64 every position is a sink row: exact K/V whatever the pages' format (each batch row reads its own
     sink rows, in the prompt's appends, the chunk's and the step's)."""
     import e8kv.hf  # noqa: F401
     model = tiny_llama(torch.bfloat16)
     prompt = prompt_ids(2, 12)
-    ref, toks = reference(model, prompt, 6)
+    ref, toks = reference(model, prompt, n + 2)
     cache = gpu_cache(model, spec, 2)
     with torch.no_grad():
         model(input_ids=prompt, past_key_values=cache, use_cache=True)
-        chunk = model(input_ids=toks[:, :4], past_key_values=cache, use_cache=True).logits.float()
-        after = model(input_ids=toks[:, 4:5], past_key_values=cache, use_cache=True).logits[:, -1].float()
+        chunk = model(input_ids=toks[:, :n], past_key_values=cache, use_cache=True).logits.float()
+        after = model(input_ids=toks[:, n:n + 1], past_key_values=cache, use_cache=True).logits[:, -1].float()
     cache.detach(model.config)
     cache.check()
-    got = torch.cat((chunk.transpose(0, 1), after[None]))  # (5, b, vocab): after tokens 0..4
+    got = torch.cat((chunk.transpose(0, 1), after[None]))  # (n + 1, b, vocab): after tokens 0..n
     scale = float(ref.abs().max())
-    err = float((got - ref[1:6]).abs().max())
-    print(f"chunk of 4 with a past, {spec}: max |logit diff| {err:.3g} (max |logit| {scale:.3g})")
+    err = float((got - ref[1:n + 2]).abs().max())
+    print(f"chunk of {n} with a past, {spec}: max |logit diff| {err:.3g} (max |logit| {scale:.3g})")
     assert err <= 2e-2 * scale, (err, scale)
-    assert int(cache.get_seq_length()) == 12 + 5
+    assert int(cache.get_seq_length()) == 12 + n + 1
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("spec", ["e8box:4", "e8p:2,sink=2", "k=e8box:4,v=bf16"])
+def test_gathered_chunk_equals_the_decode_kernel(spec, dtype):
+    """A chunk of 40 tokens after a 20-token prompt through the two paths over the same codes: SDPA over the
+    gathered values (gather_from=2) and the decode kernel, one row per token (gather_from past the chunk);
+    the chunk's logits, and those of the step after it, agree (f32 model: the gathered values are the
+    decoded floats themselves; bf16 model: rounded to bf16 for SDPA). One layer, so that both caches hold
+    the same codes: with more, the chunk's K/V of a later layer come from the earlier layers' attention, and
+    a last-bit difference there can move a vector across a quantizer boundary (then the codes differ, as
+    they may between any two attention kernels). (tests/test_cuda.cu checks the gathered floats against the
+    CPU codec's decode + means bit for bit.)"""
+    import e8kv.hf  # noqa: F401
+    model = tiny_llama(dtype, n_layer=1)
+    prompt, chunk = prompt_ids(1, 20), prompt_ids(1, 41, seed=9)
+    got = {}
+    for how, kw in (("gather", dict(gather_from=2)), ("kernel", dict(gather_from=10 ** 9))):
+        cache = e8kv.hf.E8KVCache(model.config, spec, device="cuda", max_batch_size=1, max_cache_len=128, **kw)
+        with torch.no_grad():
+            model(input_ids=prompt, past_key_values=cache, use_cache=True)
+            lg = model(input_ids=chunk[:, :40], past_key_values=cache, use_cache=True).logits.float()
+            st = model(input_ids=chunk[:, 40:], past_key_values=cache, use_cache=True).logits.float()
+        cache.detach(model.config)
+        cache.check()
+        got[how] = torch.cat((lg, st), dim=1)
+    scale = float(got["kernel"].abs().max())
+    err = float((got["gather"] - got["kernel"]).abs().max())
+    tol = 2e-4 if dtype == torch.float32 else 2e-2
+    print(f"{spec}, model {dtype}: gathered chunk vs decode kernel max |logit diff| {err:.3g} (max {scale:.3g})")
+    assert torch.isfinite(got["gather"]).all()
+    assert err <= tol * scale, (err, scale)
 
 
 @needs_gpu

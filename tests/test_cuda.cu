@@ -249,6 +249,65 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
     }
     CHECK(mism == 0, "%s d=%zu dtype %d: %zu of %zu vectors differ from the CPU codec", sc->spec, d, (int)dt,
           mism, n_vec);
+    /* 1b: gather = the reference's decoded cache (f32: the same floats; f16/bf16: those rounded to nearest
+     * even), each sequence alone, then all of them to the shortest length in one call */
+    size_t gmism = 0, gn = 0;
+    for (size_t s = 0; s <= n_seq; s++) {
+        const size_t ns = s < n_seq ? 1 : n_seq, *const sq = s < n_seq ? ids + s : ids;
+        size_t nt = s < n_seq ? lens[s] : max_len;
+        for (size_t i = 0; s == n_seq && i < n_seq; i++)
+            nt = lens[i] < nt ? lens[i] : nt;
+        if (!nt) continue;
+        const e8kv_dtype odt = (e8kv_dtype)((s + (size_t)dt) % 3);
+        const size_t esz = odt == E8KV_DTYPE_F32 ? 4 : 2, nv = ns * n_kv * nt * d;
+        void *gk, *gv;
+        CU(cudaMalloc(&gk, nv * esz));
+        CU(cudaMalloc(&gv, nv * esz));
+        CU(cudaMemset(gk, 0xff, nv * esz));
+        CU(cudaMemset(gv, 0xff, nv * esz));
+        const size_t r = e8kv_cuda_seq_gather(c, layer, gk, gv, odt, sq, ns, nt);
+        CHECK(r == nv, "seq_gather: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "count");
+        uint8_t *hk = (uint8_t *)malloc(nv * esz), *hv = (uint8_t *)malloc(nv * esz);
+        CU(cudaMemcpy(hk, gk, nv * esz, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(hv, gv, nv * esz, cudaMemcpyDeviceToHost));
+        for (size_t j = 0; j < ns; j++) {
+            const size_t sj = s < n_seq ? s : j;
+            for (size_t h = 0; h < n_kv; h++)
+                for (size_t t = 0; t < nt; t++)
+                    for (int st = 0; st < 2; st++) {
+                        const float *ref =
+                            (t < sc->sink ? (st ? V : K) : (st ? DV : DK))[sj] + t * row + h * d;
+                        const uint8_t *got = (st ? hv : hk) + (((j * n_kv + h) * nt + t) * d) * esz;
+                        int same = 1;
+                        for (size_t i = 0; i < d; i++) {
+                            if (odt == E8KV_DTYPE_F32) {
+                                float g;
+                                memcpy(&g, got + 4 * i, 4);
+                                same &= g == ref[i];
+                            } else {
+                                uint16_t g, w;
+                                memcpy(&g, got + 2 * i, 2);
+                                if (odt == E8KV_DTYPE_BF16) {
+                                    w = bf16_rne(ref[i]);
+                                } else {
+                                    const __half hh = __float2half_rn(ref[i]);
+                                    memcpy(&w, &hh, 2);
+                                }
+                                same &= g == w || ((g & 0x7fffu) == 0 && (w & 0x7fffu) == 0);
+                            }
+                        }
+                        gn++;
+                        if (!same && gmism++ < 3)
+                            printf("  gather differs: %s seq %zu pos %zu head %zu %s dtype %d\n", sc->spec,
+                                   sj, t, h, st ? "V" : "K", (int)odt);
+                    }
+        }
+        free(hk), free(hv);
+        CU(cudaFree(gk));
+        CU(cudaFree(gv));
+    }
+    CHECK(gmism == 0, "%s d=%zu: %zu of %zu gathered vectors differ from the CPU decode", sc->spec, d, gmism,
+          gn);
     /* 2: attention */
     float *q = (float *)malloc(n_seq * n_head * d * sizeof(float));
     for (size_t i = 0; i < n_seq * n_head * d; i++)
@@ -313,10 +372,9 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
         }
     CHECK(worst <= 1e-3, "%s d=%zu G=%zu dtype %d block %zu: attention relative error %.3g > 1e-3", sc->spec,
           d, G, (int)dt, bs, worst);
-    printf("  %-18s d=%3zu kv=%zu G=%zu dtype=%d seqs=%zu block=%zu: %zu vectors bit-exact=%s, attention max "
-           "rel "
-           "err %.2e\n",
-           sc->spec, d, n_kv, G, (int)dt, n_seq, bs, n_vec, mism ? "NO" : "yes", worst);
+    printf("  %-18s d=%3zu kv=%zu G=%zu dtype=%d seqs=%zu block=%zu: %zu vectors bit-exact=%s, gather=%s, "
+           "attention max rel err %.2e\n",
+           sc->spec, d, n_kv, G, (int)dt, n_seq, bs, n_vec, mism ? "NO" : "yes", gmism ? "NO" : "yes", worst);
     for (size_t s = 0; s < n_seq; s++)
         free(K[s]), free(V[s]), free(DK[s]), free(DV[s]);
     free(K), free(V), free(DK), free(DV), free(q), free(out), free(sc_), free(ids), free(MU);
@@ -629,6 +687,41 @@ static void test_sink_slots(const char *spec, size_t d, size_t sink) {
     CHECK(r == n_out, "seq_attend: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "count");
     CU(cudaMemcpy(ob, dout, n_out * 4, cudaMemcpyDeviceToHost));
     CHECK(!memcmp(oa, ob, n_out * 4), "%s d=%zu: caller-owned sink rows attend unlike owned ones", spec, d);
+    { /* gather with the caller's tables and rows (sequences 1 and 2, 300 positions) = the owned cache's, bit
+       * for bit; a page id past the pool makes its 16 positions NaN and nothing else */
+        const size_t nt = 300, nv = 2 * n_kv * nt * d;
+        float *ga, *gb, *ha = (float *)malloc(2 * nv * 4), *hb = (float *)malloc(2 * nv * 4);
+        CU(cudaMalloc((void **)&ga, 2 * nv * 4));
+        CU(cudaMalloc((void **)&gb, 2 * nv * 4));
+        r = e8kv_cuda_gather_async(a, 0, ga, ga + nv, E8KV_DTYPE_F32, 2, nt, dt + width, width, dr + 1, NULL);
+        CHECK(r == nv, "gather_async: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "count");
+        r = e8kv_cuda_seq_gather(b, 0, gb, gb + nv, E8KV_DTYPE_F32, ids + 1, 2, nt);
+        CHECK(r == nv, "seq_gather: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "count");
+        CU(cudaMemcpy(ha, ga, 2 * nv * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(hb, gb, 2 * nv * 4, cudaMemcpyDeviceToHost));
+        CHECK(!memcmp(ha, hb, 2 * nv * 4), "%s d=%zu: caller-owned gather unlike owned", spec, d);
+        CHECK(e8kv_get_error_code(e8kv_cuda_seq_gather(b, 0, gb, gb + nv, E8KV_DTYPE_F32, ids + 1, 2, 301)) ==
+                  E8KV_ERROR_DIMENSION,
+              "seq_gather past a sequence's length: DIMENSION");
+        const int32_t keep = tables[2 * width + 3];
+        tables[2 * width + 3] = (int32_t)p.n_blocks;
+        CU(cudaMemcpy(dt, tables, sizeof tables, cudaMemcpyHostToDevice));
+        e8kv_cuda_gather_async(a, 0, ga, ga + nv, E8KV_DTYPE_F32, 2, nt, dt + width, width, dr + 1, NULL);
+        CU(cudaMemcpy(hb, ga, 2 * nv * 4, cudaMemcpyDeviceToHost));
+        int ok = 1;
+        for (size_t i = 0; i < 2 * nv; i++) {
+            const size_t t = i / d % nt, seq = i / (n_kv * nt * d) % 2; /* (stream, seq, head, pos, d) */
+            ok &= seq == 1 && t >= 3 * bs && t < 4 * bs && t >= sink
+                      ? isnan(hb[i])
+                      : hb[i] == ha[i] || (isnan(hb[i]) && isnan(ha[i]));
+        }
+        CHECK(ok, "%s d=%zu: a page id past the pool: NaN at its positions alone", spec, d);
+        tables[2 * width + 3] = keep;
+        CU(cudaMemcpy(dt, tables, sizeof tables, cudaMemcpyHostToDevice));
+        free(ha), free(hb);
+        CU(cudaFree(ga));
+        CU(cudaFree(gb));
+    }
     /* sequence 1 names a row past max_seqs: its output is NaN, the others' unchanged */
     rows[1] = (int32_t)n_seq;
     CU(cudaMemcpy(dr, rows, sizeof rows, cudaMemcpyHostToDevice));

@@ -168,6 +168,8 @@ _CUDA_SIGNATURES = {
     "e8kv_cuda_append_rows_async": (c_size_t, [c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
                                                c_size_t, c_int, c_void_p, c_void_p]),
     "e8kv_cuda_cache_centered": (c_int, [c_void_p]),
+    "e8kv_cuda_gather_async": (c_size_t, [c_void_p, c_size_t, c_void_p, c_void_p, c_int, c_size_t, c_size_t,
+                                         c_void_p, c_size_t, c_void_p, c_void_p]),
 }
 
 

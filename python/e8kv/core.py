@@ -638,6 +638,32 @@ class CudaCache:
                f"attend layer {layer}")
         return out
 
+    def gather(self, layer: int, n_tok: int, block_tables: Any, *, rows: Any = None, dtype: Any = None,
+               stream: Any = None) -> tuple:
+        """The values the attention reads at positions 0 .. n_tok-1 of each sequence (block_tables int32
+        (n_seq, max_blocks); rows int32 (n_seq) as in attend): the pages decoded and un-rotated, the means
+        added back, the sink rows' exact values below sink=N; (k, v), each (n_seq, n_head_kv, n_tok,
+        head_dim) of dtype (torch.bfloat16 by default; float32 gives the CPU codec's decode + mean bit for
+        bit). For a chunk of many queries after a past: a dense attention kernel over these reads each
+        value once for all the chunk's queries. Asynchronous on the stream."""
+        if block_tables.dim() != 2:
+            raise E8KVError(ErrorCode.SRC_SIZE, f"gather: tables {tuple(block_tables.shape)}")
+        n_seq = block_tables.shape[0]
+        if rows is not None and rows.numel() != n_seq:
+            raise E8KVError(ErrorCode.SRC_SIZE, f"gather: {n_seq} sequences, {rows.numel()} rows")
+        dtype = dtype or _torch.bfloat16
+        shape = (n_seq, self.n_head_kv, n_tok, self.head_dim)
+        k = _torch.empty(shape, dtype=dtype, device=block_tables.device)
+        v = _torch.empty(shape, dtype=dtype, device=block_tables.device)
+        if n_tok == 0:
+            return k, v
+        rp = None if rows is None else _dev(rows, "rows", _torch.int32)
+        _check(self._lib.e8kv_cuda_gather_async(self._p, layer, _dev(k, "k"), _dev(v, "v"), _cuda_dtype(k), n_seq,
+                                                n_tok, _dev(block_tables, "block_tables", _torch.int32),
+                                                block_tables.shape[1], rp, _stream(k, stream)),
+               f"gather layer {layer}")
+        return k, v
+
     def read_slot(self, layer: int, stream: int, slot: int, head: int) -> np.ndarray:
         """The bytes of one stored vector in the CPU codec's order (what e8kv.Codec.encode gives)."""
         vb = self.vector_bytes(layer, stream)

@@ -429,14 +429,18 @@ class E8KVCudaCache(Cache):
     window=, eviction) are an E8KVError (SPEC). update() appends the new tokens through torch.ops.e8kv.append (slots
     computed on the device from the layer's length); the "e8kv" attention attends through
     torch.ops.e8kv.attend: one query row per (batch row, token) with context length position + 1, so a
-    chunk with a past reads its own new tokens from the pages too. Exception: in eager mode a chunk of
+    chunk with a past reads its own new tokens from the pages too. Two exceptions in eager mode: a chunk of
     several tokens appended to an empty cache (the prompt) is attended by SDPA over its exact K/V (causal,
-    GQA), which costs what SDPA costs and sees the prompt's keys uncoded; every later token reads codes.
-    Padded batches are refused."""
+    GQA), which costs what SDPA costs and sees the prompt's keys uncoded; and a chunk of gather_from tokens
+    or more after a past (a long turn of a chat, chunked prefill) is attended by SDPA (flash, causal from the
+    bottom right) over the layer's values gathered from the pages in the model's dtype (CudaCache.gather:
+    decoded, means added, sink rows exact), which reads the past once for all the chunk's queries where the
+    decode kernel reads it once per query; such chunks have no max_chunk limit. Every token after the
+    prompt reads codes. Padded batches are refused."""
 
     def __init__(self, config: Any, spec: str = "e8box:4", *, max_batch_size: int = 1, max_cache_len: Optional[int] = None,
                  device: Any = "cuda", seed: int = 0, block_size: int = 16, max_chunk: int = 64,
-                 **unused: Any) -> None:
+                 gather_from: int = 16, **unused: Any) -> None:
         from . import torch_ops  # registers the operators
         bad = [k for k, v in unused.items() if v is not None and k not in ("n_threads",)]
         if bad:
@@ -452,6 +456,7 @@ class E8KVCudaCache(Cache):
         self.capacity = self.pages_per_seq * block_size
         self.batch_rows = max_batch_size
         self.max_chunk = max_chunk
+        self.gather_from = gather_from
         try:
             self.kv = core.CudaCache(s.n_layer, s.n_head_kv, s.head_dim, max_batch_size * self.pages_per_seq, spec,
                                      block_size=block_size, seed=seed, max_ctx=self.capacity,
@@ -555,6 +560,8 @@ class E8KVCudaCache(Cache):
             out = torch.nn.functional.scaled_dot_product_attention(
                 query, key, value, is_causal=True, scale=scaling, enable_gqa=n_head != key.shape[1])
             return out.transpose(1, 2), None
+        if t > 1 and t >= self.gather_from and not torch.compiler.is_compiling():
+            return self._attend_gathered(layer, query, int(length), scaling), None
         q = self._rows(query)
         if scaling is not None and abs(scaling * math.sqrt(d) - 1.0) > 1e-6:
             q = q * (scaling * math.sqrt(d))  # the kernel scales scores by 1/sqrt(head_dim)
@@ -572,6 +579,38 @@ class E8KVCudaCache(Cache):
             rows = self._batch_rows[:b].repeat_interleave(t) if self._use_rows else None
         out = torch.ops.e8kv.attend(self._state, self._key, layer, q, tables, ctx, self.capacity, rows)
         return out.view(b, t, n_head, d).to(query.dtype), None
+
+    def _attend_gathered(self, layer: int, query: torch.Tensor, length: int, scaling: Optional[float]) -> torch.Tensor:
+        """A chunk of t queries (the last t positions of `length`) over the layer's gathered values: SDPA with
+        the causal mask aligned to the bottom right, batch rows in groups whose gathered K/V stay under
+        1 GiB. Returns (b, t, n_head, d)."""
+        from torch.nn.attention.bias import causal_lower_right
+        b, n_head, t, d = query.shape
+        s = self.shape
+        dt = query.dtype if query.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float32
+        per = max(1, (1 << 30) // max(1, 2 * length * s.n_head_kv * d * (torch.finfo(dt).bits // 8)))
+        outs = []
+        for r0 in range(0, b, per):
+            r1 = min(b, r0 + per)
+            rows = self._batch_rows[r0:r1] if self._use_rows else None
+            k, v = self.kv.gather(layer, length, self._tables[r0:r1], rows=rows, dtype=dt)
+            q = query[r0:r1].to(dt)
+            mask = causal_lower_right(t, length)
+            g = n_head // s.n_head_kv
+            out = None
+            if dt != torch.float32:
+                try:  # flash: GQA and the bottom-right causal mask without materialising either
+                    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling,
+                                                                           enable_gqa=g > 1)
+                except (RuntimeError, ValueError):  # no flash here (e.g. head_dim): K/V heads repeated below
+                    out = None
+            if out is None:
+                if g > 1:
+                    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+            outs.append(out)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return out.transpose(1, 2).to(query.dtype)
 
     # -- accounting
     @property

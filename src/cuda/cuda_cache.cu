@@ -557,6 +557,26 @@ size_t e8kv_cuda_attend_rows(e8kv_cuda_cache *c, size_t layer, float *d_out, con
     return r ? r : n_seq * n_head * c->d;
 }
 
+size_t e8kv_cuda_gather_async(const e8kv_cuda_cache *c, size_t layer, void *d_k, void *d_v, e8kv_dtype dtype,
+                              size_t n_seq, size_t n_tok, const int32_t *d_block_tables,
+                              size_t max_blocks_per_seq, const int32_t *d_rows, void *stream) {
+    if (!c || layer >= c->n_layer || bad_dtype(dtype) || !n_seq || !d_k || !d_v || !d_block_tables ||
+        ((c->sink || c->centered) && !d_rows && n_seq > c->max_seqs))
+        return E8KV_ERR(BAD_ARGUMENT);
+    if (n_tok > max_blocks_per_seq * c->bs) return E8KV_ERR(DIMENSION);
+    gather_launch g;
+    memset(&g, 0, sizeof g);
+    g.sd[0] = c->sd[2 * layer], g.sd[1] = c->sd[2 * layer + 1];
+    g.out[0] = d_k, g.out[1] = d_v, g.out_dtype = (int)dtype;
+    g.tables = d_block_tables, g.rows = d_rows, g.max_blocks = max_blocks_per_seq, g.n_blocks = c->n_blocks;
+    g.rows_max = c->max_seqs, g.n_seq = n_seq, g.n_tok = n_tok, g.n_head_kv = c->n_head_kv, g.d = c->d;
+    g.block_size = c->bs, g.signs = c->d_signs, g.rot_scale = c->rot_scale;
+    if (c->sink)
+        g.sink_n = (int)c->sink, g.sink[0] = sink_pool(c, layer, 0), g.sink[1] = sink_pool(c, layer, 1);
+    E8KV_RETURN_IF_ERROR(e8kv_cu_launch_gather(&g, (cudaStream_t)stream));
+    return n_seq * c->n_head_kv * n_tok * c->d;
+}
+
 /* ---------------------------------------------------------------- owned sequences */
 
 static int seq_ok(const e8kv_cuda_cache *c, size_t seq) {
@@ -735,6 +755,26 @@ size_t e8kv_cuda_seq_attend(e8kv_cuda_cache *c, size_t layer, float *d_out, cons
         return E8KV_ERR(CUDA);
     const size_t r = e8kv_cuda_attend_rows(c, layer, d_out, d_q, dtype, n_seq, n_head, c->d_btables, c->width,
                                            c->d_ctx, max_ctx, c->d_rows, NULL, 0, NULL);
+    if (e8kv_is_error(r)) return r;
+    return cudaDeviceSynchronize() == cudaSuccess ? r : E8KV_ERR(CUDA);
+}
+
+size_t e8kv_cuda_seq_gather(e8kv_cuda_cache *c, size_t layer, void *d_k, void *d_v, e8kv_dtype dtype,
+                            const size_t *seqs, size_t n_seq, size_t n_tok) {
+    if (!c || layer >= c->n_layer || !seqs || !n_seq || n_seq > c->max_batch) return E8KV_ERR(BAD_ARGUMENT);
+    for (size_t i = 0; i < n_seq; i++) {
+        if (!seq_ok(c, seqs[i])) return E8KV_ERR(BAD_ARGUMENT);
+        if (n_tok > c->lens[seqs[i] * c->n_layer + layer]) return E8KV_ERR(DIMENSION);
+        memcpy(c->btables + i * c->width, c->tables + seqs[i] * c->width,
+               c->n_pages[seqs[i]] * sizeof(int32_t));
+        c->rows[i] = (int32_t)seqs[i];
+    }
+    if (cudaMemcpy(c->d_btables, c->btables, n_seq * c->width * sizeof(int32_t), cudaMemcpyHostToDevice) !=
+            cudaSuccess ||
+        cudaMemcpy(c->d_rows, c->rows, n_seq * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess)
+        return E8KV_ERR(CUDA);
+    const size_t r = e8kv_cuda_gather_async(c, layer, d_k, d_v, dtype, n_seq, n_tok, c->d_btables, c->width,
+                                            c->d_rows, NULL);
     if (e8kv_is_error(r)) return r;
     return cudaDeviceSynchronize() == cudaSuccess ? r : E8KV_ERR(CUDA);
 }

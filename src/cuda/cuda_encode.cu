@@ -783,3 +783,177 @@ size_t e8kv_cu_launch_means(float *mu, const void *d_src, size_t n_tok, size_t n
     means_kernel<<<(unsigned)((n_vals + 127) / 128), 128, 0, stream>>>(mu, d_src, n_tok, n_vals, dtype);
     return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
 }
+
+/* ---- gather: page bytes → rows, the values the attention reads (a chunk of many queries attends them with
+ * a dense kernel) ----
+ * Vector vi = (seq, KV head, position), position fastest; a group of D/8 lanes per vector, lane b decodes
+ * block b as the CPU decoders do (e8kv_box_decode_ref, e8kv_e8p_decode_ref: one rounded product per
+ * value), then the inverse rotation as e8kv_rot_inverse computes it (the butterflies in the CPU's stage
+ * order, each output one add or subtract, then one multiply by sign_i/√d), then + μ (one rounding), then the
+ * output dtype (round to nearest even). Positions below sink_n: the sink row's exact values. Every lane
+ * reaches the shuffles (full-warp masks); a vector with no valid page or row is NaN. */
+template <int D>
+__device__ __forceinline__ void gather_box4(float x[8], const uint8_t *area, size_t o, int b, size_t bs,
+                                            const float *frac) {
+    const uint2 w = *(const uint2 *)(area + o * (D / 2) + 16 * (b / 4) + 8 * (b & 1));
+    const unsigned e = area[bs * (D / 2) + o];
+    const int k = (area[bs * (D / 2) + bs + o * ((D + 63) / 64) + b / 8] >> (b % 8)) & 1;
+    const float h = e ? __fmul_rn(frac[e & 7u], __int_as_float(((int)(e >> 3) - 21 + 127) << 23)) : 0.0f;
+    const int sh = (b >> 1) & 1 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int n = (int)(((i < 4 ? w.x >> (8 * i) : w.y >> (8 * (i - 4))) >> sh) & 15u);
+        x[i] = __fmul_rn((float)(2 * n - 16 + k), h);
+    }
+}
+
+template <int D>
+__device__ __forceinline__ void gather_e8p(float x[8], const uint8_t *area, size_t o, int b, size_t bs,
+                                           const float *frac, const uint16_t *pat) {
+    const unsigned code = *(const uint16_t *)(area + o * (D / 4) + 2 * b), e = area[bs * (D / 4) + o];
+    const unsigned t = code & 255u, sgn = (code >> 8) & 127u, W = pat[t];
+    const unsigned csum = __popc(W & 0x5555u) + 2u * __popc(W & 0xAAAAu);
+    const unsigned s = sgn | ((__popc(sgn) + csum) & 1u) << 7;
+    const int shift = code >> 15 ? 1 : -1;
+    const float qs = e ? __fmul_rn(frac[e & 7u], __int_as_float(((int)(e >> 3) - 22 + 127) << 23)) : 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int m = 4 * (int)((W >> (2 * i)) & 3u) + 2;
+        x[i] = __fmul_rn((float)(((s >> i) & 1u ? -m : m) + shift), qs);
+    }
+}
+
+template <int D> __global__ void __launch_bounds__(128) gather_kernel(const gather_launch g) {
+    constexpr int LANES = D / 8;
+    const int st = blockIdx.y, b = threadIdx.x % LANES;
+    const stream_desc sd = g.sd[st];
+    __shared__ uint16_t pat_s[256]; /* the tables the lanes index at random (constant memory serialises) */
+    __shared__ float frac_s[8];
+    if (sd.fmt == FMT_E8P2)
+        pat_s[threadIdx.x] = c_p_pat[threadIdx.x], pat_s[threadIdx.x + 128] = c_p_pat[threadIdx.x + 128];
+    if (threadIdx.x < 8) frac_s[threadIdx.x] = c_box_frac[threadIdx.x];
+    __syncthreads();
+    /* 32-bit index arithmetic (the launcher keeps every vector index below 2^27): 64-bit divisions cost
+     * more than the decode. A block strides over the vectors (the tables above are loaded once). */
+    const unsigned n_tok = (unsigned)g.n_tok, n_vec = (unsigned)(g.n_seq * g.n_head_kv * g.n_tok);
+    const unsigned bs = (unsigned)g.block_size;
+    for (unsigned base = blockIdx.x * 128u; base < n_vec * LANES; base += gridDim.x * 128u) {
+        const unsigned vi = (base + threadIdx.x) / LANES;
+        const bool live = vi < n_vec;
+        const unsigned pos = live ? vi % n_tok : 0u, sh = live ? vi / n_tok : 0u;
+        const unsigned head = sh % (unsigned)g.n_head_kv, seq = sh / (unsigned)g.n_head_kv;
+        float x[8];
+        bool bad = false;
+        const float *src = NULL, *mu = NULL; /* src: a sink row's exact values */
+        if (live && (sd.mu || g.sink_n)) {
+            const int32_t row = g.rows ? g.rows[seq] : (int32_t)seq;
+            if (row < 0 || (size_t)row >= g.rows_max)
+                bad = true;
+            else if (pos < (size_t)g.sink_n)
+                src = g.sink[st] + (((size_t)row * g.sink_n + pos) * g.n_head_kv + head) * D + 8 * b;
+            else if (sd.mu)
+                mu = sd.mu + ((size_t)row * g.n_head_kv + head) * D + 8 * b;
+        }
+        const uint8_t *area = NULL;
+        if (live && !bad && !src) {
+            const int32_t page = g.tables[(size_t)seq * g.max_blocks + pos / bs];
+            if (page < 0 || (size_t)page >= g.n_blocks)
+                bad = true;
+            else
+                area = sd.pool + (size_t)page * sd.page_bytes + head * sd.head_bytes;
+        }
+        const unsigned o = pos % bs;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            x[i] = 0.0f;
+        if (sd.fmt == FMT_BOX4 || sd.fmt == FMT_E8P2) { /* uniform over the grid's y row */
+            if (area && sd.fmt == FMT_BOX4)
+                gather_box4<D>(x, area, o, b, g.block_size, frac_s);
+            else if (area)
+                gather_e8p<D>(x, area, o, b, g.block_size, frac_s, pat_s);
+#pragma unroll
+            for (int h = 1; h < 8; h *= 2)
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    if (!(i & h)) {
+                        const float a = x[i], c = x[i + h];
+                        x[i] = __fadd_rn(a, c);
+                        x[i + h] = __fsub_rn(a, c);
+                    }
+#pragma unroll
+            for (int l = 1; l < LANES; l *= 2) {
+                const float sg = b & l ? -1.0f : 1.0f;
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    x[i] = __fmaf_rn(x[i], sg, __shfl_xor_sync(0xffffffffu, x[i], l));
+            }
+            const float4 s0 = ((const float4 *)g.signs)[2 * b], s1 = ((const float4 *)g.signs)[2 * b + 1];
+            const float s[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                x[i] = __fmul_rn(x[i], g.rot_scale * s[i]); /* exact: s = ±1 */
+            if (mu) {
+                const float4 m0 = ((const float4 *)mu)[0], m1 = ((const float4 *)mu)[1];
+                const float m[8] = {m0.x, m0.y, m0.z, m0.w, m1.x, m1.y, m1.z, m1.w};
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    x[i] = __fadd_rn(x[i], m[i]);
+            }
+        } else if (area) { /* raw pages: row o of d values */
+            const uint4 u = *(const uint4 *)(area + (o * D + 8 * b) * 2);
+            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const uint16_t h = (uint16_t)(w[i / 2] >> (16 * (i & 1)));
+                x[i] = sd.fmt == FMT_F16 ? __half2float(__ushort_as_half(h))
+                                         : __bfloat162float(__ushort_as_bfloat16(h));
+            }
+        }
+        if (!live) continue;
+        if (src) {
+            const float4 a = ((const float4 *)src)[0], c = ((const float4 *)src)[1];
+            x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = c.x, x[5] = c.y, x[6] = c.z, x[7] = c.w;
+        }
+        if (bad)
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                x[i] = __int_as_float(0x7fc00000);
+        const size_t at = (size_t)vi * D + 8 * b;
+        if (g.out_dtype == E8KV_DTYPE_F32) {
+            float4 *const y = (float4 *)((float *)g.out[st] + at);
+            y[0] = make_float4(x[0], x[1], x[2], x[3]);
+            y[1] = make_float4(x[4], x[5], x[6], x[7]);
+        } else {
+            uint32_t w[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint16_t lo = g.out_dtype == E8KV_DTYPE_F16
+                                        ? __half_as_ushort(__float2half_rn(x[2 * i]))
+                                        : __bfloat16_as_ushort(__float2bfloat16_rn(x[2 * i]));
+                const uint16_t hi = g.out_dtype == E8KV_DTYPE_F16
+                                        ? __half_as_ushort(__float2half_rn(x[2 * i + 1]))
+                                        : __bfloat16_as_ushort(__float2bfloat16_rn(x[2 * i + 1]));
+                w[i] = (uint32_t)lo | (uint32_t)hi << 16;
+            }
+            *(uint4 *)((uint16_t *)g.out[st] + at) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+}
+
+size_t e8kv_cu_launch_gather(const gather_launch *g, cudaStream_t stream) {
+    const size_t n_vec = g->n_seq * g->n_head_kv * g->n_tok;
+    if (n_vec == 0) return 0;
+    E8KV_RETURN_IF_ERROR(encode_tables());
+    if (n_vec >= ((size_t)1 << 27)) return E8KV_ERR(DIMENSION); /* the kernel's 32-bit indices */
+    const size_t blocks = (n_vec * (g->d / 8) + 127) / 128;
+    int dev = 0, n_sm = 132;
+    if (cudaGetDevice(&dev) == cudaSuccess)
+        cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
+    const size_t most = (size_t)n_sm * 8; /* with the 2 streams: 16 blocks of 128 per SM, striding */
+    const dim3 grid((unsigned)(blocks < most ? blocks : most), 2);
+    if (g->d == 128)
+        gather_kernel<128><<<grid, 128, 0, stream>>>(*g);
+    else
+        gather_kernel<64><<<grid, 128, 0, stream>>>(*g);
+    return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
+}

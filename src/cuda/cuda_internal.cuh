@@ -84,6 +84,22 @@ size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, cons
 size_t e8kv_cu_launch_means(float *mu, const void *d_src, size_t n_tok, size_t n_vals, int dtype,
                             cudaStream_t stream);
 
+/* gather (page bytes → rows): what the attention reads at positions [0, n_tok) of n_seq sequences, written
+ * as (n_seq, n_head_kv, n_tok, d) of out_dtype per stream; tables (n_seq, max_blocks) page ids (outside
+ * [0, n_blocks): that vector is NaN); rows as in attn_launch (NULL: seq; outside [0, rows_max) on a stream
+ * with means or sink rows: NaN); sink[s] the (layer, stream)'s sink rows (sink_n = 0: none) */
+typedef struct {
+    stream_desc sd[2];
+    void *out[2];
+    int out_dtype, sink_n;
+    const int32_t *tables, *rows;
+    size_t max_blocks, n_blocks, rows_max, n_seq, n_tok, n_head_kv, d, block_size;
+    const float *sink[2];
+    const float *signs;
+    float rot_scale;
+} gather_launch;
+size_t e8kv_cu_launch_gather(const gather_launch *g, cudaStream_t stream);
+
 typedef struct {
     stream_desc k, v;
     size_t n_head_kv, n_head, d, block_size, n_seq, max_blocks, n_split;
