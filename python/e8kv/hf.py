@@ -589,14 +589,13 @@ class E8KVCudaCache(Cache):
         s = self.shape
         dt = query.dtype if query.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float32
         per = max(1, (1 << 30) // max(1, 2 * length * s.n_head_kv * d * (torch.finfo(dt).bits // 8)))
+        mask, g = causal_lower_right(t, length), n_head // s.n_head_kv
         outs = []
         for r0 in range(0, b, per):
             r1 = min(b, r0 + per)
             rows = self._batch_rows[r0:r1] if self._use_rows else None
             k, v = self.kv.gather(layer, length, self._tables[r0:r1], rows=rows, dtype=dt)
             q = query[r0:r1].to(dt)
-            mask = causal_lower_right(t, length)
-            g = n_head // s.n_head_kv
             out = None
             if dt != torch.float32:
                 try:  # flash: GQA and the bottom-right causal mask without materialising either

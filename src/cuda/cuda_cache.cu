@@ -734,16 +734,19 @@ size_t e8kv_cuda_seq_append_batch(e8kv_cuda_cache *c, size_t layer, const size_t
     return n_seq;
 }
 
-size_t e8kv_cuda_seq_attend(e8kv_cuda_cache *c, size_t layer, float *d_out, const void *d_q, e8kv_dtype dtype,
-                            const size_t *seqs, size_t n_seq, size_t n_head) {
-    if (!c || layer >= c->n_layer || !seqs || !n_seq || n_seq > c->max_batch)
-        return E8KV_ERR(BAD_ARGUMENT);
-    size_t max_ctx = 0;
+/* The block tables, lengths and rows (their ids) of n_seq owned sequences at this layer, into d_btables,
+ * d_ctx and d_rows for one call over them (seq_attend, seq_gather); *min_len and *max_len: the shortest and
+ * longest of them */
+static size_t stage_owned(e8kv_cuda_cache *c, size_t layer, const size_t *seqs, size_t n_seq, size_t *min_len,
+                          size_t *max_len) {
+    if (!c || layer >= c->n_layer || !seqs || !n_seq || n_seq > c->max_batch) return E8KV_ERR(BAD_ARGUMENT);
+    *min_len = SIZE_MAX, *max_len = 0;
     for (size_t i = 0; i < n_seq; i++) {
         if (!seq_ok(c, seqs[i])) return E8KV_ERR(BAD_ARGUMENT);
         const size_t len = c->lens[seqs[i] * c->n_layer + layer];
         c->ctx[i] = (int32_t)len;
-        max_ctx = len > max_ctx ? len : max_ctx;
+        *max_len = len > *max_len ? len : *max_len;
+        *min_len = len < *min_len ? len : *min_len;
         memcpy(c->btables + i * c->width, c->tables + seqs[i] * c->width,
                c->n_pages[seqs[i]] * sizeof(int32_t));
         c->rows[i] = (int32_t)seqs[i];
@@ -753,6 +756,13 @@ size_t e8kv_cuda_seq_attend(e8kv_cuda_cache *c, size_t layer, float *d_out, cons
         cudaMemcpy(c->d_ctx, c->ctx, n_seq * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess ||
         cudaMemcpy(c->d_rows, c->rows, n_seq * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess)
         return E8KV_ERR(CUDA);
+    return 0;
+}
+
+size_t e8kv_cuda_seq_attend(e8kv_cuda_cache *c, size_t layer, float *d_out, const void *d_q, e8kv_dtype dtype,
+                            const size_t *seqs, size_t n_seq, size_t n_head) {
+    size_t min_len = 0, max_ctx = 0;
+    E8KV_RETURN_IF_ERROR(stage_owned(c, layer, seqs, n_seq, &min_len, &max_ctx));
     const size_t r = e8kv_cuda_attend_rows(c, layer, d_out, d_q, dtype, n_seq, n_head, c->d_btables, c->width,
                                            c->d_ctx, max_ctx, c->d_rows, NULL, 0, NULL);
     if (e8kv_is_error(r)) return r;
@@ -761,18 +771,9 @@ size_t e8kv_cuda_seq_attend(e8kv_cuda_cache *c, size_t layer, float *d_out, cons
 
 size_t e8kv_cuda_seq_gather(e8kv_cuda_cache *c, size_t layer, void *d_k, void *d_v, e8kv_dtype dtype,
                             const size_t *seqs, size_t n_seq, size_t n_tok) {
-    if (!c || layer >= c->n_layer || !seqs || !n_seq || n_seq > c->max_batch) return E8KV_ERR(BAD_ARGUMENT);
-    for (size_t i = 0; i < n_seq; i++) {
-        if (!seq_ok(c, seqs[i])) return E8KV_ERR(BAD_ARGUMENT);
-        if (n_tok > c->lens[seqs[i] * c->n_layer + layer]) return E8KV_ERR(DIMENSION);
-        memcpy(c->btables + i * c->width, c->tables + seqs[i] * c->width,
-               c->n_pages[seqs[i]] * sizeof(int32_t));
-        c->rows[i] = (int32_t)seqs[i];
-    }
-    if (cudaMemcpy(c->d_btables, c->btables, n_seq * c->width * sizeof(int32_t), cudaMemcpyHostToDevice) !=
-            cudaSuccess ||
-        cudaMemcpy(c->d_rows, c->rows, n_seq * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess)
-        return E8KV_ERR(CUDA);
+    size_t min_len = 0, max_len = 0;
+    E8KV_RETURN_IF_ERROR(stage_owned(c, layer, seqs, n_seq, &min_len, &max_len));
+    if (n_tok > min_len) return E8KV_ERR(DIMENSION);
     const size_t r = e8kv_cuda_gather_async(c, layer, d_k, d_v, dtype, n_seq, n_tok, c->d_btables, c->width,
                                             c->d_rows, NULL);
     if (e8kv_is_error(r)) return r;

@@ -155,14 +155,46 @@ __device__ __forceinline__ unsigned e8p_code(const int32_t X[8], int sb_o, const
     return lo | (sgn & 127u) << 8 | (unsigned)sb << 15;
 }
 
+/* 8 packed f16 (f16) or bf16 values of a 16-byte word, as floats (exact) */
+__device__ __forceinline__ void unpack8(float x[8], const uint4 u, bool f16) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const uint16_t h = (uint16_t)(w[i / 2] >> (16 * (i & 1)));
+        x[i] = f16 ? __half2float(__ushort_as_half(h)) : __bfloat162float(__ushort_as_bfloat16(h));
+    }
+}
+
+/* The unnormalised Hadamard butterflies of a vector held by a group of LANES lanes, lane b holding values
+ * 8b..8b+7, in the CPU's stage order (src/transform/fwht.c): strides 1, 2, 4 inside the lane, then 8 ..
+ * 4·LANES between lanes, where the lower lane of a pair computes a + b and the upper one a − b as
+ * fma(b, −1, a): one rounding of an exact value, the CPU's subtraction. Every lane of the warp calls it
+ * (full-warp shuffles). */
+template <int LANES> __device__ __forceinline__ void fwht_lanes(float x[8], int b) {
+#pragma unroll
+    for (int h = 1; h < 8; h *= 2)
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (!(i & h)) {
+                const float a = x[i], c = x[i + h];
+                x[i] = __fadd_rn(a, c);
+                x[i + h] = __fsub_rn(a, c);
+            }
+#pragma unroll
+    for (int l = 1; l < LANES; l *= 2) {
+        const float sg = b & l ? -1.0f : 1.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            x[i] = __fmaf_rn(x[i], sg, __shfl_xor_sync(0xffffffffu, x[i], l));
+    }
+}
+
 /* ---- the front of both kernels ----
  * A group of LANES = d/8 lanes per vector, lane b holding values 8b..8b+7. Loads the lane's 8 values (one or
  * two 16-byte loads when the rows are aligned), stores them to the token's sink row (sink: that vector's row,
  * else NULL; a non-finite lane stores nothing and raises FLAG_NONFINITE), subtracts the sequence's means when
  * the stream is centred (mu: that vector's d means, else NULL), multiplies by the random signs and runs the
- * butterflies: strides 1, 2, 4 inside the lane, then 8 .. d/2 between lanes, where the lower lane of a pair
- * computes a + b and the upper one a − b as fma(b, −1, a): one rounding of an exact value, the CPU's
- * subtraction. Then the 1/sqrtf(d) multiply. Returns whether the 8 inputs are finite. */
+ * butterflies (fwht_lanes). Then the 1/sqrtf(d) multiply. Returns whether the 8 inputs are finite. */
 template <int D>
 __device__ __forceinline__ bool load_rotated(float x[8], const void *__restrict__ src, size_t vi, int b,
                                              bool live, int dtype, int vec16, const float *__restrict__ signs,
@@ -176,14 +208,7 @@ __device__ __forceinline__ bool load_rotated(float x[8], const void *__restrict_
             x[0] = u0.x, x[1] = u0.y, x[2] = u0.z, x[3] = u0.w, x[4] = u1.x, x[5] = u1.y, x[6] = u1.z,
             x[7] = u1.w;
         } else {
-            const uint4 u = ((const uint4 *)src)[at / 8];
-            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const uint16_t h = (uint16_t)(w[i / 2] >> (16 * (i & 1)));
-                x[i] = dtype == E8KV_DTYPE_F16 ? __half2float(__ushort_as_half(h))
-                                               : __bfloat162float(__ushort_as_bfloat16(h));
-            }
+            unpack8(x, ((const uint4 *)src)[at / 8], dtype == E8KV_DTYPE_F16);
         }
     } else {
 #pragma unroll
@@ -217,22 +242,7 @@ __device__ __forceinline__ bool load_rotated(float x[8], const void *__restrict_
         finite = finite && isfinite(x[i]);
         x[i] = __fmul_rn(x[i], s[i]);
     }
-#pragma unroll
-    for (int h = 1; h < 8; h *= 2)
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            if (!(i & h)) {
-                const float a = x[i], c = x[i + h];
-                x[i] = __fadd_rn(a, c);
-                x[i + h] = __fsub_rn(a, c);
-            }
-#pragma unroll
-    for (int l = 1; l < LANES; l *= 2) {
-        const float sg = b & l ? -1.0f : 1.0f;
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            x[i] = __fmaf_rn(x[i], sg, __shfl_xor_sync(0xffffffffu, x[i], l));
-    }
+    fwht_lanes<LANES>(x, b);
 #pragma unroll
     for (int i = 0; i < 8; i++)
         x[i] = __fmul_rn(x[i], rot_scale);
@@ -788,8 +798,8 @@ size_t e8kv_cu_launch_means(float *mu, const void *d_src, size_t n_tok, size_t n
  * a dense kernel) ----
  * Vector vi = (seq, KV head, position), position fastest; a group of D/8 lanes per vector, lane b decodes
  * block b as the CPU decoders do (e8kv_box_decode_ref, e8kv_e8p_decode_ref: one rounded product per
- * value), then the inverse rotation as e8kv_rot_inverse computes it (the butterflies in the CPU's stage
- * order, each output one add or subtract, then one multiply by sign_i/√d), then + μ (one rounding), then the
+ * value), then the inverse rotation as e8kv_rot_inverse computes it (fwht_lanes, then one multiply by
+ * sign_i/√d), then + μ (one rounding), then the
  * output dtype (round to nearest even). Positions below sink_n: the sink row's exact values. Every lane
  * reaches the shuffles (full-warp masks); a vector with no valid page or row is NaN. */
 template <int D>
@@ -871,22 +881,7 @@ template <int D> __global__ void __launch_bounds__(128) gather_kernel(const gath
                 gather_box4<D>(x, area, o, b, g.block_size, frac_s);
             else if (area)
                 gather_e8p<D>(x, area, o, b, g.block_size, frac_s, pat_s);
-#pragma unroll
-            for (int h = 1; h < 8; h *= 2)
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    if (!(i & h)) {
-                        const float a = x[i], c = x[i + h];
-                        x[i] = __fadd_rn(a, c);
-                        x[i + h] = __fsub_rn(a, c);
-                    }
-#pragma unroll
-            for (int l = 1; l < LANES; l *= 2) {
-                const float sg = b & l ? -1.0f : 1.0f;
-#pragma unroll
-                for (int i = 0; i < 8; i++)
-                    x[i] = __fmaf_rn(x[i], sg, __shfl_xor_sync(0xffffffffu, x[i], l));
-            }
+            fwht_lanes<LANES>(x, b);
             const float4 s0 = ((const float4 *)g.signs)[2 * b], s1 = ((const float4 *)g.signs)[2 * b + 1];
             const float s[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
 #pragma unroll
@@ -900,14 +895,7 @@ template <int D> __global__ void __launch_bounds__(128) gather_kernel(const gath
                     x[i] = __fadd_rn(x[i], m[i]);
             }
         } else if (area) { /* raw pages: row o of d values */
-            const uint4 u = *(const uint4 *)(area + (o * D + 8 * b) * 2);
-            const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const uint16_t h = (uint16_t)(w[i / 2] >> (16 * (i & 1)));
-                x[i] = sd.fmt == FMT_F16 ? __half2float(__ushort_as_half(h))
-                                         : __bfloat162float(__ushort_as_bfloat16(h));
-            }
+            unpack8(x, *(const uint4 *)(area + (o * D + 8 * b) * 2), sd.fmt == FMT_F16);
         }
         if (!live) continue;
         if (src) {
