@@ -2,27 +2,30 @@
  * which bench/run_cuda.sh runs first).
  *
  * For Llama-3-8B (32 q / 8 kv heads, d 128) and SmolLM2-135M (9 / 3, d 64), batch 1/8/32 × context
- * 4K/32K/128K, formats e8box:4, e8p:2 and bf16 (our own paged kernel): µs per decode-attention call of one
- * layer (CUDA events around each call, 5 warm-up calls, median of 30; calls queued back to back, again with
- * the host waiting for each call, and 20 calls replayed as one CUDA graph, per call), effective GB/s over the
- * page bytes the call must read, encode GB/s over the bf16 K+V input bytes, device bytes per token, measured
- * vs accounted device memory, the largest batch × context whose cache (all layers) fits in 80 GB; and the
- * device-to-device copy bandwidth (1 GiB, read + write bytes) in the same run. Pages of a sequence are
- * scattered over the pool.
+ * 4K/32K/128K, formats e8box:4, e8box:3, e8p:2 and bf16 (our own paged kernel): µs per decode-attention
+ * call of one layer (CUDA events around each call, 5 warm-up calls, median of 30; calls queued back to
+ * back, again with the host waiting for each call, and 20 calls replayed as one CUDA graph, per call),
+ * effective GB/s over the page bytes the call must read, encode GB/s over the bf16 K+V input bytes, device
+ * bytes per token, measured vs accounted device memory, the largest batch × context whose cache (all
+ * layers) fits in 80 GB; and the device-to-device copy bandwidth (1 GiB, read + write bytes) in the same
+ * run. Pages of a sequence are scattered over the pool.
  *
  * --encode: the append kernels instead: for each shape and format, (a) 65536-token appends (bf16 K + V rows
  * into scattered slots): µs per e8kv_cuda_append_slots call, host-synchronised as the API is (wall clock,
  * median of 10), and the two kernels alone (e8kv_cu_launch_append for K and V, queued, CUDA events, median
  * of 20), as GB/s of bf16 input, on the pseudo-Gaussian rows and again with test_cuda's outliers (one value
- * in 640 ×12), which put more coordinates at the box's edge after the rotation; (b) a decode step, batch 8 × 1 token × 32 layers: µs per append_slots
- * call (one layer) and the 64 kernels of a step alone (a CUDA graph, median of 20 replays).
+ * in 640 ×12), which put more coordinates at the box's edge after the rotation; (b) a decode step, batch 8 ×
+ * 1 token × 32 layers: µs per append_slots call (one layer) and the 64 kernels of a step alone (a CUDA graph,
+ * median of 20 replays).
  *
- * Built with -DBOX_PROF (bench/build_prof.sh: bench_cuda_prof), each e8box:4 case runs one more call and prints
- * the spread over the blocks of each phase of attn_box_kernel (setup, loop, store, merge) from its stamps.
+ * Built with -DBOX_PROF (bench/build_prof.sh: bench_cuda_prof), each e8box:4 case runs one more call and
+ * prints the spread over the blocks of each phase of attn_box_kernel (setup, loop, store, merge) from its
+ * stamps.
  *
- * Usage: bench_cuda [--json FILE] [--quick] [--only SHAPE/SPEC/BATCH/CTX,...] [--block N] [--sink N] [--encode]
- * (--only: those cases; --block: tokens per page, a multiple of 16, default 16 as vLLM's; --sink: every format
- * with sink=N) */
+ * Usage: bench_cuda [--json FILE] [--quick] [--only SHAPE/SPEC/BATCH/CTX,...] [--block N] [--sink N]
+ * [--encode]
+ * (--only: those cases; --block: tokens per page, a multiple of 16, default 16 as vLLM's; --sink: every
+ * format with sink=N) */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -191,9 +194,10 @@ static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, dou
     p.max_append = 65536;
     size_t free0, total;
     CU(cudaMemGetInfo(&free0, &total));
-    const size_t vb = !strncmp(spec, "bf16", 4)    ? 2 * d
-                      : !strncmp(spec, "e8p:2", 5) ? 1 + d / 4
-                                                   : 1 + (d + 63) / 64 + d / 2;
+    const size_t vb = !strncmp(spec, "bf16", 4)      ? 2 * d
+                      : !strncmp(spec, "e8p:2", 5)   ? 1 + d / 4
+                      : !strncmp(spec, "e8box:3", 7) ? 1 + (d + 63) / 64 + 3 * d / 8
+                                                     : 1 + (d + 63) / 64 + d / 2;
     const size_t need = pages * bs * sh->n_kv * vb * 2 + ((size_t)1 << 30);
     if (need > free0) {
         printf("%-8s %-8s batch %2zu ctx %6zu: does not fit (%zu MB needed)\n", sh->name, spec, batch, ctx,
@@ -457,9 +461,10 @@ static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n
     CU(cudaMemcpy(d_signs, hs, d * sizeof(float), cudaMemcpyHostToDevice));
     CU(cudaMalloc((void **)&d_flags, sizeof(unsigned)));
     CU(cudaMemset(d_flags, 0, sizeof(unsigned)));
-    const int fmt = !strncmp(spec, "e8box:4", 7) ? FMT_BOX4
-                    : !strncmp(spec, "e8p:2", 5) ? FMT_E8P2
-                                                 : FMT_BF16;
+    const int fmt = !strncmp(spec, "e8box:4", 7)   ? FMT_BOX4
+                    : !strncmp(spec, "e8box:3", 7) ? FMT_BOX3
+                    : !strncmp(spec, "e8p:2", 5)   ? FMT_E8P2
+                                                   : FMT_BF16;
     stream_desc *sd = (stream_desc *)malloc(2 * n_layer * sizeof(stream_desc));
     for (size_t l = 0; l < n_layer; l++)
         for (int s = 0; s < 2; s++) {
@@ -574,10 +579,10 @@ int main(int argc, char **argv) {
     if (g_json) fprintf(g_json, "{\"bench\":\"copy\",\"device\":\"%s\",\"copy_gbps\":%.1f}\n", g_dev, copy);
     const shape shapes[] = {{"llama3-8b", 8, 4, 128, 32}, {"smollm2", 3, 3, 64, 30}};
     const size_t batches[] = {1, 8, 32}, ctxs[] = {4096, 32768, 131072};
-    const char *specs[] = {"e8box:4", "bf16", "e8p:2"};
+    const char *specs[] = {"e8box:4", "bf16", "e8p:2", "e8box:3"};
     if (encode) {
         for (int sh = 0; sh < 2; sh++)
-            for (int f = 0; f < 3; f++) {
+            for (int f = 0; f < 4; f++) {
                 run_encode(&shapes[sh], specs[f], 65536, 1, 0, copy);
                 if (f != 1) run_encode(&shapes[sh], specs[f], 65536, 1, 1, copy);
                 run_encode(&shapes[sh], specs[f], 8, 32, 0, copy);
@@ -588,7 +593,7 @@ int main(int argc, char **argv) {
     for (int s = 0; s < 2; s++)
         for (int b = 0; b < 3; b++)
             for (int x = 0; x < 3; x++)
-                for (int f = 0; f < 3; f++) {
+                for (int f = 0; f < 4; f++) {
                     if (quick && (b == 2 || x == 2)) continue;
                     if (only) {
                         char name[96];

@@ -18,11 +18,11 @@ LOG=$OUT/run.log
 ONLY=
 if [ -n "$CASES" ]; then
     for c in ${CASES//,/ }; do
-        for f in e8box:4 bf16 e8p:2; do ONLY=$ONLY${ONLY:+,}${c%%/*}/$f/${c#*/}; done
+        for f in e8box:4 bf16 e8p:2 e8box:3; do ONLY=$ONLY${ONLY:+,}${c%%/*}/$f/${c#*/}; done
     done
 fi
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee $LOG
-echo "== test_cuda"; timeout 120 ./test_cuda > $OUT/test.log 2>&1; echo "rc=$?"; tail -8 $OUT/test.log
+echo "== test_cuda"; timeout ${TEST_TIMEOUT:-120} ./test_cuda > $OUT/test.log 2>&1; echo "rc=$?"; tail -8 $OUT/test.log
 echo "== bench" | tee -a $LOG; timeout 240 ./bench_cuda ${QUICK:+--quick} ${ONLY:+--only $ONLY} --json $OUT/bench_cuda.jsonl >> $LOG 2>&1; echo "rc=$?"
 if [ -n "$SINK" ]; then
     echo "== bench, sink=$SINK" | tee -a $LOG; timeout 240 ./bench_cuda --sink $SINK ${QUICK:+--quick} ${ONLY:+--only $ONLY} --json $OUT/sink.jsonl >> $LOG 2>&1; echo "rc=$?"

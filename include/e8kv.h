@@ -158,7 +158,14 @@ void e8kv_codec_free(e8kv_codec *codec);
 const char *e8kv_codec_spec(const e8kv_codec *codec);
 /* The page format in which the CUDA cache (e8kv_cuda.h) holds this codec's vectors, byte for byte; NONE
  * when the GPU has no kernel for it. */
-typedef enum { E8KV_GPU_NONE = 0, E8KV_GPU_E8BOX4, E8KV_GPU_E8P2, E8KV_GPU_F16, E8KV_GPU_BF16 } e8kv_gpu_format;
+typedef enum {
+    E8KV_GPU_NONE = 0,
+    E8KV_GPU_E8BOX4,
+    E8KV_GPU_E8P2,
+    E8KV_GPU_F16,
+    E8KV_GPU_BF16,
+    E8KV_GPU_E8BOX3
+} e8kv_gpu_format;
 e8kv_gpu_format e8kv_codec_gpu_format(const e8kv_codec *codec);
 size_t e8kv_codec_head_dim(const e8kv_codec *codec);
 /* Bytes of one encoded vector, side information included. */

@@ -17,6 +17,8 @@
  * "k=e8box:4,v=bf16,layers0-1=bf16,layer31=e8p:2"), resolved by e8kv_cache_spec_layers, with formats whose
  * CPU codec has a GPU page format (e8kv_codec_gpu_format); each page holds that codec's bytes:
  *   e8box:4   the CPU codec e8box:4 (doc/format.md §2.4) after the seeded rotation, same bytes per vector
+ *   e8box:3   the CPU codec e8box:3 (§2.4, 3.1875 bits per value at d = 128, 3.25 at d = 64) likewise; K
+ *             and V with any format but e8p:2 (attention through the mixed-format kernel)
  *   e8p:2     the CPU codec e8p:2 (§2.5) after the seeded rotation, same bytes per vector; K and V of a
  *             layer both (a layer pairing it with another format is E8KV_ERROR_SPEC)
  *   bf16, f16 raw pages (no rotation), the CPU codecs bf16 and f16
@@ -58,7 +60,7 @@ typedef struct {
     size_t head_dim;   /* 64 or 128 */
     size_t block_size; /* tokens per page, a multiple of 16 (0: 16) */
     size_t n_blocks;   /* pages per (layer, stream) */
-    const char *spec;  /* "e8box:4", "e8p:2", "bf16", "f16", "k=e8box:4,v=bf16", "e8box:4,layers0-1=bf16" */
+    const char *spec;  /* "e8box:4", "e8box:3", "e8p:2", "bf16", "f16", "k=e8box:4,v=bf16", ... (above) */
     uint64_t seed;     /* rotation seed: the same bytes as e8kv_codec_create(spec, head_dim, seed) */
     size_t max_ctx;    /* longest sequence (0: n_blocks * block_size); sizes block tables and workspace */
     size_t max_seqs;   /* sequences the cache may own at once (0: 256) */

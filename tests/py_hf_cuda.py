@@ -3,7 +3,7 @@
 device="cuda") on a tiny random Llama (transformers LlamaConfig, bf16 and f32):
   - bf16 pages: the logits of a prefill + 16 decode steps equal DynamicCache's within fp tolerance, and
     so do those of a 4-token chunk after the prompt (one virtual attention row per token);
-  - e8box:4 / e8p:2: the bytes in the device pages equal e8kv.Codec.encode of the same K/V (the CPU
+  - e8box:4 / e8box:3 / e8p:2: the bytes in the device pages equal e8kv.Codec.encode of the same K/V (the CPU
     library), and greedy decoding through the model runs;
   - eager and torch.compile(mode="reduce-overhead", fullgraph=True) steps give the same logits;
   - the device memory the cache takes (cudaMemGetInfo delta) equals its accounted bytes;
@@ -168,7 +168,7 @@ def test_chunk_with_a_past_reads_the_pages(spec, n):
 
 @needs_gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("spec", ["e8box:4", "e8p:2,sink=2", "k=e8box:4,v=bf16"])
+@pytest.mark.parametrize("spec", ["e8box:4", "e8p:2,sink=2", "k=e8box:4,v=bf16", "e8box:3,sink=2"])
 def test_gathered_chunk_equals_the_decode_kernel(spec, dtype):
     """A chunk of 40 tokens after a 20-token prompt through the two paths over the same codes: SDPA over the
     gathered values (gather_from=2) and the decode kernel, one row per token (gather_from past the chunk);
@@ -275,6 +275,7 @@ def test_sink_rows_attend_exactly(spec, kf, vf):
     ("e8box:4,center=0", {0: ("e8box:4", "e8box:4")}),
     ("e8p:2", {0: ("e8p:2", "e8p:2"), 2: ("e8p:2", "e8p:2")}),
     ("k=e8box:4,v=bf16", {0: ("e8box:4", "bf16"), 2: ("e8box:4", "bf16")}),
+    ("e8box:3", {0: ("e8box:3", "e8box:3"), 2: ("e8box:3", "e8box:3")}),
     # a format per layer, in the library's grammar
     ("e8box:4,layer1=e8p:2,layer2.v=bf16", {0: ("e8box:4", "e8box:4"), 1: ("e8p:2", "e8p:2"),
                                             2: ("e8box:4", "bf16")}),
@@ -326,7 +327,7 @@ def check_codes(cache, spec, layers, k, v, t, d):
 
 
 @needs_gpu
-@pytest.mark.parametrize("spec", ["e8box:4", "e8p:2"])
+@pytest.mark.parametrize("spec", ["e8box:4", "e8p:2", "e8box:3"])
 def test_greedy_decode_runs(spec):
     import e8kv.hf  # noqa: F401
     model = tiny_llama(torch.bfloat16)

@@ -1,6 +1,7 @@
 /* The GPU cache against the CPU library (run on a device; exit 77 = skipped without one).
  *  1. codes: every vector the GPU appends has the bytes e8kv_codec_encode gives for the same input
- *     (e8box:4 and f16 through the CPU codec, bf16 against round-to-nearest-even), f32/f16/bf16 inputs;
+ *     (e8box:4, e8box:3, e8p:2 and f16 through the CPU codec, bf16 against round-to-nearest-even),
+ *     f32/f16/bf16 inputs;
  *  2. attention: ‖out − ref‖ / max(‖ref‖, 1e-6·max_t ‖v_t‖) ≤ 1e-3 per (sequence, head), ref = float64
  *     softmax attention over the CPU decode of the same bytes; variable context lengths, GQA 1/3/4/8,
  * head_dim 64 and 128, output poisoned (NaN) before each launch;
@@ -570,7 +571,7 @@ static void test_fork_and_errors(const char *spec, size_t d) {
     e8kv_cuda_cache_free(c);
     /* bad arguments */
     e8kv_cuda_cache_params bad = p;
-    bad.spec = "e8box:3";
+    bad.spec = "e8box:2"; /* no GPU page format */
     CHECK(!e8kv_cuda_cache_create(&bad, &err) && e8kv_get_error_code(err) == E8KV_ERROR_SPEC, "bad spec");
     bad.spec = "k=e8p:2,v=bf16"; /* e8p:2 pairs with itself only */
     CHECK(!e8kv_cuda_cache_create(&bad, &err) && e8kv_get_error_code(err) == E8KV_ERROR_SPEC, "mixed e8p");
@@ -810,8 +811,8 @@ static void test_sink_slots(const char *spec, size_t d, size_t sink) {
  * give the same floats, bit for bit, layer by layer. Then the specs the GPU cache refuses. */
 static void test_layers(size_t d) {
     const size_t n_kv = 2, G = 4, n_head = n_kv * G, len = 150, bs = 16, n_layer = 4, row = n_kv * d;
-    const char *spec = "k=e8box:4,v=bf16,layer1=e8p:2,layers2-3.v=f16,layer3.k=bf16";
-    const char *per_layer[4] = {"k=e8box:4,v=bf16", "e8p:2", "k=e8box:4,v=f16", "k=bf16,v=f16"};
+    const char *spec = "k=e8box:4,v=bf16,layer1=e8p:2,layers2-3.v=f16,layer3.k=e8box:3";
+    const char *per_layer[4] = {"k=e8box:4,v=bf16", "e8p:2", "k=e8box:4,v=f16", "k=e8box:3,v=f16"};
     e8kv_cuda_cache_params p;
     memset(&p, 0, sizeof p);
     p.n_layer = n_layer, p.n_head_kv = n_kv, p.head_dim = d, p.block_size = bs, p.n_blocks = 12;
@@ -879,7 +880,7 @@ static void test_layers(size_t d) {
                              "balanced",
                              "e8tv:4",
                              "auto=e8tv:3",
-                             "e8box:3",
+                             "e8box:2",
                              "e8:4",
                              "e8box:4,layer1.k=e8p:2",
                              "e8box:4,layers0-4=bf16",
@@ -1121,7 +1122,14 @@ int main(int argc, char **argv) {
                                {"k=e8box:4,v=bf16,sink=40", "e8box:4", "bf16", 40},
                                {"f16,sink=64", "f16", "f16", 64},
                                {"e8box:4,center=0", "e8box:4", "e8box:4", 0},
-                               {"e8p:2,sink=2,center=0", "e8p:2", "e8p:2", 2}};
+                               {"e8p:2,sink=2,center=0", "e8p:2", "e8p:2", 2},
+                               /* e8box:3 (11..): with itself, raw pages and e8box:4 on either side */
+                               {"e8box:3", "e8box:3", "e8box:3", 0},
+                               {"k=e8box:3,v=bf16", "e8box:3", "bf16", 0},
+                               {"k=e8box:4,v=e8box:3,sink=4", "e8box:4", "e8box:3", 4},
+                               {"k=e8box:3,v=e8box:4", "e8box:3", "e8box:4", 0},
+                               {"k=f16,v=e8box:3,sink=1", "f16", "e8box:3", 1},
+                               {"e8box:3,sink=2,center=0", "e8box:3", "e8box:3", 2}};
     const size_t lens_full[] = {1, 15, 16, 17, 100, 777, 3000, 9001};
     const size_t lens_quick[] = {1, 17, 40, 130};
     const size_t *lens = quick ? lens_quick : lens_full;
@@ -1147,7 +1155,18 @@ int main(int argc, char **argv) {
             run_case(&cases[4], ds[(gi + 1) % 2], 2, Gs[gi], lens, 6, dts[(gi + 1) % 3], 1, 16);
         run_case(&cases[4], 128, 2, 4, lens, 6, E8KV_DTYPE_BF16, 1, 32);
         run_case(&cases[4], 64, 3, 3, lens, 6, E8KV_DTYPE_F16, 1, 48);
+        /* e8box:3: every G at both head dims, pages of 32 and 48 */
+        for (size_t gi = 0; gi < 4; gi++)
+            run_case(&cases[11], ds[gi % 2], 2, Gs[gi], lens, 6, dts[(gi + 2) % 3], 1, 16);
+        run_case(&cases[11], 128, 2, 4, lens, 6, E8KV_DTYPE_BF16, 1, 32);
+        run_case(&cases[11], 64, 3, 3, lens, 6, E8KV_DTYPE_F16, 1, 48);
     }
+    for (size_t ci = 11; ci < 17 && !graph_only; ci++)
+        for (size_t di = 0; di < 2; di++) {
+            if (quick && (ci + di) % 2) continue;
+            const size_t n_kv = 1 + (size_t)(rnd() % 3);
+            run_case(&cases[ci], ds[di], n_kv, Gs[(ci + di) % 4], lens, n_seq, dts[(ci + di) % 3], 1, 16);
+        }
     /* sink=N: every kernel, N past a tile, a split and a whole sequence (lens 1, 15, 16, 17) */
     for (size_t ci = 5; ci < 11 && !graph_only; ci++)
         for (size_t di = 0; di < 2; di++) {
@@ -1164,10 +1183,14 @@ int main(int argc, char **argv) {
             test_fork_and_errors("e8box:4", ds[di]);
             test_isolation("e8p:2", ds[di]);
             test_fork_and_errors("e8p:2", ds[di]);
+            test_sink_slots("e8box:3,sink=3", ds[di], 3);
+            test_isolation("e8box:3", ds[di]);
+            test_fork_and_errors("e8box:3", ds[di]);
         }
         test_graph("e8box:4", ds[di]);
         test_graph("e8p:2", ds[di]);
         test_graph("k=e8box:4,v=bf16", ds[di]);
+        test_graph("e8box:3", ds[di]);
         test_layers(ds[di]);
     }
     printf("test_cuda: %d checks, %d failed\n", g_checks, g_fail);

@@ -346,7 +346,7 @@ class E8KVCache(Cache):
 
 
 # ------------------------------------------------------------------------------------------ the GPU cache
-CUDA_FORMATS = ("e8box:4", "e8p:2", "bf16", "f16")
+CUDA_FORMATS = ("e8box:4", "e8box:3", "e8p:2", "bf16", "f16")
 
 
 class E8KVCudaLayer(CacheLayerMixin):
@@ -420,7 +420,7 @@ class E8KVCudaCache(Cache):
     pages b*W .. b*W+W-1, W = max_cache_len / block_size), all allocated at creation like StaticCache, so
     shapes are static and the decode step compiles (torch.compile fullgraph, mode "reduce-overhead").
 
-    spec: "e8box:4", "e8p:2", "bf16", "f16" (CUDA_FORMATS), or any spec of the library's grammar made of them:
+    spec: "e8box:4", "e8box:3", "e8p:2", "bf16", "f16" (CUDA_FORMATS), or any spec of the library's grammar made of them:
     k=/v=/kv= and layer rules ("k=e8box:4,v=bf16,layers0-1=bf16"), and sink=N (N <= 64: the first N tokens
     of each batch row also kept exact and attended from there, as the CPU cache's sink=), center= (as on the
     CPU, e8box and e8p streams are centred by default: each batch row's means are set, per layer, by its

@@ -9,7 +9,8 @@
  *
  * Three split kernels share that frame: attn_box_kernel when K and V are both e8box:4 (a cp.async pipeline
  * through shared memory), attn_e8p_kernel for e8p:2 pages (table decode into f16 subnormals), both described
- * where they are defined, and attn_split_kernel for raw pages and mixed formats (described here).
+ * where they are defined, and attn_split_kernel for raw pages, e8box:3 (K, V or both) and mixed formats
+ * (described here).
  *
  * Both products run on the tensor cores (mma.sync m16n8k16, f32 accumulate):
  *   scores S = Q·Kᵀ: A = the query rows (rows 0..G−1 the f16/bf16 "hi" part of q, rows 8..8+G−1 the
@@ -19,10 +20,12 @@
  * e8box:4 codes become f16 in registers without a table: a nibble n and the block's coset bit k are
  * OR-ed into the mantissa of 1024 (0x6400 | (2n + k)) and 1040 subtracted, which gives the doubled
  * lattice coordinate 2n + k − 16 exactly; the per-vector half step multiplies the score (K) or the
- * probability (V). Since q·k is invariant under a permutation of the coordinates, each thread decodes
- * the coordinates its 16-byte (K) / 8-byte (V) load holds and the query and output are permuted to match
- * (kdim / vdim below). q is rotated once per block (R orthonormal: q·k = Rq·Rk); V stays rotated until
- * the merge. */
+ * probability (V). e8box:3 the same way with 2n + k − 8 (0x6400 | (2n + k), minus 1032), n's two low bits
+ * from the 2-bit plane and its high bit from the 1-bit plane merged by one lop3 per field (box3_w). Since
+ * q·k is invariant under a permutation of the coordinates, each thread decodes the coordinates its
+ * 16-byte (K) / 8-byte (V) load holds (e8box:3: its loads of the two planes) and the query and output are
+ * permuted to match (kdim / vdim below). q is rotated once per block (R orthonormal: q·k = Rq·Rk); V stays
+ * rotated until the merge. */
 #include "cuda_internal.cuh"
 
 #include <cuda_bf16.h>
@@ -81,12 +84,122 @@ __device__ __forceinline__ uint32_t box_f16x2(uint32_t bits) {
     return r;
 }
 
+/* e8box:3: (mantissa bits | 0x6400) as f16x2 minus 1032: the doubled coordinates 2n + k − 8, exact */
+__device__ __forceinline__ uint32_t box3_f16x2(uint32_t bits) {
+    uint32_t r;
+    asm("sub.f16x2 %0, %1, %2;" : "=r"(r) : "r"(bits), "r"(0x64086408u));
+    return r;
+}
+
+/* e8box:3 in registers. A lane holds words of the 2-bit plane (byte i: fields j = 0..3 at bits 2j, the
+ * values i + 16j (+ 64·group at d = 128)) and the words of the 1-bit plane with the same byte indices
+ * (d = 128: the bit of field j of group G at bit 4G + j of byte i; d = 64: at bit 2j + c, c = which half of
+ * the 16 bytes i lies in). box3_w brings field j of every byte to bits q, q + 1 and its high bit to q + 2
+ * (one lop3 after shifts of x and y that the k-steps share); then one shift, one lop3 (with the coset
+ * bits) and one sub per f16x2. The two halves of an f16x2 are bytes p and p + 2 of a word: two values of
+ * one token (K, same block) or one value of two tokens interleaved by a byte permutation (V). */
+template <int D> __device__ __forceinline__ int box3_q(int j) {
+    return D == 128 ? j + 2 : j < 3 ? 2 * j : 4;
+}
+/* c: d = 128: 4·group (the high bits of field j at bit c + j); d = 64: the half (at bit c + 2j) */
+template <int D> __device__ __forceinline__ uint32_t box3_w(uint32_t x, uint32_t y, int c, int j) {
+    const uint32_t m = 0x03030303u << box3_q<D>(j);
+    uint32_t xs, ys;
+    if constexpr (D == 128) {
+        xs = j < 3 ? x << (2 - j) : x >> 1;
+        ys = y << (4 - c);
+    } else {
+        xs = j < 3 ? x : x >> 2;
+        ys = j < 3 ? y << (2 - c) : y >> c;
+    }
+    return (xs & m) | (ys & ~m);
+}
+/* the f16x2 bits of field j of bytes p and p + 2 of w = box3_w(…, j); km: 0x6400 and the coset bits */
+template <int D> __device__ __forceinline__ uint32_t box3_bits(uint32_t w, int j, int p, uint32_t km) {
+    const int sh = box3_q<D>(j) - 1 + 8 * p;
+    return ((sh >= 0 ? w >> sh : w << 1) & 0x000E000Eu) | km;
+}
+/* 0x6400 | coset bit sh of the low and of the high 16 bits of cc */
+__device__ __forceinline__ uint32_t box3_km(uint32_t cc, int sh) {
+    return ((cc >> sh) & 0x00010001u) | 0x64006400u;
+}
+
+/* e8box:3 K, lane column t4 of token tk: d = 128: bytes 8t4 … 8t4 + 7 of the 2-bit plane (group t4/2)
+ * and bytes 8(t4 % 2) … of the 1-bit plane; d = 64: bytes 4t4 … and 4(t4 % 2) …; w: the 2-bit words, then
+ * the 1-bit words; kc: the coset bytes in both halves */
+template <int D>
+__device__ __forceinline__ void box3_load_k(uint32_t *w, uint32_t &kc, const uint8_t *kb, int bs, int tk,
+                                            int t4) {
+    const uint8_t *const x = kb + (size_t)tk * (D / 4);
+    const uint8_t *const y = kb + (size_t)bs * (D / 4) + (size_t)tk * (D / 8);
+    if constexpr (D == 128) {
+        const uint2 u = __ldg((const uint2 *)(x + 8 * t4)), v = __ldg((const uint2 *)(y + 8 * (t4 & 1)));
+        w[0] = u.x, w[1] = u.y, w[2] = v.x, w[3] = v.y;
+        kc = __ldg((const uint16_t *)(kb + (size_t)bs * (3 * D / 8) + bs + 2 * tk)) * 0x00010001u;
+    } else {
+        w[0] = __ldg((const uint32_t *)(x + 4 * t4));
+        w[1] = __ldg((const uint32_t *)(y + 4 * (t4 & 1)));
+        kc = __ldg(kb + (size_t)bs * (3 * D / 8) + bs + tk) * 0x00010001u;
+    }
+}
+/* the B fragment of k-step s: field s % 4 of word s / 4, bytes 0, 2 (bb[0]) and 1, 3 (bb[1]) */
+template <int D>
+__device__ __forceinline__ void box3_kstep(const uint32_t *w, uint32_t kc, int t4, int s, uint32_t (&bb)[2]) {
+    constexpr int NW = D / 64;
+    const int j = s & 3, wi = s >> 2;
+    const int c = D == 128 ? 4 * (t4 >> 1) : t4 >> 1, cs = D == 128 ? 8 * (t4 >> 1) + (t4 & 1) : t4 >> 1;
+    const uint32_t km = box3_km(kc, cs + 2 * j), x = box3_w<D>(w[wi], w[NW + wi], c, j);
+    bb[0] = box3_f16x2(box3_bits<D>(x, j, 0, km));
+    bb[1] = box3_f16x2(box3_bits<D>(x, j, 1, km));
+}
+
+/* e8box:3 V, lane row g of token tv: d = 128: word g of the 2-bit plane (group g/4), word g % 4 of the
+ * 1-bit plane; d = 64: bytes 2g, 2g + 1 and 2(g % 4), 2(g % 4) + 1 */
+template <int D>
+__device__ __forceinline__ void box3_load_v(uint32_t (&w)[2], const uint8_t *vb, int bs, int tv, int g) {
+    const uint8_t *const x = vb + (size_t)tv * (D / 4);
+    const uint8_t *const y = vb + (size_t)bs * (D / 4) + (size_t)tv * (D / 8);
+    if constexpr (D == 128) {
+        w[0] = __ldg((const uint32_t *)(x + 4 * g));
+        w[1] = __ldg((const uint32_t *)(y + 4 * (g & 3)));
+    } else {
+        w[0] = __ldg((const uint16_t *)(x + 2 * g));
+        w[1] = __ldg((const uint16_t *)(y + 2 * (g & 3)));
+    }
+}
+/* the coset bytes of tokens tv (even) and tv + 1: the first in the low 16 bits, the second in the high */
+template <int D> __device__ __forceinline__ uint32_t box3_load_vc(const uint8_t *vb, int bs, int tv) {
+    const uint8_t *const side = vb + (size_t)bs * (3 * D / 8) + bs;
+    if constexpr (D == 128)
+        return __ldg((const uint32_t *)(side + 2 * tv));
+    else
+        return __byte_perm(__ldg((const uint16_t *)(side + tv)), 0u, 0x4140);
+}
+/* the A fragments of M-tile mt for the token pair (a, b) (words wa, wb; cosets vc): field mt % 4 of word
+ * mt / 4 (d = 128), bytes p = 0 (row g, r[0]) and 1 (row g + 8, r[1]) */
+template <int D>
+__device__ __forceinline__ void box3_vtile(const uint32_t (&wa)[2], const uint32_t (&wb)[2], uint32_t vc,
+                                           int g, int mt, uint32_t (&r)[2]) {
+    const int j = mt & 3, sel = D == 128 && (mt >> 2) ? 0x7632 : 0x5410;
+    const int c = D == 128 ? 4 * (g >> 2) : g >> 2, cs = D == 128 ? 8 * (g >> 2) + ((g & 3) >> 1) : g >> 2;
+    const uint32_t km = box3_km(vc, cs + 2 * j),
+                   x = box3_w<D>(__byte_perm(wa[0], wb[0], sel), __byte_perm(wa[1], wb[1], sel), c, j);
+    r[0] = box3_f16x2(box3_bits<D>(x, j, 0, km));
+    r[1] = box3_f16x2(box3_bits<D>(x, j, 1, km));
+}
+
 /* coordinate of query column kk (0..15) of k-step s for lane column t4 (see the file comment) */
 template <int D, int KF> __device__ __forceinline__ int kdim(int t4, int s, int kk) {
     const int upper = kk >> 3, r = kk & 1;
     if constexpr (KF == FMT_BOX4) {
         const int B = (D / 8) * t4 + 4 * (s >> 1) + upper + 2 * r;
         return 32 * (B >> 4) + (B & 15) + 16 * (s & 1);
+    } else if constexpr (KF == FMT_BOX3) {
+        /* box3_kstep: byte 2r + upper of the lane's word s / 4, field s % 4 */
+        if constexpr (D == 128)
+            return 64 * (t4 >> 1) + 16 * (s & 3) + 8 * (t4 & 1) + 4 * (s >> 2) + 2 * r + upper;
+        else
+            return 16 * s + 4 * t4 + 2 * r + upper;
     } else {
         return (D / 4) * t4 + 4 * s + 2 * upper + r;
     }
@@ -96,6 +209,12 @@ template <int D, int VF> __device__ __forceinline__ int vdim(int g, int mt, int 
     if constexpr (VF == FMT_BOX4) {
         const int B = (D / 16) * g + mt;
         return 32 * (B >> 4) + (B & 15) + 16 * hi;
+    } else if constexpr (VF == FMT_BOX3) {
+        /* box3_vtile: byte 2(mt / 4) + hi of the lane's word, field mt % 4 */
+        if constexpr (D == 128)
+            return 64 * (g >> 2) + 16 * (mt & 3) + 4 * (g & 3) + 2 * (mt >> 2) + hi;
+        else
+            return 16 * mt + 2 * g + hi;
     } else {
         return (D / 8) * g + 2 * mt + hi;
     }
@@ -105,10 +224,12 @@ template <int D, int VF> __device__ __forceinline__ int vdim(int g, int mt, int 
  *   K: tokens g and 8 + g (the B operand), 16 B (d = 128) / 8 B (d = 64) of nibbles each, or 64 / 32 B raw;
  *      their coset bytes; the steps of tokens 2t4, 2t4 + 1 and 2t4 + 8, 2t4 + 9 (the score columns);
  *   V: tokens 2t4, 2t4 + 1, 2t4 + 8, 2t4 + 9 (the A operand), 8 / 4 B of nibbles each, or 32 / 16 B raw;
- *      their coset bytes and steps. */
+ *      their coset bytes and steps.
+ * e8box:3: 8 + 8 B (d = 128) / 4 + 4 B (d = 64) of the two planes per K token, 4 + 4 B / 2 + 2 B per V
+ * token (box3_load_k, box3_load_v). */
 template <int D, int KF, int VF> struct tile_regs {
-    uint32_t kw[2][KF == FMT_BOX4 ? D / 32 : D / 8];
-    uint32_t vw[4][VF == FMT_BOX4 ? (D / 64 > 0 ? D / 64 : 1) : D / 16];
+    uint32_t kw[2][KF == FMT_BOX4 || KF == FMT_BOX3 ? D / 32 : D / 8];
+    uint32_t vw[4][VF == FMT_BOX4 ? (D / 64 > 0 ? D / 64 : 1) : VF == FMT_BOX3 ? 2 : D / 16];
     uint32_t kc[2], ks[2], vc[2], vs[2];
 };
 
@@ -133,6 +254,9 @@ __device__ __forceinline__ void load_tile(tile_regs<D, KF, VF> &r, const attn_la
             const uint8_t *const side = kb + (size_t)bs * (D / 2);
             r.kc[tt] = NC == 2 ? __ldg((const uint16_t *)(side + bs + 2 * tk)) : __ldg(side + bs + tk);
             r.ks[tt] = __ldg((const uint16_t *)(side + o0 + 8 * tt + 2 * t4));
+        } else if constexpr (KF == FMT_BOX3) {
+            box3_load_k<D>(r.kw[tt], r.kc[tt], kb, bs, tk, t4);
+            r.ks[tt] = __ldg((const uint16_t *)(kb + (size_t)bs * (3 * D / 8) + o0 + 8 * tt + 2 * t4));
         } else {
             const uint4 *const p4 = (const uint4 *)(kb + ((size_t)tk * D + (D / 4) * t4) * 2);
 #pragma unroll
@@ -160,6 +284,15 @@ __device__ __forceinline__ void load_tile(tile_regs<D, KF, VF> &r, const attn_la
             r.vc[pr] = NC == 2 ? __ldg((const uint32_t *)(side + bs + 2 * tv[2 * pr]))
                                : __ldg((const uint16_t *)(side + bs + tv[2 * pr]));
             r.vs[pr] = __ldg((const uint16_t *)(side + tv[2 * pr]));
+        }
+    } else if constexpr (VF == FMT_BOX3) {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            box3_load_v<D>(r.vw[i], vb, bs, tv[i], g);
+#pragma unroll
+        for (int pr = 0; pr < 2; pr++) {
+            r.vc[pr] = box3_load_vc<D>(vb, bs, tv[2 * pr]);
+            r.vs[pr] = __ldg((const uint16_t *)(vb + (size_t)bs * (3 * D / 8) + tv[2 * pr]));
         }
     } else {
 #pragma unroll
@@ -539,8 +672,8 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
     for (int i = tid; i < 256; i += blockDim.x)
         sh[i] = i ? c_box_frac[i & 7] * __int_as_float(((i >> 3) - 21 + 127) << 23) : 0.0f; /* δ/2 */
     if (SK && split == 0) sink_state<D>(a, seq, kvh, G);
-    load_query<D>(a, seq, kvh, G, KF == FMT_BOX4, sq);
-    const float qscale = (KF == FMT_BOX4 ? a.rot_scale : 1.0f) * rsqrtf((float)D) * LOG2E;
+    load_query<D>(a, seq, kvh, G, fmt_is_box(KF), sq);
+    const float qscale = (fmt_is_box(KF) ? a.rot_scale : 1.0f) * rsqrtf((float)D) * LOG2E;
     uint32_t qa[KS][4];
 #pragma unroll
     for (int s = 0; s < KS; s++)
@@ -565,7 +698,7 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
 
     /* the loop is software-pipelined for the code formats: the next tile's bytes are in flight while this
      * one is decoded (raw pages hold 4x the registers and stay unpipelined) */
-    constexpr bool PIPE = KF == FMT_BOX4 && VF == FMT_BOX4;
+    constexpr bool PIPE = (KF == FMT_BOX4 || KF == FMT_BOX3) && (VF == FMT_BOX4 || VF == FMT_BOX3);
     /* the first block of a K lane's bytes (its coset bit is bit 0 after this shift) */
     const int kshift = (32 * (((D / 8) * t4) >> 4) + (((D / 8) * t4) & 15)) >> 3;
     tile_regs<D, KF, VF> cur, nxt;
@@ -599,6 +732,10 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
                     bb[0] = box_f16x2((((s & 1) ? x >> 3 : x << 1) & 0x001E001Eu) | km);
                     bb[1] = box_f16x2((((s & 1) ? x >> 11 : x >> 7) & 0x001E001Eu) | km);
                     mma16816<false>(acc[tt][s & 1], qa[s], bb);
+                } else if constexpr (KF == FMT_BOX3) {
+                    uint32_t bb[2];
+                    box3_kstep<D>(cur.kw[tt], cur.kc[tt], t4, s, bb);
+                    mma16816<false>(acc[tt][s & 1], qa[s], bb);
                 } else {
                     const uint32_t bb[2] = {cur.kw[tt][2 * s], cur.kw[tt][2 * s + 1]};
                     mma16816<KBF>(acc[tt][s & 1], qa[s], bb);
@@ -617,7 +754,7 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
             for (int c = 0; c < 2; c++) {
                 const int t = 8 * tt + 2 * t4 + c;
                 float sv = sc[tt][c];
-                if (KF == FMT_BOX4) sv *= sh[(cur.ks[tt] >> (8 * c)) & 255u];
+                if (fmt_is_box(KF)) sv *= sh[(cur.ks[tt] >> (8 * c)) & 255u];
                 if (g >= G || (!full && (SK ? (unsigned)(tile0 + t - lo) >= span : tile0 + t >= end)))
                     sv = -INFINITY;
                 sc[tt][c] = sv;
@@ -635,7 +772,7 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
             for (int c = 0; c < 2; c++) {
                 const float p = m_new == -INFINITY ? 0.0f : exp2f(sc[tt][c] - m_new);
                 l += p;
-                pv[tt][c] = VF == FMT_BOX4  ? p * sh[(cur.vs[tt] >> (8 * c)) & 255u] * V_BOX_SCALE
+                pv[tt][c] = fmt_is_box(VF)  ? p * sh[(cur.vs[tt] >> (8 * c)) & 255u] * V_BOX_SCALE
                             : VF == FMT_F16 ? p * V_F16_SCALE
                                             : p;
             }
@@ -667,6 +804,17 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
                 r[1] = box_f16x2(((x0 >> 3) & 0x001E001Eu) | khi0);
                 r[2] = box_f16x2(((x1 << 1) & 0x001E001Eu) | klo1);
                 r[3] = box_f16x2(((x1 >> 3) & 0x001E001Eu) | khi1);
+                mma16816<false>(oacc[mt], r, pb);
+                if (!LO) mma16816<false>(oacc[mt], r, pl);
+            }
+        } else if constexpr (VF == FMT_BOX3) {
+            /* tokens (2t4, 2t4 + 1): r[0], r[1]; (2t4 + 8, 2t4 + 9): r[2], r[3] */
+#pragma unroll
+            for (int mt = 0; mt < KS; mt++) {
+                uint32_t r[4], r0[2], r1[2];
+                box3_vtile<D>(cur.vw[0], cur.vw[1], cur.vc[0], g, mt, r0);
+                box3_vtile<D>(cur.vw[2], cur.vw[3], cur.vc[1], g, mt, r1);
+                r[0] = r0[0], r[1] = r0[1], r[2] = r1[0], r[3] = r1[1];
                 mma16816<false>(oacc[mt], r, pb);
                 if (!LO) mma16816<false>(oacc[mt], r, pl);
             }
@@ -1917,45 +2065,45 @@ template <int D, int KF, int VF> static int occupancy(void) {
     return n;
 }
 
+/* occupancy for the run-time formats (the dispatch of launch_k / launch_v) */
+template <int D, int KF> static int occupancy_v(int vf) {
+    switch (vf) {
+    case FMT_BOX4:
+        return occupancy<D, KF, FMT_BOX4>();
+    case FMT_BOX3:
+        return occupancy<D, KF, FMT_BOX3>();
+    case FMT_BF16:
+        return occupancy<D, KF, FMT_BF16>();
+    default:
+        return occupancy<D, KF, FMT_F16>();
+    }
+}
+template <int D> static int occupancy_k(int kf, int vf) {
+    switch (kf) {
+    case FMT_BOX4:
+        return occupancy_v<D, FMT_BOX4>(vf);
+    case FMT_BOX3:
+        return occupancy_v<D, FMT_BOX3>(vf);
+    case FMT_BF16:
+        return occupancy_v<D, FMT_BF16>(vf);
+    default:
+        return occupancy_v<D, FMT_F16>(vf);
+    }
+}
+
 int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf) {
     if (kf == FMT_E8P2) { /* the fewer of the two instances (the split count does not know G) */
         const int n0 = d == 128 ? e8p_occupancy<128, 0>() : e8p_occupancy<64, 0>(),
                   n4 = d == 128 ? e8p_occupancy<128, 4>() : e8p_occupancy<64, 4>(), n = n0 < n4 ? n0 : n4;
         return n > 0 ? n : 1;
     }
-#define E8KV_OCC(DD)                                                                                         \
-    switch (kf * 3 + vf) {                                                                                   \
-    case 0:                                                                                                  \
-        return occupancy<DD, 0, 0>();                                                                        \
-    case 1:                                                                                                  \
-        return occupancy<DD, 0, 1>();                                                                        \
-    case 2:                                                                                                  \
-        return occupancy<DD, 0, 2>();                                                                        \
-    case 3:                                                                                                  \
-        return occupancy<DD, 1, 0>();                                                                        \
-    case 4:                                                                                                  \
-        return occupancy<DD, 1, 1>();                                                                        \
-    case 5:                                                                                                  \
-        return occupancy<DD, 1, 2>();                                                                        \
-    case 6:                                                                                                  \
-        return occupancy<DD, 2, 0>();                                                                        \
-    case 7:                                                                                                  \
-        return occupancy<DD, 2, 1>();                                                                        \
-    default:                                                                                                 \
-        return occupancy<DD, 2, 2>();                                                                        \
-    }
-    if (d == 128) {
-        E8KV_OCC(128)
-    } else {
-        E8KV_OCC(64)
-    }
-#undef E8KV_OCC
+    return d == 128 ? occupancy_k<128>(kf, vf) : occupancy_k<64>(kf, vf);
 }
 
 template <int D, int KF, int VF> static void launch(const attn_launch *la, cudaStream_t stream) {
     attn_launch l = *la;
-    l.v_rot = VF == FMT_BOX4;
-    l.v_div = VF == FMT_BOX4 ? V_BOX_SCALE : VF == FMT_F16 ? V_F16_SCALE : 1.0f;
+    l.v_rot = fmt_is_box(VF);
+    l.v_div = fmt_is_box(VF) ? V_BOX_SCALE : VF == FMT_F16 ? V_F16_SCALE : 1.0f;
     const attn_launch *const a = &l;
     const dim3 grid((unsigned)a->n_split, (unsigned)a->n_head_kv, (unsigned)a->n_seq);
     const bool sk = a->sink_n > 0; /* the instances without sink rows have no sink code at all */
@@ -1981,6 +2129,9 @@ template <int D, int KF> static void launch_v(const attn_launch *a, cudaStream_t
     case FMT_BOX4:
         launch<D, KF, FMT_BOX4>(a, stream);
         break;
+    case FMT_BOX3:
+        launch<D, KF, FMT_BOX3>(a, stream);
+        break;
     case FMT_BF16:
         launch<D, KF, FMT_BF16>(a, stream);
         break;
@@ -1994,6 +2145,9 @@ template <int D> static void launch_k(const attn_launch *a, cudaStream_t stream)
     switch (a->k.fmt) {
     case FMT_BOX4:
         launch_v<D, FMT_BOX4>(a, stream);
+        break;
+    case FMT_BOX3:
+        launch_v<D, FMT_BOX3>(a, stream);
         break;
     case FMT_BF16:
         launch_v<D, FMT_BF16>(a, stream);

@@ -56,6 +56,8 @@ static int page_format(e8kv_gpu_format g) {
     switch (g) {
     case E8KV_GPU_E8BOX4:
         return FMT_BOX4;
+    case E8KV_GPU_E8BOX3:
+        return FMT_BOX3;
     case E8KV_GPU_E8P2:
         return FMT_E8P2;
     case E8KV_GPU_F16:
@@ -102,7 +104,7 @@ static size_t resolve_formats(const e8kv_cuda_cache_params *p, int *fmt, float s
             break;
         }
         fmt[i] = page_format(e8kv_codec_gpu_format(codec));
-        if (fmt[i] == FMT_BOX4 || fmt[i] == FMT_E8P2) {
+        if (fmt_is_box(fmt[i]) || fmt[i] == FMT_E8P2) {
             /* column i of H·D/√d has first entry sign_i/√d; every rotating format shares one seed, so
              * one table must serve all of them */
             float x[128], sg[128];
@@ -242,7 +244,7 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     for (size_t i = 0; i < 2 * c->n_layer && !r; i++) {
         c->sd[i].fmt = fmt[i];
         /* the e8kv codes are centred by default, raw pages never (the CPU cache's traits) */
-        c->sd[i].mu = center && (fmt[i] == FMT_BOX4 || fmt[i] == FMT_E8P2) ? (float *)1 : NULL;
+        c->sd[i].mu = center && (fmt_is_box(fmt[i]) || fmt[i] == FMT_E8P2) ? (float *)1 : NULL;
         c->centered |= c->sd[i].mu != NULL;
     }
     free(fmt);
@@ -791,12 +793,16 @@ size_t e8kv_cuda_read_slot(const e8kv_cuda_cache *c, void *dst, size_t cap, size
     const uint8_t *const area = sd->pool + (size_t)slot / c->bs * sd->page_bytes + head * sd->head_bytes;
     uint8_t *const out = (uint8_t *)dst;
     cudaError_t e;
-    if (sd->fmt == FMT_BOX4) {
-        const size_t n_cos = (c->d + 63) / 64, nb = c->d / 2;
+    if (fmt_is_box(sd->fmt)) { /* the planes of the page's tokens (e8box:3: the 2-bit, then the 1-bit), their
+                                * steps, their coset bytes */
+        const size_t n_cos = (c->d + 63) / 64, nb = vb - 1 - n_cos, n2 = sd->fmt == FMT_BOX3 ? c->d / 4 : nb;
         e = cudaMemcpy(out, area + c->bs * nb + off, 1, cudaMemcpyDeviceToHost);
         if (e == cudaSuccess)
             e = cudaMemcpy(out + 1, area + c->bs * nb + c->bs + off * n_cos, n_cos, cudaMemcpyDeviceToHost);
-        if (e == cudaSuccess) e = cudaMemcpy(out + 1 + n_cos, area + off * nb, nb, cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess) e = cudaMemcpy(out + 1 + n_cos, area + off * n2, n2, cudaMemcpyDeviceToHost);
+        if (e == cudaSuccess && nb > n2)
+            e = cudaMemcpy(out + 1 + n_cos + n2, area + c->bs * n2 + off * (nb - n2), nb - n2,
+                           cudaMemcpyDeviceToHost);
     } else if (sd->fmt == FMT_E8P2) { /* codes of the page's tokens, then their steps */
         const size_t nb = c->d / 4;
         e = cudaMemcpy(out, area + c->bs * nb + off, 1, cudaMemcpyDeviceToHost);

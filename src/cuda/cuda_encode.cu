@@ -1,13 +1,14 @@
 /* Append kernels: token rows (f32/f16/bf16) → page bytes.
  *
- * e8box:4 and e8p:2 reproduce the CPU codecs bit for bit (src/transform/fwht.c, src/quant/e8_box.c,
+ * e8box:4, e8box:3 and e8p:2 reproduce the CPU codecs bit for bit (src/transform/fwht.c, src/quant/e8_box.c,
  * src/quant/e8_p.c): the same random signs, the same butterflies in the same stage order with every output
  * one IEEE add or subtract (no contraction), the same 1/sqrtf(n) multiply, then the same fixed-point
  * quantizer (one correctly rounded multiply, everything after it integer arithmetic) and the same choice
  * among the step candidates (double arithmetic, strict < so the first best wins). A group of d/8 lanes
  * codes one vector, lane b holding block b (values 8b..8b+7); the butterflies of stride ≥ 8 go between
  * lanes. The step search, which is most of the work, computes each candidate's distance from a few sums
- * per block (e8box:4: box_block; e8p:2: e8p_search) and the code of the chosen candidate only once.
+ * per block (e8box:B: box_block, one template for B = 4 and 3 whose only differences are the box's ends, the
+ * step ratios and the bit planes; e8p:2: e8p_search) and the code of the chosen candidate only once.
  * Raw formats convert with round-to-nearest-even. */
 #include "cuda_internal.cuh"
 
@@ -19,19 +20,22 @@
 #define FX_HALF (1 << (FX_BITS - 1))
 #define STEP_ZERO 160
 
+/* the step ratios max|x|/δ of e8box:B (e8_box.c's k_ratio): B = 4, B = 3 */
 __constant__ float c_ratio[4] = {7.5f, 8.0f, 8.5f, 9.0f};
+__constant__ float c_ratio3[4] = {4.0f, 4.5f, 5.0f, 5.5f};
 
 /* δ(e) = ldexp(frac[e & 7], (e >> 3) − 20), exact */
 __device__ __forceinline__ float box_step(unsigned e) {
     return __fmul_rn(c_box_frac[e & 7u], __int_as_float(((int)(e >> 3) - 20 + 127) << 23));
 }
 
-/* nearest_coset of e8_box.c, the same result with 32-bit work: floor division by 2^13 is an arithmetic
- * shift; the error e = X − p2·2^12 fits 32 bits (|X| ≤ 2^24), its square is one 32 × 32 → 64 multiply; the
- * cost of the parity change s = ∓2 at coordinate i is e'² − e² = 2^14·(2^12 ± e), so the candidates are
- * ranked by the 32-bit key 2^12 ± e in the CPU's order (coordinate, then −2, strict <). */
-__device__ __forceinline__ int64_t nearest_coset(int32_t p2[8], const int32_t X[8], int k) {
-    const int32_t lo = k ? -15 : -16, hi = k ? 15 : 14;
+/* nearest_coset of e8_box.c (B bits: p2 ∈ [−2^B, 2^B − 2] for k = 0, [1 − 2^B, 2^B − 1] for k = 1), the same
+ * result with 32-bit work: floor division by 2^13 is an arithmetic shift; the error e = X − p2·2^12 fits 32
+ * bits (|X| ≤ 2^24), its square is one 32 × 32 → 64 multiply; the cost of the parity change s = ∓2 at
+ * coordinate i is e'² − e² = 2^14·(2^12 ± e), so the candidates are ranked by the 32-bit key 2^12 ± e in the
+ * CPU's order (coordinate, then −2, strict <). */
+template <int B> __device__ __forceinline__ int64_t nearest_coset(int32_t p2[8], const int32_t X[8], int k) {
+    const int32_t lo = k ? 1 - (1 << B) : -(1 << B), hi = k ? (1 << B) - 1 : (1 << B) - 2;
     int32_t sum = 0, e[8];
     int64_t dist = 0;
 #pragma unroll
@@ -294,29 +298,36 @@ __device__ __forceinline__ lane_pos lane_front(float x[8], const int64_t *__rest
     return p;
 }
 
-/* ---- e8box:4's step search without the per-coordinate search of nearest_coset ----
+/* ---- e8box:B's step search (B = 4, 3) without the per-coordinate search of nearest_coset ----
  * For a candidate step, the CPU sums over the blocks min(d_0, d_1), d_k = nearest_coset's squared distance
  * for coset k. Both come from five sums over the block's 8 values, in 32-bit integers:
  *
  * X = round(v), v = x·k, is read off the float v + 1.5·2^23 (|v| < 2^22: the sum rounds v half to even,
- * the CPU's __float2int_rn, and X sits in its low bits). In the interior, X ∈ [−61440, 57344] (p2 = X/4096
- * ∈ [−15, 14]), the D8 coordinate is 2·m, m = round(X/8192) (ties up), with error ρ = the low 13 bits of X
- * sign-extended, and the D8 + ½ coordinate is the odd neighbour on ρ's side with error ∓(4096 − |ρ|);
- * no coordinate is clamped and each coset's cheapest parity change is the move toward X: its cost is
- * 2^14·(4096 − |e|) (nearest_coset's key), so d_0 = Σρ² + [Σm odd]·2^14·(4096 − max|ρ|) and
- * d_1 = Σ(4096 − |ρ|)² + [Σ odd coordinates / 2 odd]·2^14·min|ρ|, the parities being bits 12 and 13 of
- * X's xor over the block. Beyond the interior (a coordinate clamped at the box, or its move blocked) X is
- * clamped to the interior's end and Δ = X − X_c added: above it, d_0 gains Δ², d_1 gains Δ² − 8192Δ,
- * both keys +Δ; below it, d_0 gains Δ² − 8192|Δ| and d_1 Δ², both keys +|Δ|, and the D8 parity flips
- * (X_c = −61440 is a tie that the clamped coordinate −16 breaks downward). Checked against nearest_coset
- * over 2·10^7 random blocks with every coordinate in the box's reach. Interior values cost 7 operations
- * per candidate, the others 19: the two largest |x| of each lane take the general form, the rest the
- * interior one unless the third largest is beyond it too (then all 8 do).
- * Every step candidate has |X| < 9.4·8192 (max|x|/δ ≤ ratio·2^(1/16)), so the sums fit: d_k < 2^32. */
+ * the CPU's __float2int_rn, and X sits in its low bits). In the interior, X ∈ [BOX_BOT(B), BOX_TOP(B)] (p2 =
+ * X/4096 ∈ [1 − 2^B, 2^B − 2]: B = 4: X ∈ [−61440, 57344], B = 3: [−28672, 24576]), the D8 coordinate is
+ * 2·m, m = round(X/8192) (ties up), with error ρ = the low 13 bits of X sign-extended, and the D8 + ½
+ * coordinate is the odd neighbour on ρ's side with error ∓(4096 − |ρ|); no coordinate is clamped and each
+ * coset's cheapest parity change is the move toward X: its cost is 2^14·(4096 − |e|) (nearest_coset's
+ * key), so d_0 = Σρ² + [Σm odd]·2^14·(4096 − max|ρ|) and d_1 = Σ(4096 − |ρ|)² + [Σ odd coordinates / 2
+ * odd]·2^14·min|ρ|, the parities being bits 12 and 13 of X's xor over the block. Beyond the interior (a
+ * coordinate clamped at the box, or its move blocked) X is clamped to the interior's end and Δ = X − X_c
+ * added: above it (k = 0 at its top 2^B − 2, k = 1 one above it), d_0 gains Δ², d_1 gains Δ² − 8192Δ, both
+ * keys +Δ; below it (k = 1 at its bottom 1 − 2^B, k = 0 one below it), d_0 gains Δ² − 8192|Δ| and d_1 Δ²,
+ * both keys +|Δ|, and the D8 parity flips (X_c = BOX_BOT(B), an odd multiple of 4096, is a tie that the
+ * clamped coordinate −2^B breaks downward). Only the box's ends depend on B. Checked against nearest_coset
+ * over 2·10^7 random blocks with every coordinate in the box's reach (B = 4), and against
+ * e8kv_box_nearest_ref over 10^7 blocks, values far outside the box and rounding ties among them (B = 3).
+ * Interior values cost 7 operations per candidate, the others 19: the two largest |x| of each lane take the
+ * general form, the rest the interior one unless the third largest is beyond it too (then all 8 do).
+ * Every step candidate has max|x|/δ ≤ ratio·2^(1/16), so the sums fit: d_k < 2^32. B = 4: |X| < 9.4·8192.
+ * B = 3: |X| ≤ 47051 (5.5·2^(1/16)·8192). In coset 0 every coordinate's error is at most |X| − 24576 ≤
+ * 22475, and so is that of a coordinate not above the box with the parity change on it (from −8 to −6;
+ * an odd Σm needs such a coordinate): d_0 ≤ 8·22475² < 4.05·10^9. In coset 1 at most |X| − 28672 ≤ 18379,
+ * and |X| − 20480 with the change: d_1 ≤ 7·18379² + 26571² < 3.1·10^9. */
 #define BOX_MAGIC 12582912.0f /* 1.5·2^23, whose bits are BOX_MAGIC_BITS */
 #define BOX_MAGIC_BITS 0x4B400000
-#define BOX_TOP 57344  /* p2 = 14: the largest X of the interior */
-#define BOX_BOT -61440 /* p2 = −15: the smallest */
+#define BOX_TOP(B) (((1 << (B)) - 2) * FX_HALF) /* p2 = 2^B − 2 (B = 4: 14): the interior's largest X */
+#define BOX_BOT(B) ((1 - (1 << (B))) * FX_HALF) /* p2 = 1 − 2^B (B = 4: −15): the smallest */
 
 typedef struct {
     uint32_t s2, xr;        /* Σ ρ² + Δ², xor of the (clamped) X bits */
@@ -341,9 +352,9 @@ __device__ __forceinline__ void box_interior(box_sums &s, float x, float k) {
     s.xr ^= (uint32_t)B;
 }
 
-__device__ __forceinline__ void box_general(box_sums &s, float x, float k) {
+template <int NB> __device__ __forceinline__ void box_general(box_sums &s, float x, float k) {
     const int32_t B = box_fixed(x, k);
-    const int32_t Bc = min(max(B, BOX_MAGIC_BITS + BOX_BOT), BOX_MAGIC_BITS + BOX_TOP);
+    const int32_t Bc = min(max(B, BOX_MAGIC_BITS + BOX_BOT(NB)), BOX_MAGIC_BITS + BOX_TOP(NB));
     const int32_t dl = B - Bc, a = abs(dl), r = sext13(Bc), t = abs(r);
     s.s2 += (uint32_t)(r * r) + (uint32_t)(a * a);
     s.s1 += t;
@@ -354,20 +365,21 @@ __device__ __forceinline__ void box_general(box_sums &s, float x, float k) {
     s.xr ^= (uint32_t)Bc ^ (dl < 0 ? 4096u : 0u);
 }
 
-/* the block's distance min(d_0, d_1) and its coset (1 only when d_1 < d_0, as the CPU) */
+/* the block's distance min(d_0, d_1) and its coset (1 only when d_1 < d_0, as the CPU); NB: the box's bits */
+template <int NB>
 __device__ __forceinline__ uint32_t box_block(const float y[8], float third, float k, int *coset) {
     box_sums s = {0u, 0u, 0, 0, 0, INT32_MIN, INT32_MAX};
-    if (__fmul_rn(third, k) > (float)BOX_TOP) {
+    if (__fmul_rn(third, k) > (float)BOX_TOP(NB)) {
 #pragma unroll
         for (int i = 0; i < 6; i++)
-            box_general(s, y[i], k);
+            box_general<NB>(s, y[i], k);
     } else {
 #pragma unroll
         for (int i = 0; i < 6; i++)
             box_interior(s, y[i], k);
     }
-    box_general(s, y[6], k);
-    box_general(s, y[7], k);
+    box_general<NB>(s, y[6], k);
+    box_general<NB>(s, y[7], k);
     const uint32_t p0 = ((s.xr >> 13) ^ (s.xr >> 12)) & 1u, p1 = (s.xr >> 13) & 1u;
     const uint32_t d0 = s.s2 + 8192u * (uint32_t)s.sn + (p0 ? 16384u * (uint32_t)(4096 - s.mx) : 0u);
     const uint32_t d1 =
@@ -379,8 +391,10 @@ __device__ __forceinline__ uint32_t box_block(const float y[8], float third, flo
 /* 8192/frac[j], correctly rounded (set once by the host): k = 8192/δ(e) = c_box_kfrac[e & 7]·2^(20 − (e >> 3))
  * exactly, the quotient being a normal float */
 __constant__ float c_box_kfrac[8];
-/* 160 − 8·log2(ratio_r): the float estimate of the step targets */
+/* 160 − 8·log2(ratio_r): the float estimates of the step targets (set once by the host from c_ratio,
+ * c_ratio3): B = 4, B = 3 */
 __constant__ float c_box_off[4];
+__constant__ float c_box3_off[4];
 
 /* The grid steps of the four step targets w_r (the CPU computes them in double): from float estimates wf_r
  * within 2e-4 of them, unless one lies within 1e-3 of a rounding boundary (a half integer, 255.5 among
@@ -440,14 +454,17 @@ __device__ __forceinline__ int pick_step(const uint64_t dist[4], const unsigned 
     return c;
 }
 
-/* e8box:4: LANES = d/8 lanes per vector, 128 threads per block */
-template <int D>
+/* e8box:B (B = 4, 3): LANES = d/8 lanes per vector, 128 threads per block. The head area (doc/format.md
+ * §6): the plane bytes of token o at o·B·d/8 (B = 3: the 2-bit plane there, o·d/4, and the 1-bit plane at
+ * block_size·d/4 + o·d/8), then the step bytes, then the coset bytes. */
+template <int D, int B>
 __global__ void __launch_bounds__(128)
-    append_box4_kernel(stream_desc sd, const int64_t *__restrict__ slots, const void *__restrict__ src,
-                       size_t n_tok, size_t n_head_kv, size_t block_size, int dtype,
-                       const float *__restrict__ signs, float rot_scale, unsigned *flags, int vec16,
-                       const token_args ta) {
-    constexpr int LANES = D / 8, N_COS = (D + 63) / 64;
+    append_box_kernel(stream_desc sd, const int64_t *__restrict__ slots, const void *__restrict__ src,
+                      size_t n_tok, size_t n_head_kv, size_t block_size, int dtype,
+                      const float *__restrict__ signs, float rot_scale, unsigned *flags, int vec16,
+                      const token_args ta) {
+    static_assert(B == 4 || B == 3, "e8box:4 and e8box:3");
+    constexpr int LANES = D / 8, N_COS = (D + 63) / 64, PB = B * D / 8; /* PB: plane bytes per token */
     float x[8];
     const lane_pos p =
         lane_front<D>(x, slots, src, n_tok, n_head_kv, dtype, vec16, signs, rot_scale, ta, flags);
@@ -471,10 +488,11 @@ __global__ void __launch_bounds__(128)
     unsigned e[4];
     bool ok[4];
     if (amax != 0.0f) {
-        if (!steps_of_estimates(e, ok, __fmul_rn(8.0f, log2f(amax)), c_box_off))
+        if (!steps_of_estimates(e, ok, __fmul_rn(8.0f, log2f(amax)), B == 4 ? c_box_off : c_box3_off))
 #pragma unroll
             for (int r = 0; r < 4; r++)
-                step_of(&e[r], &ok[r], 8.0 * log2((double)amax / (double)c_ratio[r]) + STEP_ZERO);
+                step_of(&e[r], &ok[r],
+                        8.0 * log2((double)amax / (double)(B == 4 ? c_ratio[r] : c_ratio3[r])) + STEP_ZERO);
         if (!ok[3]) {
             if (b == 0) atomicOr(flags, FLAG_RANGE);
             return;
@@ -483,11 +501,11 @@ __global__ void __launch_bounds__(128)
     uint8_t *const area =
         sd.pool + (size_t)(slot / (int64_t)block_size) * sd.page_bytes + head * sd.head_bytes;
     const size_t off = (size_t)(slot % (int64_t)block_size);
-    uint8_t *const nib = area + off * (D / 2);
-    uint8_t *const step = area + block_size * (D / 2) + off;
-    uint8_t *const cos = area + block_size * (D / 2) + block_size + off * N_COS;
+    uint8_t *const nib = area + off * (B == 4 ? D / 2 : D / 4); /* B = 3: the 2-bit plane */
+    uint8_t *const step = area + block_size * PB + off;
+    uint8_t *const cos = area + block_size * PB + block_size + off * N_COS;
 
-    uint32_t best_nib = 0; /* 8 nibbles of block b */
+    uint32_t best_nib = 0; /* the 8 fields n of block b, in nibbles */
     int best_k = 0;
     unsigned best_e = 0;
     if (amax != 0.0f) {
@@ -510,22 +528,29 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
         for (int i = 0; i < 6; i++)
             third = fmaxf(third, fabsf(y[i]));
-        /* the four targets lie 0.75, 0.70 and 0.66 apart, so the candidates' distinct steps are e[0],
-         * e[0] − 1, ..., e[3]: three for about 90% of vectors (a repeated step, which the CPU skips, costs
-         * nothing here); slot j holds e[0] − j, in the CPU's order */
+        /* B = 4: the four targets lie 0.75, 0.70 and 0.66 apart, so the candidates' distinct steps are
+         * e[0], e[0] − 1, ..., e[3]: three for about 90% of vectors (a repeated step, which the CPU skips,
+         * costs nothing here); slot j holds e[0] − j, in the CPU's order. B = 3: they lie 1.36, 1.22 and
+         * 1.10 apart, so the four steps differ (but where clamped at 1: a repeated step repeats its
+         * predecessor's error and is never picked, as the CPU skips it); slot j holds e[j]. */
         unsigned es[4];
         bool oks[4];
         uint64_t dist[4];
         int kk[4];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            es[j] = e[0] - (unsigned)j;
-            oks[j] = (unsigned)j <= e[0] - e[3] && es[j] <= 255u;
+            if (B == 4) {
+                es[j] = e[0] - (unsigned)j;
+                oks[j] = (unsigned)j <= e[0] - e[3] && es[j] <= 255u;
+            } else {
+                es[j] = e[j];
+                oks[j] = ok[j];
+            }
             dist[j] = 0, kk[j] = 0;
-            if (oks[j]) dist[j] = box_block(y, third, step_scale(es[j]), &kk[j]);
+            if (oks[j]) dist[j] = box_block<B>(y, third, step_scale(es[j]), &kk[j]);
         }
         const int c = pick_step<LANES>(dist, es, oks, b, gmask);
-        best_e = e[0] - (unsigned)c;
+        best_e = B == 4 ? e[0] - (unsigned)c : c == 0 ? es[0] : c == 1 ? es[1] : c == 2 ? es[2] : es[3];
         best_k = c == 0 ? kk[0] : c == 1 ? kk[1] : c == 2 ? kk[2] : kk[3];
         /* the chosen candidate's code in the original order, with nearest_coset's tie rules */
         const float k = step_scale(best_e);
@@ -533,21 +558,52 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
         for (int i = 0; i < 8; i++)
             X[i] = box_fixed(x[i], k) - BOX_MAGIC_BITS; /* fx_round's value: |X| < 2^17 */
-        (void)nearest_coset(p2, X, best_k);
+        (void)nearest_coset<B>(p2, X, best_k);
         uint32_t w = 0;
 #pragma unroll
         for (int i = 0; i < 8; i++)
-            w |= (uint32_t)(p2[i] + 16 - best_k) >> 1 << (4 * i);
+            w |= (uint32_t)(p2[i] + (1 << B) - best_k) >> 1 << (4 * i);
         best_nib = w;
     }
-    /* block b: values 8b..8b+7 sit in bytes 16(b/4) + 8(b%2) + 0..7, high nibbles when b % 4 >= 2 */
-    const uint32_t other = __shfl_down_sync(gmask, best_nib, 2);
-    if ((b & 3) < 2) {
+    if (B == 4) {
+        /* block b: values 8b..8b+7 sit in bytes 16(b/4) + 8(b%2) + 0..7, high nibbles when b % 4 >= 2 */
+        const uint32_t other = __shfl_down_sync(gmask, best_nib, 2);
+        if ((b & 3) < 2) {
+            uint64_t w = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                w |= (uint64_t)(((best_nib >> (4 * i)) & 15u) | (((other >> (4 * i)) & 15u) << 4)) << (8 * i);
+            *(uint64_t *)(nib + 16 * (b / 4) + 8 * (b % 2)) = w;
+        }
+    } else {
+        /* the 2-bit plane (n & 3): block b's values sit in bytes 16(b/8) + 8(b%2) + 0..7, bits
+         * 2·((b%8)/2) of them, so lanes b, b + 2, b + 4, b + 6 (b % 8 < 2) make one 8-byte word: two
+         * shuffles, each doubling the bits per value */
+        const uint32_t lo = best_nib & 0x33333333u;
+        const uint32_t lo2 = lo | __shfl_down_sync(gmask, lo, 2) << 2; /* nibble i: lanes b, b + 2 */
+        const uint32_t other = __shfl_down_sync(gmask, lo2, 4);        /* lanes b + 4, b + 6 */
+        if ((b & 7) < 2) {
+            uint64_t w = 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                w |= (uint64_t)(((lo2 >> (4 * i)) & 15u) | (((other >> (4 * i)) & 15u) << 4)) << (8 * i);
+            *(uint64_t *)(nib + 16 * (b / 8) + 8 * (b % 2)) = w;
+        }
+        /* the 1-bit plane (n >> 2), one group of d values (d/8 bytes): value 8b + i in byte i, bit b
+         * (d = 64), in byte 8(b%2) + i, bit b/2 (d = 128). The ballot of value i's bits over the group is
+         * byte i of the plane (d = 128: of its two words, after a shuffle that puts the even lanes' bits
+         * first); lane b < d/64 stores word b */
+        uint32_t hb = 0; /* bit i: value i's n >> 2 */
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            hb |= ((best_nib >> (4 * i + 2)) & 1u) << i;
+        if (D == 128) hb = __shfl_sync(gmask, hb, (lane & ~15) | (b < 8 ? 2 * b : 2 * b - 15));
+        const int at = lane / LANES * LANES + (D == 64 ? 0 : 8 * (b & 1)); /* the word's bits in a ballot */
         uint64_t w = 0;
 #pragma unroll
         for (int i = 0; i < 8; i++)
-            w |= (uint64_t)(((best_nib >> (4 * i)) & 15u) | (((other >> (4 * i)) & 15u) << 4)) << (8 * i);
-        *(uint64_t *)(nib + 16 * (b / 4) + 8 * (b % 2)) = w;
+            w |= (uint64_t)((__ballot_sync(gmask, (hb >> i) & 1u) >> at) & 255u) << (8 * i);
+        if (b < D / 64) *(uint64_t *)(area + block_size * (D / 4) + off * (D / 8) + 8 * b) = w;
     }
     const unsigned kbits = (__ballot_sync(gmask, best_k) & gmask) >> (lane / LANES * LANES);
     if (b == 0) {
@@ -690,26 +746,29 @@ __global__ void __launch_bounds__(128)
     *(uint4 *)(area + ((size_t)(slot % (int64_t)block_size) * d + i0) * 2) = *(const uint4 *)v;
 }
 
-/* the constant tables the host computes once: e8p:2's patterns, e8box:4's 8192/frac and float targets */
+/* the constant tables the host computes once: e8p:2's patterns, the e8box 8192/frac and float targets */
 static size_t encode_tables(void) {
     static int ready = 0;
     if (ready) return 0;
     uint16_t pat[256];
     e8p_patterns(pat);
-    float frac[8], kfrac[8], ratio[4], off[4], p_ratio[4], p_off[4];
+    float frac[8], kfrac[8], ratio[4], ratio3[4], off[4], off3[4], p_ratio[4], p_off[4];
     if (cudaMemcpyFromSymbol(frac, c_box_frac, sizeof frac) != cudaSuccess ||
         cudaMemcpyFromSymbol(ratio, c_ratio, sizeof ratio) != cudaSuccess ||
+        cudaMemcpyFromSymbol(ratio3, c_ratio3, sizeof ratio3) != cudaSuccess ||
         cudaMemcpyFromSymbol(p_ratio, c_p_ratio, sizeof p_ratio) != cudaSuccess)
         return E8KV_ERR(CUDA);
     for (int j = 0; j < 8; j++)
         kfrac[j] = (float)FX_ONE / frac[j];
     for (int r = 0; r < 4; r++) {
         off[r] = (float)(STEP_ZERO - 8.0 * log2((double)ratio[r]));
+        off3[r] = (float)(STEP_ZERO - 8.0 * log2((double)ratio3[r]));
         p_off[r] = (float)(STEP_ZERO + 8.0 * log2((double)p_ratio[r]));
     }
     if (cudaMemcpyToSymbol(c_p_pat, pat, sizeof pat) != cudaSuccess ||
         cudaMemcpyToSymbol(c_box_kfrac, kfrac, sizeof kfrac) != cudaSuccess ||
         cudaMemcpyToSymbol(c_box_off, off, sizeof off) != cudaSuccess ||
+        cudaMemcpyToSymbol(c_box3_off, off3, sizeof off3) != cudaSuccess ||
         cudaMemcpyToSymbol(c_p_off, p_off, sizeof p_off) != cudaSuccess)
         return E8KV_ERR(CUDA);
     ready = 1;
@@ -725,7 +784,7 @@ size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, cons
     if (ta_in) ta0 = *ta_in;
     ta0.mu = sd->mu;
     if (!sd->mu) ta0.rows = NULL; /* an uncentred stream ignores the rows */
-    if (sd->fmt == FMT_BOX4 || sd->fmt == FMT_E8P2) {
+    if (fmt_is_box(sd->fmt) || sd->fmt == FMT_E8P2) {
         E8KV_RETURN_IF_ERROR(encode_tables());
         /* the kernels index vectors in 32 bits: pieces of fewer than 2^31 threads */
         const size_t per = ((size_t)1 << 31) / (n_head_kv * (d / 8)),
@@ -745,11 +804,17 @@ size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, cons
             else if (sd->fmt == FMT_E8P2)
                 append_e8p_kernel<64><<<(unsigned)blocks, 128, 0, stream>>>(
                     *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16, ta);
+            else if (sd->fmt == FMT_BOX3 && d == 128)
+                append_box_kernel<128, 3><<<(unsigned)blocks, 128, 0, stream>>>(
+                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16, ta);
+            else if (sd->fmt == FMT_BOX3)
+                append_box_kernel<64, 3><<<(unsigned)blocks, 128, 0, stream>>>(
+                    *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16, ta);
             else if (d == 128)
-                append_box4_kernel<128><<<(unsigned)blocks, 128, 0, stream>>>(
+                append_box_kernel<128, 4><<<(unsigned)blocks, 128, 0, stream>>>(
                     *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16, ta);
             else
-                append_box4_kernel<64><<<(unsigned)blocks, 128, 0, stream>>>(
+                append_box_kernel<64, 4><<<(unsigned)blocks, 128, 0, stream>>>(
                     *sd, sl, x, n, n_head_kv, block_size, dtype, d_signs, rot_scale, d_flags, vec16, ta);
         }
     } else {
@@ -817,6 +882,26 @@ __device__ __forceinline__ void gather_box4(float x[8], const uint8_t *area, siz
     }
 }
 
+/* e8box:3: block b's 2-bit fields in bytes 16(b/8) + 8(b%2) + 0..7 of the 2-bit plane, bits 2·((b%8)/2);
+ * its 1-bit fields in bytes 8(b%2) + 0..7 of the 1-bit plane, bit b/2 (d = 128), or bytes 0..7, bit b
+ * (d = 64) */
+template <int D>
+__device__ __forceinline__ void gather_box3(float x[8], const uint8_t *area, size_t o, int b, size_t bs,
+                                            const float *frac) {
+    const uint2 w = *(const uint2 *)(area + o * (D / 4) + 16 * (b / 8) + 8 * (b & 1));
+    const uint2 u = *(const uint2 *)(area + bs * (D / 4) + o * (D / 8) + (D == 64 ? 0 : 8 * (b & 1)));
+    const unsigned e = area[bs * (3 * D / 8) + o];
+    const int k = (area[bs * (3 * D / 8) + bs + o * ((D + 63) / 64) + b / 8] >> (b % 8)) & 1;
+    const float h = e ? __fmul_rn(frac[e & 7u], __int_as_float(((int)(e >> 3) - 21 + 127) << 23)) : 0.0f;
+    const int sh = 2 * ((b & 7) >> 1), sh1 = D == 64 ? b : b >> 1;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const unsigned lo = ((i < 4 ? w.x >> (8 * i) : w.y >> (8 * (i - 4))) >> sh) & 3u;
+        const unsigned hi = ((i < 4 ? u.x >> (8 * i) : u.y >> (8 * (i - 4))) >> sh1) & 1u;
+        x[i] = __fmul_rn((float)(2 * (int)(lo | hi << 2) - 8 + k), h);
+    }
+}
+
 template <int D>
 __device__ __forceinline__ void gather_e8p(float x[8], const uint8_t *area, size_t o, int b, size_t bs,
                                            const float *frac, const uint16_t *pat) {
@@ -833,7 +918,9 @@ __device__ __forceinline__ void gather_e8p(float x[8], const uint8_t *area, size
     }
 }
 
-template <int D> __global__ void __launch_bounds__(128) gather_kernel(const gather_launch g) {
+/* 16 resident blocks per SM (32 registers), what the launcher's grid is cut for: the e8box:3 decode beside
+ * the others would take 40 and leave 12 */
+template <int D> __global__ void __launch_bounds__(128, 16) gather_kernel(const gather_launch g) {
     constexpr int LANES = D / 8;
     const int st = blockIdx.y, b = threadIdx.x % LANES;
     const stream_desc sd = g.sd[st];
@@ -876,9 +963,11 @@ template <int D> __global__ void __launch_bounds__(128) gather_kernel(const gath
 #pragma unroll
         for (int i = 0; i < 8; i++)
             x[i] = 0.0f;
-        if (sd.fmt == FMT_BOX4 || sd.fmt == FMT_E8P2) { /* uniform over the grid's y row */
+        if (fmt_is_box(sd.fmt) || sd.fmt == FMT_E8P2) { /* uniform over the grid's y row */
             if (area && sd.fmt == FMT_BOX4)
                 gather_box4<D>(x, area, o, b, g.block_size, frac_s);
+            else if (area && sd.fmt == FMT_BOX3)
+                gather_box3<D>(x, area, o, b, g.block_size, frac_s);
             else if (area)
                 gather_e8p<D>(x, area, o, b, g.block_size, frac_s, pat_s);
             fwht_lanes<LANES>(x, b);

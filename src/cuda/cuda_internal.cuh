@@ -24,11 +24,19 @@ __device__ __forceinline__ float e8kv_cuda_load_val(const void *src, size_t i, i
     return __bfloat162float(((const __nv_bfloat16 *)src)[i]);
 }
 
-enum { FMT_BOX4 = 0, FMT_BF16 = 1, FMT_F16 = 2, FMT_E8P2 = 3 };
+enum { FMT_BOX4 = 0, FMT_BF16 = 1, FMT_F16 = 2, FMT_E8P2 = 3, FMT_BOX3 = 4 };
+
+/* the e8box page formats (codes of the rotated vector, steps and coset bits beside them) */
+static inline __host__ __device__ bool fmt_is_box(int fmt) {
+    return fmt == FMT_BOX4 || fmt == FMT_BOX3;
+}
 
 /* bytes of one vector of head_dim d in a format */
 static inline size_t fmt_vector_bytes(int fmt, size_t d) {
-    return fmt == FMT_BOX4 ? 1 + (d + 63) / 64 + d / 2 : fmt == FMT_E8P2 ? 1 + d / 4 : 2 * d;
+    return fmt == FMT_BOX4   ? 1 + (d + 63) / 64 + d / 2
+           : fmt == FMT_BOX3 ? 1 + (d + 63) / 64 + 3 * d / 8
+           : fmt == FMT_E8P2 ? 1 + d / 4
+                             : 2 * d;
 }
 
 /* e8p:2's 256 patterns (doc/format.md §2.5): W = Σ c_i·4^i, increasing, over every c ∈ {0,1,2}^8 with

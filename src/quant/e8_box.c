@@ -234,8 +234,10 @@ size_t e8kv_quant_init_e8box(e8kv_codec_t *codec, const e8kv_spec *spec) {
     codec->vector_bytes = e8kv_box_vector_bytes(codec->head_dim, codec->bits);
     codec->ops = &k_ops;
     if (codec->head_dim % 32) codec->traits.reader = E8KV_READER_NONE; /* the fused reader: 32 at a time */
-    /* the integer-domain attention tiles and the GPU cache read the 4-bit code */
+    /* the integer-domain attention tiles read the 4-bit code; the GPU cache the 4- and 3-bit codes */
     codec->traits.attn_int = codec->bits == 4;
-    codec->traits.gpu = codec->bits == 4 ? E8KV_GPU_E8BOX4 : E8KV_GPU_NONE;
+    codec->traits.gpu = codec->bits == 4   ? E8KV_GPU_E8BOX4
+                        : codec->bits == 3 ? E8KV_GPU_E8BOX3
+                                           : E8KV_GPU_NONE;
     return 0;
 }
