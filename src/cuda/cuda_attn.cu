@@ -7,10 +7,10 @@
  * workspace) merges the splits by log-sum-exp and undoes the rotation once per head: one kernel per call
  * (merge_last).
  *
- * Three split kernels share that frame: attn_box_kernel when K and V are both e8box:4 (a cp.async pipeline
- * through shared memory), attn_e8p_kernel for e8p:2 pages (table decode into f16 subnormals), both described
- * where they are defined, and attn_split_kernel for raw pages, e8box:3 (K, V or both) and mixed formats
- * (described here).
+ * Three split kernels share that frame: attn_box_kernel when K and V are both e8box:4 or both e8box:3 (a
+ * cp.async pipeline through shared memory), attn_e8p_kernel for e8p:2 pages (table decode into f16
+ * subnormals), both described where they are defined, and attn_split_kernel for raw pages and mixed formats
+ * (e8box:3 with e8box:4 or raw pages included; described here).
  *
  * Both products run on the tensor cores (mma.sync m16n8k16, f32 accumulate):
  *   scores S = Q·Kᵀ: A = the query rows (rows 0..G−1 the f16/bf16 "hi" part of q, rows 8..8+G−1 the
@@ -886,7 +886,15 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
  *    and the rescale of the accumulators is skipped on the tiles that do not raise it;
  *  - P reaches the B operand of Oᵀ += Vᵀ·Pᵀ by movmatrix (a register transpose), no shuffles.
  * V rows sit 16 bytes further apart than their length in shared memory so that the 8-byte (4-byte) reads
- * of four tokens by a quarter warp hit different banks. */
+ * of four tokens by a quarter warp hit different banks.
+ * e8box:3 (B = 3, K and V both; box_geo<D, 3>, box3_stage) runs the same pipeline on its four areas (2-bit
+ * plane, 1-bit plane, steps, cosets of 16 tokens: whole aligned 16-byte chunks, 3-4 copies per lane at
+ * d = 128) and decodes with the helpers of attn_split_kernel (box3_kstep, box3_vtile): their fragments are
+ * this kernel's A operands as they are (a k-step's B fragment of token g is the A fragment of row g; the
+ * V tiles are A in both kernels), the query columns follow kdim and the output rows vdim. Its coset bits
+ * go into the mantissa with the fields (2n + k − 8, the lop3 that merges the planes), so it has no coset
+ * products. Mixed pairs (e8box:4 with e8box:3) stay on attn_split_kernel: the stage layout and the copy
+ * plan (one layout for both streams, a lane copying for one of them) are per format, not per stream. */
 #ifndef BOX_STAGES
 #define BOX_STAGES 4 /* buffers per warp (3: 2-10% slower on the H100 at Llama-3-8B shapes, batch 1-8) */
 #endif
@@ -897,16 +905,93 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
 #define BOX_NT 2 /* 16-token sub-tiles per tile */
 #endif
 
-template <int D> struct box_geo {
+/* a sub-tile's bytes in shared memory; B = 4 (e8box:4) or 3 (e8box:3) */
+template <int D, int B> struct box_geo {
     static constexpr int KN = D / 2;                       /* nibble bytes of a token */
+    static constexpr int PB = KN;                          /* plane bytes of a token */
     static constexpr int NC = (D + 63) / 64;               /* coset bytes of a token */
     static constexpr int VROW = KN + 16;                   /* V row pitch in shared memory */
+    static constexpr int K_SIDE = 16 * KN;                 /* K steps, then cosets */
     static constexpr int K_BYTES = 16 * KN + 16 + 16 * NC; /* nibbles, steps, cosets of 16 tokens */
     static constexpr int V_OFF = K_BYTES;                  /* V rows */
     static constexpr int V_SIDE = V_OFF + 16 * VROW;       /* V steps, then cosets */
     static constexpr int STAGE = V_SIDE + 16 + 16 * NC;    /* 2400 (d = 128), 1344 (d = 64) */
     static constexpr int CPR = KN / 16;                    /* 16-byte chunks per row */
 };
+/* e8box:3: K = 2-bit plane rows (d/4 bytes, unpadded: the reads of a half warp, tokens g.. g + 3 at byte
+ * 8t4 (4t4), are consecutive), 1-bit plane rows (d/8), steps, cosets; V the same with the 2-bit rows padded
+ * to d/4 + 16 bytes at d = 128 (the 4-byte reads of tokens 2t4 by lanes t4 = 0 and 2 would share a bank) */
+template <int D> struct box_geo<D, 3> {
+    static constexpr int PB = 3 * D / 8;                     /* plane bytes of a token */
+    static constexpr int NC = (D + 63) / 64;                 /* coset bytes of a token */
+    static constexpr int KROW = D / 4;                       /* K 2-bit row pitch */
+    static constexpr int VROW = D / 4 + (D == 128 ? 16 : 0); /* V 2-bit row pitch */
+    static constexpr int K1 = 16 * KROW;                     /* K 1-bit rows */
+    static constexpr int K_SIDE = K1 + 16 * (D / 8);         /* K steps, then cosets */
+    static constexpr int V_OFF = K_SIDE + 16 + 16 * NC;      /* V 2-bit rows */
+    static constexpr int V1 = V_OFF + 16 * VROW;             /* V 1-bit rows */
+    static constexpr int V_SIDE = V1 + 16 * (D / 8);         /* V steps, then cosets */
+    static constexpr int STAGE = V_SIDE + 16 + 16 * NC;      /* 1888 (d = 128), 832 (d = 64) */
+    static constexpr int CPR = D / 64;                       /* 16-byte chunks per 2-bit row */
+    static_assert(K1 % 16 == 0 && K_SIDE % 16 == 0 && V_OFF % 16 == 0 && VROW % 16 == 0 && V1 % 16 == 0 &&
+                      V_SIDE % 16 == 0 && STAGE % 16 == 0,
+                  "16-byte cp.async destinations");
+};
+
+/* e8box:3 staging of one 16-token sub-tile at page offset o0 (a multiple of 16): lanes 0..15 copy K, 16..31
+ * V (i = lane mod 16): 2-bit chunks i + 16j (j < d/64), 1-bit chunk i (i < d/8), side chunk i (i ≤ NC: the
+ * step bytes, then the coset bytes). Each area of 16 tokens is contiguous in the head area and starts at a
+ * multiple of 16 bytes (page, head and plane offsets are), so every copy is a whole aligned 16-byte chunk,
+ * the 8-byte 1-bit rows of d = 64 included. cp(shared offset in the sub-tile, byte offset in the lane's
+ * stream's head area of the page). */
+template <int D, typename F> __device__ __forceinline__ void box3_stage(int lane, int bs, int o0, F &&cp) {
+    using Gm = box_geo<D, 3>;
+    const int i = lane & 15, kv = lane >> 4;
+    const int pitch = kv ? Gm::VROW : Gm::KROW;
+    const uint32_t d2 = (kv ? Gm::V_OFF : 0) + (i / Gm::CPR) * pitch + 16 * (i % Gm::CPR);
+#pragma unroll
+    for (int j = 0; j < D / 64; j++)
+        cp(d2 + j * (16 / Gm::CPR) * pitch, (uint32_t)(o0 * (D / 4) + 16 * i + 256 * j));
+    if (i < D / 8) cp((kv ? Gm::V1 : Gm::K1) + 16 * i, (uint32_t)(bs * (D / 4) + o0 * (D / 8) + 16 * i));
+    if (i <= Gm::NC)
+        cp((kv ? Gm::V_SIDE : Gm::K_SIDE) + 16 * i,
+           (uint32_t)(bs * Gm::PB + (i ? bs + 16 * (i - 1) + o0 * Gm::NC : o0)));
+}
+/* the words of box3_load_k for token tk of a staged sub-tile sb */
+template <int D>
+__device__ __forceinline__ void box3_lds_k(uint32_t *w, uint32_t &kc, const uint8_t *sb, int tk, int t4) {
+    using Gm = box_geo<D, 3>;
+    if constexpr (D == 128) {
+        const uint2 u = *(const uint2 *)(sb + tk * Gm::KROW + 8 * t4),
+                    v = *(const uint2 *)(sb + Gm::K1 + tk * (D / 8) + 8 * (t4 & 1));
+        w[0] = u.x, w[1] = u.y, w[2] = v.x, w[3] = v.y;
+        kc = *(const uint16_t *)(sb + Gm::K_SIDE + 16 + 2 * tk) * 0x00010001u;
+    } else {
+        w[0] = *(const uint32_t *)(sb + tk * Gm::KROW + 4 * t4);
+        w[1] = *(const uint32_t *)(sb + Gm::K1 + tk * (D / 8) + 4 * (t4 & 1));
+        kc = sb[Gm::K_SIDE + 16 + tk] * 0x00010001u;
+    }
+}
+/* the words of box3_load_v for token tv of a staged sub-tile sb */
+template <int D>
+__device__ __forceinline__ void box3_lds_v(uint32_t (&w)[2], const uint8_t *sb, int tv, int g) {
+    using Gm = box_geo<D, 3>;
+    if constexpr (D == 128) {
+        w[0] = *(const uint32_t *)(sb + Gm::V_OFF + tv * Gm::VROW + 4 * g);
+        w[1] = *(const uint32_t *)(sb + Gm::V1 + tv * (D / 8) + 4 * (g & 3));
+    } else {
+        w[0] = *(const uint16_t *)(sb + Gm::V_OFF + tv * Gm::VROW + 2 * g);
+        w[1] = *(const uint16_t *)(sb + Gm::V1 + tv * (D / 8) + 2 * (g & 3));
+    }
+}
+/* box3_load_vc of a staged sub-tile: the coset bytes of tokens tv (even) and tv + 1 */
+template <int D> __device__ __forceinline__ uint32_t box3_lds_vc(const uint8_t *sb, int tv) {
+    using Gm = box_geo<D, 3>;
+    if constexpr (D == 128)
+        return *(const uint32_t *)(sb + Gm::V_SIDE + 16 + 2 * tv);
+    else
+        return __byte_perm(*(const uint16_t *)(sb + Gm::V_SIDE + 16 + tv), 0u, 0x4140);
+}
 
 __device__ __forceinline__ void cp16(uint32_t dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
@@ -987,13 +1072,14 @@ size_t e8kv_cu_box_prof(unsigned long long *host, size_t n_blocks, int clear) {
 #define BOX_STAMP(k) ((void)0)
 #endif
 
-template <int D> static constexpr int box_smem_bytes(void) {
-    return WARPS * BOX_STAGES * BOX_NT * box_geo<D>::STAGE;
+template <int D, int B> static constexpr int box_smem_bytes(void) {
+    return WARPS * BOX_STAGES * BOX_NT * box_geo<D, B>::STAGE;
 }
 
-template <int D, bool G8, bool SK>
+template <int D, int B, bool G8, bool SK>
 __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_launch a) {
-    using Gm = box_geo<D>;
+    static_assert(B == 4 || B == 3, "e8box:4 or e8box:3");
+    using Gm = box_geo<D, B>;
     constexpr int KS = D / 16, NW = D / 32;
     extern __shared__ __align__(16) uint8_t box_dyn[]; /* [WARPS][BOX_STAGES][BOX_NT][STAGE] */
     uint8_t(*const stage)[BOX_STAGES][BOX_NT][Gm::STAGE] =
@@ -1035,8 +1121,8 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
     const uint8_t *const vpool = a.v.pool + (size_t)kvh * a.v.head_bytes;
     const int side = lane & 15;
     const bool has_side = side <= Gm::NC;
-    const int side_src = bs * Gm::KN + (side ? bs + 16 * (side - 1) : 0), side_mul = side ? Gm::NC : 1;
-    const uint32_t side_dst = (lane < 16 ? 16 * Gm::KN : Gm::V_SIDE) + 16 * side;
+    const int side_src = bs * Gm::PB + (side ? bs + 16 * (side - 1) : 0), side_mul = side ? Gm::NC : 1;
+    const uint32_t side_dst = (lane < 16 ? Gm::K_SIDE : Gm::V_SIDE) + 16 * side;
     const uint8_t *const side_pool = lane < 16 ? kpool : vpool;
     /* page sizes below 4 GiB (e8kv_cuda_cache_create checks): one 32 × 32 → 64-bit multiply per page */
     const uint32_t kpb = (uint32_t)a.k.page_bytes, vpb = (uint32_t)a.v.page_bytes,
@@ -1054,16 +1140,23 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
     /* chunk c = lane + 32j: K at 16c, V at its padded row; c + 32 is 32 / CPR rows further */
     const uint32_t vdst0 = Gm::V_OFF + (lane / Gm::CPR) * Gm::VROW + 16 * (lane % Gm::CPR);
     auto issue = [&](int pg, int o0, uint32_t dst) {
-        const uint8_t *const kn = kpool + (uint64_t)(uint32_t)pg * kpb + (uint32_t)(o0 * Gm::KN + 16 * lane);
-        const uint8_t *const vn = vpool + (uint64_t)(uint32_t)pg * vpb + (uint32_t)(o0 * Gm::KN + 16 * lane);
+        if constexpr (B == 3) { /* box3_stage: lanes 0..15 copy K, 16..31 V (side_pool: the lane's stream) */
+            const uint8_t *const src = side_pool + (uint64_t)(uint32_t)pg * side_pb;
+            box3_stage<D>(lane, bs, o0, [&](uint32_t d, uint32_t s) { cp16(dst + d, src + s); });
+        } else {
+            const uint8_t *const kn =
+                kpool + (uint64_t)(uint32_t)pg * kpb + (uint32_t)(o0 * Gm::KN + 16 * lane);
+            const uint8_t *const vn =
+                vpool + (uint64_t)(uint32_t)pg * vpb + (uint32_t)(o0 * Gm::KN + 16 * lane);
 #pragma unroll
-        for (int j = 0; j < Gm::KN / 32; j++) {
-            cp16(dst + 16 * lane + 512 * j, kn + 512 * j);
-            cp16(dst + vdst0 + (32 / Gm::CPR) * Gm::VROW * j, vn + 512 * j);
+            for (int j = 0; j < Gm::KN / 32; j++) {
+                cp16(dst + 16 * lane + 512 * j, kn + 512 * j);
+                cp16(dst + vdst0 + (32 / Gm::CPR) * Gm::VROW * j, vn + 512 * j);
+            }
+            if (has_side)
+                cp16(dst + side_dst,
+                     side_pool + (uint64_t)(uint32_t)pg * side_pb + (uint32_t)(side_src + o0 * side_mul));
         }
-        if (has_side)
-            cp16(dst + side_dst,
-                 side_pool + (uint64_t)(uint32_t)pg * side_pb + (uint32_t)(side_src + o0 * side_mul));
     };
     /* start this warp's copies first: their latency overlaps the query rotation. A tile is BOX_NT
      * sub-tiles of 16 tokens (each in one page); a sub-tile at or past the end is not copied (its page
@@ -1115,8 +1208,13 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
             float x[2];
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                const int o = (D / 8) * t4 + 4 * (s >> 1) + j + 2 * e;
-                const int coord = 32 * (o >> 4) + (o & 15) + 16 * (s & 1);
+                int coord;
+                if constexpr (B == 4) {
+                    const int o = (D / 8) * t4 + 4 * (s >> 1) + j + 2 * e;
+                    coord = 32 * (o >> 4) + (o & 15) + 16 * (s & 1);
+                } else {
+                    coord = kdim<D, FMT_BOX3>(t4, s, 2 * t4 + 8 * j + e); /* box3_kstep */
+                }
                 x[e] = row < G ? sq[row][coord] * qscale : 0.0f;
             }
             qh[s][j] = hi_col ? pack(hi16<false>(x[0]), hi16<false>(x[1]))
@@ -1124,7 +1222,7 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
             if constexpr (G8) ql[s][j] = pack(lo16<false>(x[0]), lo16<false>(x[1]));
         }
 #pragma unroll
-    for (int j = 0; j < 2; j++) {
+    for (int j = 0; j < 2 && B == 4; j++) { /* e8box:3 decodes the coset bits with the fields */
         float x[2];
 #pragma unroll
         for (int e = 0; e < 2; e++) {
@@ -1160,45 +1258,64 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
             const uint8_t *const sb = &stage[warp][buf][u][0];
             uint32_t kw[2][NW], kc[2];
             float ksc[2];
-#pragma unroll
-            for (int tt = 0; tt < 2; tt++) {
-                const int tk = g + 8 * tt;
-                if constexpr (D == 128) {
-                    const uint4 q4 = *(const uint4 *)(sb + tk * Gm::KN + 16 * t4);
-                    kw[tt][0] = q4.x, kw[tt][1] = q4.y, kw[tt][2] = q4.z, kw[tt][3] = q4.w;
-                    kc[tt] = *(const uint16_t *)(sb + 16 * Gm::KN + 16 + 2 * tk);
-                } else {
-                    const uint2 q2 = *(const uint2 *)(sb + tk * Gm::KN + 8 * t4);
-                    kw[tt][0] = q2.x, kw[tt][1] = q2.y;
-                    kc[tt] = sb[16 * Gm::KN + 16 + tk];
-                }
-                ksc[tt] = sh[sb[16 * Gm::KN + tk]];
-            }
             float acc[4][4]; /* four independent chains */
 #pragma unroll
             for (int h = 0; h < 4; h++)
                 acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.0f;
+            if constexpr (B == 3) {
+                /* A = box3_kstep of tokens g (a0, a2) and g + 8 (a1, a3): the coset bits are in the fields */
 #pragma unroll
-            for (int w = 0; w < NW; w++) {
-                const uint32_t x0 = kw[0][w], x1 = kw[1][w], y0 = x0 >> 8, y1 = x1 >> 8;
-                const uint32_t alo[4] = {nib_lo(x0, magic), nib_lo(x1, magic), nib_lo(y0, magic),
-                                         nib_lo(y1, magic)};
-                const uint32_t ahi[4] = {nib_hi(x0, magic), nib_hi(x1, magic), nib_hi(y0, magic),
-                                         nib_hi(y1, magic)};
-                mma16816<false>(acc[2 * (w & 1)], alo, qh[2 * w]);
-                mma16816<false>(acc[2 * (w & 1) + 1], ahi, qh[2 * w + 1]);
-                if constexpr (G8) {
-                    mma16816<false>(acc[2 * (w & 1)], alo, ql[2 * w]);
-                    mma16816<false>(acc[2 * (w & 1) + 1], ahi, ql[2 * w + 1]);
+                for (int tt = 0; tt < 2; tt++) {
+                    box3_lds_k<D>(kw[tt], kc[tt], sb, g + 8 * tt, t4);
+                    ksc[tt] = sh[sb[Gm::K_SIDE + g + 8 * tt]];
                 }
-            }
-            {
-                /* + Σ_b k_b·Q_b: A = coset bits (token g / g + 8, blocks 2t4, 2t4 + 1 and + 8) */
-                const uint32_t u0 = kc[0] >> (2 * t4), u1 = kc[1] >> (2 * t4);
-                const uint32_t ac[4] = {bits_f16x2(u0 | (u0 << 15)), bits_f16x2(u1 | (u1 << 15)),
-                                        bits_f16x2((u0 >> 8) | (u0 << 7)), bits_f16x2((u1 >> 8) | (u1 << 7))};
-                mma16816<false>(acc[0], ac, qch);
-                if constexpr (G8) mma16816<false>(acc[1], ac, qcl);
+#pragma unroll
+                for (int s = 0; s < KS; s++) {
+                    uint32_t b0[2], b1[2];
+                    box3_kstep<D>(kw[0], kc[0], t4, s, b0);
+                    box3_kstep<D>(kw[1], kc[1], t4, s, b1);
+                    const uint32_t ak[4] = {b0[0], b1[0], b0[1], b1[1]};
+                    mma16816<false>(acc[s & 3], ak, qh[s]);
+                    if constexpr (G8) mma16816<false>(acc[s & 3], ak, ql[s]);
+                }
+            } else {
+#pragma unroll
+                for (int tt = 0; tt < 2; tt++) {
+                    const int tk = g + 8 * tt;
+                    if constexpr (D == 128) {
+                        const uint4 q4 = *(const uint4 *)(sb + tk * Gm::KN + 16 * t4);
+                        kw[tt][0] = q4.x, kw[tt][1] = q4.y, kw[tt][2] = q4.z, kw[tt][3] = q4.w;
+                        kc[tt] = *(const uint16_t *)(sb + 16 * Gm::KN + 16 + 2 * tk);
+                    } else {
+                        const uint2 q2 = *(const uint2 *)(sb + tk * Gm::KN + 8 * t4);
+                        kw[tt][0] = q2.x, kw[tt][1] = q2.y;
+                        kc[tt] = sb[16 * Gm::KN + 16 + tk];
+                    }
+                    ksc[tt] = sh[sb[16 * Gm::KN + tk]];
+                }
+#pragma unroll
+                for (int w = 0; w < NW; w++) {
+                    const uint32_t x0 = kw[0][w], x1 = kw[1][w], y0 = x0 >> 8, y1 = x1 >> 8;
+                    const uint32_t alo[4] = {nib_lo(x0, magic), nib_lo(x1, magic), nib_lo(y0, magic),
+                                             nib_lo(y1, magic)};
+                    const uint32_t ahi[4] = {nib_hi(x0, magic), nib_hi(x1, magic), nib_hi(y0, magic),
+                                             nib_hi(y1, magic)};
+                    mma16816<false>(acc[2 * (w & 1)], alo, qh[2 * w]);
+                    mma16816<false>(acc[2 * (w & 1) + 1], ahi, qh[2 * w + 1]);
+                    if constexpr (G8) {
+                        mma16816<false>(acc[2 * (w & 1)], alo, ql[2 * w]);
+                        mma16816<false>(acc[2 * (w & 1) + 1], ahi, ql[2 * w + 1]);
+                    }
+                }
+                {
+                    /* + Σ_b k_b·Q_b: A = coset bits (token g / g + 8, blocks 2t4, 2t4 + 1 and + 8) */
+                    const uint32_t u0 = kc[0] >> (2 * t4), u1 = kc[1] >> (2 * t4);
+                    const uint32_t ac[4] = {bits_f16x2(u0 | (u0 << 15)), bits_f16x2(u1 | (u1 << 15)),
+                                            bits_f16x2((u0 >> 8) | (u0 << 7)),
+                                            bits_f16x2((u1 >> 8) | (u1 << 7))};
+                    mma16816<false>(acc[0], ac, qch);
+                    if constexpr (G8) mma16816<false>(acc[1], ac, qcl);
+                }
             }
 #pragma unroll
             for (int tt = 0; tt < 2; tt++)
@@ -1284,44 +1401,67 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
                 }
             }
             /* ---- values: tokens 2t4, 2t4 + 1, 2t4 + 8, 2t4 + 9 */
-            uint32_t vw[4][D / 64 > 0 ? D / 64 : 1];
-            const int tv[4] = {2 * t4, 2 * t4 + 1, 2 * t4 + 8, 2 * t4 + 9};
+            if constexpr (B == 3) {
+                /* A = box3_vtile of the token pairs (2t4, 2t4 + 1) (a0, a1) and (2t4 + 8, 2t4 + 9) (a2, a3)
+                 */
+                uint32_t vw[4][2], vc[2];
+                const int tv[4] = {2 * t4, 2 * t4 + 1, 2 * t4 + 8, 2 * t4 + 9};
 #pragma unroll
-            for (int r = 0; r < 4; r++) {
-                if constexpr (D == 128) {
-                    const uint2 q2 = *(const uint2 *)(sb + Gm::V_OFF + tv[r] * Gm::VROW + 8 * g);
-                    vw[r][0] = q2.x, vw[r][1] = q2.y;
-                } else {
-                    vw[r][0] = *(const uint32_t *)(sb + Gm::V_OFF + tv[r] * Gm::VROW + 4 * g);
-                }
-            }
-#pragma unroll
-            for (int mt = 0; mt < KS; mt++) {
-                const int wi = mt >> 2, bi = mt & 3;
-                const uint32_t sel = bi | ((4 + bi) << 8);
-                const uint32_t x0 = __byte_perm(vw[0][wi], vw[1][wi], sel),
-                               x1 = __byte_perm(vw[2][wi], vw[3][wi], sel);
-                const uint32_t r[4] = {nib_lo(x0, magic), nib_hi(x0, magic), nib_lo(x1, magic),
-                                       nib_hi(x1, magic)};
-                mma16816<false>(oacc[mt], r, pb);
-                if constexpr (G8) mma16816<false>(oacc[mt], r, pl);
-            }
-            {
-                /* the coset part: A = coset bits (block g / g + 8, tokens 2t4, 2t4 + 1 / 2t4 + 8, 2t4 + 9) */
-                uint32_t vc[2];
+                for (int r = 0; r < 4; r++)
+                    box3_lds_v<D>(vw[r], sb, tv[r], g);
 #pragma unroll
                 for (int pr = 0; pr < 2; pr++)
-                    vc[pr] = Gm::NC == 2 ? *(const uint32_t *)(sb + Gm::V_SIDE + 16 + 2 * tv[2 * pr])
-                                         : *(const uint16_t *)(sb + Gm::V_SIDE + 16 + tv[2 * pr]);
-                uint32_t ac[4];
+                    vc[pr] = box3_lds_vc<D>(sb, tv[2 * pr]);
 #pragma unroll
-                for (int pr = 0; pr < 2; pr++) {
-                    const uint32_t x = vc[pr] >> g; /* bit 0: token 2t4 + 8pr, bit CB: the next token */
-                    ac[2 * pr] = bits_f16x2(CB == 16 ? x : (x | (x << 8)));
-                    ac[2 * pr + 1] = CB == 16 ? bits_f16x2(x >> 8) : 0u;
+                for (int mt = 0; mt < KS; mt++) {
+                    uint32_t r0[2], r1[2];
+                    box3_vtile<D>(vw[0], vw[1], vc[0], g, mt, r0);
+                    box3_vtile<D>(vw[2], vw[3], vc[1], g, mt, r1);
+                    const uint32_t r[4] = {r0[0], r0[1], r1[0], r1[1]};
+                    mma16816<false>(oacc[mt], r, pb);
+                    if constexpr (G8) mma16816<false>(oacc[mt], r, pl);
                 }
-                mma16816<false>(ocos, ac, pb);
-                if constexpr (G8) mma16816<false>(ocos, ac, pl);
+            } else {
+                uint32_t vw[4][D / 64 > 0 ? D / 64 : 1];
+                const int tv[4] = {2 * t4, 2 * t4 + 1, 2 * t4 + 8, 2 * t4 + 9};
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    if constexpr (D == 128) {
+                        const uint2 q2 = *(const uint2 *)(sb + Gm::V_OFF + tv[r] * Gm::VROW + 8 * g);
+                        vw[r][0] = q2.x, vw[r][1] = q2.y;
+                    } else {
+                        vw[r][0] = *(const uint32_t *)(sb + Gm::V_OFF + tv[r] * Gm::VROW + 4 * g);
+                    }
+                }
+#pragma unroll
+                for (int mt = 0; mt < KS; mt++) {
+                    const int wi = mt >> 2, bi = mt & 3;
+                    const uint32_t sel = bi | ((4 + bi) << 8);
+                    const uint32_t x0 = __byte_perm(vw[0][wi], vw[1][wi], sel),
+                                   x1 = __byte_perm(vw[2][wi], vw[3][wi], sel);
+                    const uint32_t r[4] = {nib_lo(x0, magic), nib_hi(x0, magic), nib_lo(x1, magic),
+                                           nib_hi(x1, magic)};
+                    mma16816<false>(oacc[mt], r, pb);
+                    if constexpr (G8) mma16816<false>(oacc[mt], r, pl);
+                }
+                {
+                    /* the coset part: A = coset bits (block g / g + 8, tokens 2t4, 2t4 + 1 / 2t4 + 8, 2t4 +
+                     * 9) */
+                    uint32_t vc[2];
+#pragma unroll
+                    for (int pr = 0; pr < 2; pr++)
+                        vc[pr] = Gm::NC == 2 ? *(const uint32_t *)(sb + Gm::V_SIDE + 16 + 2 * tv[2 * pr])
+                                             : *(const uint16_t *)(sb + Gm::V_SIDE + 16 + tv[2 * pr]);
+                    uint32_t ac[4];
+#pragma unroll
+                    for (int pr = 0; pr < 2; pr++) {
+                        const uint32_t x = vc[pr] >> g; /* bit 0: token 2t4 + 8pr, bit CB: the next token */
+                        ac[2 * pr] = bits_f16x2(CB == 16 ? x : (x | (x << 8)));
+                        ac[2 * pr + 1] = CB == 16 ? bits_f16x2(x >> 8) : 0u;
+                    }
+                    mma16816<false>(ocos, ac, pb);
+                    if constexpr (G8) mma16816<false>(ocos, ac, pl);
+                }
             }
         }
 #pragma unroll
@@ -1343,7 +1483,8 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
     float(*so)[8][D] = reinterpret_cast<float(*)[8][D]>(box_dyn);
 #pragma unroll
     for (int mt = 0; mt < KS; mt++) {
-        const int dl = vdim<D, FMT_BOX4>(g, mt, 0), dh = vdim<D, FMT_BOX4>(g, mt, 1);
+        const int dl = vdim < D, B == 4 ? FMT_BOX4 : FMT_BOX3 > (g, mt, 0), dh = vdim < D,
+                  B == 4 ? FMT_BOX4 : FMT_BOX3 > (g, mt, 1);
         so[warp][2 * t4][dl] = oacc[mt][0];
         so[warp][2 * t4 + 1][dl] = oacc[mt][1];
         so[warp][2 * t4][dh] = oacc[mt][2];
@@ -2017,37 +2158,44 @@ size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm,
     return n ? n : 1;
 }
 
-/* the e8box kernel's stages are dynamic shared memory beyond 48 KB: raise its limit once */
-template <int D> static int box_smem_attr(void) {
+/* the e8box kernel's stages are dynamic shared memory beyond 48 KB: raise its limit once (per D and B) */
+template <int D, int B> static int box_smem_attr(void) {
     static int done = 0;
-    const int b = box_smem_bytes<D>();
+    const int b = box_smem_bytes<D, B>();
     if (!done &&
-        cudaFuncSetAttribute(attn_box_kernel<D, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaFuncSetAttribute(attn_box_kernel<D, B, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              b) == cudaSuccess &&
-        cudaFuncSetAttribute(attn_box_kernel<D, true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaFuncSetAttribute(attn_box_kernel<D, B, true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              b) == cudaSuccess &&
-        cudaFuncSetAttribute(attn_box_kernel<D, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaFuncSetAttribute(attn_box_kernel<D, B, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              b) == cudaSuccess &&
-        cudaFuncSetAttribute(attn_box_kernel<D, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaFuncSetAttribute(attn_box_kernel<D, B, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              b) == cudaSuccess)
         done = 1;
     return !done;
 }
 
+/* attn_box_kernel serves K and V both e8box:4 (B = 4) or both e8box:3 (B = 3); 0: attn_split_kernel */
+template <int KF, int VF> static constexpr int box_bits(void) {
+    return KF == FMT_BOX4 && VF == FMT_BOX4 ? 4 : KF == FMT_BOX3 && VF == FMT_BOX3 ? 3 : 0;
+}
+
 template <int D, int KF, int VF> static int occupancy(void) {
     static int n = 0;
     if (n) return n;
-    if constexpr (KF == FMT_BOX4 && VF == FMT_BOX4) {
+    constexpr int B = box_bits<KF, VF>();
+    if constexpr (B) {
+        constexpr int sb = box_smem_bytes<D, B>();
         int n1 = 0, n2 = 0, n3 = 0, n4 = 0;
-        if (box_smem_attr<D>() ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n1, attn_box_kernel<D, false, false>, 128,
-                                                          box_smem_bytes<D>()) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n2, attn_box_kernel<D, true, false>, 128,
-                                                          box_smem_bytes<D>()) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n3, attn_box_kernel<D, false, true>, 128,
-                                                          box_smem_bytes<D>()) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n4, attn_box_kernel<D, true, true>, 128,
-                                                          box_smem_bytes<D>()) != cudaSuccess)
+        if (box_smem_attr<D, B>() ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n1, attn_box_kernel<D, B, false, false>, 128,
+                                                          sb) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n2, attn_box_kernel<D, B, true, false>, 128, sb) !=
+                cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n3, attn_box_kernel<D, B, false, true>, 128, sb) !=
+                cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n4, attn_box_kernel<D, B, true, true>, 128, sb) !=
+                cudaSuccess)
             n1 = n2 = n3 = n4 = 1;
         n = n1 < n2 ? n1 : n2;
         n = n3 < n ? n3 : n;
@@ -2107,16 +2255,18 @@ template <int D, int KF, int VF> static void launch(const attn_launch *la, cudaS
     const attn_launch *const a = &l;
     const dim3 grid((unsigned)a->n_split, (unsigned)a->n_head_kv, (unsigned)a->n_seq);
     const bool sk = a->sink_n > 0; /* the instances without sink rows have no sink code at all */
-    if constexpr (KF == FMT_BOX4 && VF == FMT_BOX4) {
-        box_smem_attr<D>();
+    constexpr int B = box_bits<KF, VF>();
+    if constexpr (B) {
+        constexpr int sb = box_smem_bytes<D, B>();
+        box_smem_attr<D, B>();
         if (a->n_head > 4 * a->n_head_kv && sk)
-            attn_box_kernel<D, true, true><<<grid, 128, box_smem_bytes<D>(), stream>>>(*a);
+            attn_box_kernel<D, B, true, true><<<grid, 128, sb, stream>>>(*a);
         else if (a->n_head > 4 * a->n_head_kv)
-            attn_box_kernel<D, true, false><<<grid, 128, box_smem_bytes<D>(), stream>>>(*a);
+            attn_box_kernel<D, B, true, false><<<grid, 128, sb, stream>>>(*a);
         else if (sk)
-            attn_box_kernel<D, false, true><<<grid, 128, box_smem_bytes<D>(), stream>>>(*a);
+            attn_box_kernel<D, B, false, true><<<grid, 128, sb, stream>>>(*a);
         else
-            attn_box_kernel<D, false, false><<<grid, 128, box_smem_bytes<D>(), stream>>>(*a);
+            attn_box_kernel<D, B, false, false><<<grid, 128, sb, stream>>>(*a);
     } else if (sk) {
         attn_split_kernel<D, KF, VF, true><<<grid, 128, 0, stream>>>(*a);
     } else {
