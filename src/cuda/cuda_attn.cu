@@ -101,8 +101,10 @@ __device__ __forceinline__ uint32_t box3_f16x2(uint32_t bits) {
 template <int D> __device__ __forceinline__ int box3_q(int j) {
     return D == 128 ? j + 2 : j < 3 ? 2 * j : 4;
 }
-/* c: d = 128: 4·group (the high bits of field j at bit c + j); d = 64: the half (at bit c + 2j) */
-template <int D> __device__ __forceinline__ uint32_t box3_w(uint32_t x, uint32_t y, int c, int j) {
+/* c: d = 128: 4·group (the high bits of field j at bit c + j); d = 64: the half (at bit c + 2j). L: the
+ * merge as an explicit lop3 (attn_box_kernel; attn_split_kernel keeps the and/or that ptxas fuses) */
+template <int D, bool L = false>
+__device__ __forceinline__ uint32_t box3_w(uint32_t x, uint32_t y, int c, int j) {
     const uint32_t m = 0x03030303u << box3_q<D>(j);
     uint32_t xs, ys;
     if constexpr (D == 128) {
@@ -111,6 +113,11 @@ template <int D> __device__ __forceinline__ uint32_t box3_w(uint32_t x, uint32_t
     } else {
         xs = j < 3 ? x : x >> 2;
         ys = j < 3 ? y << (2 - c) : y >> c;
+    }
+    if constexpr (L) {
+        uint32_t r;
+        asm("lop3.b32 %0, %1, %2, %3, 0xE4;" : "=r"(r) : "r"(xs), "r"(ys), "r"(m)); /* m ? xs : ys */
+        return r;
     }
     return (xs & m) | (ys & ~m);
 }
@@ -889,12 +896,15 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
  * of four tokens by a quarter warp hit different banks.
  * e8box:3 (B = 3, K and V both; box_geo<D, 3>, box3_stage) runs the same pipeline on its four areas (2-bit
  * plane, 1-bit plane, steps, cosets of 16 tokens: whole aligned 16-byte chunks, 3-4 copies per lane at
- * d = 128) and decodes with the helpers of attn_split_kernel (box3_kstep, box3_vtile): their fragments are
- * this kernel's A operands as they are (a k-step's B fragment of token g is the A fragment of row g; the
- * V tiles are A in both kernels), the query columns follow kdim and the output rows vdim. Its coset bits
- * go into the mantissa with the fields (2n + k − 8, the lop3 that merges the planes), so it has no coset
- * products. Mixed pairs (e8box:4 with e8box:3) stay on attn_split_kernel: the stage layout and the copy
- * plan (one layout for both streams, a lane copying for one of them) are per format, not per stream. */
+ * d = 128) and decodes the fields as attn_split_kernel's box3_kstep and box3_vtile place them: their
+ * fragments are this kernel's A operands as they are (a k-step's B fragment of token g is the A fragment of
+ * row g; the V tiles are A in both kernels), the query columns follow kdim and the output rows vdim. Its
+ * coset bits leave the decode as e8box:4's do (the same coset bytes, block order and coset products), so a
+ * field costs one lop3 and one fma once the planes are merged (box3_kstep_nc, box3_vtile_nc: 2n − 8 with
+ * the field at any bit q of its byte, no shift into place and no coset lop3; ~35% fewer integer ops in the
+ * PTX of the loop than 2n + k − 8 in the mantissa). Mixed pairs (e8box:4 with e8box:3) stay on
+ * attn_split_kernel: the stage layout and the copy plan (one layout for both streams, a lane copying for one
+ * of them) are per format, not per stream. */
 #ifndef BOX_STAGES
 #define BOX_STAGES 4 /* buffers per warp (3: 2-10% slower on the H100 at Llama-3-8B shapes, batch 1-8) */
 #endif
@@ -957,19 +967,17 @@ template <int D, typename F> __device__ __forceinline__ void box3_stage(int lane
         cp((kv ? Gm::V_SIDE : Gm::K_SIDE) + 16 * i,
            (uint32_t)(bs * Gm::PB + (i ? bs + 16 * (i - 1) + o0 * Gm::NC : o0)));
 }
-/* the words of box3_load_k for token tk of a staged sub-tile sb */
-template <int D>
-__device__ __forceinline__ void box3_lds_k(uint32_t *w, uint32_t &kc, const uint8_t *sb, int tk, int t4) {
+/* the plane words of box3_load_k for token tk of a staged sub-tile sb (the coset bytes are read as
+ * e8box:4's) */
+template <int D> __device__ __forceinline__ void box3_lds_k(uint32_t *w, const uint8_t *sb, int tk, int t4) {
     using Gm = box_geo<D, 3>;
     if constexpr (D == 128) {
         const uint2 u = *(const uint2 *)(sb + tk * Gm::KROW + 8 * t4),
                     v = *(const uint2 *)(sb + Gm::K1 + tk * (D / 8) + 8 * (t4 & 1));
         w[0] = u.x, w[1] = u.y, w[2] = v.x, w[3] = v.y;
-        kc = *(const uint16_t *)(sb + Gm::K_SIDE + 16 + 2 * tk) * 0x00010001u;
     } else {
         w[0] = *(const uint32_t *)(sb + tk * Gm::KROW + 4 * t4);
         w[1] = *(const uint32_t *)(sb + Gm::K1 + tk * (D / 8) + 4 * (t4 & 1));
-        kc = sb[Gm::K_SIDE + 16 + tk] * 0x00010001u;
     }
 }
 /* the words of box3_load_v for token tv of a staged sub-tile sb */
@@ -983,14 +991,6 @@ __device__ __forceinline__ void box3_lds_v(uint32_t (&w)[2], const uint8_t *sb, 
         w[0] = *(const uint16_t *)(sb + Gm::V_OFF + tv * Gm::VROW + 2 * g);
         w[1] = *(const uint16_t *)(sb + Gm::V1 + tv * (D / 8) + 2 * (g & 3));
     }
-}
-/* box3_load_vc of a staged sub-tile: the coset bytes of tokens tv (even) and tv + 1 */
-template <int D> __device__ __forceinline__ uint32_t box3_lds_vc(const uint8_t *sb, int tv) {
-    using Gm = box_geo<D, 3>;
-    if constexpr (D == 128)
-        return *(const uint32_t *)(sb + Gm::V_SIDE + 16 + 2 * tv);
-    else
-        return __byte_perm(*(const uint16_t *)(sb + Gm::V_SIDE + 16 + tv), 0u, 0x4140);
 }
 
 __device__ __forceinline__ void cp16(uint32_t dst, const void *src) {
@@ -1026,6 +1026,37 @@ __device__ __forceinline__ uint32_t nib_lo(uint32_t x, uint32_t magic) {
 /* nibbles at bits 4..7 and 20..23 of x → f16x2 of 2n − 16 */
 __device__ __forceinline__ uint32_t nib_hi(uint32_t x, uint32_t magic) {
     return hfma2(and_or<0x00F000F0u>(x, magic), 0x30003000u /* 1/8 */, 0xD880D880u /* −144 */);
+}
+/* e8box:3 in attn_box_kernel: the coset bits leave the decode as in e8box:4 (coset products), so a field
+ * needs no coset lop3 and no shift into a fixed mantissa position: field j of w = box3_w(…, j) at bits
+ * q..q + 2 (q = box3_q) of bytes 0 and 2 → f16x2 of 2n − 8 by one lop3 (0x6400 | 2^q·n) and one fma
+ * (×2^(1−q) − (2^(11−q) + 8)), exact: the product 2^(11−q) + 2n and the result 2n − 8 are integers f16
+ * holds, and the fma rounds once */
+template <int D> __device__ __forceinline__ uint32_t box3_field(uint32_t w, int j, uint32_t magic) {
+    const int q = box3_q<D>(j);
+    const uint32_t sc = (uint32_t)(16 - q) << 10, of = 0x8000u | (uint32_t)(26 - q) << 10 | 1u << (q + 2);
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(w), "r"(0x00070007u << q), "r"(magic));
+    return hfma2(r, sc * 0x00010001u, of * 0x00010001u);
+}
+/* box3_kstep less the coset bits (bytes 1 and 3 after one shift of the merged word) */
+template <int D>
+__device__ __forceinline__ void box3_kstep_nc(const uint32_t *w, int t4, int s, uint32_t magic,
+                                              uint32_t (&bb)[2]) {
+    constexpr int NW = D / 64;
+    const int j = s & 3, wi = s >> 2, c = D == 128 ? 4 * (t4 >> 1) : t4 >> 1;
+    const uint32_t x = box3_w<D, true>(w[wi], w[NW + wi], c, j);
+    bb[0] = box3_field<D>(x, j, magic);
+    bb[1] = box3_field<D>(x >> 8, j, magic);
+}
+/* box3_vtile less the coset bits */
+template <int D>
+__device__ __forceinline__ void box3_vtile_nc(const uint32_t (&wa)[2], const uint32_t (&wb)[2], int g, int mt,
+                                              uint32_t magic, uint32_t (&r)[2]) {
+    const int j = mt & 3, sel = D == 128 && (mt >> 2) ? 0x7632 : 0x5410, c = D == 128 ? 4 * (g >> 2) : g >> 2;
+    const uint32_t x = box3_w<D, true>(__byte_perm(wa[0], wb[0], sel), __byte_perm(wa[1], wb[1], sel), c, j);
+    r[0] = box3_field<D>(x, j, magic);
+    r[1] = box3_field<D>(x >> 8, j, magic);
 }
 /* 2^x (MUFU.EX2; results below 2^-126 flush to 0, weights far below what f16 P keeps) */
 __device__ __forceinline__ float ex2(float x) {
@@ -1222,7 +1253,7 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
             if constexpr (G8) ql[s][j] = pack(lo16<false>(x[0]), lo16<false>(x[1]));
         }
 #pragma unroll
-    for (int j = 0; j < 2 && B == 4; j++) { /* e8box:3 decodes the coset bits with the fields */
+    for (int j = 0; j < 2; j++) {
         float x[2];
 #pragma unroll
         for (int e = 0; e < 2; e++) {
@@ -1263,20 +1294,31 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
             for (int h = 0; h < 4; h++)
                 acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.0f;
             if constexpr (B == 3) {
-                /* A = box3_kstep of tokens g (a0, a2) and g + 8 (a1, a3): the coset bits are in the fields */
+                /* A = box3_kstep_nc of tokens g (a0, a2) and g + 8 (a1, a3) */
 #pragma unroll
                 for (int tt = 0; tt < 2; tt++) {
-                    box3_lds_k<D>(kw[tt], kc[tt], sb, g + 8 * tt, t4);
-                    ksc[tt] = sh[sb[Gm::K_SIDE + g + 8 * tt]];
+                    const int tk = g + 8 * tt;
+                    box3_lds_k<D>(kw[tt], sb, tk, t4);
+                    kc[tt] = Gm::NC == 2 ? *(const uint16_t *)(sb + Gm::K_SIDE + 16 + 2 * tk)
+                                         : sb[Gm::K_SIDE + 16 + tk];
+                    ksc[tt] = sh[sb[Gm::K_SIDE + tk]];
                 }
 #pragma unroll
                 for (int s = 0; s < KS; s++) {
                     uint32_t b0[2], b1[2];
-                    box3_kstep<D>(kw[0], kc[0], t4, s, b0);
-                    box3_kstep<D>(kw[1], kc[1], t4, s, b1);
+                    box3_kstep_nc<D>(kw[0], t4, s, magic, b0);
+                    box3_kstep_nc<D>(kw[1], t4, s, magic, b1);
                     const uint32_t ak[4] = {b0[0], b1[0], b0[1], b1[1]};
                     mma16816<false>(acc[s & 3], ak, qh[s]);
                     if constexpr (G8) mma16816<false>(acc[s & 3], ak, ql[s]);
+                }
+                { /* + Σ_b k_b·Q_b as e8box:4 below (the same coset bytes and block order) */
+                    const uint32_t u0 = kc[0] >> (2 * t4), u1 = kc[1] >> (2 * t4);
+                    const uint32_t ac[4] = {bits_f16x2(u0 | (u0 << 15)), bits_f16x2(u1 | (u1 << 15)),
+                                            bits_f16x2((u0 >> 8) | (u0 << 7)),
+                                            bits_f16x2((u1 >> 8) | (u1 << 7))};
+                    mma16816<false>(acc[0], ac, qch);
+                    if constexpr (G8) mma16816<false>(acc[1], ac, qcl);
                 }
             } else {
 #pragma unroll
@@ -1402,24 +1444,36 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
             }
             /* ---- values: tokens 2t4, 2t4 + 1, 2t4 + 8, 2t4 + 9 */
             if constexpr (B == 3) {
-                /* A = box3_vtile of the token pairs (2t4, 2t4 + 1) (a0, a1) and (2t4 + 8, 2t4 + 9) (a2, a3)
-                 */
-                uint32_t vw[4][2], vc[2];
+                /* A = box3_vtile_nc of the token pairs (2t4, 2t4 + 1) (a0, a1) and (2t4 + 8, 2t4 + 9) (a2,
+                 * a3) */
+                uint32_t vw[4][2];
                 const int tv[4] = {2 * t4, 2 * t4 + 1, 2 * t4 + 8, 2 * t4 + 9};
 #pragma unroll
                 for (int r = 0; r < 4; r++)
                     box3_lds_v<D>(vw[r], sb, tv[r], g);
 #pragma unroll
-                for (int pr = 0; pr < 2; pr++)
-                    vc[pr] = box3_lds_vc<D>(sb, tv[2 * pr]);
-#pragma unroll
                 for (int mt = 0; mt < KS; mt++) {
                     uint32_t r0[2], r1[2];
-                    box3_vtile<D>(vw[0], vw[1], vc[0], g, mt, r0);
-                    box3_vtile<D>(vw[2], vw[3], vc[1], g, mt, r1);
+                    box3_vtile_nc<D>(vw[0], vw[1], g, mt, magic, r0);
+                    box3_vtile_nc<D>(vw[2], vw[3], g, mt, magic, r1);
                     const uint32_t r[4] = {r0[0], r0[1], r1[0], r1[1]};
                     mma16816<false>(oacc[mt], r, pb);
                     if constexpr (G8) mma16816<false>(oacc[mt], r, pl);
+                }
+                { /* the coset part as e8box:4 below */
+                    uint32_t vc[2], ac[4];
+#pragma unroll
+                    for (int pr = 0; pr < 2; pr++)
+                        vc[pr] = Gm::NC == 2 ? *(const uint32_t *)(sb + Gm::V_SIDE + 16 + 2 * tv[2 * pr])
+                                             : *(const uint16_t *)(sb + Gm::V_SIDE + 16 + tv[2 * pr]);
+#pragma unroll
+                    for (int pr = 0; pr < 2; pr++) {
+                        const uint32_t x = vc[pr] >> g;
+                        ac[2 * pr] = bits_f16x2(CB == 16 ? x : (x | (x << 8)));
+                        ac[2 * pr + 1] = CB == 16 ? bits_f16x2(x >> 8) : 0u;
+                    }
+                    mma16816<false>(ocos, ac, pb);
+                    if constexpr (G8) mma16816<false>(ocos, ac, pl);
                 }
             } else {
                 uint32_t vw[4][D / 64 > 0 ? D / 64 : 1];
