@@ -1312,14 +1312,6 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
                     mma16816<false>(acc[s & 3], ak, qh[s]);
                     if constexpr (G8) mma16816<false>(acc[s & 3], ak, ql[s]);
                 }
-                { /* + Σ_b k_b·Q_b as e8box:4 below (the same coset bytes and block order) */
-                    const uint32_t u0 = kc[0] >> (2 * t4), u1 = kc[1] >> (2 * t4);
-                    const uint32_t ac[4] = {bits_f16x2(u0 | (u0 << 15)), bits_f16x2(u1 | (u1 << 15)),
-                                            bits_f16x2((u0 >> 8) | (u0 << 7)),
-                                            bits_f16x2((u1 >> 8) | (u1 << 7))};
-                    mma16816<false>(acc[0], ac, qch);
-                    if constexpr (G8) mma16816<false>(acc[1], ac, qcl);
-                }
             } else {
 #pragma unroll
                 for (int tt = 0; tt < 2; tt++) {
@@ -1349,15 +1341,15 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
                         mma16816<false>(acc[2 * (w & 1) + 1], ahi, ql[2 * w + 1]);
                     }
                 }
-                {
-                    /* + Σ_b k_b·Q_b: A = coset bits (token g / g + 8, blocks 2t4, 2t4 + 1 and + 8) */
-                    const uint32_t u0 = kc[0] >> (2 * t4), u1 = kc[1] >> (2 * t4);
-                    const uint32_t ac[4] = {bits_f16x2(u0 | (u0 << 15)), bits_f16x2(u1 | (u1 << 15)),
-                                            bits_f16x2((u0 >> 8) | (u0 << 7)),
-                                            bits_f16x2((u1 >> 8) | (u1 << 7))};
-                    mma16816<false>(acc[0], ac, qch);
-                    if constexpr (G8) mma16816<false>(acc[1], ac, qcl);
-                }
+            }
+            {
+                /* + Σ_b k_b·Q_b: A = coset bits (token g / g + 8, blocks 2t4, 2t4 + 1 and + 8; e8box:3 has
+                 * the same coset bytes and block order) */
+                const uint32_t u0 = kc[0] >> (2 * t4), u1 = kc[1] >> (2 * t4);
+                const uint32_t ac[4] = {bits_f16x2(u0 | (u0 << 15)), bits_f16x2(u1 | (u1 << 15)),
+                                        bits_f16x2((u0 >> 8) | (u0 << 7)), bits_f16x2((u1 >> 8) | (u1 << 7))};
+                mma16816<false>(acc[0], ac, qch);
+                if constexpr (G8) mma16816<false>(acc[1], ac, qcl);
             }
 #pragma unroll
             for (int tt = 0; tt < 2; tt++)
@@ -1443,11 +1435,11 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
                 }
             }
             /* ---- values: tokens 2t4, 2t4 + 1, 2t4 + 8, 2t4 + 9 */
+            const int tv[4] = {2 * t4, 2 * t4 + 1, 2 * t4 + 8, 2 * t4 + 9};
             if constexpr (B == 3) {
                 /* A = box3_vtile_nc of the token pairs (2t4, 2t4 + 1) (a0, a1) and (2t4 + 8, 2t4 + 9) (a2,
                  * a3) */
                 uint32_t vw[4][2];
-                const int tv[4] = {2 * t4, 2 * t4 + 1, 2 * t4 + 8, 2 * t4 + 9};
 #pragma unroll
                 for (int r = 0; r < 4; r++)
                     box3_lds_v<D>(vw[r], sb, tv[r], g);
@@ -1460,24 +1452,8 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
                     mma16816<false>(oacc[mt], r, pb);
                     if constexpr (G8) mma16816<false>(oacc[mt], r, pl);
                 }
-                { /* the coset part as e8box:4 below */
-                    uint32_t vc[2], ac[4];
-#pragma unroll
-                    for (int pr = 0; pr < 2; pr++)
-                        vc[pr] = Gm::NC == 2 ? *(const uint32_t *)(sb + Gm::V_SIDE + 16 + 2 * tv[2 * pr])
-                                             : *(const uint16_t *)(sb + Gm::V_SIDE + 16 + tv[2 * pr]);
-#pragma unroll
-                    for (int pr = 0; pr < 2; pr++) {
-                        const uint32_t x = vc[pr] >> g;
-                        ac[2 * pr] = bits_f16x2(CB == 16 ? x : (x | (x << 8)));
-                        ac[2 * pr + 1] = CB == 16 ? bits_f16x2(x >> 8) : 0u;
-                    }
-                    mma16816<false>(ocos, ac, pb);
-                    if constexpr (G8) mma16816<false>(ocos, ac, pl);
-                }
             } else {
                 uint32_t vw[4][D / 64 > 0 ? D / 64 : 1];
-                const int tv[4] = {2 * t4, 2 * t4 + 1, 2 * t4 + 8, 2 * t4 + 9};
 #pragma unroll
                 for (int r = 0; r < 4; r++) {
                     if constexpr (D == 128) {
@@ -1498,24 +1474,24 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
                     mma16816<false>(oacc[mt], r, pb);
                     if constexpr (G8) mma16816<false>(oacc[mt], r, pl);
                 }
-                {
-                    /* the coset part: A = coset bits (block g / g + 8, tokens 2t4, 2t4 + 1 / 2t4 + 8, 2t4 +
-                     * 9) */
-                    uint32_t vc[2];
+            }
+            {
+                /* the coset part: A = coset bits (block g / g + 8, tokens 2t4, 2t4 + 1 / 2t4 + 8, 2t4 + 9;
+                 * e8box:3 has the same coset bytes and block order) */
+                uint32_t vc[2];
 #pragma unroll
-                    for (int pr = 0; pr < 2; pr++)
-                        vc[pr] = Gm::NC == 2 ? *(const uint32_t *)(sb + Gm::V_SIDE + 16 + 2 * tv[2 * pr])
-                                             : *(const uint16_t *)(sb + Gm::V_SIDE + 16 + tv[2 * pr]);
-                    uint32_t ac[4];
+                for (int pr = 0; pr < 2; pr++)
+                    vc[pr] = Gm::NC == 2 ? *(const uint32_t *)(sb + Gm::V_SIDE + 16 + 2 * tv[2 * pr])
+                                         : *(const uint16_t *)(sb + Gm::V_SIDE + 16 + tv[2 * pr]);
+                uint32_t ac[4];
 #pragma unroll
-                    for (int pr = 0; pr < 2; pr++) {
-                        const uint32_t x = vc[pr] >> g; /* bit 0: token 2t4 + 8pr, bit CB: the next token */
-                        ac[2 * pr] = bits_f16x2(CB == 16 ? x : (x | (x << 8)));
-                        ac[2 * pr + 1] = CB == 16 ? bits_f16x2(x >> 8) : 0u;
-                    }
-                    mma16816<false>(ocos, ac, pb);
-                    if constexpr (G8) mma16816<false>(ocos, ac, pl);
+                for (int pr = 0; pr < 2; pr++) {
+                    const uint32_t x = vc[pr] >> g; /* bit 0: token 2t4 + 8pr, bit CB: the next token */
+                    ac[2 * pr] = bits_f16x2(CB == 16 ? x : (x | (x << 8)));
+                    ac[2 * pr + 1] = CB == 16 ? bits_f16x2(x >> 8) : 0u;
                 }
+                mma16816<false>(ocos, ac, pb);
+                if constexpr (G8) mma16816<false>(ocos, ac, pl);
             }
         }
 #pragma unroll
