@@ -2,7 +2,8 @@
  * which bench/run_cuda.sh runs first).
  *
  * For Llama-3-8B (32 q / 8 kv heads, d 128) and SmolLM2-135M (9 / 3, d 64), batch 1/8/32 × context
- * 4K/32K/128K, formats e8box:4, e8box:3, e8p:2 and bf16 (our own paged kernel): µs per decode-attention
+ * 4K/32K/128K, formats e8box:4, e8box:3, K e8box:4 with V e8box:3 (named k4v3 in --only), e8p:2 and bf16
+ * (our own paged kernel): µs per decode-attention
  * call of one layer (CUDA events around each call, 5 warm-up calls, median of 30; calls queued back to
  * back, again with the host waiting for each call, and 20 calls replayed as one CUDA graph, per call),
  * effective GB/s over the page bytes the call must read, encode GB/s over the bf16 K+V input bytes, device
@@ -197,6 +198,7 @@ static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, dou
     const size_t vb = !strncmp(spec, "bf16", 4)      ? 2 * d
                       : !strncmp(spec, "e8p:2", 5)   ? 1 + d / 4
                       : !strncmp(spec, "e8box:3", 7) ? 1 + (d + 63) / 64 + 3 * d / 8
+                      : !strncmp(spec, "k=", 2)      ? 1 + (d + 63) / 64 + 7 * d / 16 /* K 4, V 3 bits */
                                                      : 1 + (d + 63) / 64 + d / 2;
     const size_t need = pages * bs * sh->n_kv * vb * 2 + ((size_t)1 << 30);
     if (need > free0) {
@@ -579,7 +581,9 @@ int main(int argc, char **argv) {
     if (g_json) fprintf(g_json, "{\"bench\":\"copy\",\"device\":\"%s\",\"copy_gbps\":%.1f}\n", g_dev, copy);
     const shape shapes[] = {{"llama3-8b", 8, 4, 128, 32}, {"smollm2", 3, 3, 64, 30}};
     const size_t batches[] = {1, 8, 32}, ctxs[] = {4096, 32768, 131072};
-    const char *specs[] = {"e8box:4", "bf16", "e8p:2", "e8box:3"};
+    /* the spec, and its name in --only (a spec's commas would split the list) */
+    const char *specs[] = {"e8box:4", "bf16", "e8p:2", "e8box:3", "k=e8box:4,v=e8box:3"};
+    const char *names[] = {"e8box:4", "bf16", "e8p:2", "e8box:3", "k4v3"};
     if (encode) {
         for (int sh = 0; sh < 2; sh++)
             for (int f = 0; f < 4; f++) {
@@ -593,11 +597,11 @@ int main(int argc, char **argv) {
     for (int s = 0; s < 2; s++)
         for (int b = 0; b < 3; b++)
             for (int x = 0; x < 3; x++)
-                for (int f = 0; f < 4; f++) {
+                for (int f = 0; f < 5; f++) {
                     if (quick && (b == 2 || x == 2)) continue;
                     if (only) {
                         char name[96];
-                        snprintf(name, sizeof name, "%s/%s/%zu/%zu", shapes[s].name, specs[f], batches[b],
+                        snprintf(name, sizeof name, "%s/%s/%zu/%zu", shapes[s].name, names[f], batches[b],
                                  ctxs[x]);
                         const size_t nl = strlen(name);
                         const char *hit = strstr(only, name);

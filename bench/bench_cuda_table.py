@@ -21,9 +21,10 @@ def main():
     print(f"device {dev}; device-to-device copy {copy:.0f} GB/s (read + write)")
     print("| shape | batch × ctx | SDPA bf16 µs | our bf16 µs (÷SDPA) | e8box:4 µs (speed-up) | e8box:4 GB/s (% of copy) "
           "| e8p:2 µs (speed-up) | e8p:2 GB/s (% of copy) | e8box:3 µs (speed-up) | e8box:3 GB/s (% of copy) "
+          "| k=e8box:4,v=e8box:3 µs (speed-up) | its GB/s (% of copy) "
           "| CUDA graph µs: SDPA / e8box:4 / e8p:2 / e8box:3 (speed-ups) "
           "| host-synced µs: SDPA / e8box:4 / e8p:2 / e8box:3 |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
     def us(r, key="us"):
         return f"{r[key]:.1f}" if r and key in r else "–"
@@ -35,9 +36,10 @@ def main():
         f = rows[key]
         s = ref.get(key)
         b, e, p, e3 = f.get("bf16"), f.get("e8box:4"), f.get("e8p:2"), f.get("e8box:3")
+        m = f.get("k=e8box:4,v=e8box:3")
         bu = f"{b['us']:.1f} ({b['us'] / s['us']:.2f})" if b and s else us(b)
         cells = [key[0], f"{key[1]} × {key[2] // 1024}K", us(s), bu]
-        for r in (e, p, e3):
+        for r in (e, p, e3, m):
             cells.append(f"{us(r)} ({ratio(s, r)})")
             cells.append(f"{r['gbps']:.0f} ({100 * r['gbps'] / copy:.0f}%)" if r else "–")
         cells.append(f"{us(s, 'us_graph')} / {us(e, 'us_graph')} / {us(p, 'us_graph')} / {us(e3, 'us_graph')} "

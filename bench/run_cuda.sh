@@ -18,7 +18,7 @@ LOG=$OUT/run.log
 ONLY=
 if [ -n "$CASES" ]; then
     for c in ${CASES//,/ }; do
-        for f in e8box:4 bf16 e8p:2 e8box:3; do ONLY=$ONLY${ONLY:+,}${c%%/*}/$f/${c#*/}; done
+        for f in e8box:4 bf16 e8p:2 e8box:3 k4v3; do ONLY=$ONLY${ONLY:+,}${c%%/*}/$f/${c#*/}; done
     done
 fi
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv | tee $LOG

@@ -7,11 +7,12 @@
  * head_dim 64 and 128, output poisoned (NaN) before each launch;
  *  3. isolation: poisoning every page outside a sequence's block table changes nothing in its output;
  *     fork shares pages and a write after the fork never reaches the parent;
+ *     tied scores near 2000 on raw pages: q's rounding for the tensor cores keeps ~24 bits;
  *  4. errors: NaN input, a full pool, bad specs are named errors that leave the lengths unchanged;
  *  5. the graph-safe decode step: async appends bit-identical to synchronous ones, append + attend captured
  *     in a CUDA graph and replayed with new context lengths gives the eager outputs; the status word.
  * Fresh random inputs each run (the seed is printed). `--quick`: small sizes for compute-sanitizer;
- * `--graph`: part 5 alone. */
+ * `--graph`: part 5 alone; `--precision`: the tied large scores alone. */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -487,6 +488,108 @@ static void test_isolation(const char *spec, size_t d) {
     CU(cudaFree(dctx));
     CU(cudaFree(dout));
     CU(cudaFree(dslots));
+    e8kv_cuda_cache_free(c);
+}
+
+/* Large scores that tie: 32 keys each hold a big value on their own coordinate (and a small one on the next,
+ * which makes the 32 scores equal to ~0.02), the query's coordinates differ (8 .. 16), so each key's score
+ * carries the rounding of another coordinate of q·log2(e)/√d. At scores near 2000 a weight moves by that
+ * rounding times the score: q split into two bf16 parts (~16 bits) put the output ~3e-3 from float64 (a
+ * host emulation gave 1.9e-3 .. 4.2e-3 over 16 draws); with its third part (~24 bits) ~5e-5. Raw pages of
+ * `dt`, input of the same type (stored exactly), G = 8 with one query for all heads. */
+static float round_to(float x, e8kv_dtype dt) {
+    if (dt == E8KV_DTYPE_BF16) return __bfloat162float(__float2bfloat16_rn(x));
+    if (dt == E8KV_DTYPE_F16) return __half2float(__float2half_rn(x));
+    return x;
+}
+static void test_score_precision(const char *spec, e8kv_dtype dt, size_t d) {
+    const size_t bs = 16, G = 8, n_head = G, len = 64, n_tie = 32, n_blocks = len / bs;
+    const double S = 2000.0; /* the tied score, q·k/√d */
+    e8kv_cuda_cache_params p;
+    memset(&p, 0, sizeof p);
+    p.n_layer = 1, p.n_head_kv = 1, p.head_dim = d, p.block_size = bs, p.n_blocks = n_blocks, p.spec = spec;
+    p.seed = rnd(), p.max_batch = 1;
+    size_t err = 0;
+    e8kv_cuda_cache *c = e8kv_cuda_cache_create(&p, &err);
+    CHECK(c, "create %s: %s", spec, e8kv_error_name(err));
+    if (!c) return;
+    float q[128], *k = (float *)calloc(len * d, 4), *v = (float *)malloc(len * d * 4);
+    for (size_t i = 0; i < d; i++)
+        q[i] = round_to((8.0f + 8.0f * (float)unif()) * (rnd() & 1 ? -1.0f : 1.0f), E8KV_DTYPE_BF16);
+    for (size_t t = 0; t < len; t++) {
+        float *kt = k + t * d;
+        if (t < n_tie) {
+            const size_t i = (2 * t) % d, j = i + 1;
+            kt[i] = round_to((float)(S * sqrt((double)d) / q[i]), dt);
+            kt[j] = round_to((float)((S * sqrt((double)d) - (double)kt[i] * q[i]) / q[j]), dt);
+        } else {
+            for (size_t i = 0; i < d; i++)
+                kt[i] = gauss();
+        }
+        for (size_t i = 0; i < d; i++)
+            v[t * d + i] = gauss();
+    }
+    void *dk = to_device(k, len * d, dt), *dv = to_device(v, len * d, dt); /* rounds k, v in place */
+    int64_t slots[64];
+    int32_t table[4] = {0, 1, 2, 3}, ctx[1] = {(int32_t)len};
+    for (size_t t = 0; t < len; t++)
+        slots[t] = (int64_t)t;
+    int64_t *dslots;
+    int32_t *dtab, *dctx;
+    CU(cudaMalloc((void **)&dslots, sizeof slots));
+    CU(cudaMemcpy(dslots, slots, sizeof slots, cudaMemcpyHostToDevice));
+    CU(cudaMalloc((void **)&dtab, sizeof table));
+    CU(cudaMemcpy(dtab, table, sizeof table, cudaMemcpyHostToDevice));
+    CU(cudaMalloc((void **)&dctx, sizeof ctx));
+    CU(cudaMemcpy(dctx, ctx, sizeof ctx, cudaMemcpyHostToDevice));
+    size_t r = e8kv_cuda_append_slots(c, 0, dslots, dk, dv, len, dt);
+    CHECK(r == len, "append_slots: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "count");
+    float qh[8 * 128], out[8 * 128];
+    for (size_t h = 0; h < n_head; h++)
+        memcpy(qh + h * d, q, d * 4);
+    void *dq = to_device(qh, n_head * d, E8KV_DTYPE_F32);
+    float *dout;
+    CU(cudaMalloc((void **)&dout, sizeof out));
+    CU(cudaMemset(dout, 0xff, sizeof out));
+    r = e8kv_cuda_attend(c, 0, dout, dq, E8KV_DTYPE_F32, 1, n_head, dtab, n_blocks, dctx, len, NULL, 0, NULL);
+    CHECK(!e8kv_is_error(r), "attend: %s", e8kv_error_name(r));
+    CU(cudaMemcpy(out, dout, n_head * d * 4, cudaMemcpyDeviceToHost));
+    double sc[64], mx = -INFINITY, sum = 0.0, ref[128] = {0}, r2 = 0.0, worst = 0.0;
+    for (size_t t = 0; t < len; t++) {
+        double dot = 0.0;
+        for (size_t i = 0; i < d; i++)
+            dot += (double)q[i] * k[t * d + i];
+        sc[t] = dot / sqrt((double)d);
+        mx = sc[t] > mx ? sc[t] : mx;
+    }
+    for (size_t t = 0; t < len; t++) {
+        const double w = exp(sc[t] - mx);
+        sum += w;
+        for (size_t i = 0; i < d; i++)
+            ref[i] += w * v[t * d + i];
+    }
+    for (size_t i = 0; i < d; i++)
+        ref[i] /= sum, r2 += ref[i] * ref[i];
+    for (size_t h = 0; h < n_head; h++) {
+        double e2 = 0.0;
+        for (size_t i = 0; i < d; i++) {
+            const double o = out[h * d + i];
+            e2 += isfinite(o) ? (o - ref[i]) * (o - ref[i]) : INFINITY;
+        }
+        const double rel = sqrt(e2 / r2);
+        worst = rel > worst ? rel : worst;
+    }
+    CHECK(worst <= 1e-3, "%s d=%zu: tied scores near %.0f, relative error %.3g > 1e-3", spec, d, S, worst);
+    printf("  tied large scores %-5s d=%3zu: %zu keys at q·k/√d = %.0f, attention max rel err %.2e\n", spec,
+           d, n_tie, S, worst);
+    free(k), free(v);
+    CU(cudaFree(dk));
+    CU(cudaFree(dv));
+    CU(cudaFree(dq));
+    CU(cudaFree(dout));
+    CU(cudaFree(dslots));
+    CU(cudaFree(dtab));
+    CU(cudaFree(dctx));
     e8kv_cuda_cache_free(c);
 }
 
@@ -1104,6 +1207,7 @@ static void test_graph(const char *spec, size_t d) {
 int main(int argc, char **argv) {
     const int quick = argc > 1 && !strcmp(argv[1], "--quick");
     const int graph_only = argc > 1 && !strcmp(argv[1], "--graph"); /* the graph step alone */
+    const int prec_only = argc > 1 && !strcmp(argv[1], "--precision"); /* the tied large scores alone */
     if (!e8kv_cuda_available()) {
         printf("test_cuda: no CUDA device, skipped\n");
         return 77;
@@ -1112,6 +1216,14 @@ int main(int argc, char **argv) {
     if (getenv("E8KV_TEST_SEED")) g_rng = strtoull(getenv("E8KV_TEST_SEED"), NULL, 0);
     if (!g_rng) g_rng = 1;
     printf("test_cuda: seed 0x%llx\n", (unsigned long long)g_rng);
+    if (prec_only) {
+        for (size_t d = 64; d <= 128; d += 64) {
+            test_score_precision("bf16", E8KV_DTYPE_BF16, d);
+            test_score_precision("f16", E8KV_DTYPE_F16, d);
+        }
+        printf("test_cuda: %d checks, %d failed\n", g_checks, g_fail);
+        return g_fail ? 1 : 0;
+    }
     const spec_case cases[] = {{"e8box:4", "e8box:4", "e8box:4", 0},
                                {"bf16", "bf16", "bf16", 0},
                                {"f16", "f16", "f16", 0},
@@ -1160,6 +1272,14 @@ int main(int argc, char **argv) {
             run_case(&cases[11], ds[gi % 2], 2, Gs[gi], lens, 6, dts[(gi + 2) % 3], 1, 16);
         run_case(&cases[11], 128, 2, 4, lens, 6, E8KV_DTYPE_BF16, 1, 32);
         run_case(&cases[11], 64, 3, 3, lens, 6, E8KV_DTYPE_F16, 1, 48);
+        /* e8box:4 with e8box:3 (both orders, the pipelined kernel's mixed stages): every G at both head
+         * dims, pages of 32 and 48 */
+        for (size_t gi = 0; gi < 4; gi++) {
+            run_case(&cases[13], ds[gi % 2], 2, Gs[gi], lens, 6, dts[gi % 3], 1, 16);
+            run_case(&cases[14], ds[(gi + 1) % 2], 2, Gs[gi], lens, 6, dts[(gi + 1) % 3], 1, 16);
+        }
+        run_case(&cases[13], 128, 2, 4, lens, 6, E8KV_DTYPE_BF16, 1, 32);
+        run_case(&cases[14], 64, 3, 3, lens, 6, E8KV_DTYPE_F16, 1, 48);
     }
     for (size_t ci = 11; ci < 17 && !graph_only; ci++)
         for (size_t di = 0; di < 2; di++) {
@@ -1180,6 +1300,8 @@ int main(int argc, char **argv) {
             test_fork_and_errors("e8box:4,sink=2", ds[di]);
             test_isolation("e8box:4", ds[di]);
             test_isolation("bf16", ds[di]);
+            test_score_precision("bf16", E8KV_DTYPE_BF16, ds[di]);
+            test_score_precision("f16", E8KV_DTYPE_F16, ds[di]);
             test_fork_and_errors("e8box:4", ds[di]);
             test_isolation("e8p:2", ds[di]);
             test_fork_and_errors("e8p:2", ds[di]);

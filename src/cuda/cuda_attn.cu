@@ -7,14 +7,15 @@
  * workspace) merges the splits by log-sum-exp and undoes the rotation once per head: one kernel per call
  * (merge_last).
  *
- * Three split kernels share that frame: attn_box_kernel when K and V are both e8box:4 or both e8box:3 (a
+ * Three split kernels share that frame: attn_box_kernel when K and V are each e8box:4 or e8box:3 (a
  * cp.async pipeline through shared memory), attn_e8p_kernel for e8p:2 pages (table decode into f16
- * subnormals), both described where they are defined, and attn_split_kernel for raw pages and mixed formats
- * (e8box:3 with e8box:4 or raw pages included; described here).
+ * subnormals), both described where they are defined, and attn_split_kernel for raw pages and e8box paired
+ * with raw pages (described here).
  *
  * Both products run on the tensor cores (mma.sync m16n8k16, f32 accumulate):
  *   scores S = Q·Kᵀ: A = the query rows (rows 0..G−1 the f16/bf16 "hi" part of q, rows 8..8+G−1 the
- *     residual "lo" part, so q keeps ~22 bits), B = 8 tokens × 16 coordinates of K;
+ *     residual "lo" part, so q keeps ~22 bits; bf16 keys add a third bf16 part in one more product, so
+ *     that q keeps ~24 bits there too), B = 8 tokens × 16 coordinates of K;
  *   output Oᵀ += Vᵀ·Pᵀ: A = 16 coordinates × 16 tokens of V, B = P (columns 0..G−1 hi, G..2G−1 lo when
  *     2G ≤ 8): the score fragment of a thread is exactly the P fragment it feeds (no shuffle but the lo).
  * e8box:4 codes become f16 in registers without a table: a nibble n and the block's coset bit k are
@@ -72,6 +73,14 @@ template <bool BF> __device__ __forceinline__ uint16_t lo16(float x) {
     float b;
     to16<BF>(x, &b);
     return to16<BF>(x - b, &b);
+}
+/* the third part: x − hi − lo (exact in f32), rounded; bf16 hi + lo keep only ~16 bits of x, which at
+ * scores of a few hundred log2 units is an error of ~1e-3 in a weight, so bf16 keys take a third part */
+template <bool BF> __device__ __forceinline__ uint16_t lo2_16(float x) {
+    float b, c;
+    to16<BF>(x, &b);
+    to16<BF>(x - b, &c);
+    return to16<BF>((x - b) - c, &c);
 }
 __device__ __forceinline__ uint32_t pack(uint16_t a, uint16_t b) {
     return (uint32_t)a | ((uint32_t)b << 16);
@@ -681,20 +690,34 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
     if (SK && split == 0) sink_state<D>(a, seq, kvh, G);
     load_query<D>(a, seq, kvh, G, fmt_is_box(KF), sq);
     const float qscale = (fmt_is_box(KF) ? a.rot_scale : 1.0f) * rsqrtf((float)D) * LOG2E;
-    uint32_t qa[KS][4];
+    /* bf16 keys: the third part of q in rows 0..G−1 of a second A (rows 8..15 zero), one more product per
+     * k-step; there both A fragments are read from shared memory at each k-step, since the registers of
+     * the raw tiles leave no room for a third set (a spill otherwise) */
+    uint32_t qa[KBF ? 1 : KS][4];
+    __shared__ uint4 sqa[KBF ? KS : 1][32];
+    __shared__ uint2 sq3[KBF ? KS : 1][32];
 #pragma unroll
     for (int s = 0; s < KS; s++)
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             const int kk = ((j & 2) ? 8 : 0) + 2 * t4;
-            uint32_t w = 0;
+            uint32_t w = 0, w3 = 0;
             if (g < G) {
                 const float x0 = sq[g][kdim<D, KF>(t4, s, kk)] * qscale,
                             x1 = sq[g][kdim<D, KF>(t4, s, kk + 1)] * qscale;
                 w = (j & 1) ? pack(lo16<KBF>(x0), lo16<KBF>(x1)) : pack(hi16<KBF>(x0), hi16<KBF>(x1));
+                if (KBF && !(j & 1)) w3 = pack(lo2_16<KBF>(x0), lo2_16<KBF>(x1));
             }
-            qa[s][j] = w;
+            if constexpr (KBF) {
+                if (warp == 0) {
+                    reinterpret_cast<uint32_t *>(&sqa[s][lane])[j] = w;
+                    if (!(j & 1)) reinterpret_cast<uint32_t *>(&sq3[s][lane])[j >> 1] = w3;
+                }
+            } else {
+                qa[s][j] = w;
+            }
         }
+    if constexpr (KBF) __syncthreads();
 
     float m = -INFINITY, l = 0.0f;
     float oacc[KS][4];
@@ -724,7 +747,17 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
             for (int h = 0; h < 2; h++)
                 acc[tt][h][0] = acc[tt][h][1] = acc[tt][h][2] = acc[tt][h][3] = 0.0f;
 #pragma unroll
-        for (int s = 0; s < KS; s++)
+        for (int s = 0; s < KS; s++) {
+            /* bf16 keys: this k-step's two A fragments, volatile so that they stay in the loop */
+            uint32_t qk[4], q3[4] = {0u, 0u, 0u, 0u};
+            if constexpr (KBF) {
+                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(qk[0]), "=r"(qk[1]), "=r"(qk[2]), "=r"(qk[3])
+                             : "r"((uint32_t)__cvta_generic_to_shared(&sqa[KBF ? s : 0][lane])));
+                asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];"
+                             : "=r"(q3[0]), "=r"(q3[2])
+                             : "r"((uint32_t)__cvta_generic_to_shared(&sq3[KBF ? s : 0][lane])));
+            }
 #pragma unroll
             for (int tt = 0; tt < 2; tt++) {
                 if constexpr (KF == FMT_BOX4) {
@@ -745,9 +778,15 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
                     mma16816<false>(acc[tt][s & 1], qa[s], bb);
                 } else {
                     const uint32_t bb[2] = {cur.kw[tt][2 * s], cur.kw[tt][2 * s + 1]};
-                    mma16816<KBF>(acc[tt][s & 1], qa[s], bb);
+                    if constexpr (KBF) {
+                        mma16816<true>(acc[tt][s & 1], qk, bb);
+                        mma16816<true>(acc[tt][s & 1], q3, bb);
+                    } else {
+                        mma16816<false>(acc[tt][s & 1], qa[s], bb);
+                    }
                 }
             }
+        }
 #pragma unroll
         for (int tt = 0; tt < 2; tt++) {
             sc[tt][0] = (acc[tt][0][0] + acc[tt][1][0]) + (acc[tt][0][2] + acc[tt][1][2]);
@@ -902,9 +941,9 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
  * coset bits leave the decode as e8box:4's do (the same coset bytes, block order and coset products), so a
  * field costs one lop3 and one fma once the planes are merged (box3_kstep_nc, box3_vtile_nc: 2n − 8 with
  * the field at any bit q of its byte, no shift into place and no coset lop3; ~35% fewer integer ops in the
- * PTX of the loop than 2n + k − 8 in the mantissa). Mixed pairs (e8box:4 with e8box:3) stay on
- * attn_split_kernel: the stage layout and the copy plan (one layout for both streams, a lane copying for one
- * of them) are per format, not per stream. */
+ * PTX of the loop than 2n + k − 8 in the mantissa). Mixed pairs (K e8box:4 and V e8box:3, or the reverse)
+ * run here too: a sub-tile holds K's area of its format's layout and V's area of the other's (box_pair), each
+ * stream is copied by its own format's plan and decoded by its own format's code. */
 #ifndef BOX_STAGES
 #define BOX_STAGES 4 /* buffers per warp (3: 2-10% slower on the H100 at Llama-3-8B shapes, batch 1-8) */
 #endif
@@ -1103,23 +1142,35 @@ size_t e8kv_cu_box_prof(unsigned long long *host, size_t n_blocks, int clear) {
 #define BOX_STAMP(k) ((void)0)
 #endif
 
-template <int D, int B> static constexpr int box_smem_bytes(void) {
-    return WARPS * BOX_STAGES * BOX_NT * box_geo<D, B>::STAGE;
+/* a sub-tile of K in e8box:BK and V in e8box:BV: K's area of box_geo<D, BK>, then V's area of box_geo<D, BV>
+ * moved by VSH bytes (0 when BK = BV, the layouts above as they are) */
+template <int D, int BK, int BV> struct box_pair {
+    static constexpr int VSH = box_geo<D, BK>::V_OFF - box_geo<D, BV>::V_OFF;
+    static constexpr int STAGE = box_geo<D, BV>::STAGE + VSH;
+    static_assert(VSH % 16 == 0, "16-byte cp.async destinations");
+};
+template <int D, int BK, int BV> static constexpr int box_smem_bytes(void) {
+    return WARPS * BOX_STAGES * BOX_NT * box_pair<D, BK, BV>::STAGE;
 }
 
-template <int D, int B, bool G8, bool SK>
+template <int D, int BK, int BV, bool G8, bool SK>
 __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_launch a) {
-    static_assert(B == 4 || B == 3, "e8box:4 or e8box:3");
-    using Gm = box_geo<D, B>;
+    static_assert((BK == 4 || BK == 3) && (BV == 4 || BV == 3), "e8box:4 or e8box:3");
+    /* GK: the K area of a sub-tile; GV: the V area, VSH bytes from where box_geo<D, BV> puts it; G4: the
+     * copy plan of an e8box:4 stream */
+    using GK = box_geo<D, BK>;
+    using GV = box_geo<D, BV>;
+    using G4 = box_geo<D, 4>;
+    constexpr int VSH = box_pair<D, BK, BV>::VSH, STAGE = box_pair<D, BK, BV>::STAGE;
     constexpr int KS = D / 16, NW = D / 32;
     extern __shared__ __align__(16) uint8_t box_dyn[]; /* [WARPS][BOX_STAGES][BOX_NT][STAGE] */
-    uint8_t(*const stage)[BOX_STAGES][BOX_NT][Gm::STAGE] =
-        reinterpret_cast<uint8_t(*)[BOX_STAGES][BOX_NT][Gm::STAGE]>(box_dyn);
+    uint8_t(*const stage)[BOX_STAGES][BOX_NT][STAGE] =
+        reinterpret_cast<uint8_t(*)[BOX_STAGES][BOX_NT][STAGE]>(box_dyn);
     __shared__ float sq[8][D];
     __shared__ float sh[256];
     __shared__ float sm[WARPS][8], sl[WARPS][8];
     __shared__ float scos[WARPS][8][16];
-    static_assert(WARPS * BOX_STAGES * BOX_NT * Gm::STAGE >= sizeof(float) * WARPS * 8 * D,
+    static_assert(WARPS * BOX_STAGES * BOX_NT * STAGE >= sizeof(float) * WARPS * 8 * D,
                   "the merge buffer aliases the stages");
 
     BOX_STAMP(0);
@@ -1151,9 +1202,9 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
     const uint8_t *const kpool = a.k.pool + (size_t)kvh * a.k.head_bytes;
     const uint8_t *const vpool = a.v.pool + (size_t)kvh * a.v.head_bytes;
     const int side = lane & 15;
-    const bool has_side = side <= Gm::NC;
-    const int side_src = bs * Gm::PB + (side ? bs + 16 * (side - 1) : 0), side_mul = side ? Gm::NC : 1;
-    const uint32_t side_dst = (lane < 16 ? Gm::K_SIDE : Gm::V_SIDE) + 16 * side;
+    const bool has_side = side <= G4::NC;
+    const int side_src = bs * G4::PB + (side ? bs + 16 * (side - 1) : 0), side_mul = side ? G4::NC : 1;
+    const uint32_t side_dst = (lane < 16 ? G4::K_SIDE : G4::V_SIDE + VSH) + 16 * side;
     const uint8_t *const side_pool = lane < 16 ? kpool : vpool;
     /* page sizes below 4 GiB (e8kv_cuda_cache_create checks): one 32 × 32 → 64-bit multiply per page */
     const uint32_t kpb = (uint32_t)a.k.page_bytes, vpb = (uint32_t)a.v.page_bytes,
@@ -1169,22 +1220,27 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
         return table[pi];
     };
     /* chunk c = lane + 32j: K at 16c, V at its padded row; c + 32 is 32 / CPR rows further */
-    const uint32_t vdst0 = Gm::V_OFF + (lane / Gm::CPR) * Gm::VROW + 16 * (lane % Gm::CPR);
+    const uint32_t vdst0 = G4::V_OFF + VSH + (lane / G4::CPR) * G4::VROW + 16 * (lane % G4::CPR);
+    /* an e8box:3 stream: box3_stage's lanes 0..15 (K) or 16..31 (V) (side_pool: the lane's stream); an
+     * e8box:4 stream: every lane's nibble chunks, and the side chunks of lanes 0..NC (K) or 16..16 + NC (V).
+     * A mixed pair runs both plans, each for its own stream. */
     auto issue = [&](int pg, int o0, uint32_t dst) {
-        if constexpr (B == 3) { /* box3_stage: lanes 0..15 copy K, 16..31 V (side_pool: the lane's stream) */
+        if (BK == 3 && BV == 3 ? true : BK == 3 ? lane < 16 : BV == 3 ? lane >= 16 : false) {
             const uint8_t *const src = side_pool + (uint64_t)(uint32_t)pg * side_pb;
-            box3_stage<D>(lane, bs, o0, [&](uint32_t d, uint32_t s) { cp16(dst + d, src + s); });
-        } else {
+            box3_stage<D>(lane, bs, o0,
+                          [&](uint32_t d, uint32_t s) { cp16(dst + d + (lane < 16 ? 0 : VSH), src + s); });
+        }
+        if constexpr (BK == 4 || BV == 4) {
             const uint8_t *const kn =
-                kpool + (uint64_t)(uint32_t)pg * kpb + (uint32_t)(o0 * Gm::KN + 16 * lane);
+                kpool + (uint64_t)(uint32_t)pg * kpb + (uint32_t)(o0 * G4::KN + 16 * lane);
             const uint8_t *const vn =
-                vpool + (uint64_t)(uint32_t)pg * vpb + (uint32_t)(o0 * Gm::KN + 16 * lane);
+                vpool + (uint64_t)(uint32_t)pg * vpb + (uint32_t)(o0 * G4::KN + 16 * lane);
 #pragma unroll
-            for (int j = 0; j < Gm::KN / 32; j++) {
-                cp16(dst + 16 * lane + 512 * j, kn + 512 * j);
-                cp16(dst + vdst0 + (32 / Gm::CPR) * Gm::VROW * j, vn + 512 * j);
+            for (int j = 0; j < G4::KN / 32; j++) {
+                if constexpr (BK == 4) cp16(dst + 16 * lane + 512 * j, kn + 512 * j);
+                if constexpr (BV == 4) cp16(dst + vdst0 + (32 / G4::CPR) * G4::VROW * j, vn + 512 * j);
             }
-            if (has_side)
+            if (has_side && (BK == 4 && BV == 4 ? true : BK == 4 ? lane < 16 : lane >= 16))
                 cp16(dst + side_dst,
                      side_pool + (uint64_t)(uint32_t)pg * side_pb + (uint32_t)(side_src + o0 * side_mul));
         }
@@ -1200,7 +1256,7 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
     auto issue_tile = [&](int t0, int buf, const int(&pg)[BOX_NT], const int(&o)[BOX_NT]) {
 #pragma unroll
         for (int u = 0; u < BOX_NT; u++)
-            if (t0 + 16 * u < end) issue(pg[u], o[u], sbase + (buf * BOX_NT + u) * Gm::STAGE);
+            if (t0 + 16 * u < end) issue(pg[u], o[u], sbase + (buf * BOX_NT + u) * STAGE);
     };
     /* the pages of the first BOX_STAGES tiles looked up together (their table loads in flight at once, not
      * one after each copy: the copies are asm with a memory clobber), then the first copies */
@@ -1240,7 +1296,7 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 int coord;
-                if constexpr (B == 4) {
+                if constexpr (BK == 4) {
                     const int o = (D / 8) * t4 + 4 * (s >> 1) + j + 2 * e;
                     coord = 32 * (o >> 4) + (o & 15) + 16 * (s & 1);
                 } else {
@@ -1277,7 +1333,7 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
 #pragma unroll
     for (int mt = 0; mt < KS; mt++)
         oacc[mt][0] = oacc[mt][1] = oacc[mt][2] = oacc[mt][3] = 0.0f;
-    constexpr int CB = 8 * Gm::NC;
+    constexpr int CB = 8 * GV::NC;
     uint32_t magic;
     asm("mov.b32 %0, 0x64006400;" : "=r"(magic));
 
@@ -1293,15 +1349,15 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
 #pragma unroll
             for (int h = 0; h < 4; h++)
                 acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.0f;
-            if constexpr (B == 3) {
+            if constexpr (BK == 3) {
                 /* A = box3_kstep_nc of tokens g (a0, a2) and g + 8 (a1, a3) */
 #pragma unroll
                 for (int tt = 0; tt < 2; tt++) {
                     const int tk = g + 8 * tt;
                     box3_lds_k<D>(kw[tt], sb, tk, t4);
-                    kc[tt] = Gm::NC == 2 ? *(const uint16_t *)(sb + Gm::K_SIDE + 16 + 2 * tk)
-                                         : sb[Gm::K_SIDE + 16 + tk];
-                    ksc[tt] = sh[sb[Gm::K_SIDE + tk]];
+                    kc[tt] = GK::NC == 2 ? *(const uint16_t *)(sb + GK::K_SIDE + 16 + 2 * tk)
+                                         : sb[GK::K_SIDE + 16 + tk];
+                    ksc[tt] = sh[sb[GK::K_SIDE + tk]];
                 }
 #pragma unroll
                 for (int s = 0; s < KS; s++) {
@@ -1317,15 +1373,15 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
                 for (int tt = 0; tt < 2; tt++) {
                     const int tk = g + 8 * tt;
                     if constexpr (D == 128) {
-                        const uint4 q4 = *(const uint4 *)(sb + tk * Gm::KN + 16 * t4);
+                        const uint4 q4 = *(const uint4 *)(sb + tk * GK::KN + 16 * t4);
                         kw[tt][0] = q4.x, kw[tt][1] = q4.y, kw[tt][2] = q4.z, kw[tt][3] = q4.w;
-                        kc[tt] = *(const uint16_t *)(sb + 16 * Gm::KN + 16 + 2 * tk);
+                        kc[tt] = *(const uint16_t *)(sb + 16 * GK::KN + 16 + 2 * tk);
                     } else {
-                        const uint2 q2 = *(const uint2 *)(sb + tk * Gm::KN + 8 * t4);
+                        const uint2 q2 = *(const uint2 *)(sb + tk * GK::KN + 8 * t4);
                         kw[tt][0] = q2.x, kw[tt][1] = q2.y;
-                        kc[tt] = sb[16 * Gm::KN + 16 + tk];
+                        kc[tt] = sb[16 * GK::KN + 16 + tk];
                     }
-                    ksc[tt] = sh[sb[16 * Gm::KN + tk]];
+                    ksc[tt] = sh[sb[16 * GK::KN + tk]];
                 }
 #pragma unroll
                 for (int w = 0; w < NW; w++) {
@@ -1421,7 +1477,7 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
 #pragma unroll
             for (int tt = 0; tt < 2; tt++) {
                 const int tk = g + 8 * tt;
-                const float vsc = sh[sb[Gm::V_SIDE + tk]] * V_BOX_SCALE;
+                const float vsc = sh[sb[GV::V_SIDE + VSH + tk]] * V_BOX_SCALE;
                 const float p0 = m0 == -INFINITY ? 0.0f : ex2(sc[u][tt][0] - m0),
                             p1 = m1 == -INFINITY ? 0.0f : ex2(sc[u][tt][1] - m1);
                 l0 += p0, l1 += p1;
@@ -1436,13 +1492,13 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
             }
             /* ---- values: tokens 2t4, 2t4 + 1, 2t4 + 8, 2t4 + 9 */
             const int tv[4] = {2 * t4, 2 * t4 + 1, 2 * t4 + 8, 2 * t4 + 9};
-            if constexpr (B == 3) {
+            if constexpr (BV == 3) {
                 /* A = box3_vtile_nc of the token pairs (2t4, 2t4 + 1) (a0, a1) and (2t4 + 8, 2t4 + 9) (a2,
                  * a3) */
                 uint32_t vw[4][2];
 #pragma unroll
                 for (int r = 0; r < 4; r++)
-                    box3_lds_v<D>(vw[r], sb, tv[r], g);
+                    box3_lds_v<D>(vw[r], sb + VSH, tv[r], g);
 #pragma unroll
                 for (int mt = 0; mt < KS; mt++) {
                     uint32_t r0[2], r1[2];
@@ -1457,10 +1513,10 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
 #pragma unroll
                 for (int r = 0; r < 4; r++) {
                     if constexpr (D == 128) {
-                        const uint2 q2 = *(const uint2 *)(sb + Gm::V_OFF + tv[r] * Gm::VROW + 8 * g);
+                        const uint2 q2 = *(const uint2 *)(sb + VSH + GV::V_OFF + tv[r] * GV::VROW + 8 * g);
                         vw[r][0] = q2.x, vw[r][1] = q2.y;
                     } else {
-                        vw[r][0] = *(const uint32_t *)(sb + Gm::V_OFF + tv[r] * Gm::VROW + 4 * g);
+                        vw[r][0] = *(const uint32_t *)(sb + VSH + GV::V_OFF + tv[r] * GV::VROW + 4 * g);
                     }
                 }
 #pragma unroll
@@ -1481,8 +1537,8 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
                 uint32_t vc[2];
 #pragma unroll
                 for (int pr = 0; pr < 2; pr++)
-                    vc[pr] = Gm::NC == 2 ? *(const uint32_t *)(sb + Gm::V_SIDE + 16 + 2 * tv[2 * pr])
-                                         : *(const uint16_t *)(sb + Gm::V_SIDE + 16 + tv[2 * pr]);
+                    vc[pr] = GV::NC == 2 ? *(const uint32_t *)(sb + VSH + GV::V_SIDE + 16 + 2 * tv[2 * pr])
+                                         : *(const uint16_t *)(sb + VSH + GV::V_SIDE + 16 + tv[2 * pr]);
                 uint32_t ac[4];
 #pragma unroll
                 for (int pr = 0; pr < 2; pr++) {
@@ -1513,8 +1569,8 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
     float(*so)[8][D] = reinterpret_cast<float(*)[8][D]>(box_dyn);
 #pragma unroll
     for (int mt = 0; mt < KS; mt++) {
-        const int dl = vdim < D, B == 4 ? FMT_BOX4 : FMT_BOX3 > (g, mt, 0), dh = vdim < D,
-                  B == 4 ? FMT_BOX4 : FMT_BOX3 > (g, mt, 1);
+        const int dl = vdim < D, BV == 4 ? FMT_BOX4 : FMT_BOX3 > (g, mt, 0), dh = vdim < D,
+                  BV == 4 ? FMT_BOX4 : FMT_BOX3 > (g, mt, 1);
         so[warp][2 * t4][dl] = oacc[mt][0];
         so[warp][2 * t4 + 1][dl] = oacc[mt][1];
         so[warp][2 * t4][dh] = oacc[mt][2];
@@ -2188,44 +2244,48 @@ size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm,
     return n ? n : 1;
 }
 
-/* the e8box kernel's stages are dynamic shared memory beyond 48 KB: raise its limit once (per D and B) */
-template <int D, int B> static int box_smem_attr(void) {
+/* the e8box kernel's stages are dynamic shared memory beyond 48 KB: raise its limit once (per D, BK, BV) */
+template <int D, int BK, int BV> static int box_smem_attr(void) {
     static int done = 0;
-    const int b = box_smem_bytes<D, B>();
+    const int b = box_smem_bytes<D, BK, BV>();
     if (!done &&
-        cudaFuncSetAttribute(attn_box_kernel<D, B, false, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             b) == cudaSuccess &&
-        cudaFuncSetAttribute(attn_box_kernel<D, B, true, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             b) == cudaSuccess &&
-        cudaFuncSetAttribute(attn_box_kernel<D, B, false, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             b) == cudaSuccess &&
-        cudaFuncSetAttribute(attn_box_kernel<D, B, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             b) == cudaSuccess)
+        cudaFuncSetAttribute(attn_box_kernel<D, BK, BV, false, false>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, b) == cudaSuccess &&
+        cudaFuncSetAttribute(attn_box_kernel<D, BK, BV, true, false>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, b) == cudaSuccess &&
+        cudaFuncSetAttribute(attn_box_kernel<D, BK, BV, false, true>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, b) == cudaSuccess &&
+        cudaFuncSetAttribute(attn_box_kernel<D, BK, BV, true, true>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, b) == cudaSuccess)
         done = 1;
     return !done;
 }
 
-/* attn_box_kernel serves K and V both e8box:4 (B = 4) or both e8box:3 (B = 3); 0: attn_split_kernel */
+/* attn_box_kernel serves K and V in e8box:4 or e8box:3, either with either: the bits of a format (of K when
+ * both streams are e8box, else 0: attn_split_kernel) */
+template <int F> static constexpr int box_b(void) {
+    return F == FMT_BOX4 ? 4 : F == FMT_BOX3 ? 3 : 0;
+}
 template <int KF, int VF> static constexpr int box_bits(void) {
-    return KF == FMT_BOX4 && VF == FMT_BOX4 ? 4 : KF == FMT_BOX3 && VF == FMT_BOX3 ? 3 : 0;
+    return box_b<KF>() && box_b<VF>() ? box_b<KF>() : 0;
 }
 
 template <int D, int KF, int VF> static int occupancy(void) {
     static int n = 0;
     if (n) return n;
-    constexpr int B = box_bits<KF, VF>();
-    if constexpr (B) {
-        constexpr int sb = box_smem_bytes<D, B>();
+    constexpr int BK = box_bits<KF, VF>(), BV = box_b<VF>();
+    if constexpr (BK) {
+        constexpr int sb = box_smem_bytes<D, BK, BV>();
         int n1 = 0, n2 = 0, n3 = 0, n4 = 0;
-        if (box_smem_attr<D, B>() ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n1, attn_box_kernel<D, B, false, false>, 128,
+        if (box_smem_attr<D, BK, BV>() ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n1, attn_box_kernel<D, BK, BV, false, false>, 128,
                                                           sb) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n2, attn_box_kernel<D, B, true, false>, 128, sb) !=
-                cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n3, attn_box_kernel<D, B, false, true>, 128, sb) !=
-                cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n4, attn_box_kernel<D, B, true, true>, 128, sb) !=
-                cudaSuccess)
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n2, attn_box_kernel<D, BK, BV, true, false>, 128,
+                                                          sb) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n3, attn_box_kernel<D, BK, BV, false, true>, 128,
+                                                          sb) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n4, attn_box_kernel<D, BK, BV, true, true>, 128,
+                                                          sb) != cudaSuccess)
             n1 = n2 = n3 = n4 = 1;
         n = n1 < n2 ? n1 : n2;
         n = n3 < n ? n3 : n;
@@ -2285,18 +2345,18 @@ template <int D, int KF, int VF> static void launch(const attn_launch *la, cudaS
     const attn_launch *const a = &l;
     const dim3 grid((unsigned)a->n_split, (unsigned)a->n_head_kv, (unsigned)a->n_seq);
     const bool sk = a->sink_n > 0; /* the instances without sink rows have no sink code at all */
-    constexpr int B = box_bits<KF, VF>();
-    if constexpr (B) {
-        constexpr int sb = box_smem_bytes<D, B>();
-        box_smem_attr<D, B>();
+    constexpr int BK = box_bits<KF, VF>(), BV = box_b<VF>();
+    if constexpr (BK) {
+        constexpr int sb = box_smem_bytes<D, BK, BV>();
+        box_smem_attr<D, BK, BV>();
         if (a->n_head > 4 * a->n_head_kv && sk)
-            attn_box_kernel<D, B, true, true><<<grid, 128, sb, stream>>>(*a);
+            attn_box_kernel<D, BK, BV, true, true><<<grid, 128, sb, stream>>>(*a);
         else if (a->n_head > 4 * a->n_head_kv)
-            attn_box_kernel<D, B, true, false><<<grid, 128, sb, stream>>>(*a);
+            attn_box_kernel<D, BK, BV, true, false><<<grid, 128, sb, stream>>>(*a);
         else if (sk)
-            attn_box_kernel<D, B, false, true><<<grid, 128, sb, stream>>>(*a);
+            attn_box_kernel<D, BK, BV, false, true><<<grid, 128, sb, stream>>>(*a);
         else
-            attn_box_kernel<D, B, false, false><<<grid, 128, sb, stream>>>(*a);
+            attn_box_kernel<D, BK, BV, false, false><<<grid, 128, sb, stream>>>(*a);
     } else if (sk) {
         attn_split_kernel<D, KF, VF, true><<<grid, 128, 0, stream>>>(*a);
     } else {
