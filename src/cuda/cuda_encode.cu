@@ -867,13 +867,20 @@ size_t e8kv_cu_launch_means(float *mu, const void *d_src, size_t n_tok, size_t n
  * sign_i/√d), then + μ (one rounding), then the
  * output dtype (round to nearest even). Positions below sink_n: the sink row's exact values. Every lane
  * reaches the shuffles (full-warp masks); a vector with no valid page or row is NaN. */
+/* e8box:B's side of token o (PB plane bytes per token): its half step δ/2, and block b's coset bit in *k */
+template <int D, int PB>
+__device__ __forceinline__ float box_side(const uint8_t *area, size_t o, int b, size_t bs, const float *frac,
+                                          int *k) {
+    const unsigned e = area[bs * PB + o];
+    *k = (area[bs * PB + bs + o * ((D + 63) / 64) + b / 8] >> (b % 8)) & 1;
+    return e ? __fmul_rn(frac[e & 7u], __int_as_float(((int)(e >> 3) - 21 + 127) << 23)) : 0.0f;
+}
 template <int D>
 __device__ __forceinline__ void gather_box4(float x[8], const uint8_t *area, size_t o, int b, size_t bs,
                                             const float *frac) {
     const uint2 w = *(const uint2 *)(area + o * (D / 2) + 16 * (b / 4) + 8 * (b & 1));
-    const unsigned e = area[bs * (D / 2) + o];
-    const int k = (area[bs * (D / 2) + bs + o * ((D + 63) / 64) + b / 8] >> (b % 8)) & 1;
-    const float h = e ? __fmul_rn(frac[e & 7u], __int_as_float(((int)(e >> 3) - 21 + 127) << 23)) : 0.0f;
+    int k;
+    const float h = box_side<D, D / 2>(area, o, b, bs, frac, &k);
     const int sh = (b >> 1) & 1 ? 4 : 0;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
@@ -890,9 +897,8 @@ __device__ __forceinline__ void gather_box3(float x[8], const uint8_t *area, siz
                                             const float *frac) {
     const uint2 w = *(const uint2 *)(area + o * (D / 4) + 16 * (b / 8) + 8 * (b & 1));
     const uint2 u = *(const uint2 *)(area + bs * (D / 4) + o * (D / 8) + (D == 64 ? 0 : 8 * (b & 1)));
-    const unsigned e = area[bs * (3 * D / 8) + o];
-    const int k = (area[bs * (3 * D / 8) + bs + o * ((D + 63) / 64) + b / 8] >> (b % 8)) & 1;
-    const float h = e ? __fmul_rn(frac[e & 7u], __int_as_float(((int)(e >> 3) - 21 + 127) << 23)) : 0.0f;
+    int k;
+    const float h = box_side<D, 3 * D / 8>(area, o, b, bs, frac, &k);
     const int sh = 2 * ((b & 7) >> 1), sh1 = D == 64 ? b : b >> 1;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
