@@ -18,7 +18,8 @@
  * CPU codec has a GPU page format (e8kv_codec_gpu_format); each page holds that codec's bytes:
  *   e8box:4   the CPU codec e8box:4 (doc/format.md §2.4) after the seeded rotation, same bytes per vector
  *   e8box:3   the CPU codec e8box:3 (§2.4, 3.1875 bits per value at d = 128, 3.25 at d = 64) likewise; K
- *             and V with any format but e8p:2 (attention through the mixed-format kernel)
+ *             and V with any format but e8p:2 (with e8box:4 through the pipelined e8box kernel, with
+ *             bf16/f16 through the mixed-format kernel)
  *   e8p:2     the CPU codec e8p:2 (§2.5) after the seeded rotation, same bytes per vector; K and V of a
  *             layer both (a layer pairing it with another format is E8KV_ERROR_SPEC)
  *   bf16, f16 raw pages (no rotation), the CPU codecs bf16 and f16

@@ -276,6 +276,7 @@ def test_sink_rows_attend_exactly(spec, kf, vf):
     ("e8p:2", {0: ("e8p:2", "e8p:2"), 2: ("e8p:2", "e8p:2")}),
     ("k=e8box:4,v=bf16", {0: ("e8box:4", "bf16"), 2: ("e8box:4", "bf16")}),
     ("e8box:3", {0: ("e8box:3", "e8box:3"), 2: ("e8box:3", "e8box:3")}),
+    ("k=e8box:4,v=e8box:3", {0: ("e8box:4", "e8box:3"), 2: ("e8box:4", "e8box:3")}),
     # a format per layer, in the library's grammar
     ("e8box:4,layer1=e8p:2,layer2.v=bf16", {0: ("e8box:4", "e8box:4"), 1: ("e8p:2", "e8p:2"),
                                             2: ("e8box:4", "bf16")}),
@@ -327,7 +328,7 @@ def check_codes(cache, spec, layers, k, v, t, d):
 
 
 @needs_gpu
-@pytest.mark.parametrize("spec", ["e8box:4", "e8p:2", "e8box:3"])
+@pytest.mark.parametrize("spec", ["e8box:4", "e8p:2", "e8box:3", "k=e8box:4,v=e8box:3"])
 def test_greedy_decode_runs(spec):
     import e8kv.hf  # noqa: F401
     model = tiny_llama(torch.bfloat16)
