@@ -290,7 +290,7 @@ def main():
     ap.add_argument("--parts", default="main,fit,small",
                     help="main (8 x long, every cache and mode), floor (compiled at 8 x 64), prefill (eager, batch 1: a short and a long "
                          "prompt on an empty cache, 64-token chunks after a long past), chunks (eager, batch 1: --chunks after a long "
-                         "past, e8kv by both paths), fit (largest batch at long), small (batch 1, "
+                         "past, e8kv by both paths), gather (the gather kernel of one layer against a copy, batch 1 and 8 at long), fit (largest batch at long), small (batch 1, "
                          "short context), again (DynamicCache and e8box:4 eager at 8 x long once more)")
     ap.add_argument("--kinds", default="dynamic,static,e8box:4,e8p:2",
                     help="caches of the main and small parts, comma-separated; or ';'-separated when a spec holds "
@@ -366,6 +366,11 @@ def main():
             for c in (small, big):
                 measure_prefill(model, kind, c, 0, out)
             measure_prefill(model, kind, big, 64, out)
+    if "gather" in parts:  # the gather kernel alone against a copy: one layer at batch 1 and 8
+        for kind in kinds:
+            if kind not in ("dynamic", "static"):
+                for b in (1, 8):
+                    measure_gather(model, kind, big, out, batch=b)
     if "chunks" in parts:  # chunks of 16 .. 2048 tokens after a long past: e8kv's two paths against bf16
         for kind in kinds:
             if kind not in ("dynamic", "static"):

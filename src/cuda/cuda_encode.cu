@@ -936,36 +936,39 @@ template <int D> __global__ void __launch_bounds__(128, 16) gather_kernel(const 
         pat_s[threadIdx.x] = c_p_pat[threadIdx.x], pat_s[threadIdx.x + 128] = c_p_pat[threadIdx.x + 128];
     if (threadIdx.x < 8) frac_s[threadIdx.x] = c_box_frac[threadIdx.x];
     __syncthreads();
-    /* 32-bit index arithmetic (the launcher keeps every vector index below 2^27): 64-bit divisions cost
-     * more than the decode. A block strides over the vectors (the tables above are loaded once). */
-    const unsigned n_tok = (unsigned)g.n_tok, n_vec = (unsigned)(g.n_seq * g.n_head_kv * g.n_tok);
-    const unsigned bs = (unsigned)g.block_size;
-    for (unsigned base = blockIdx.x * 128u; base < n_vec * LANES; base += gridDim.x * 128u) {
-        const unsigned vi = (base + threadIdx.x) / LANES;
-        const bool live = vi < n_vec;
-        const unsigned pos = live ? vi % n_tok : 0u, sh = live ? vi / n_tok : 0u;
-        const unsigned head = sh % (unsigned)g.n_head_kv, seq = sh / (unsigned)g.n_head_kv;
+    /* A block owns one (sequence, KV head) (blockIdx.z) and strides over its positions, 128 / LANES at a
+     * time: the divisions by the runtime sizes are done once per block, and a position's page and offset
+     * are shifts when the page size is a power of two. 32-bit positions (the launcher keeps every vector
+     * index below 2^27). */
+    constexpr unsigned VPB = 128 / LANES;
+    const unsigned n_tok = (unsigned)g.n_tok, bs = (unsigned)g.block_size;
+    const unsigned sh = blockIdx.z, head = sh % (unsigned)g.n_head_kv, seq = sh / (unsigned)g.n_head_kv;
+    const bool pow2 = (bs & (bs - 1u)) == 0u;
+    const int bshift = __ffs((int)bs) - 1;
+    const int32_t *const table = g.tables + (size_t)seq * g.max_blocks;
+    /* the sequence's row (sink rows and means); a bad row makes every vector NaN */
+    const bool has_row = sd.mu || g.sink_n;
+    const int32_t row = has_row ? (g.rows ? g.rows[seq] : (int32_t)seq) : 0;
+    const bool bad_row = has_row && (row < 0 || (size_t)row >= g.rows_max);
+    for (unsigned p0 = blockIdx.x * VPB; p0 < n_tok; p0 += gridDim.x * VPB) {
+        const unsigned pos = p0 + threadIdx.x / LANES;
+        const bool live = pos < n_tok;
         float x[8];
-        bool bad = false;
+        bool bad = live && bad_row;
         const float *src = NULL, *mu = NULL; /* src: a sink row's exact values */
-        if (live && (sd.mu || g.sink_n)) {
-            const int32_t row = g.rows ? g.rows[seq] : (int32_t)seq;
-            if (row < 0 || (size_t)row >= g.rows_max)
-                bad = true;
-            else if (pos < (size_t)g.sink_n)
-                src = g.sink[st] + (((size_t)row * g.sink_n + pos) * g.n_head_kv + head) * D + 8 * b;
-            else if (sd.mu)
-                mu = sd.mu + ((size_t)row * g.n_head_kv + head) * D + 8 * b;
-        }
+        if (live && !bad && pos < (unsigned)g.sink_n)
+            src = g.sink[st] + (((size_t)row * g.sink_n + pos) * g.n_head_kv + head) * D + 8 * b;
+        else if (live && !bad && sd.mu)
+            mu = sd.mu + ((size_t)row * g.n_head_kv + head) * D + 8 * b;
+        const unsigned o = pow2 ? pos & (bs - 1u) : pos % bs;
         const uint8_t *area = NULL;
         if (live && !bad && !src) {
-            const int32_t page = g.tables[(size_t)seq * g.max_blocks + pos / bs];
+            const int32_t page = table[pow2 ? pos >> bshift : pos / bs];
             if (page < 0 || (size_t)page >= g.n_blocks)
                 bad = true;
             else
                 area = sd.pool + (size_t)page * sd.page_bytes + head * sd.head_bytes;
         }
-        const unsigned o = pos % bs;
 #pragma unroll
         for (int i = 0; i < 8; i++)
             x[i] = 0.0f;
@@ -1001,7 +1004,7 @@ template <int D> __global__ void __launch_bounds__(128, 16) gather_kernel(const 
 #pragma unroll
             for (int i = 0; i < 8; i++)
                 x[i] = __int_as_float(0x7fc00000);
-        const size_t at = (size_t)vi * D + 8 * b;
+        const size_t at = ((size_t)sh * n_tok + pos) * D + 8 * b;
         if (g.out_dtype == E8KV_DTYPE_F32) {
             float4 *const y = (float4 *)((float *)g.out[st] + at);
             y[0] = make_float4(x[0], x[1], x[2], x[3]);
@@ -1028,12 +1031,16 @@ size_t e8kv_cu_launch_gather(const gather_launch *g, cudaStream_t stream) {
     if (n_vec == 0) return 0;
     E8KV_RETURN_IF_ERROR(encode_tables());
     if (n_vec >= ((size_t)1 << 27)) return E8KV_ERR(DIMENSION); /* the kernel's 32-bit indices */
-    const size_t blocks = (n_vec * (g->d / 8) + 127) / 128;
+    const size_t n_sh = g->n_seq * g->n_head_kv, vpb = 128 / (g->d / 8);
+    if (n_sh > 65535) return E8KV_ERR(DIMENSION); /* grid z: one (sequence, KV head) per z */
     int dev = 0, n_sm = 132;
     if (cudaGetDevice(&dev) == cudaSuccess)
         cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
-    const size_t most = (size_t)n_sm * 8; /* with the 2 streams: 16 blocks of 128 per SM, striding */
-    const dim3 grid((unsigned)(blocks < most ? blocks : most), 2);
+    /* with the 2 streams: 16 blocks of 128 per SM, striding over the positions (at least one block per
+     * sequence and head) */
+    const size_t most = (size_t)n_sm * 8, per = (g->n_tok + vpb - 1) / vpb,
+                 cap = most / n_sh ? most / n_sh : 1;
+    const dim3 grid((unsigned)(per < cap ? per : cap), 2, (unsigned)n_sh);
     if (g->d == 128)
         gather_kernel<128><<<grid, 128, 0, stream>>>(*g);
     else
