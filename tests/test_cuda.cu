@@ -496,14 +496,15 @@ static void test_isolation(const char *spec, size_t d) {
  * carries the rounding of another coordinate of q·log2(e)/√d. At scores near 2000 a weight moves by that
  * rounding times the score: q split into two bf16 parts (~16 bits) put the output ~3e-3 from float64 (a
  * host emulation gave 1.9e-3 .. 4.2e-3 over 16 draws); with its third part (~24 bits) ~5e-5. Raw pages of
- * `dt`, input of the same type (stored exactly), G = 8 with one query for all heads. */
+ * `dt`, input of the same type (stored exactly), G = 4 and 8 query heads (the query fragment's rows half
+ * and wholly used) with one query for all heads. */
 static float round_to(float x, e8kv_dtype dt) {
     if (dt == E8KV_DTYPE_BF16) return __bfloat162float(__float2bfloat16_rn(x));
     if (dt == E8KV_DTYPE_F16) return __half2float(__float2half_rn(x));
     return x;
 }
-static void test_score_precision(const char *spec, e8kv_dtype dt, size_t d) {
-    const size_t bs = 16, G = 8, n_head = G, len = 64, n_tie = 32, n_blocks = len / bs;
+static void test_score_precision(const char *spec, e8kv_dtype dt, size_t d, size_t G) {
+    const size_t bs = 16, n_head = G, len = 64, n_tie = 32, n_blocks = len / bs;
     const double S = 2000.0; /* the tied score, q·k/√d */
     e8kv_cuda_cache_params p;
     memset(&p, 0, sizeof p);
@@ -579,9 +580,10 @@ static void test_score_precision(const char *spec, e8kv_dtype dt, size_t d) {
         const double rel = sqrt(e2 / r2);
         worst = rel > worst ? rel : worst;
     }
-    CHECK(worst <= 1e-3, "%s d=%zu: tied scores near %.0f, relative error %.3g > 1e-3", spec, d, S, worst);
-    printf("  tied large scores %-5s d=%3zu: %zu keys at q·k/√d = %.0f, attention max rel err %.2e\n", spec,
-           d, n_tie, S, worst);
+    CHECK(worst <= 1e-3, "%s d=%zu G=%zu: tied scores near %.0f, relative error %.3g > 1e-3", spec, d, G, S,
+          worst);
+    printf("  tied large scores %-5s d=%3zu G=%zu: %zu keys at q·k/√d = %.0f, attention max rel err %.2e\n",
+           spec, d, G, n_tie, S, worst);
     free(k), free(v);
     CU(cudaFree(dk));
     CU(cudaFree(dv));
@@ -1218,8 +1220,10 @@ int main(int argc, char **argv) {
     printf("test_cuda: seed 0x%llx\n", (unsigned long long)g_rng);
     if (prec_only) {
         for (size_t d = 64; d <= 128; d += 64) {
-            test_score_precision("bf16", E8KV_DTYPE_BF16, d);
-            test_score_precision("f16", E8KV_DTYPE_F16, d);
+            for (size_t G = 4; G <= 8; G += 4) {
+                test_score_precision("bf16", E8KV_DTYPE_BF16, d, G);
+                test_score_precision("f16", E8KV_DTYPE_F16, d, G);
+            }
         }
         printf("test_cuda: %d checks, %d failed\n", g_checks, g_fail);
         return g_fail ? 1 : 0;
@@ -1300,8 +1304,10 @@ int main(int argc, char **argv) {
             test_fork_and_errors("e8box:4,sink=2", ds[di]);
             test_isolation("e8box:4", ds[di]);
             test_isolation("bf16", ds[di]);
-            test_score_precision("bf16", E8KV_DTYPE_BF16, ds[di]);
-            test_score_precision("f16", E8KV_DTYPE_F16, ds[di]);
+            for (size_t G = 4; G <= 8; G += 4) {
+                test_score_precision("bf16", E8KV_DTYPE_BF16, ds[di], G);
+                test_score_precision("f16", E8KV_DTYPE_F16, ds[di], G);
+            }
             test_fork_and_errors("e8box:4", ds[di]);
             test_isolation("e8p:2", ds[di]);
             test_fork_and_errors("e8p:2", ds[di]);
