@@ -1225,7 +1225,7 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
      * e8box:4 stream: every lane's nibble chunks, and the side chunks of lanes 0..NC (K) or 16..16 + NC (V).
      * A mixed pair runs both plans, each for its own stream. */
     auto issue = [&](int pg, int o0, uint32_t dst) {
-        if (BK == 3 && BV == 3 ? true : BK == 3 ? lane < 16 : BV == 3 ? lane >= 16 : false) {
+        if ((BK == 3 && lane < 16) || (BV == 3 && lane >= 16)) {
             const uint8_t *const src = side_pool + (uint64_t)(uint32_t)pg * side_pb;
             box3_stage<D>(lane, bs, o0,
                           [&](uint32_t d, uint32_t s) { cp16(dst + d + (lane < 16 ? 0 : VSH), src + s); });
@@ -1240,7 +1240,7 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
                 if constexpr (BK == 4) cp16(dst + 16 * lane + 512 * j, kn + 512 * j);
                 if constexpr (BV == 4) cp16(dst + vdst0 + (32 / G4::CPR) * G4::VROW * j, vn + 512 * j);
             }
-            if (has_side && (BK == 4 && BV == 4 ? true : BK == 4 ? lane < 16 : lane >= 16))
+            if (has_side && ((BK == 4 && lane < 16) || (BV == 4 && lane >= 16)))
                 cp16(dst + side_dst,
                      side_pool + (uint64_t)(uint32_t)pg * side_pb + (uint32_t)(side_src + o0 * side_mul));
         }
