@@ -125,6 +125,55 @@ static void cpu_decode(const cpu_fmt *f, float *y, const uint8_t *src) {
     e8kv_codec_decode(f->codec, y, f->d, src, f->vb, 1);
 }
 
+/* float64 softmax attention of q (d values, scale 1/√d) over n tokens: token t's K and V vectors at
+ * k_exact / v_exact + t·stride for t < sink (exact rows), else at k_dec / v_dec + t·stride (the CPU decode);
+ * ref = the output (0 when n = 0), sc = n doubles of scratch. Returns the largest ‖v_t‖. */
+static double ref_attention(const float *q, size_t d, size_t n, size_t stride, size_t sink,
+                            const float *k_exact, const float *k_dec, const float *v_exact,
+                            const float *v_dec, double *sc, double *ref) {
+    double mx = -INFINITY, sum = 0.0, vmax = 0.0;
+    for (size_t t = 0; t < n; t++) {
+        const float *const kk = (t < sink ? k_exact : k_dec) + t * stride;
+        double dot = 0.0;
+        for (size_t i = 0; i < d; i++)
+            dot += (double)q[i] * kk[i];
+        sc[t] = dot / sqrt((double)d);
+        mx = sc[t] > mx ? sc[t] : mx;
+    }
+    for (size_t t = 0; t < n; t++) {
+        const float *const vv = (t < sink ? v_exact : v_dec) + t * stride;
+        double n2 = 0.0;
+        for (size_t i = 0; i < d; i++)
+            n2 += (double)vv[i] * vv[i];
+        vmax = fmax(vmax, sqrt(n2));
+    }
+    for (size_t i = 0; i < d; i++)
+        ref[i] = 0.0;
+    for (size_t t = 0; t < n; t++) {
+        const float *const vv = (t < sink ? v_exact : v_dec) + t * stride;
+        const double w = exp(sc[t] - mx);
+        sum += w;
+        for (size_t i = 0; i < d; i++)
+            ref[i] += w * vv[i];
+    }
+    for (size_t i = 0; i < d; i++)
+        ref[i] = n ? ref[i] / sum : 0.0;
+    return vmax;
+}
+
+/* ‖out − ref‖ / max(‖ref‖, floor) over d values; INFINITY when out holds a non-finite value (*finite = 0) */
+static double rel_error(const float *out, const double *ref, size_t d, double floor, int *finite) {
+    double e2 = 0.0, r2 = 0.0;
+    *finite = 1;
+    for (size_t i = 0; i < d; i++) {
+        const double o = out[i];
+        *finite &= isfinite(o);
+        e2 += (o - ref[i]) * (o - ref[i]);
+        r2 += ref[i] * ref[i];
+    }
+    return *finite ? sqrt(e2) / fmax(sqrt(r2), floor) : INFINITY;
+}
+
 /* ---------------------------------------------------------------- 1 + 2: codes and attention */
 
 typedef struct {
@@ -327,43 +376,15 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
     for (size_t s = 0; s < n_seq; s++)
         for (size_t h = 0; h < n_head; h++) {
             const size_t kh = h / G;
-            const float *qq = q + (s * n_head + h) * d;
-            double mx = -INFINITY, sum = 0.0, ref[128] = {0}, e2 = 0.0, r2 = 0.0;
-            for (size_t t = 0; t < lens[s]; t++) {
-                const float *const kk = (t < sc->sink ? K[s] : DK[s]) + t * row + kh * d;
-                double dot = 0.0;
-                for (size_t i = 0; i < d; i++)
-                    dot += (double)qq[i] * kk[i];
-                sc_[t] = dot / sqrt((double)d);
-                mx = sc_[t] > mx ? sc_[t] : mx;
-            }
-            double vmax = 0.0;
-            for (size_t t = 0; t < lens[s]; t++) {
-                const float *const vv = (t < sc->sink ? V[s] : DV[s]) + t * row + kh * d;
-                double n2 = 0.0;
-                for (size_t i = 0; i < d; i++)
-                    n2 += (double)vv[i] * vv[i];
-                vmax = fmax(vmax, sqrt(n2));
-            }
-            for (size_t t = 0; t < lens[s]; t++) {
-                const float *const vv = (t < sc->sink ? V[s] : DV[s]) + t * row + kh * d;
-                const double w = exp(sc_[t] - mx);
-                sum += w;
-                for (size_t i = 0; i < d; i++)
-                    ref[i] += w * vv[i];
-            }
-            int finite = 1;
-            for (size_t i = 0; i < d; i++) {
-                ref[i] = lens[s] ? ref[i] / sum : 0.0;
-                const double o = out[(s * n_head + h) * d + i];
-                finite &= isfinite(o);
-                e2 += (o - ref[i]) * (o - ref[i]);
-                r2 += ref[i] * ref[i];
-            }
+            double ref[128];
+            const double vmax =
+                ref_attention(q + (s * n_head + h) * d, d, lens[s], row, sc->sink, K[s] + kh * d,
+                              DK[s] + kh * d, V[s] + kh * d, DV[s] + kh * d, sc_, ref);
             /* relative to ‖ref‖, floored at 1e-6 of the largest value vector: when one zero V vector takes
              * nearly all the weight the exact output is ~1e-72, and float32 softmax weights (like SDPA's)
              * underflow below 2^-149, so only an absolute comparison means anything there */
-            const double rel = finite ? sqrt(e2) / fmax(sqrt(r2), 1e-6 * vmax) : INFINITY;
+            int finite;
+            const double rel = rel_error(out + (s * n_head + h) * d, ref, d, 1e-6 * vmax, &finite);
             worst = rel > worst ? rel : worst;
             if (rel > 1e-3 && n_bad_print < 6) { /* say where, to tell a race from a formula */
                 n_bad_print++;
@@ -555,29 +576,11 @@ static void test_score_precision(const char *spec, e8kv_dtype dt, size_t d, size
     r = e8kv_cuda_attend(c, 0, dout, dq, E8KV_DTYPE_F32, 1, n_head, dtab, n_blocks, dctx, len, NULL, 0, NULL);
     CHECK(!e8kv_is_error(r), "attend: %s", e8kv_error_name(r));
     CU(cudaMemcpy(out, dout, n_head * d * 4, cudaMemcpyDeviceToHost));
-    double sc[64], mx = -INFINITY, sum = 0.0, ref[128] = {0}, r2 = 0.0, worst = 0.0;
-    for (size_t t = 0; t < len; t++) {
-        double dot = 0.0;
-        for (size_t i = 0; i < d; i++)
-            dot += (double)q[i] * k[t * d + i];
-        sc[t] = dot / sqrt((double)d);
-        mx = sc[t] > mx ? sc[t] : mx;
-    }
-    for (size_t t = 0; t < len; t++) {
-        const double w = exp(sc[t] - mx);
-        sum += w;
-        for (size_t i = 0; i < d; i++)
-            ref[i] += w * v[t * d + i];
-    }
-    for (size_t i = 0; i < d; i++)
-        ref[i] /= sum, r2 += ref[i] * ref[i];
+    double sc[64], ref[128], worst = 0.0;
+    ref_attention(q, d, len, d, 0, k, k, v, v, sc, ref);
     for (size_t h = 0; h < n_head; h++) {
-        double e2 = 0.0;
-        for (size_t i = 0; i < d; i++) {
-            const double o = out[h * d + i];
-            e2 += isfinite(o) ? (o - ref[i]) * (o - ref[i]) : INFINITY;
-        }
-        const double rel = sqrt(e2 / r2);
+        int finite;
+        const double rel = rel_error(out + h * d, ref, d, 0.0, &finite);
         worst = rel > worst ? rel : worst;
     }
     CHECK(worst <= 1e-3, "%s d=%zu G=%zu: tied scores near %.0f, relative error %.3g > 1e-3", spec, d, G, S,
