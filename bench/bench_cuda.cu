@@ -3,9 +3,9 @@
  *
  * For Llama-3-8B (32 q / 8 kv heads, d 128) and SmolLM2-135M (9 / 3, d 64), batch 1/8/32 × context
  * 4K/32K/128K, formats e8box:4, e8box:3, K e8box:4 with V e8box:3 (named k4v3 in --only), e8p:2 and bf16
- * (our own paged kernel): µs per decode-attention
- * call of one layer (CUDA events around each call, 5 warm-up calls, median of 30; calls queued back to
- * back, again with the host waiting for each call, and 20 calls replayed as one CUDA graph, per call),
+ * (our own paged kernel): µs per decode-attention call of one layer (CUDA events around each call, 5
+ * warm-up calls, median of 30; calls queued back to back, again with the host waiting for each call, and
+ * 20 calls replayed as one CUDA graph, per call),
  * effective GB/s over the page bytes the call must read, encode GB/s over the bf16 K+V input bytes, device
  * bytes per token, measured vs accounted device memory, the largest batch × context whose cache (all
  * layers) fits in 80 GB; and the device-to-device copy bandwidth (1 GiB, read + write bytes) in the same
@@ -176,6 +176,16 @@ static void box_prof(e8kv_cuda_cache *c, float *out, const void *q, size_t batch
 #endif
 
 static size_t g_bs = 16, g_sink = 0;
+
+/* the page format of stream 0 (K) or 1 (V) of one of main's specs ("k=e8box:4,v=e8box:3": K, then V) */
+static int spec_fmt(const char *spec, int stream) {
+    if (!strncmp(spec, "k=", 2)) spec = stream ? strstr(spec, "v=") + 2 : spec + 2;
+    return !strncmp(spec, "e8box:4", 7)   ? FMT_BOX4
+           : !strncmp(spec, "e8box:3", 7) ? FMT_BOX3
+           : !strncmp(spec, "e8p:2", 5)   ? FMT_E8P2
+                                          : FMT_BF16;
+}
+
 static const char *g_suffix = ""; /* --suffix S: appended to every spec (",center=0": uncentred pages) */
 static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, double copy_gbps) {
     char spec_sink[96];
@@ -195,12 +205,8 @@ static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, dou
     p.max_append = 65536;
     size_t free0, total;
     CU(cudaMemGetInfo(&free0, &total));
-    const size_t vb = !strncmp(spec, "bf16", 4)      ? 2 * d
-                      : !strncmp(spec, "e8p:2", 5)   ? 1 + d / 4
-                      : !strncmp(spec, "e8box:3", 7) ? 1 + (d + 63) / 64 + 3 * d / 8
-                      : !strncmp(spec, "k=", 2)      ? 1 + (d + 63) / 64 + 7 * d / 16 /* K 4, V 3 bits */
-                                                     : 1 + (d + 63) / 64 + d / 2;
-    const size_t need = pages * bs * sh->n_kv * vb * 2 + ((size_t)1 << 30);
+    const size_t vb = fmt_vector_bytes(spec_fmt(spec, 0), d) + fmt_vector_bytes(spec_fmt(spec, 1), d);
+    const size_t need = pages * bs * sh->n_kv * vb + ((size_t)1 << 30);
     if (need > free0) {
         printf("%-8s %-8s batch %2zu ctx %6zu: does not fit (%zu MB needed)\n", sh->name, spec, batch, ctx,
                need >> 20);
@@ -463,10 +469,7 @@ static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n
     CU(cudaMemcpy(d_signs, hs, d * sizeof(float), cudaMemcpyHostToDevice));
     CU(cudaMalloc((void **)&d_flags, sizeof(unsigned)));
     CU(cudaMemset(d_flags, 0, sizeof(unsigned)));
-    const int fmt = !strncmp(spec, "e8box:4", 7)   ? FMT_BOX4
-                    : !strncmp(spec, "e8box:3", 7) ? FMT_BOX3
-                    : !strncmp(spec, "e8p:2", 5)   ? FMT_E8P2
-                                                   : FMT_BF16;
+    const int fmt = spec_fmt(spec, 0);
     stream_desc *sd = (stream_desc *)malloc(2 * n_layer * sizeof(stream_desc));
     for (size_t l = 0; l < n_layer; l++)
         for (int s = 0; s < 2; s++) {
