@@ -512,6 +512,60 @@ static void test_isolation(const char *spec, size_t d) {
     e8kv_cuda_cache_free(c);
 }
 
+/* A gather over more (sequence, KV head) pairs than a grid has z blocks (65535): 32800 sequences of 2 KV
+ * heads whose tables all name page 0, each gathered equal to the one sequence gathered alone, bit for bit */
+static void test_gather_many(size_t d) {
+    const size_t bs = 16, n_kv = 2, n_seq = 32800, n_tok = 2;
+    e8kv_cuda_cache_params p;
+    memset(&p, 0, sizeof p);
+    p.n_layer = 1, p.n_head_kv = n_kv, p.head_dim = d, p.block_size = bs, p.n_blocks = 1;
+    p.spec = "e8box:4,center=0", p.seed = rnd(), p.max_batch = 1;
+    size_t err = 0;
+    e8kv_cuda_cache *c = e8kv_cuda_cache_create(&p, &err);
+    CHECK(c, "create: %s", e8kv_error_name(err));
+    if (!c) return;
+    float *k = (float *)malloc(bs * n_kv * d * 4), *v = (float *)malloc(bs * n_kv * d * 4);
+    fill_rows(k, bs * n_kv, d);
+    fill_rows(v, bs * n_kv, d);
+    void *dk = to_device(k, bs * n_kv * d, E8KV_DTYPE_F32), *dv = to_device(v, bs * n_kv * d, E8KV_DTYPE_F32);
+    int64_t slots[16];
+    for (size_t t = 0; t < bs; t++)
+        slots[t] = (int64_t)t;
+    int64_t *dslots;
+    int32_t *dtab;
+    CU(cudaMalloc((void **)&dslots, sizeof slots));
+    CU(cudaMemcpy(dslots, slots, sizeof slots, cudaMemcpyHostToDevice));
+    CU(cudaMalloc((void **)&dtab, n_seq * sizeof(int32_t)));
+    CU(cudaMemset(dtab, 0, n_seq * sizeof(int32_t)));
+    size_t r = e8kv_cuda_append_slots(c, 0, dslots, dk, dv, bs, E8KV_DTYPE_F32);
+    CHECK(r == bs, "append_slots: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "count");
+    const size_t one = n_kv * n_tok * d, nv = n_seq * one;
+    float *g1, *gn, *h1 = (float *)malloc(2 * one * 4), *hn = (float *)malloc(2 * nv * 4);
+    CU(cudaMalloc((void **)&g1, 2 * one * 4));
+    CU(cudaMalloc((void **)&gn, 2 * nv * 4));
+    CU(cudaMemset(gn, 0xff, 2 * nv * 4));
+    r = e8kv_cuda_gather_async(c, 0, g1, g1 + one, E8KV_DTYPE_F32, 1, n_tok, dtab, 1, NULL, NULL);
+    CHECK(r == one, "gather_async, one sequence: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "count");
+    r = e8kv_cuda_gather_async(c, 0, gn, gn + nv, E8KV_DTYPE_F32, n_seq, n_tok, dtab, 1, NULL, NULL);
+    CHECK(r == nv, "gather_async, %zu sequences: %s", n_seq, e8kv_is_error(r) ? e8kv_error_name(r) : "count");
+    CU(cudaMemcpy(h1, g1, 2 * one * 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(hn, gn, 2 * nv * 4, cudaMemcpyDeviceToHost));
+    size_t bad = 0;
+    for (int st = 0; st < 2; st++)
+        for (size_t q = 0; q < n_seq; q++)
+            bad += memcmp(hn + st * nv + q * one, h1 + st * one, one * 4) != 0;
+    CHECK(bad == 0, "d=%zu: %zu of %zu sequences gathered unlike one alone", d, bad, 2 * n_seq);
+    printf("  gather of %zu sequences x %zu KV heads d=%zu: %s\n", n_seq, n_kv, d, bad ? "FAILED" : "ok");
+    free(k), free(v), free(h1), free(hn);
+    CU(cudaFree(dk));
+    CU(cudaFree(dv));
+    CU(cudaFree(dslots));
+    CU(cudaFree(dtab));
+    CU(cudaFree(g1));
+    CU(cudaFree(gn));
+    e8kv_cuda_cache_free(c);
+}
+
 /* Large scores that tie: 32 keys each hold a big value on their own coordinate (and a small one on the next,
  * which makes the 32 scores equal to ~0.02), the query's coordinates differ (8 .. 16), so each key's score
  * carries the rounding of another coordinate of q·log2(e)/√d. At scores near 2000 a weight moves by that
@@ -1307,6 +1361,7 @@ int main(int argc, char **argv) {
             test_fork_and_errors("e8box:4,sink=2", ds[di]);
             test_isolation("e8box:4", ds[di]);
             test_isolation("bf16", ds[di]);
+            test_gather_many(ds[di]);
             for (size_t G = 4; G <= 8; G += 4) {
                 test_score_precision("bf16", E8KV_DTYPE_BF16, ds[di], G);
                 test_score_precision("f16", E8KV_DTYPE_F16, ds[di], G);

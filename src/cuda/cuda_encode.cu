@@ -936,39 +936,41 @@ template <int D> __global__ void __launch_bounds__(128, 16) gather_kernel(const 
         pat_s[threadIdx.x] = c_p_pat[threadIdx.x], pat_s[threadIdx.x + 128] = c_p_pat[threadIdx.x + 128];
     if (threadIdx.x < 8) frac_s[threadIdx.x] = c_box_frac[threadIdx.x];
     __syncthreads();
-    /* A block owns one (sequence, KV head) (blockIdx.z) and strides over its positions, 128 / LANES at a
-     * time: the divisions by the runtime sizes are done once per block, and a position's page and offset
-     * are shifts when the page size is a power of two. 32-bit positions (the launcher keeps every vector
-     * index below 2^27). */
+    /* A block takes one (sequence, KV head) at a time (blockIdx.z, then every gridDim.z-th) and strides
+     * over its positions, 128 / LANES at a time: the divisions by the runtime sizes are done once per
+     * (sequence, KV head), and a position's page and offset are shifts when the page size is a power of
+     * two. 32-bit positions (the launcher keeps every vector index below 2^27). */
     constexpr unsigned VPB = 128 / LANES;
     const unsigned n_tok = (unsigned)g.n_tok, bs = (unsigned)g.block_size;
-    const unsigned sh = blockIdx.z, head = sh % (unsigned)g.n_head_kv, seq = sh / (unsigned)g.n_head_kv;
+    const unsigned n_sh = (unsigned)(g.n_seq * g.n_head_kv);
     const bool pow2 = (bs & (bs - 1u)) == 0u;
     const int bshift = __ffs((int)bs) - 1;
-    const int32_t *const table = g.tables + (size_t)seq * g.max_blocks;
-    /* the sequence's row (sink rows and means); a bad row makes every vector NaN */
-    const bool has_row = sd.mu || g.sink_n;
-    const int32_t row = has_row ? (g.rows ? g.rows[seq] : (int32_t)seq) : 0;
-    const bool bad_row = has_row && (row < 0 || (size_t)row >= g.rows_max);
-    for (unsigned p0 = blockIdx.x * VPB; p0 < n_tok; p0 += gridDim.x * VPB) {
-        const unsigned pos = p0 + threadIdx.x / LANES;
-        const bool live = pos < n_tok;
-        float x[8];
-        bool bad = live && bad_row;
-        const float *src = NULL, *mu = NULL; /* src: a sink row's exact values */
-        if (live && !bad && pos < (unsigned)g.sink_n)
-            src = g.sink[st] + (((size_t)row * g.sink_n + pos) * g.n_head_kv + head) * D + 8 * b;
-        else if (live && !bad && sd.mu)
-            mu = sd.mu + ((size_t)row * g.n_head_kv + head) * D + 8 * b;
-        const unsigned o = pow2 ? pos & (bs - 1u) : pos % bs;
-        const uint8_t *area = NULL;
-        if (live && !bad && !src) {
-            const int32_t page = table[pow2 ? pos >> bshift : pos / bs];
-            if (page < 0 || (size_t)page >= g.n_blocks)
-                bad = true;
-            else
-                area = sd.pool + (size_t)page * sd.page_bytes + head * sd.head_bytes;
-        }
+    for (unsigned sh = blockIdx.z; sh < n_sh; sh += gridDim.z) {
+        const unsigned head = sh % (unsigned)g.n_head_kv, seq = sh / (unsigned)g.n_head_kv;
+        const int32_t *const table = g.tables + (size_t)seq * g.max_blocks;
+        /* the sequence's row (sink rows and means); a bad row makes every vector NaN */
+        const bool has_row = sd.mu || g.sink_n;
+        const int32_t row = has_row ? (g.rows ? g.rows[seq] : (int32_t)seq) : 0;
+        const bool bad_row = has_row && (row < 0 || (size_t)row >= g.rows_max);
+        for (unsigned p0 = blockIdx.x * VPB; p0 < n_tok; p0 += gridDim.x * VPB) {
+            const unsigned pos = p0 + threadIdx.x / LANES;
+            const bool live = pos < n_tok;
+            float x[8];
+            bool bad = live && bad_row;
+            const float *src = NULL, *mu = NULL; /* src: a sink row's exact values */
+            if (live && !bad && pos < (unsigned)g.sink_n)
+                src = g.sink[st] + (((size_t)row * g.sink_n + pos) * g.n_head_kv + head) * D + 8 * b;
+            else if (live && !bad && sd.mu)
+                mu = sd.mu + ((size_t)row * g.n_head_kv + head) * D + 8 * b;
+            const unsigned o = pow2 ? pos & (bs - 1u) : pos % bs;
+            const uint8_t *area = NULL;
+            if (live && !bad && !src) {
+                const int32_t page = table[pow2 ? pos >> bshift : pos / bs];
+                if (page < 0 || (size_t)page >= g.n_blocks)
+                    bad = true;
+                else
+                    area = sd.pool + (size_t)page * sd.page_bytes + head * sd.head_bytes;
+            }
 #pragma unroll
         for (int i = 0; i < 8; i++)
             x[i] = 0.0f;
@@ -1024,6 +1026,7 @@ template <int D> __global__ void __launch_bounds__(128, 16) gather_kernel(const 
             *(uint4 *)((uint16_t *)g.out[st] + at) = make_uint4(w[0], w[1], w[2], w[3]);
         }
     }
+    }
 }
 
 size_t e8kv_cu_launch_gather(const gather_launch *g, cudaStream_t stream) {
@@ -1032,15 +1035,14 @@ size_t e8kv_cu_launch_gather(const gather_launch *g, cudaStream_t stream) {
     E8KV_RETURN_IF_ERROR(encode_tables());
     if (n_vec >= ((size_t)1 << 27)) return E8KV_ERR(DIMENSION); /* the kernel's 32-bit indices */
     const size_t n_sh = g->n_seq * g->n_head_kv, vpb = 128 / (g->d / 8);
-    if (n_sh > 65535) return E8KV_ERR(DIMENSION); /* grid z: one (sequence, KV head) per z */
     int dev = 0, n_sm = 132;
     if (cudaGetDevice(&dev) == cudaSuccess)
         cudaDeviceGetAttribute(&n_sm, cudaDevAttrMultiProcessorCount, dev);
     /* with the 2 streams: 16 blocks of 128 per SM, striding over the positions (at least one block per
-     * sequence and head) */
+     * sequence and head, grid z at most 65535: the blocks then loop over the sequences and heads) */
     const size_t most = (size_t)n_sm * 8, per = (g->n_tok + vpb - 1) / vpb,
                  cap = most / n_sh ? most / n_sh : 1;
-    const dim3 grid((unsigned)(per < cap ? per : cap), 2, (unsigned)n_sh);
+    const dim3 grid((unsigned)(per < cap ? per : cap), 2, (unsigned)(n_sh < 65535 ? n_sh : 65535));
     if (g->d == 128)
         gather_kernel<128><<<grid, 128, 0, stream>>>(*g);
     else
