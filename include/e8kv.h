@@ -39,25 +39,26 @@ const char *e8kv_version_string(void);
 typedef enum {
     E8KV_ERROR_NO_ERROR = 0,
     E8KV_ERROR_GENERIC = 1,
-    E8KV_ERROR_BAD_ARGUMENT = 2,     /* NULL pointer, zero count, inconsistent sizes */
-    E8KV_ERROR_HEAD_DIM = 3,         /* head_dim not supported by the format (E8: multiple of 8) */
-    E8KV_ERROR_RATE = 4,             /* bits per value out of the format's range */
-    E8KV_ERROR_DST_TOO_SMALL = 5,    /* destination capacity too small */
-    E8KV_ERROR_NONFINITE = 6,        /* NaN or Inf in an input vector */
+    E8KV_ERROR_BAD_ARGUMENT = 2,  /* NULL pointer, zero count, inconsistent sizes */
+    E8KV_ERROR_HEAD_DIM = 3,      /* head_dim not supported by the format (E8: multiple of 8) */
+    E8KV_ERROR_RATE = 4,          /* bits per value out of the format's range */
+    E8KV_ERROR_DST_TOO_SMALL = 5, /* destination capacity too small */
+    E8KV_ERROR_NONFINITE = 6,     /* NaN or Inf in an input vector */
     E8KV_ERROR_OUT_OF_MEMORY = 7,
-    E8KV_ERROR_CORRUPTED = 8,        /* bytes do not form a valid object */
-    E8KV_ERROR_TRUNCATED = 9,        /* input ends early */
-    E8KV_ERROR_VERSION = 10,         /* unsupported format version */
-    E8KV_ERROR_CHECKSUM = 11,        /* checksum mismatch */
-    E8KV_ERROR_SPEC = 12,            /* unparsable or impossible format spec string */
-    E8KV_ERROR_CONTEXT_FULL = 13,    /* append past the cache's maximum context */
-    E8KV_ERROR_DIMENSION = 14,       /* dimensions disagree (layer, head count, position) */
-    E8KV_ERROR_RANGE = 15,           /* finite value too large for the format's scale field */
-    E8KV_ERROR_IO = 16,              /* file could not be opened, read or written */
-    E8KV_ERROR_UNSUPPORTED = 17,     /* valid but not implemented (tensor type, architecture) */
-    E8KV_ERROR_SRC_SIZE = 18,        /* source size does not match what the call needs */
-    E8KV_ERROR_Q_RANGE = 19,         /* e8nest/d4nest q=R outside [1, sqrt(2*head_dim)] (see the codecs) */
-    E8KV_ERROR_CUDA = 20,            /* a CUDA runtime call or kernel launch failed (no device, bad state) */
+    E8KV_ERROR_CORRUPTED = 8,     /* bytes do not form a valid object */
+    E8KV_ERROR_TRUNCATED = 9,     /* input ends early */
+    E8KV_ERROR_VERSION = 10,      /* unsupported format version */
+    E8KV_ERROR_CHECKSUM = 11,     /* checksum mismatch */
+    E8KV_ERROR_SPEC = 12,         /* unparsable or impossible format spec string */
+    E8KV_ERROR_CONTEXT_FULL = 13, /* append past the cache's maximum context */
+    E8KV_ERROR_DIMENSION = 14,    /* dimensions disagree (layer, head count, position) */
+    E8KV_ERROR_RANGE = 15,        /* finite value too large for the format's scale field */
+    E8KV_ERROR_IO = 16,           /* file could not be opened, read or written */
+    E8KV_ERROR_UNSUPPORTED = 17,  /* valid but not implemented (tensor type, architecture) */
+    E8KV_ERROR_SRC_SIZE = 18,     /* source size does not match what the call needs */
+    E8KV_ERROR_Q_RANGE = 19,      /* e8nest/d4nest q=R outside [1, sqrt(2*head_dim)] (see the codecs) */
+    E8KV_ERROR_CUDA = 20,         /* a CUDA runtime call or kernel launch failed (no device, bad state) */
+    E8KV_ERROR_NO_SPACE = 21,     /* a write found the file system full or the disk quota spent */
     E8KV_ERROR_MAX_CODE = 64
 } e8kv_error_code;
 
@@ -83,14 +84,14 @@ const char *e8kv_error_code_name(e8kv_error_code code);
  * write, a full disk, a file size limit, fsync, rename) the new file is removed and `path` keeps its old
  * contents. A `path` that is a symbolic link is written through (its target is replaced, the link stays);
  * one that exists and is not a regular file (/dev/null, a terminal, a FIFO) is written in place.
- * Errors: E8KV_ERROR_BAD_ARGUMENT, E8KV_ERROR_IO (also for a directory or a dangling link),
- * E8KV_ERROR_OUT_OF_MEMORY. */
+ * Errors: E8KV_ERROR_BAD_ARGUMENT, E8KV_ERROR_NO_SPACE (a full file system or a spent disk quota),
+ * E8KV_ERROR_IO (any other failure; also a directory or a dangling link), E8KV_ERROR_OUT_OF_MEMORY. */
 typedef struct e8kv_file_writer e8kv_file_writer;
 e8kv_file_writer *e8kv_file_writer_open(const char *path, size_t *err);
-/* Returns n or an error; after an error the writer can only be aborted (commit answers E8KV_ERROR_IO). */
+/* Returns n or an error; after an error the writer can only be aborted (commit answers the same error). */
 size_t e8kv_file_writer_write(e8kv_file_writer *w, const void *src, size_t n);
 /* Flush, fsync, rename over the path, fsync its directory; frees w. Returns the bytes written or
- * E8KV_ERROR_IO (the path then keeps its old contents). */
+ * E8KV_ERROR_NO_SPACE / E8KV_ERROR_IO (the path then keeps its old contents). */
 size_t e8kv_file_writer_commit(e8kv_file_writer *w);
 /* Removes the new file and frees w; NULL is a no-op. */
 void e8kv_file_writer_abort(e8kv_file_writer *w);

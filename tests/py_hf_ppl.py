@@ -102,6 +102,7 @@ def _replay(model, chunk, spec, calib, tmp_path, shadow=True):
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     cli = torch.from_numpy(np.fromfile(lpath, dtype=np.float32).reshape(N_CTX, -1))
+    lpath.unlink()  # ~100 MB a chunk: the suite should not fill a small /tmp
     cache = _ReplayCache(model.config, spec, path, calib=calib, n_ctx=N_CTX, shadow=shadow)
     py = model(input_ids=torch.tensor([chunk]), cache=cache, use_cache=True).logits[0]
     err = (py - cli).abs().max().item()

@@ -255,7 +255,8 @@ static int same_bytes(const char *path, const void *want, size_t n) {
 
 /* e8kv_file_write replaces a file whole or not at all: over RLIMIT_FSIZE (SIGXFSZ ignored, so write()
  * fails with EFBIG) the old contents stay and no temporary file is left; a directory or a missing
- * directory is an I/O error; writing through a symbolic link keeps the link. */
+ * directory is an I/O error; a full device (/dev/full) is E8KV_ERROR_NO_SPACE; writing through a symbolic
+ * link keeps the link. */
 static void test_atomic_write(void **state) {
     (void)state;
     char dir[] = "/tmp/e8kv_test_file_XXXXXX";
@@ -309,6 +310,16 @@ static void test_atomic_write(void **state) {
     const size_t n_dev = count_prefixed("/dev", "null.tmp");
     assert_int_equal(e8kv_file_write("/dev/null", old_bytes, 10), 10);
     assert_int_equal(count_prefixed("/dev", "null.tmp"), n_dev);
+    /* a full device (write() fails with ENOSPC) is named, and the writer keeps saying so */
+    if (access("/dev/full", W_OK) == 0) {
+        assert_int_equal(e8kv_get_error_code(e8kv_file_write("/dev/full", old_bytes, 10)),
+                         E8KV_ERROR_NO_SPACE);
+        w = e8kv_file_writer_open("/dev/full", &err);
+        assert_non_null(w);
+        assert_int_equal(e8kv_get_error_code(e8kv_file_writer_write(w, old_bytes, 10)), E8KV_ERROR_NO_SPACE);
+        assert_int_equal(e8kv_get_error_code(e8kv_file_writer_write(w, old_bytes, 10)), E8KV_ERROR_NO_SPACE);
+        assert_int_equal(e8kv_get_error_code(e8kv_file_writer_commit(w)), E8KV_ERROR_NO_SPACE);
+    }
     assert_int_equal(e8kv_get_error_code(e8kv_file_write("/nonexistent-e8kv-dir/x", old_bytes, 10)),
                      E8KV_ERROR_IO);
     assert_int_equal(e8kv_get_error_code(e8kv_file_write(NULL, old_bytes, 10)), E8KV_ERROR_BAD_ARGUMENT);

@@ -46,6 +46,8 @@ const char *e8kv_error_code_name(e8kv_error_code code) {
         return "q_range outside [1, sqrt(2*head_dim)]: it is the clamp in multiples of the RMS, not "
                "KakeyaLattice's q_range";
     case E8KV_ERROR_CUDA: return "CUDA runtime error";
+    case E8KV_ERROR_NO_SPACE:
+        return "no space left on the device (or disk quota exceeded)";
     case E8KV_ERROR_MAX_CODE: break;
     }
     return "unknown error code";

@@ -1,8 +1,9 @@
 /* Atomic file writes: the bytes go to a new file in the target's directory, which is flushed, fsync'd and
  * renamed over the target, then the directory is fsync'd, so a reader (or a crash) sees the old file or the
  * complete new one, never a mix. Any failure (a full disk, RLIMIT_FSIZE, a short write) removes the
- * temporary file and leaves the target as it was. A target that is a symbolic link is written through:
- * its final target is replaced, the link stays. A target that exists and is not a regular file (a
+ * temporary file and leaves the target as it was; a full file system or a spent quota is named
+ * (E8KV_ERROR_NO_SPACE), any other failure is E8KV_ERROR_IO. A target that is a symbolic link is written
+ * through: its final target is replaced, the link stays. A target that exists and is not a regular file (a
  * character device such as /dev/null or a terminal, a FIFO) cannot be replaced and is written in place. */
 #include "common.h"
 
@@ -16,11 +17,17 @@
 
 struct e8kv_file_writer {
     int fd;
+    size_t err; /* the first write's failure, returned again by later writes and by commit */
     size_t n_bytes;
     char *path;   /* the file replaced at commit (links resolved) */
     char *tmp;    /* "<path>.tmp.<pid>.<n>", removed unless renamed */
     int in_place; /* not a regular file: written directly, nothing to rename */
 };
+
+/* The error for a failed call that set errno: a full file system or a spent quota by name, else I/O. */
+static size_t io_error(int e) {
+    return e == ENOSPC || e == EDQUOT ? E8KV_ERR(NO_SPACE) : E8KV_ERR(IO);
+}
 
 static void writer_discard(e8kv_file_writer *w) {
     if (w->fd >= 0) close(w->fd);
@@ -83,9 +90,9 @@ e8kv_file_writer *e8kv_file_writer_open(const char *path, size_t *err) {
         if (w->fd < 0 && errno != EEXIST) break;
     }
     if (w->fd < 0) {
+        e = io_error(errno);
         free(w->tmp);
         w->tmp = NULL; /* nothing to remove */
-        e = E8KV_ERR(IO);
         goto fail;
     }
     /* replacing a file keeps its permission bits */
@@ -102,16 +109,17 @@ fail:
 
 size_t e8kv_file_writer_write(e8kv_file_writer *w, const void *src, size_t n) {
     if (!w || (!src && n)) return E8KV_ERR(BAD_ARGUMENT);
-    if (w->fd < 0) return E8KV_ERR(IO); /* an earlier write failed */
+    if (w->fd < 0) return w->err ? w->err : E8KV_ERR(IO); /* an earlier write failed */
     const uint8_t *p = src;
     for (size_t done = 0; done < n;) {
         const size_t chunk = n - done < ((size_t)1 << 30) ? n - done : ((size_t)1 << 30);
         const ssize_t k = write(w->fd, p + done, chunk);
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0) { /* the file is now incomplete: commit will refuse */
+            w->err = k < 0 ? io_error(errno) : E8KV_ERR(IO);
             close(w->fd);
             w->fd = -1;
-            return E8KV_ERR(IO);
+            return w->err;
         }
         done += (size_t)k;
     }
@@ -121,16 +129,21 @@ size_t e8kv_file_writer_write(e8kv_file_writer *w, const void *src, size_t n) {
 
 size_t e8kv_file_writer_commit(e8kv_file_writer *w) {
     if (!w) return E8KV_ERR(BAD_ARGUMENT);
-    size_t r = E8KV_ERR(IO);
+    size_t r = w->err ? w->err : E8KV_ERR(IO);
     if (w->in_place) {
-        const int c = w->fd >= 0 ? close(w->fd) : -1;
-        w->fd = -1;
-        if (c == 0) r = w->n_bytes;
+        if (w->fd >= 0) {
+            r = close(w->fd) == 0 ? w->n_bytes : io_error(errno);
+            w->fd = -1;
+        }
         writer_discard(w);
         return r;
     }
-    if (w->fd >= 0 && fsync(w->fd) == 0) {
+    /* a file system that allocates late (NFS, delayed allocation) reports a full disk at fsync or close */
+    if (w->fd >= 0 && fsync(w->fd) != 0)
+        r = io_error(errno);
+    else if (w->fd >= 0) {
         const int c = close(w->fd);
+        if (c != 0) r = io_error(errno);
         w->fd = -1;
         if (c == 0 && rename(w->tmp, w->path) == 0) {
             free(w->tmp);
