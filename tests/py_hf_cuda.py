@@ -6,6 +6,8 @@ device="cuda") on a tiny random Llama (transformers LlamaConfig, bf16 and f32):
   - e8box:4 / e8box:3 / e8p:2: the bytes in the device pages equal e8kv.Codec.encode of the same K/V (the CPU
     library), and greedy decoding through the model runs;
   - eager and torch.compile(mode="reduce-overhead", fullgraph=True) steps give the same logits;
+  - padded batches (left or right): each row's logits equal those of the row alone, generate() runs on them,
+    and padding after the prompt is refused;
   - the device memory the cache takes (cudaMemGetInfo delta) equals its accounted bytes;
   - specs the CUDA cache cannot hold and NaN input are named errors.
 Needs a GPU and a libe8kv built with nvcc: skipped otherwise, with the reason (CI has no GPU; there only
@@ -368,6 +370,288 @@ def test_compiled_equals_eager(spec):
     print(f"{spec}: compiled vs eager max |logit diff| {err:.3g} (max |logit| {scale:.3g}), cudagraph skips {skips}")
     assert skips == 0
     assert err <= 2e-2 * scale, (err, scale)
+
+
+class PagesTwin:
+    """A float64 twin of e8kv.CudaCache for the CPU: what hf.E8KVCudaCache's bookkeeping (slots, lengths,
+    padding, chunks, sink rows, means) must produce, without the kernels. Pages hold each stored value as
+    the CUDA cache reads it back: exact for bf16/f16, else (x − mean) rounded to a grid of 1/4 plus the mean
+    (so a wrong mean or a wrong slot shows in the output); the attention and the gather read them by the
+    caller's block tables and context lengths as the kernels do (sink=N: positions below N from the row's
+    exact sink rows; set_means: the mean of a sequence's first tokens when there are 16 or more, else 0).
+    It is not a model of the codecs' error: the GPU run of these tests checks the kernels."""
+
+    def __init__(self, n_layer, n_head_kv, head_dim, n_blocks, spec="e8box:4", *, block_size=16, max_seqs=1,
+                 device=None, **unused):
+        import re
+        self.n_layer, self.n_head_kv, self.head_dim, self.block_size = n_layer, n_head_kv, head_dim, block_size
+        m = re.search(r"sink=(\d+)", spec)
+        self.sink = int(m.group(1)) if m else 0
+        self.lossy = not spec.startswith(("bf16", "f16"))
+        self.centered = self.lossy and "center=0" not in spec
+        w = n_head_kv * head_dim
+        z = dict(dtype=torch.float64)
+        self.pages = torch.zeros((2, n_layer, n_blocks * block_size, w), **z)
+        self.sinks = torch.zeros((2, n_layer, max(1, max_seqs * self.sink), w), **z)
+        self.means = torch.zeros((2, n_layer, max_seqs, w), **z)
+        self.device_bytes = self.token_bytes = 0
+
+    @staticmethod
+    def check_status(status):
+        pass
+
+    def set_means(self, layer, row, k, v):
+        for s, x in enumerate((k, v)):
+            x = x.reshape(-1, self.n_head_kv * self.head_dim).double()
+            self.means[s, layer, row] = x.mean(0) if x.shape[0] >= 16 else 0.0
+
+    def append(self, layer, slots, k, v, *, status=None, sink_slots=None, rows=None):
+        for s, x in enumerate((k, v)):
+            x = x.reshape(slots.numel(), -1).double()
+            if self.lossy:
+                mean = self.means[s, layer, rows.long()] if rows is not None and self.centered else 0.0
+                self.pages[s, layer, slots] = torch.round((x - mean) * 4) / 4 + mean
+            else:
+                self.pages[s, layer, slots] = x.to(torch.bfloat16).double() if k.dtype != torch.float16 else x
+            if sink_slots is not None:
+                at = sink_slots >= 0
+                self.sinks[s, layer, sink_slots[at]] = x[at]
+        return slots.numel()
+
+    def _read(self, layer, tables, n, seq, row):
+        pos = torch.arange(n)
+        slot = tables[seq, pos // self.block_size].long() * self.block_size + pos % self.block_size
+        k, v = self.pages[0, layer, slot].clone(), self.pages[1, layer, slot].clone()
+        lo = min(self.sink, n)
+        if lo:
+            k[:lo], v[:lo] = self.sinks[0, layer, row * self.sink:row * self.sink + lo], \
+                self.sinks[1, layer, row * self.sink:row * self.sink + lo]
+        h, d = self.n_head_kv, self.head_dim
+        return k.view(n, h, d).transpose(0, 1), v.view(n, h, d).transpose(0, 1)
+
+    def attend(self, layer, q, tables, ctx, max_ctx=None, rows=None):
+        d = self.head_dim
+        out = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32)
+        for i in range(q.shape[0]):
+            k, v = self._read(layer, tables, int(ctx[i]), i, int(rows[i]) if rows is not None else i)
+            qi = q[i].double().view(-1, d)
+            g = qi.shape[0] // self.n_head_kv
+            k, v = k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)
+            p = torch.softmax((k @ qi[:, :, None])[..., 0] / d ** 0.5, -1)
+            out[i] = (p[:, None, :] @ v)[:, 0].reshape(-1).float()
+        return out
+
+    def gather(self, layer, n_tok, tables, *, rows=None, dtype=None):
+        kv = [self._read(layer, tables, n_tok, i, int(rows[i]) if rows is not None else i)
+              for i in range(tables.shape[0])]
+        return tuple(torch.stack([x[j] for x in kv]).to(dtype or torch.bfloat16) for j in range(2))
+
+
+@pytest.fixture(params=["cpu-twin", pytest.param("cuda", marks=needs_gpu)])
+def dev(request, monkeypatch):
+    """"cuda": the CUDA cache; "cpu-twin": the same hf.E8KVCudaCache over PagesTwin on the CPU (the
+    operators' CPU kernels call the twin), which checks its bookkeeping wherever the tests run."""
+    if request.param == "cuda":
+        return "cuda"
+    import e8kv.hf
+    from e8kv import torch_ops
+    global _TWIN_KERNELS
+    if not _TWIN_KERNELS:
+        torch.library.register_kernel("e8kv::append", "cpu")(
+            lambda state, cache, layer, slots, k, v, sink_slots=None, rows=None: torch_ops._get(cache).append(
+                layer, slots, k, v, status=state, sink_slots=sink_slots, rows=rows) and None)
+        torch.library.register_kernel("e8kv::attend", "cpu")(
+            lambda state, cache, layer, q, tables, ctx, max_ctx, rows=None: torch_ops._get(cache).attend(
+                layer, q, tables, ctx, max_ctx, rows=rows))
+        _TWIN_KERNELS = True
+    monkeypatch.setattr(e8kv.core, "CudaCache", PagesTwin)
+    monkeypatch.setattr(torch_ops, "new_state", lambda device=None: torch.zeros(1, dtype=torch.int32))
+    return torch.device("cpu", 0)
+
+
+_TWIN_KERNELS = False
+
+
+def model_on(dev):
+    if dev == "cuda":
+        return tiny_llama(torch.float32)
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=1024, max_position_embeddings=512, rope_theta=10000.0,
+                      attn_implementation="sdpa")
+    torch.manual_seed(1234)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def padded_batch(prompts, side):
+    """ids, attention mask and position ids (b, T) of 1-D prompts padded to the longest on `side`."""
+    T = max(len(p) for p in prompts)
+    ids = torch.zeros((len(prompts), T), dtype=torch.long, device=prompts[0].device)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        at = slice(T - len(p), T) if side == "left" else slice(0, len(p))
+        ids[i, at], mask[i, at] = p, 1
+    return ids, mask, (mask.cumsum(1) - 1).clamp(min=0)
+
+
+def run_padded(model, cache, prompts, blocks, side, masks=True, step=None):
+    """The padded prompts (eager), then each block of tokens (b, n) in turn, teacher-forced, the mask grown by
+    ones (masks=False: no mask after the prompt; step: the forward of the one-token blocks). Returns the
+    float32 logits (b, 1 + Σn, vocab): each row's last real prompt token's, then every block token's."""
+    step = step or model
+    ids, mask, pos = padded_batch(prompts, side)
+    b, on = len(prompts), ids.device
+    nxt = torch.tensor([len(p) for p in prompts], device=on)
+    with torch.no_grad():
+        lg = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True).logits
+        last = torch.full_like(nxt, ids.shape[1] - 1) if side == "left" else nxt - 1
+        out = [lg[torch.arange(b, device=on), last].float()[:, None].clone()]
+        for blk in blocks:
+            n = blk.shape[1]
+            mask = torch.cat((mask, torch.ones((b, n), dtype=mask.dtype, device=on)), 1)
+            f = step if n == 1 else model
+            lg = f(input_ids=blk, attention_mask=mask if masks else None, past_key_values=cache, use_cache=True,
+                   position_ids=nxt[:, None] + torch.arange(n, device=on)).logits
+            out.append(lg.float().clone())
+            nxt = nxt + n
+    return torch.cat(out, 1)
+
+
+PAD_LENS = (24, 17, 5)  # 17 ≥ 16: that row's means come from its own tokens, not its pads
+
+
+def pad_blocks(dev):
+    """The prompts (lengths PAD_LENS) and the blocks after them: 6 single tokens, a 4-token chunk (one
+    virtual attention row per token), a 20-token chunk (past gather_from: SDPA over gathered pages), 2 more
+    single tokens."""
+    g = torch.Generator().manual_seed(11)
+    on = "cuda" if dev == "cuda" else "cpu"
+    prompts = [torch.randint(0, 1024, (n,), generator=g).to(on) for n in PAD_LENS]
+    sizes = [1] * 6 + [4, 20, 1, 1]
+    return prompts, [torch.randint(0, 1024, (len(PAD_LENS), n), generator=g).to(on) for n in sizes]
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("spec", ["bf16", "e8box:4", "e8box:4,sink=2", "e8p:2"])
+def test_padded_batch_equals_each_row_alone(dev, spec, side):
+    """Prompts of lengths 24, 17 and 5 padded to 24 (as generate() passes them): each row's logits over the
+    prompt, single tokens and chunks after it equal those of the row alone in a cache of its own (no pads),
+    within fp tolerance: the pads are not stored (the centring means and sink rows are each row's own) and
+    every row attends over its own length. The same batch with no mask after the prompt gives the same; with
+    no mask at all (pads taken as tokens) it does not (the test's control)."""
+    import e8kv.hf
+    model = model_on(dev)
+    prompts, blocks = pad_blocks(dev)
+    n_all = max(PAD_LENS) + sum(blk.shape[1] for blk in blocks)
+
+    def cache_of(b):
+        return e8kv.hf.E8KVCudaCache(model.config, spec, device=dev, max_batch_size=b, max_cache_len=128)
+    alone = []
+    for i, p in enumerate(prompts):
+        c = cache_of(1)
+        alone.append(run_padded(model, c, [p], [blk[i:i + 1] for blk in blocks], "left")[0])
+        c.detach(model.config)
+        c.check()
+    alone = torch.stack(alone)
+    cache = cache_of(3)
+    got = run_padded(model, cache, prompts, blocks, side)
+    assert int(cache.get_seq_length()) == n_all  # transformers' padded length
+    cache.detach(model.config)
+    cache.check()
+    cache = cache_of(3)
+    got_nomask = run_padded(model, cache, prompts, blocks, side, masks=False)
+    cache.detach(model.config)
+    cache = cache_of(3)  # the control: no mask at all, the pads taken as tokens
+    ids, _, _ = padded_batch(prompts, side)
+    with torch.no_grad():
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        ctl = model(input_ids=blocks[0], past_key_values=cache, use_cache=True).logits[:, -1].float()
+    cache.detach(model.config)
+    scale = float(alone.abs().max())
+    err = float((got - alone).abs().max())
+    err_nomask = float((got_nomask - alone).abs().max())
+    err_ctl = float((ctl[1:] - alone[1:, 1]).abs().max())  # the padded rows' first step
+    print(f"padded ({side}) {spec} on {dev}: max |logit diff| vs each row alone {err:.3g}, no mask after the "
+          f"prompt {err_nomask:.3g}, pads taken as tokens (control) {err_ctl:.3g} (max |logit| {scale:.3g})")
+    assert torch.isfinite(got).all()
+    assert err <= 5e-3 * scale and err_nomask <= 5e-3 * scale, (err, err_nomask, scale)
+    assert err_ctl > 10 * max(err, 1e-4 * scale), (err_ctl, err)
+
+
+def test_padding_after_the_prompt_is_refused(dev):
+    """A 0 in the mask of tokens after the prompt, or a mask whose padding differs from the prompt's, is
+    refused (NotImplementedError), before anything is stored."""
+    import e8kv.hf
+    model = model_on(dev)
+    prompts, blocks = pad_blocks(dev)
+    ids, mask, pos = padded_batch(prompts, "left")
+    cache = e8kv.hf.E8KVCudaCache(model.config, "e8box:4", device=dev, max_batch_size=3, max_cache_len=128)
+    one = torch.ones((3, 1), dtype=mask.dtype, device=ids.device)
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+        bad = torch.cat((mask, torch.tensor([[1], [0], [1]], device=ids.device)), 1)
+        with pytest.raises(NotImplementedError):
+            model(input_ids=blocks[0], attention_mask=bad, past_key_values=cache, use_cache=True)
+        with pytest.raises(NotImplementedError):
+            model(input_ids=blocks[0], attention_mask=torch.cat((torch.ones_like(mask), one), 1),
+                  past_key_values=cache, use_cache=True)
+        assert int(cache.get_seq_length()) == ids.shape[1]
+        model(input_ids=blocks[0], attention_mask=torch.cat((mask, one), 1), past_key_values=cache, use_cache=True)
+    cache.detach(model.config)
+    assert int(cache.get_seq_length()) == ids.shape[1] + 1
+
+
+def test_generate_on_a_padded_batch(dev):
+    """generate() on a left-padded batch gives each row the greedy tokens of the row alone (bf16 pages, f32
+    model: near ties aside)."""
+    import e8kv.hf
+    from transformers import DynamicCache
+    model = model_on(dev)
+    prompts, _ = pad_blocks(dev)
+    ids, mask, _ = padded_batch(prompts, "left")
+    n = 8
+    with torch.no_grad():
+        ref = [model.generate(input_ids=p[None], max_new_tokens=n, do_sample=False,
+                              past_key_values=DynamicCache(config=model.config))[0, len(p):] for p in prompts]
+        cache = e8kv.hf.E8KVCudaCache(model.config, "bf16", device=dev, max_batch_size=3, max_cache_len=128)
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, do_sample=False,
+                             past_key_values=cache)[:, ids.shape[1]:]
+    cache.detach(model.config)
+    cache.check()
+    agree = float((out == torch.stack(ref)).float().mean())
+    print(f"generate on a left-padded batch, bf16 pages: greedy agreement with each row alone {agree:.3f}")
+    assert out.shape == (3, n)
+    assert agree >= 0.9, (out, ref)
+
+
+def test_padded_compiled_equals_eager(dev):
+    """A padded prompt (eager), then compiled one-token steps (no mask): the logits of the eager steps."""
+    import e8kv.hf
+    from torch._dynamo.utils import counters
+    model = model_on(dev)
+    prompts, blocks = pad_blocks(dev)
+    blocks = blocks[:6]
+
+    def cache_of():
+        return e8kv.hf.E8KVCudaCache(model.config, "e8box:4,sink=2", device=dev, max_batch_size=3,
+                                        max_cache_len=128)
+    cache = cache_of()
+    eager = run_padded(model, cache, prompts, blocks, "left", masks=False)
+    cache.detach(model.config)
+    torch._dynamo.reset()
+    counters.clear()
+    step = torch.compile(model.forward, mode="reduce-overhead" if dev == "cuda" else "default", fullgraph=True)
+    cache = cache_of()
+    compiled = run_padded(model, cache, prompts, blocks, "left", masks=False, step=step)
+    cache.detach(model.config)
+    cache.check()
+    skips = dict(counters["inductor"]).get("cudagraph_skips", 0)
+    err = float((compiled - eager).abs().max())
+    scale = float(eager.abs().max())
+    print(f"padded on {dev}, compiled vs eager: max |logit diff| {err:.3g} (max |logit| {scale:.3g}), "
+          f"cudagraph skips {skips}")
+    assert skips == 0
+    assert err <= 1e-3 * scale, (err, scale)
 
 
 @needs_gpu

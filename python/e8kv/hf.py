@@ -372,7 +372,9 @@ class E8KVCudaLayer(CacheLayerMixin):
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.parent._append(self.layer_idx, key_states, value_states, self.cumulative_length,
+        b, t = key_states.shape[0], key_states.shape[2]
+        self.parent._append(self.layer_idx, key_states, value_states,
+                            self.parent._positions(self.cumulative_length, b, t),
                             first=self.parent._fresh[self.layer_idx])
         self.cumulative_length.add_(key_states.shape[2])
         return key_states, value_states  # the attention reads the past from the pages
@@ -389,6 +391,9 @@ class E8KVCudaLayer(CacheLayerMixin):
     def reset(self) -> None:
         self.cumulative_length.zero_()
         self.parent._fresh[self.layer_idx] = True
+        self.parent._pad.zero_()
+        self.parent._pad_host = [0] * self.parent.batch_rows
+        self.parent._valid = None
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
@@ -436,7 +441,15 @@ class E8KVCudaCache(Cache):
     bottom right) over the layer's values gathered from the pages in the model's dtype (CudaCache.gather:
     decoded, means added, sink rows exact), which reads the past once for all the chunk's queries where the
     decode kernel reads it once per query; such chunks have no max_chunk limit. Every token after the
-    prompt reads codes. Padded batches are refused."""
+    prompt reads codes.
+
+    Padded batches (prompts of different lengths, left- or right-padded, as generate() passes them): the
+    attention mask of the prompt (the first forward of an empty cache, eager) says which tokens are pads;
+    they are not stored: each row keeps its own tokens at positions 0 .. n - 1 of its pages and attends
+    over them alone (the kernel's context length is per row), and the prompt's SDPA masks them. Tokens after
+    the prompt must be real (mask 1): padding inside a later chunk is refused (NotImplementedError), and a
+    mask whose earlier part disagrees with the padding recorded at the prompt is refused. The lengths seen
+    by transformers (get_seq_length, cache_position) stay the padded ones."""
 
     def __init__(self, config: Any, spec: str = "e8box:4", *, max_batch_size: int = 1, max_cache_len: Optional[int] = None,
                  device: Any = "cuda", seed: int = 0, block_size: int = 16, max_chunk: int = 64,
@@ -476,19 +489,23 @@ class E8KVCudaCache(Cache):
             self._row_base = torch.arange(max_batch_size, dtype=torch.int64) * self.capacity
             self._arange = torch.arange(max(max_chunk, 1), dtype=torch.int64)
             self._batch_rows = torch.arange(max_batch_size, dtype=torch.int32)  # each row's sink rows and means
+            self._pad = torch.zeros(max_batch_size, dtype=torch.int64)  # per row: pads dropped from its prompt
+        self._pad_host = [0] * max_batch_size  # the same on the host (the gather path groups rows by it)
+        self._valid: Optional[torch.Tensor] = None  # (b, t) bool: which prompt tokens are kept (a padded prompt)
+        self._valid_todo: list[bool] = []  # per layer: its append has still to drop the pads of _valid
         self.sink = self.kv.sink
         self._use_rows = bool(self.sink) or self.kv.centered
         self._fresh = [True] * s.n_layer  # per layer: no token since creation or reset (the host's own record)
-        for t in (self._tables, self._row_base, self._arange, self._batch_rows):
+        for t in (self._tables, self._row_base, self._arange, self._batch_rows, self._pad):
             torch._dynamo.mark_static_address(t)
         self._attach(config)
         super().__init__(layers=[E8KVCudaLayer(self, i) for i in range(s.n_layer)])
 
     def __del__(self) -> None:
         key = getattr(self, "_key", None)
-        if key is not None:
-            from . import torch_ops
-            torch_ops.unregister_cache(key)
+        ops = sys.modules.get(__package__ + ".torch_ops")  # no import here: it may run at interpreter exit
+        if key is not None and ops is not None:
+            ops.unregister_cache(key)
 
     def _attach(self, config: Any) -> None:
         register()
@@ -504,42 +521,113 @@ class E8KVCudaCache(Cache):
             config._e8kv_cuda_cache = None
             config._attn_implementation = getattr(config, "_e8kv_fallback", None) or "sdpa"
 
+    # -- padding
+    def _note_mask(self, mask: Optional[torch.Tensor], t: int) -> None:
+        """The 2-D attention mask of a forward of t new tokens about to run (eager; called by the mask
+        interface before any layer). On an empty cache it sets each row's padding, which the prompt's appends
+        then drop; later, its new part must be all ones and its earlier part must agree with the padding
+        recorded."""
+        if mask is not None and mask.dim() != 2:
+            return
+        padded = mask is not None and not bool(mask.all())
+        past = int(self.layers[0].cumulative_length) if self.layers[0].is_initialized else 0
+        if mask is None:
+            # the new tokens are real. generate() makes the mask before the forward (then the forward sees
+            # none): the padding it noted for this prompt stands
+            if past == 0 and not (self._valid is not None and self._valid.shape[1] == t):
+                self._valid, self._valid_todo = None, []
+                if any(self._pad_host):
+                    self._pad.zero_()
+                    self._pad_host = [0] * self.batch_rows
+            return
+        self._valid, self._valid_todo = None, []
+        if padded and mask.shape[1] != past + t:
+            raise NotImplementedError(f"e8kv CUDA cache: an attention mask of {mask.shape[1]} positions for {t} new "
+                                      f"tokens after {past}: a padded mask must cover exactly the tokens seen")
+        if past == 0:
+            pads = [0] * self.batch_rows
+            if padded:
+                b = mask.shape[0]
+                if b > self.batch_rows:
+                    raise E8KVError(ErrorCode.DIMENSION, f"e8kv CUDA cache: a batch of {b} rows exceeds "
+                                                         f"max_batch_size {self.batch_rows}")
+                valid = mask.to(torch.bool)
+                pads[:b] = (~valid).sum(1).tolist()
+                self._valid, self._valid_todo = valid, [True] * len(self.layers)
+            if pads != self._pad_host:
+                self._pad.copy_(torch.tensor(pads, dtype=torch.int64))
+                self._pad_host = pads
+            return
+        if not padded:
+            if any(self._pad_host[:mask.shape[0]]):
+                raise NotImplementedError("e8kv CUDA cache: an attention mask without the padding of the prompt "
+                                          "this cache holds")
+            return
+        if not bool(mask[:, past:].all()):
+            raise NotImplementedError("e8kv CUDA cache: padding after the prompt (a 0 in the attention mask of new "
+                                      "tokens) is not supported; pad the prompt only")
+        if (~mask[:, :past].to(torch.bool)).sum(1).tolist() != self._pad_host[:mask.shape[0]]:
+            raise NotImplementedError("e8kv CUDA cache: the attention mask's padding differs from the padding of "
+                                      "the prompt this cache holds")
+
+    def _positions(self, length: torch.Tensor, b: int, t: int, row0: int = 0) -> torch.Tensor:
+        """(b, t): the positions in their rows' pages of t new tokens after `length` (padded) positions."""
+        ar = self._arange[:t] if t <= self._arange.shape[0] else torch.arange(t, dtype=torch.int64,
+                                                                              device=self._arange.device)
+        return (length - self._pad[row0:row0 + b])[:, None] + ar[None, :]
+
     # -- storing and reading
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
         """(b, h, t, d) -> (b * t, h * d) contiguous, rows b-major."""
         b, h, t, d = x.shape
         return x.transpose(1, 2).reshape(b * t, h * d)
 
-    def _append(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor, length: torch.Tensor,
+    def _append(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor, pos: torch.Tensor,
                 row0: int = 0, first: bool = True) -> None:
+        """Store K/V (b, n_head_kv, t, head_dim) of batch rows row0 .. row0+b-1 at positions pos (b, t) of
+        their pages; a padded prompt's pads (_valid) are dropped and its tokens stored at 0 .. n - 1."""
         b, h, t, d = key_states.shape
-        if t > self._arange.shape[0]:
-            pos = torch.arange(t, dtype=torch.int64, device=key_states.device) + length
-        else:
-            pos = self._arange[:t] + length
-        slots = (self._row_base[row0:row0 + b, None] + pos[None, :]).reshape(-1)
+        keep = None
+        if (self._valid is not None and not torch.compiler.is_compiling() and self._valid_todo[layer]
+                and tuple(self._valid.shape) == (b, t)):
+            self._valid_todo[layer] = False
+            keep = self._valid.to(key_states.device)
+            pos = keep.to(torch.int64).cumsum(1) - 1
+        slots = (self._row_base[row0:row0 + b, None] + pos).reshape(-1)
         sink_slots = None
         if self.sink:  # positions below sink=N also into the row's sink rows
             row = self._batch_rows[row0:row0 + b, None].to(torch.int64)
-            sink_slots = torch.where(pos[None, :] < self.sink, row * self.sink + pos[None, :],
-                                     torch.full_like(pos[None, :], -1)).reshape(-1)
+            sink_slots = torch.where(pos < self.sink, row * self.sink + pos, torch.full_like(pos, -1)).reshape(-1)
         kr, vr = self._rows(key_states), self._rows(value_states)
         rows = None
         if self.kv.centered:
-            if first and not torch.compiler.is_compiling():
-                # a row's first tokens set its means (the CPU cache's rule); a first append inside a compiled
-                # step keeps the row's previous means, which its encode and attention then share
-                for i in range(b):
-                    self.kv.set_means(layer, row0 + i, kr[i * t:(i + 1) * t], vr[i * t:(i + 1) * t])
-                self._fresh[layer] = False
             rows = self._batch_rows[row0:row0 + b].repeat_interleave(t) if t > 1 else self._batch_rows[row0:row0 + b]
+        if keep is not None:
+            flat = keep.reshape(-1)
+            slots, kr, vr = slots[flat], kr[flat], vr[flat]
+            sink_slots = sink_slots[flat] if sink_slots is not None else None
+            rows = rows[flat] if rows is not None else None
+            if slots.numel() == 0:
+                return
+        if self.kv.centered and first and not torch.compiler.is_compiling():
+            # a row's first tokens set its means (the CPU cache's rule); a first append inside a compiled step
+            # keeps the row's previous means, which its encode and attention then share. A row of pads only
+            # keeps its means (they are never read before it has a token).
+            counts = keep.sum(1).tolist() if keep is not None else [t] * b
+            o = 0
+            for i in range(b):
+                if counts[i]:
+                    self.kv.set_means(layer, row0 + i, kr[o:o + counts[i]], vr[o:o + counts[i]])
+                o += counts[i]
+            self._fresh[layer] = False
         torch.ops.e8kv.append(self._state, self._key, layer, slots, kr, vr, sink_slots, rows)
 
     def fill(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor, row0: int = 0) -> None:
         """Write K/V (b, n_head_kv, t, head_dim) of batch rows row0 .. row0+b-1 at positions 0 .. t-1 of a
         layer without changing its length (pre-filling by pieces; then set_length)."""
-        zero = torch.zeros((), dtype=torch.int64, device=key_states.device)
-        self._append(layer, key_states, value_states, zero, row0)
+        b, t = key_states.shape[0], key_states.shape[2]
+        pos = torch.arange(t, dtype=torch.int64, device=key_states.device)[None, :].expand(b, t)
+        self._append(layer, key_states, value_states, pos, row0)
 
     def set_length(self, n: int) -> None:
         for layer in self.layers:
@@ -556,9 +644,17 @@ class E8KVCudaCache(Cache):
         layer = module.layer_idx
         length = self.layers[layer].cumulative_length  # after this step's update
         if t > 1 and not torch.compiler.is_compiling() and int(length) == t:
-            # the prompt of an empty cache: SDPA over the exact K/V of the chunk
+            # the prompt of an empty cache: SDPA over the exact K/V of the chunk; pads are masked as keys (a
+            # pad's query sees itself, so that no row of the mask is empty)
+            mask = None
+            if self._valid is not None and tuple(self._valid.shape) == (b, t):
+                ar = torch.arange(t, device=query.device)
+                mask = ((ar[None, :] <= ar[:, None])[None] & self._valid.to(query.device)[:, None, :]) | (
+                    ar[None, :] == ar[:, None])[None]
+                mask = mask[:, None]
             out = torch.nn.functional.scaled_dot_product_attention(
-                query, key, value, is_causal=True, scale=scaling, enable_gqa=n_head != key.shape[1])
+                query, key, value, attn_mask=mask, is_causal=mask is None, scale=scaling,
+                enable_gqa=n_head != key.shape[1])
             return out.transpose(1, 2), None
         if t > 1 and t >= self.gather_from and not torch.compiler.is_compiling():
             return self._attend_gathered(layer, query, int(length), scaling), None
@@ -567,32 +663,40 @@ class E8KVCudaCache(Cache):
             q = q * (scaling * math.sqrt(d))  # the kernel scales scores by 1/sqrt(head_dim)
         if t == 1:
             tables = self._tables[:b]
-            ctx = length.to(torch.int32).expand(b).contiguous()
+            ctx = (length - self._pad[:b]).to(torch.int32)
             rows = self._batch_rows[:b] if self._use_rows else None
         else:  # one virtual row per (batch row, token): context = its position + 1
             if b * t > self.batch_rows * max(1, self.max_chunk):
                 raise E8KVError(ErrorCode.DIMENSION, f"e8kv CUDA cache: a chunk of {t} tokens x {b} rows with a "
                                                      f"past exceeds max_chunk {self.max_chunk}")
             tables = self._tables[:b].repeat_interleave(t, dim=0)
-            pos = torch.arange(t, dtype=torch.int64, device=query.device) + (length - t + 1)
-            ctx = pos.to(torch.int32).repeat(b)
+            ctx = (self._positions(length, b, t) - (t - 1)).to(torch.int32).reshape(-1)  # b-major
             rows = self._batch_rows[:b].repeat_interleave(t) if self._use_rows else None
         out = torch.ops.e8kv.attend(self._state, self._key, layer, q, tables, ctx, self.capacity, rows)
         return out.view(b, t, n_head, d).to(query.dtype), None
 
     def _attend_gathered(self, layer: int, query: torch.Tensor, length: int, scaling: Optional[float]) -> torch.Tensor:
-        """A chunk of t queries (the last t positions of `length`) over the layer's gathered values: SDPA with
-        the causal mask aligned to the bottom right, batch rows in groups whose gathered K/V stay under
-        1 GiB. Returns (b, t, n_head, d)."""
+        """A chunk of t queries (the last t positions of each row's `length` less its pads) over the layer's
+        gathered values: SDPA with the causal mask aligned to the bottom right, batch rows in groups of one
+        length whose gathered K/V stay under 1 GiB. Returns (b, t, n_head, d)."""
         from torch.nn.attention.bias import causal_lower_right
         b, n_head, t, d = query.shape
         s = self.shape
         dt = query.dtype if query.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float32
-        per = max(1, (1 << 30) // max(1, 2 * length * s.n_head_kv * d * (torch.finfo(dt).bits // 8)))
-        mask, g = causal_lower_right(t, length), n_head // s.n_head_kv
+        g = n_head // s.n_head_kv
+        lens = [length - p for p in self._pad_host[:b]]
+        groups, r0 = [], 0  # consecutive rows of one length, at most `per` of them
+        while r0 < b:
+            per = max(1, (1 << 30) // max(1, 2 * lens[r0] * s.n_head_kv * d * (torch.finfo(dt).bits // 8)))
+            r1 = r0 + 1
+            while r1 < b and r1 - r0 < per and lens[r1] == lens[r0]:
+                r1 += 1
+            groups.append((r0, r1))
+            r0 = r1
         outs = []
-        for r0 in range(0, b, per):
-            r1 = min(b, r0 + per)
+        for r0, r1 in groups:
+            length = lens[r0]
+            mask = causal_lower_right(t, length)
             rows = self._batch_rows[r0:r1] if self._use_rows else None
             k, v = self.kv.gather(layer, length, self._tables[r0:r1], rows=rows, dtype=dt)
             q = query[r0:r1].to(dt)
@@ -629,15 +733,14 @@ class E8KVCudaCache(Cache):
 def _e8kv_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
                mask_function: Optional[Callable] = None, attention_mask: Optional[torch.Tensor] = None,
                local_size: Optional[int] = None, **kwargs: Any) -> Optional[torch.Tensor]:
-    """Mask interface for "e8kv": remembers whether the batch has padding (the e8kv path refuses it) and
-    builds the SDPA mask that the fallback (caches of other kinds) needs. With a CUDA cache no mask is made
-    (the kernel bounds each row by its context length)."""
+    """Mask interface for "e8kv": remembers whether the batch has padding (the CPU cache's e8kv path refuses
+    it) and builds the SDPA mask that the fallback (caches of other kinds) needs. With a CUDA cache no mask is
+    made (the kernel bounds each row by its context length); the cache reads the 2-D mask's padding."""
     cfg = kwargs.get("config")
-    if getattr(cfg, "_e8kv_cuda_cache", None) is not None:
-        if (attention_mask is not None and attention_mask.dim() == 2 and not torch.compiler.is_compiling()
-                and not bool(attention_mask.all())):
-            raise NotImplementedError("e8kv cache: padded batches are not supported (give sequences of equal "
-                                      "length, or one sequence per call)")
+    gpu = getattr(cfg, "_e8kv_cuda_cache", None)
+    if gpu is not None:
+        if not torch.compiler.is_compiling():
+            gpu._note_mask(attention_mask, q_length)
         return None
     _tls.padded = attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all())
     _tls.local = local_size
@@ -654,7 +757,7 @@ def e8kv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     """attn_implementation "e8kv": causal attention of the new queries over the layer's stored codes.
     Layers whose cache is not an E8KVCache run the config's previous implementation."""
     gpu = getattr(module.config, "_e8kv_cuda_cache", None)
-    if gpu is not None and query.is_cuda:
+    if gpu is not None and query.device.type == gpu.device.type:
         return gpu._attend(module, query, key, value, scaling)
     pending = getattr(_tls, "pending", None)
     layer = getattr(module, "layer_idx", None)
