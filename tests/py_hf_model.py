@@ -18,6 +18,7 @@ import torch  # noqa: E402
 from transformers import DynamicCache, LlamaConfig  # noqa: E402
 
 from hf_testlib import e8kv, ids, model, slice_file, tok  # noqa: E402,F401,F811  (e8kv.hf loaded; pytest fixtures)
+from hf_padding import padded_batch, run_padded  # noqa: E402
 
 
 
@@ -111,6 +112,41 @@ def test_resident_bytes_equal_accounted(model, ids, page):
     print(f"  {measured - accounted} B more than accounted ({100 * (measured / accounted - 1):+.2f}%)")
     assert abs(measured / accounted - 1) < 0.01
     assert cache.n_bytes <= 0.30 * bf16
+
+
+# ------------------------------------------------------------------------------------------ padded batches
+@pytest.mark.parametrize("spec,side", [("f32", "left"), ("e8:4,sink=1", "right"), ("k=e8:4,v=e8:3,rope=pre", "left")])
+@torch.no_grad()
+def test_padded_batch_equals_each_row_alone(model, ids, spec, side):
+    """Prompts of 24, 17 and 5 tokens padded to 24: each row's logits over the prompt, 3 single tokens, a
+    4-token chunk and 2 more single tokens equal those of the row alone in a cache of its own (the pads are
+    never stored; each row's keys go in and out of RoPE at its own positions), within fp tolerance (lossy
+    formats: a batch's float rounding differs from a row's, which moves a few codes); with no mask (the pads
+    taken as tokens) they do not (the control). A 0 in the mask after the prompt is refused."""
+    lens = (24, 17, 5)
+    prompts = [torch.tensor(ids[200 * i:200 * i + n]) for i, n in enumerate(lens)]
+    blocks = [torch.tensor([ids[1000 + 50 * i + j:1000 + 50 * i + j + n] for i in range(3)])
+              for j, n in ((0, 1), (1, 1), (2, 1), (3, 4), (7, 1), (8, 1))]
+    alone = torch.stack([run_padded(model, e8kv.hf.E8KVCache(model.config, spec), [p],
+                                    [blk[i:i + 1] for blk in blocks], "left")[0] for i, p in enumerate(prompts)])
+    cache = e8kv.hf.E8KVCache(model.config, spec)
+    got = run_padded(model, cache, prompts, blocks, side)
+    assert cache.get_seq_length() == 24 + sum(blk.shape[1] for blk in blocks)  # transformers' padded length
+    assert [r.n_tokens(0) for r in cache.rows] == [n + 9 for n in lens]  # the pads are not stored
+    ctl_cache = e8kv.hf.E8KVCache(model.config, spec)
+    pad_ids, mask, _ = padded_batch(prompts, side)
+    model(input_ids=pad_ids, cache=ctl_cache, use_cache=True)
+    ctl = model(input_ids=blocks[0], cache=ctl_cache, use_cache=True).logits[:, -1]
+    scale = float(alone.abs().max())
+    err = float((got - alone).abs().max())
+    err_ctl = float((ctl[1:] - alone[1:, 1]).abs().max())
+    print(f"padded ({side}) {spec}: max |logit diff| vs each row alone {err:.3g}, pads taken as tokens "
+          f"(control) {err_ctl:.3g} (max |logit| {scale:.3g})")
+    assert err <= (1e-3 if spec == "f32" else 5e-3) * scale, (err, scale)
+    assert err_ctl > 10 * max(err, 1e-4 * scale), (err_ctl, err)
+    bad = torch.cat((mask, torch.ones((3, 9), dtype=mask.dtype), torch.tensor([[1], [0], [1]])), 1)
+    with pytest.raises(NotImplementedError):
+        model(input_ids=blocks[0], attention_mask=bad, cache=cache, use_cache=True)
 
 
 # ------------------------------------------------------------------------------------------ refusals

@@ -151,7 +151,7 @@ class E8KVLayer(CacheLayerMixin):
 
     def get_seq_length(self) -> int:
         rows = self.parent.rows
-        return rows[0].n_tokens(self.layer_idx) if rows else 0
+        return rows[0].n_tokens(self.layer_idx) + self.parent.pads[0] if rows else 0
 
     def get_max_length(self) -> int:
         return self.parent.n_ctx
@@ -163,9 +163,8 @@ class E8KVLayer(CacheLayerMixin):
         if tokens_to_remove > 0:
             raise ValueError("crop takes a negative count (tokens to remove from the end)")
         if tokens_to_remove and self.parent.rows:
-            n = max(self.get_seq_length() + tokens_to_remove, 0)
             for r in self.parent.rows:
-                r.truncate(n)
+                r.truncate(max(r.n_tokens(self.layer_idx) + tokens_to_remove, 0))
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         idx = beam_idx.tolist()
@@ -195,6 +194,11 @@ class E8KVCache(Cache):
     Creating it switches the config's attention to "e8kv" (the previous implementation stays the fallback
     for caches of other kinds); attention over the past is e8kv_cache_attend on the codes.
 
+    Padded batches: the prompt's 2-D attention mask (noted by the "e8kv" mask function) says which tokens
+    are pads; they are not stored, and each row's C cache holds its own tokens at positions 0 .. n - 1 (keys
+    in and out of RoPE at those positions). Later tokens must be real (mask 1); get_seq_length() is the
+    padded length transformers counts.
+
     device="cuda" makes the GPU variant (E8KVCudaCache: the CUDA cache of include/e8kv_cuda.h, static
     shapes for torch.compile; see there)."""
 
@@ -215,6 +219,7 @@ class E8KVCache(Cache):
         self.seed, self.n_threads = seed, n_threads
         self.observer = observer  # calibration hooks: on_kv(layer, k, v), on_q(layer, q) (GGUF layout, pre-RoPE)
         self.rows: list[core.Cache] = []
+        self.pads: list[int] = [0]  # per row: the pads of its prompt (not stored; transformers counts them)
         s = self.shape
         self._perm = None
         self._rope: Optional[core.Rope] = None  # for keys the cache takes with RoPE: e8kv's own rotation
@@ -259,6 +264,7 @@ class E8KVCache(Cache):
     def _clear(self) -> None:
         for r in self.rows:
             r.clear()
+        self.pads = [0] * max(1, len(self.rows))
 
     def _to_cache_layout(self, x: torch.Tensor, pos0: int, rope: str) -> torch.Tensor:
         """(b, h, t, d) with transformers' RoPE, in its layout -> (b, t, h*d) float32 contiguous in the
@@ -282,34 +288,77 @@ class E8KVCache(Cache):
         b, h, t, d = x.shape
         return x.transpose(1, 2).reshape(b, t, h * d).contiguous()
 
+    def _padding(self, layer: int, b: int, t: int) -> Optional[list]:
+        """The kept tokens of each row for the t new tokens (None: all of them), from the forward's 2-D
+        attention mask (_tls.mask, noted by the mask function). A padded prompt (an empty cache) sets each
+        row's pads, which are then never stored; after it, new tokens must be real and the mask's earlier
+        part must have the prompt's padding."""
+        mask = getattr(_tls, "mask", None)
+        fresh = all(r.n_tokens(layer) == 0 for r in self.rows)
+        if fresh and layer == 0:
+            self.pads = [0] * b
+        past = 0 if fresh else self.rows[0].n_tokens(layer) + self.pads[0]
+        if mask is None or mask.shape[0] != b or mask.shape[1] != past + t:
+            return None
+        if fresh:
+            if bool(mask.all()):
+                return None
+            keep = [torch.nonzero(m).reshape(-1) for m in mask.to(torch.bool).cpu()]
+            if layer == 0:
+                self.pads = [t - len(x) for x in keep]
+            elif self.pads != [t - len(x) for x in keep]:
+                raise ValueError("e8kv cache: the layers of one forward saw different padding")
+            return keep
+        if not bool(mask[:, past:].all()):
+            raise NotImplementedError("e8kv cache: padding after the prompt (a 0 in the attention mask of new tokens) "
+                                      "is not supported; pad the prompt only")
+        if (~mask[:, :past].to(torch.bool)).sum(1).tolist() != self.pads:
+            raise NotImplementedError("e8kv cache: the attention mask's padding differs from the padding of the "
+                                      "prompt this cache holds")
+        return None
+
     def _append(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         if key_states.device.type != "cpu":
             raise E8KVError(ErrorCode.UNSUPPORTED, f"e8kv cache: tensors on {key_states.device}; this build has "
                                                    "the CPU cache only")
-        pos0 = self.rows[0].n_tokens(layer)
-        k = self._to_cache_layout(key_states, pos0, "none" if self.keys_pre_rope else "exact")
-        v = value_states.detach().to(torch.float32).transpose(1, 2)
-        v = v.reshape(v.shape[0], v.shape[1], -1).contiguous()
-        for i, row in enumerate(self.rows):
-            if row.n_tokens(layer) != pos0:
-                raise ValueError("e8kv cache: sequences of the batch at different lengths")
-            row.append(layer, k[i], v[i])
-        if self.observer is not None:
-            kk = k if self.keys_pre_rope else self._to_cache_layout(key_states, pos0, "none")
-            self.observer.on_kv(layer, kk, v)
-        _tls.pending = (self, layer, pos0)
+        b, t = key_states.shape[0], key_states.shape[2]
+        keep = self._padding(layer, b, t)
+        pos0 = [r.n_tokens(layer) for r in self.rows]
+        if keep is None and len(set(p + pad for p, pad in zip(pos0, self.pads))) > 1:
+            raise ValueError("e8kv cache: sequences of the batch at different lengths")
+        for i, row in enumerate(self.rows):  # each row at its own positions (its pads are not tokens)
+            ks, vs = key_states[i:i + 1], value_states[i:i + 1]
+            if keep is not None:
+                ks, vs = ks[:, :, keep[i]], vs[:, :, keep[i]]
+            k = self._to_cache_layout(ks, pos0[i], "none" if self.keys_pre_rope else "exact")[0]
+            v = vs.detach().to(torch.float32).transpose(1, 2)
+            v = v.reshape(v.shape[1], -1).contiguous()
+            if k.shape[0]:
+                row.append(layer, k, v)
+            if self.observer is not None:
+                kk = k if self.keys_pre_rope else self._to_cache_layout(ks, pos0[i], "none")[0]
+                self.observer.on_kv(layer, kk[None], v[None])
+        _tls.pending = (self, layer, pos0, keep)
 
-    def _attend(self, layer: int, pos0: int, query: torch.Tensor, scaling: Optional[float]) -> torch.Tensor:
-        """query (b, n_head, t, d) with RoPE -> attention output (b, t, n_head, d)."""
+    def _attend(self, layer: int, pos0: list, query: torch.Tensor, scaling: Optional[float],
+                keep: Optional[list] = None) -> torch.Tensor:
+        """query (b, n_head, t, d) with RoPE -> attention output (b, t, n_head, d); row i's queries at its
+        own positions pos0[i] ..; keep: a padded prompt's kept tokens per row (the pads' outputs are 0)."""
         b, n_head, t, d = query.shape
-        q = self._to_cache_layout(query, pos0, "exact")
-        if scaling is not None and abs(scaling * math.sqrt(d) - 1.0) > 1e-6:
-            q = q * (scaling * math.sqrt(d))  # the C kernel scales scores by 1/sqrt(head_dim)
-        if self.observer is not None:
-            self.observer.on_q(layer, self._to_cache_layout(query, pos0, "none"))
-        out = torch.empty((b, t, n_head * d), dtype=torch.float32)
+        out = torch.zeros((b, t, n_head * d), dtype=torch.float32)
         for i, row in enumerate(self.rows):
-            row.attend(layer, q[i], pos0, out=out[i])
+            qs = query[i:i + 1] if keep is None else query[i:i + 1, :, keep[i]]
+            if qs.shape[2] == 0:
+                continue
+            q = self._to_cache_layout(qs, pos0[i], "exact")[0]
+            if scaling is not None and abs(scaling * math.sqrt(d) - 1.0) > 1e-6:
+                q = q * (scaling * math.sqrt(d))  # the C kernel scales scores by 1/sqrt(head_dim)
+            if self.observer is not None:
+                self.observer.on_q(layer, self._to_cache_layout(qs, pos0[i], "none"))
+            if keep is None:
+                row.attend(layer, q, pos0[i], out=out[i])
+            else:
+                out[i, keep[i]] = row.attend(layer, q, pos0[i])
         return out.view(b, t, n_head, d)  # values are never permuted: the model's own layout
 
     # -- accounting
@@ -742,7 +791,7 @@ def _e8kv_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0
         if not torch.compiler.is_compiling():
             gpu._note_mask(attention_mask, q_length)
         return None
-    _tls.padded = attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all())
+    _tls.mask = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
     _tls.local = local_size
     kw = dict(kwargs)
     if mask_function is not None:
@@ -769,15 +818,12 @@ def e8kv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
             fn = ALL_ATTENTION_FUNCTIONS[fallback if fallback != ATTN_NAME else "sdpa"]
         return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     _tls.pending = None
-    cache, layer, pos0 = pending
-    if getattr(_tls, "padded", False):
-        raise NotImplementedError("e8kv cache: padded batches are not supported (give sequences of equal length, "
-                                  "or one sequence per call)")
+    cache, layer, pos0, keep = pending
     if getattr(module, "sliding_window", None) or getattr(_tls, "local", None):
         raise UnsupportedModelError("e8kv cache: sliding-window attention layers are not supported")
     if dropout and module.training:
         raise NotImplementedError("e8kv cache: attention dropout (training) is not supported")
-    out = cache._attend(layer, pos0, query, scaling)
+    out = cache._attend(layer, pos0, query, scaling, keep)
     return out.to(query.dtype), None
 
 
