@@ -42,7 +42,7 @@ class _ReplayLayer(e8kv.hf.E8KVLayer):
         if p.shadow is not None:
             p.shadow._append(self.layer_idx, key_states, value_states)
             p.exact._append(self.layer_idx, key_states, value_states)
-        e8kv.hf._tls.pending = (p, self.layer_idx, 0)
+        e8kv.hf._tls.pending = (p, self.layer_idx, [0], None)  # (cache, layer, each row's pos0, kept tokens)
         return key_states, value_states
 
     def get_seq_length(self):
@@ -72,11 +72,11 @@ class _ReplayCache(e8kv.hf.E8KVCache):
         self.load(path)
         self.err = []  # per layer: (|shadow - loaded|, |exact - loaded|) of the attention outputs
 
-    def _attend(self, layer, pos0, query, scaling):
-        out = super()._attend(layer, pos0, query, scaling)
+    def _attend(self, layer, pos0, query, scaling, keep=None):
+        out = super()._attend(layer, pos0, query, scaling, keep)
         if self.shadow is None:
             return out
-        sh, ex = (c._attend(layer, pos0, query, scaling) for c in (self.shadow, self.exact))
+        sh, ex = (c._attend(layer, pos0, query, scaling, keep) for c in (self.shadow, self.exact))
         self.err.append((float((sh - out).norm()), float((ex - out).norm())))
         return out
 

@@ -118,7 +118,8 @@ def _unrope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 # ------------------------------------------------------------------------------------------ the cache
-_tls = threading.local()  # (cache, layer, pos0 per row) of the last update, read by the attention function
+_tls = threading.local()  # pending: (cache, layer, pos0 per row, kept tokens per row or None) of the last
+# update, read by the attention function; mask: the forward's 2-D attention mask (the mask function's)
 
 
 class E8KVLayer(CacheLayerMixin):
