@@ -108,13 +108,13 @@ def reference(model, prompt, n):
     return torch.stack(logits), torch.cat(toks, dim=1)
 
 
-def gpu_cache(model, spec, batch, cap=128):
-    return e8kv.hf.E8KVCache(model.config, spec, device="cuda", max_batch_size=batch, max_cache_len=cap)
+def gpu_cache(model, spec, batch, cap=128, dev="cuda"):
+    return e8kv.hf.E8KVCudaCache(model.config, spec, device=dev, max_batch_size=batch, max_cache_len=cap)
 
 
-def prompt_ids(batch, t, seed=7):
+def prompt_ids(batch, t, seed=7, dev="cuda"):
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 1024, (batch, t), generator=g).cuda()
+    return torch.randint(0, 1024, (batch, t), generator=g).to("cuda" if dev == "cuda" else "cpu")
 
 
 # ------------------------------------------------------------------------------------------ tests
@@ -141,20 +141,19 @@ def test_bf16_pages_equal_dynamic_cache(dtype):
     assert agree >= 0.9, agree
 
 
-@needs_gpu
 @pytest.mark.parametrize("n", [4, 40])
 @pytest.mark.parametrize("spec", ["bf16", "e8box:4,sink=64", "e8p:2,sink=64"])
-def test_chunk_with_a_past_reads_the_pages(spec, n):
+def test_chunk_with_a_past_reads_the_pages(dev, spec, n):
     """A chunk of n tokens after the prompt; n = 4: attention through one virtual row per token (context =
     position + 1) over the pages, the chunk's own tokens included; n = 40 (past gather_from = 16): SDPA over
     the values gathered from the pages, causal from the bottom right. Logits = DynamicCache's steps'. With
     sink=64 every position is a sink row: exact K/V whatever the pages' format (each batch row reads its own
-    sink rows, in the prompt's appends, the chunk's and the step's)."""
+    sink rows, in the prompt's appends, the chunk's and the step's). Also on the CPU twin (PagesTwin)."""
     import e8kv.hf  # noqa: F401
-    model = tiny_llama(torch.bfloat16)
-    prompt = prompt_ids(2, 12)
+    model = tiny_llama(torch.bfloat16) if dev == "cuda" else model_on(dev)
+    prompt = prompt_ids(2, 12, dev=dev)
     ref, toks = reference(model, prompt, n + 2)
-    cache = gpu_cache(model, spec, 2)
+    cache = gpu_cache(model, spec, 2, dev=dev)
     with torch.no_grad():
         model(input_ids=prompt, past_key_values=cache, use_cache=True)
         chunk = model(input_ids=toks[:, :n], past_key_values=cache, use_cache=True).logits.float()
