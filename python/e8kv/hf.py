@@ -638,8 +638,8 @@ class E8KVCudaCache(Cache):
         their pages; a padded prompt's pads (_valid) are dropped and its tokens stored at 0 .. n - 1."""
         b, h, t, d = key_states.shape
         keep = None
-        if (self._valid is not None and not torch.compiler.is_compiling() and self._valid_todo[layer]
-                and tuple(self._valid.shape) == (b, t)):
+        if (not torch.compiler.is_compiling() and self._valid is not None and self._valid_todo[layer]
+                and tuple(self._valid.shape) == (b, t)):  # (compiled steps never look at _valid)
             self._valid_todo[layer] = False
             keep = self._valid.to(key_states.device)
             pos = keep.to(torch.int64).cumsum(1) - 1
