@@ -149,6 +149,26 @@ def test_padded_batch_equals_each_row_alone(model, ids, spec, side):
         model(input_ids=blocks[0], attention_mask=bad, cache=cache, use_cache=True)
 
 
+@torch.no_grad()
+def test_compress_generate_on_a_padded_batch(model, tok):
+    """e8kv.hf.compress + generate on a left-padded batch of two texts: each row's new tokens are those of the
+    text alone (generate gives the forward the rows' own positions: compress keeps forward's signature)."""
+    texts = ["The history of Rome", "Once upon a time in a small village near the sea, there lived"]
+    side = tok.padding_side
+    tok.padding_side = "left"
+    try:
+        inp = tok(texts, return_tensors="pt", padding=True)
+    finally:
+        tok.padding_side = side
+    assert not bool(inp["attention_mask"].all())
+    with e8kv.hf.compress(model, spec="e8:4,sink=1"):
+        out = model.generate(**inp, max_new_tokens=8, do_sample=False)[:, inp["input_ids"].shape[1]:]
+        alone = [model.generate(**tok([t], return_tensors="pt"), max_new_tokens=8, do_sample=False)[0, -8:]
+                 for t in texts]
+    for i in range(2):
+        assert out[i].tolist() == alone[i].tolist(), (i, tok.decode(out[i]), tok.decode(alone[i]))
+
+
 # ------------------------------------------------------------------------------------------ refusals
 def test_unsupported_models_say_what_is_missing():
     small = dict(vocab_size=64, hidden_size=240, intermediate_size=64, num_hidden_layers=2,

@@ -25,6 +25,7 @@ both leaves q.k unchanged), so K/V vectors, calibrations and saved caches are th
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -859,11 +860,15 @@ def compress(model: Any, spec: str = "balanced", *, calib: Union[Calib, str, os.
     def has_cache(kw: dict) -> bool:
         return kw.get("cache") is not None or kw.get("past_key_values") is not None
 
+    # functools.wraps keeps the signatures: generate() passes position_ids (padded batches) only to a forward
+    # whose signature has them
+    @functools.wraps(orig_generate)
     def generate(*args: Any, **kw: Any) -> Any:
         if not has_cache(kw):
             kw["cache"] = make()
         return orig_generate(*args, **kw)
 
+    @functools.wraps(orig_forward)
     def forward(*args: Any, **kw: Any) -> Any:
         if not has_cache(kw) and kw.get("use_cache", True) is not False:
             kw["cache"] = make()
