@@ -509,25 +509,22 @@ def test_padded_batch_equals_each_row_alone(dev, spec, side):
     model = model_on(dev)
     prompts, blocks = pad_blocks(dev)
     n_all = max(PAD_LENS) + sum(blk.shape[1] for blk in blocks)
-
-    def cache_of(b):
-        return e8kv.hf.E8KVCudaCache(model.config, spec, device=dev, max_batch_size=b, max_cache_len=128)
     alone = []
     for i, p in enumerate(prompts):
-        c = cache_of(1)
+        c = gpu_cache(model, spec, 1, dev=dev)
         alone.append(run_padded(model, c, [p], [blk[i:i + 1] for blk in blocks], "left")[0])
         c.detach(model.config)
         c.check()
     alone = torch.stack(alone)
-    cache = cache_of(3)
+    cache = gpu_cache(model, spec, 3, dev=dev)
     got = run_padded(model, cache, prompts, blocks, side)
     assert int(cache.get_seq_length()) == n_all  # transformers' padded length
     cache.detach(model.config)
     cache.check()
-    cache = cache_of(3)
+    cache = gpu_cache(model, spec, 3, dev=dev)
     got_nomask = run_padded(model, cache, prompts, blocks, side, masks=False)
     cache.detach(model.config)
-    cache = cache_of(3)  # the control: no mask at all, the pads taken as tokens
+    cache = gpu_cache(model, spec, 3, dev=dev)  # the control: no mask at all, the pads taken as tokens
     ids, _, _ = padded_batch(prompts, side)
     with torch.no_grad():
         model(input_ids=ids, past_key_values=cache, use_cache=True)
@@ -551,7 +548,7 @@ def test_padding_after_the_prompt_is_refused(dev):
     model = model_on(dev)
     prompts, blocks = pad_blocks(dev)
     ids, mask, pos = padded_batch(prompts, "left")
-    cache = e8kv.hf.E8KVCudaCache(model.config, "e8box:4", device=dev, max_batch_size=3, max_cache_len=128)
+    cache = gpu_cache(model, "e8box:4", 3, dev=dev)
     one = torch.ones((3, 1), dtype=mask.dtype, device=ids.device)
     with torch.no_grad():
         model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
@@ -579,7 +576,7 @@ def test_generate_on_a_padded_batch(dev):
     with torch.no_grad():
         ref = [model.generate(input_ids=p[None], max_new_tokens=n, do_sample=False,
                               past_key_values=DynamicCache(config=model.config))[0, len(p):] for p in prompts]
-        cache = e8kv.hf.E8KVCudaCache(model.config, "bf16", device=dev, max_batch_size=3, max_cache_len=128)
+        cache = gpu_cache(model, "bf16", 3, dev=dev)
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n, do_sample=False,
                              past_key_values=cache)[:, ids.shape[1]:]
     cache.detach(model.config)
@@ -597,11 +594,7 @@ def test_padded_compiled_equals_eager(dev):
     model = model_on(dev)
     prompts, blocks = pad_blocks(dev)
     blocks = blocks[:6]
-
-    def cache_of():
-        return e8kv.hf.E8KVCudaCache(model.config, "e8box:4,sink=2", device=dev, max_batch_size=3,
-                                        max_cache_len=128)
-    cache = cache_of()
+    cache = gpu_cache(model, "e8box:4,sink=2", 3, dev=dev)
     eager = run_padded(model, cache, prompts, blocks, "left", masks=False)
     cache.detach(model.config)
     torch._dynamo.reset()
@@ -609,7 +602,7 @@ def test_padded_compiled_equals_eager(dev):
     # on the CPU twin: dynamo's graph (fullgraph, guards) without inductor's C++ code, which needs Python.h
     step = (torch.compile(model.forward, mode="reduce-overhead", fullgraph=True) if dev == "cuda" else
             torch.compile(model.forward, backend="aot_eager", fullgraph=True))
-    cache = cache_of()
+    cache = gpu_cache(model, "e8box:4,sink=2", 3, dev=dev)
     compiled = run_padded(model, cache, prompts, blocks, "left", masks=False, step=step)
     cache.detach(model.config)
     cache.check()

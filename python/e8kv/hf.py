@@ -119,6 +119,17 @@ def _unrope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 # ------------------------------------------------------------------------------------------ the cache
+def _check_later_mask(mask: torch.Tensor, past: int, pads: Sequence[int], who: str) -> None:
+    """A 2-D attention mask over `past` stored positions and new tokens, after a prompt whose rows had `pads`:
+    the new tokens must be real and the earlier part must have the prompt's padding (NotImplementedError)."""
+    if not bool(mask[:, past:].all()):
+        raise NotImplementedError(f"{who}: padding after the prompt (a 0 in the attention mask of new tokens) is "
+                                  "not supported; pad the prompt only")
+    if (~mask[:, :past].to(torch.bool)).sum(1).tolist() != list(pads):
+        raise NotImplementedError(f"{who}: the attention mask's padding differs from the padding of the prompt "
+                                  "this cache holds")
+
+
 _tls = threading.local()  # pending: (cache, layer, pos0 per row, kept tokens per row or None) of the last
 # update, read by the attention function; mask: the forward's 2-D attention mask (the mask function's)
 
@@ -311,12 +322,8 @@ class E8KVCache(Cache):
             elif self.pads != [t - len(x) for x in keep]:
                 raise ValueError("e8kv cache: the layers of one forward saw different padding")
             return keep
-        if not bool(mask[:, past:].all()):
-            raise NotImplementedError("e8kv cache: padding after the prompt (a 0 in the attention mask of new tokens) "
-                                      "is not supported; pad the prompt only")
-        if (~mask[:, :past].to(torch.bool)).sum(1).tolist() != self.pads:
-            raise NotImplementedError("e8kv cache: the attention mask's padding differs from the padding of the "
-                                      "prompt this cache holds")
+        if layer == 0:  # one forward, one mask: checked once
+            _check_later_mask(mask, past, self.pads, "e8kv cache")
         return None
 
     def _append(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -609,17 +616,8 @@ class E8KVCudaCache(Cache):
                 self._pad.copy_(torch.tensor(pads, dtype=torch.int64))
                 self._pad_host = pads
             return
-        if not padded:
-            if any(self._pad_host[:mask.shape[0]]):
-                raise NotImplementedError("e8kv CUDA cache: an attention mask without the padding of the prompt "
-                                          "this cache holds")
-            return
-        if not bool(mask[:, past:].all()):
-            raise NotImplementedError("e8kv CUDA cache: padding after the prompt (a 0 in the attention mask of new "
-                                      "tokens) is not supported; pad the prompt only")
-        if (~mask[:, :past].to(torch.bool)).sum(1).tolist() != self._pad_host[:mask.shape[0]]:
-            raise NotImplementedError("e8kv CUDA cache: the attention mask's padding differs from the padding of "
-                                      "the prompt this cache holds")
+        if padded or any(self._pad_host[:mask.shape[0]]):
+            _check_later_mask(mask, past, self._pad_host[:mask.shape[0]], "e8kv CUDA cache")
 
     def _positions(self, length: torch.Tensor, b: int, t: int, row0: int = 0) -> torch.Tensor:
         """(b, t): the positions in their rows' pages of t new tokens after `length` (padded) positions."""
