@@ -182,6 +182,19 @@ size_t e8kv_cuda_attend_rows(e8kv_cuda_cache *cache, size_t layer, float *d_out,
 size_t e8kv_cuda_gather_async(const e8kv_cuda_cache *cache, size_t layer, void *d_k, void *d_v,
                               e8kv_dtype dtype, size_t n_seq, size_t n_tok, const int32_t *d_block_tables,
                               size_t max_blocks_per_seq, const int32_t *d_rows, void *stream);
+/* Copy-on-write for a caller that forks sequences (beam search, several samples of one prompt): page
+ * src[i] is copied to page dst[i] in every (layer, stream) pool (host arrays of n page ids in [0, n_blocks)),
+ * asynchronously on `stream`, after the work already queued there. No destination may appear twice or also be
+ * a source (so that the order of the copies does not matter): E8KV_ERROR_BAD_ARGUMENT, nothing copied.
+ * Returns n. Full pages shared by several block tables need no copy (the appends never write them again);
+ * the page a sequence appends into next must be its own. */
+size_t e8kv_cuda_copy_pages_async(e8kv_cuda_cache *cache, const int32_t *src, const int32_t *dst, size_t n,
+                                  void *stream);
+/* The same for rows (0 .. max_seqs − 1): row src[i]'s sink rows (sink=N) and means (center=1), every layer
+ * and stream, to row dst[i]. A row may be shared by sequences that no longer write their sink rows (each
+ * has N tokens or more). A cache with neither sink rows nor means copies nothing. Returns n. */
+size_t e8kv_cuda_copy_rows_async(e8kv_cuda_cache *cache, const int32_t *src, const int32_t *dst, size_t n,
+                                 void *stream);
 /* N of the spec's sink=N (0: none). */
 size_t e8kv_cuda_cache_sink(const e8kv_cuda_cache *cache);
 #define E8KV_CUDA_SINK_MAX 64

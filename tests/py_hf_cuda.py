@@ -45,6 +45,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import e8kv  # noqa: E402
+from hf_beams import check_beam_generate, check_plan  # noqa: E402
 from hf_padding import padded_batch, run_padded  # noqa: E402
 
 GPU = e8kv.cuda_available() and torch.cuda.is_available()
@@ -418,6 +419,27 @@ class PagesTwin:
                 self.sinks[s, layer, sink_slots[at]] = x[at]
         return slots.numel()
 
+    @staticmethod
+    def _check_copies(src, dst, limit):
+        src, dst = [int(x) for x in src], [int(x) for x in dst]
+        assert len(src) == len(dst) and len(set(dst)) == len(dst) and not set(src) & set(dst), (src, dst)
+        assert all(0 <= x < limit for x in src + dst), (src, dst)
+        return src, dst
+
+    def copy_pages(self, src, dst):
+        bs = self.block_size
+        for a, b in zip(*self._check_copies(src, dst, self.pages.shape[2] // bs)):
+            self.pages[:, :, b * bs:(b + 1) * bs] = self.pages[:, :, a * bs:(a + 1) * bs]
+        return len(dst)
+
+    def copy_rows(self, src, dst):
+        n = self.sink
+        for a, b in zip(*self._check_copies(src, dst, self.means.shape[2])):
+            self.means[:, :, b] = self.means[:, :, a]
+            if n:
+                self.sinks[:, :, b * n:(b + 1) * n] = self.sinks[:, :, a * n:(a + 1) * n]
+        return len(dst)
+
     def _read(self, layer, tables, n, seq, row):
         pos = torch.arange(n)
         slot = tables[seq, pos // self.block_size].long() * self.block_size + pos % self.block_size
@@ -539,6 +561,47 @@ def test_padded_batch_equals_each_row_alone(dev, spec, side):
     assert torch.isfinite(got).all()
     assert err <= 5e-3 * scale and err_nomask <= 5e-3 * scale, (err, err_nomask, scale)
     assert err_ctl > 10 * max(err, 1e-4 * scale), (err_ctl, err)
+
+
+@pytest.mark.parametrize("spec", ["bf16", "e8box:4,sink=20", "e8p:2"])
+def test_batch_changes_equal_each_history_alone(dev, spec):
+    """reorder_cache (beam search; a row taken twice, a row dropped), batch_select_indices and
+    batch_repeat_interleave at partial pages, below and past sink=N: every row's next logits equal those of
+    its history replayed in a cache of its own (the rows share the full pages of a common past; the page
+    each appends into next, and its sink rows while it has fewer than N tokens, are its own)."""
+    import e8kv.hf  # noqa: F401
+    model = model_on(dev)
+    check_plan(model, lambda b: gpu_cache(model, spec, b, dev=dev), "cuda" if dev == "cuda" else "cpu",
+               f"{spec} on {dev}")
+
+
+@pytest.mark.parametrize("spec", ["bf16", "e8box:4"])
+def test_beam_search_generate(dev, spec):
+    """generate(num_beams=3, num_return_sequences=3) on a batch of 2 through the CUDA cache: each beam's
+    score is the sum of its tokens' log-probabilities replayed alone."""
+    import e8kv.hf  # noqa: F401
+    model = model_on(dev)
+    check_beam_generate(model, lambda b: gpu_cache(model, spec, b, dev=dev), "cuda" if dev == "cuda" else "cpu",
+                        f"{spec} on {dev}")
+
+
+def test_batch_change_errors(dev):
+    """Rows outside the batch, or more rows than max_batch_size: a named error, nothing changed."""
+    import e8kv.hf  # noqa: F401
+    model = model_on(dev)
+    cache = gpu_cache(model, "e8box:4", 3, dev=dev)
+    with torch.no_grad():
+        model(input_ids=prompt_ids(2, 20, dev=dev), past_key_values=cache, use_cache=True)
+    with pytest.raises(e8kv.E8KVError) as e:
+        cache.reorder_cache(torch.tensor([0, 2]))
+    assert e.value.code == e8kv.ErrorCode.BAD_ARGUMENT
+    with pytest.raises(e8kv.E8KVError) as e:
+        cache.batch_repeat_interleave(2)
+    assert e.value.code == e8kv.ErrorCode.DIMENSION
+    with pytest.raises(NotImplementedError):
+        cache.layers[0].reorder_cache(torch.tensor([1, 0]))
+    assert cache._tables_host.tolist() == torch.arange(3 * cache.pages_per_seq).view(3, -1).tolist()
+    cache.detach(model.config)
 
 
 def test_padding_after_the_prompt_is_refused(dev):

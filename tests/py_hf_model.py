@@ -18,6 +18,7 @@ import torch  # noqa: E402
 from transformers import DynamicCache, LlamaConfig  # noqa: E402
 
 from hf_testlib import e8kv, ids, model, slice_file, tok  # noqa: E402,F401,F811  (e8kv.hf loaded; pytest fixtures)
+from hf_beams import check_beam_generate, check_plan  # noqa: E402
 from hf_padding import padded_batch, run_padded  # noqa: E402
 
 
@@ -167,6 +168,22 @@ def test_compress_generate_on_a_padded_batch(model, tok):
                  for t in texts]
     for i in range(2):
         assert out[i].tolist() == alone[i].tolist(), (i, tok.decode(out[i]), tok.decode(alone[i]))
+
+
+# ------------------------------------------------------------------------------------------ beam search
+def test_batch_changes_equal_each_history_alone(model):
+    """reorder_cache (beam search), batch_select_indices and batch_repeat_interleave on the CPU cache (a row
+    taken twice is a copy of its C cache): every row's next logits equal its history replayed alone. f16:
+    a lattice format would make the comparison one of rounding, not of bookkeeping (the batch's matmuls
+    differ from a row's alone in the last bits, and a code can flip: e8:4 moves the logits by up to ~2 so,
+    before any reorder)."""
+    check_plan(model, lambda b: e8kv.hf.E8KVCache(model.config, "f16,sink=20"), "cpu", "f16,sink=20 (CPU cache)")
+
+
+def test_beam_search_generate(model):
+    """generate(num_beams=3, num_return_sequences=3) on a batch of 2 with the CPU cache: each beam's score is
+    the sum of its tokens' log-probabilities replayed alone (f16, as above)."""
+    check_beam_generate(model, lambda b: e8kv.hf.E8KVCache(model.config, "f16"), "cpu", "f16 (CPU cache)")
 
 
 # ------------------------------------------------------------------------------------------ refusals

@@ -751,11 +751,12 @@ static void test_fork_and_errors(const char *spec, size_t d) {
  * others are untouched; appended with a row out of range, a token is RANGE in the status word. */
 static void test_sink_slots(const char *spec, size_t d, size_t sink) {
     const size_t n_kv = 2, G = 4, n_head = n_kv * G, bs = 16, n_seq = 3, row = n_kv * d;
+    const size_t max_rows = n_seq + 1; /* row 3: a spare row for the copy-on-write check */
     const size_t lens[3] = {sink > 1 ? sink - 1 : 1, 300, 1100}, width = (1100 + bs - 1) / bs;
     e8kv_cuda_cache_params p;
     memset(&p, 0, sizeof p);
     p.n_layer = 1, p.n_head_kv = n_kv, p.head_dim = d, p.block_size = bs, p.n_blocks = n_seq * width;
-    p.spec = spec, p.seed = rnd(), p.max_seqs = n_seq, p.max_batch = n_seq, p.max_ctx = width * bs;
+    p.spec = spec, p.seed = rnd(), p.max_seqs = max_rows, p.max_batch = n_seq, p.max_ctx = width * bs;
     size_t err = 0;
     e8kv_cuda_cache *a = e8kv_cuda_cache_create(&p, &err), *b = e8kv_cuda_cache_create(&p, &err);
     CHECK(a && b && e8kv_cuda_cache_sink(a) == sink, "create %s: %s", spec, e8kv_error_name(err));
@@ -885,8 +886,48 @@ static void test_sink_slots(const char *spec, size_t d, size_t sink) {
         CU(cudaFree(ga));
         CU(cudaFree(gb));
     }
+    { /* copy-on-write (beam search): sequence 2's first three pages copied into pages nobody reads (past
+       * sequence 0's tokens), its row into the spare row; attending with the copies in its table and row
+       * gives the same floats, bit for bit. Then the copies the cache refuses. */
+        int32_t src[3], dst[3], t2[3 * 69], r2[3];
+        memcpy(t2, tables, sizeof tables);
+        memcpy(r2, rows, sizeof rows);
+        for (int j = 0; j < 3; j++)
+            src[j] = tables[2 * width + j], dst[j] = tables[4 + j], t2[2 * width + j] = dst[j];
+        const int32_t rsrc = rows[2], rdst = (int32_t)n_seq;
+        r2[2] = rdst;
+        CHECK(e8kv_cuda_copy_pages_async(a, src, dst, 3, NULL) == 3, "copy_pages_async");
+        CHECK(e8kv_cuda_copy_rows_async(a, &rsrc, &rdst, 1, NULL) == 1, "copy_rows_async");
+        CU(cudaMemcpy(dt, t2, sizeof t2, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dr, r2, sizeof r2, cudaMemcpyHostToDevice));
+        CU(cudaMemset(dout, 0xff, n_out * 4));
+        e8kv_cuda_attend_rows(a, 0, dout, dq, E8KV_DTYPE_F32, n_seq, n_head, dt, width, dc, 1100, dr, NULL, 0,
+                              NULL);
+        CU(cudaMemcpy(ob, dout, n_out * 4, cudaMemcpyDeviceToHost));
+        CHECK(!memcmp(oa, ob, n_out * 4), "%s d=%zu: attention over copied pages and row differs", spec, d);
+        CU(cudaMemcpy(dt, tables, sizeof tables, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dr, rows, sizeof rows, cudaMemcpyHostToDevice));
+        const int32_t twice[2] = {dst[0], dst[0]}, chain[2] = {dst[1], dst[2]}, past = (int32_t)p.n_blocks,
+                      past_row = (int32_t)max_rows, neg = -1;
+        CHECK(e8kv_get_error_code(e8kv_cuda_copy_pages_async(a, src, twice, 2, NULL)) ==
+                  E8KV_ERROR_BAD_ARGUMENT,
+              "copy_pages: a destination twice is refused");
+        CHECK(e8kv_get_error_code(e8kv_cuda_copy_pages_async(a, dst, chain, 2, NULL)) ==
+                  E8KV_ERROR_BAD_ARGUMENT,
+              "copy_pages: a destination that is also a source is refused");
+        CHECK(e8kv_get_error_code(e8kv_cuda_copy_pages_async(a, src, &past, 1, NULL)) ==
+                  E8KV_ERROR_BAD_ARGUMENT,
+              "copy_pages: a page past the pool is refused");
+        CHECK(e8kv_get_error_code(e8kv_cuda_copy_pages_async(a, &neg, dst, 1, NULL)) ==
+                  E8KV_ERROR_BAD_ARGUMENT,
+              "copy_pages: a negative page is refused");
+        CHECK(e8kv_get_error_code(e8kv_cuda_copy_rows_async(a, &rsrc, &past_row, 1, NULL)) ==
+                  E8KV_ERROR_BAD_ARGUMENT,
+              "copy_rows: a row past max_seqs is refused");
+        CHECK(e8kv_cuda_copy_pages_async(a, NULL, NULL, 0, NULL) == 0, "copy_pages: nothing to copy");
+    }
     /* sequence 1 names a row past max_seqs: its output is NaN, the others' unchanged */
-    rows[1] = (int32_t)n_seq;
+    rows[1] = (int32_t)max_rows;
     CU(cudaMemcpy(dr, rows, sizeof rows, cudaMemcpyHostToDevice));
     CU(cudaMemset(dout, 0, n_out * 4));
     e8kv_cuda_attend_rows(a, 0, dout, dq, E8KV_DTYPE_F32, n_seq, n_head, dt, width, dc, 1100, dr, NULL, 0,
@@ -899,7 +940,7 @@ static void test_sink_slots(const char *spec, size_t d, size_t sink) {
           "a bad sink row: NaN for its sequence alone");
     /* a sink slot past the rows: RANGE, nothing written (the outputs stay those of the first call) */
     void *dfin = to_device(x, row, E8KV_DTYPE_F32);
-    sslots[0] = (int64_t)(n_seq * sink);
+    sslots[0] = (int64_t)(max_rows * sink);
     CU(cudaMemcpy(dsslots, sslots, sizeof(int64_t), cudaMemcpyHostToDevice));
     e8kv_cuda_append_sink_async(a, 0, dsslots, dfin, dfin, 1, E8KV_DTYPE_F32, dstat, NULL);
     CU(cudaMemcpy(&stat, dstat, sizeof stat, cudaMemcpyDeviceToHost));
@@ -914,7 +955,7 @@ static void test_sink_slots(const char *spec, size_t d, size_t sink) {
     CHECK(!memcmp(oa, ob, n_out * 4), "a refused sink slot changed what is attended");
     if (centered) { /* a token appended with a row past max_seqs (to no slot): RANGE */
         CU(cudaMemset(dstat, 0, sizeof(unsigned)));
-        trows[0] = (int32_t)n_seq;
+        trows[0] = (int32_t)max_rows;
         slots[0] = -1;
         CU(cudaMemcpy(dtrows, trows, sizeof(int32_t), cudaMemcpyHostToDevice));
         CU(cudaMemcpy(dslots, slots, sizeof(int64_t), cudaMemcpyHostToDevice));
@@ -925,7 +966,7 @@ static void test_sink_slots(const char *spec, size_t d, size_t sink) {
     }
     { /* a sink slot past the rows in the one-call append (to no page slot): RANGE, nothing written */
         CU(cudaMemset(dstat, 0, sizeof(unsigned)));
-        trows[0] = -1, slots[0] = -1, sslots[0] = (int64_t)(n_seq * sink);
+        trows[0] = -1, slots[0] = -1, sslots[0] = (int64_t)(max_rows * sink);
         CU(cudaMemcpy(dtrows, trows, sizeof(int32_t), cudaMemcpyHostToDevice));
         CU(cudaMemcpy(dslots, slots, sizeof(int64_t), cudaMemcpyHostToDevice));
         CU(cudaMemcpy(dsslots, sslots, sizeof(int64_t), cudaMemcpyHostToDevice));

@@ -170,6 +170,8 @@ _CUDA_SIGNATURES = {
     "e8kv_cuda_cache_centered": (c_int, [c_void_p]),
     "e8kv_cuda_gather_async": (c_size_t, [c_void_p, c_size_t, c_void_p, c_void_p, c_int, c_size_t, c_size_t,
                                          c_void_p, c_size_t, c_void_p, c_void_p]),
+    "e8kv_cuda_copy_pages_async": (c_size_t, [c_void_p, c_void_p, c_void_p, c_size_t, c_void_p]),
+    "e8kv_cuda_copy_rows_async": (c_size_t, [c_void_p, c_void_p, c_void_p, c_size_t, c_void_p]),
 }
 
 

@@ -664,6 +664,26 @@ class CudaCache:
                f"gather layer {layer}")
         return k, v
 
+    def copy_pages(self, src: Any, dst: Any, *, stream: Any = None) -> int:
+        """Copy-on-write for forked sequences (beam search, several samples of one prompt): page src[i] to
+        page dst[i] in every layer's K and V pools (host sequences of page ids; no destination twice or also
+        a source: E8KVError BAD_ARGUMENT, nothing copied). Asynchronous on the stream (default: the current
+        stream of the cache's device), after the work queued there. Returns the number of pages."""
+        return self._copy("e8kv_cuda_copy_pages_async", "copy_pages", src, dst, stream)
+
+    def copy_rows(self, src: Any, dst: Any, *, stream: Any = None) -> int:
+        """The same for rows: row src[i]'s sink rows and means, every layer, to row dst[i]."""
+        return self._copy("e8kv_cuda_copy_rows_async", "copy_rows", src, dst, stream)
+
+    def _copy(self, fn: str, what: str, src: Any, dst: Any, stream: Any) -> int:
+        s, d = np.ascontiguousarray(src, dtype=np.int32), np.ascontiguousarray(dst, dtype=np.int32)
+        if s.ndim != 1 or s.shape != d.shape:
+            raise E8KVError(ErrorCode.SRC_SIZE, f"{what}: {s.shape} sources, {d.shape} destinations")
+        if stream is None:
+            stream = _torch.cuda.current_stream(self.device)
+        cs = stream.cuda_stream if hasattr(stream, "cuda_stream") else int(stream)
+        return _check(getattr(self._lib, fn)(self._p, s.ctypes.data, d.ctypes.data, s.size, cs), what)
+
     def read_slot(self, layer: int, stream: int, slot: int, head: int) -> np.ndarray:
         """The bytes of one stored vector in the CPU codec's order (what e8kv.Codec.encode gives)."""
         vb = self.vector_bytes(layer, stream)

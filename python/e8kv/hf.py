@@ -32,6 +32,7 @@ import sys
 import threading
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
+import numpy as np
 import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -119,6 +120,14 @@ def _unrope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 
 # ------------------------------------------------------------------------------------------ the cache
+_WHOLE_CACHE = ("e8kv caches change their batch rows all layers at once: call the cache's reorder_cache, "
+                "batch_repeat_interleave or batch_select_indices")
+
+
+def _index_list(idx: Any) -> list[int]:
+    return [int(i) for i in (idx.tolist() if hasattr(idx, "tolist") else idx)]
+
+
 def _check_later_mask(mask: torch.Tensor, past: int, pads: Sequence[int], who: str) -> None:
     """A 2-D attention mask over `past` stored positions and new tokens, after a prompt whose rows had `pads`:
     the new tokens must be real and the earlier part must have the prompt's padding (NotImplementedError)."""
@@ -180,16 +189,13 @@ class E8KVLayer(CacheLayerMixin):
                 r.truncate(max(r.n_tokens(self.layer_idx) + tokens_to_remove, 0))
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        idx = beam_idx.tolist()
-        if idx != list(range(len(self.parent.rows))):
-            raise NotImplementedError("e8kv cache: beam search reordering is not supported")
+        raise NotImplementedError(_WHOLE_CACHE)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        if repeats != 1:
-            raise NotImplementedError("e8kv cache: batch expansion is not supported")
+        raise NotImplementedError(_WHOLE_CACHE)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        raise NotImplementedError("e8kv cache: batch selection is not supported")
+        raise NotImplementedError(_WHOLE_CACHE)
 
     def offload(self) -> None:  # codes already live in host memory
         pass
@@ -278,6 +284,41 @@ class E8KVCache(Cache):
         for r in self.rows:
             r.clear()
         self.pads = [0] * max(1, len(self.rows))
+
+    # -- beam search and batch changes: the rows of the batch become old rows idx (a row taken twice is copied)
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Beam search: batch row i continues old row beam_idx[i]."""
+        self._select(_index_list(beam_idx), "reorder_cache")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Each row repeated `repeats` times in place (row i becomes rows i*repeats .. i*repeats+repeats-1)."""
+        self._select([i for i in range(len(self.rows)) for _ in range(int(repeats))], "batch_repeat_interleave")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Only rows `indices` stay, in that order."""
+        self._select(_index_list(indices), "batch_select_indices")
+
+    def _select(self, idx: list[int], who: str) -> None:
+        n = len(self.rows)
+        if not n:  # nothing stored yet: the next forward's batch makes the rows
+            return
+        bad = [i for i in idx if not 0 <= i < n]
+        if bad or not idx:
+            raise E8KVError(ErrorCode.BAD_ARGUMENT, f"e8kv cache {who}: rows {idx} of a batch of {n}")
+        if idx == list(range(n)):
+            return
+        taken: set[int] = set()
+        rows = []
+        for i in idx:  # the first use of a row moves it; a later one copies it (every layer, bit for bit)
+            if i in taken:
+                c = self._new_row()
+                c.load_into(self.rows[i].save())
+                rows.append(c)
+            else:
+                taken.add(i)
+                rows.append(self.rows[i])
+        pads = self.pads + [0] * (n - len(self.pads))
+        self.rows, self.pads = rows, [pads[i] for i in idx]
 
     def _to_cache_layout(self, x: torch.Tensor, pos0: int, rope: str) -> torch.Tensor:
         """(b, h, t, d) with transformers' RoPE, in its layout -> (b, t, h*d) float32 contiguous in the
@@ -431,6 +472,8 @@ class E8KVCudaLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         b, t = key_states.shape[0], key_states.shape[2]
+        if self.layer_idx == 0 and not torch.compiler.is_compiling():
+            self.parent._n_active = max(self.parent._n_active, b)
         self.parent._append(self.layer_idx, key_states, value_states,
                             self.parent._positions(self.cumulative_length, b, t),
                             first=self.parent._fresh[self.layer_idx])
@@ -452,6 +495,7 @@ class E8KVCudaLayer(CacheLayerMixin):
         self.parent._pad.zero_()
         self.parent._pad_host = [0] * self.parent.batch_rows
         self.parent._valid = None
+        self.parent._unshare()
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
@@ -459,16 +503,17 @@ class E8KVCudaLayer(CacheLayerMixin):
         self.cumulative_length.add_(tokens_to_remove).clamp_(min=0)
         if self.parent.kv.centered and int(self.cumulative_length) == 0:
             self.parent._fresh[self.layer_idx] = True
+        if self.parent._shared and tokens_to_remove:  # the pages appended next must be the row's own again
+            self.parent._own_tails(int(self.cumulative_length))
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        raise NotImplementedError("e8kv CUDA cache: beam search reordering is not supported")
+        raise NotImplementedError(_WHOLE_CACHE)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        if repeats != 1:
-            raise NotImplementedError("e8kv CUDA cache: batch expansion is not supported")
+        raise NotImplementedError(_WHOLE_CACHE)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        raise NotImplementedError("e8kv CUDA cache: batch selection is not supported")
+        raise NotImplementedError(_WHOLE_CACHE)
 
     def offload(self) -> None:
         pass
@@ -507,7 +552,12 @@ class E8KVCudaCache(Cache):
     over them alone (the kernel's context length is per row), and the prompt's SDPA masks them. Tokens after
     the prompt must be real (mask 1): padding inside a later chunk is refused (NotImplementedError), and a
     mask whose earlier part disagrees with the padding recorded at the prompt is refused. The lengths seen
-    by transformers (get_seq_length, cache_position) stay the padded ones."""
+    by transformers (get_seq_length, cache_position) stay the padded ones.
+
+    Beam search (generate(num_beams=...); max_batch_size counts batch x beams) and the other batch changes
+    (reorder_cache, batch_select_indices, batch_repeat_interleave; eager): the rows' block tables share the
+    full pages of a common past; the page a row appends into next, and its row of sink rows while it has
+    fewer than sink=N tokens, are made its own (copied when another row holds them)."""
 
     def __init__(self, config: Any, spec: str = "e8box:4", *, max_batch_size: int = 1, max_cache_len: Optional[int] = None,
                  device: Any = "cuda", seed: int = 0, block_size: int = 16, max_chunk: int = 64,
@@ -544,17 +594,23 @@ class E8KVCudaCache(Cache):
             self._state = torch_ops.new_state()
             self._tables = torch.arange(max_batch_size * self.pages_per_seq, dtype=torch.int32).view(
                 max_batch_size, self.pages_per_seq)
-            self._row_base = torch.arange(max_batch_size, dtype=torch.int64) * self.capacity
             self._arange = torch.arange(max(max_chunk, 1), dtype=torch.int64)
             self._batch_rows = torch.arange(max_batch_size, dtype=torch.int32)  # each row's sink rows and means
             self._pad = torch.zeros(max_batch_size, dtype=torch.int64)  # per row: pads dropped from its prompt
         self._pad_host = [0] * max_batch_size  # the same on the host (the gather path groups rows by it)
+        # beam search: rows may share the full pages of a common past (reorder_cache); the host twins of the
+        # block tables and of each batch row's row of sink rows and means say who holds what
+        self._tables_host = np.arange(max_batch_size * self.pages_per_seq, dtype=np.int32).reshape(
+            max_batch_size, self.pages_per_seq)
+        self._rows_host = list(range(max_batch_size))
+        self._shared = False  # some page or row is no longer where creation put it
+        self._n_active = 0  # batch rows in use (the last forward's batch, or a reorder's)
         self._valid: Optional[torch.Tensor] = None  # (b, t) bool: which prompt tokens are kept (a padded prompt)
         self._valid_todo: list[bool] = []  # per layer: its append has still to drop the pads of _valid
         self.sink = self.kv.sink
         self._use_rows = bool(self.sink) or self.kv.centered
         self._fresh = [True] * s.n_layer  # per layer: no token since creation or reset (the host's own record)
-        for t in (self._tables, self._row_base, self._arange, self._batch_rows, self._pad):
+        for t in (self._tables, self._arange, self._batch_rows, self._pad):
             torch._dynamo.mark_static_address(t)
         self._attach(config)
         super().__init__(layers=[E8KVCudaLayer(self, i) for i in range(s.n_layer)])
@@ -625,6 +681,107 @@ class E8KVCudaCache(Cache):
                                                                               device=self._arange.device)
         return (length - self._pad[row0:row0 + b])[:, None] + ar[None, :]
 
+    # -- beam search and batch changes
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Beam search: batch row i continues old row beam_idx[i]. Rows share the full pages of their common
+        past (block tables, as serving engines fork sequences); the page each row appends into next is made
+        its own (copied when it holds tokens), and so is its row of sink rows while it has fewer than sink=N
+        tokens. Costs one page per (layer, K/V) per row that changes, not the whole cache."""
+        self._select(_index_list(beam_idx), "reorder_cache")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Each row repeated `repeats` times in place (row i becomes rows i*repeats .. i*repeats+repeats-1)."""
+        self._select([i for i in range(self._n_active) for _ in range(int(repeats))], "batch_repeat_interleave")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Only rows `indices` stay, in that order."""
+        self._select(_index_list(indices), "batch_select_indices")
+
+    def _select(self, idx: list[int], who: str) -> None:
+        n = self._n_active
+        if not n:
+            return
+        bad = [i for i in idx if not 0 <= i < n]
+        if bad or not idx:
+            raise E8KVError(ErrorCode.BAD_ARGUMENT, f"e8kv CUDA cache {who}: rows {idx} of a batch of {n}")
+        if len(idx) > self.batch_rows:
+            raise E8KVError(ErrorCode.DIMENSION, f"e8kv CUDA cache {who}: {len(idx)} rows exceed max_batch_size "
+                                                 f"{self.batch_rows}")
+        if idx == list(range(n)):
+            return
+        B, m = self.batch_rows, len(idx)
+        rest = [0] * (B - m)
+        self._tables_host = np.concatenate((self._tables_host[idx], self._tables_host[:B - m]))
+        self._rows_host = [self._rows_host[i] for i in idx] + [-1] * (B - m)
+        self._pad_host = [self._pad_host[i] for i in idx] + rest
+        self._pad.copy_(torch.tensor(self._pad_host, dtype=torch.int64))
+        self._n_active, self._shared = m, True
+        self._own_tails(int(self.layers[0].cumulative_length) if self.layers[0].is_initialized else 0)
+
+    def _own_tails(self, length: int) -> None:
+        """After rows were made to share pages and rows (_select) or shortened (crop): every batch row gets
+        pages of its own from the page it appends into next to the end of its table (the first row to hold a
+        page keeps it; the others get free pages, the tokens of a partial page copied), and a row of sink
+        rows of its own while it has fewer than sink=N tokens (copied likewise). `length`: the padded length
+        of the active rows; inactive rows count as empty."""
+        B, W, bs = self.batch_rows, self.pages_per_seq, self.block_size
+        lens = np.array([max(length - p, 0) if r < self._n_active else 0 for r, p in enumerate(self._pad_host)])
+        t = self._tables_host.copy()
+        tail = np.arange(W)[None, :] >= (lens // bs)[:, None]  # (B, W): the pages still to be written
+        flat = t.reshape(-1)
+        claimed = np.zeros(B * W, dtype=bool)
+        claimed[flat[~tail.reshape(-1)]] = True  # full pages: shared freely (never written again)
+        at = np.flatnonzero(tail.reshape(-1))  # row-major: a lower row keeps a page first
+        vals = flat[at]
+        keep = np.zeros(at.size, dtype=bool)
+        keep[np.unique(vals, return_index=True)[1]] = True
+        keep &= ~claimed[vals]
+        claimed[vals[keep]] = True
+        need = at[~keep]
+        free = np.flatnonzero(~claimed)[:need.size]
+        assert free.size == need.size  # B*W pages always suffice: each row holds W entries
+        r, j = need // W, need % W
+        partial = (j == lens[r] // bs) & (lens[r] % bs != 0) & (r < self._n_active)
+        if partial.any():
+            self.kv.copy_pages(flat[need[partial]], free[partial])
+        flat[need] = free
+        self._tables_host = t
+        self._tables.copy_(torch.from_numpy(t))
+        if not self._use_rows:
+            return
+        rows = list(self._rows_host)
+        own = [r >= self._n_active or lens[r] < self.sink for r in range(B)]  # rows whose sink rows change
+        held = {rows[r] for r in range(B) if not own[r] and rows[r] >= 0}
+        src, dst, wants = [], [], []
+        for r in range(B):
+            if own[r]:
+                if rows[r] >= 0 and rows[r] not in held:
+                    held.add(rows[r])
+                else:
+                    wants.append(r)
+        spare = iter(x for x in range(B) if x not in held)
+        for r in wants:
+            x = next(spare)
+            if rows[r] >= 0 and r < self._n_active:
+                src.append(rows[r])
+                dst.append(x)
+            rows[r] = x
+        if src:
+            self.kv.copy_rows(src, dst)
+        self._rows_host = rows
+        self._batch_rows.copy_(torch.tensor(rows, dtype=torch.int32))
+
+    def _unshare(self) -> None:
+        """Creation's layout again (reset): row b holds pages b*W .. b*W+W-1 and row b of sink rows."""
+        self._n_active = 0
+        if self._shared:
+            B, W = self.batch_rows, self.pages_per_seq
+            self._tables_host = np.arange(B * W, dtype=np.int32).reshape(B, W)
+            self._rows_host = list(range(B))
+            self._tables.copy_(torch.from_numpy(self._tables_host))
+            self._batch_rows.copy_(torch.arange(B, dtype=torch.int32))
+            self._shared = False
+
     # -- storing and reading
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
         """(b, h, t, d) -> (b * t, h * d) contiguous, rows b-major."""
@@ -642,7 +799,11 @@ class E8KVCudaCache(Cache):
             self._valid_todo[layer] = False
             keep = self._valid.to(key_states.device)
             pos = keep.to(torch.int64).cumsum(1) - 1
-        slots = (self._row_base[row0:row0 + b, None] + pos).reshape(-1)
+        # slot = the page of the row's block table holding pos; a pad (pos -1) or past the capacity: -1 (none)
+        bs = self.block_size
+        page = torch.gather(self._tables[row0:row0 + b], 1, (pos // bs).clamp(0, self.pages_per_seq - 1))
+        slots = torch.where((pos >= 0) & (pos < self.capacity), page.to(torch.int64) * bs + pos % bs,
+                            torch.full_like(pos, -1)).reshape(-1)
         sink_slots = None
         if self.sink:  # positions below sink=N also into the row's sink rows
             row = self._batch_rows[row0:row0 + b, None].to(torch.int64)
@@ -666,7 +827,7 @@ class E8KVCudaCache(Cache):
             o = 0
             for i in range(b):
                 if counts[i]:
-                    self.kv.set_means(layer, row0 + i, kr[o:o + counts[i]], vr[o:o + counts[i]])
+                    self.kv.set_means(layer, self._rows_host[row0 + i], kr[o:o + counts[i]], vr[o:o + counts[i]])
                 o += counts[i]
             self._fresh[layer] = False
         torch.ops.e8kv.append(self._state, self._key, layer, slots, kr, vr, sink_slots, rows)
@@ -769,7 +930,7 @@ class E8KVCudaCache(Cache):
     def n_bytes(self) -> int:
         """Device bytes the cache holds: the C cache's one allocation (pages, tables, workspace) plus its
         small torch tensors (block tables, lengths, status word)."""
-        extra = sum(x.numel() * x.element_size() for x in (self._state, self._tables, self._row_base, self._arange,
+        extra = sum(x.numel() * x.element_size() for x in (self._state, self._tables, self._arange, self._pad,
                                                                 self._batch_rows))
         return self.kv.device_bytes + extra + 8 * len(self.layers)
 

@@ -487,6 +487,64 @@ size_t e8kv_cuda_set_means_async(e8kv_cuda_cache *c, size_t layer, size_t row, c
     return 0;
 }
 
+/* n ids src[i] → dst[i], each below `limit`, no destination repeated or also a source: 0, else BAD_ARGUMENT
+ */
+static size_t check_copies(const int32_t *src, const int32_t *dst, size_t n, size_t limit) {
+    if (!n) return 0;
+    if (!src || !dst) return E8KV_ERR(BAD_ARGUMENT);
+    unsigned char *role =
+        (unsigned char *)calloc(limit ? limit : 1, 1); /* bit 0: source, bit 1: destination */
+    if (!role) return E8KV_ERR(OUT_OF_MEMORY);
+    size_t err = 0;
+    for (size_t i = 0; i < n && !err; i++) {
+        if (src[i] < 0 || dst[i] < 0 || (size_t)src[i] >= limit || (size_t)dst[i] >= limit ||
+            (role[dst[i]] & 2))
+            err = E8KV_ERR(BAD_ARGUMENT);
+        else
+            role[src[i]] |= 1, role[dst[i]] |= 2;
+    }
+    for (size_t i = 0; i < n && !err; i++)
+        if (role[src[i]] & 2) err = E8KV_ERR(BAD_ARGUMENT);
+    free(role);
+    return err;
+}
+
+size_t e8kv_cuda_copy_pages_async(e8kv_cuda_cache *c, const int32_t *src, const int32_t *dst, size_t n,
+                                  void *stream) {
+    if (!c) return E8KV_ERR(BAD_ARGUMENT);
+    E8KV_RETURN_IF_ERROR(check_copies(src, dst, n, c->n_blocks));
+    for (size_t i = 0; i < 2 * c->n_layer; i++) {
+        const stream_desc *sd = &c->sd[i];
+        for (size_t j = 0; j < n; j++)
+            if (cudaMemcpyAsync(sd->pool + (size_t)dst[j] * sd->page_bytes,
+                                sd->pool + (size_t)src[j] * sd->page_bytes, sd->page_bytes,
+                                cudaMemcpyDeviceToDevice, (cudaStream_t)stream) != cudaSuccess)
+                return E8KV_ERR(CUDA);
+    }
+    return n;
+}
+
+size_t e8kv_cuda_copy_rows_async(e8kv_cuda_cache *c, const int32_t *src, const int32_t *dst, size_t n,
+                                 void *stream) {
+    if (!c) return E8KV_ERR(BAD_ARGUMENT);
+    E8KV_RETURN_IF_ERROR(check_copies(src, dst, n, c->max_seqs));
+    const cudaStream_t st = (cudaStream_t)stream;
+    const size_t srow = c->sink * c->n_head_kv * c->d, mrow = c->n_head_kv * c->d; /* floats of one row */
+    for (size_t l = 0; l < c->n_layer; l++)
+        for (int s = 0; s < 2; s++)
+            for (size_t j = 0; j < n; j++) {
+                if (srow && cudaMemcpyAsync(sink_pool(c, l, s) + (size_t)dst[j] * srow,
+                                            sink_pool(c, l, s) + (size_t)src[j] * srow, srow * sizeof(float),
+                                            cudaMemcpyDeviceToDevice, st) != cudaSuccess)
+                    return E8KV_ERR(CUDA);
+                if (c->sd[2 * l + (size_t)s].mu &&
+                    cudaMemcpyAsync(mean_row(c, l, s, (size_t)dst[j]), mean_row(c, l, s, (size_t)src[j]),
+                                    mrow * sizeof(float), cudaMemcpyDeviceToDevice, st) != cudaSuccess)
+                    return E8KV_ERR(CUDA);
+            }
+    return n;
+}
+
 size_t e8kv_cuda_append_sink_async(e8kv_cuda_cache *c, size_t layer, const int64_t *d_sink_slots,
                                    const void *d_k, const void *d_v, size_t n_tok, e8kv_dtype dtype,
                                    unsigned *d_status, void *stream) {
