@@ -189,6 +189,57 @@ def measure(model, kind, mode, batch, ctx, steps, out, prof=False):
     return emit(rec, out)
 
 
+def measure_beam(model, kind, batch, beams, ctx, steps, out):
+    """Beam search's decode step, eager: a forward of batch x beams rows, then reorder_cache with random
+    beam indices (each row continues a random beam of its own batch item, as beam search picks them). ms
+    per step (forward + reorder, the host waiting for each) and ms of the reorder alone, medians."""
+    rows = batch * beams
+    fresh_device()
+    cache = None
+    rec = {"part": "beam", "cache": kind, "mode": "eager", "batch": batch, "beams": beams, "ctx": ctx,
+           "device": torch.cuda.get_device_name()}
+    try:
+        cache = make_cache(model, kind, rows, ctx, 2 + steps + 8)
+        g = torch.Generator().manual_seed(1)
+        base = torch.arange(batch)[:, None] * beams
+        tok = torch.full((rows, 1), 17, dtype=torch.long, device="cuda")
+        step, reorder = [], []
+        with torch.no_grad():
+            for i in range(2 + steps):
+                idx = (torch.randint(0, beams, (batch, beams), generator=g) + base).reshape(-1).to("cuda")
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                model(input_ids=tok, past_key_values=cache, use_cache=True)
+                torch.cuda.synchronize()
+                t1 = time.perf_counter()
+                cache.reorder_cache(idx)
+                torch.cuda.synchronize()
+                t2 = time.perf_counter()
+                if i >= 2:
+                    step.append(t2 - t0)
+                    reorder.append(t2 - t1)
+        step.sort()
+        reorder.sort()
+        ms = 1e3 * step[len(step) // 2]
+        rec.update(ms=round(ms, 3), reorder_ms=round(1e3 * reorder[len(reorder) // 2], 3),
+                   tok_s=round(rows / ms * 1e3, 1),
+                   peak_gb=round((torch.cuda.max_memory_allocated() + cache_bytes(cache)) / 1e9, 2),
+                   cache_gb=round(cache_bytes(cache) / 1e9, 3), ok=True)
+        if isinstance(cache, e8kv.hf.E8KVCudaCache):
+            cache.check()
+    except (torch.OutOfMemoryError, e8kv.E8KVError) as e:
+        if not (isinstance(e, torch.OutOfMemoryError) or e.code == e8kv.ErrorCode.OUT_OF_MEMORY):
+            raise
+        rec.update(ok=False, error="out of memory")
+    finally:
+        if cache is not None:
+            release(model, cache)
+        del cache
+        gc.collect()
+        torch.cuda.empty_cache()
+    return emit(rec, out)
+
+
 def measure_prefill(model, kind, ctx, chunk, out, reps=3, path="gather"):
     """Eager prefill, batch 1: chunk == 0, a ctx-token prompt on an empty cache (e8kv: SDPA over the prompt's
     exact K/V, then its append); chunk > 0, chunks of `chunk` tokens after a ctx-token past (random K/V;
@@ -291,7 +342,8 @@ def main():
                     help="main (8 x long, every cache and mode), floor (compiled at 8 x 64), prefill (eager, batch 1: a short and a long "
                          "prompt on an empty cache, 64-token chunks after a long past), chunks (eager, batch 1: --chunks after a long "
                          "past, e8kv by both paths), gather (the gather kernel of one layer against a copy, batch 1 and 8 at long), fit (largest batch at long), small (batch 1, "
-                         "short context), again (DynamicCache and e8box:4 eager at 8 x long once more)")
+                         "short context), again (DynamicCache and e8box:4 eager at 8 x long once more), beam (eager beam-search steps: "
+                         "2 x 4 beams at short and long, a forward then reorder_cache)")
     ap.add_argument("--kinds", default="dynamic,static,e8box:4,e8p:2",
                     help="caches of the main and small parts, comma-separated; or ';'-separated when a spec holds "
                          "commas ('dynamic;e8box:4;e8box:4,sink=4')")
@@ -386,6 +438,11 @@ def main():
                     measure_prefill(model, kind, ctx, chunk, out, reps=5)
                     if kind != "dynamic" and chunk <= 512:
                         measure_prefill(model, kind, ctx, chunk, out, reps=5, path="kernel")
+    if "beam" in parts:  # beam search: 2 prompts x 4 beams, a forward and a reorder per step
+        for c in (small, big):
+            for kind in kinds:
+                if kind != "static" and time.time() - T0 <= args.budget:
+                    measure_beam(model, kind, 2, 4, c, args.steps, out)
     if "again" in parts:
         go("dynamic", "eager", 8, big)
     log("done")
