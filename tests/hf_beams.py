@@ -12,12 +12,14 @@ PLAN = ((2, ("reorder", [2, 0, 2, 1])), (8, ("reorder", [1, 1, 3, 0])), (8, ("se
 
 def _step(model, cache, ids):
     with torch.no_grad():
-        return model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1].float()
+        return model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1].float().clone()
 
 
-def run_plan(model, cache, on, seed=5):
-    """Runs PLAN on a batch of 4 random prompts. Returns [(histories, logits)] at the end of each phase
-    (before its batch change): histories a list of token lists, logits (rows, vocab)."""
+def run_plan(model, cache, on, seed=5, step=None):
+    """Runs PLAN on a batch of 4 random prompts (step: the forward of the one-token steps, e.g. compiled).
+    Returns [(histories, logits)] at the end of each phase (before its batch change): histories a list of
+    token lists, logits (rows, vocab)."""
+    step = step or model
     g = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (4, PROMPT), generator=g)
@@ -27,7 +29,7 @@ def run_plan(model, cache, on, seed=5):
     for n, change in PLAN:
         for _ in range(n):
             tok = torch.randint(0, vocab, (len(hist), 1), generator=g)
-            logits = _step(model, cache, tok.to(on))
+            logits = _step(step, cache, tok.to(on))
             hist = [h + [int(t)] for h, t in zip(hist, tok[:, 0])]
         out.append(([list(h) for h in hist], logits))
         if change is None:

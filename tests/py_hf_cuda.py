@@ -45,7 +45,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import e8kv  # noqa: E402
-from hf_beams import check_beam_generate, check_plan  # noqa: E402
+from hf_beams import check_beam_generate, check_plan, run_plan  # noqa: E402
 from hf_padding import padded_batch, run_padded  # noqa: E402
 
 GPU = e8kv.cuda_available() and torch.cuda.is_available()
@@ -573,6 +573,31 @@ def test_batch_changes_equal_each_history_alone(dev, spec):
     model = model_on(dev)
     check_plan(model, lambda b: gpu_cache(model, spec, b, dev=dev), "cuda" if dev == "cuda" else "cpu",
                f"{spec} on {dev}")
+
+
+def test_batch_changes_compiled_equal_eager(dev):
+    """The batch changes between compiled one-token steps (the block tables, rows and pads they change are
+    updated in place, so CUDA graphs replay with them): the logits of the eager steps."""
+    import e8kv.hf  # noqa: F401
+    model = model_on(dev)
+    on = "cuda" if dev == "cuda" else "cpu"
+    spec = "e8box:4,sink=20"
+    cache = gpu_cache(model, spec, 4, dev=dev)
+    eager = run_plan(model, cache, on)
+    cache.detach(model.config)
+    torch._dynamo.reset()
+    step = (torch.compile(model.forward, mode="reduce-overhead", fullgraph=True) if dev == "cuda" else
+            torch.compile(model.forward, backend="aot_eager", fullgraph=True))
+    cache = gpu_cache(model, spec, 4, dev=dev)
+    compiled = run_plan(model, cache, on, step=step)
+    cache.detach(model.config)
+    cache.check()
+    torch._dynamo.reset()
+    err = max(float((c[1] - e[1]).abs().max()) for c, e in zip(compiled, eager))
+    scale = max(float(e[1].abs().max()) for e in eager)
+    print(f"batch changes on {dev}, compiled vs eager: max |logit diff| {err:.3g} (max |logit| {scale:.3g})")
+    assert all(c[0] == e[0] for c, e in zip(compiled, eager))
+    assert err <= 1e-3 * scale, (err, scale)
 
 
 @pytest.mark.parametrize("spec", ["bf16", "e8box:4"])

@@ -555,7 +555,8 @@ class E8KVCudaCache(Cache):
     by transformers (get_seq_length, cache_position) stay the padded ones.
 
     Beam search (generate(num_beams=...); max_batch_size counts batch x beams) and the other batch changes
-    (reorder_cache, batch_select_indices, batch_repeat_interleave; eager): the rows' block tables share the
+    (reorder_cache, batch_select_indices, batch_repeat_interleave; called eager, between eager or compiled
+    steps: what they change is updated in place, so CUDA graphs replay with it): the rows' block tables share the
     full pages of a common past; the page a row appends into next, and its row of sink rows while it has
     fewer than sink=N tokens, are made its own (copied when another row holds them)."""
 
