@@ -1,13 +1,15 @@
-"""Beam search and batch changes on an e8kv transformers cache (CPU E8KVCache or E8KVCudaCache), checked
-against each row's history replayed alone: shared by py_hf_model.py (the CPU cache) and py_hf_cuda.py."""
+"""Beam search, batch changes and crop on an e8kv transformers cache (CPU E8KVCache or E8KVCudaCache),
+checked against each row's history replayed alone: shared by py_hf_model.py (the CPU cache) and
+py_hf_cuda.py."""
 import torch
 
 PROMPT = 17  # ≥ 16 tokens: the centring means come from them; a partial page of 16
-# the plan: decode steps, then a batch change; the lengths at the changes are 19 (a partial page, below
-# sink=20: the rows' sink rows must become their own), 27 and 35 (partial pages past sink=20, shared
-# rows), 38
-PLAN = ((2, ("reorder", [2, 0, 2, 1])), (8, ("reorder", [1, 1, 3, 0])), (8, ("select", [3, 1])),
-        (3, ("repeat", 2)), (3, None))
+# the plan: decode steps, then a change; the lengths at the changes are 19 (a partial page, below sink=20:
+# the rows' sink rows must become their own), 27 (past sink=20, shared rows), 35 (two full pages shared),
+# then a crop of 6 tokens right after that reorder (to 29, past the prompt: the second page, full and
+# shared by the rows, is again the one they append into), 37, 40
+PLAN = ((2, ("reorder", [2, 0, 2, 1])), (8, ("reorder", [1, 1, 3, 0])), (8, ("reorder", [0, 0, 1, 2])),
+        (0, ("crop", 6)), (8, ("select", [3, 1])), (3, ("repeat", 2)), (3, None))
 
 
 def _step(model, cache, ids):
@@ -31,11 +33,15 @@ def run_plan(model, cache, on, seed=5, step=None):
             tok = torch.randint(0, vocab, (len(hist), 1), generator=g)
             logits = _step(step, cache, tok.to(on))
             hist = [h + [int(t)] for h, t in zip(hist, tok[:, 0])]
-        out.append(([list(h) for h in hist], logits))
+        if n:
+            out.append(([list(h) for h in hist], logits))
         if change is None:
             continue
         kind, arg = change
-        if kind == "reorder":
+        if kind == "crop":
+            cache.crop(-arg)
+            hist = [h[:-arg] for h in hist]
+        elif kind == "reorder":
             cache.reorder_cache(torch.tensor(arg, device=on))
             hist = [hist[i] for i in arg]
         elif kind == "select":

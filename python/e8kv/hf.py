@@ -182,11 +182,8 @@ class E8KVLayer(CacheLayerMixin):
         self.parent._clear()
 
     def crop(self, tokens_to_remove: int) -> None:
-        if tokens_to_remove > 0:
-            raise ValueError("crop takes a negative count (tokens to remove from the end)")
-        if tokens_to_remove and self.parent.rows:
-            for r in self.parent.rows:
-                r.truncate(max(r.n_tokens(self.layer_idx) + tokens_to_remove, 0))
+        raise NotImplementedError("e8kv cache: a row's C cache drops tokens from all layers at once: call the "
+                                  "cache's crop")
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         raise NotImplementedError(_WHOLE_CACHE)
@@ -284,6 +281,13 @@ class E8KVCache(Cache):
         for r in self.rows:
             r.clear()
         self.pads = [0] * max(1, len(self.rows))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last -tokens_to_remove tokens of every row, every layer (assisted decoding's rollback)."""
+        if tokens_to_remove > 0:
+            raise ValueError("crop takes a negative count (tokens to remove from the end)")
+        for r in self.rows if tokens_to_remove else ():
+            r.truncate(max(r.n_tokens(0) + tokens_to_remove, 0))
 
     # -- beam search and batch changes: the rows of the batch become old rows idx (a row taken twice is copied)
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
