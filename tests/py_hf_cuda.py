@@ -629,6 +629,58 @@ def test_batch_change_errors(dev):
     cache.detach(model.config)
 
 
+def test_generate_shape_sizes_a_static_cache():
+    """compress() on a CUDA model sizes each generate()'s cache as generate will use it: batch x
+    max(num_beams, num_return_sequences) rows, prompt + max_new_tokens (or max_length) tokens."""
+    import e8kv.hf
+    model = model_on("cpu-twin")
+    ids = torch.zeros((2, 9), dtype=torch.long)
+    shape = lambda *a, **kw: e8kv.hf.generate_shape(model, a, kw)  # noqa: E731
+    assert shape(ids, max_new_tokens=5) == (2, 14)
+    assert shape(input_ids=ids, max_new_tokens=5, num_beams=3) == (6, 14)
+    assert shape(ids, max_new_tokens=5, do_sample=True, num_return_sequences=4) == (8, 14)
+    assert shape(ids, max_length=30) == (2, 30)
+    from transformers import GenerationConfig
+    assert shape(ids, generation_config=GenerationConfig(max_new_tokens=7, num_beams=2)) == (4, 16)
+    with pytest.raises(e8kv.E8KVError):
+        shape(max_new_tokens=5)
+
+
+@needs_gpu
+def test_compress_on_a_cuda_model():
+    """with e8kv.hf.compress(model): generate() (greedy, beam search) and forward() on a CUDA model go through
+    an E8KVCudaCache ("e8box:4" by default) sized per call: the same tokens and logits as an explicit one;
+    on exit the model's attention is as before."""
+    import e8kv.hf
+    model = tiny_llama(torch.float32)
+    ids = prompt_ids(2, 20)
+    kw = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=None)
+    want = []
+    for beams in (1, 2):
+        cache = gpu_cache(model, "e8box:4", 2 * beams, cap=32)
+        with torch.no_grad():
+            want.append(model.generate(ids, past_key_values=cache, num_beams=beams, **kw))
+        cache.detach(model.config)
+    cache = gpu_cache(model, "e8box:4", 2, cap=20)
+    with torch.no_grad():
+        want_logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits
+    cache.detach(model.config)
+    with e8kv.hf.compress(model), torch.no_grad():
+        assert model.config._attn_implementation == "sdpa"
+        got = [model.generate(ids, num_beams=beams, **kw) for beams in (1, 2)]
+        assert model.config._attn_implementation == e8kv.hf.ATTN_NAME
+        got_logits = model(input_ids=ids).logits
+    assert model.config._attn_implementation == "sdpa"
+    assert getattr(model.config, "_e8kv_cuda_cache", None) is None
+    for g, w in zip(got, want):
+        assert g.tolist() == w.tolist()
+    assert float((got_logits - want_logits).abs().max()) <= 1e-5 * float(want_logits.abs().max())
+    with pytest.raises(e8kv.E8KVError):
+        with e8kv.hf.compress(model, "e8:4"):  # not a CUDA format: refused at once
+            pass
+    assert model.config._attn_implementation == "sdpa"
+
+
 def test_padding_after_the_prompt_is_refused(dev):
     """A 0 in the mask of tokens after the prompt, or a mask whose padding differs from the prompt's, is
     refused (NotImplementedError), before anything is stored."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import math
 import os
 import sys
@@ -1007,19 +1008,41 @@ def register() -> None:
 
 # ------------------------------------------------------------------------------------------ one line
 @contextlib.contextmanager
-def compress(model: Any, spec: str = "balanced", *, calib: Union[Calib, str, os.PathLike, None] = None,
-             n_ctx: Optional[int] = None, seed: int = 0, n_threads: int = 0) -> Iterator[Any]:
-    """Within the block, generate() and forward calls that bring no cache of their own use a fresh E8KVCache
-    with `spec` (attention "e8kv" from the codes); on exit the model is as before."""
+def compress(model: Any, spec: Optional[str] = None, *, calib: Union[Calib, str, os.PathLike, None] = None,
+             n_ctx: Optional[int] = None, seed: int = 0, n_threads: int = 0, device: Any = None) -> Iterator[Any]:
+    """Within the block, generate() and forward calls that bring no cache of their own use a fresh e8kv cache
+    with `spec` (attention "e8kv" from the codes); on exit the model is as before.
+
+    On a model whose parameters are on a CUDA device (or device="cuda"), the cache is an E8KVCudaCache
+    (spec: one of its formats, default "e8box:4"; calib and n_ctx do not apply) sized for each call:
+    max_batch_size = batch x max(num_beams, num_return_sequences), max_cache_len = prompt + max_new_tokens
+    (or generate's max_length); a forward's cache holds its input. Elsewhere an E8KVCache (default spec
+    "balanced")."""
     register()
     ModelShape(model.config)  # refuse unsupported models at once
+    dev = torch.device(device) if device is not None else _model_device(model)
+    gpu = dev.type == "cuda"
+    spec = spec or ("e8box:4" if gpu else "balanced")
+    if gpu and (calib is not None or n_ctx is not None):
+        raise E8KVError(ErrorCode.BAD_ARGUMENT, "compress on a CUDA model: calib and n_ctx are CPU-cache "
+                                                "arguments (the CUDA cache is sized per call)")
     if isinstance(calib, (str, os.PathLike)):
         calib = Calib.load(calib)
     previous = model.config._attn_implementation
-    make = lambda: E8KVCache(model.config, spec, calib=calib, n_ctx=n_ctx, seed=seed, n_threads=n_threads)  # noqa: E731
-    make()  # a bad spec fails here
 
+    def make(args: Sequence[Any], kw: dict, gen: bool) -> Cache:
+        if not gpu:
+            return E8KVCache(model.config, spec, calib=calib, n_ctx=n_ctx, seed=seed, n_threads=n_threads)
+        rows, cap = generate_shape(model, args, kw) if gen else _input_shape(args, kw)
+        return E8KVCudaCache(model.config, spec, device=dev, max_batch_size=rows, max_cache_len=cap, seed=seed)
+
+    probe = make((), {"input_ids": torch.zeros((1, 16))}, False)  # a bad spec fails here
+    if gpu:
+        probe.detach(model.config)
+    del probe
     orig_generate, orig_forward = model.generate, model.forward
+    # transformers 5 renamed past_key_values to cache: give the cache under the name this version's forward has
+    name = "cache" if "cache" in inspect.signature(orig_forward).parameters else "past_key_values"
 
     def has_cache(kw: dict) -> bool:
         return kw.get("cache") is not None or kw.get("past_key_values") is not None
@@ -1029,13 +1052,13 @@ def compress(model: Any, spec: str = "balanced", *, calib: Union[Calib, str, os.
     @functools.wraps(orig_generate)
     def generate(*args: Any, **kw: Any) -> Any:
         if not has_cache(kw):
-            kw["cache"] = make()
+            kw[name] = make(args, kw, True)
         return orig_generate(*args, **kw)
 
     @functools.wraps(orig_forward)
     def forward(*args: Any, **kw: Any) -> Any:
         if not has_cache(kw) and kw.get("use_cache", True) is not False:
-            kw["cache"] = make()
+            kw[name] = make(args, kw, False)
         return orig_forward(*args, **kw)
 
     model.generate, model.forward = generate, forward
@@ -1043,7 +1066,37 @@ def compress(model: Any, spec: str = "balanced", *, calib: Union[Calib, str, os.
         yield model
     finally:
         del model.generate, model.forward
+        gpu_cache = getattr(model.config, "_e8kv_cuda_cache", None)
+        if gpu_cache is not None:
+            gpu_cache.detach(model.config)
         model.config._attn_implementation = previous
+
+
+def _model_device(model: Any) -> torch.device:
+    p = next(iter(model.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _input_shape(args: Sequence[Any], kw: dict) -> tuple[int, int]:
+    """(batch, tokens) of a generate() or forward() call's input (input_ids / inputs / inputs_embeds)."""
+    x = next((kw[k] for k in ("input_ids", "inputs", "inputs_embeds") if kw.get(k) is not None),
+             args[0] if args else None)
+    if x is None or not hasattr(x, "shape") or x.dim() < 2:
+        raise E8KVError(ErrorCode.BAD_ARGUMENT, "compress: no input_ids / inputs_embeds to size the cache by")
+    return int(x.shape[0]), int(x.shape[1])
+
+
+def generate_shape(model: Any, args: Sequence[Any], kw: dict) -> tuple[int, int]:
+    """The (max_batch_size, max_cache_len) a generate(*args, **kw) call needs of a static cache: batch x
+    max(num_beams, num_return_sequences) rows (generate repeats the prompt that often before the first
+    forward), prompt + max_new_tokens tokens (or max_length, as generate reads its generation config)."""
+    import copy
+    b, t = _input_shape(args, kw)
+    gc = copy.deepcopy(kw.get("generation_config") or model.generation_config)
+    gc.update(**{k: v for k, v in kw.items() if k != "generation_config"})
+    rows = b * max(int(gc.num_beams or 1), int(gc.num_return_sequences or 1))
+    cap = t + int(gc.max_new_tokens) if gc.max_new_tokens is not None else max(int(gc.max_length or 20), t + 1)
+    return rows, cap
 
 
 # ------------------------------------------------------------------------------------------ measurements
