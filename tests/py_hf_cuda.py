@@ -629,6 +629,31 @@ def test_batch_change_errors(dev):
     cache.detach(model.config)
 
 
+def test_tokens_past_max_cache_len_are_refused(dev):
+    """An eager forward past max_cache_len is CONTEXT_FULL before anything is stored (a padded row counts
+    its own tokens); generate() asked for more tokens than fit gets the same error: from its eager steps,
+    or from check() after the steps it compiles on a GPU (their tokens past the end are not stored)."""
+    import e8kv.hf  # noqa: F401
+    model = model_on(dev)
+    cache = gpu_cache(model, "e8box:4", 1, cap=32, dev=dev)
+    ids = prompt_ids(1, 33, dev=dev)
+    with torch.no_grad():
+        model(input_ids=ids[:, :20], past_key_values=cache, use_cache=True)
+        for i in range(20, 32):
+            model(input_ids=ids[:, i:i + 1], past_key_values=cache, use_cache=True)
+        with pytest.raises(e8kv.E8KVError) as e:
+            model(input_ids=ids[:, 32:33], past_key_values=cache, use_cache=True)
+        assert e.value.code == e8kv.ErrorCode.CONTEXT_FULL
+        assert int(cache.get_seq_length()) == 32
+        cache.detach(model.config)
+        cache = gpu_cache(model, "e8box:4", 1, cap=32, dev=dev)
+        with pytest.raises(e8kv.E8KVError) as e:  # eager steps raise; generate's compiled ones tell check()
+            model.generate(ids[:, :20], past_key_values=cache, max_new_tokens=20, do_sample=False, pad_token_id=0)
+            cache.check()
+        assert e.value.code == e8kv.ErrorCode.CONTEXT_FULL
+        cache.detach(model.config)
+
+
 def test_generate_shape_sizes_a_static_cache():
     """compress() on a CUDA model sizes each generate()'s cache as generate will use it: batch x
     max(num_beams, num_return_sequences) rows, prompt + max_new_tokens (or max_length) tokens."""

@@ -467,6 +467,9 @@ class E8KVCudaLayer(CacheLayerMixin):
         self.layer_idx = layer_idx
         self.cumulative_length = torch.zeros((), dtype=torch.int64, device=parent.device)
         torch._dynamo.mark_static_address(self.cumulative_length)
+        # the same on the host, counted by eager updates alone (compiled steps run no Python): never more
+        # than the real length, so the check it makes (an eager update past the capacity) never errs
+        self.host_length = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device, self.dtype = key_states.device, key_states.dtype
@@ -477,8 +480,15 @@ class E8KVCudaLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         b, t = key_states.shape[0], key_states.shape[2]
-        if self.layer_idx == 0 and not torch.compiler.is_compiling():
-            self.parent._n_active = max(self.parent._n_active, b)
+        if not torch.compiler.is_compiling():
+            if self.layer_idx == 0:
+                self.parent._n_active = max(self.parent._n_active, b)
+            room = self.parent.capacity + min(self.parent._pad_host[:b])  # a row's pads are not stored
+            if self.host_length + t > room:
+                raise E8KVError(ErrorCode.CONTEXT_FULL, f"e8kv CUDA cache: {t} new tokens after "
+                                                        f"{self.host_length} exceed max_cache_len "
+                                                        f"{self.parent.capacity}")
+            self.host_length += t
         self.parent._append(self.layer_idx, key_states, value_states,
                             self.parent._positions(self.cumulative_length, b, t),
                             first=self.parent._fresh[self.layer_idx])
@@ -496,6 +506,8 @@ class E8KVCudaLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         self.cumulative_length.zero_()
+        self.host_length = 0
+        self.parent._full.zero_()
         self.parent._fresh[self.layer_idx] = True
         self.parent._pad.zero_()
         self.parent._pad_host = [0] * self.parent.batch_rows
@@ -506,6 +518,7 @@ class E8KVCudaLayer(CacheLayerMixin):
         if tokens_to_remove > 0:
             raise ValueError("crop takes a negative count (tokens to remove from the end)")
         self.cumulative_length.add_(tokens_to_remove).clamp_(min=0)
+        self.host_length = min(self.host_length, int(self.cumulative_length))
         if self.parent.kv.centered and int(self.cumulative_length) == 0:
             self.parent._fresh[self.layer_idx] = True
         if self.parent._shared and tokens_to_remove:  # the pages appended next must be the row's own again
@@ -603,6 +616,7 @@ class E8KVCudaCache(Cache):
             self._arange = torch.arange(max(max_chunk, 1), dtype=torch.int64)
             self._batch_rows = torch.arange(max_batch_size, dtype=torch.int32)  # each row's sink rows and means
             self._pad = torch.zeros(max_batch_size, dtype=torch.int64)  # per row: pads dropped from its prompt
+            self._full = torch.zeros(1, dtype=torch.int32)  # set when a step went past max_cache_len (check())
         self._pad_host = [0] * max_batch_size  # the same on the host (the gather path groups rows by it)
         # beam search: rows may share the full pages of a common past (reorder_cache); the host twins of the
         # block tables and of each batch row's row of sink rows and means say who holds what
@@ -616,7 +630,7 @@ class E8KVCudaCache(Cache):
         self.sink = self.kv.sink
         self._use_rows = bool(self.sink) or self.kv.centered
         self._fresh = [True] * s.n_layer  # per layer: no token since creation or reset (the host's own record)
-        for t in (self._tables, self._arange, self._batch_rows, self._pad):
+        for t in (self._tables, self._arange, self._batch_rows, self._pad, self._full):
             torch._dynamo.mark_static_address(t)
         self._attach(config)
         super().__init__(layers=[E8KVCudaLayer(self, i) for i in range(s.n_layer)])
@@ -805,7 +819,10 @@ class E8KVCudaCache(Cache):
             self._valid_todo[layer] = False
             keep = self._valid.to(key_states.device)
             pos = keep.to(torch.int64).cumsum(1) - 1
-        # slot = the page of the row's block table holding pos; a pad (pos -1) or past the capacity: -1 (none)
+        # slot = the page of the row's block table holding pos; a pad (pos -1) or past the capacity: -1 (none,
+        # and check() says CONTEXT_FULL: compiled steps, e.g. those generate() compiles, cannot raise)
+        if layer == 0:
+            self._full.bitwise_or_((pos >= self.capacity).any().to(torch.int32))
         bs = self.block_size
         page = torch.gather(self._tables[row0:row0 + b], 1, (pos // bs).clamp(0, self.pages_per_seq - 1))
         slots = torch.where((pos >= 0) & (pos < self.capacity), page.to(torch.int64) * bs + pos % bs,
@@ -849,10 +866,15 @@ class E8KVCudaCache(Cache):
         for layer in self.layers:
             layer.is_initialized = True
             layer.cumulative_length.fill_(n)
+            layer.host_length = n
 
     def check(self) -> None:
-        """Raise the error an append reported (NaN/Inf or out-of-range input) since creation; synchronises."""
+        """Raise the error an append reported (NaN/Inf or out-of-range input, or tokens past max_cache_len in
+        compiled steps, which were not stored) since creation; synchronises."""
         core.CudaCache.check_status(self._state)
+        if int(self._full.item()):
+            raise E8KVError(ErrorCode.CONTEXT_FULL, f"e8kv CUDA cache: tokens past max_cache_len {self.capacity} "
+                                                    "were not stored")
 
     def _attend(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 scaling: Optional[float]) -> tuple[torch.Tensor, None]:
@@ -879,14 +901,15 @@ class E8KVCudaCache(Cache):
             q = q * (scaling * math.sqrt(d))  # the kernel scales scores by 1/sqrt(head_dim)
         if t == 1:
             tables = self._tables[:b]
-            ctx = (length - self._pad[:b]).to(torch.int32)
+            # past max_cache_len nothing is stored (slot -1): the kernel never reads past the row's table
+            ctx = (length - self._pad[:b]).clamp(max=self.capacity).to(torch.int32)
             rows = self._batch_rows[:b] if self._use_rows else None
         else:  # one virtual row per (batch row, token): context = its position + 1
             if b * t > self.batch_rows * max(1, self.max_chunk):
                 raise E8KVError(ErrorCode.DIMENSION, f"e8kv CUDA cache: a chunk of {t} tokens x {b} rows with a "
                                                      f"past exceeds max_chunk {self.max_chunk}")
             tables = self._tables[:b].repeat_interleave(t, dim=0)
-            ctx = (self._positions(length, b, t) - (t - 1)).to(torch.int32).reshape(-1)  # b-major
+            ctx = (self._positions(length, b, t) - (t - 1)).clamp(max=self.capacity).to(torch.int32).reshape(-1)
             rows = self._batch_rows[:b].repeat_interleave(t) if self._use_rows else None
         out = torch.ops.e8kv.attend(self._state, self._key, layer, q, tables, ctx, self.capacity, rows)
         return out.view(b, t, n_head, d).to(query.dtype), None
@@ -936,7 +959,7 @@ class E8KVCudaCache(Cache):
     def n_bytes(self) -> int:
         """Device bytes the cache holds: the C cache's one allocation (pages, tables, workspace) plus its
         small torch tensors (block tables, lengths, status word)."""
-        extra = sum(x.numel() * x.element_size() for x in (self._state, self._tables, self._arange, self._pad,
+        extra = sum(x.numel() * x.element_size() for x in (self._state, self._tables, self._arange, self._pad, self._full,
                                                                 self._batch_rows))
         return self.kv.device_bytes + extra + 8 * len(self.layers)
 
