@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device run of the Python/transformers GPU path: versions, test_cuda --quick, the pytest suite
 # tests/py_hf_cuda.py, then bench/bench_hf_cuda.py. Lay out a folder as the repository is (python/e8kv,
-# tests/py_hf_cuda.py, bench/bench_hf_cuda.py, this script) plus libe8kv.so, libe8kv_cuda.so (built with
+# tests/py_hf_cuda.py with its helpers tests/hf_*.py and tests/e8kv_testlib.py, bench/bench_hf_cuda.py, this script) plus libe8kv.so, libe8kv_cuda.so (built with
 # nvcc), libxxhash.so.0 and test_cuda at its top, and run it (bench/run_hf_cuda.sh) with OUT set to where the logs go.
 # PARTS: which benchmark parts (main,fit,small,again; default main,fit,small), BENCH_ARGS: more arguments
 # of bench_hf_cuda.py, QUICK=1: the 4-layer smoke benchmark, SKIP_TESTS=1 / SKIP_BENCH=1: the benchmark /
