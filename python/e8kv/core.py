@@ -491,8 +491,10 @@ def _dev(t: Any, what: str, dtype: Any = None) -> int:
 
 
 def _stream(t: Any, stream: Any) -> int:
+    """The cudaStream_t to launch on: `stream`, or the current stream of the device of `t` (a tensor or a
+    device)."""
     if stream is None:
-        return _torch.cuda.current_stream(t.device).cuda_stream
+        return _torch.cuda.current_stream(getattr(t, "device", t)).cuda_stream
     return stream.cuda_stream if hasattr(stream, "cuda_stream") else int(stream)
 
 
@@ -679,10 +681,8 @@ class CudaCache:
         s, d = np.ascontiguousarray(src, dtype=np.int32), np.ascontiguousarray(dst, dtype=np.int32)
         if s.ndim != 1 or s.shape != d.shape:
             raise E8KVError(ErrorCode.SRC_SIZE, f"{what}: {s.shape} sources, {d.shape} destinations")
-        if stream is None:
-            stream = _torch.cuda.current_stream(self.device)
-        cs = stream.cuda_stream if hasattr(stream, "cuda_stream") else int(stream)
-        return _check(getattr(self._lib, fn)(self._p, s.ctypes.data, d.ctypes.data, s.size, cs), what)
+        return _check(getattr(self._lib, fn)(self._p, s.ctypes.data, d.ctypes.data, s.size,
+                                             _stream(self.device, stream)), what)
 
     def read_slot(self, layer: int, stream: int, slot: int, head: int) -> np.ndarray:
         """The bytes of one stored vector in the CPU codec's order (what e8kv.Codec.encode gives)."""

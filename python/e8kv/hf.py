@@ -25,6 +25,7 @@ both leaves q.k unchanged), so K/V vectors, calibrations and saved caches are th
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import inspect
 import math
@@ -129,6 +130,42 @@ def _index_list(idx: Any) -> list[int]:
     return [int(i) for i in (idx.tolist() if hasattr(idx, "tolist") else idx)]
 
 
+class _BatchChanges:
+    """transformers' batch changes, all layers at once, for both caches: the rows of the batch become old
+    rows idx. A cache gives its batch size (_batch_size; 0: nothing stored, nothing to change) and applies a
+    checked, non-identity idx (_take)."""
+
+    _who = "e8kv cache"
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Beam search: batch row i continues old row beam_idx[i]."""
+        self._select(_index_list(beam_idx), "reorder_cache")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Each row repeated `repeats` times in place (row i becomes rows i*repeats .. i*repeats+repeats-1)."""
+        rows = [i for i in range(self._batch_size()) for _ in range(int(repeats))]
+        self._select(rows, "batch_repeat_interleave")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Only rows `indices` stay, in that order."""
+        self._select(_index_list(indices), "batch_select_indices")
+
+    def _select(self, idx: list[int], who: str) -> None:
+        n = self._batch_size()
+        if not n:
+            return
+        if not idx or any(not 0 <= i < n for i in idx):
+            raise E8KVError(ErrorCode.BAD_ARGUMENT, f"{self._who} {who}: rows {idx} of a batch of {n}")
+        if idx != list(range(n)):
+            self._take(idx, who)
+
+    def _batch_size(self) -> int:
+        raise NotImplementedError
+
+    def _take(self, idx: list[int], who: str) -> None:
+        raise NotImplementedError
+
+
 def _check_later_mask(mask: torch.Tensor, past: int, pads: Sequence[int], who: str) -> None:
     """A 2-D attention mask over `past` stored positions and new tokens, after a prompt whose rows had `pads`:
     the new tokens must be real and the earlier part must have the prompt's padding (NotImplementedError)."""
@@ -202,7 +239,7 @@ class E8KVLayer(CacheLayerMixin):
         pass
 
 
-class E8KVCache(Cache):
+class E8KVCache(_BatchChanges, Cache):
     """A transformers Cache that stores K/V only as e8kv codes: one C cache (include/e8kv.h) per sequence of
     the batch, whose layers are the model's layers. `spec` is any cache spec the CLI takes ("balanced",
     "e8:4", "k=e8:4,v=e8:3,sink=1", "layers0-1=f16" ..., "auto=e8tv:3" with a calibration); `calib` an
@@ -290,28 +327,12 @@ class E8KVCache(Cache):
         for r in self.rows if tokens_to_remove else ():
             r.truncate(max(r.n_tokens(0) + tokens_to_remove, 0))
 
-    # -- beam search and batch changes: the rows of the batch become old rows idx (a row taken twice is copied)
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Beam search: batch row i continues old row beam_idx[i]."""
-        self._select(_index_list(beam_idx), "reorder_cache")
+    # -- beam search and batch changes (_BatchChanges): a row taken once moves, a row taken twice is copied
+    def _batch_size(self) -> int:
+        return len(self.rows)  # 0: nothing stored yet, the next forward's batch makes the rows
 
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        """Each row repeated `repeats` times in place (row i becomes rows i*repeats .. i*repeats+repeats-1)."""
-        self._select([i for i in range(len(self.rows)) for _ in range(int(repeats))], "batch_repeat_interleave")
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Only rows `indices` stay, in that order."""
-        self._select(_index_list(indices), "batch_select_indices")
-
-    def _select(self, idx: list[int], who: str) -> None:
+    def _take(self, idx: list[int], who: str) -> None:
         n = len(self.rows)
-        if not n:  # nothing stored yet: the next forward's batch makes the rows
-            return
-        bad = [i for i in idx if not 0 <= i < n]
-        if bad or not idx:
-            raise E8KVError(ErrorCode.BAD_ARGUMENT, f"e8kv cache {who}: rows {idx} of a batch of {n}")
-        if idx == list(range(n)):
-            return
         taken: set[int] = set()
         rows = []
         for i in idx:  # the first use of a row moves it; a later one copies it (every layer, bit for bit)
@@ -518,11 +539,12 @@ class E8KVCudaLayer(CacheLayerMixin):
         if tokens_to_remove > 0:
             raise ValueError("crop takes a negative count (tokens to remove from the end)")
         self.cumulative_length.add_(tokens_to_remove).clamp_(min=0)
-        self.host_length = min(self.host_length, int(self.cumulative_length))
-        if self.parent.kv.centered and int(self.cumulative_length) == 0:
+        n = int(self.cumulative_length)
+        self.host_length = min(self.host_length, n)
+        if self.parent.kv.centered and n == 0:
             self.parent._fresh[self.layer_idx] = True
         if self.parent._shared and tokens_to_remove:  # the pages appended next must be the row's own again
-            self.parent._own_tails(int(self.cumulative_length))
+            self.parent._own_tails(n)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         raise NotImplementedError(_WHOLE_CACHE)
@@ -540,7 +562,7 @@ class E8KVCudaLayer(CacheLayerMixin):
         pass
 
 
-class E8KVCudaCache(Cache):
+class E8KVCudaCache(_BatchChanges, Cache):
     """The GPU variant of E8KVCache (E8KVCache(config, spec, device="cuda", ...) makes one): the pages of
     every layer live in one CUDA cache (include/e8kv_cuda.h, caller-owned block tables: batch row b owns
     pages b*W .. b*W+W-1, W = max_cache_len / block_size), all allocated at creation like StaticCache, so
@@ -701,34 +723,19 @@ class E8KVCudaCache(Cache):
                                                                               device=self._arange.device)
         return (length - self._pad[row0:row0 + b])[:, None] + ar[None, :]
 
-    # -- beam search and batch changes
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Beam search: batch row i continues old row beam_idx[i]. Rows share the full pages of their common
-        past (block tables, as serving engines fork sequences); the page each row appends into next is made
-        its own (copied when it holds tokens), and so is its row of sink rows while it has fewer than sink=N
-        tokens. Costs one page per (layer, K/V) per row that changes, not the whole cache."""
-        self._select(_index_list(beam_idx), "reorder_cache")
+    # -- beam search and batch changes (_BatchChanges): rows share the full pages of their common past (block
+    # tables, as serving engines fork sequences); the page each row appends into next is made its own (copied
+    # when it holds tokens), and so is its row of sink rows while it has fewer than sink=N tokens: a change
+    # costs one page per (layer, K/V) per row that changes, not the whole cache
+    _who = "e8kv CUDA cache"
 
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        """Each row repeated `repeats` times in place (row i becomes rows i*repeats .. i*repeats+repeats-1)."""
-        self._select([i for i in range(self._n_active) for _ in range(int(repeats))], "batch_repeat_interleave")
+    def _batch_size(self) -> int:
+        return self._n_active
 
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        """Only rows `indices` stay, in that order."""
-        self._select(_index_list(indices), "batch_select_indices")
-
-    def _select(self, idx: list[int], who: str) -> None:
-        n = self._n_active
-        if not n:
-            return
-        bad = [i for i in idx if not 0 <= i < n]
-        if bad or not idx:
-            raise E8KVError(ErrorCode.BAD_ARGUMENT, f"e8kv CUDA cache {who}: rows {idx} of a batch of {n}")
+    def _take(self, idx: list[int], who: str) -> None:
         if len(idx) > self.batch_rows:
             raise E8KVError(ErrorCode.DIMENSION, f"e8kv CUDA cache {who}: {len(idx)} rows exceed max_batch_size "
                                                  f"{self.batch_rows}")
-        if idx == list(range(n)):
-            return
         B, m = self.batch_rows, len(idx)
         rest = [0] * (B - m)
         self._tables_host = np.concatenate((self._tables_host[idx], self._tables_host[:B - m]))
@@ -959,8 +966,8 @@ class E8KVCudaCache(Cache):
     def n_bytes(self) -> int:
         """Device bytes the cache holds: the C cache's one allocation (pages, tables, workspace) plus its
         small torch tensors (block tables, lengths, status word)."""
-        extra = sum(x.numel() * x.element_size() for x in (self._state, self._tables, self._arange, self._pad, self._full,
-                                                                self._batch_rows))
+        extra = sum(x.numel() * x.element_size() for x in (self._state, self._tables, self._arange, self._pad,
+                                                                self._full, self._batch_rows))
         return self.kv.device_bytes + extra + 8 * len(self.layers)
 
     @property
@@ -1113,7 +1120,6 @@ def generate_shape(model: Any, args: Sequence[Any], kw: dict) -> tuple[int, int]
     """The (max_batch_size, max_cache_len) a generate(*args, **kw) call needs of a static cache: batch x
     max(num_beams, num_return_sequences) rows (generate repeats the prompt that often before the first
     forward), prompt + max_new_tokens tokens (or max_length, as generate reads its generation config)."""
-    import copy
     b, t = _input_shape(args, kw)
     gc = copy.deepcopy(kw.get("generation_config") or model.generation_config)
     gc.update(**{k: v for k, v in kw.items() if k != "generation_config"})
