@@ -93,6 +93,23 @@ def release(model, cache):
     model.config._attn_implementation = "sdpa"
 
 
+def out_of_memory(rec, e):
+    """A case that ran out of device memory is recorded as such; any other error goes on."""
+    if not (isinstance(e, torch.OutOfMemoryError) or e.code == e8kv.ErrorCode.OUT_OF_MEMORY):
+        raise e
+    rec.update(ok=False, error="out of memory")
+
+
+def finish(model, cache, compiled=False):
+    """After a case: the cache released, torch.compile's state reset (compiled cases), device memory freed."""
+    if cache is not None:
+        release(model, cache)
+    if compiled:
+        torch._dynamo.reset()
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 KERNEL_GROUPS = (("attention", re.compile(r"attn_|flash|fmha|sdpa|softmax|efficient_attention")),
                  ("append", re.compile(r"append|encode|e8kv_(?!attn)")),
                  ("matmul", re.compile(r"gemm|gemv|nvjet|cutlass|splitk|sm90_xmma|cublas", re.I)))
@@ -174,18 +191,10 @@ def measure(model, kind, mode, batch, ctx, steps, out, prof=False):
         if isinstance(cache, e8kv.hf.E8KVCudaCache):
             cache.check()
     except (torch.OutOfMemoryError, e8kv.E8KVError) as e:
-        oom = isinstance(e, torch.OutOfMemoryError) or e.code == e8kv.ErrorCode.OUT_OF_MEMORY
-        if not oom:
-            raise
-        rec.update(ok=False, error="out of memory")
+        out_of_memory(rec, e)
     finally:
-        if cache is not None:
-            release(model, cache)
+        finish(model, cache, compiled=mode == "compiled")
         del cache
-        if mode == "compiled":
-            torch._dynamo.reset()
-        gc.collect()
-        torch.cuda.empty_cache()
     return emit(rec, out)
 
 
@@ -228,15 +237,10 @@ def measure_beam(model, kind, batch, beams, ctx, steps, out):
         if isinstance(cache, e8kv.hf.E8KVCudaCache):
             cache.check()
     except (torch.OutOfMemoryError, e8kv.E8KVError) as e:
-        if not (isinstance(e, torch.OutOfMemoryError) or e.code == e8kv.ErrorCode.OUT_OF_MEMORY):
-            raise
-        rec.update(ok=False, error="out of memory")
+        out_of_memory(rec, e)
     finally:
-        if cache is not None:
-            release(model, cache)
+        finish(model, cache)
         del cache
-        gc.collect()
-        torch.cuda.empty_cache()
     return emit(rec, out)
 
 
@@ -280,11 +284,8 @@ def measure_prefill(model, kind, ctx, chunk, out, reps=3, path="gather"):
     except (torch.OutOfMemoryError, e8kv.E8KVError) as e:
         rec.update(ok=False, error=str(e)[:200])
     finally:
-        if cache is not None:
-            release(model, cache)
+        finish(model, cache)
         del cache
-        gc.collect()
-        torch.cuda.empty_cache()
     return emit(rec, out)
 
 
@@ -324,11 +325,8 @@ def measure_gather(model, kind, ctx, out, batch=1, reps=20):
     except (torch.OutOfMemoryError, e8kv.E8KVError) as e:
         rec.update(ok=False, error=str(e)[:200])
     finally:
-        if cache is not None:
-            release(model, cache)
+        finish(model, cache)
         del cache
-        gc.collect()
-        torch.cuda.empty_cache()
     return emit(rec, out)
 
 

@@ -12,6 +12,12 @@ PLAN = ((2, ("reorder", [2, 0, 2, 1])), (8, ("reorder", [1, 1, 3, 0])), (8, ("re
         (0, ("crop", 6)), (8, ("select", [3, 1])), (3, ("repeat", 2)), (3, None))
 
 
+def _detach(model, cache):
+    """A CUDA cache gives the model its attention implementation back (the CPU cache has nothing to undo)."""
+    if hasattr(cache, "detach"):
+        cache.detach(model.config)
+
+
 def _step(model, cache, ids):
     with torch.no_grad():
         return model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1].float().clone()
@@ -61,8 +67,7 @@ def replay(model, make_cache, hist, on):
     _step(model, cache, ids[:, :PROMPT])
     for i in range(PROMPT, len(hist)):
         logits = _step(model, cache, ids[:, i:i + 1])
-    if hasattr(cache, "detach"):
-        cache.detach(model.config)
+    _detach(model, cache)
     return logits[0]
 
 
@@ -72,8 +77,7 @@ def check_plan(model, make_cache, on, label, tol=5e-3):
     history replayed by far more."""
     cache = make_cache(4)
     phases = run_plan(model, cache, on)
-    if hasattr(cache, "detach"):
-        cache.detach(model.config)
+    _detach(model, cache)
     worst, scale = 0.0, 0.0
     for hists, logits in phases:
         for i, h in enumerate(hists):
@@ -104,8 +108,7 @@ def check_beam_generate(model, make_cache, on, label, beams=3, new=10, tol=2e-3)
     cache = make_cache(2 * beams)
     with torch.no_grad():
         out = model.generate(prompt, past_key_values=cache, **kw)
-    if hasattr(cache, "detach"):
-        cache.detach(model.config)
+    _detach(model, cache)
     with torch.no_grad():
         ref = model.generate(prompt, **kw)
     same = sum(a.tolist() == b.tolist() for a, b in zip(out.sequences, ref.sequences))
@@ -120,8 +123,7 @@ def check_beam_generate(model, make_cache, on, label, beams=3, new=10, tol=2e-3)
             for i in range(PROMPT, len(seq)):
                 total += float(torch.log_softmax(logits[0, -1], -1)[seq[i]])
                 logits = model(input_ids=ids[:, i:i + 1], past_key_values=c, use_cache=True).logits.float()
-        if hasattr(c, "detach"):
-            c.detach(model.config)
+        _detach(model, c)
         worst = max(worst, abs(total - float(score)))
     print(f"beam search {label}: {len(out.sequences)} beams, max |score - replayed score| {worst:.3g}; "
           f"{same}/{len(out.sequences)} beams equal the model's own cache's")
