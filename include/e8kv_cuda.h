@@ -120,8 +120,10 @@ size_t e8kv_cuda_attend_workspace_bytes(const e8kv_cuda_cache *cache, size_t n_s
  * d_block_tables: (n_seq, max_blocks_per_seq) int32 page ids; d_ctx_lens: (n_seq) int32, each at most
  * max_ctx; scores scaled by 1/sqrt(head_dim). Asynchronous on `stream` (a cudaStream_t, NULL = default);
  * d_workspace of e8kv_cuda_attend_workspace_bytes (NULL: the cache's own, for n_seq <= max_batch); a
- * caller's workspace must be zeroed (cudaMemset) before its first use: it starts with the split counters,
- * which every call leaves at zero again, so calls that share one workspace must be ordered (one stream).
+ * caller's workspace must be zeroed (cudaMemset) before its first use: it starts with the split counters
+ * (room for max_batch sequences, or n_seq when more), which every call leaves at zero again, so calls that
+ * share one workspace must be ordered (one stream); calls of up to max_batch sequences share one whatever
+ * their n_seq (calls of more, only with calls of the same n_seq).
  * Returns n_seq * n_head * head_dim or an argument error; launch errors are E8KV_ERROR_CUDA. */
 size_t e8kv_cuda_attend(e8kv_cuda_cache *cache, size_t layer, float *d_out, const void *d_q, e8kv_dtype dtype,
                         size_t n_seq, size_t n_head, const int32_t *d_block_tables, size_t max_blocks_per_seq,

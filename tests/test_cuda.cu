@@ -512,6 +512,77 @@ static void test_isolation(const char *spec, size_t d) {
     e8kv_cuda_cache_free(c);
 }
 
+/* One workspace, attend calls of different batch sizes: 63 sequences, then 32, then 63 again give the first
+ * call's floats bit for bit (the split counters of sequences 32..62 must not lie where the 32-sequence call
+ * puts its partial states; with 2 KV heads their offsets cross a 256-byte step at 32 sequences) */
+static void test_workspace_reuse(const char *spec, size_t d) {
+    const size_t n_kv = 2, G = 4, n_head = n_kv * G, bs = 16, len = 64, n_big = 63, n_small = 32;
+    e8kv_cuda_cache_params p;
+    memset(&p, 0, sizeof p);
+    p.n_layer = 1, p.n_head_kv = n_kv, p.head_dim = d, p.block_size = bs, p.n_blocks = len / bs,
+    p.spec = spec;
+    p.seed = rnd(), p.max_batch = 64, p.max_ctx = len;
+    size_t err = 0;
+    e8kv_cuda_cache *c = e8kv_cuda_cache_create(&p, &err);
+    CHECK(c, "create %s: %s", spec, e8kv_error_name(err));
+    if (!c) return;
+    float *k = (float *)malloc(len * n_kv * d * 4), *v = (float *)malloc(len * n_kv * d * 4);
+    float *q = (float *)malloc(n_big * n_head * d * 4), *oa = (float *)malloc(n_big * n_head * d * 4),
+          *ob = (float *)malloc(n_big * n_head * d * 4);
+    fill_rows(k, len * n_kv, d);
+    fill_rows(v, len * n_kv, d);
+    for (size_t i = 0; i < n_big * n_head * d; i++)
+        q[i] = gauss();
+    void *dk = to_device(k, len * n_kv * d, E8KV_DTYPE_F32),
+         *dv = to_device(v, len * n_kv * d, E8KV_DTYPE_F32),
+         *dq = to_device(q, n_big * n_head * d, E8KV_DTYPE_F32);
+    int64_t slots[64];
+    int32_t tables[63 * 4], ctx[63];
+    for (size_t t = 0; t < len; t++)
+        slots[t] = (int64_t)t;
+    for (size_t s = 0; s < n_big; s++) {
+        for (size_t i = 0; i < 4; i++)
+            tables[s * 4 + i] = (int32_t)i;
+        ctx[s] = (int32_t)(s % 2 ? len : len - s); /* full and shorter contexts */
+    }
+    int64_t *dslots;
+    int32_t *dt, *dc;
+    float *dout;
+    CU(cudaMalloc((void **)&dslots, sizeof slots));
+    CU(cudaMalloc((void **)&dt, sizeof tables));
+    CU(cudaMalloc((void **)&dc, sizeof ctx));
+    CU(cudaMalloc((void **)&dout, n_big * n_head * d * 4));
+    CU(cudaMemcpy(dslots, slots, sizeof slots, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dt, tables, sizeof tables, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dc, ctx, sizeof ctx, cudaMemcpyHostToDevice));
+    CHECK(e8kv_cuda_append_slots(c, 0, dslots, dk, dv, len, E8KV_DTYPE_F32) == len, "append_slots");
+    const size_t nb[3] = {n_big, n_small, n_big};
+    int finite = 1;
+    for (int call = 0; call < 3; call++) {
+        CU(cudaMemset(dout, 0xff, n_big * n_head * d * 4));
+        const size_t r =
+            e8kv_cuda_attend(c, 0, dout, dq, E8KV_DTYPE_F32, nb[call], n_head, dt, 4, dc, len, NULL, 0, NULL);
+        CHECK(r == nb[call] * n_head * d, "attend of %zu sequences: %s", nb[call],
+              e8kv_is_error(r) ? e8kv_error_name(r) : "count");
+        if (call != 1) CU(cudaMemcpy(call ? ob : oa, dout, n_big * n_head * d * 4, cudaMemcpyDeviceToHost));
+    }
+    for (size_t i = 0; i < n_big * n_head * d; i++)
+        finite &= isfinite(oa[i]);
+    const int same = !memcmp(oa, ob, n_big * n_head * d * 4);
+    CHECK(finite && same, "%s d=%zu: 63 sequences after 32 in one workspace differ from the first call", spec,
+          d);
+    printf("  workspace reuse %-8s d=%zu: %s\n", spec, d, finite && same ? "ok" : "FAILED");
+    free(k), free(v), free(q), free(oa), free(ob);
+    CU(cudaFree(dk));
+    CU(cudaFree(dv));
+    CU(cudaFree(dq));
+    CU(cudaFree(dslots));
+    CU(cudaFree(dt));
+    CU(cudaFree(dc));
+    CU(cudaFree(dout));
+    e8kv_cuda_cache_free(c);
+}
+
 /* A gather over more (sequence, KV head) pairs than a grid has z blocks (65535): 32800 sequences of 2 KV
  * heads whose tables all name page 0, each gathered equal to the one sequence gathered alone, bit for bit */
 static void test_gather_many(size_t d) {
@@ -1402,6 +1473,8 @@ int main(int argc, char **argv) {
             test_fork_and_errors("e8box:4,sink=2", ds[di]);
             test_isolation("e8box:4", ds[di]);
             test_isolation("bf16", ds[di]);
+            test_workspace_reuse(di ? "e8box:4,center=0" : "bf16", ds[di]);
+            test_workspace_reuse(di ? "e8p:2,center=0" : "e8box:3,center=0", ds[di]);
             test_gather_many(ds[di]);
             for (size_t G = 4; G <= 8; G += 4) {
                 test_score_precision("bf16", E8KV_DTYPE_BF16, ds[di], G);

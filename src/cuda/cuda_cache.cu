@@ -134,6 +134,13 @@ static size_t align256(size_t n) {
     return (n + 255) & ~(size_t)255;
 }
 
+/* The split counters at the start of a workspace: max_batch sequences' worth (n_seq's when more), whatever
+ * the call's n_seq, so that the partial states of a call with fewer sequences never land on counters that a
+ * later call with more expects at zero (calls of different batch sizes share one workspace) */
+static size_t counter_bytes(const e8kv_cuda_cache *c, size_t n_seq) {
+    return align256((n_seq > c->max_batch ? n_seq : c->max_batch) * c->n_head_kv * sizeof(unsigned));
+}
+
 size_t e8kv_cuda_attend_workspace_bytes(const e8kv_cuda_cache *c, size_t n_seq, size_t n_head,
                                         size_t max_ctx) {
     if (!c || !n_seq || !n_head) return 0;
@@ -142,10 +149,10 @@ size_t e8kv_cuda_attend_workspace_bytes(const e8kv_cuda_cache *c, size_t n_seq, 
         const size_t n = e8kv_cu_n_split(n_seq, c->n_head_kv, max_ctx, c->n_sm, c->occ[l]);
         ns = n > ns ? n : ns;
     }
-    return align256(n_seq * c->n_head_kv * sizeof(unsigned)) +
-           align256(n_seq * n_head * ns * c->d * sizeof(float)) +
+    return counter_bytes(c, n_seq) + align256(n_seq * n_head * ns * c->d * sizeof(float)) +
            align256(n_seq * n_head * ns * 2 * sizeof(float)) +
-           (c->sink ? align256(n_seq * n_head * c->d * sizeof(float)) + n_seq * n_head * 2 * sizeof(float) : 0);
+           (c->sink ? align256(n_seq * n_head * c->d * sizeof(float)) + n_seq * n_head * 2 * sizeof(float)
+                    : 0);
 }
 
 static size_t max_workspace(const e8kv_cuda_cache *c) {
@@ -603,7 +610,7 @@ size_t e8kv_cuda_attend_rows(e8kv_cuda_cache *c, size_t layer, float *d_out, con
     a.q = d_q, a.q_dtype = (int)dtype, a.block_tables = d_block_tables, a.ctx_lens = d_ctx_lens;
     a.signs = c->d_signs, a.rot_scale = c->rot_scale;
     a.done = (unsigned *)d_workspace;
-    a.part_o = (float *)((uint8_t *)d_workspace + align256(n_seq * c->n_head_kv * sizeof(unsigned)));
+    a.part_o = (float *)((uint8_t *)d_workspace + counter_bytes(c, n_seq));
     a.part_ml = (float *)((uint8_t *)a.part_o + align256(n_seq * n_head * a.n_split * c->d * sizeof(float)));
     a.out = d_out;
     a.rows = d_rows, a.rows_max = (int)c->max_seqs;
