@@ -475,7 +475,7 @@ static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n
         for (int s = 0; s < 2; s++) {
             void *pool;
             const size_t pb = e8kv_cuda_cache_pages(c, l, s, &pool);
-            sd[2 * l + s].pool = (uint8_t *)pool, sd[2 * l + s].page_bytes = pb;
+            sd[2 * l + s].pool = (uint8_t *)pool, sd[2 * l + s].page_bytes = pb, sd[2 * l + s].n_blocks = np;
             sd[2 * l + s].head_bytes = pb / sh->n_kv, sd[2 * l + s].fmt = fmt;
             sd[2 * l + s].mu = NULL; /* the kernels alone: uncentred (the API timing above has the means) */
         }

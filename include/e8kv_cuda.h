@@ -91,7 +91,8 @@ size_t e8kv_cuda_cache_pages(const e8kv_cuda_cache *cache, size_t layer, int str
 
 /* ---- caller-owned block tables (serving-engine style) ----
  * Write n_tok token rows into slots: d_slots[i] = page * block_size + offset (device int64; a negative
- * slot skips the row). d_k, d_v: (n_tok, n_head_kv * head_dim) of `dtype`, device memory. Synchronous:
+ * slot skips the row; a slot of n_blocks * block_size or more is not written and is E8KV_ERROR_RANGE).
+ * d_k, d_v: (n_tok, n_head_kv * head_dim) of `dtype`, device memory. Synchronous:
  * returns n_tok or an error. A rejected call (NaN/Inf, out of range) may have written some of its slots:
  * the engine treats them as unwritten, as it would after any failed step. */
 size_t e8kv_cuda_append_slots(e8kv_cuda_cache *cache, size_t layer, const int64_t *d_slots, const void *d_k,
@@ -106,7 +107,7 @@ size_t e8kv_cuda_append_slots(e8kv_cuda_cache *cache, size_t layer, const int64_
  * synchronous call. The first append or attend of a cache is not special (tables are uploaded at
  * creation). */
 #define E8KV_CUDA_STATUS_NONFINITE 1u /* a NaN or Inf value */
-#define E8KV_CUDA_STATUS_RANGE 2u     /* a value beyond the format's range */
+#define E8KV_CUDA_STATUS_RANGE 2u     /* a value beyond the format's range, a slot past the pool */
 size_t e8kv_cuda_append_slots_async(e8kv_cuda_cache *cache, size_t layer, const int64_t *d_slots,
                                     const void *d_k, const void *d_v, size_t n_tok, e8kv_dtype dtype,
                                     unsigned *d_status, void *stream);
@@ -118,7 +119,10 @@ size_t e8kv_cuda_attend_workspace_bytes(const e8kv_cuda_cache *cache, size_t n_s
 /* Decode attention: one query token per sequence against its first d_ctx_lens[s] tokens.
  * d_q: (n_seq, n_head * head_dim) of `dtype`; d_out: (n_seq, n_head * head_dim) f32;
  * d_block_tables: (n_seq, max_blocks_per_seq) int32 page ids; d_ctx_lens: (n_seq) int32, each at most
- * max_ctx; scores scaled by 1/sqrt(head_dim). Asynchronous on `stream` (a cudaStream_t, NULL = default);
+ * max_ctx; scores scaled by 1/sqrt(head_dim). A context past the table's max_blocks_per_seq pages gives that
+ * sequence NaN output (nothing past its table is read). Page ids are not checked by the kernels (a check
+ * there costs ~10% of the call): they must be pages of the pool, in [0, n_blocks);
+ * e8kv_cuda_check_tables_async checks them. Asynchronous on `stream` (a cudaStream_t, NULL = default);
  * d_workspace of e8kv_cuda_attend_workspace_bytes (NULL: the cache's own, for n_seq <= max_batch); a
  * caller's workspace must be zeroed (cudaMemset) before its first use: it starts with the split counters
  * (room for max_batch sequences, or n_seq when more), which every call leaves at zero again, so calls that
@@ -129,6 +133,16 @@ size_t e8kv_cuda_attend(e8kv_cuda_cache *cache, size_t layer, float *d_out, cons
                         size_t n_seq, size_t n_head, const int32_t *d_block_tables, size_t max_blocks_per_seq,
                         const int32_t *d_ctx_lens, size_t max_ctx, void *d_workspace, size_t workspace_bytes,
                         void *stream);
+
+/* Checks caller-owned block tables and context lengths as e8kv_cuda_attend reads them: every entry a context
+ * reads (entries 0 .. ⌈ctx_lens[s] / block_size⌉ − 1 of row s) must be a page of the pool, [0, n_blocks), and
+ * each context in [0, max_blocks_per_seq · block_size]; otherwise E8KV_CUDA_STATUS_RANGE is ORed into
+ * *d_status (read it as in e8kv_cuda_append_slots_async). Asynchronous on `stream`, graph-safe; one small
+ * kernel over the tables (for an engine's debug builds, or once per step). Returns n_seq or an argument
+ * error. */
+size_t e8kv_cuda_check_tables_async(const e8kv_cuda_cache *cache, const int32_t *d_block_tables, size_t n_seq,
+                                    size_t max_blocks_per_seq, const int32_t *d_ctx_lens, unsigned *d_status,
+                                    void *stream);
 
 /* Each sequence of a caller-owned cache may have a row (0 .. max_seqs − 1, the caller's choice): its sink
  * rows (sink=N) and its means (center=1) live there. */

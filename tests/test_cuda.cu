@@ -8,7 +8,9 @@
  *  3. isolation: poisoning every page outside a sequence's block table changes nothing in its output;
  *     fork shares pages and a write after the fork never reaches the parent;
  *     tied scores near 2000 on raw pages: q's rounding for the tensor cores keeps ~24 bits;
- *  4. errors: NaN input, a full pool, bad specs are named errors that leave the lengths unchanged;
+ *  4. errors: NaN input, a full pool, bad specs are named errors that leave the lengths unchanged; slots
+ *     past the pool are RANGE; e8kv_cuda_check_tables_async finds bad page ids and contexts; a context past
+ *     its table gives NaN for that sequence alone;
  *  5. the graph-safe decode step: async appends bit-identical to synchronous ones, append + attend captured
  *     in a CUDA graph and replayed with new context lengths gives the eager outputs; the status word.
  * Fresh random inputs each run (the seed is printed). `--quick`: small sizes for compute-sanitizer;
@@ -500,6 +502,80 @@ static void test_isolation(const char *spec, size_t d) {
         CHECK(e8kv_get_error_code(r) == E8KV_ERROR_DST_TOO_SMALL, "%s: a short workspace: %s", spec,
               e8kv_error_name(r));
         CU(cudaFree(ws));
+    }
+    /* slots past the pool (the first one past it, and one far beyond): RANGE, synchronous and async, and
+     * nothing attended changes (memcheck sees any write outside the pool) */
+    {
+        const int64_t past[2] = {(int64_t)(n_blocks * bs), (int64_t)1 << 40};
+        unsigned *dstat, stat = 0;
+        CU(cudaMalloc((void **)&dstat, sizeof(unsigned)));
+        CU(cudaMemset(dstat, 0, sizeof(unsigned)));
+        CU(cudaMemcpy(dslots, past, sizeof past, cudaMemcpyHostToDevice));
+        r = e8kv_cuda_append_slots(c, 0, dslots, dk, dv, 2, E8KV_DTYPE_F32);
+        CHECK(e8kv_get_error_code(r) == E8KV_ERROR_RANGE, "%s: a slot past the pool: %s", spec,
+              e8kv_is_error(r) ? e8kv_error_name(r) : "accepted");
+        r = e8kv_cuda_append_slots_async(c, 0, dslots, dk, dv, 2, E8KV_DTYPE_F32, dstat, NULL);
+        CU(cudaMemcpy(&stat, dstat, sizeof stat, cudaMemcpyDeviceToHost));
+        CHECK(r == 2 && e8kv_get_error_code(e8kv_cuda_status_error(stat)) == E8KV_ERROR_RANGE,
+              "%s: a slot past the pool (async): status %u", spec, stat);
+        CU(cudaMemset(dout, 0xff, sizeof o1));
+        e8kv_cuda_attend(c, 0, dout, dq, E8KV_DTYPE_F32, 1, n_head, dt, 40, dctx, len, NULL, 0, NULL);
+        CU(cudaMemcpy(o1, dout, n_head * d * 4, cudaMemcpyDeviceToHost));
+        CHECK(!memcmp(o1, o2, n_head * d * 4), "%s: a refused slot changed what is attended", spec);
+        CU(cudaFree(dstat));
+    }
+    /* caller-owned tables: e8kv_cuda_check_tables_async finds a page id outside the pool (past it, negative)
+     * at a position a context reads, and a context past the table, and nothing in good tables (entries past
+     * the context are not read: garbage there is fine). The attention with a context past the table gives
+     * that sequence NaN and the other the output of the same call with good tables, bit for bit. */
+    {
+        int32_t t2[2][40], c2[2] = {(int32_t)len, (int32_t)len};
+        memcpy(t2[0], table[0], sizeof t2[0]);
+        memcpy(t2[1], table[0], sizeof t2[1]);
+        const size_t n2 = 2 * n_head * d;
+        int32_t *dc2;
+        unsigned *dstat, stat = 0;
+        float *dout2, *good = (float *)malloc(n2 * 4), *got = (float *)malloc(n2 * 4), q2[2 * n_head * 128];
+        for (size_t i = 0; i < n2; i++)
+            q2[i] = gauss();
+        void *dq2 = to_device(q2, n2, E8KV_DTYPE_F32);
+        CU(cudaMalloc((void **)&dc2, sizeof c2));
+        CU(cudaMalloc((void **)&dout2, n2 * 4));
+        CU(cudaMalloc((void **)&dstat, sizeof(unsigned)));
+        for (int bi = 0; bi < 4;
+             bi++) { /* 0: good tables; 1: past the pool; 2: negative; 3: past the table */
+            t2[1][3] = bi == 1 ? (int32_t)n_blocks : bi == 2 ? -5 : table[0][3];
+            t2[1][39] = bi < 3 ? -7 : table[0][39]; /* past a context of len: never read (case 3 reads it) */
+            c2[1] = bi == 3 ? (int32_t)(40 * bs + 1) : (int32_t)len;
+            CU(cudaMemcpy(dt, t2, sizeof t2, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(dc2, c2, sizeof c2, cudaMemcpyHostToDevice));
+            CU(cudaMemset(dstat, 0, sizeof(unsigned)));
+            r = e8kv_cuda_check_tables_async(c, dt, 2, 40, dc2, dstat, NULL);
+            CU(cudaMemcpy(&stat, dstat, sizeof stat, cudaMemcpyDeviceToHost));
+            CHECK(r == 2 && stat == (bi ? E8KV_CUDA_STATUS_RANGE : 0u),
+                  "%s d=%zu: check_tables case %d: status %u", spec, d, bi, stat);
+            if (bi == 1 || bi == 2) continue; /* the kernels do not check page ids: not attended */
+            CU(cudaMemset(dout2, bi ? 0 : 0xff, n2 * 4));
+            r = e8kv_cuda_attend(c, 0, dout2, dq2, E8KV_DTYPE_F32, 2, n_head, dt, 40, dc2, 40 * bs, NULL, 0,
+                                 NULL);
+            CHECK(!e8kv_is_error(r), "attend: %s", e8kv_error_name(r));
+            CU(cudaMemcpy(bi ? got : good, dout2, n2 * 4, cudaMemcpyDeviceToHost));
+            if (!bi) continue;
+            int nan1 = 1, fin0 = 1;
+            for (size_t i = 0; i < n2 / 2; i++)
+                nan1 &= isnan(got[n2 / 2 + i]), fin0 &= isfinite(good[i]) && isfinite(good[n2 / 2 + i]);
+            CHECK(nan1 && fin0 && !memcmp(good, got, n2 / 2 * 4),
+                  "%s d=%zu: a context past the table: NaN for that sequence alone", spec, d);
+        }
+        CHECK(e8kv_get_error_code(e8kv_cuda_check_tables_async(c, dt, 2, 40, dc2, NULL, NULL)) ==
+                  E8KV_ERROR_BAD_ARGUMENT,
+              "check_tables without a status word");
+        CU(cudaMemcpy(dt, table, sizeof table, cudaMemcpyHostToDevice));
+        free(good), free(got);
+        CU(cudaFree(dq2));
+        CU(cudaFree(dc2));
+        CU(cudaFree(dout2));
+        CU(cudaFree(dstat));
     }
     free(k), free(v);
     CU(cudaFree(dk));

@@ -249,6 +249,13 @@ template <int D, int KF, int VF> struct tile_regs {
     uint32_t kc[2], ks[2], vc[2], vs[2];
 };
 
+/* A context longer than the sequence's table (max_blocks · block_size) is read only up to the table's end and
+ * its output is NaN (merge_last): no row reads another row's entries. Page ids are not checked
+ * here (a check in the loops costs ~10%): e8kv_cuda_check_tables_async does that. */
+__device__ __forceinline__ int table_ctx(const attn_launch &a, int seq) {
+    return min(a.ctx_lens[seq], a.table_ctx);
+}
+
 template <int D, int KF, int VF>
 __device__ __forceinline__ void load_tile(tile_regs<D, KF, VF> &r, const attn_launch &a, const int32_t *table,
                                           int kvh, int tile0, int g, int t4) {
@@ -630,7 +637,8 @@ __device__ __forceinline__ void merge_last(const attn_launch &a, int seq, int kv
             o += sW[r] * __ldcg(&a.sink_o[(head0 + r) * D + i]) / sL[r]; /* output domain */
         if (a.v.mu && row >= 0 && sL[r] > 0.0f)
             o += a.v.mu[((size_t)row * a.n_head_kv + kvh) * D + i] * (sLc[r] / sL[r]);
-        a.out[(head0 + r) * D + i] = bad_row ? __int_as_float(0x7fc00000) : o;
+        a.out[(head0 + r) * D + i] =
+            bad_row || a.ctx_lens[seq] > a.table_ctx ? __int_as_float(0x7fc00000) : o;
     }
 }
 
@@ -675,7 +683,7 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
     const bool LO = 2 * G <= 8;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int n_split = (int)a.n_split;
-    const int ctx = a.ctx_lens[seq];
+    const int ctx = table_ctx(a, seq);
     const int chunk = ((ctx + n_split - 1) / n_split + 15) & ~15;
     const int start = split * chunk, end = min(start + chunk, ctx);
     /* positions [0, lo) are sink rows (merge_last): masked here like those past the end; a position p is
@@ -1188,7 +1196,7 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
                                            : (const char *)a.signs + 128 * (tid - qlines); /* D·4 bytes */
         if (tid < qlines + D * 4 / 128) asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
     }
-    const int ctx = a.ctx_lens[seq];
+    const int ctx = table_ctx(a, seq);
     const int chunk = ((ctx + n_split - 1) / n_split + 16 * BOX_NT - 1) & -(16 * BOX_NT);
     const int start = split * chunk, end = min(start + chunk, ctx);
     const int lo = SK ? min(a.sink_n, ctx) : 0; /* sink positions [0, lo): masked (attn_split_kernel) */
@@ -1802,7 +1810,7 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
     constexpr bool SW = GT == 4 && E8P_SW; /* the score product with K as A (below) */
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int n_split = (int)a.n_split;
-    const int ctx = a.ctx_lens[seq];
+    const int ctx = table_ctx(a, seq);
     const int chunk = ((ctx + n_split - 1) / n_split + 16 * E8P_NT - 1) & -(16 * E8P_NT);
     const int start = split * chunk, end = min(start + chunk, ctx);
     const int lo = SK ? min(a.sink_n, ctx) : 0; /* sink positions [0, lo): masked (attn_split_kernel) */
@@ -2419,5 +2427,26 @@ size_t e8kv_cu_launch_attend(const attn_launch *a, cudaStream_t stream) {
         launch_k<128>(a, stream);
     else
         launch_k<64>(a, stream);
+    return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
+}
+
+/* e8kv_cuda_check_tables_async: thread i of row s checks entry i when the row's context reads it (i ·
+ * block_size < ctx); thread 0 of the row checks the context itself */
+__global__ void check_tables_kernel(const int32_t *tables, const int32_t *ctx_lens, size_t max_blocks,
+                                    size_t bs, uint32_t n_blocks, unsigned *flags) {
+    const size_t s = blockIdx.y, i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int ctx = ctx_lens[s];
+    if (i == 0 && (ctx < 0 || (size_t)ctx > max_blocks * bs)) atomicOr(flags, FLAG_RANGE);
+    if (i < max_blocks && ctx > 0 && i * bs < (size_t)ctx && (uint32_t)tables[s * max_blocks + i] >= n_blocks)
+        atomicOr(flags, FLAG_RANGE);
+}
+
+size_t e8kv_cu_launch_check_tables(const int32_t *tables, const int32_t *ctx_lens, size_t n_seq,
+                                   size_t max_blocks, size_t block_size, size_t n_blocks, unsigned *flags,
+                                   cudaStream_t stream) {
+    if (!n_seq) return 0;
+    const dim3 grid((unsigned)((max_blocks + 127) / 128 ? (max_blocks + 127) / 128 : 1), (unsigned)n_seq);
+    check_tables_kernel<<<grid, 128, 0, stream>>>(tables, ctx_lens, max_blocks, block_size,
+                                                  (uint32_t)n_blocks, flags);
     return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
 }

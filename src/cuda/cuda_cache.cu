@@ -268,6 +268,7 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
         for (int s = 0; s < 2; s++) {
             stream_desc *const sd = &c->sd[2 * l + s];
             sd->head_bytes = bs * fmt_vector_bytes(sd->fmt, c->d);
+            sd->n_blocks = c->n_blocks;
             sd->page_bytes = c->n_head_kv * sd->head_bytes;
             if (sd->page_bytes > 0xffffffffu)
                 return fail(c, err, E8KV_ERR(DIMENSION)); /* 32-bit page math */
@@ -606,6 +607,8 @@ size_t e8kv_cuda_attend_rows(e8kv_cuda_cache *c, size_t layer, float *d_out, con
     a.k = c->sd[2 * layer], a.v = c->sd[2 * layer + 1];
     a.n_head_kv = c->n_head_kv, a.n_head = n_head, a.d = c->d, a.block_size = c->bs, a.n_seq = n_seq;
     a.max_blocks = max_blocks_per_seq;
+    a.table_ctx =
+        max_blocks_per_seq * c->bs > (size_t)INT32_MAX ? INT32_MAX : (int)(max_blocks_per_seq * c->bs);
     a.n_split = e8kv_cu_n_split(n_seq, c->n_head_kv, max_ctx, c->n_sm, c->occ[layer]);
     a.q = d_q, a.q_dtype = (int)dtype, a.block_tables = d_block_tables, a.ctx_lens = d_ctx_lens;
     a.signs = c->d_signs, a.rot_scale = c->rot_scale;
@@ -622,6 +625,15 @@ size_t e8kv_cuda_attend_rows(e8kv_cuda_cache *c, size_t layer, float *d_out, con
     }
     const size_t r = e8kv_cu_launch_attend(&a, (cudaStream_t)stream);
     return r ? r : n_seq * n_head * c->d;
+}
+
+size_t e8kv_cuda_check_tables_async(const e8kv_cuda_cache *c, const int32_t *d_block_tables, size_t n_seq,
+                                    size_t max_blocks_per_seq, const int32_t *d_ctx_lens, unsigned *d_status,
+                                    void *stream) {
+    if (!c || !d_block_tables || !d_ctx_lens || !d_status || n_seq > 65535) return E8KV_ERR(BAD_ARGUMENT);
+    const size_t r = e8kv_cu_launch_check_tables(d_block_tables, d_ctx_lens, n_seq, max_blocks_per_seq, c->bs,
+                                                 c->n_blocks, d_status, (cudaStream_t)stream);
+    return r ? r : n_seq;
 }
 
 size_t e8kv_cuda_gather_async(const e8kv_cuda_cache *c, size_t layer, void *d_k, void *d_v, e8kv_dtype dtype,

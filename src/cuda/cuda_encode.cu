@@ -267,7 +267,8 @@ template <int D>
 __device__ __forceinline__ lane_pos lane_front(float x[8], const int64_t *__restrict__ slots,
                                                const void *__restrict__ src, size_t n_tok, size_t n_head_kv,
                                                int dtype, int vec16, const float *__restrict__ signs,
-                                               float rot_scale, const token_args &ta, unsigned *flags) {
+                                               float rot_scale, const token_args &ta, unsigned *flags,
+                                               uint64_t n_slots) {
     constexpr int LANES = D / 8;
     lane_pos p;
     p.lane = threadIdx.x & 31, p.b = p.lane % LANES;
@@ -276,6 +277,10 @@ __device__ __forceinline__ lane_pos lane_front(float x[8], const int64_t *__rest
     p.live = vi < n_tok * n_head_kv;
     p.head = p.live ? vi % n_kv : 0;
     p.slot = p.live && slots ? slots[vi / n_kv] : -1;
+    if (p.slot >= 0 && (uint64_t)p.slot >= n_slots) { /* past the pool: not written (its sink row still is) */
+        if (p.b == 0) atomicOr(flags, FLAG_RANGE);
+        p.slot = -1;
+    }
     const float *mu = NULL; /* center=1: the means of the token's row, for this head */
     if (ta.rows && p.live) {
         const int32_t row = ta.rows[vi / n_kv];
@@ -466,8 +471,8 @@ __global__ void __launch_bounds__(128)
     static_assert(B == 4 || B == 3, "e8box:4 and e8box:3");
     constexpr int LANES = D / 8, N_COS = (D + 63) / 64, PB = B * D / 8; /* PB: plane bytes per token */
     float x[8];
-    const lane_pos p =
-        lane_front<D>(x, slots, src, n_tok, n_head_kv, dtype, vec16, signs, rot_scale, ta, flags);
+    const lane_pos p = lane_front<D>(x, slots, src, n_tok, n_head_kv, dtype, vec16, signs, rot_scale, ta,
+                                     flags, (uint64_t)sd.n_blocks * block_size);
     const int lane = p.lane, b = p.b;
     const unsigned gmask = p.gmask;
     const size_t head = p.head;
@@ -630,8 +635,8 @@ __global__ void __launch_bounds__(128)
     __shared__ double rms_s[VPB];
     __shared__ uint16_t pat_s[256]; /* the patterns, for the lanes' binary searches */
     float x[8];
-    const lane_pos p =
-        lane_front<D>(x, slots, src, n_tok, n_head_kv, dtype, vec16, signs, rot_scale, ta, flags);
+    const lane_pos p = lane_front<D>(x, slots, src, n_tok, n_head_kv, dtype, vec16, signs, rot_scale, ta,
+                                     flags, (uint64_t)sd.n_blocks * block_size);
     const int b = p.b, vl = threadIdx.x / LANES;
     const unsigned gmask = p.gmask;
     const size_t head = p.head;
@@ -716,7 +721,12 @@ __global__ void __launch_bounds__(128)
     const size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x, per_row = n_head_kv * d / 8;
     if (t >= n_tok * per_row) return;
     const size_t tok = t / per_row, j = t % per_row, head = 8 * j / d, i0 = 8 * j % d;
-    const int64_t slot = slots ? slots[tok] : -1, ss = ta.sink_slots ? ta.sink_slots[tok] : -1;
+    int64_t slot = slots ? slots[tok] : -1;
+    const int64_t ss = ta.sink_slots ? ta.sink_slots[tok] : -1;
+    if (slot >= 0 && (uint64_t)slot >= (uint64_t)sd.n_blocks * block_size) { /* past the pool: not written */
+        if (i0 == 0) atomicOr(flags, FLAG_RANGE);
+        slot = -1;
+    }
     if (slot < 0 && ss < 0) return; /* nothing to write: not even checked */
     float *sink = NULL;             /* sink=N: where the token's exact values go */
     if (ss >= 0 && (uint64_t)ss < ta.n_sink_slots)

@@ -59,6 +59,7 @@ static inline void e8p_patterns(uint16_t pat[256]) {
 /* One stream (K or V) of one layer: where its pages are and how they are cut. */
 typedef struct {
     uint8_t *pool;     /* n_blocks pages */
+    size_t n_blocks;   /* pages in the pool: an append to a slot past it writes nothing (FLAG_RANGE) */
     size_t page_bytes; /* n_head_kv * head_bytes */
     size_t head_bytes; /* block_size * vector bytes */
     int fmt;
@@ -114,6 +115,7 @@ typedef struct {
     const void *q;
     int q_dtype;
     const int32_t *block_tables, *ctx_lens;
+    int table_ctx;      /* max_blocks · block_size (at most INT32_MAX): a longer context is refused (NaN) */
     const float *signs; /* rotation signs (d) */
     float rot_scale;    /* 1 / sqrtf(d) as the CPU computes it */
     float *part_o;      /* (n_seq, n_head, n_split, d) */
@@ -139,6 +141,11 @@ size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm,
 /* resident blocks per SM of the attention kernel for (head_dim, K format, V format) */
 int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf);
 size_t e8kv_cu_launch_attend(const attn_launch *a, cudaStream_t stream);
+/* FLAG_RANGE into *flags for any entry of n_seq block tables (n_seq, max_blocks) that a context reads and
+ * that names no page of [0, n_blocks), and for a context < 0 or past max_blocks · block_size */
+size_t e8kv_cu_launch_check_tables(const int32_t *tables, const int32_t *ctx_lens, size_t n_seq,
+                                   size_t max_blocks, size_t block_size, size_t n_blocks, unsigned *flags,
+                                   cudaStream_t stream);
 #ifdef BOX_PROF
 #define BOX_PROF_MAX 4096
 /* clear: zero the stamps; else copy those of n_blocks blocks ([block][8], cuda_attn.cu says which) to host;
