@@ -12,6 +12,7 @@ device="cuda") on a tiny random Llama (transformers LlamaConfig, bf16 and f32):
   - specs the CUDA cache cannot hold and NaN input are named errors.
 Needs a GPU and a libe8kv built with nvcc: skipped otherwise, with the reason (CI has no GPU; there only
 the check that a CUDA cache asked for without a usable device is a named error runs)."""
+import math
 import os
 import sys
 
@@ -704,6 +705,39 @@ def test_compress_on_a_cuda_model():
         with e8kv.hf.compress(model, "e8:4"):  # not a CUDA format: refused at once
             pass
     assert model.config._attn_implementation == "sdpa"
+
+
+def test_perplexity_reads_the_pages(dev):
+    """e8kv.hf.perplexity on a CUDA model: each chunk's scored tokens attend over the pages (the decode kernel,
+    one virtual row per token), against "dynamic" (a DynamicCache) as the baseline. On the twin, bf16 pages
+    hold the exact values: KLD below 1e-6 (float64 against float32 attention) against the baseline, while the twin's lossy pages (values rounded to 1/4)
+    show a KLD that exact attention over the chunk's own K/V would not. On the GPU (the public call, the
+    model's device), KLD grows as the rate falls: bf16 < e8box:4 < e8p:2, and each row has its rate."""
+    import e8kv.hf
+    model = model_on(dev)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 1024, (3 * 64 + 7,), generator=g).tolist()
+    if dev == "cuda":
+        specs = ["bf16", "e8box:4", "e8p:2"]
+        r = e8kv.hf.perplexity(model, ids, specs, n_ctx=64)
+    else:
+        specs = ["bf16", "e8box:4"]
+        r = e8kv.hf._perplexity_cuda(model, ids, specs, dev, n_ctx=64, n_chunks=0, add_bos=False, bos_id=1,
+                                     seed=0, progress=False, desc="")
+    assert getattr(model.config, "_e8kv_cuda_cache", None) is None
+    assert list(r) == ["dynamic", *specs]
+    for spec, v in r.items():
+        print(f"perplexity {dev} {spec}: ppl {v['ppl']:.4f} kld {v['kld']:.3g} top1 {v['top1']:.3f} "
+              f"bits {v['bits_per_value']:.4f} bytes {v['n_bytes']}")
+        assert v["count"] == 3 * 31 and math.isfinite(v["ppl"]) and v["n_bytes"] > 0
+    assert r["dynamic"]["kld"] == 0.0 and r["dynamic"]["top1"] == 1.0
+    if dev == "cuda":  # (the twin holds no bytes)
+        assert r["bf16"]["bits_per_value"] == 16.0 and r["e8box:4"]["bits_per_value"] < 5.0
+        assert r["bf16"]["kld"] < r["e8box:4"]["kld"] < r["e8p:2"]["kld"], r
+    else:
+        assert r["bf16"]["kld"] < 1e-6 and r["e8box:4"]["kld"] > 1e-4, r
+    with pytest.raises(e8kv.E8KVError):
+        e8kv.hf.perplexity(model, ids, ["e8box:4"], n_ctx=64, device="cuda", n_threads=2)
 
 
 def test_padding_after_the_prompt_is_refused(dev):

@@ -47,7 +47,7 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=getattr(torch, a.dtype)).eval()
     text = open(a.text, encoding="utf-8").read(200000) if os.path.exists(a.text) else "The cat sat on the mat. " * 4000
     ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"][:, : a.prompt_tokens]
-    rows = []
+    rows, arg = [], hf.cache_arg(model)  # "cache" or "past_key_values", as this transformers calls it
     for spec in ["DynamicCache", *a.specs.split(",")]:
         def make():
             return DynamicCache(config=model.config) if spec == "DynamicCache" else hf.E8KVCache(model.config, spec)
@@ -55,10 +55,10 @@ def main() -> None:
         with torch.no_grad():
             cache = make()
             t0 = time.perf_counter()
-            model(input_ids=ids[:, :-1], cache=cache, use_cache=True, logits_to_keep=1)
+            model(input_ids=ids[:, :-1], **{arg: cache}, use_cache=True, logits_to_keep=1)
             t_prefill = time.perf_counter() - t0
             t0 = time.perf_counter()
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), cache=cache,
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **{arg: cache},
                                  max_new_tokens=a.new, min_new_tokens=a.new, do_sample=False)
             t_decode = time.perf_counter() - t0
         n_new = out.shape[1] - ids.shape[1]

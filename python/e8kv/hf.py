@@ -1072,7 +1072,7 @@ def compress(model: Any, spec: Optional[str] = None, *, calib: Union[Calib, str,
     del probe
     orig_generate, orig_forward = model.generate, model.forward
     # transformers 5 renamed past_key_values to cache: give the cache under the name this version's forward has
-    name = "cache" if "cache" in inspect.signature(orig_forward).parameters else "past_key_values"
+    name = cache_arg(model)
 
     def has_cache(kw: dict) -> bool:
         return kw.get("cache") is not None or kw.get("past_key_values") is not None
@@ -1105,6 +1105,12 @@ def compress(model: Any, spec: Optional[str] = None, *, calib: Union[Calib, str,
 def _model_device(model: Any) -> torch.device:
     p = next(iter(model.parameters()), None)
     return p.device if p is not None else torch.device("cpu")
+
+
+def cache_arg(model: Any) -> str:
+    """The name under which this transformers version's forward takes a cache: "cache" (recent 5.x) or
+    "past_key_values" (earlier ones, where a `cache=` keyword would be swallowed by **kwargs and ignored)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _input_shape(args: Sequence[Any], kw: dict) -> tuple[int, int]:
@@ -1159,53 +1165,143 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
 @torch.no_grad()
 def perplexity(model: Any, ids: Sequence[int], specs: Sequence[str], *, n_ctx: int = 512, n_chunks: int = 0,
                calib: Union[Calib, str, None] = None, add_bos: bool = False, bos_id: int = 1, seed: int = 0,
-               n_threads: int = 0, progress: bool = False, desc: str = "e8kv ppl") -> dict[str, dict[str, float]]:
+               n_threads: int = 0, progress: bool = False, desc: str = "e8kv ppl",
+               device: Any = None) -> dict[str, dict[str, float]]:
     """The `e8kv ppl` protocol (engine/ppl.h, llama-perplexity) through transformers: chunks of n_ctx token
     ids, each from an empty cache (first token BOS when add_bos), second half scored; every spec against the
-    "f32" e8kv cache as the baseline. Returns {spec: {ppl, ppl_se, kld, top1, n_bytes, bits_per_value}}."""
+    "f32" e8kv cache as the baseline. Returns {spec: {ppl, ppl_se, kld, top1, n_bytes, bits_per_value, count}}.
+
+    On a model whose parameters are on a CUDA device (or device="cuda"), the caches are E8KVCudaCaches (specs:
+    CUDA_FORMATS and the grammar over them; calib and n_threads do not apply) and the baseline, "dynamic", is
+    the model's own attention over a DynamicCache. There each chunk is two forwards: its first token (a
+    prompt, coded into the pages), then the other n_ctx − 1 tokens in one forward whose every query row
+    attends through the decode kernel over the pages up to its own position (one virtual row per token), so
+    that, as in the CPU protocol, every key and value a scored token sees is read from the codes (the first
+    token's own attention aside). n_bytes is the device memory the cache allocated (its pages and the
+    workspace of n_ctx virtual rows); bits_per_value the pages' rate."""
+    dev = torch.device(device) if device is not None else _model_device(model)
+    if dev.type == "cuda":
+        if calib is not None or n_threads:
+            raise E8KVError(ErrorCode.BAD_ARGUMENT, "perplexity on a CUDA model: calib and n_threads are "
+                                                    "CPU-cache arguments")
+        return _perplexity_cuda(model, ids, specs, dev, n_ctx=n_ctx, n_chunks=n_chunks, add_bos=add_bos,
+                                bos_id=bos_id, seed=seed, progress=progress, desc=desc)
     if isinstance(calib, (str, os.PathLike)):
         calib = Calib.load(calib)
-    first = n_ctx // 2
-    n_scored = n_ctx - 1 - first
+    first, arg = n_ctx // 2, cache_arg(model)
     chunks = _chunks(ids, n_ctx, n_chunks)
-    acc = {s: {"nll": 0.0, "nll2": 0.0, "kld": 0.0, "top1": 0, "count": 0, "n_bytes": 0, "bpv": 0.0}
-           for s in ["f32", *specs]}
+    acc = _PplAcc(["f32", *specs])
     bar = _progress(len(chunks) * (1 + len(specs)), desc, progress)
     for chunk in chunks:
-        target = torch.tensor(chunk[first + 1:], dtype=torch.long)
-        if add_bos:
-            chunk = [bos_id] + chunk[1:]
-        x = torch.tensor([chunk], dtype=torch.long)
-        base = None
-        for spec in ["f32", *specs]:
-            if spec == "f32" and base is not None:
+        x, target = _chunk_input(chunk, first, add_bos, bos_id)
+        for spec in acc.specs:
+            if spec == "f32" and acc.has_base:
                 continue
             cache = E8KVCache(model.config, spec, calib=calib, n_ctx=n_ctx, seed=seed, n_threads=n_threads)
-            logits = model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=n_ctx - first).logits
-            lsm = torch.log_softmax(logits[0, :n_scored].to(torch.float64), dim=-1)
-            if base is None:
-                base = lsm
-            a = acc[spec]
-            nll = -lsm.gather(1, target[:, None])[:, 0]
-            a["nll"] += float(nll.sum())
-            a["nll2"] += float((nll * nll).sum())
-            a["kld"] += float((base.exp() * (base - lsm)).sum())
-            a["top1"] += int((lsm.argmax(-1) == base.argmax(-1)).sum())
-            a["count"] += n_scored
-            a["n_bytes"] = cache.n_bytes
-            a["bpv"] = cache.bits_per_value
+            logits = model(input_ids=x, **{arg: cache}, use_cache=True, logits_to_keep=n_ctx - first).logits
+            acc.add(spec, logits, target, cache.n_bytes, cache.bits_per_value)
             bar.update(1)
+        acc.end_chunk()
     bar.close()
-    out = {}
-    for spec, a in acc.items():
-        n = a["count"]
-        mean = a["nll"] / n
-        var = a["nll2"] / n - mean * mean
-        ppl = math.exp(mean)
-        out[spec] = {"ppl": ppl, "ppl_se": math.sqrt(max(var, 0.0) / (n - 1)) * ppl if n > 1 else 0.0,
-                     "kld": a["kld"] / n, "top1": a["top1"] / n, "n_bytes": a["n_bytes"],
-                     "bits_per_value": a["bpv"], "count": n}
-    return out
+    return acc.result()
+
+
+@torch.no_grad()
+def _perplexity_cuda(model: Any, ids: Sequence[int], specs: Sequence[str], dev: torch.device, *, n_ctx: int,
+                     n_chunks: int, add_bos: bool, bos_id: int, seed: int, progress: bool,
+                     desc: str) -> dict[str, dict[str, float]]:
+    """perplexity() with E8KVCudaCaches against "dynamic" (see there); dev: where the caches live."""
+    from transformers import DynamicCache
+    first, arg = n_ctx // 2, cache_arg(model)
+    chunks = _chunks(ids, n_ctx, n_chunks)
+    acc = _PplAcc(["dynamic", *specs])
+    bar = _progress(len(chunks) * (1 + len(specs)), desc, progress)
+    on = _model_device(model)
+    for chunk in chunks:
+        x, target = _chunk_input(chunk, first, add_bos, bos_id)
+        x = x.to(on)
+        for spec in acc.specs:
+            if spec == "dynamic" and acc.has_base:
+                continue
+            if spec == "dynamic":
+                cache = DynamicCache(config=model.config)
+            else:  # every query row of the second forward through the decode kernel (never the gather)
+                cache = E8KVCudaCache(model.config, spec, device=dev, max_batch_size=1, max_cache_len=n_ctx,
+                                      seed=seed, max_chunk=n_ctx, gather_from=n_ctx + 1)
+            try:
+                model(input_ids=x[:, :1], **{arg: cache}, use_cache=True)
+                logits = model(input_ids=x[:, 1:], **{arg: cache}, use_cache=True,
+                               logits_to_keep=n_ctx - first).logits
+            finally:
+                if spec != "dynamic":
+                    cache.detach(model.config)
+            if spec == "dynamic":
+                kv = [t for layer in cache.layers for t in (layer.keys, layer.values) if t is not None]
+                if not kv:
+                    raise E8KVError(ErrorCode.BAD_ARGUMENT, "perplexity: the model's forward did not fill the "
+                                                            f"DynamicCache given as {arg}=")
+                n_bytes = sum(t.numel() * t.element_size() for t in kv)
+                bpv = float(torch.finfo(kv[0].dtype).bits)
+            else:
+                cache.check()
+                n_bytes, bpv = cache.n_bytes, cache.bits_per_value
+            acc.add(spec, logits, target, n_bytes, bpv)
+            bar.update(1)
+        acc.end_chunk()
+    bar.close()
+    return acc.result()
+
+
+def _chunk_input(chunk: list[int], first: int, add_bos: bool, bos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input ids (1, n), targets of the scored positions first + 1 .. n − 1) of one chunk"""
+    target = torch.tensor(chunk[first + 1:], dtype=torch.long)
+    if add_bos:
+        chunk = [bos_id] + chunk[1:]
+    return torch.tensor([chunk], dtype=torch.long), target
+
+
+class _PplAcc:
+    """Sums of the perplexity protocol per spec; the first spec of each chunk is the baseline of the others'
+    KLD and top-1."""
+
+    def __init__(self, specs: list[str]) -> None:
+        self.specs = specs
+        self.acc = {s: {"nll": 0.0, "nll2": 0.0, "kld": 0.0, "top1": 0, "count": 0, "n_bytes": 0, "bpv": 0.0}
+                    for s in specs}
+        self.base: Optional[torch.Tensor] = None
+
+    @property
+    def has_base(self) -> bool:
+        return self.base is not None
+
+    def add(self, spec: str, logits: torch.Tensor, target: torch.Tensor, n_bytes: int, bpv: float) -> None:
+        n = target.shape[0]
+        lsm = torch.log_softmax(logits[0, :n].to(torch.float64).cpu(), dim=-1)
+        if self.base is None:
+            self.base = lsm
+        a = self.acc[spec]
+        nll = -lsm.gather(1, target[:, None])[:, 0]
+        a["nll"] += float(nll.sum())
+        a["nll2"] += float((nll * nll).sum())
+        a["kld"] += float((self.base.exp() * (self.base - lsm)).sum())
+        a["top1"] += int((lsm.argmax(-1) == self.base.argmax(-1)).sum())
+        a["count"] += n
+        a["n_bytes"], a["bpv"] = n_bytes, bpv
+
+    def end_chunk(self) -> None:
+        self.base = None
+
+    def result(self) -> dict[str, dict[str, float]]:
+        out = {}
+        for spec, a in self.acc.items():
+            n = a["count"]
+            mean = a["nll"] / n
+            var = a["nll2"] / n - mean * mean
+            ppl = math.exp(mean)
+            out[spec] = {"ppl": ppl, "ppl_se": math.sqrt(max(var, 0.0) / (n - 1)) * ppl if n > 1 else 0.0,
+                         "kld": a["kld"] / n, "top1": a["top1"] / n, "n_bytes": a["n_bytes"],
+                         "bits_per_value": a["bpv"], "count": n}
+        return out
 
 
 class _CalibObserver:
@@ -1256,10 +1352,11 @@ def calibrate(model: Any, tok: Any, texts: Union[str, Iterable[str], Sequence[in
     chunks = _chunks(ids, n_ctx, n_chunks)
     cal = Calib(shape.n_layer, shape.n_head_kv, shape.head_dim)
     obs = _CalibObserver(cal, shape.n_head)
+    arg = cache_arg(model)
     bar = _progress(len(chunks), "e8kv calibrate: covariances", progress)
     for chunk in chunks:
         cache = E8KVCache(model.config, "f32,rope=pre", n_ctx=n_ctx, n_threads=n_threads, observer=obs)
-        model(input_ids=torch.tensor([chunk]), cache=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=torch.tensor([chunk]), **{arg: cache}, use_cache=True, logits_to_keep=1)
         bar.update(1)
     bar.close()
     cal.finalize()
@@ -1277,5 +1374,5 @@ def calibrate(model: Any, tok: Any, texts: Union[str, Iterable[str], Sequence[in
     return cal
 
 
-__all__ = ["CUDA_FORMATS", "E8KVCache", "E8KVCudaCache", "E8KVCudaLayer", "E8KVLayer", "ModelShape", "UnsupportedModelError", "calibrate", "compress",
+__all__ = ["CUDA_FORMATS", "E8KVCache", "E8KVCudaCache", "E8KVCudaLayer", "E8KVLayer", "ModelShape", "UnsupportedModelError", "cache_arg", "calibrate", "compress",
            "e8kv_attention", "perplexity", "register"]
