@@ -740,6 +740,35 @@ def test_perplexity_reads_the_pages(dev):
         e8kv.hf.perplexity(model, ids, ["e8box:4"], n_ctx=64, device="cuda", n_threads=2)
 
 
+@pytest.mark.parametrize("on", ["cpu", pytest.param("cuda", marks=needs_gpu)])
+def test_bench_rows(on):
+    """python -m e8kv.bench's rows (e8kv.bench.run): DynamicCache and each spec timed through generate() with
+    a warm-up, the cache's bytes, and the perplexity protocol's figures; on the CPU with the CPU cache (the
+    baseline of its KLD is the f32 cache, a row of its own), on a GPU with the CUDA cache."""
+    import e8kv.bench
+    model = tiny_llama(torch.bfloat16) if on == "cuda" else model_on("cpu")
+    specs = ["bf16", "e8box:4,sink=2", "e8p:2"] if on == "cuda" else ["f32", "e8:4"]
+    g = torch.Generator().manual_seed(9)
+    ids = torch.randint(0, 1024, (1, 40), generator=g)
+    ppl_ids = torch.randint(0, 1024, (2 * 64,), generator=g).tolist()
+    rows = e8kv.bench.run(model, ids, specs, new=6, ppl_ids=ppl_ids, ppl_chunks=2, n_ctx=64)
+    for r in rows:
+        print("bench row", r)
+    timed = [r for r in rows if "prefill_s" in r]
+    assert [r["cache"] for r in timed] == ["DynamicCache", *specs]
+    for r in timed:
+        assert r["new_tokens"] == 6 and r["decode_tokens_per_s"] > 0 and r["cache_bytes"] > 0
+        assert r["device"].startswith(on)
+    q = {r["cache"]: r for r in rows if "ppl" in r}
+    if on == "cuda":
+        assert q["DynamicCache"]["kld"] == 0.0 and q["bf16"]["kld"] < q["e8p:2"]["kld"]
+    else:
+        assert "ppl" not in q.get("DynamicCache", {}) and q["f32 (perplexity baseline)"]["kld"] == 0.0
+        assert q["f32"]["kld"] == 0.0 and q["e8:4"]["kld"] > 0.0
+    assert all(r["ppl_tokens"] == 2 * 31 for r in q.values())
+    assert getattr(model.config, "_e8kv_cuda_cache", None) is None
+
+
 def test_padding_after_the_prompt_is_refused(dev):
     """A 0 in the mask of tokens after the prompt, or a mask whose padding differs from the prompt's, is
     refused (NotImplementedError), before anything is stored."""

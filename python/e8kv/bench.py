@@ -1,11 +1,19 @@
-"""Decode speed and cache bytes of transformers generate(): DynamicCache against e8kv caches.
+"""Decode speed, cache bytes and (optionally) quality of transformers generate() on your model: DynamicCache
+against e8kv caches, on the CPU or on a GPU.
 
-    python -m e8kv.bench [--gguf PATH] [--prompt-tokens 512] [--new 64] [--specs f32,e8:4,e8box:4] [--json]
+    python -m e8kv.bench [--model ID_OR_DIR | --gguf PATH] [--device cpu|cuda] [--prompt-tokens 512]
+                         [--new 64] [--specs f32,e8:4,e8box:4] [--ppl-chunks N] [--json]
 
-Greedy generation from a prompt of --prompt-tokens tokens of wiki.test.raw (or a repeated sentence when it
-is not found); one row per cache: prefill seconds, decode tokens/s (new tokens / the seconds of generate()
-from the prefilled cache), and the bytes the cache holds at the end (DynamicCache: its tensors; e8kv:
-e8kv_cache_bytes).
+Greedy generation from a prompt of --prompt-tokens tokens of wiki.test.raw (or --text; a repeated sentence
+when it is not found); one row per cache: prefill seconds, decode tokens/s (new tokens / the seconds of
+generate() from the prefilled cache, after one untimed warm-up generate of the same kind of cache: on a GPU,
+generate() compiles the decode steps of e8kv's static-shaped cache the first time), and the bytes the cache
+holds at the end (DynamicCache: its tensors; e8kv: the bytes it allocated, host or device). --device cuda
+(default when --model is given and a GPU is usable) puts the model on the GPU in bf16 and the caches in
+E8KVCudaCache (specs: e8box:4, e8box:3, e8p:2, bf16, f16 and the grammar over them; separate specs that
+hold commas with ';'). --ppl-chunks N adds e8kv.hf.perplexity over N chunks of --ctx tokens of the same
+text: PPL, KLD and top-1 against the baseline (CPU: the f32 e8kv cache; GPU: the model's own attention over
+a DynamicCache).
 """
 from __future__ import annotations
 
@@ -13,64 +21,148 @@ import argparse
 import json
 import os
 import time
+from typing import Any, Optional, Sequence
 
 import torch
 
+CPU_SPECS = "f32,balanced,e8:4,e8box:4,aggressive"
+CUDA_SPECS = "bf16,e8box:4,e8box:3,e8p:2"
 
-def _cache_bytes(cache) -> int:
-    from .hf import E8KVCache
-    if isinstance(cache, E8KVCache):
+
+def _cache_bytes(cache: Any) -> int:
+    from .hf import E8KVCache, E8KVCudaCache
+    if isinstance(cache, (E8KVCache, E8KVCudaCache)):
         return cache.n_bytes
     return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)
                if t is not None)
 
 
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def run(model: Any, ids: torch.Tensor, specs: Sequence[str], *, new: int = 64, warmup: bool = True,
+        ppl_ids: Optional[Sequence[int]] = None, ppl_chunks: int = 0, n_ctx: int = 512) -> list[dict]:
+    """The rows of the table for `model` (on the CPU or a CUDA device) and a prompt `ids` (1, n): DynamicCache
+    first, then each spec. With ppl_ids and ppl_chunks, each row also gets the perplexity protocol's ppl, kld
+    and top1 (e8kv.hf.perplexity over ppl_chunks chunks of n_ctx tokens)."""
+    from transformers import DynamicCache
+
+    from . import hf
+    dev = hf._model_device(model)
+    gpu = dev.type == "cuda"
+    ids = ids.to(dev)
+    arg = hf.cache_arg(model)  # "cache" or "past_key_values", as this transformers calls it
+    cap = ids.shape[1] + new
+
+    def make(spec: str) -> Any:
+        if spec == "DynamicCache":
+            return DynamicCache(config=model.config)
+        if gpu:
+            return hf.E8KVCudaCache(model.config, spec, device=dev, max_batch_size=1, max_cache_len=cap)
+        return hf.E8KVCache(model.config, spec)
+
+    def generate(cache: Any, n: int) -> torch.Tensor:
+        return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **{arg: cache},
+                              max_new_tokens=n, min_new_tokens=n, do_sample=False)
+
+    rows = []
+    for spec in ["DynamicCache", *specs]:
+        with torch.no_grad():
+            # untimed: module loads, and on a GPU the compilation of the decode steps (torch.compile compiles
+            # again at its second call, with dynamic shapes: two warm-ups there)
+            for _ in range((2 if gpu else 1) if warmup else 0):
+                cache = make(spec)
+                model(input_ids=ids[:, :-1], **{arg: cache}, use_cache=True, logits_to_keep=1)
+                generate(cache, min(new, 4))
+                if isinstance(cache, hf.E8KVCudaCache):
+                    cache.detach(model.config)
+            # the prompt but its last token (prefill), then generate from that cache: only decode steps
+            cache = make(spec)
+            _sync(dev)
+            t0 = time.perf_counter()
+            model(input_ids=ids[:, :-1], **{arg: cache}, use_cache=True, logits_to_keep=1)
+            _sync(dev)
+            t_prefill = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            out = generate(cache, new)
+            _sync(dev)
+            t_decode = time.perf_counter() - t0
+        if isinstance(cache, hf.E8KVCudaCache):
+            cache.detach(model.config)
+            cache.check()  # a NaN/Inf or out-of-range value appended: an E8KVError
+        n_new = out.shape[1] - ids.shape[1]
+        rows.append({"cache": spec, "device": str(dev), "prompt_tokens": ids.shape[1], "new_tokens": n_new,
+                     "prefill_s": round(t_prefill, 4), "decode_tokens_per_s": round(n_new / t_decode, 3),
+                     "cache_bytes": _cache_bytes(cache), "dtype": str(next(model.parameters()).dtype)})
+    if ppl_ids is not None and ppl_chunks:
+        q = hf.perplexity(model, ppl_ids, list(specs), n_ctx=n_ctx, n_chunks=ppl_chunks)
+        for r in rows:
+            if r["cache"] == "DynamicCache" and not gpu:
+                continue  # the CPU protocol's baseline is the f32 e8kv cache: a row of its own below
+            v = q["dynamic" if r["cache"] == "DynamicCache" else r["cache"]]
+            r.update(ppl=round(v["ppl"], 4), kld=round(v["kld"], 6), top1=round(v["top1"], 4),
+                     bits_per_value=round(v["bits_per_value"], 4), ppl_tokens=v["count"])
+        if not gpu:
+            rows.append({"cache": "f32 (perplexity baseline)", "device": str(dev), "ppl": round(q["f32"]["ppl"], 4),
+                         "kld": 0.0, "top1": 1.0, "ppl_tokens": q["f32"]["count"]})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", default=os.path.expanduser("~/.cache/e8kv/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--model", help="a transformers model id or directory (from_pretrained) instead of --gguf")
+    ap.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda with --model when a GPU is usable")
     ap.add_argument("--text", default=os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data",
                                                    "wikitext-2-raw", "wiki.test.raw"))
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--new", type=int, default=64)
-    ap.add_argument("--specs", default="f32,balanced,e8:4,e8box:4,aggressive")
+    ap.add_argument("--specs", help=f"default: {CPU_SPECS} (CPU), {CUDA_SPECS} (GPU); ';' between specs that "
+                                    "hold commas")
+    ap.add_argument("--ppl-chunks", type=int, default=0, help="also the perplexity protocol over N chunks")
+    ap.add_argument("--ctx", type=int, default=512, help="tokens per perplexity chunk")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                    help="default: float32 on the CPU, bfloat16 on a GPU")
+    ap.add_argument("--no-warmup", action="store_true", help="time the first generate() of each cache")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from . import hf
+    from . import core
     if a.threads:
         torch.set_num_threads(a.threads)
-    d, f = os.path.split(a.gguf)
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=getattr(torch, a.dtype)).eval()
-    text = open(a.text, encoding="utf-8").read(200000) if os.path.exists(a.text) else "The cat sat on the mat. " * 4000
-    ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"][:, : a.prompt_tokens]
-    rows, arg = [], hf.cache_arg(model)  # "cache" or "past_key_values", as this transformers calls it
-    for spec in ["DynamicCache", *a.specs.split(",")]:
-        def make():
-            return DynamicCache(config=model.config) if spec == "DynamicCache" else hf.E8KVCache(model.config, spec)
-        # the prompt but its last token (prefill), then generate from that cache: only decode steps are timed
-        with torch.no_grad():
-            cache = make()
-            t0 = time.perf_counter()
-            model(input_ids=ids[:, :-1], **{arg: cache}, use_cache=True, logits_to_keep=1)
-            t_prefill = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **{arg: cache},
-                                 max_new_tokens=a.new, min_new_tokens=a.new, do_sample=False)
-            t_decode = time.perf_counter() - t0
-        n_new = out.shape[1] - ids.shape[1]
-        r = {"cache": spec, "prompt_tokens": ids.shape[1], "new_tokens": n_new, "prefill_s": round(t_prefill, 3),
-             "decode_tokens_per_s": round(n_new / t_decode, 3),
-             "cache_bytes": _cache_bytes(cache), "torch_threads": torch.get_num_threads(), "dtype": a.dtype}
-        rows.append(r)
+    device = a.device or ("cuda" if a.model and torch.cuda.is_available() and core.cuda_available() else "cpu")
+    dtype = getattr(torch, a.dtype or ("bfloat16" if device == "cuda" else "float32"))
+    if a.model:
+        tok = AutoTokenizer.from_pretrained(a.model)
+        model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype)
+    else:
+        d, f = os.path.split(a.gguf)
+        tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=dtype)
+    model = model.to(device).eval()
+    text = open(a.text, encoding="utf-8").read(4_000_000 if a.ppl_chunks else 200_000) \
+        if os.path.exists(a.text) else "The cat sat on the mat. " * 4000
+    all_ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    ids = all_ids[:, : a.prompt_tokens]
+    spec_text = a.specs or (CUDA_SPECS if device == "cuda" else CPU_SPECS)
+    specs = spec_text.split(";") if ";" in spec_text else spec_text.split(",")
+    rows = run(model, ids, specs, new=a.new, warmup=not a.no_warmup, ppl_ids=all_ids[0].tolist(),
+               ppl_chunks=a.ppl_chunks, n_ctx=a.ctx)
+    for r in rows:
         if a.json:
             print(json.dumps(r), flush=True)
-        else:
-            print(f"{spec:14s} prefill {r['prefill_s']:7.2f} s  decode {r['decode_tokens_per_s']:7.2f} tok/s  "
-                  f"cache {r['cache_bytes'] / 2**20:8.2f} MiB", flush=True)
+            continue
+        line = f"{r['cache']:26s}"
+        if "prefill_s" in r:
+            line += (f" prefill {r['prefill_s']:8.3f} s  decode {r['decode_tokens_per_s']:8.2f} tok/s  "
+                     f"cache {r['cache_bytes'] / 2**20:9.2f} MiB")
+        if "ppl" in r:
+            line += f"  ppl {r['ppl']:9.4f}  kld {r['kld']:.5f}  top1 {100 * r['top1']:6.2f}%"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":
