@@ -6,8 +6,9 @@ against e8kv caches, on the CPU or on a GPU.
 
 Greedy generation from a prompt of --prompt-tokens tokens of wiki.test.raw (or --text; a repeated sentence
 when it is not found); one row per cache: prefill seconds, decode tokens/s (new tokens / the seconds of
-generate() from the prefilled cache, after one untimed warm-up generate of the same kind of cache: on a GPU,
-generate() compiles the decode steps of e8kv's static-shaped cache the first time), and the bytes the cache
+generate() from the prefilled cache, after an untimed warm-up generate of the same kind of cache, two on a
+GPU: there generate() compiles the decode steps of e8kv's static-shaped cache, and torch.compile compiles
+again at its second call), and the bytes the cache
 holds at the end (DynamicCache: its tensors; e8kv: the bytes it allocated, host or device). --device cuda
 (default when --model is given and a GPU is usable) puts the model on the GPU in bf16 and the caches in
 E8KVCudaCache (specs: e8box:4, e8box:3, e8p:2, bf16, f16 and the grammar over them; separate specs that
@@ -30,11 +31,10 @@ CUDA_SPECS = "bf16,e8box:4,e8box:3,e8p:2"
 
 
 def _cache_bytes(cache: Any) -> int:
-    from .hf import E8KVCache, E8KVCudaCache
+    from .hf import E8KVCache, E8KVCudaCache, dynamic_kv
     if isinstance(cache, (E8KVCache, E8KVCudaCache)):
         return cache.n_bytes
-    return sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values)
-               if t is not None)
+    return sum(t.numel() * t.element_size() for t in dynamic_kv(cache))
 
 
 def _sync(dev: torch.device) -> None:

@@ -1236,7 +1236,7 @@ def _perplexity_cuda(model: Any, ids: Sequence[int], specs: Sequence[str], dev: 
                 if spec != "dynamic":
                     cache.detach(model.config)
             if spec == "dynamic":
-                kv = [t for layer in cache.layers for t in (layer.keys, layer.values) if t is not None]
+                kv = dynamic_kv(cache)
                 if not kv:
                     raise E8KVError(ErrorCode.BAD_ARGUMENT, "perplexity: the model's forward did not fill the "
                                                             f"DynamicCache given as {arg}=")
@@ -1250,6 +1250,11 @@ def _perplexity_cuda(model: Any, ids: Sequence[int], specs: Sequence[str], dev: 
         acc.end_chunk()
     bar.close()
     return acc.result()
+
+
+def dynamic_kv(cache: Any) -> list[torch.Tensor]:
+    """The K and V tensors a transformers DynamicCache holds (layers not filled yet left out)."""
+    return [t for layer in cache.layers for t in (layer.keys, layer.values) if t is not None]
 
 
 def _chunk_input(chunk: list[int], first: int, add_bos: bool, bos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1375,4 +1380,4 @@ def calibrate(model: Any, tok: Any, texts: Union[str, Iterable[str], Sequence[in
 
 
 __all__ = ["CUDA_FORMATS", "E8KVCache", "E8KVCudaCache", "E8KVCudaLayer", "E8KVLayer", "ModelShape", "UnsupportedModelError", "cache_arg", "calibrate", "compress",
-           "e8kv_attention", "perplexity", "register"]
+           "dynamic_kv", "e8kv_attention", "perplexity", "register"]
