@@ -707,13 +707,25 @@ def test_compress_on_a_cuda_model():
     assert model.config._attn_implementation == "sdpa"
 
 
-def test_perplexity_reads_the_pages(dev):
+def test_perplexity_reads_the_pages(dev, monkeypatch):
     """e8kv.hf.perplexity on a CUDA model: each chunk's scored tokens attend over the pages (the decode kernel,
     one virtual row per token), against "dynamic" (a DynamicCache) as the baseline. On the twin, bf16 pages
     hold the exact values: KLD below 1e-6 (float64 against float32 attention) against the baseline, while the twin's lossy pages (values rounded to 1/4)
     show a KLD that exact attention over the chunk's own K/V would not. On the GPU (the public call, the
-    model's device), KLD grows as the rate falls: bf16 < e8box:4 < e8p:2, and each row has its rate."""
+    model's device), KLD grows as the rate falls: bf16 < e8box:4 < e8p:2, and each row has its rate. Every
+    centred cache takes its means from a whole chunk (n_ctx tokens per layer), as the CPU protocol's one
+    append does (the protocol once sent the first token alone as the prompt: means 0, fewer than 16 tokens,
+    so the GPU rows measured uncentred caches). A padded prompt cannot be read from the codes."""
+    import e8kv.core
     import e8kv.hf
+    seen = []
+    cls = e8kv.core.CudaCache  # PagesTwin on the twin
+    real = cls.set_means
+
+    def spy(self, layer, row, k, v, **kw):
+        seen.append(k.numel() // (self.n_head_kv * self.head_dim))
+        return real(self, layer, row, k, v, **kw)
+    monkeypatch.setattr(cls, "set_means", spy)
     model = model_on(dev)
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(0, 1024, (3 * 64 + 7,), generator=g).tolist()
@@ -731,6 +743,8 @@ def test_perplexity_reads_the_pages(dev):
               f"bits {v['bits_per_value']:.4f} bytes {v['n_bytes']}")
         assert v["count"] == 3 * 31 and math.isfinite(v["ppl"]) and v["n_bytes"] > 0
     assert r["dynamic"]["kld"] == 0.0 and r["dynamic"]["top1"] == 1.0
+    centred = [s for s in specs if not s.startswith("bf16")]
+    assert seen == [64] * (len(centred) * 3 * model.config.num_hidden_layers), seen
     if dev == "cuda":  # (the twin holds no bytes)
         assert r["bf16"]["bits_per_value"] == 16.0 and r["e8box:4"]["bits_per_value"] < 5.0
         assert r["bf16"]["kld"] < r["e8box:4"]["kld"] < r["e8p:2"]["kld"], r
@@ -738,6 +752,14 @@ def test_perplexity_reads_the_pages(dev):
         assert r["bf16"]["kld"] < 1e-6 and r["e8box:4"]["kld"] > 1e-4, r
     with pytest.raises(e8kv.E8KVError):
         e8kv.hf.perplexity(model, ids, ["e8box:4"], n_ctx=64, device="cuda", n_threads=2)
+    cache = e8kv.hf.E8KVCudaCache(model.config, "e8box:4", device=dev, max_batch_size=2, max_cache_len=64,
+                                  max_chunk=64, prompt_from_codes=True)
+    x = torch.tensor([ids[:8], ids[:8]], device=model.device)
+    mask = torch.ones_like(x)
+    mask[1, :3] = 0
+    with pytest.raises(NotImplementedError, match="padded"):
+        model(input_ids=x, attention_mask=mask, **{e8kv.hf.cache_arg(model): cache}, use_cache=True)
+    cache.detach(model.config)
 
 
 @pytest.mark.parametrize("on", ["cpu", pytest.param("cuda", marks=needs_gpu)])
@@ -767,6 +789,11 @@ def test_bench_rows(on):
         assert q["f32"]["kld"] == 0.0 and q["e8:4"]["kld"] > 0.0
     assert all(r["ppl_tokens"] == 2 * 31 for r in q.values())
     assert getattr(model.config, "_e8kv_cuda_cache", None) is None
+    only = e8kv.bench.run(model, ids, specs, ppl_ids=ppl_ids, ppl_chunks=2, n_ctx=64, decode=False)
+    assert [r for r in only if "prefill_s" in r] == [] and [r["cache"] for r in only] == [r["cache"] for r in
+                                                                                          q.values()]
+    # (the same protocol again: equal on the CPU; a GPU's sums need not repeat bit for bit)
+    assert all(math.isclose(r["kld"], q[r["cache"]]["kld"], rel_tol=1e-3, abs_tol=1e-7) for r in only)
 
 
 def test_padding_after_the_prompt_is_refused(dev):
@@ -886,3 +913,24 @@ def test_errors_are_named():
     with pytest.raises(e8kv.E8KVError) as e:
         kv.append(0, slots, rows, rows)
     assert e.value.code == e8kv.ErrorCode.NONFINITE
+
+
+def test_short_first_append_warns(dev):
+    """A batch row whose first append has fewer than 16 tokens keeps means 0 for the whole sequence (the CPU
+    cache's rule): the cache says so once, since such a row is coded uncentred (SmolLM2, e8box:4: KLD 0.044
+    against 0.035). 16 tokens, or center=0, raise nothing."""
+    import warnings as w
+
+    import e8kv.hf
+    model = model_on(dev)
+    arg = e8kv.hf.cache_arg(model)
+    ids = torch.randint(0, 1024, (1, 16), generator=torch.Generator().manual_seed(3)).to(model.device)
+    for spec, n, warns in (("e8box:4", 5, True), ("e8box:4", 16, False), ("e8box:4,center=0", 5, False),
+                           ("bf16", 5, False)):
+        cache = e8kv.hf.E8KVCudaCache(model.config, spec, device=dev, max_cache_len=64)
+        with w.catch_warnings(record=True) as got:
+            w.simplefilter("always")
+            model(input_ids=ids[:, :n], **{arg: cache}, use_cache=True)
+        cache.detach(model.config)
+        said = [str(x.message) for x in got if "fewer than 16" in str(x.message)]
+        assert len(said) == warns, (spec, n, said)

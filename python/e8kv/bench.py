@@ -2,7 +2,7 @@
 against e8kv caches, on the CPU or on a GPU.
 
     python -m e8kv.bench [--model ID_OR_DIR | --gguf PATH] [--device cpu|cuda] [--prompt-tokens 512]
-                         [--new 64] [--specs f32,e8:4,e8box:4] [--ppl-chunks N] [--json]
+                         [--new 64] [--specs f32,e8:4,e8box:4] [--ppl-chunks N [--no-decode]] [--json]
 
 Greedy generation from a prompt of --prompt-tokens tokens of wiki.test.raw (or --text; a repeated sentence
 when it is not found); one row per cache: prefill seconds, decode tokens/s (new tokens / the seconds of
@@ -43,10 +43,12 @@ def _sync(dev: torch.device) -> None:
 
 
 def run(model: Any, ids: torch.Tensor, specs: Sequence[str], *, new: int = 64, warmup: bool = True,
-        ppl_ids: Optional[Sequence[int]] = None, ppl_chunks: int = 0, n_ctx: int = 512) -> list[dict]:
+        ppl_ids: Optional[Sequence[int]] = None, ppl_chunks: int = 0, n_ctx: int = 512,
+        decode: bool = True) -> list[dict]:
     """The rows of the table for `model` (on the CPU or a CUDA device) and a prompt `ids` (1, n): DynamicCache
     first, then each spec. With ppl_ids and ppl_chunks, each row also gets the perplexity protocol's ppl, kld
-    and top1 (e8kv.hf.perplexity over ppl_chunks chunks of n_ctx tokens)."""
+    and top1 (e8kv.hf.perplexity over ppl_chunks chunks of n_ctx tokens). decode=False: no generate(), the
+    rows hold the perplexity alone."""
     from transformers import DynamicCache
 
     from . import hf
@@ -67,8 +69,8 @@ def run(model: Any, ids: torch.Tensor, specs: Sequence[str], *, new: int = 64, w
         return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **{arg: cache},
                               max_new_tokens=n, min_new_tokens=n, do_sample=False)
 
-    rows = []
-    for spec in ["DynamicCache", *specs]:
+    rows = [] if decode else [{"cache": spec, "device": str(dev)} for spec in ["DynamicCache"] * gpu + [*specs]]
+    for spec in ["DynamicCache", *specs] if decode else ():
         with torch.no_grad():
             # untimed: module loads, and on a GPU the compilation of the decode steps (torch.compile compiles
             # again at its second call, with dynamic shapes: two warm-ups there)
@@ -127,8 +129,11 @@ def main() -> None:
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                     help="default: float32 on the CPU, bfloat16 on a GPU")
     ap.add_argument("--no-warmup", action="store_true", help="time the first generate() of each cache")
+    ap.add_argument("--no-decode", action="store_true", help="no generate(): the perplexity rows alone")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    if a.no_decode and not a.ppl_chunks:
+        ap.error("--no-decode needs --ppl-chunks N")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from . import core
@@ -151,7 +156,7 @@ def main() -> None:
     spec_text = a.specs or (CUDA_SPECS if device == "cuda" else CPU_SPECS)
     specs = spec_text.split(";") if ";" in spec_text else spec_text.split(",")
     rows = run(model, ids, specs, new=a.new, warmup=not a.no_warmup, ppl_ids=all_ids[0].tolist(),
-               ppl_chunks=a.ppl_chunks, n_ctx=a.ctx)
+               ppl_chunks=a.ppl_chunks, n_ctx=a.ctx, decode=not a.no_decode)
     for r in rows:
         if a.json:
             print(json.dumps(r), flush=True)

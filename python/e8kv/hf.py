@@ -32,6 +32,7 @@ import math
 import os
 import sys
 import threading
+import warnings
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
@@ -584,7 +585,10 @@ class E8KVCudaCache(_BatchChanges, Cache):
     bottom right) over the layer's values gathered from the pages in the model's dtype (CudaCache.gather:
     decoded, means added, sink rows exact), which reads the past once for all the chunk's queries where the
     decode kernel reads it once per query; such chunks have no max_chunk limit. Every token after the
-    prompt reads codes.
+    prompt reads codes. prompt_from_codes=True (for measuring quality: what perplexity() uses) sends the
+    prompt through the decode kernel too, one virtual row per token (max_chunk must cover its tokens; an
+    unpadded prompt), so that every token reads coded K/V, as in the CPU cache, whose first append sets the
+    means from the same K/V.
 
     Padded batches (prompts of different lengths, left- or right-padded, as generate() passes them): the
     attention mask of the prompt (the first forward of an empty cache, eager) says which tokens are pads;
@@ -602,7 +606,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
 
     def __init__(self, config: Any, spec: str = "e8box:4", *, max_batch_size: int = 1, max_cache_len: Optional[int] = None,
                  device: Any = "cuda", seed: int = 0, block_size: int = 16, max_chunk: int = 64,
-                 gather_from: int = 16, **unused: Any) -> None:
+                 gather_from: int = 16, prompt_from_codes: bool = False, **unused: Any) -> None:
         from . import torch_ops  # registers the operators
         bad = [k for k, v in unused.items() if v is not None and k not in ("n_threads",)]
         if bad:
@@ -619,6 +623,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
         self.batch_rows = max_batch_size
         self.max_chunk = max_chunk
         self.gather_from = gather_from
+        self.prompt_from_codes = prompt_from_codes
         try:
             self.kv = core.CudaCache(s.n_layer, s.n_head_kv, s.head_dim, max_batch_size * self.pages_per_seq, spec,
                                      block_size=block_size, seed=seed, max_ctx=self.capacity,
@@ -859,6 +864,12 @@ class E8KVCudaCache(_BatchChanges, Cache):
                 if counts[i]:
                     self.kv.set_means(layer, self._rows_host[row0 + i], kr[o:o + counts[i]], vr[o:o + counts[i]])
                 o += counts[i]
+            short = [c for c in counts if 0 < c < 16]
+            if short and layer == 0:
+                warnings.warn(f"e8kv CUDA cache: a batch row's first append has {short[0]} tokens (fewer than 16): "
+                              "its means stay 0 and its streams are coded uncentred for the whole sequence "
+                              "(SmolLM2, e8box:4: KLD 0.044 instead of 0.035); start from a prompt of 16 tokens "
+                              "or more, or say center=0", stacklevel=2)
             self._fresh[layer] = False
         torch.ops.e8kv.append(self._state, self._key, layer, slots, kr, vr, sink_slots, rows)
 
@@ -888,7 +899,10 @@ class E8KVCudaCache(_BatchChanges, Cache):
         b, n_head, t, d = query.shape
         layer = module.layer_idx
         length = self.layers[layer].cumulative_length  # after this step's update
-        if t > 1 and not torch.compiler.is_compiling() and int(length) == t:
+        prompt = t > 1 and not torch.compiler.is_compiling() and int(length) == t
+        if prompt and self.prompt_from_codes and self._valid is not None:
+            raise NotImplementedError("e8kv CUDA cache: prompt_from_codes with a padded prompt")
+        if prompt and not self.prompt_from_codes:
             # the prompt of an empty cache: SDPA over the exact K/V of the chunk; pads are masked as keys (a
             # pad's query sees itself, so that no row of the mask is empty)
             mask = None
@@ -901,7 +915,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
                 query, key, value, attn_mask=mask, is_causal=mask is None, scale=scaling,
                 enable_gqa=n_head != key.shape[1])
             return out.transpose(1, 2), None
-        if t > 1 and t >= self.gather_from and not torch.compiler.is_compiling():
+        if t > 1 and t >= self.gather_from and not torch.compiler.is_compiling() and not prompt:
             return self._attend_gathered(layer, query, int(length), scaling), None
         q = self._rows(query)
         if scaling is not None and abs(scaling * math.sqrt(d) - 1.0) > 1e-6:
@@ -1173,11 +1187,11 @@ def perplexity(model: Any, ids: Sequence[int], specs: Sequence[str], *, n_ctx: i
 
     On a model whose parameters are on a CUDA device (or device="cuda"), the caches are E8KVCudaCaches (specs:
     CUDA_FORMATS and the grammar over them; calib and n_threads do not apply) and the baseline, "dynamic", is
-    the model's own attention over a DynamicCache. There each chunk is two forwards: its first token (a
-    prompt, coded into the pages), then the other n_ctx − 1 tokens in one forward whose every query row
-    attends through the decode kernel over the pages up to its own position (one virtual row per token), so
-    that, as in the CPU protocol, every key and value a scored token sees is read from the codes (the first
-    token's own attention aside). n_bytes is the device memory the cache allocated (its pages and the
+    the model's own attention over a DynamicCache. There each chunk is one forward, as in the CPU protocol:
+    the cache's prompt (prompt_from_codes: every query row attends through the decode kernel over the pages
+    up to its own position, one virtual row per token), so that every key and value a scored token sees is
+    read from the codes, and each layer's first append, the chunk, sets the means of its centred streams
+    from the K/V that layer computed. n_bytes is the device memory the cache allocated (its pages and the
     workspace of n_ctx virtual rows); bits_per_value the pages' rate."""
     dev = torch.device(device) if device is not None else _model_device(model)
     if dev.type == "cuda":
@@ -1225,13 +1239,11 @@ def _perplexity_cuda(model: Any, ids: Sequence[int], specs: Sequence[str], dev: 
                 continue
             if spec == "dynamic":
                 cache = DynamicCache(config=model.config)
-            else:  # every query row of the second forward through the decode kernel (never the gather)
+            else:  # the whole chunk is the prompt, every query row through the decode kernel
                 cache = E8KVCudaCache(model.config, spec, device=dev, max_batch_size=1, max_cache_len=n_ctx,
-                                      seed=seed, max_chunk=n_ctx, gather_from=n_ctx + 1)
+                                      seed=seed, max_chunk=n_ctx, prompt_from_codes=True)
             try:
-                model(input_ids=x[:, :1], **{arg: cache}, use_cache=True)
-                logits = model(input_ids=x[:, 1:], **{arg: cache}, use_cache=True,
-                               logits_to_keep=n_ctx - first).logits
+                logits = model(input_ids=x, **{arg: cache}, use_cache=True, logits_to_keep=n_ctx - first).logits
             finally:
                 if spec != "dynamic":
                     cache.detach(model.config)
