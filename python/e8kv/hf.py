@@ -574,7 +574,8 @@ class E8KVCudaCache(_BatchChanges, Cache):
     of each batch row also kept exact and attended from there, as the CPU cache's sink=), center= (as on the
     CPU, e8box and e8p streams are centred by default: each batch row's means are set, per layer, by its
     first tokens appended in eager mode; center=0 turns it off). The GPU formats take keys after RoPE
-    (rope=post); specs the CUDA cache cannot hold (rope=pre, e8t/e8tv, auto=, presets,
+    (rope=post), in the RoPE pair layout E8KVCache codes them in (GGUF's interleaved pairs for Llama and
+    Mistral, key_perm; queries follow), so that the pages hold the CPU cache's codes; specs the CUDA cache cannot hold (rope=pre, e8t/e8tv, auto=, presets,
     window=, eviction) are an E8KVError (SPEC). update() appends the new tokens through torch.ops.e8kv.append (slots
     computed on the device from the layer's length); the "e8kv" attention attends through
     torch.ops.e8kv.attend: one query row per (batch row, token) with context length position + 1, so a
@@ -644,6 +645,13 @@ class E8KVCudaCache(_BatchChanges, Cache):
             self._batch_rows = torch.arange(max_batch_size, dtype=torch.int32)  # each row's sink rows and means
             self._pad = torch.zeros(max_batch_size, dtype=torch.int64)  # per row: pads dropped from its prompt
             self._full = torch.zeros(1, dtype=torch.int32)  # set when a step went past max_cache_len (check())
+            # keys (and the queries that score them) in the layout E8KVCache codes them in: GGUF's interleaved
+            # RoPE pairs for Llama/Mistral, so that the pages hold the CPU cache's codes (a layout is a
+            # different rotation of the codec's input: SmolLM2 e8p:2 KLD 0.60 interleaved, 0.80 split)
+            self.key_perm: Optional[torch.Tensor] = None
+            if s.rope_layout == "interleaved":
+                h = s.head_dim // 2
+                self.key_perm = torch.stack((torch.arange(h), torch.arange(h) + h), dim=1).reshape(-1)
         self._pad_host = [0] * max_batch_size  # the same on the host (the gather path groups rows by it)
         # beam search: rows may share the full pages of a common past (reorder_cache); the host twins of the
         # block tables and of each batch row's row of sink rows and means say who holds what
@@ -843,6 +851,8 @@ class E8KVCudaCache(_BatchChanges, Cache):
         if self.sink:  # positions below sink=N also into the row's sink rows
             row = self._batch_rows[row0:row0 + b, None].to(torch.int64)
             sink_slots = torch.where(pos < self.sink, row * self.sink + pos, torch.full_like(pos, -1)).reshape(-1)
+        if self.key_perm is not None:
+            key_states = key_states.index_select(-1, self.key_perm)
         kr, vr = self._rows(key_states), self._rows(value_states)
         rows = None
         if self.kv.centered:
@@ -917,7 +927,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
             return out.transpose(1, 2), None
         if t > 1 and t >= self.gather_from and not torch.compiler.is_compiling() and not prompt:
             return self._attend_gathered(layer, query, int(length), scaling), None
-        q = self._rows(query)
+        q = self._rows(query if self.key_perm is None else query.index_select(-1, self.key_perm))
         if scaling is not None and abs(scaling * math.sqrt(d) - 1.0) > 1e-6:
             q = q * (scaling * math.sqrt(d))  # the kernel scales scores by 1/sqrt(head_dim)
         if t == 1:
@@ -960,6 +970,8 @@ class E8KVCudaCache(_BatchChanges, Cache):
             rows = self._batch_rows[r0:r1] if self._use_rows else None
             k, v = self.kv.gather(layer, length, self._tables[r0:r1], rows=rows, dtype=dt)
             q = query[r0:r1].to(dt)
+            if self.key_perm is not None:  # the pages' keys are in key_perm's layout
+                q = q.index_select(-1, self.key_perm)
             out = None
             if dt != torch.float32:
                 try:  # flash: GQA and the bottom-right causal mask without materialising either
@@ -981,7 +993,8 @@ class E8KVCudaCache(_BatchChanges, Cache):
         """Device bytes the cache holds: the C cache's one allocation (pages, tables, workspace) plus its
         small torch tensors (block tables, lengths, status word)."""
         extra = sum(x.numel() * x.element_size() for x in (self._state, self._tables, self._arange, self._pad,
-                                                                self._full, self._batch_rows))
+                                                                self._full, self._batch_rows, self.key_perm)
+                    if x is not None)
         return self.kv.device_bytes + extra + 8 * len(self.layers)
 
     @property
