@@ -665,8 +665,9 @@ class E8KVCudaCache(_BatchChanges, Cache):
         self.sink = self.kv.sink
         self._use_rows = bool(self.sink) or self.kv.centered
         self._fresh = [True] * s.n_layer  # per layer: no token since creation or reset (the host's own record)
-        for t in (self._tables, self._arange, self._batch_rows, self._pad, self._full):
-            torch._dynamo.mark_static_address(t)
+        for t in (self._tables, self._arange, self._batch_rows, self._pad, self._full, self.key_perm):
+            if t is not None:
+                torch._dynamo.mark_static_address(t)
         self._attach(config)
         super().__init__(layers=[E8KVCudaLayer(self, i) for i in range(s.n_layer)])
 
