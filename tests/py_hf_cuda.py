@@ -779,7 +779,7 @@ def test_bench_rows(on):
     for r in rows:
         print("bench row", r)
     timed = [r for r in rows if "prefill_s" in r]
-    assert [r["cache"] for r in timed] == ["DynamicCache", *specs]
+    assert [r["cache"] for r in timed] == ["DynamicCache", *["StaticCache"] * (on == "cuda"), *specs]
     for r in timed:
         assert r["new_tokens"] == 6 and r["decode_tokens_per_s"] > 0 and r["cache_bytes"] > 0
         assert r["device"].startswith(on)

@@ -5,7 +5,9 @@ against e8kv caches, on the CPU or on a GPU.
                          [--new 64] [--specs f32,e8:4,e8box:4] [--ppl-chunks N [--no-decode]] [--json]
 
 Greedy generation from a prompt of --prompt-tokens tokens of wiki.test.raw (or --text; a repeated sentence
-when it is not found); one row per cache: prefill seconds, decode tokens/s (new tokens / the seconds of
+when it is not found); one row per cache (on a GPU also transformers' StaticCache: generate() compiles the
+steps of static-shaped caches, e8kv's and StaticCache, not those of a DynamicCache, so StaticCache is the
+baseline of a GPU's decode speeds): prefill seconds, decode tokens/s (new tokens / the seconds of
 generate() from the prefilled cache, after an untimed warm-up generate of the same kind of cache, two on a
 GPU: there generate() compiles the decode steps of e8kv's static-shaped cache, and torch.compile compiles
 again at its second call), and the bytes the cache
@@ -49,7 +51,7 @@ def run(model: Any, ids: torch.Tensor, specs: Sequence[str], *, new: int = 64, w
     first, then each spec. With ppl_ids and ppl_chunks, each row also gets the perplexity protocol's ppl, kld
     and top1 (e8kv.hf.perplexity over ppl_chunks chunks of n_ctx tokens). decode=False: no generate(), the
     rows hold the perplexity alone."""
-    from transformers import DynamicCache
+    from transformers import DynamicCache, StaticCache
 
     from . import hf
     dev = hf._model_device(model)
@@ -61,6 +63,8 @@ def run(model: Any, ids: torch.Tensor, specs: Sequence[str], *, new: int = 64, w
     def make(spec: str) -> Any:
         if spec == "DynamicCache":
             return DynamicCache(config=model.config)
+        if spec == "StaticCache":
+            return StaticCache(config=model.config, max_cache_len=cap)
         if gpu:
             return hf.E8KVCudaCache(model.config, spec, device=dev, max_batch_size=1, max_cache_len=cap)
         return hf.E8KVCache(model.config, spec)
@@ -70,7 +74,10 @@ def run(model: Any, ids: torch.Tensor, specs: Sequence[str], *, new: int = 64, w
                               max_new_tokens=n, min_new_tokens=n, do_sample=False)
 
     rows = [] if decode else [{"cache": spec, "device": str(dev)} for spec in ["DynamicCache"] * gpu + [*specs]]
-    for spec in ["DynamicCache", *specs] if decode else ():
+    # on a GPU generate() compiles the steps of a static-shaped cache (e8kv's, StaticCache) and not those of a
+    # DynamicCache: StaticCache (bf16, compiled the same way) is the baseline of the decode speeds there
+    base = ["DynamicCache", "StaticCache"] if gpu else ["DynamicCache"]
+    for spec in [*base, *specs] if decode else ():
         with torch.no_grad():
             # untimed: module loads, and on a GPU the compilation of the decode steps (torch.compile compiles
             # again at its second call, with dynamic shapes: two warm-ups there)
@@ -101,7 +108,7 @@ def run(model: Any, ids: torch.Tensor, specs: Sequence[str], *, new: int = 64, w
     if ppl_ids is not None and ppl_chunks:
         q = hf.perplexity(model, ppl_ids, list(specs), n_ctx=n_ctx, n_chunks=ppl_chunks)
         for r in rows:
-            if r["cache"] == "DynamicCache" and not gpu:
+            if (r["cache"] == "DynamicCache" and not gpu) or r["cache"] == "StaticCache":
                 continue  # the CPU protocol's baseline is the f32 e8kv cache: a row of its own below
             v = q["dynamic" if r["cache"] == "DynamicCache" else r["cache"]]
             r.update(ppl=round(v["ppl"], 4), kld=round(v["kld"], 6), top1=round(v["top1"], 4),

@@ -1279,7 +1279,7 @@ def _perplexity_cuda(model: Any, ids: Sequence[int], specs: Sequence[str], dev: 
 
 
 def dynamic_kv(cache: Any) -> list[torch.Tensor]:
-    """The K and V tensors a transformers DynamicCache holds (layers not filled yet left out)."""
+    """The K and V tensors a transformers DynamicCache (or StaticCache) holds (layers not filled yet left out)."""
     return [t for layer in cache.layers for t in (layer.keys, layer.values) if t is not None]
 
 
