@@ -32,13 +32,6 @@ CPU_SPECS = "f32,balanced,e8:4,e8box:4,aggressive"
 CUDA_SPECS = "bf16,e8box:4,e8box:3,e8p:2"
 
 
-def _cache_bytes(cache: Any) -> int:
-    from .hf import E8KVCache, E8KVCudaCache, dynamic_kv
-    if isinstance(cache, (E8KVCache, E8KVCudaCache)):
-        return cache.n_bytes
-    return sum(t.numel() * t.element_size() for t in dynamic_kv(cache))
-
-
 def _sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -73,11 +66,14 @@ def run(model: Any, ids: torch.Tensor, specs: Sequence[str], *, new: int = 64, w
         return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **{arg: cache},
                               max_new_tokens=n, min_new_tokens=n, do_sample=False)
 
-    rows = [] if decode else [{"cache": spec, "device": str(dev)} for spec in ["DynamicCache"] * gpu + [*specs]]
     # on a GPU generate() compiles the steps of a static-shaped cache (e8kv's, StaticCache) and not those of a
     # DynamicCache: StaticCache (bf16, compiled the same way) is the baseline of the decode speeds there
-    base = ["DynamicCache", "StaticCache"] if gpu else ["DynamicCache"]
-    for spec in [*base, *specs] if decode else ():
+    names = ["DynamicCache", *["StaticCache"] * gpu, *specs]
+    # the rows perplexity scores: the specs, and on a GPU DynamicCache (its baseline, "dynamic"); the CPU
+    # protocol's baseline is the f32 e8kv cache, a row of its own below
+    scored = [n for n in names if n != "StaticCache" and (gpu or n != "DynamicCache")]
+    rows = [] if decode else [{"cache": n, "device": str(dev)} for n in scored]
+    for spec in names if decode else ():
         with torch.no_grad():
             # untimed: module loads, and on a GPU the compilation of the decode steps (torch.compile compiles
             # again at its second call, with dynamic shapes: two warm-ups there)
@@ -104,12 +100,12 @@ def run(model: Any, ids: torch.Tensor, specs: Sequence[str], *, new: int = 64, w
         n_new = out.shape[1] - ids.shape[1]
         rows.append({"cache": spec, "device": str(dev), "prompt_tokens": ids.shape[1], "new_tokens": n_new,
                      "prefill_s": round(t_prefill, 4), "decode_tokens_per_s": round(n_new / t_decode, 3),
-                     "cache_bytes": _cache_bytes(cache), "dtype": str(next(model.parameters()).dtype)})
+                     "cache_bytes": hf.cache_sizes(cache)[0], "dtype": str(next(model.parameters()).dtype)})
     if ppl_ids is not None and ppl_chunks:
         q = hf.perplexity(model, ppl_ids, list(specs), n_ctx=n_ctx, n_chunks=ppl_chunks)
         for r in rows:
-            if (r["cache"] == "DynamicCache" and not gpu) or r["cache"] == "StaticCache":
-                continue  # the CPU protocol's baseline is the f32 e8kv cache: a row of its own below
+            if r["cache"] not in scored:
+                continue
             v = q["dynamic" if r["cache"] == "DynamicCache" else r["cache"]]
             r.update(ppl=round(v["ppl"], 4), kld=round(v["kld"], 6), top1=round(v["top1"], 4),
                      bits_per_value=round(v["bits_per_value"], 4), ppl_tokens=v["count"])

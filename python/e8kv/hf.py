@@ -1216,66 +1216,69 @@ def perplexity(model: Any, ids: Sequence[int], specs: Sequence[str], *, n_ctx: i
                                 bos_id=bos_id, seed=seed, progress=progress, desc=desc)
     if isinstance(calib, (str, os.PathLike)):
         calib = Calib.load(calib)
-    first, arg = n_ctx // 2, cache_arg(model)
-    chunks = _chunks(ids, n_ctx, n_chunks)
-    acc = _PplAcc(["f32", *specs])
-    bar = _progress(len(chunks) * (1 + len(specs)), desc, progress)
-    for chunk in chunks:
-        x, target = _chunk_input(chunk, first, add_bos, bos_id)
-        for spec in acc.specs:
-            if spec == "f32" and acc.has_base:
-                continue
-            cache = E8KVCache(model.config, spec, calib=calib, n_ctx=n_ctx, seed=seed, n_threads=n_threads)
-            logits = model(input_ids=x, **{arg: cache}, use_cache=True, logits_to_keep=n_ctx - first).logits
-            acc.add(spec, logits, target, cache.n_bytes, cache.bits_per_value)
-            bar.update(1)
-        acc.end_chunk()
-    bar.close()
-    return acc.result()
+    return _ppl_loop(model, ids, ["f32", *specs],
+                     lambda spec: E8KVCache(model.config, spec, calib=calib, n_ctx=n_ctx, seed=seed,
+                                            n_threads=n_threads),
+                     n_ctx=n_ctx, n_chunks=n_chunks, add_bos=add_bos, bos_id=bos_id, progress=progress, desc=desc)
 
 
-@torch.no_grad()
 def _perplexity_cuda(model: Any, ids: Sequence[int], specs: Sequence[str], dev: torch.device, *, n_ctx: int,
                      n_chunks: int, add_bos: bool, bos_id: int, seed: int, progress: bool,
                      desc: str) -> dict[str, dict[str, float]]:
     """perplexity() with E8KVCudaCaches against "dynamic" (see there); dev: where the caches live."""
     from transformers import DynamicCache
+
+    def make(spec: str) -> Any:
+        if spec == "dynamic":
+            return DynamicCache(config=model.config)
+        # the whole chunk is the prompt, every query row through the decode kernel
+        return E8KVCudaCache(model.config, spec, device=dev, max_batch_size=1, max_cache_len=n_ctx, seed=seed,
+                             max_chunk=n_ctx, prompt_from_codes=True)
+    return _ppl_loop(model, ids, ["dynamic", *specs], make, n_ctx=n_ctx, n_chunks=n_chunks, add_bos=add_bos,
+                     bos_id=bos_id, progress=progress, desc=desc)
+
+
+@torch.no_grad()
+def _ppl_loop(model: Any, ids: Sequence[int], names: Sequence[str], make: Callable[[str], Any], *, n_ctx: int,
+              n_chunks: int, add_bos: bool, bos_id: int, progress: bool, desc: str) -> dict[str, dict[str, float]]:
+    """The perplexity protocol's loop: each chunk of n_ctx ids is one forward per name through the cache
+    make(name) returns (names[0], the baseline, once per chunk), its second half scored."""
     first, arg = n_ctx // 2, cache_arg(model)
     chunks = _chunks(ids, n_ctx, n_chunks)
-    acc = _PplAcc(["dynamic", *specs])
-    bar = _progress(len(chunks) * (1 + len(specs)), desc, progress)
+    acc = _PplAcc(list(names))
+    bar = _progress(len(chunks) * len(names), desc, progress)
     on = _model_device(model)
     for chunk in chunks:
         x, target = _chunk_input(chunk, first, add_bos, bos_id)
         x = x.to(on)
-        for spec in acc.specs:
-            if spec == "dynamic" and acc.has_base:
+        for name in acc.specs:
+            if name == names[0] and acc.has_base:
                 continue
-            if spec == "dynamic":
-                cache = DynamicCache(config=model.config)
-            else:  # the whole chunk is the prompt, every query row through the decode kernel
-                cache = E8KVCudaCache(model.config, spec, device=dev, max_batch_size=1, max_cache_len=n_ctx,
-                                      seed=seed, max_chunk=n_ctx, prompt_from_codes=True)
+            cache = make(name)
             try:
                 logits = model(input_ids=x, **{arg: cache}, use_cache=True, logits_to_keep=n_ctx - first).logits
             finally:
-                if spec != "dynamic":
+                if isinstance(cache, E8KVCudaCache):
                     cache.detach(model.config)
-            if spec == "dynamic":
-                kv = dynamic_kv(cache)
-                if not kv:
-                    raise E8KVError(ErrorCode.BAD_ARGUMENT, "perplexity: the model's forward did not fill the "
-                                                            f"DynamicCache given as {arg}=")
-                n_bytes = sum(t.numel() * t.element_size() for t in kv)
-                bpv = float(torch.finfo(kv[0].dtype).bits)
-            else:
+            if isinstance(cache, E8KVCudaCache):
                 cache.check()
-                n_bytes, bpv = cache.n_bytes, cache.bits_per_value
-            acc.add(spec, logits, target, n_bytes, bpv)
+            elif not isinstance(cache, E8KVCache) and not dynamic_kv(cache):
+                raise E8KVError(ErrorCode.BAD_ARGUMENT, "perplexity: the model's forward did not fill the "
+                                                        f"{type(cache).__name__} given as {arg}=")
+            acc.add(name, logits, target, *cache_sizes(cache))
             bar.update(1)
         acc.end_chunk()
     bar.close()
     return acc.result()
+
+
+def cache_sizes(cache: Any) -> tuple[int, float]:
+    """(bytes, bits per value) of a cache: what an e8kv cache allocated (host or device), or the K/V tensors
+    a transformers cache (DynamicCache, StaticCache) holds and their element width."""
+    if isinstance(cache, (E8KVCache, E8KVCudaCache)):
+        return cache.n_bytes, cache.bits_per_value
+    kv = dynamic_kv(cache)
+    return sum(t.numel() * t.element_size() for t in kv), float(torch.finfo(kv[0].dtype).bits) if kv else 0.0
 
 
 def dynamic_kv(cache: Any) -> list[torch.Tensor]:
@@ -1406,4 +1409,4 @@ def calibrate(model: Any, tok: Any, texts: Union[str, Iterable[str], Sequence[in
 
 
 __all__ = ["CUDA_FORMATS", "E8KVCache", "E8KVCudaCache", "E8KVCudaLayer", "E8KVLayer", "ModelShape", "UnsupportedModelError", "cache_arg", "calibrate", "compress",
-           "dynamic_kv", "e8kv_attention", "perplexity", "register"]
+           "cache_sizes", "dynamic_kv", "e8kv_attention", "perplexity", "register"]
