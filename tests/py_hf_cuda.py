@@ -986,3 +986,217 @@ def test_keys_in_the_cpu_caches_layout(dev):
     print(f"keys in GGUF layout, {dev}: max |logit diff| against DynamicCache {err:.3g} (max |logit| {scale:.3g})")
     # K rounded to bf16 in the pages (queries left unpermuted: 0.026 on the twin, against 0.0007)
     assert err <= 5e-3 * scale, (err, scale)
+
+
+# ------------------------------------------------------------------------------------------ eviction
+@pytest.mark.parametrize("scorer", ["snapkv", "h2o", "keykey", "stream"])
+@pytest.mark.parametrize("sink", [0, 3])
+def test_evict_selects_what_the_c_library_keeps(scorer, sink):
+    """e8kv.evict.select (what the CUDA cache keeps of a prompt) against the C library's e8kv_cache_evict on
+    the same keys and queries (an f32 cache: exact keys, no RoPE): as many tokens kept, and a query's
+    attention over the C cache after its eviction equals float64 attention over the tokens select() chose
+    for each KV head (a different choice changes the output)."""
+    import e8kv.evict as ev
+    n, H, n_head, d = 150, 2, 4, 64
+    g = torch.Generator().manual_seed(5 + sink)
+    k = torch.randn(n, H * d, generator=g) * torch.linspace(0.2, 2.0, n)[:, None]
+    v = torch.randn(n, H * d, generator=g)
+    q = torch.randn(n, n_head * d, generator=g)
+    spec = f"f32,evict={scorer}:0.5,recent=8,obs=8" + (f",sink={sink}" if sink else "")
+    c = e8kv.Cache(1, H, d, 256, spec)
+    c.append(0, k.numpy(), v.numpy())
+    c.evict(q[None].numpy() if scorer in ("snapkv", "h2o") else None, n_head=n_head, q_pos0=0)
+    cfg, rest = ev.parse(spec)
+    assert rest == "f32" + (f",sink={sink}" if sink else "") and cfg == ev.EvictConfig(scorer, 0.5, 8, 8)
+    kh, vh = k.view(n, H, d).transpose(0, 1), v.view(n, H, d).transpose(0, 1)
+    qh = q.view(n, n_head, d).transpose(0, 1)
+    sel = ev.select(cfg, qh if cfg.needs_queries else None, kh, sink=sink, block=c.page_tokens)
+    assert sel.shape[1] == c.n_kept(0) < n, (sel.shape, c.n_kept(0))
+    assert sel[:, :max(sink, 1)].tolist() == [list(range(max(sink, 1)))] * H
+    assert sel[:, -8:].tolist() == [list(range(n - 8, n))] * H
+    qn = torch.randn(1, n_head * d, generator=g)
+    got = torch.from_numpy(c.attend(0, qn.numpy(), pos0=n - 1)).double().view(n_head, d)
+
+    def attend(keep):
+        out = torch.empty(n_head, d, dtype=torch.float64)
+        for hq in range(n_head):
+            h = hq // (n_head // H)
+            kk, vv = kh[h, keep[h]].double(), vh[h, keep[h]].double()
+            w = torch.softmax(kk @ qn.view(n_head, d)[hq].double() / d ** 0.5, 0)
+            out[hq] = w @ vv
+        return out
+    want = attend(sel)
+    # the control: one chosen token swapped for the one before it
+    other = attend(torch.cat((sel[:, :-9], sel[:, -9:-8] - 1, sel[:, -8:]), 1))
+    err, moved = float((got - want).abs().max()), float((other - want).abs().max())
+    print(f"evict={scorer} sink={sink}: kept {sel.shape[1]} of {n}; |C - select| {err:.2e} (another choice: {moved:.2e})")
+    assert err <= 1e-4 and moved > 100 * max(err, 1e-6), (err, moved)
+
+
+def _evicting_reference(model, ids, kept, steps):
+    """DynamicCache holding, after the prompt ids (b, t), only the K/V kept[layer][row] (per KV head) of each
+    layer; then the tokens steps (b, n) one by one at their true positions. Logits of every call."""
+    from transformers import DynamicCache
+    import e8kv.hf
+    arg = e8kv.hf.cache_arg(model)
+    model.config._attn_implementation = "sdpa"
+    ref = DynamicCache(config=model.config)
+    b, t = ids.shape
+    with torch.no_grad():
+        out = [model(input_ids=ids, **{arg: ref}, use_cache=True).logits[:, -1].float()]
+        for layer, lay in enumerate(ref.layers):
+            idx = torch.stack(kept[layer]).to(lay.keys.device)  # (b, H, m)
+            at = idx[..., None].expand(-1, -1, -1, lay.keys.shape[-1])
+            lay.keys, lay.values = torch.gather(lay.keys, 2, at), torch.gather(lay.values, 2, at)
+        for i in range(steps.shape[1]):
+            pos = torch.full((b, 1), t + i, device=ids.device)
+            out.append(model(input_ids=steps[:, i:i + 1], position_ids=pos, **{arg: ref},
+                             use_cache=True).logits[:, -1].float())
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("spec", ["bf16,evict=snapkv:0.5,recent=8,obs=8", "bf16,sink=4,evict=h2o:0.6,recent=8",
+                                  "bf16,evict=keykey:0.7,recent=16"])
+def test_evicted_prompt_attends_over_the_kept_tokens(dev, spec):
+    """A prompt of 100 tokens (2 batch rows) into a cache with evict=: each row and KV head keeps
+    e8kv.evict.select's tokens (the count its kept() says, the first and newest always), the row's later
+    tokens take the slots after them while their positions stay the prompt's, and every decode step's logits
+    equal those of a DynamicCache holding exactly the kept K/V (bf16 pages: within bf16 tolerance), against
+    which the full prompt's logits differ (the control)."""
+    import e8kv.evict as ev
+    import e8kv.hf
+    model = model_on(dev)
+    arg = e8kv.hf.cache_arg(model)
+    g = torch.Generator().manual_seed(21)
+    ids = torch.randint(0, 1024, (2, 100), generator=g).to(model.device)
+    steps = torch.randint(0, 1024, (2, 6), generator=g).to(model.device)
+    cache = e8kv.hf.E8KVCudaCache(model.config, spec, device=dev, max_batch_size=2, max_cache_len=128)
+    cfg, _ = ev.parse(spec)
+    got = []
+    with torch.no_grad():
+        got.append(model(input_ids=ids, **{arg: cache}, use_cache=True).logits[:, -1].float())
+        m = cfg.kept(100, cache.sink, cache.block_size)
+        assert m < 100 and int(cache.get_seq_length()) == 100 and cache._pad_host[:2] == [100 - m] * 2
+        for layer in range(model.config.num_hidden_layers):
+            for row in cache.kept[layer]:
+                assert row.shape == (model.config.num_key_value_heads, m)
+                assert row[:, :max(cache.sink, 1)].eq(torch.arange(max(cache.sink, 1), device=row.device)).all()
+                assert row[:, -cfg.recent:].eq(torch.arange(100 - cfg.recent, 100, device=row.device)).all()
+        for i in range(steps.shape[1]):
+            got.append(model(input_ids=steps[:, i:i + 1], **{arg: cache}, use_cache=True).logits[:, -1].float())
+    cache.detach(model.config)
+    cache.check()
+    got = torch.stack(got)
+    want = _evicting_reference(model, ids, cache.kept, steps)
+    from transformers import DynamicCache
+    ctl_cache = DynamicCache(config=model.config)  # the control: nothing evicted
+    with torch.no_grad():
+        full = model(input_ids=ids, **{arg: ctl_cache}, use_cache=True).logits[:, -1].float()
+        ctl = model(input_ids=steps[:, :1], **{arg: ctl_cache}, use_cache=True).logits[:, -1].float()
+    scale = float(want.abs().max())
+    err = float((got - want).abs().max())
+    err_ctl = float((ctl - want[1]).abs().max())
+    print(f"{spec} on {dev}: kept {m} of 100; max |logit diff| vs DynamicCache of the kept K/V {err:.3g}, "
+          f"vs the full prompt (control) {err_ctl:.3g} (max |logit| {scale:.3g})")
+    assert torch.isfinite(got).all() and float((got[0] - full).abs().max()) <= 5e-3 * scale
+    assert err <= 5e-3 * scale, (err, scale)
+    assert err_ctl > 10 * max(err, 1e-4 * scale), (err_ctl, err)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_evicting_padded_batch_equals_each_row_alone(dev, side):
+    """Prompts of 70, 45 and 30 tokens padded to 70, with evict=snapkv: each row is scored and evicted over
+    its own tokens (pads are never candidates), so its logits over the prompt, single tokens, a 4-token chunk
+    and a 20-token chunk (gathered pages) equal those of the row alone in an evicting cache of its own."""
+    import e8kv.hf
+    spec = "e8box:4,sink=2,evict=snapkv:0.6,recent=8,obs=8"
+    model = model_on(dev)
+    g = torch.Generator().manual_seed(12)
+    on = "cuda" if dev == "cuda" else "cpu"
+    lens = (70, 45, 30)
+    prompts = [torch.randint(0, 1024, (n,), generator=g).to(on) for n in lens]
+    blocks = [torch.randint(0, 1024, (3, n), generator=g).to(on) for n in [1, 1, 1, 4, 20, 1, 1]]
+    alone, kept = [], []
+    for i, p in enumerate(prompts):
+        c = gpu_cache(model, spec, 1, dev=dev)
+        alone.append(run_padded(model, c, [p], [blk[i:i + 1] for blk in blocks], "left")[0])
+        kept.append([c.kept[layer][0].cpu() for layer in range(len(c.kept))])
+        c.detach(model.config)
+        c.check()
+    alone = torch.stack(alone)
+    cache = gpu_cache(model, spec, 3, dev=dev)
+    got = run_padded(model, cache, prompts, blocks, side)
+    cache.detach(model.config)
+    cache.check()
+    for i, n in enumerate(lens):
+        off = 70 - n if side == "left" else 0
+        for layer in range(len(cache.kept)):
+            assert torch.equal(cache.kept[layer][i].cpu() - off, kept[i][layer]), (i, layer)
+    scale = float(alone.abs().max())
+    err = float((got - alone).abs().max())
+    print(f"evicting padded batch ({side}) on {dev}: kept {[k[0].shape[1] for k in kept]} of {list(lens)}; "
+          f"max |logit diff| vs each row alone {err:.3g} (max |logit| {scale:.3g})")
+    assert err <= 5e-3 * scale, (err, scale)
+
+
+def test_eviction_errors(dev):
+    """Bad eviction items are SPEC errors; a prompt whose kept tokens exceed max_cache_len is CONTEXT_FULL
+    before anything is stored, while a prompt longer than the cache that evicts down into it is taken; crop
+    into an evicted prompt and prompt_from_codes with evict= are refused; the CPU cache names where eviction
+    runs."""
+    import e8kv.hf
+    model = model_on(dev)
+    arg = e8kv.hf.cache_arg(model)
+    for bad in ["e8box:4,evict=snapkv:1.5", "e8box:4,evict=nope:0.5", "e8box:4,recent=8", "e8box:4,evict=h2o:0.5,budget=64",
+                "e8box:4,evict0-1=0.5,evict=snapkv:0.5", "e8box:4,evict=snapkv:0.5,obs=0"]:
+        with pytest.raises(e8kv.E8KVError) as e:
+            e8kv.hf.E8KVCudaCache(model.config, bad, device=dev, max_cache_len=64)
+        assert e.value.code == e8kv.ErrorCode.SPEC, bad
+    with pytest.raises(e8kv.E8KVError) as e:
+        e8kv.hf.E8KVCache(model.config, "e8:4,evict=snapkv:0.5")
+    assert e.value.code == e8kv.ErrorCode.SPEC and "CUDA" in str(e.value)
+    with pytest.raises(e8kv.E8KVError):
+        e8kv.hf.E8KVCudaCache(model.config, "e8box:4,evict=snapkv:0.5", device=dev, prompt_from_codes=True)
+    ids = torch.randint(0, 1024, (1, 96), generator=torch.Generator().manual_seed(3)).to(model.device)
+    cache = e8kv.hf.E8KVCudaCache(model.config, "e8box:4,evict=snapkv:0.5,recent=8", device=dev, max_cache_len=32)
+    with pytest.raises(e8kv.E8KVError) as e, torch.no_grad():
+        model(input_ids=ids, **{arg: cache}, use_cache=True)
+    assert e.value.code == e8kv.ErrorCode.CONTEXT_FULL
+    assert all(s is None for s in cache._stash) and not int(cache.get_seq_length())
+    cache.detach(model.config)
+    cache = e8kv.hf.E8KVCudaCache(model.config, "e8box:4,evict=snapkv:0.6,recent=8", device=dev, max_cache_len=64)
+    with torch.no_grad():  # 96 tokens, 48 kept (3 pages) in a cache of 64: then 16 more fit
+        model(input_ids=ids, **{arg: cache}, use_cache=True)
+        model(input_ids=ids[:, :16], **{arg: cache}, use_cache=True)
+    assert int(cache.get_seq_length()) == 112 and cache._pad_host[0] == 48
+    with pytest.raises(NotImplementedError):
+        cache.crop(-22)  # to 90: inside the 96-token prompt
+    cache.crop(-12)  # to 100: after it
+    cache.detach(model.config)
+    cache.check()
+
+
+def test_perplexity_prefix_mode(dev):
+    """perplexity(prefix=P, score=S), the protocol of eviction: each chunk's prefix is the prompt (exact
+    attention, then evicted and coded), then the S tokens in one forward over the compressed prefix, S - 1
+    logits scored. bf16 pages keep every token (kept = P) and stay near the baseline; evict=snapkv:0.5 keeps
+    what kept() says, halves what the cache holds for the prefix (compression) and costs KLD."""
+    import e8kv.hf
+    model = model_on(dev)
+    ids = torch.randint(0, 1024, (400,), generator=torch.Generator().manual_seed(8)).tolist()
+    specs = ["bf16", "bf16,evict=snapkv:0.5,recent=8"]
+    if dev == "cuda":
+        r = e8kv.hf.perplexity(model, ids, specs, prefix=96, score=32, n_chunks=2)
+    else:
+        r = e8kv.hf._perplexity_cuda(model, ids, specs, dev, n_ctx=0, n_chunks=2, add_bos=False, bos_id=1, seed=0,
+                                     progress=False, desc="", prefix=96, score=32)
+    print({k: {f: round(v, 5) for f, v in x.items()} for k, x in r.items()})
+    assert r["dynamic"]["count"] == r["bf16"]["count"] == 2 * 31
+    assert r["bf16"]["kept"] == 96 and r[specs[1]]["kept"] == 48
+    assert r["bf16"]["kld"] < 1e-3 < r[specs[1]]["kld"]
+    if dev == "cuda":  # (the twin holds no bytes)
+        assert 0.95 < r["bf16"]["compression"] <= 1.0
+        assert 1.9 < r[specs[1]]["compression"] <= 2.0
+    if dev != "cuda":  # the CPU cache has no prefix mode through transformers: a named error
+        with pytest.raises(e8kv.E8KVError):
+            e8kv.hf.perplexity(model, ids, ["e8:4"], prefix=96, score=32, n_chunks=1, device="cpu")

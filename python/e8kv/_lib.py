@@ -124,6 +124,8 @@ _SIGNATURES = {
     "e8kv_cache_attend": (c_size_t, [c_void_p, _F, c_size_t, c_size_t, _F, c_size_t, c_size_t, c_size_t]),
     "e8kv_cache_n_tokens": (c_size_t, [c_void_p, c_size_t]),
     "e8kv_cache_truncate": (c_size_t, [c_void_p, c_size_t]),
+    "e8kv_cache_evict": (c_size_t, [c_void_p, _F, c_size_t, c_size_t, c_size_t]),
+    "e8kv_cache_n_kept": (c_size_t, [c_void_p, c_size_t]),
     "e8kv_cache_clear": (None, [c_void_p]),
     "e8kv_cache_bytes": (c_size_t, [c_void_p]),
     "e8kv_cache_fixed_bytes": (c_size_t, [c_void_p]),

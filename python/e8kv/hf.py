@@ -43,6 +43,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from . import core
+from . import evict as evict_mod
 from .core import Calib, E8KVError, ErrorCode
 
 ATTN_NAME = "e8kv"
@@ -266,6 +267,10 @@ class E8KVCache(_BatchChanges, Cache):
                  n_ctx: Optional[int] = None, seed: int = 0, n_threads: int = 0,
                  observer: Optional[Any] = None, device: Any = "cpu") -> None:
         self.shape = ModelShape(config)
+        if any(it.strip().startswith(("evict", "budget=")) for it in spec.split(",")):
+            raise E8KVError(ErrorCode.SPEC, f"e8kv cache '{spec}': eviction through transformers runs on the CUDA "
+                                            "cache (device='cuda'); on the CPU, `e8kv ppl --prefix` and "
+                                            "e8kv.Cache.evict")
         if isinstance(calib, (str, os.PathLike)):
             calib = Calib.load(calib)
         self.calib = calib
@@ -502,6 +507,21 @@ class E8KVCudaLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         b, t = key_states.shape[0], key_states.shape[2]
+        p = self.parent
+        if (p.evict is not None and t > 1 and not torch.compiler.is_compiling() and self.host_length == 0
+                and not int(self.cumulative_length)):
+            # the prompt of an evicting cache: held back until the attention, which evicts with its queries
+            if self.layer_idx == 0:
+                p._n_active = max(p._n_active, b)
+            need = max(p.evict.kept(t - pad, p.sink, p.block_size) for pad in p._pad_host[:b])
+            if need > p.capacity:
+                raise E8KVError(ErrorCode.CONTEXT_FULL, f"e8kv CUDA cache: a prompt of {t} tokens keeps {need} after "
+                                                        f"evict= ({p.evict.scorer}:{p.evict.frac:g}), more than "
+                                                        f"max_cache_len {p.capacity}")
+            p._stash[self.layer_idx] = (key_states, value_states)
+            self.host_length += t
+            self.cumulative_length.add_(t)
+            return key_states, value_states
         if not torch.compiler.is_compiling():
             if self.layer_idx == 0:
                 self.parent._n_active = max(self.parent._n_active, b)
@@ -529,16 +549,24 @@ class E8KVCudaLayer(CacheLayerMixin):
     def reset(self) -> None:
         self.cumulative_length.zero_()
         self.host_length = 0
+        self.parent._stash[self.layer_idx] = None
+        self.parent.kept[self.layer_idx] = None
+        self.parent._evicted_at = 0
         self.parent._full.zero_()
         self.parent._fresh[self.layer_idx] = True
         self.parent._pad.zero_()
         self.parent._pad_host = [0] * self.parent.batch_rows
+        self.parent._evicted_host = [0] * self.parent.batch_rows
         self.parent._valid = None
         self.parent._unshare()
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
             raise ValueError("crop takes a negative count (tokens to remove from the end)")
+        if tokens_to_remove and self.parent._evicted_at and \
+                int(self.cumulative_length) + tokens_to_remove < self.parent._evicted_at:
+            raise NotImplementedError(f"e8kv CUDA cache: crop into a prompt of {self.parent._evicted_at} tokens that "
+                                      "was evicted (evict=): its tokens no longer sit at their positions")
         self.cumulative_length.add_(tokens_to_remove).clamp_(min=0)
         n = int(self.cumulative_length)
         self.host_length = min(self.host_length, n)
@@ -614,6 +642,13 @@ class E8KVCudaCache(_BatchChanges, Cache):
             raise E8KVError(ErrorCode.BAD_ARGUMENT, f"e8kv CUDA cache: unsupported arguments {bad}")
         self.shape = s = ModelShape(config)
         self.spec, self.seed = spec, seed
+        # evict=SCORER:F (recent=, obs=): the prompt's tokens each KV head keeps are chosen after its exact
+        # attention, and only they are coded (e8kv.evict)
+        self.evict, spec = evict_mod.parse(spec)
+        if self.evict is not None and prompt_from_codes:
+            raise E8KVError(ErrorCode.BAD_ARGUMENT, "e8kv CUDA cache: evict= with prompt_from_codes (the prompt "
+                                                    "is attended exactly, then evicted; perplexity(prefix=P) "
+                                                    "measures an evicting cache)")
         self.device = torch.device(device)
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -632,7 +667,8 @@ class E8KVCudaCache(_BatchChanges, Cache):
                                      max_seqs=max_batch_size, device=self.device.index)
         except E8KVError as e:
             why = (f": the CUDA cache holds {', '.join(CUDA_FORMATS)} (k=/v=/kv= and layer rules of them), keys "
-                   "after RoPE, sink=N up to 64; not rope=pre, e8t/e8tv, auto=, presets, window=, eviction"
+                   "after RoPE, sink=N up to 64, evict=SCORER:F (recent=, obs=); not rope=pre, e8t/e8tv, auto=, "
+                   "presets, window=, budget="
                    if e.code == ErrorCode.SPEC else "")
             raise E8KVError(e.code, f"e8kv CUDA cache '{spec}' for {s.model_type} ({max_batch_size} x "
                                     f"{self.capacity} tokens){why}") from None
@@ -653,6 +689,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
                 h = s.head_dim // 2
                 self.key_perm = torch.stack((torch.arange(h), torch.arange(h) + h), dim=1).reshape(-1)
         self._pad_host = [0] * max_batch_size  # the same on the host (the gather path groups rows by it)
+        self._evicted_host = [0] * max_batch_size  # per row: of _pad_host, the prompt tokens evict= removed
         # beam search: rows may share the full pages of a common past (reorder_cache); the host twins of the
         # block tables and of each batch row's row of sink rows and means say who holds what
         self._tables_host = np.arange(max_batch_size * self.pages_per_seq, dtype=np.int32).reshape(
@@ -665,6 +702,11 @@ class E8KVCudaCache(_BatchChanges, Cache):
         self.sink = self.kv.sink
         self._use_rows = bool(self.sink) or self.kv.centered
         self._fresh = [True] * s.n_layer  # per layer: no token since creation or reset (the host's own record)
+        # eviction: per layer, the prompt's K/V held back by update() until the attention has its queries;
+        # then which tokens each (batch row, KV head) kept (e8kv.evict.select: indices into the row's prompt)
+        self._stash: list[Optional[tuple[torch.Tensor, torch.Tensor]]] = [None] * s.n_layer
+        self.kept: list[Optional[list[torch.Tensor]]] = [None] * s.n_layer
+        self._evicted_at = 0  # the padded prompt length an eviction happened at (crop cannot go below it)
         for t in (self._tables, self._arange, self._batch_rows, self._pad, self._full, self.key_perm):
             if t is not None:
                 torch._dynamo.mark_static_address(t)
@@ -728,8 +770,9 @@ class E8KVCudaCache(_BatchChanges, Cache):
                 self._pad.copy_(torch.tensor(pads, dtype=torch.int64))
                 self._pad_host = pads
             return
-        if padded or any(self._pad_host[:mask.shape[0]]):
-            _check_later_mask(mask, past, self._pad_host[:mask.shape[0]], "e8kv CUDA cache")
+        pads = [p - e for p, e in zip(self._pad_host[:mask.shape[0]], self._evicted_host)]
+        if padded or any(pads):
+            _check_later_mask(mask, past, pads, "e8kv CUDA cache")
 
     def _positions(self, length: torch.Tensor, b: int, t: int, row0: int = 0) -> torch.Tensor:
         """(b, t): the positions in their rows' pages of t new tokens after `length` (padded) positions."""
@@ -755,6 +798,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
         self._tables_host = np.concatenate((self._tables_host[idx], self._tables_host[:B - m]))
         self._rows_host = [self._rows_host[i] for i in idx] + [-1] * (B - m)
         self._pad_host = [self._pad_host[i] for i in idx] + rest
+        self._evicted_host = [self._evicted_host[i] for i in idx] + rest
         self._pad.copy_(torch.tensor(self._pad_host, dtype=torch.int64))
         self._n_active, self._shared = m, True
         self._own_tails(int(self.layers[0].cumulative_length) if self.layers[0].is_initialized else 0)
@@ -925,6 +969,8 @@ class E8KVCudaCache(_BatchChanges, Cache):
             out = torch.nn.functional.scaled_dot_product_attention(
                 query, key, value, attn_mask=mask, is_causal=mask is None, scale=scaling,
                 enable_gqa=n_head != key.shape[1])
+            if self._stash[layer] is not None:
+                self._evict_prompt(layer, query, scaling)
             return out.transpose(1, 2), None
         if t > 1 and t >= self.gather_from and not torch.compiler.is_compiling() and not prompt:
             return self._attend_gathered(layer, query, int(length), scaling), None
@@ -945,6 +991,40 @@ class E8KVCudaCache(_BatchChanges, Cache):
             rows = self._batch_rows[:b].repeat_interleave(t) if self._use_rows else None
         out = torch.ops.e8kv.attend(self._state, self._key, layer, q, tables, ctx, self.capacity, rows)
         return out.view(b, t, n_head, d).to(query.dtype), None
+
+    def _evict_prompt(self, layer: int, query: torch.Tensor, scaling: Optional[float]) -> None:
+        """Store the layer's held-back prompt less what evict= removes: per batch row (its real tokens: a
+        padded prompt's pads are never candidates) and KV head, e8kv.evict.select's tokens, in position order,
+        at 0 .. m - 1 of the row's pages (keys keep their RoPE phases: they are stored after RoPE). A head's
+        slot i may hold another token than the next head's: attention reads each head's slots as a set. The
+        rows' pads grow by what was evicted, so later tokens go to m, m + 1, ... of their pages while their
+        positions (cache_position, RoPE) stay the prompt's."""
+        key, value = self._stash[layer]
+        self._stash[layer] = None
+        b, h, t, d = key.shape
+        valid = self._valid if self._valid is not None and tuple(self._valid.shape) == (b, t) else None
+        if valid is not None:
+            self._valid_todo[layer] = False  # the pads are dropped here
+            valid = valid.to(key.device)
+        cfg, kept = self.evict, []
+        pads = [p - e for p, e in zip(self._pad_host, self._evicted_host)]  # the prompt's own pads
+        for i in range(b):
+            idx = valid[i].nonzero()[:, 0] if valid is not None else None
+            k, v, q = (key[i], value[i], query[i]) if idx is None else (key[i][:, idx], value[i][:, idx], query[i][:, idx])
+            sel = evict_mod.select(cfg, q if cfg.needs_queries else None, k, sink=self.sink, block=self.block_size,
+                                   scale=scaling)
+            m = sel.shape[1]
+            at = sel[..., None].expand(-1, -1, d)
+            pos = self._arange[:m][None] if m <= self._arange.shape[0] else torch.arange(m, device=key.device)[None]
+            self._append(layer, torch.gather(k, 1, at)[None], torch.gather(v, 1, at)[None], pos, row0=i, first=True)
+            kept.append(sel if idx is None else idx[sel])
+            self._evicted_host[i] = t - m - pads[i]
+            pads[i] = t - m  # pads and evicted tokens: what is not stored
+        self.kept[layer] = kept
+        if pads != self._pad_host:  # every layer keeps as many: the first one sets the rows' pads
+            self._pad.copy_(torch.tensor(pads, dtype=torch.int64))
+            self._pad_host = pads
+        self._evicted_at = t
 
     def _attend_gathered(self, layer: int, query: torch.Tensor, length: int, scaling: Optional[float]) -> torch.Tensor:
         """A chunk of t queries (the last t positions of each row's `length` less its pads) over the layer's
@@ -1194,7 +1274,7 @@ def _progress(total: int, desc: str, enabled: bool) -> Any:
 def perplexity(model: Any, ids: Sequence[int], specs: Sequence[str], *, n_ctx: int = 512, n_chunks: int = 0,
                calib: Union[Calib, str, None] = None, add_bos: bool = False, bos_id: int = 1, seed: int = 0,
                n_threads: int = 0, progress: bool = False, desc: str = "e8kv ppl",
-               device: Any = None) -> dict[str, dict[str, float]]:
+               device: Any = None, prefix: int = 0, score: int = 512) -> dict[str, dict[str, float]]:
     """The `e8kv ppl` protocol (engine/ppl.h, llama-perplexity) through transformers: chunks of n_ctx token
     ids, each from an empty cache (first token BOS when add_bos), second half scored; every spec against the
     "f32" e8kv cache as the baseline. Returns {spec: {ppl, ppl_se, kld, top1, n_bytes, bits_per_value, count}}.
@@ -1206,14 +1286,24 @@ def perplexity(model: Any, ids: Sequence[int], specs: Sequence[str], *, n_ctx: i
     up to its own position, one virtual row per token), so that every key and value a scored token sees is
     read from the codes, and each layer's first append, the chunk, sets the means of its centred streams
     from the K/V that layer computed. n_bytes is the device memory the cache allocated (its pages and the
-    workspace of n_ctx virtual rows); bits_per_value the pages' rate."""
+    workspace of n_ctx virtual rows); bits_per_value the pages' rate.
+
+    prefix > 0 (CUDA caches; the protocol of eviction, `e8kv ppl --prefix P --score S`): chunks of prefix +
+    score tokens; the prefix is the prompt (attended exactly, then evicted when the spec says evict=, and
+    coded), then the score tokens are one forward over the compressed prefix (SDPA over the decoded pages),
+    and the logits of positions prefix .. prefix + score - 2 are scored. Each result then also has
+    "compression": f16 bytes of the prefix's K and V / the bytes the cache holds for it after eviction (the
+    kept tokens' codes, each row's means and sink rows), and "kept": the tokens a KV head keeps."""
     dev = torch.device(device) if device is not None else _model_device(model)
     if dev.type == "cuda":
         if calib is not None or n_threads:
             raise E8KVError(ErrorCode.BAD_ARGUMENT, "perplexity on a CUDA model: calib and n_threads are "
                                                     "CPU-cache arguments")
         return _perplexity_cuda(model, ids, specs, dev, n_ctx=n_ctx, n_chunks=n_chunks, add_bos=add_bos,
-                                bos_id=bos_id, seed=seed, progress=progress, desc=desc)
+                                bos_id=bos_id, seed=seed, progress=progress, desc=desc, prefix=prefix, score=score)
+    if prefix:
+        raise E8KVError(ErrorCode.BAD_ARGUMENT, "perplexity(prefix=...) runs with the CUDA cache; on the CPU, "
+                                                "`e8kv ppl --prefix P --score S`")
     if isinstance(calib, (str, os.PathLike)):
         calib = Calib.load(calib)
     return _ppl_loop(model, ids, ["f32", *specs],
@@ -1224,26 +1314,33 @@ def perplexity(model: Any, ids: Sequence[int], specs: Sequence[str], *, n_ctx: i
 
 def _perplexity_cuda(model: Any, ids: Sequence[int], specs: Sequence[str], dev: torch.device, *, n_ctx: int,
                      n_chunks: int, add_bos: bool, bos_id: int, seed: int, progress: bool,
-                     desc: str) -> dict[str, dict[str, float]]:
+                     desc: str, prefix: int = 0, score: int = 512) -> dict[str, dict[str, float]]:
     """perplexity() with E8KVCudaCaches against "dynamic" (see there); dev: where the caches live."""
     from transformers import DynamicCache
 
     def make(spec: str) -> Any:
         if spec == "dynamic":
             return DynamicCache(config=model.config)
+        if prefix:  # the prefix is the prompt (exact attention, then evicted and coded); the rest reads codes
+            return E8KVCudaCache(model.config, spec, device=dev, max_batch_size=1, max_cache_len=prefix + score,
+                                 seed=seed)
         # the whole chunk is the prompt, every query row through the decode kernel
         return E8KVCudaCache(model.config, spec, device=dev, max_batch_size=1, max_cache_len=n_ctx, seed=seed,
                              max_chunk=n_ctx, prompt_from_codes=True)
-    return _ppl_loop(model, ids, ["dynamic", *specs], make, n_ctx=n_ctx, n_chunks=n_chunks, add_bos=add_bos,
-                     bos_id=bos_id, progress=progress, desc=desc)
+    if prefix and (prefix < 2 or score < 2):
+        raise E8KVError(ErrorCode.BAD_ARGUMENT, f"perplexity: prefix {prefix} and score {score} must be >= 2")
+    return _ppl_loop(model, ids, ["dynamic", *specs], make, n_ctx=prefix + score if prefix else n_ctx,
+                     n_chunks=n_chunks, add_bos=add_bos, bos_id=bos_id, progress=progress, desc=desc, prefix=prefix)
 
 
 @torch.no_grad()
 def _ppl_loop(model: Any, ids: Sequence[int], names: Sequence[str], make: Callable[[str], Any], *, n_ctx: int,
-              n_chunks: int, add_bos: bool, bos_id: int, progress: bool, desc: str) -> dict[str, dict[str, float]]:
+              n_chunks: int, add_bos: bool, bos_id: int, progress: bool, desc: str,
+              prefix: int = 0) -> dict[str, dict[str, float]]:
     """The perplexity protocol's loop: each chunk of n_ctx ids is one forward per name through the cache
-    make(name) returns (names[0], the baseline, once per chunk), its second half scored."""
-    first, arg = n_ctx // 2, cache_arg(model)
+    make(name) returns (names[0], the baseline, once per chunk), its second half scored. prefix > 0: two
+    forwards, the first `prefix` ids then the rest, whose logits but the last are scored."""
+    first, arg = (prefix if prefix else n_ctx // 2), cache_arg(model)
     chunks = _chunks(ids, n_ctx, n_chunks)
     acc = _PplAcc(list(names))
     bar = _progress(len(chunks) * len(names), desc, progress)
@@ -1256,7 +1353,12 @@ def _ppl_loop(model: Any, ids: Sequence[int], names: Sequence[str], make: Callab
                 continue
             cache = make(name)
             try:
-                logits = model(input_ids=x, **{arg: cache}, use_cache=True, logits_to_keep=n_ctx - first).logits
+                if prefix:
+                    model(input_ids=x[:, :prefix], **{arg: cache}, use_cache=True, logits_to_keep=1)
+                    held = prefix_bytes(cache, prefix)
+                    logits = model(input_ids=x[:, prefix:], **{arg: cache}, use_cache=True).logits[:, :-1]
+                else:
+                    logits = model(input_ids=x, **{arg: cache}, use_cache=True, logits_to_keep=n_ctx - first).logits
             finally:
                 if isinstance(cache, E8KVCudaCache):
                     cache.detach(model.config)
@@ -1266,10 +1368,28 @@ def _ppl_loop(model: Any, ids: Sequence[int], names: Sequence[str], make: Callab
                 raise E8KVError(ErrorCode.BAD_ARGUMENT, "perplexity: the model's forward did not fill the "
                                                         f"{type(cache).__name__} given as {arg}=")
             acc.add(name, logits, target, *cache_sizes(cache))
+            if prefix:
+                acc.add_prefix(name, *held)
             bar.update(1)
         acc.end_chunk()
     bar.close()
     return acc.result()
+
+
+def prefix_bytes(cache: Any, n: int) -> tuple[float, int]:
+    """(f16 bytes of n tokens' K and V / the bytes a cache holds for them, tokens a KV head keeps) right
+    after a prompt of n tokens. An E8KVCudaCache's allocation is made for max_cache_len at creation; what it
+    holds for the prompt is the kept tokens' codes at the pages' rate plus each row's means (f32, centred
+    streams) and sink rows (f32). A transformers cache holds its K/V tensors."""
+    if isinstance(cache, E8KVCudaCache):
+        s = cache.shape
+        row = 2 * s.n_layer * s.n_head_kv * s.head_dim
+        m = n - cache._pad_host[0]
+        held = m * cache.kv.token_bytes + (row * 4 if cache.kv.centered else 0) + cache.sink * row * 4
+        return (2.0 * n * row / held if held else 0.0), m
+    kv = dynamic_kv(cache)
+    held = sum(t.numel() * t.element_size() for t in kv)
+    return (2.0 * sum(t.numel() for t in kv) / held if held else 0.0), (kv[0].shape[2] if kv else 0)
 
 
 def cache_sizes(cache: Any) -> tuple[int, float]:
@@ -1322,6 +1442,13 @@ class _PplAcc:
         a["count"] += n
         a["n_bytes"], a["bpv"] = n_bytes, bpv
 
+    def add_prefix(self, spec: str, compression: float, kept: int) -> None:
+        """prefix mode: the compression of this chunk's prefix (averaged over chunks) and the tokens kept."""
+        a = self.acc[spec]
+        a["compression"] = a.get("compression", 0.0) + compression
+        a["chunks"] = a.get("chunks", 0) + 1
+        a["kept"] = kept
+
     def end_chunk(self) -> None:
         self.base = None
 
@@ -1335,6 +1462,8 @@ class _PplAcc:
             out[spec] = {"ppl": ppl, "ppl_se": math.sqrt(max(var, 0.0) / (n - 1)) * ppl if n > 1 else 0.0,
                          "kld": a["kld"] / n, "top1": a["top1"] / n, "n_bytes": a["n_bytes"],
                          "bits_per_value": a["bpv"], "count": n}
+            if "chunks" in a:
+                out[spec].update(compression=a["compression"] / a["chunks"], kept=a["kept"])
         return out
 
 

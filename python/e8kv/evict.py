@@ -1,0 +1,163 @@
+"""Token eviction for the transformers caches: which tokens of a prompt each KV head keeps, with the scorers
+and the spec items of the C library's eviction (src/cache/evict.c, include/e8kv.h "token eviction"):
+
+    evict=SCORER:F   remove the fraction F (0 <= F < 1) of the prompt's tokens, chosen per KV head by
+                     snapkv (the attention of the last `obs` prompt queries, max-pooled over 7 neighbours),
+                     h2o (attention summed over every prompt query), keykey (the centred keys stand in for
+                     queries: no queries needed) or stream (sinks and the newest tokens only)
+    recent=W         the newest W tokens are never evicted (default 32)
+    obs=W            snapkv's observation window (default 32)
+
+The first max(sink, 1) tokens are never evicted, and the count kept is rounded up to whole pages, as in the
+C library: select() returns the same tokens as e8kv_cache_evict for the same keys and queries (tested
+against it). The one difference of use: the C cache scores the keys it decoded from its codes, the CUDA cache
+scores the prompt's exact keys and queries before coding (the prompt is attended exactly anyway).
+
+    cfg, rest = evict.parse("e8box:4,sink=4,evict=snapkv:0.5")     # rest = "e8box:4,sink=4"
+    keep = evict.select(cfg, q, k, sink=4, block=16)               # (n_head_kv, m) token indices, ascending
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from .core import E8KVError, ErrorCode
+
+SCORERS = ("keykey", "snapkv", "h2o", "stream")
+DEFAULT_RECENT = 32  # E8KV_EVICT_DEFAULT_RECENT
+DEFAULT_OBS = 32  # E8KV_EVICT_DEFAULT_OBS
+SNAPKV_POOL = 7
+KEYKEY_OBSERVERS = 256
+
+
+@dataclass(frozen=True)
+class EvictConfig:
+    scorer: str
+    frac: float
+    recent: int = DEFAULT_RECENT
+    obs: int = DEFAULT_OBS
+
+    @property
+    def needs_queries(self) -> bool:
+        return self.scorer in ("snapkv", "h2o")
+
+    def kept(self, n: int, sink: int, block: int) -> int:
+        """Tokens a KV head keeps of n: n minus the fraction, at least the protected ones, rounded up to whole
+        pages of `block` tokens (which cost the same), never more than n."""
+        lo = max(sink, 1)
+        if lo >= n or self.recent >= n - lo:
+            return n
+        m = max(n - math.floor(self.frac * n), lo + self.recent)
+        m = (m + block - 1) // block * block
+        return min(m, n)
+
+
+def parse(spec: str) -> tuple[Optional[EvictConfig], str]:
+    """(the eviction items of a cache spec, the spec without them). SPEC error for a bad item, and for
+    budget= and per-layer evictA-B= (the caches of transformers evict the prompt, by one fraction for every
+    layer)."""
+    items = [s for s in spec.split(",")]
+    rest, found = [], {}
+    for it in items:
+        key, eq, val = it.partition("=")
+        key = key.strip()
+        if key in ("evict", "recent", "obs"):
+            found[key] = val.strip()
+        elif key == "budget" or (key.startswith("evict") and key[5:6].isdigit()):
+            raise E8KVError(ErrorCode.SPEC, f"cache spec '{spec}': '{it}' (budget= and per-layer evictA-B=) is not "
+                                            "supported by the transformers caches: evict=SCORER:F evicts the "
+                                            "prompt of every layer by F")
+        else:
+            rest.append(it)
+    if not found:
+        return None, spec
+    if "evict" not in found:
+        raise E8KVError(ErrorCode.SPEC, f"cache spec '{spec}': recent= and obs= need evict=SCORER:F")
+    scorer, _, frac = found["evict"].partition(":")
+    try:
+        f = float(frac)
+        recent = int(found.get("recent", DEFAULT_RECENT))
+        obs = int(found.get("obs", DEFAULT_OBS))
+    except ValueError:
+        f, recent, obs = -1.0, 0, 0
+    if scorer not in SCORERS or not (0.0 <= f < 1.0) or recent < 1 or obs < 1:
+        raise E8KVError(ErrorCode.SPEC, f"cache spec '{spec}': evict=SCORER:F with SCORER one of "
+                                        f"{', '.join(SCORERS)} and 0 <= F < 1; recent=W, obs=W at least 1")
+    return EvictConfig(scorer, f, recent, obs), ",".join(rest)
+
+
+def _group_attention(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale: float,
+                     exclude_self: bool = False) -> torch.Tensor:
+    """Softmax weights of queries q (g, t, d) at positions q_pos (t,) over keys k (n, d) at 0 .. n-1, causal
+    (key position <= query position; and not the key at the query's own position when exclude_self), summed
+    over the queries and the g heads: (n,) float64. A query that sees no key adds nothing."""
+    n = k.shape[0]
+    s = (q @ k.T) * scale  # (g, t, n)
+    pos = torch.arange(n, device=k.device)
+    hide = pos[None, :] > q_pos[:, None]
+    if exclude_self:
+        hide = hide | (pos[None, :] == q_pos[:, None])
+    s = s.masked_fill(hide[None], float("-inf"))
+    seen = (~hide).any(1)  # (t,)
+    w = torch.softmax(s[:, seen], dim=-1)
+    return w.sum((0, 1))
+
+
+def scores(cfg: EvictConfig, q: Optional[torch.Tensor], k: torch.Tensor, scale: float) -> torch.Tensor:
+    """Importance of each of the n tokens for each KV head: q (n_head, n_q, d) the prompt's last n_q queries
+    (at positions n - n_q .. n - 1, after RoPE), k (n_head_kv, n, d) its keys (after RoPE); float64
+    (n_head_kv, n). Computed in float64, in chunks of queries."""
+    H, n, d = k.shape
+    k = k.double()
+    out = torch.zeros((H, n), dtype=torch.float64, device=k.device)
+    if cfg.scorer == "stream":
+        return out + torch.arange(n, dtype=torch.float64, device=k.device)[None]
+    if cfg.scorer == "keykey":
+        kc = k - k.mean(1, keepdim=True)  # centred: the component every key shares would decide all scores
+        scale = 1.0 / math.sqrt(d)  # keys as queries: the C library's scale
+        stride = -(-n // KEYKEY_OBSERVERS) if n > KEYKEY_OBSERVERS else 1
+        obs = torch.arange(n - 1, -1, -stride, device=k.device)
+        for h in range(H):
+            w = _group_attention(kc[h, obs][None], kc[h], obs, scale, exclude_self=True)
+            cnt = torch.zeros(n, dtype=torch.float64, device=k.device)
+            for o in obs.tolist():  # key j < o is seen by observer o
+                cnt[:o] += 1.0
+            out[h] = torch.where(cnt > 0, w / cnt.clamp(min=1.0), torch.zeros_like(w))
+        return out
+    if q is None:
+        raise E8KVError(ErrorCode.BAD_ARGUMENT, f"evict={cfg.scorer}: needs the prompt's queries")
+    n_head, n_q = q.shape[0], q.shape[1]
+    g = n_head // H
+    q = q.double()
+    t0 = n_q - cfg.obs if cfg.scorer == "snapkv" and n_q > cfg.obs else 0
+    q_pos = torch.arange(n - n_q, n, device=k.device)
+    step = max(1, (1 << 24) // max(1, g * n))  # queries per chunk: about 128 MB of float64 weights
+    for h in range(H):
+        for a in range(t0, n_q, step):
+            b = min(n_q, a + step)
+            out[h] += _group_attention(q[h * g:(h + 1) * g, a:b], k[h], q_pos[a:b], scale)
+    if cfg.scorer == "snapkv":  # the largest of SNAPKV_POOL neighbours, clipped at the ends
+        out = torch.nn.functional.max_pool1d(out[:, None], SNAPKV_POOL, stride=1, padding=SNAPKV_POOL // 2)[:, 0]
+    return out
+
+
+def select(cfg: EvictConfig, q: Optional[torch.Tensor], k: torch.Tensor, *, sink: int, block: int,
+           scale: Optional[float] = None) -> torch.Tensor:
+    """The tokens each KV head keeps: (n_head_kv, m) int64 indices into the n tokens, ascending, m =
+    cfg.kept(n, sink, block); the first max(sink, 1) and the newest cfg.recent always among them, the rest
+    by score (ties: the newer token first). q, k as for scores()."""
+    H, n, d = k.shape
+    m = cfg.kept(n, sink, block)
+    dev = k.device
+    if m >= n:
+        return torch.arange(n, device=dev)[None].expand(H, n).clone()
+    lo, hi = max(sink, 1), n - cfg.recent
+    s = scores(cfg, q, k, scale if scale is not None else 1.0 / math.sqrt(d))
+    cand = s[:, lo:hi].flip(-1)  # newest first, so that a stable sort ranks ties newer first
+    order = torch.argsort(cand, dim=-1, descending=True, stable=True)[:, :m - lo - cfg.recent]
+    chosen = (hi - 1) - order
+    fixed = torch.cat((torch.arange(lo, device=dev), torch.arange(hi, n, device=dev)))[None].expand(H, -1)
+    return torch.sort(torch.cat((fixed, chosen), dim=1), dim=1).values
