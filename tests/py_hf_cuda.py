@@ -796,6 +796,13 @@ def test_bench_rows(on):
                                                                                           q.values()]
     # (the same protocol again: equal on the CPU; a GPU's sums need not repeat bit for bit)
     assert all(math.isclose(r["kld"], q[r["cache"]]["kld"], rel_tol=1e-3, abs_tol=1e-7) for r in only)
+    if on == "cuda":  # an evicting cache through generate(), and the prefix protocol (--prefix)
+        ev = "bf16,evict=snapkv:0.5,recent=8"
+        rows = e8kv.bench.run(model, ids, ["bf16", ev], new=6, ppl_ids=ppl_ids, ppl_chunks=1, prefix=96, score=32)
+        q = {r["cache"]: r for r in rows}
+        print("bench prefix rows", q)
+        assert q[ev]["new_tokens"] == 6 and q[ev]["kept"] == 48 and q["bf16"]["kept"] == 96
+        assert 1.9 < q[ev]["compression"] <= 2.0 and q["bf16"]["kld"] < q[ev]["kld"]
 
 
 def test_padding_after_the_prompt_is_refused(dev):
@@ -1200,3 +1207,28 @@ def test_perplexity_prefix_mode(dev):
     if dev != "cuda":  # the CPU cache has no prefix mode through transformers: a named error
         with pytest.raises(e8kv.E8KVError):
             e8kv.hf.perplexity(model, ids, ["e8:4"], prefix=96, score=32, n_chunks=1, device="cpu")
+
+
+def test_generate_with_eviction(dev):
+    """generate() from an 80-token prompt into an evicting cache of 64 tokens (the prompt is longer than the
+    cache; what it keeps fits): each new token's logits equal those of a DynamicCache holding exactly the kept
+    K/V, stepped with the same tokens at their true positions (bf16 pages: within bf16 tolerance)."""
+    import e8kv.hf
+    model = model_on(dev)
+    arg = e8kv.hf.cache_arg(model)
+    ids = torch.randint(0, 1024, (2, 80), generator=torch.Generator().manual_seed(13)).to(model.device)
+    cache = e8kv.hf.E8KVCudaCache(model.config, "bf16,sink=2,evict=snapkv:0.6,recent=8", device=dev,
+                                  max_batch_size=2, max_cache_len=64)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **{arg: cache}, max_new_tokens=8,
+                             min_new_tokens=8, do_sample=False, return_dict_in_generate=True, output_logits=True)
+    cache.detach(model.config)
+    cache.check()
+    new = out.sequences[:, 80:]
+    assert new.shape == (2, 8) and cache._pad_host[:2] == [80 - 32] * 2  # 80 - 48 = 32 kept (2 pages)
+    got = torch.stack([lg.float() for lg in out.logits])
+    want = _evicting_reference(model, ids, cache.kept, new[:, :-1])
+    scale = float(want.abs().max())
+    err = float((got - want).abs().max())
+    print(f"generate with eviction on {dev}: kept 32 of 80, 8 new tokens; max |logit diff| {err:.3g} (max {scale:.3g})")
+    assert err <= 5e-3 * scale, (err, scale)

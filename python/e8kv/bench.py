@@ -2,7 +2,8 @@
 against e8kv caches, on the CPU or on a GPU.
 
     python -m e8kv.bench [--model ID_OR_DIR | --gguf PATH] [--device cpu|cuda] [--prompt-tokens 512]
-                         [--new 64] [--specs f32,e8:4,e8box:4] [--ppl-chunks N [--no-decode]] [--json]
+                         [--new 64] [--specs f32,e8:4,e8box:4] [--ppl-chunks N [--no-decode]]
+                         [--prefix P [--score S]] [--json]
 
 Greedy generation from a prompt of --prompt-tokens tokens of wiki.test.raw (or --text; a repeated sentence
 when it is not found); one row per cache (on a GPU also transformers' StaticCache: generate() compiles the
@@ -16,7 +17,10 @@ holds at the end (DynamicCache: its tensors; e8kv: the bytes it allocated, host 
 E8KVCudaCache (specs: e8box:4, e8box:3, e8p:2, bf16, f16 and the grammar over them; separate specs that
 hold commas with ';'). --ppl-chunks N adds e8kv.hf.perplexity over N chunks of --ctx tokens of the same
 text: PPL, KLD and top-1 against the baseline (CPU: the f32 e8kv cache; GPU: the model's own attention over
-a DynamicCache).
+a DynamicCache). --prefix P (GPU) makes that the protocol of eviction: chunks of P + --score tokens, the
+prefix prompted (attended exactly, then evicted when a spec says evict=SCORER:F, and coded), the score
+tokens read the compressed prefix; each row also gets the compression of the prefix (f16 bytes / bytes held)
+and the tokens a KV head kept.
 """
 from __future__ import annotations
 
@@ -39,11 +43,12 @@ def _sync(dev: torch.device) -> None:
 
 def run(model: Any, ids: torch.Tensor, specs: Sequence[str], *, new: int = 64, warmup: bool = True,
         ppl_ids: Optional[Sequence[int]] = None, ppl_chunks: int = 0, n_ctx: int = 512,
-        decode: bool = True) -> list[dict]:
+        decode: bool = True, prefix: int = 0, score: int = 512) -> list[dict]:
     """The rows of the table for `model` (on the CPU or a CUDA device) and a prompt `ids` (1, n): DynamicCache
     first, then each spec. With ppl_ids and ppl_chunks, each row also gets the perplexity protocol's ppl, kld
     and top1 (e8kv.hf.perplexity over ppl_chunks chunks of n_ctx tokens). decode=False: no generate(), the
-    rows hold the perplexity alone."""
+    rows hold the perplexity alone. prefix > 0: the perplexity in prefix mode (hf.perplexity's prefix=, score=),
+    with the compression of the prefix and the tokens kept per row."""
     from transformers import DynamicCache, StaticCache
 
     from . import hf
@@ -102,13 +107,15 @@ def run(model: Any, ids: torch.Tensor, specs: Sequence[str], *, new: int = 64, w
                      "prefill_s": round(t_prefill, 4), "decode_tokens_per_s": round(n_new / t_decode, 3),
                      "cache_bytes": hf.cache_sizes(cache)[0], "dtype": str(next(model.parameters()).dtype)})
     if ppl_ids is not None and ppl_chunks:
-        q = hf.perplexity(model, ppl_ids, list(specs), n_ctx=n_ctx, n_chunks=ppl_chunks)
+        q = hf.perplexity(model, ppl_ids, list(specs), n_ctx=n_ctx, n_chunks=ppl_chunks, prefix=prefix, score=score)
         for r in rows:
             if r["cache"] not in scored:
                 continue
             v = q["dynamic" if r["cache"] == "DynamicCache" else r["cache"]]
             r.update(ppl=round(v["ppl"], 4), kld=round(v["kld"], 6), top1=round(v["top1"], 4),
                      bits_per_value=round(v["bits_per_value"], 4), ppl_tokens=v["count"])
+            if "compression" in v:
+                r.update(compression=round(v["compression"], 3), kept=v["kept"])
         if not gpu:
             rows.append({"cache": "f32 (perplexity baseline)", "device": str(dev), "ppl": round(q["f32"]["ppl"], 4),
                          "kld": 0.0, "top1": 1.0, "ppl_tokens": q["f32"]["count"]})
@@ -128,6 +135,8 @@ def main() -> None:
                                     "hold commas")
     ap.add_argument("--ppl-chunks", type=int, default=0, help="also the perplexity protocol over N chunks")
     ap.add_argument("--ctx", type=int, default=512, help="tokens per perplexity chunk")
+    ap.add_argument("--prefix", type=int, default=0, help="perplexity in prefix mode: P prefix tokens (GPU)")
+    ap.add_argument("--score", type=int, default=512, help="prefix mode: tokens scored after the prefix")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
                     help="default: float32 on the CPU, bfloat16 on a GPU")
@@ -137,6 +146,8 @@ def main() -> None:
     a = ap.parse_args()
     if a.no_decode and not a.ppl_chunks:
         ap.error("--no-decode needs --ppl-chunks N")
+    if a.prefix and not a.ppl_chunks:
+        ap.error("--prefix needs --ppl-chunks N")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from . import core
@@ -159,7 +170,7 @@ def main() -> None:
     spec_text = a.specs or (CUDA_SPECS if device == "cuda" else CPU_SPECS)
     specs = spec_text.split(";") if ";" in spec_text else spec_text.split(",")
     rows = run(model, ids, specs, new=a.new, warmup=not a.no_warmup, ppl_ids=all_ids[0].tolist(),
-               ppl_chunks=a.ppl_chunks, n_ctx=a.ctx, decode=not a.no_decode)
+               ppl_chunks=a.ppl_chunks, n_ctx=a.ctx, decode=not a.no_decode, prefix=a.prefix, score=a.score)
     for r in rows:
         if a.json:
             print(json.dumps(r), flush=True)
@@ -170,6 +181,8 @@ def main() -> None:
                      f"cache {r['cache_bytes'] / 2**20:9.2f} MiB")
         if "ppl" in r:
             line += f"  ppl {r['ppl']:9.4f}  kld {r['kld']:.5f}  top1 {100 * r['top1']:6.2f}%"
+        if "compression" in r:
+            line += f"  compression {r['compression']:6.2f}x  kept {r['kept']}"
         print(line, flush=True)
 
 
