@@ -1232,3 +1232,36 @@ def test_generate_with_eviction(dev):
     err = float((got - want).abs().max())
     print(f"generate with eviction on {dev}: kept 32 of 80, 8 new tokens; max |logit diff| {err:.3g} (max {scale:.3g})")
     assert err <= 5e-3 * scale, (err, scale)
+
+
+def test_recall_harness(dev):
+    """python -m e8kv.recall (e8kv.recall.run): the keys are those of tools/cmd_recall.c (values printed by
+    its formula compiled in C), the prompt holds the needle at its depth between whole fillers and is about
+    --ctx tokens, and a run over DynamicCache and an evicting e8kv cache gives one row per (spec, depth), the
+    evicting cache keeping fewer tokens than the prompt. (A tiny random model with SmolLM2's vocabulary: this
+    checks the harness, not recall; the recall figures are BENCHMARKS.md's.)"""
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    import e8kv.recall as rc
+    c_keys = [(1, 0, 0, "75377"), (1, 0, 1, "51692"), (1, 1, 0, "74497"), (1, 1, 1, "26823"), (1, 2, 0, "42630"),
+              (2, 0, 0, "82033"), (2, 2, 1, "83462")]
+    assert all(rc.passkey(s, d, t) == k for s, d, t, k in c_keys)
+    assert rc.found(" 75377. Remember", "75377") and not rc.found(" 7537 7", "75377")
+    data = os.environ.get("E8KV_SHARED_DATA", os.path.join(ROOT, "data"))
+    tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(data, "smollm2-135m", "tokenizer.json"))
+    ids = rc.prompt_ids(tok, 400, 0.5, "75377", 1)
+    needle = tok(" The pass key is 75377.", add_special_tokens=False)["input_ids"]
+    at = next(i for i in range(len(ids)) if ids[i:i + len(needle)] == needle)
+    assert 300 < len(ids) <= 400 and 0.35 < at / len(ids) < 0.65, (len(ids), at)
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=len(tok), max_position_embeddings=1024,
+                      rope_theta=10000.0, attn_implementation="sdpa", bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(1234)
+    model = LlamaForCausalLM(cfg).eval().to("cuda" if dev == "cuda" else "cpu")
+    ev = "bf16,evict=snapkv:0.5,recent=8"
+    # (on the twin: the CUDA cache's code over PagesTwin, on the CPU)
+    rows = list(rc.run(model, tok, ["dynamic", ev], ctx=200, n_depths=2, trials=1, cuda_cache=True, cache_device=dev))
+    print("recall rows", rows)
+    assert [(r["spec"], r["depth"]) for r in rows] == [("dynamic", 0.0), ("dynamic", 1.0), (ev, 0.0), (ev, 1.0)]
+    assert all(r["trials"] == 1 and r["correct"] in (0, 1) for r in rows)
+    assert rows[0]["kept"] == rows[0]["prompt_tokens"] and rows[2]["kept"] < rows[2]["prompt_tokens"]
