@@ -1253,8 +1253,8 @@ def test_recall_harness(dev):
     needle = tok(" The pass key is 75377.", add_special_tokens=False)["input_ids"]
     at = next(i for i in range(len(ids)) if ids[i:i + len(needle)] == needle)
     assert 300 < len(ids) <= 400 and 0.35 < at / len(ids) < 0.65, (len(ids), at)
-    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=len(tok), max_position_embeddings=1024,
+    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=len(tok), max_position_embeddings=1024,  # head_dim 64
                       rope_theta=10000.0, attn_implementation="sdpa", bos_token_id=1, eos_token_id=2)
     torch.manual_seed(1234)
     model = LlamaForCausalLM(cfg).eval().to("cuda" if dev == "cuda" else "cpu")
