@@ -603,10 +603,11 @@ def test_batch_changes_compiled_equal_eager(dev):
     assert err <= 1e-3 * scale, (err, scale)
 
 
-@pytest.mark.parametrize("spec", ["bf16", "e8box:4"])
+@pytest.mark.parametrize("spec", ["bf16", "e8box:4", "e8box:4,evict=snapkv:0.5,recent=4,obs=4"])
 def test_beam_search_generate(dev, spec):
     """generate(num_beams=3, num_return_sequences=3) on a batch of 2 through the CUDA cache: each beam's
-    score is the sum of its tokens' log-probabilities replayed alone."""
+    score is the sum of its tokens' log-probabilities replayed alone (with evict=, every beam's prompt is
+    evicted as the replay's is, and the rows' reorders carry their evicted pads)."""
     import e8kv.hf  # noqa: F401
     model = model_on(dev)
     check_beam_generate(model, lambda b: gpu_cache(model, spec, b, dev=dev), "cuda" if dev == "cuda" else "cpu",

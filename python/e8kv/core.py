@@ -518,7 +518,8 @@ class CudaCache:
     """The device cache of include/e8kv_cuda.h with caller-owned block tables (the way serving engines own
     theirs): `n_blocks` pages of `block_size` tokens per (layer, K/V), all allocated at creation.
     spec: "e8box:4", "e8box:3", "e8p:2", "bf16", "f16", or the library's grammar over them (k=/v=/kv=, layer rules,
-    sink=N, center=; keys after RoPE: no rope=pre, window=, auto= or eviction on the GPU yet). Each sequence
+    sink=N, center=; keys after RoPE: no rope=pre, window=, auto= or eviction in this cache: the transformers
+    cache E8KVCudaCache evicts a prompt before storing it). Each sequence
     may have a row (0 .. max_seqs - 1, the caller's choice) holding its sink rows (sink=N: its exact first N
     tokens, append's sink_slots = row * N + position, attended instead of their codes) and its means
     (`centered`: center=1, the default, with e8box or e8p streams: set_means from the sequence's first

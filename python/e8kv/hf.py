@@ -604,7 +604,10 @@ class E8KVCudaCache(_BatchChanges, Cache):
     first tokens appended in eager mode; center=0 turns it off). The GPU formats take keys after RoPE
     (rope=post), in the RoPE pair layout E8KVCache codes them in (GGUF's interleaved pairs for Llama and
     Mistral, key_perm; queries follow), so that the pages hold the CPU cache's codes; specs the CUDA cache cannot hold (rope=pre, e8t/e8tv, auto=, presets,
-    window=, eviction) are an E8KVError (SPEC). update() appends the new tokens through torch.ops.e8kv.append (slots
+    window=, budget=) are an E8KVError (SPEC). evict=SCORER:F (recent=W, obs=W; e8kv.evict) evicts the prompt:
+    its K/V wait in update() until the layer's attention, which attends the prompt exactly and then stores
+    only the tokens each (batch row, KV head) keeps (kept: which), in slots 0 .. m - 1; the rows' pads grow
+    by what was evicted, so later tokens follow at their true positions (see _evict_prompt). update() appends the new tokens through torch.ops.e8kv.append (slots
     computed on the device from the layer's length); the "e8kv" attention attends through
     torch.ops.e8kv.attend: one query row per (batch row, token) with context length position + 1, so a
     chunk with a past reads its own new tokens from the pages too. Two exceptions in eager mode: a chunk of
