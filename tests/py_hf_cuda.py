@@ -708,6 +708,17 @@ def test_compress_on_a_cuda_model():
         with e8kv.hf.compress(model, "e8:4"):  # not a CUDA format: refused at once
             pass
     assert model.config._attn_implementation == "sdpa"
+    # with evict=, the cache is sized for the kept prompt: a 100-token prompt keeping 64, 12 new tokens
+    spec, ids = "bf16,evict=snapkv:0.5,recent=8", prompt_ids(2, 100)
+    cache = gpu_cache(model, spec, 2, cap=128)
+    with torch.no_grad():
+        want = model.generate(ids, past_key_values=cache, **kw)
+    cache.detach(model.config)
+    with e8kv.hf.compress(model, spec), torch.no_grad():
+        got = model.generate(ids, **kw)
+        made = model.config._e8kv_cuda_cache
+        assert made.capacity == 80 and made._pad_host[:2] == [36, 36], (made.capacity, made._pad_host)
+    assert got.tolist() == want.tolist()
 
 
 def test_perplexity_reads_the_pages(dev, monkeypatch):

@@ -1157,8 +1157,9 @@ def compress(model: Any, spec: Optional[str] = None, *, calib: Union[Calib, str,
     On a model whose parameters are on a CUDA device (or device="cuda"), the cache is an E8KVCudaCache
     (spec: one of its formats, default "e8box:4"; calib and n_ctx do not apply) sized for each call:
     max_batch_size = batch x max(num_beams, num_return_sequences), max_cache_len = prompt + max_new_tokens
-    (or generate's max_length); a forward's cache holds its input. Elsewhere an E8KVCache (default spec
-    "balanced")."""
+    (or generate's max_length), where with evict=SCORER:F the prompt counts as the tokens it keeps, so the
+    device memory allocated is that of the evicted cache; a forward's cache holds its input. Elsewhere an
+    E8KVCache (default spec "balanced")."""
     register()
     ModelShape(model.config)  # refuse unsupported models at once
     dev = torch.device(device) if device is not None else _model_device(model)
@@ -1170,11 +1171,17 @@ def compress(model: Any, spec: Optional[str] = None, *, calib: Union[Calib, str,
     if isinstance(calib, (str, os.PathLike)):
         calib = Calib.load(calib)
     previous = model.config._attn_implementation
+    ev = evict_mod.parse(spec)[0] if gpu else None
+    sink = max([int(it.split("=", 1)[1]) for it in spec.split(",") if it.strip().startswith("sink=")
+                and it.split("=", 1)[1].strip().isdigit()] or [0])
 
     def make(args: Sequence[Any], kw: dict, gen: bool) -> Cache:
         if not gpu:
             return E8KVCache(model.config, spec, calib=calib, n_ctx=n_ctx, seed=seed, n_threads=n_threads)
         rows, cap = generate_shape(model, args, kw) if gen else _input_shape(args, kw)
+        if gen and ev is not None:  # the prompt takes the slots of the tokens it keeps
+            t = _input_shape(args, kw)[1]
+            cap = ev.kept(t, sink, 16) + cap - t
         return E8KVCudaCache(model.config, spec, device=dev, max_batch_size=rows, max_cache_len=cap, seed=seed)
 
     probe = make((), {"input_ids": torch.zeros((1, 16))}, False)  # a bad spec fails here
