@@ -109,7 +109,8 @@ def _group_attention(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scal
 def scores(cfg: EvictConfig, q: Optional[torch.Tensor], k: torch.Tensor, scale: float) -> torch.Tensor:
     """Importance of each of the n tokens for each KV head: q (n_head, n_q, d) the prompt's last n_q queries
     (at positions n - n_q .. n - 1, after RoPE), k (n_head_kv, n, d) its keys (after RoPE); float64
-    (n_head_kv, n). Computed in float64, in chunks of queries."""
+    (n_head_kv, n). Computed in float64, in chunks of queries: snapkv reads its `obs` queries, keykey at most
+    256 observers, h2o every query (n² per head: minutes for a 32K prompt of a large model)."""
     H, n, d = k.shape
     k = k.double()
     out = torch.zeros((H, n), dtype=torch.float64, device=k.device)
@@ -131,8 +132,9 @@ def scores(cfg: EvictConfig, q: Optional[torch.Tensor], k: torch.Tensor, scale: 
         raise E8KVError(ErrorCode.BAD_ARGUMENT, f"evict={cfg.scorer}: needs the prompt's queries")
     n_head, n_q = q.shape[0], q.shape[1]
     g = n_head // H
-    q = q.double()
     t0 = n_q - cfg.obs if cfg.scorer == "snapkv" and n_q > cfg.obs else 0
+    q = q[:, t0:].double()  # snapkv: the observation window alone
+    n_q, t0 = n_q - t0, 0
     q_pos = torch.arange(n - n_q, n, device=k.device)
     step = max(1, (1 << 24) // max(1, g * n))  # queries per chunk: about 128 MB of float64 weights
     for h in range(H):
