@@ -1161,8 +1161,7 @@ def test_evicting_padded_batch_equals_each_row_alone(dev, side):
 def test_eviction_errors(dev):
     """Bad eviction items are SPEC errors; a prompt whose kept tokens exceed max_cache_len is CONTEXT_FULL
     before anything is stored, while a prompt longer than the cache that evicts down into it is taken; crop
-    into an evicted prompt and prompt_from_codes with evict= are refused; the CPU cache names where eviction
-    runs."""
+    into an evicted prompt and prompt_from_codes with evict= are refused; so is a bad scorer on the CPU."""
     import e8kv.hf
     model = model_on(dev)
     arg = e8kv.hf.cache_arg(model)
@@ -1171,9 +1170,9 @@ def test_eviction_errors(dev):
         with pytest.raises(e8kv.E8KVError) as e:
             e8kv.hf.E8KVCudaCache(model.config, bad, device=dev, max_cache_len=64)
         assert e.value.code == e8kv.ErrorCode.SPEC, bad
-    with pytest.raises(e8kv.E8KVError) as e:
-        e8kv.hf.E8KVCache(model.config, "e8:4,evict=snapkv:0.5")
-    assert e.value.code == e8kv.ErrorCode.SPEC and "CUDA" in str(e.value)
+    with pytest.raises(e8kv.E8KVError) as e:  # the CPU cache: the C library's spec parser says it
+        e8kv.hf.E8KVCache(model.config, "e8:4,evict=nope:0.5")
+    assert e.value.code == e8kv.ErrorCode.SPEC
     with pytest.raises(e8kv.E8KVError):
         e8kv.hf.E8KVCudaCache(model.config, "e8box:4,evict=snapkv:0.5", device=dev, prompt_from_codes=True)
     ids = torch.randint(0, 1024, (1, 96), generator=torch.Generator().manual_seed(3)).to(model.device)
@@ -1216,9 +1215,14 @@ def test_perplexity_prefix_mode(dev):
     if dev == "cuda":  # (the twin holds no bytes)
         assert 0.95 < r["bf16"]["compression"] <= 1.0
         assert 1.9 < r[specs[1]]["compression"] <= 2.0
-    if dev != "cuda":  # the CPU cache has no prefix mode through transformers: a named error
+    if dev != "cuda":  # the CPU cache (E8KVCache, baseline f32): its own eviction, its allocated bytes
+        cpu = ["e8:4", "e8:4,evict=snapkv:0.5,recent=8"]
+        r = e8kv.hf.perplexity(model, ids, cpu, prefix=96, score=32, n_chunks=2, device="cpu")
+        print({k: {f: round(v, 5) for f, v in x.items()} for k, x in r.items()})
+        assert r["f32"]["kept"] == r["e8:4"]["kept"] == 96 and r[cpu[1]]["kept"] == 64  # (pages of 64)
+        assert r["e8:4"]["compression"] < r[cpu[1]]["compression"] and r["e8:4"]["kld"] < r[cpu[1]]["kld"]
         with pytest.raises(e8kv.E8KVError):
-            e8kv.hf.perplexity(model, ids, ["e8:4"], prefix=96, score=32, n_chunks=1, device="cpu")
+            e8kv.hf.perplexity(model, ids, ["e8:4"], prefix=1, score=32, n_chunks=1, device="cpu")
 
 
 def test_generate_with_eviction(dev):
@@ -1277,3 +1281,54 @@ def test_recall_harness(dev):
     assert [(r["spec"], r["depth"]) for r in rows] == [("dynamic", 0.0), ("dynamic", 1.0), (ev, 0.0), (ev, 1.0)]
     assert all(r["trials"] == 1 and r["correct"] in (0, 1) for r in rows)
     assert rows[0]["kept"] == rows[0]["prompt_tokens"] and rows[2]["kept"] < rows[2]["prompt_tokens"]
+
+
+@pytest.mark.parametrize("spec", ["f32,evict=snapkv:0.5,recent=8,obs=8", "f32,sink=2,evict=keykey:0.6,recent=8"])
+def test_cpu_cache_evicts_through_transformers(spec):
+    """The CPU transformers cache (E8KVCache) with evict=: after the prompt's last layer each row's C cache
+    evicts (e8kv_cache_evict) with the prompt's queries; the decode steps' logits then equal those of a
+    DynamicCache holding the K/V that e8kv.evict.select keeps for the same queries and keys (f32 codes:
+    within float tolerance), and the cache holds fewer bytes than without eviction."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    import e8kv.evict as ev
+    import e8kv.hf
+    model = model_on("cpu")
+    arg = e8kv.hf.cache_arg(model)
+    g = torch.Generator().manual_seed(31)
+    ids = torch.randint(0, 1024, (1, 100), generator=g)
+    steps = torch.randint(0, 1024, (1, 5), generator=g)
+    seen = {}
+
+    def capture(module, query, key, value, attention_mask, **kw):  # the prompt's q and k after RoPE
+        seen.setdefault(module.layer_idx, (query.detach().float(), key.detach().float()))
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
+    AttentionInterface.register("e8kv_test_capture", capture)
+    model.config._attn_implementation = "e8kv_test_capture"
+    with torch.no_grad():
+        model(input_ids=ids)
+    model.config._attn_implementation = "sdpa"
+    cfg, _ = ev.parse(spec)
+    sink = 2 if "sink=2" in spec else 0
+    cache = e8kv.hf.E8KVCache(model.config, spec)
+    plain = e8kv.hf.E8KVCache(model.config, spec.split(",evict")[0])
+    got = []
+    with torch.no_grad():
+        got.append(model(input_ids=ids, **{arg: cache}, use_cache=True).logits[:, -1].float())
+        model(input_ids=ids, **{arg: plain}, use_cache=True)
+        P = cache.rows[0].page_tokens
+        kept = [[ev.select(cfg, seen[layer][0][0], seen[layer][1][0], sink=sink, block=P)]
+                for layer in range(model.config.num_hidden_layers)]
+        held = (cache.n_bytes, plain.n_bytes)  # after the prompt: 64 kept tokens take one page, 100 two
+        assert cache.rows[0].n_kept(0) == kept[0][0].shape[1] < 100 and held[0] < held[1]
+        assert int(cache.get_seq_length()) == 100
+        for i in range(steps.shape[1]):
+            got.append(model(input_ids=steps[:, i:i + 1], **{arg: cache}, use_cache=True).logits[:, -1].float())
+    got = torch.stack(got)
+    want = _evicting_reference(model, ids, kept, steps)
+    scale = float(want.abs().max())
+    err = float((got - want).abs().max())
+    print(f"CPU cache {spec}: kept {kept[0][0].shape[1]} of 100 (page {P}); {held[0]} bytes against "
+          f"{held[1]}; max |logit diff| vs DynamicCache of the kept K/V {err:.3g} (max |logit| {scale:.3g})")
+    assert err <= 1e-3 * scale, (err, scale)

@@ -17,7 +17,7 @@ holds at the end (DynamicCache: its tensors; e8kv: the bytes it allocated, host 
 E8KVCudaCache (specs: e8box:4, e8box:3, e8p:2, bf16, f16 and the grammar over them; separate specs that
 hold commas with ';'). --ppl-chunks N adds e8kv.hf.perplexity over N chunks of --ctx tokens of the same
 text: PPL, KLD and top-1 against the baseline (CPU: the f32 e8kv cache; GPU: the model's own attention over
-a DynamicCache). --prefix P (GPU) makes that the protocol of eviction: chunks of P + --score tokens, the
+a DynamicCache). --prefix P makes that the protocol of eviction: chunks of P + --score tokens, the
 prefix prompted (attended exactly, then evicted when a spec says evict=SCORER:F, and coded), the score
 tokens read the compressed prefix; each row also gets the compression of the prefix (f16 bytes / bytes held)
 and the tokens a KV head kept.
@@ -135,7 +135,7 @@ def main() -> None:
                                     "hold commas")
     ap.add_argument("--ppl-chunks", type=int, default=0, help="also the perplexity protocol over N chunks")
     ap.add_argument("--ctx", type=int, default=512, help="tokens per perplexity chunk")
-    ap.add_argument("--prefix", type=int, default=0, help="perplexity in prefix mode: P prefix tokens (GPU)")
+    ap.add_argument("--prefix", type=int, default=0, help="perplexity in prefix mode: P prefix tokens")
     ap.add_argument("--score", type=int, default=512, help="prefix mode: tokens scored after the prefix")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],

@@ -168,6 +168,23 @@ class _BatchChanges:
         raise NotImplementedError
 
 
+def _cpu_evict_items(spec: str) -> Optional[tuple[str, int]]:
+    """(scorer, obs) of a CPU cache spec that evicts after the prompt (evict=SCORER:F, directly or through an
+    evict-* preset), else None."""
+    items = []
+    for it in spec.split(","):
+        exp = core.preset_spec(it.strip()) if "=" not in it else None
+        items += (exp or it).split(",")
+    scorer, obs = None, evict_mod.DEFAULT_OBS
+    for it in items:
+        key, _, val = it.strip().partition("=")
+        if key == "evict":
+            scorer = val.partition(":")[0]
+        elif key == "obs" and val.isdigit():
+            obs = int(val)
+    return (scorer, obs) if scorer else None
+
+
 def _check_later_mask(mask: torch.Tensor, past: int, pads: Sequence[int], who: str) -> None:
     """A 2-D attention mask over `past` stored positions and new tokens, after a prompt whose rows had `pads`:
     the new tokens must be real and the earlier part must have the prompt's padding (NotImplementedError)."""
@@ -255,6 +272,10 @@ class E8KVCache(_BatchChanges, Cache):
     in and out of RoPE at those positions). Later tokens must be real (mask 1); get_seq_length() is the
     padded length transformers counts.
 
+    Eviction (evict=SCORER:F in the spec, or an evict-* preset): the attention keeps the queries of the
+    prompt (the first forward of empty rows) that the scorer needs, and after the last layer each row's C
+    cache evicts with them (e8kv_cache_evict); the kept tokens keep their positions.
+
     device="cuda" makes the GPU variant (E8KVCudaCache: the CUDA cache of include/e8kv_cuda.h, static
     shapes for torch.compile; see there)."""
 
@@ -267,10 +288,11 @@ class E8KVCache(_BatchChanges, Cache):
                  n_ctx: Optional[int] = None, seed: int = 0, n_threads: int = 0,
                  observer: Optional[Any] = None, device: Any = "cpu") -> None:
         self.shape = ModelShape(config)
-        if any(it.strip().startswith(("evict", "budget=")) for it in spec.split(",")):
-            raise E8KVError(ErrorCode.SPEC, f"e8kv cache '{spec}': eviction through transformers runs on the CUDA "
-                                            "cache (device='cuda'); on the CPU, `e8kv ppl --prefix` and "
-                                            "e8kv.Cache.evict")
+        # evict=SCORER:F (and the evict-* presets): after the prompt's last layer, each row's C cache evicts
+        # (e8kv_cache_evict) with the prompt's queries, captured by the attention (_attend); budget= evicts
+        # at append inside the C cache
+        self._evict = _cpu_evict_items(spec)
+        self._qcap: dict[tuple[int, int], torch.Tensor] = {}  # (row, layer) -> queries before RoPE
         if isinstance(calib, (str, os.PathLike)):
             calib = Calib.load(calib)
         self.calib = calib
@@ -425,13 +447,20 @@ class E8KVCache(_BatchChanges, Cache):
     def _attend(self, layer: int, pos0: list, query: torch.Tensor, scaling: Optional[float],
                 keep: Optional[list] = None) -> torch.Tensor:
         """query (b, n_head, t, d) with RoPE -> attention output (b, t, n_head, d); row i's queries at its
-        own positions pos0[i] ..; keep: a padded prompt's kept tokens per row (the pads' outputs are 0)."""
+        own positions pos0[i] ..; keep: a padded prompt's kept tokens per row (the pads' outputs are 0).
+        An evicting cache's prompt (t > 1 tokens into empty rows): the queries its scorer needs are kept, and
+        after the last layer's attention every row evicts (_evict_rows)."""
         b, n_head, t, d = query.shape
         out = torch.zeros((b, t, n_head * d), dtype=torch.float32)
+        evicting = self._evict is not None and t > 1 and all(p == 0 for p in pos0)
         for i, row in enumerate(self.rows):
             qs = query[i:i + 1] if keep is None else query[i:i + 1, :, keep[i]]
             if qs.shape[2] == 0:
                 continue
+            if evicting and self._evict[0] in ("snapkv", "h2o"):
+                n_q = min(qs.shape[2], self._evict[1]) if self._evict[0] == "snapkv" else qs.shape[2]
+                n = qs.shape[2]
+                self._qcap[(i, layer)] = self._to_cache_layout(qs[:, :, n - n_q:], n - n_q, "none")[0]
             q = self._to_cache_layout(qs, pos0[i], "exact")[0]
             if scaling is not None and abs(scaling * math.sqrt(d) - 1.0) > 1e-6:
                 q = q * (scaling * math.sqrt(d))  # the C kernel scales scores by 1/sqrt(head_dim)
@@ -441,7 +470,23 @@ class E8KVCache(_BatchChanges, Cache):
                 row.attend(layer, q, pos0[i], out=out[i])
             else:
                 out[i, keep[i]] = row.attend(layer, q, pos0[i])
+        if evicting and layer == self.shape.n_layer - 1:
+            self._evict_rows(n_head)
         return out.view(b, t, n_head, d)  # values are never permuted: the model's own layout
+
+    def _evict_rows(self, n_head: int) -> None:
+        """Each row's C cache evicts by its spec's scorer (e8kv_cache_evict), with the prompt's queries
+        captured per layer (before RoPE, in the cache's layout) when the scorer needs them."""
+        for i, row in enumerate(self.rows):
+            n = row.n_tokens(0)
+            if n == 0:
+                continue
+            if self._evict[0] in ("snapkv", "h2o"):
+                q = torch.stack([self._qcap.pop((i, layer)) for layer in range(self.shape.n_layer)])
+                row.evict(q.contiguous(), n_head=n_head, q_pos0=n - q.shape[1])
+            else:
+                row.evict()
+        self._qcap.clear()
 
     # -- accounting
     @property
@@ -1298,12 +1343,13 @@ def perplexity(model: Any, ids: Sequence[int], specs: Sequence[str], *, n_ctx: i
     from the K/V that layer computed. n_bytes is the device memory the cache allocated (its pages and the
     workspace of n_ctx virtual rows); bits_per_value the pages' rate.
 
-    prefix > 0 (CUDA caches; the protocol of eviction, `e8kv ppl --prefix P --score S`): chunks of prefix +
+    prefix > 0 (the protocol of eviction, `e8kv ppl --prefix P --score S`): chunks of prefix +
     score tokens; the prefix is the prompt (attended exactly, then evicted when the spec says evict=, and
     coded), then the score tokens are one forward over the compressed prefix (SDPA over the decoded pages),
     and the logits of positions prefix .. prefix + score - 2 are scored. Each result then also has
-    "compression": f16 bytes of the prefix's K and V / the bytes the cache holds for it after eviction (the
-    kept tokens' codes, each row's means and sink rows), and "kept": the tokens a KV head keeps."""
+    "compression": f16 bytes of the prefix's K and V / the bytes the cache holds for it after eviction (CPU:
+    what the C cache allocated; CUDA: the kept tokens' codes, each row's means and sink rows), and "kept": the
+    tokens a KV head keeps."""
     dev = torch.device(device) if device is not None else _model_device(model)
     if dev.type == "cuda":
         if calib is not None or n_threads:
@@ -1311,15 +1357,16 @@ def perplexity(model: Any, ids: Sequence[int], specs: Sequence[str], *, n_ctx: i
                                                     "CPU-cache arguments")
         return _perplexity_cuda(model, ids, specs, dev, n_ctx=n_ctx, n_chunks=n_chunks, add_bos=add_bos,
                                 bos_id=bos_id, seed=seed, progress=progress, desc=desc, prefix=prefix, score=score)
-    if prefix:
-        raise E8KVError(ErrorCode.BAD_ARGUMENT, "perplexity(prefix=...) runs with the CUDA cache; on the CPU, "
-                                                "`e8kv ppl --prefix P --score S`")
+    if prefix and (prefix < 2 or score < 2):
+        raise E8KVError(ErrorCode.BAD_ARGUMENT, f"perplexity: prefix {prefix} and score {score} must be >= 2")
     if isinstance(calib, (str, os.PathLike)):
         calib = Calib.load(calib)
+    n = prefix + score if prefix else n_ctx
     return _ppl_loop(model, ids, ["f32", *specs],
-                     lambda spec: E8KVCache(model.config, spec, calib=calib, n_ctx=n_ctx, seed=seed,
+                     lambda spec: E8KVCache(model.config, spec, calib=calib, n_ctx=n, seed=seed,
                                             n_threads=n_threads),
-                     n_ctx=n_ctx, n_chunks=n_chunks, add_bos=add_bos, bos_id=bos_id, progress=progress, desc=desc)
+                     n_ctx=n, n_chunks=n_chunks, add_bos=add_bos, bos_id=bos_id, progress=progress, desc=desc,
+                     prefix=prefix)
 
 
 def _perplexity_cuda(model: Any, ids: Sequence[int], specs: Sequence[str], dev: torch.device, *, n_ctx: int,
@@ -1391,6 +1438,10 @@ def prefix_bytes(cache: Any, n: int) -> tuple[float, int]:
     after a prompt of n tokens. An E8KVCudaCache's allocation is made for max_cache_len at creation; what it
     holds for the prompt is the kept tokens' codes at the pages' rate plus each row's means (f32, centred
     streams) and sink rows (f32). A transformers cache holds its K/V tensors."""
+    if isinstance(cache, E8KVCache):  # what the C cache allocated, as `e8kv ppl --prefix` counts it
+        s = cache.shape
+        row = 2 * s.n_layer * s.n_head_kv * s.head_dim
+        return 2.0 * n * row / cache.n_bytes, cache.rows[0].n_kept(0)
     if isinstance(cache, E8KVCudaCache):
         s = cache.shape
         row = 2 * s.n_layer * s.n_head_kv * s.head_dim
