@@ -122,6 +122,20 @@ def run(model: Any, ids: torch.Tensor, specs: Sequence[str], *, new: int = 64, w
     return rows
 
 
+def load_model(gguf: str, model_id: Optional[str], device: str, dtype: torch.dtype) -> tuple[Any, Any]:
+    """(tokenizer, model in eval mode on `device`) of a transformers id or directory, else of a GGUF file (the
+    command-line tools' --model / --gguf)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    if model_id:
+        tok = AutoTokenizer.from_pretrained(model_id)
+        model = AutoModelForCausalLM.from_pretrained(model_id, dtype=dtype)
+    else:
+        d, f = os.path.split(gguf)
+        tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
+        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=dtype)
+    return tok, model.to(device).eval()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", default=os.path.expanduser("~/.cache/e8kv/SmolLM2-135M-Instruct.Q4_1.gguf"))
@@ -148,21 +162,12 @@ def main() -> None:
         ap.error("--no-decode needs --ppl-chunks N")
     if a.prefix and not a.ppl_chunks:
         ap.error("--prefix needs --ppl-chunks N")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from . import core
     if a.threads:
         torch.set_num_threads(a.threads)
     device = a.device or ("cuda" if a.model and torch.cuda.is_available() and core.cuda_available() else "cpu")
     dtype = getattr(torch, a.dtype or ("bfloat16" if device == "cuda" else "float32"))
-    if a.model:
-        tok = AutoTokenizer.from_pretrained(a.model)
-        model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype)
-    else:
-        d, f = os.path.split(a.gguf)
-        tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=dtype)
-    model = model.to(device).eval()
+    tok, model = load_model(a.gguf, a.model, device, dtype)
     text = open(a.text, encoding="utf-8").read(4_000_000 if a.ppl_chunks else 200_000) \
         if os.path.exists(a.text) else "The cat sat on the mat. " * 4000
     all_ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]

@@ -27,6 +27,7 @@ import torch
 from .core import E8KVError, ErrorCode
 
 SCORERS = ("keykey", "snapkv", "h2o", "stream")
+QUERY_SCORERS = ("snapkv", "h2o")  # the scorers that read the prompt's queries
 DEFAULT_RECENT = 32  # E8KV_EVICT_DEFAULT_RECENT
 DEFAULT_OBS = 32  # E8KV_EVICT_DEFAULT_OBS
 SNAPKV_POOL = 7
@@ -42,7 +43,7 @@ class EvictConfig:
 
     @property
     def needs_queries(self) -> bool:
-        return self.scorer in ("snapkv", "h2o")
+        return self.scorer in QUERY_SCORERS
 
     def kept(self, n: int, sink: int, block: int) -> int:
         """Tokens a KV head keeps of n: n minus the fraction, at least the protected ones, rounded up to whole

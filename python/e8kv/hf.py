@@ -457,7 +457,7 @@ class E8KVCache(_BatchChanges, Cache):
             qs = query[i:i + 1] if keep is None else query[i:i + 1, :, keep[i]]
             if qs.shape[2] == 0:
                 continue
-            if evicting and self._evict[0] in ("snapkv", "h2o"):
+            if evicting and self._evict[0] in evict_mod.QUERY_SCORERS:
                 n_q = min(qs.shape[2], self._evict[1]) if self._evict[0] == "snapkv" else qs.shape[2]
                 n = qs.shape[2]
                 self._qcap[(i, layer)] = self._to_cache_layout(qs[:, :, n - n_q:], n - n_q, "none")[0]
@@ -481,7 +481,7 @@ class E8KVCache(_BatchChanges, Cache):
             n = row.n_tokens(0)
             if n == 0:
                 continue
-            if self._evict[0] in ("snapkv", "h2o"):
+            if self._evict[0] in evict_mod.QUERY_SCORERS:
                 q = torch.stack([self._qcap.pop((i, layer)) for layer in range(self.shape.n_layer)])
                 row.evict(q.contiguous(), n_head=n_head, q_pos0=n - q.shape[1])
             else:
@@ -824,9 +824,12 @@ class E8KVCudaCache(_BatchChanges, Cache):
 
     def _positions(self, length: torch.Tensor, b: int, t: int, row0: int = 0) -> torch.Tensor:
         """(b, t): the positions in their rows' pages of t new tokens after `length` (padded) positions."""
-        ar = self._arange[:t] if t <= self._arange.shape[0] else torch.arange(t, dtype=torch.int64,
-                                                                              device=self._arange.device)
-        return (length - self._pad[row0:row0 + b])[:, None] + ar[None, :]
+        return (length - self._pad[row0:row0 + b])[:, None] + self._steps(t)[None, :]
+
+    def _steps(self, n: int) -> torch.Tensor:
+        """0 .. n - 1 (int64, on the cache's device): the static _arange when it is long enough."""
+        return self._arange[:n] if n <= self._arange.shape[0] else torch.arange(n, dtype=torch.int64,
+                                                                                device=self._arange.device)
 
     # -- beam search and batch changes (_BatchChanges): rows share the full pages of their common past (block
     # tables, as serving engines fork sequences); the page each row appends into next is made its own (copied
@@ -1063,8 +1066,8 @@ class E8KVCudaCache(_BatchChanges, Cache):
                                    scale=scaling)
             m = sel.shape[1]
             at = sel[..., None].expand(-1, -1, d)
-            pos = self._arange[:m][None] if m <= self._arange.shape[0] else torch.arange(m, device=key.device)[None]
-            self._append(layer, torch.gather(k, 1, at)[None], torch.gather(v, 1, at)[None], pos, row0=i, first=True)
+            self._append(layer, torch.gather(k, 1, at)[None], torch.gather(v, 1, at)[None], self._steps(m)[None],
+                         row0=i, first=True)
             kept.append(sel if idx is None else idx[sel])
             self._evicted_host[i] = t - m - pads[i]
             pads[i] = t - m  # pads and evicted tokens: what is not stored
@@ -1216,21 +1219,20 @@ def compress(model: Any, spec: Optional[str] = None, *, calib: Union[Calib, str,
     if isinstance(calib, (str, os.PathLike)):
         calib = Calib.load(calib)
     previous = model.config._attn_implementation
-    ev = evict_mod.parse(spec)[0] if gpu else None
-    sink = max([int(it.split("=", 1)[1]) for it in spec.split(",") if it.strip().startswith("sink=")
-                and it.split("=", 1)[1].strip().isdigit()] or [0])
 
     def make(args: Sequence[Any], kw: dict, gen: bool) -> Cache:
         if not gpu:
             return E8KVCache(model.config, spec, calib=calib, n_ctx=n_ctx, seed=seed, n_threads=n_threads)
         rows, cap = generate_shape(model, args, kw) if gen else _input_shape(args, kw)
-        if gen and ev is not None:  # the prompt takes the slots of the tokens it keeps
+        if gen and evict is not None:  # the prompt takes the slots of the tokens it keeps
             t = _input_shape(args, kw)[1]
-            cap = ev.kept(t, sink, 16) + cap - t
+            cap = evict.kept(t, *kept_args) + cap - t
         return E8KVCudaCache(model.config, spec, device=dev, max_batch_size=rows, max_cache_len=cap, seed=seed)
 
+    evict = None
     probe = make((), {"input_ids": torch.zeros((1, 16))}, False)  # a bad spec fails here
-    if gpu:
+    if gpu:  # its eviction, sink rows and page size size the caches of generate calls
+        evict, kept_args = probe.evict, (probe.sink, probe.block_size)
         probe.detach(model.config)
     del probe
     orig_generate, orig_forward = model.generate, model.forward

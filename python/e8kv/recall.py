@@ -121,19 +121,10 @@ def main() -> None:
                     help="';' between specs; 'dynamic' is transformers' DynamicCache")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from . import core
+    from .bench import load_model
     device = a.device or ("cuda" if torch.cuda.is_available() and core.cuda_available() else "cpu")
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    if a.model:
-        tok = AutoTokenizer.from_pretrained(a.model)
-        model = AutoModelForCausalLM.from_pretrained(a.model, dtype=dtype)
-    else:
-        d, f = os.path.split(a.gguf)
-        tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
-        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=dtype)
-    model = model.to(device).eval()
+    tok, model = load_model(a.gguf, a.model, device, torch.bfloat16 if device == "cuda" else torch.float32)
     rows: dict[str, list[dict]] = {}
     for r in run(model, tok, a.specs.split(";"), ctx=a.ctx, n_depths=a.depths, trials=a.trials, seed=a.seed):
         if a.json:
