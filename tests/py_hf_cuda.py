@@ -1281,6 +1281,10 @@ def test_recall_harness(dev):
     assert [(r["spec"], r["depth"]) for r in rows] == [("dynamic", 0.0), ("dynamic", 1.0), (ev, 0.0), (ev, 1.0)]
     assert all(r["trials"] == 1 and r["correct"] in (0, 1) for r in rows)
     assert rows[0]["kept"] == rows[0]["prompt_tokens"] and rows[2]["kept"] < rows[2]["prompt_tokens"]
+    if dev != "cuda":  # the CPU cache's rows: kept = the prompt's tokens its C cache holds (pages of 64)
+        cpu = list(rc.run(model, tok, ["f32,evict=snapkv:0.5,recent=8"], ctx=200, n_depths=1, trials=1,
+                          cuda_cache=False))
+        assert cpu[0]["kept"] == 128 < cpu[0]["prompt_tokens"] == 184, cpu
 
 
 @pytest.mark.parametrize("spec", ["f32,evict=snapkv:0.5,recent=8,obs=8", "f32,sink=2,evict=keykey:0.6,recent=8"])

@@ -101,6 +101,9 @@ def run(model: Any, tok: Any, specs: Sequence[str], *, ctx: int = 1024, n_depths
                 if isinstance(cache, hf.E8KVCudaCache):
                     cache.check()
                     kept = n - cache._pad_host[0]
+                elif isinstance(cache, hf.E8KVCache):  # the row's C cache: its slots less the answer's tokens
+                    row = cache.rows[0]
+                    kept = row.n_kept(0) - (row.n_tokens(0) - n)
                 else:
                     kept = n
                 ok += found(tok.decode(out[0, n:], skip_special_tokens=True), key)
