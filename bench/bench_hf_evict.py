@@ -67,8 +67,7 @@ def case(model, kind, batch, ctx, steps, room=64):
                 times.append(time.perf_counter() - t)
         times.sort()
         ms = 1e3 * times[len(times) // 2]
-        nbytes = cache.n_bytes if isinstance(cache, e8kv.hf.E8KVCudaCache) else sum(
-            x.numel() * x.element_size() for layer in cache.layers for x in (layer.keys, layer.values))
+        nbytes = e8kv.hf.cache_sizes(cache)[0]
         rec.update(ms=round(ms, 3), tok_s=round(batch / ms * 1e3, 1), cache_gb=round(nbytes / 1e9, 3), kept=kept,
                    ok=True)
         if isinstance(cache, e8kv.hf.E8KVCudaCache):
