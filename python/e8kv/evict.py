@@ -122,11 +122,9 @@ def scores(cfg: EvictConfig, q: Optional[torch.Tensor], k: torch.Tensor, scale: 
         scale = 1.0 / math.sqrt(d)  # keys as queries: the C library's scale
         stride = -(-n // KEYKEY_OBSERVERS) if n > KEYKEY_OBSERVERS else 1
         obs = torch.arange(n - 1, -1, -stride, device=k.device)
+        cnt = (obs[None, :] > torch.arange(n, device=k.device)[:, None]).sum(1).double()  # observers after key j
         for h in range(H):
             w = _group_attention(kc[h, obs][None], kc[h], obs, scale, exclude_self=True)
-            cnt = torch.zeros(n, dtype=torch.float64, device=k.device)
-            for o in obs.tolist():  # key j < o is seen by observer o
-                cnt[:o] += 1.0
             out[h] = torch.where(cnt > 0, w / cnt.clamp(min=1.0), torch.zeros_like(w))
         return out
     if q is None:
