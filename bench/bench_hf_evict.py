@@ -4,7 +4,8 @@ Llama-3-8B-shaped model of bench_hf_cuda.py (random bf16 weights), a prompt of r
 ctx) prefilled in one eager forward (so an evicting cache scores and evicts it), then compiled decode steps
 (torch.compile mode "reduce-overhead", fullgraph), one new token per sequence per step.
 Caches: StaticCache (ctx + room), e8kv's CUDA cache without eviction (ctx + room), and evicting ones sized
-for the tokens they keep (kept + room: the memory the eviction saves is not allocated).
+for the tokens they keep (kept + room: the memory the eviction saves is not allocated); with budget=N, at
+most what a row may hold (N + a page: e8kv.evict's hold), so that the decode steps timed drop pages.
 Per case: prefill seconds, ms per decode step (median of --steps after 4 warm-up steps, the host waiting
 for each), the cache's bytes (StaticCache: its tensors; e8kv: its device allocation), tokens kept.
 Random weights: the figures are the speed and memory of the shapes, not a quality.
@@ -39,7 +40,10 @@ def case(model, kind, batch, ctx, steps, room=64):
         else:
             ev, _ = e8kv.evict.parse(kind)
             kept = ev.kept(ctx, 0, 16) if ev else ctx
-            cache = e8kv.hf.E8KVCudaCache(cfg, kind, device="cuda", max_batch_size=batch, max_cache_len=kept + room)
+            cap = kept + room
+            if ev is not None and ev.budget:
+                cap = min(cap, ev.hold(0, 16))
+            cache = e8kv.hf.E8KVCudaCache(cfg, kind, device="cuda", max_batch_size=batch, max_cache_len=cap)
         arg = e8kv.hf.cache_arg(model)
         torch.cuda.synchronize()
         t = time.perf_counter()
@@ -72,6 +76,9 @@ def case(model, kind, batch, ctx, steps, room=64):
                    ok=True)
         if isinstance(cache, e8kv.hf.E8KVCudaCache):
             cache.check()
+            if cache._hold:
+                cache._sync_pads()
+                rec.update(hold=cache._hold, dropped=cache._budget_dropped[0])
     except torch.OutOfMemoryError:
         rec.update(ok=False, error="out of memory")
     finally:

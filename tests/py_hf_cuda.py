@@ -1165,7 +1165,7 @@ def test_eviction_errors(dev):
     import e8kv.hf
     model = model_on(dev)
     arg = e8kv.hf.cache_arg(model)
-    for bad in ["e8box:4,evict=snapkv:1.5", "e8box:4,evict=nope:0.5", "e8box:4,recent=8", "e8box:4,evict=h2o:0.5,budget=64",
+    for bad in ["e8box:4,evict=snapkv:1.5", "e8box:4,evict=nope:0.5", "e8box:4,recent=8", "e8box:4,budget=64",
                 "e8box:4,evict0-1=0.5,evict=snapkv:0.5", "e8box:4,evict=snapkv:0.5,obs=0"]:
         with pytest.raises(e8kv.E8KVError) as e:
             e8kv.hf.E8KVCudaCache(model.config, bad, device=dev, max_cache_len=64)
@@ -1192,6 +1192,173 @@ def test_eviction_errors(dev):
     cache.crop(-12)  # to 100: after it
     cache.detach(model.config)
     cache.check()
+
+
+def _budget_reference(model, ids, kept, steps, hold, keep0, bs=16):
+    """DynamicCache after the prompt ids (b, t) holding kept[layer][row] (None: every token), then the tokens
+    steps (b, n) one by one at their true positions, with budget='s rule applied before each: a cache that
+    would pass `hold` tokens drops its oldest whole pages of `bs` tokens after the first `keep0` tokens, as
+    few as make room (what E8KVCudaCache._make_room does to its block tables). Logits of every call, and how
+    many tokens each call's cache held."""
+    from transformers import DynamicCache
+    import e8kv.hf
+    arg = e8kv.hf.cache_arg(model)
+    model.config._attn_implementation = "sdpa"
+    ref = DynamicCache(config=model.config)
+    b, t = ids.shape
+    held = []
+    with torch.no_grad():
+        out = [model(input_ids=ids, **{arg: ref}, use_cache=True).logits[:, -1].float()]
+        if kept is not None:
+            for layer, lay in enumerate(ref.layers):
+                idx = torch.stack(kept[layer]).to(lay.keys.device)  # (b, H, m)
+                at = idx[..., None].expand(-1, -1, -1, lay.keys.shape[-1])
+                lay.keys, lay.values = torch.gather(lay.keys, 2, at), torch.gather(lay.values, 2, at)
+        held.append(ref.layers[0].keys.shape[2])
+        for i in range(steps.shape[1]):
+            n = ref.layers[0].keys.shape[2]
+            if n + 1 > hold:
+                k = min(-(-(n + 1 - hold) // bs), n // bs - keep0 // bs)
+                for lay in ref.layers:
+                    cut = lambda x: torch.cat((x[:, :, :keep0], x[:, :, keep0 + k * bs:]), dim=2)  # noqa: E731
+                    lay.keys, lay.values = cut(lay.keys), cut(lay.values)
+            pos = torch.full((b, 1), t + i, device=ids.device)
+            out.append(model(input_ids=steps[:, i:i + 1], position_ids=pos, **{arg: ref},
+                             use_cache=True).logits[:, -1].float())
+            held.append(ref.layers[0].keys.shape[2])
+    return torch.stack(out), held
+
+
+@pytest.mark.parametrize("spec,t", [("bf16,sink=2,evict=stream:0,budget=32,recent=8", 40),
+                                    ("bf16,evict=snapkv:0.2,budget=32,recent=8", 100)])
+def test_budget_drops_the_oldest_pages(dev, spec, t):
+    """budget=32 (16-token pages: a row holds at most 48 tokens): a prompt of t tokens (100: more than the
+    budget, so it keeps 32 by snapkv) and 50 decode steps into a cache of 64 tokens per row. Before a step
+    would take a row past 48 its oldest page after the first is dropped (the block table turned, no K/V
+    moved): every step's logits equal those of a DynamicCache that drops the same tokens at the same steps
+    (bf16 pages: within bf16 tolerance), positions keep counting (get_seq_length = t + 50), what the cache
+    holds never passes 48, and the control (nothing dropped) differs."""
+    import e8kv.evict as ev
+    import e8kv.hf
+    model = model_on(dev)
+    arg = e8kv.hf.cache_arg(model)
+    g = torch.Generator().manual_seed(31)
+    ids = torch.randint(0, 1024, (2, t), generator=g).to(model.device)
+    steps = torch.randint(0, 1024, (2, 50), generator=g).to(model.device)
+    cache = e8kv.hf.E8KVCudaCache(model.config, spec, device=dev, max_batch_size=2, max_cache_len=64)
+    cfg, _ = ev.parse(spec)
+    assert cache._hold == cfg.hold(cache.sink, 16) == 48 and cache.capacity == 64
+    got, held = [], []
+    with torch.no_grad():
+        got.append(model(input_ids=ids, **{arg: cache}, use_cache=True).logits[:, -1].float())
+        held.append(t - cache._pad_host[0])
+        for i in range(steps.shape[1]):
+            got.append(model(input_ids=steps[:, i:i + 1], **{arg: cache}, use_cache=True).logits[:, -1].float())
+            held.append(t + i + 1 - cache._pad_host[0])
+    cache.detach(model.config)
+    cache.check()
+    got = torch.stack(got)
+    want, want_held = _budget_reference(model, ids, cache.kept if t > 48 else None, steps, 48, 16)
+    assert held == want_held and max(held) == 48 and min(held[1:]) == 33, held
+    assert int(cache.get_seq_length()) == t + 50 and cache._budget_dropped[:2] == [cache._budget_dropped[0]] * 2
+    assert cache._budget_dropped[0] > 0
+    ctl, _ = _budget_reference(model, ids, cache.kept if t > 48 else None, steps, 10 ** 6, 16)
+    scale = float(want.abs().max())
+    err = float((got - want).abs().max())
+    err_ctl = float((ctl - want).abs().max())
+    print(f"{spec} on {dev}: held {held[0]} .. {max(held)}, dropped {cache._budget_dropped[0]}; max |logit diff| "
+          f"vs DynamicCache dropping the same pages {err:.3g}, vs nothing dropped (control) {err_ctl:.3g} "
+          f"(max |logit| {scale:.3g})")
+    assert err <= 5e-3 * scale, (err, scale)
+    assert err_ctl > 10 * max(err, 1e-4 * scale), (err_ctl, err)
+
+
+def test_budget_limits_and_errors(dev):
+    """budget= needs evict=; compress() sizes a generate()'s cache to what budget= lets a row hold; beam
+    search, crop after a drop and a chunk too large to fit beside the kept pages are refused by name, and
+    reset gives the rows their own tables back."""
+    import e8kv.hf
+    model = model_on(dev)
+    arg = e8kv.hf.cache_arg(model)
+    with pytest.raises(e8kv.E8KVError) as e:
+        e8kv.hf.E8KVCudaCache(model.config, "bf16,budget=64", device=dev, max_cache_len=128)
+    assert e.value.code == e8kv.ErrorCode.SPEC
+    for bad in ["bf16,evict=stream:0,budget=0", "bf16,evict=stream:0,budget=x"]:
+        with pytest.raises(e8kv.E8KVError) as e:
+            e8kv.hf.E8KVCudaCache(model.config, bad, device=dev, max_cache_len=128)
+        assert e.value.code == e8kv.ErrorCode.SPEC, bad
+    small = e8kv.hf.E8KVCudaCache(model.config, "bf16,evict=stream:0,budget=512", device=dev, max_cache_len=32)
+    assert small._hold == 0  # no page to drop before it is full: it never drops
+    small.detach(model.config)
+    cache = e8kv.hf.E8KVCudaCache(model.config, "bf16,evict=stream:0,budget=32,recent=8", device=dev, max_batch_size=2,
+                                  max_cache_len=64)
+    ids = torch.randint(0, 1024, (2, 40), generator=torch.Generator().manual_seed(5)).to(model.device)
+    with torch.no_grad():
+        model(input_ids=ids, **{arg: cache}, use_cache=True)
+        with pytest.raises(e8kv.E8KVError) as e:  # 17 > 48 - 2 pages
+            model(input_ids=ids[:, :17], **{arg: cache}, use_cache=True)
+        assert e.value.code == e8kv.ErrorCode.CONTEXT_FULL
+        model(input_ids=ids[:, :1], **{arg: cache}, use_cache=True)
+        cache.crop(-1)  # nothing dropped yet: allowed
+        for i in range(12):
+            model(input_ids=ids[:, i:i + 1], **{arg: cache}, use_cache=True)
+    assert cache._budget_dropped[:2] == [16, 16] and int(cache.get_seq_length()) == 52
+    with pytest.raises(NotImplementedError):
+        cache.crop(-1)
+    with pytest.raises(NotImplementedError):
+        cache.reorder_cache(torch.tensor([1, 0], device=model.device))
+    cache.reset()
+    assert cache._budget_dropped[:2] == [0, 0]
+    assert cache._tables.cpu().eq(torch.arange(8, dtype=torch.int32).view(2, 4)).all()
+    cache.detach(model.config)
+    if dev == "cuda":  # compress(): a generate of 40 + 100 tokens gets 48 per row
+        sizes = []
+        orig = e8kv.hf.E8KVCudaCache.__init__
+
+        def spy(self, *a, **kw):
+            sizes.append(kw.get("max_cache_len"))
+            orig(self, *a, **kw)
+        e8kv.hf.E8KVCudaCache.__init__ = spy
+        try:
+            with e8kv.hf.compress(model, "bf16,evict=stream:0,budget=32,recent=8"), torch.no_grad():
+                out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=100,
+                                     min_new_tokens=100, do_sample=False)
+        finally:
+            e8kv.hf.E8KVCudaCache.__init__ = orig
+        assert out.shape == (2, 140) and sizes[-1] == 48, sizes
+
+
+@needs_gpu
+def test_budget_compiled_equals_eager():
+    """The pages a budget= cache drops are chosen on the device: compiled steps (CUDA graphs, as generate()
+    compiles them) drop the same ones as eager steps, so their logits agree; the host learns of it when it
+    next looks (crop refused, _budget_dropped)."""
+    import e8kv.hf  # noqa: F401
+    from torch._dynamo.utils import counters
+    model = tiny_llama(torch.bfloat16)
+    prompt = prompt_ids(2, 40)
+    _, toks = reference(model, prompt, 60)
+    spec = "e8box:4,sink=4,evict=stream:0,budget=32,recent=8"
+    eager_cache = gpu_cache(model, spec, 2)
+    eager = run_steps(model, eager_cache, prompt, toks)
+    eager_cache.detach(model.config)
+    torch._dynamo.reset()
+    counters.clear()
+    step = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    cache = gpu_cache(model, spec, 2)
+    compiled = run_steps(model, cache, prompt, toks, step=step)
+    cache.detach(model.config)
+    cache.check()
+    skips = dict(counters["inductor"]).get("cudagraph_skips", 0)
+    err = float((compiled - eager).abs().max())
+    scale = float(eager.abs().max())
+    with pytest.raises(NotImplementedError):
+        cache.crop(-1)
+    print(f"{spec}: 40 + 60 tokens, dropped {eager_cache._budget_dropped[0]} (eager) / "
+          f"{cache._budget_dropped[0]} (compiled); compiled vs eager max |logit diff| {err:.3g} "
+          f"(max |logit| {scale:.3g}), cudagraph skips {skips}")
+    assert skips == 0 and eager_cache._budget_dropped[:2] == cache._budget_dropped[:2] == [64, 64]
+    assert err <= 2e-2 * scale, (err, scale)
 
 
 def test_perplexity_prefix_mode(dev):

@@ -7,6 +7,9 @@ and the spec items of the C library's eviction (src/cache/evict.c, include/e8kv.
                      queries: no queries needed) or stream (sinks and the newest tokens only)
     recent=W         the newest W tokens are never evicted (default 32)
     obs=W            snapkv's observation window (default 32)
+    budget=N         also keep each row within about N tokens while it grows (the CUDA cache: N + a page at
+                     most; the prompt keeps at most N, rounded up to a page, by SCORER; then, at decode, the
+                     oldest whole pages after the sink's are dropped, StreamingLLM's choice at page grain)
 
 The first max(sink, 1) tokens are never evicted, and the count kept is rounded up to whole pages, as in the
 C library: select() returns the same tokens as e8kv_cache_evict for the same keys and queries (tested
@@ -40,6 +43,7 @@ class EvictConfig:
     frac: float
     recent: int = DEFAULT_RECENT
     obs: int = DEFAULT_OBS
+    budget: int = 0  # budget=N (0: none)
 
     @property
     def needs_queries(self) -> bool:
@@ -47,47 +51,60 @@ class EvictConfig:
 
     def kept(self, n: int, sink: int, block: int) -> int:
         """Tokens a KV head keeps of n: n minus the fraction, at least the protected ones, rounded up to whole
-        pages of `block` tokens (which cost the same), never more than n."""
+        pages of `block` tokens (which cost the same), never more than n. With budget=N, a prompt of more
+        than N + block tokens keeps at most max(N, protected) rounded up to a page (the C cache's budget
+        eviction: down to N once past N + a page)."""
         lo = max(sink, 1)
         if lo >= n or self.recent >= n - lo:
             return n
         m = max(n - math.floor(self.frac * n), lo + self.recent)
+        if self.budget and n > self.budget + block:
+            m = min(m, max(self.budget, lo + self.recent))
         m = (m + block - 1) // block * block
         return min(m, n)
 
+    def hold(self, sink: int, block: int) -> int:
+        """budget=N: the most tokens a row holds, max(N, protected, a page past the sink's) rounded up to a page,
+        plus a page (0 without budget=)."""
+        if not self.budget:
+            return 0
+        lo = max(sink, 1)
+        m = max(self.budget, lo + self.recent, (lo + block - 1) // block * block + block)
+        return (m + block - 1) // block * block + block
+
 
 def parse(spec: str) -> tuple[Optional[EvictConfig], str]:
-    """(the eviction items of a cache spec, the spec without them). SPEC error for a bad item, and for
-    budget= and per-layer evictA-B= (the caches of transformers evict the prompt, by one fraction for every
+    """(the eviction items of a cache spec, the spec without them). SPEC error for a bad item, for budget=
+    without evict=, and for per-layer evictA-B= (the caches of transformers evict by one fraction for every
     layer)."""
     items = [s for s in spec.split(",")]
     rest, found = [], {}
     for it in items:
         key, eq, val = it.partition("=")
         key = key.strip()
-        if key in ("evict", "recent", "obs"):
+        if key in ("evict", "recent", "obs", "budget"):
             found[key] = val.strip()
-        elif key == "budget" or (key.startswith("evict") and key[5:6].isdigit()):
-            raise E8KVError(ErrorCode.SPEC, f"cache spec '{spec}': '{it}' (budget= and per-layer evictA-B=) is not "
-                                            "supported by the transformers caches: evict=SCORER:F evicts the "
-                                            "prompt of every layer by F")
+        elif key.startswith("evict") and key[5:6].isdigit():
+            raise E8KVError(ErrorCode.SPEC, f"cache spec '{spec}': '{it}' (per-layer evictA-B=) is not supported "
+                                            "by the transformers caches: evict=SCORER:F evicts every layer by F")
         else:
             rest.append(it)
     if not found:
         return None, spec
     if "evict" not in found:
-        raise E8KVError(ErrorCode.SPEC, f"cache spec '{spec}': recent= and obs= need evict=SCORER:F")
+        raise E8KVError(ErrorCode.SPEC, f"cache spec '{spec}': recent=, obs= and budget= need evict=SCORER:F")
     scorer, _, frac = found["evict"].partition(":")
     try:
         f = float(frac)
         recent = int(found.get("recent", DEFAULT_RECENT))
         obs = int(found.get("obs", DEFAULT_OBS))
+        budget = int(found.get("budget", 1))
     except ValueError:
-        f, recent, obs = -1.0, 0, 0
-    if scorer not in SCORERS or not (0.0 <= f < 1.0) or recent < 1 or obs < 1:
+        f, recent, obs, budget = -1.0, 0, 0, 0
+    if scorer not in SCORERS or not (0.0 <= f < 1.0) or recent < 1 or obs < 1 or budget < 1:
         raise E8KVError(ErrorCode.SPEC, f"cache spec '{spec}': evict=SCORER:F with SCORER one of "
-                                        f"{', '.join(SCORERS)} and 0 <= F < 1; recent=W, obs=W at least 1")
-    return EvictConfig(scorer, f, recent, obs), ",".join(rest)
+                                        f"{', '.join(SCORERS)} and 0 <= F < 1; recent=W, obs=W, budget=N at least 1")
+    return EvictConfig(scorer, f, recent, obs, int(found["budget"]) if "budget" in found else 0), ",".join(rest)
 
 
 def _group_attention(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale: float,

@@ -570,12 +570,20 @@ class E8KVCudaLayer(CacheLayerMixin):
         if not torch.compiler.is_compiling():
             if self.layer_idx == 0:
                 self.parent._n_active = max(self.parent._n_active, b)
-            room = self.parent.capacity + min(self.parent._pad_host[:b])  # a row's pads are not stored
-            if self.host_length + t > room:
-                raise E8KVError(ErrorCode.CONTEXT_FULL, f"e8kv CUDA cache: {t} new tokens after "
-                                                        f"{self.host_length} exceed max_cache_len "
-                                                        f"{self.parent.capacity}")
+            if p._hold:  # budget=: old pages make room; a chunk must fit beside the pages that stay
+                most = p._hold - (p._s0 + 1) * p.block_size
+                if t > most:
+                    raise E8KVError(ErrorCode.CONTEXT_FULL, f"e8kv CUDA cache: a chunk of {t} tokens into a cache "
+                                                            f"of budget={p.evict.budget} (at most {most} at once)")
+            else:
+                room = self.parent.capacity + min(self.parent._pad_host[:b])  # a row's pads are not stored
+                if self.host_length + t > room:
+                    raise E8KVError(ErrorCode.CONTEXT_FULL, f"e8kv CUDA cache: {t} new tokens after "
+                                                            f"{self.host_length} exceed max_cache_len "
+                                                            f"{self.parent.capacity}")
             self.host_length += t
+        if p._hold and self.layer_idx == 0:  # once per step, before any layer appends
+            p._make_room(b, t, self.cumulative_length)
         self.parent._append(self.layer_idx, key_states, value_states,
                             self.parent._positions(self.cumulative_length, b, t),
                             first=self.parent._fresh[self.layer_idx])
@@ -602,12 +610,18 @@ class E8KVCudaLayer(CacheLayerMixin):
         self.parent._pad.zero_()
         self.parent._pad_host = [0] * self.parent.batch_rows
         self.parent._evicted_host = [0] * self.parent.batch_rows
+        self.parent._budget_dropped = [0] * self.parent.batch_rows
         self.parent._valid = None
         self.parent._unshare()
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:
             raise ValueError("crop takes a negative count (tokens to remove from the end)")
+        if tokens_to_remove and self.parent._hold:
+            self.parent._sync_pads()
+            if any(self.parent._budget_dropped):
+                raise NotImplementedError("e8kv CUDA cache: crop after budget= dropped tokens (the pages at the end "
+                                          "of a row's ring no longer follow its positions)")
         if tokens_to_remove and self.parent._evicted_at and \
                 int(self.cumulative_length) + tokens_to_remove < self.parent._evicted_at:
             raise NotImplementedError(f"e8kv CUDA cache: crop into a prompt of {self.parent._evicted_at} tokens that "
@@ -649,10 +663,15 @@ class E8KVCudaCache(_BatchChanges, Cache):
     first tokens appended in eager mode; center=0 turns it off). The GPU formats take keys after RoPE
     (rope=post), in the RoPE pair layout E8KVCache codes them in (GGUF's interleaved pairs for Llama and
     Mistral, key_perm; queries follow), so that the pages hold the CPU cache's codes; specs the CUDA cache cannot hold (rope=pre, e8t/e8tv, auto=, presets,
-    window=, budget=) are an E8KVError (SPEC). evict=SCORER:F (recent=W, obs=W; e8kv.evict) evicts the prompt:
+    window=) are an E8KVError (SPEC). evict=SCORER:F (recent=W, obs=W; e8kv.evict) evicts the prompt:
     its K/V wait in update() until the layer's attention, which attends the prompt exactly and then stores
     only the tokens each (batch row, KV head) keeps (kept: which), in slots 0 .. m - 1; the rows' pads grow
-    by what was evicted, so later tokens follow at their true positions (see _evict_prompt). update() appends the new tokens through torch.ops.e8kv.append (slots
+    by what was evicted, so later tokens follow at their true positions (see _evict_prompt). budget=N also
+    bounds what a row holds while it grows (long generations): the prompt keeps at most N (rounded up to a
+    page) by SCORER, and before a step would take a row past N + a page (e8kv.evict's hold), its oldest
+    whole pages after the sink's are dropped, on the device, in compiled steps too (_make_room): StreamingLLM's
+    choice at page grain, where the C cache's budget= re-scores by keykey. Not with beam search or other
+    batch changes, and no crop once something was dropped. update() appends the new tokens through torch.ops.e8kv.append (slots
     computed on the device from the layer's length); the "e8kv" attention attends through
     torch.ops.e8kv.attend: one query row per (batch row, token) with context length position + 1, so a
     chunk with a past reads its own new tokens from the pages too. Two exceptions in eager mode: a chunk of
@@ -715,8 +734,8 @@ class E8KVCudaCache(_BatchChanges, Cache):
                                      max_seqs=max_batch_size, device=self.device.index)
         except E8KVError as e:
             why = (f": the CUDA cache holds {', '.join(CUDA_FORMATS)} (k=/v=/kv= and layer rules of them), keys "
-                   "after RoPE, sink=N up to 64, evict=SCORER:F (recent=, obs=); not rope=pre, e8t/e8tv, auto=, "
-                   "presets, window=, budget="
+                   "after RoPE, sink=N up to 64, evict=SCORER:F (recent=, obs=, budget=); not rope=pre, e8t/e8tv, "
+                   "auto=, presets, window="
                    if e.code == ErrorCode.SPEC else "")
             raise E8KVError(e.code, f"e8kv CUDA cache '{spec}' for {s.model_type} ({max_batch_size} x "
                                     f"{self.capacity} tokens){why}") from None
@@ -729,6 +748,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
             self._batch_rows = torch.arange(max_batch_size, dtype=torch.int32)  # each row's sink rows and means
             self._pad = torch.zeros(max_batch_size, dtype=torch.int64)  # per row: pads dropped from its prompt
             self._full = torch.zeros(1, dtype=torch.int32)  # set when a step went past max_cache_len (check())
+            self._page_ids = torch.arange(self.pages_per_seq, dtype=torch.int64)  # budget=: a row's table index
             # keys (and the queries that score them) in the layout E8KVCache codes them in: GGUF's interleaved
             # RoPE pairs for Llama/Mistral, so that the pages hold the CPU cache's codes (a layout is a
             # different rotation of the codec's input: SmolLM2 e8p:2 KLD 0.60 interleaved, 0.80 split)
@@ -749,13 +769,21 @@ class E8KVCudaCache(_BatchChanges, Cache):
         self._valid_todo: list[bool] = []  # per layer: its append has still to drop the pads of _valid
         self.sink = self.kv.sink
         self._use_rows = bool(self.sink) or self.kv.centered
+        # budget=N: a row holds at most _hold tokens. Its first _s0 pages (those of the sink=, or of the first
+        # token) stay; before an append would pass _hold, its oldest other pages are dropped (_make_room).
+        # A cache too small to drop a page before it is full (max_cache_len below the sink's pages + 2 pages)
+        # never drops: it is sized for all its tokens.
+        self._s0 = (max(self.sink, 1) + block_size - 1) // block_size
+        hold = min(self.evict.hold(self.sink, block_size), self.capacity) if self.evict is not None else 0
+        self._hold = hold if hold // block_size - self._s0 >= 2 else 0
+        self._budget_dropped = [0] * max_batch_size  # per row: tokens budget= dropped (known to the host)
         self._fresh = [True] * s.n_layer  # per layer: no token since creation or reset (the host's own record)
         # eviction: per layer, the prompt's K/V held back by update() until the attention has its queries;
         # then which tokens each (batch row, KV head) kept (e8kv.evict.select: indices into the row's prompt)
         self._stash: list[Optional[tuple[torch.Tensor, torch.Tensor]]] = [None] * s.n_layer
         self.kept: list[Optional[list[torch.Tensor]]] = [None] * s.n_layer
         self._evicted_at = 0  # the padded prompt length an eviction happened at (crop cannot go below it)
-        for t in (self._tables, self._arange, self._batch_rows, self._pad, self._full, self.key_perm):
+        for t in (self._tables, self._arange, self._batch_rows, self._pad, self._full, self.key_perm, self._page_ids):
             if t is not None:
                 torch._dynamo.mark_static_address(t)
         self._attach(config)
@@ -826,6 +854,35 @@ class E8KVCudaCache(_BatchChanges, Cache):
         """(b, t): the positions in their rows' pages of t new tokens after `length` (padded) positions."""
         return (length - self._pad[row0:row0 + b])[:, None] + self._steps(t)[None, :]
 
+    def _make_room(self, b: int, t: int, length: torch.Tensor) -> None:
+        """budget=: before t new tokens of rows 0 .. b-1 are stored (called by layer 0, so once per step and
+        before any layer appends), each row that would hold more than _hold tokens drops its oldest whole
+        pages after its first _s0 (StreamingLLM's choice: sinks and the newest tokens, at page grain): its
+        block table's ring of pages _s0 .. _hold/block_size - 1 turns by that many pages, on the device (static
+        shapes, no host value: the same in compiled steps), so the dropped pages come last, to be written next,
+        and no K/V moves; its pad grows by the tokens dropped, so that later tokens keep their positions
+        (RoPE phases, cache_position) while the attention reads only what is held. length: the layer's
+        (padded) length before the step."""
+        bs, s0 = self.block_size, self._s0
+        ring = self._hold // bs - s0
+        held = length - self._pad[:b]
+        k = torch.minimum((held + t - self._hold + bs - 1).clamp(min=0) // bs, (held // bs - s0).clamp(min=0))
+        j = self._page_ids[None, :]
+        idx = torch.where((j >= s0) & (j < s0 + ring), s0 + (j - s0 + k[:, None]) % ring, j)
+        self._tables[:b].copy_(torch.gather(self._tables[:b], 1, idx))
+        self._pad[:b].add_(k * bs)
+        if not torch.compiler.is_compiling():
+            self._sync_pads()
+
+    def _sync_pads(self) -> None:
+        """budget=: the host's twins of the rows' pads after drops made on the device (by compiled steps too):
+        what grew was dropped (synchronises)."""
+        pads = self._pad.tolist()
+        for i, (new, old) in enumerate(zip(pads, self._pad_host)):
+            self._evicted_host[i] += new - old
+            self._budget_dropped[i] += new - old
+        self._pad_host = pads
+
     def _steps(self, n: int) -> torch.Tensor:
         """0 .. n - 1 (int64, on the cache's device): the static _arange when it is long enough."""
         return self._arange[:n] if n <= self._arange.shape[0] else torch.arange(n, dtype=torch.int64,
@@ -841,6 +898,9 @@ class E8KVCudaCache(_BatchChanges, Cache):
         return self._n_active
 
     def _take(self, idx: list[int], who: str) -> None:
+        if self._hold:
+            raise NotImplementedError(f"e8kv CUDA cache {who} with budget=: rows that share pages cannot drop "
+                                      "them (beam search and batch changes need a cache without budget=)")
         if len(idx) > self.batch_rows:
             raise E8KVError(ErrorCode.DIMENSION, f"e8kv CUDA cache {who}: {len(idx)} rows exceed max_batch_size "
                                                  f"{self.batch_rows}")
@@ -910,7 +970,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
     def _unshare(self) -> None:
         """Creation's layout again (reset): row b holds pages b*W .. b*W+W-1 and row b of sink rows."""
         self._n_active = 0
-        if self._shared:
+        if self._shared or self._hold:  # (budget= turns each row's table: _make_room)
             B, W = self.batch_rows, self.pages_per_seq
             self._tables_host = np.arange(B * W, dtype=np.int32).reshape(B, W)
             self._rows_host = list(range(B))
@@ -1227,6 +1287,8 @@ def compress(model: Any, spec: Optional[str] = None, *, calib: Union[Calib, str,
         if gen and evict is not None:  # the prompt takes the slots of the tokens it keeps
             t = _input_shape(args, kw)[1]
             cap = evict.kept(t, *kept_args) + cap - t
+            if evict.budget:  # budget=N: a row never holds more than N + a page
+                cap = min(cap, evict.hold(*kept_args))
         return E8KVCudaCache(model.config, spec, device=dev, max_batch_size=rows, max_cache_len=cap, seed=seed)
 
     evict = None
