@@ -678,19 +678,24 @@ def test_generate_shape_sizes_a_static_cache():
 @needs_gpu
 def test_compress_on_a_cuda_model():
     """with e8kv.hf.compress(model): generate() (greedy, beam search) and forward() on a CUDA model go through
-    an E8KVCudaCache ("e8box:4" by default) sized per call: the same tokens and logits as an explicit one;
-    on exit the model's attention is as before."""
+    an E8KVCudaCache (CUDA_DEFAULT_SPEC "e8box:4,sink=4" by default, as E8KVCache(config, device="cuda")
+    with no spec) sized per call: the same tokens and logits as an explicit one; on exit the model's
+    attention is as before."""
     import e8kv.hf
     model = tiny_llama(torch.float32)
     ids = prompt_ids(2, 20)
     kw = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=None)
     want = []
+    default = e8kv.hf.CUDA_DEFAULT_SPEC
+    made = e8kv.hf.E8KVCache(model.config, device="cuda", max_cache_len=32)  # no spec: the same default
+    assert made.spec == default
+    made.detach(model.config)
     for beams in (1, 2):
-        cache = gpu_cache(model, "e8box:4", 2 * beams, cap=32)
+        cache = gpu_cache(model, default, 2 * beams, cap=32)
         with torch.no_grad():
             want.append(model.generate(ids, past_key_values=cache, num_beams=beams, **kw))
         cache.detach(model.config)
-    cache = gpu_cache(model, "e8box:4", 2, cap=20)
+    cache = gpu_cache(model, default, 2, cap=20)
     with torch.no_grad():
         want_logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits
     cache.detach(model.config)

@@ -279,15 +279,16 @@ class E8KVCache(_BatchChanges, Cache):
     device="cuda" makes the GPU variant (E8KVCudaCache: the CUDA cache of include/e8kv_cuda.h, static
     shapes for torch.compile; see there)."""
 
-    def __new__(cls, config: Any, spec: str = "balanced", *args: Any, device: Any = "cpu", **kwargs: Any) -> Any:
+    def __new__(cls, config: Any, spec: Optional[str] = None, *args: Any, device: Any = "cpu", **kwargs: Any) -> Any:
         if cls is E8KVCache and torch.device(device).type == "cuda":
-            return E8KVCudaCache(config, spec, *args, device=device, **kwargs)
+            return E8KVCudaCache(config, spec or CUDA_DEFAULT_SPEC, *args, device=device, **kwargs)
         return super().__new__(cls)
 
-    def __init__(self, config: Any, spec: str = "balanced", *, calib: Union[Calib, str, os.PathLike, None] = None,
+    def __init__(self, config: Any, spec: Optional[str] = None, *, calib: Union[Calib, str, os.PathLike, None] = None,
                  n_ctx: Optional[int] = None, seed: int = 0, n_threads: int = 0,
                  observer: Optional[Any] = None, device: Any = "cpu") -> None:
         self.shape = ModelShape(config)
+        spec = spec or "balanced"
         # evict=SCORER:F (and the evict-* presets): after the prompt's last layer, each row's C cache evicts
         # (e8kv_cache_evict) with the prompt's queries, captured by the attention (_attend); budget= evicts
         # at append inside the C cache
@@ -523,6 +524,9 @@ class E8KVCache(_BatchChanges, Cache):
 
 # ------------------------------------------------------------------------------------------ the GPU cache
 CUDA_FORMATS = ("e8box:4", "e8box:3", "e8p:2", "bf16", "f16")
+# what a CUDA cache holds when no spec is given: sink=4 halves e8box:4's loss on the default model (GPU, SmolLM2,
+# ctx 512: KLD 0.0223 against 0.0333) for 4 exact tokens per row (BENCHMARKS.md)
+CUDA_DEFAULT_SPEC = "e8box:4,sink=4"
 
 
 class E8KVCudaLayer(CacheLayerMixin):
@@ -700,7 +704,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
     full pages of a common past; the page a row appends into next, and its row of sink rows while it has
     fewer than sink=N tokens, are made its own (copied when another row holds them)."""
 
-    def __init__(self, config: Any, spec: str = "e8box:4", *, max_batch_size: int = 1, max_cache_len: Optional[int] = None,
+    def __init__(self, config: Any, spec: str = CUDA_DEFAULT_SPEC, *, max_batch_size: int = 1, max_cache_len: Optional[int] = None,
                  device: Any = "cuda", seed: int = 0, block_size: int = 16, max_chunk: int = 64,
                  gather_from: int = 16, prompt_from_codes: bool = False, **unused: Any) -> None:
         from . import torch_ops  # registers the operators
@@ -733,7 +737,8 @@ class E8KVCudaCache(_BatchChanges, Cache):
                                      max_batch=max_batch_size * max(1, max_chunk), max_n_head=s.n_head,
                                      max_seqs=max_batch_size, device=self.device.index)
         except E8KVError as e:
-            why = (f": the CUDA cache holds {', '.join(CUDA_FORMATS)} (k=/v=/kv= and layer rules of them), keys "
+            why = (f": the CUDA cache holds {', '.join(CUDA_FORMATS)} (k=/v=/kv= and layer rules of them; default "
+                   f"{CUDA_DEFAULT_SPEC}), keys "
                    "after RoPE, sink=N up to 64, evict=SCORER:F (recent=, obs=, budget=); not rope=pre, e8t/e8tv, "
                    "auto=, presets, window="
                    if e.code == ErrorCode.SPEC else "")
@@ -1263,7 +1268,7 @@ def compress(model: Any, spec: Optional[str] = None, *, calib: Union[Calib, str,
     with `spec` (attention "e8kv" from the codes); on exit the model is as before.
 
     On a model whose parameters are on a CUDA device (or device="cuda"), the cache is an E8KVCudaCache
-    (spec: one of its formats, default "e8box:4"; calib and n_ctx do not apply) sized for each call:
+    (spec: one of its formats, default CUDA_DEFAULT_SPEC "e8box:4,sink=4"; calib and n_ctx do not apply) sized for each call:
     max_batch_size = batch x max(num_beams, num_return_sequences), max_cache_len = prompt + max_new_tokens
     (or generate's max_length), where with evict=SCORER:F the prompt counts as the tokens it keeps, so the
     device memory allocated is that of the evicted cache; a forward's cache holds its input. Elsewhere an
@@ -1272,7 +1277,7 @@ def compress(model: Any, spec: Optional[str] = None, *, calib: Union[Calib, str,
     ModelShape(model.config)  # refuse unsupported models at once
     dev = torch.device(device) if device is not None else _model_device(model)
     gpu = dev.type == "cuda"
-    spec = spec or ("e8box:4" if gpu else "balanced")
+    spec = spec or (CUDA_DEFAULT_SPEC if gpu else "balanced")
     if gpu and (calib is not None or n_ctx is not None):
         raise E8KVError(ErrorCode.BAD_ARGUMENT, "compress on a CUDA model: calib and n_ctx are CPU-cache "
                                                 "arguments (the CUDA cache is sized per call)")
@@ -1662,5 +1667,5 @@ def calibrate(model: Any, tok: Any, texts: Union[str, Iterable[str], Sequence[in
     return cal
 
 
-__all__ = ["CUDA_FORMATS", "E8KVCache", "E8KVCudaCache", "E8KVCudaLayer", "E8KVLayer", "ModelShape", "UnsupportedModelError", "cache_arg", "calibrate", "compress",
+__all__ = ["CUDA_DEFAULT_SPEC", "CUDA_FORMATS", "E8KVCache", "E8KVCudaCache", "E8KVCudaLayer", "E8KVLayer", "ModelShape", "UnsupportedModelError", "cache_arg", "calibrate", "compress",
            "cache_sizes", "dynamic_kv", "e8kv_attention", "perplexity", "register"]
