@@ -1278,6 +1278,39 @@ def test_budget_drops_the_oldest_pages(dev, spec, t):
     assert err_ctl > 10 * max(err, 1e-4 * scale), (err_ctl, err)
 
 
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_budget_padded_batch_equals_each_row_alone(dev, side):
+    """Prompts of 40, 30 and 12 tokens padded to 40, then 36 single tokens, a 4-token chunk and 4 more, into a
+    cache of budget=32 (a row holds at most 48): each row drops its pages when its own tokens pass 48 (at other
+    steps than its neighbours), and its logits equal those of the row alone in a budget cache of its own."""
+    import e8kv.hf
+    model = model_on(dev)
+    spec = "bf16,sink=2,evict=stream:0,budget=32,recent=4"
+    g = torch.Generator().manual_seed(17)
+    on = "cuda" if dev == "cuda" else "cpu"
+    prompts = [torch.randint(0, 1024, (n,), generator=g).to(on) for n in (40, 30, 12)]
+    blocks = [torch.randint(0, 1024, (3, n), generator=g).to(on) for n in [1] * 36 + [4] + [1] * 4]
+    alone = []
+    for i, p in enumerate(prompts):
+        c = gpu_cache(model, spec, 1, cap=64, dev=dev)
+        alone.append(run_padded(model, c, [p], [blk[i:i + 1] for blk in blocks], "left")[0])
+        c.detach(model.config)
+        c.check()
+    alone = torch.stack(alone)
+    cache = gpu_cache(model, spec, 3, cap=64, dev=dev)
+    got = run_padded(model, cache, prompts, blocks, side)
+    cache.detach(model.config)
+    cache.check()
+    cache._sync_pads()
+    dropped = cache._budget_dropped[:3]
+    assert dropped == [48, 32, 16], dropped  # 84, 74 and 56 tokens, held 48 at most
+    scale = float(alone.abs().max())
+    err = float((got - alone).abs().max())
+    print(f"budget, padded ({side}) on {dev}: dropped {dropped}; max |logit diff| vs each row alone {err:.3g} "
+          f"(max |logit| {scale:.3g})")
+    assert err <= 5e-3 * scale, (err, scale)
+
+
 def test_budget_limits_and_errors(dev):
     """budget= needs evict=; compress() sizes a generate()'s cache to what budget= lets a row hold; beam
     search, crop after a drop and a chunk too large to fit beside the kept pages are refused by name, and
