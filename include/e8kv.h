@@ -429,6 +429,19 @@ typedef struct {
 } e8kv_cache_spec_items;
 size_t e8kv_cache_spec_layers(const char *spec, size_t n_layer, const e8kv_calib *calib,
                               e8kv_cache_spec_items *items, char (*layer_specs)[E8KV_CODEC_SPEC_MAX_LEN + 1]);
+/* The eviction items of a cache spec (evict=, recent=, obs=, budget=, evictA-B=; "token eviction" below) as
+ * a cache reads them, for caches that evict outside the C cache (the transformers CUDA cache, e8kv.evict):
+ * scorer "" when the spec has no evict=, recent and obs their defaults when not given, budget 0 when not
+ * given. rest (cap bytes; may be NULL) receives the spec without its eviction items: its other items in
+ * their order, joined by ','. 0, SPEC (a spec the grammar refuses, e.g. recent=, obs=, budget= or
+ * evictA-B= without evict=), BAD_ARGUMENT, OUT_OF_MEMORY, or DST_TOO_SMALL (rest too small). */
+typedef struct {
+    char scorer[8]; /* "keykey", "snapkv", "h2o", "stream" or "" */
+    float frac;     /* evict=SCORER:F */
+    size_t recent, obs, budget;
+    size_t n_rules; /* evictA-B=F items */
+} e8kv_evict_items;
+size_t e8kv_cache_spec_evict(const char *spec, e8kv_evict_items *items, char *rest, size_t cap);
 /* 1 when the cache wants keys BEFORE RoPE (rope=pre, explicit or by default): append un-rotated keys
  * and pass queries WITH RoPE; the cache rotates each decoded key at attention time. 0: keys with RoPE. */
 int e8kv_cache_keys_pre_rope(const e8kv_cache *cache);
@@ -463,6 +476,7 @@ size_t e8kv_rope_bytes(const e8kv_rope *rope);
  *   budget=N             also evict at append when a layer holds more than N + page tokens, down to N (the
  *                        appending call's tokens are kept; scorers needing queries use keykey there)
  *   evictA-B=F           the fraction of layers A..B ("evictA=F" one layer)
+ *                        (recent=, obs=, budget= and evictA-B= without evict=: E8KV_ERROR_SPEC)
  *   evict-high, evict-balanced, evict-max, evict-safe
  *                        presets of eviction + calibrated E8 codes, measured at 10.2x, 17.4x, 33.3x and 6.5x
  *                        of f16 on 1600-token prefixes of SmolLM2-135M (e8kv_cache_preset_spec;

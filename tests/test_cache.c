@@ -204,6 +204,47 @@ static void test_spec_layers(void **state) {
     assert_error(e8kv_cache_spec_layers("e8:4", 0, NULL, &it, sp), BAD_ARGUMENT);
 }
 
+/* e8kv_cache_spec_evict: the eviction items as the cache reads them, and the spec without them (what the
+ * transformers CUDA cache, which evicts in Python, hands to the CUDA cache) */
+static void test_spec_evict(void **state) {
+    (void)state;
+    e8kv_evict_items ev;
+    char rest[128];
+    assert_int_equal(e8kv_cache_spec_evict("e8box:4,sink=4,evict=snapkv:0.5,recent=8,budget=64", &ev, rest,
+                                           sizeof rest),
+                     0);
+    assert_string_equal(ev.scorer, "snapkv");
+    assert_true(ev.frac == 0.5f && ev.recent == 8 && ev.obs == 32 && ev.budget == 64 && ev.n_rules == 0);
+    assert_string_equal(rest, "e8box:4,sink=4");
+    assert_int_equal(e8kv_cache_spec_evict("k=e8box:4,v=bf16,obs=16,layers0-1=bf16,evict=h2o:0.25,evict1=0.5",
+                                           &ev, rest, sizeof rest),
+                     0);
+    assert_string_equal(ev.scorer, "h2o");
+    assert_true(ev.frac == 0.25f && ev.recent == 32 && ev.obs == 16 && ev.budget == 0 && ev.n_rules == 1);
+    assert_string_equal(rest, "k=e8box:4,v=bf16,layers0-1=bf16");
+    /* a codec's own options ('=' after ':') stay; no eviction: scorer "", the spec whole */
+    assert_int_equal(e8kv_cache_spec_evict("e8nest:4:q=38,evict=stream:0", &ev, rest, sizeof rest), 0);
+    assert_true(!strcmp(ev.scorer, "stream") && ev.frac == 0.0f && !strcmp(rest, "e8nest:4:q=38"));
+    assert_int_equal(e8kv_cache_spec_evict("e8:4,sink=1", &ev, NULL, 0), 0);
+    assert_string_equal(ev.scorer, "");
+    assert_int_equal(e8kv_cache_spec_evict("e8:4,sink=1", &ev, rest, sizeof rest), 0);
+    assert_string_equal(rest, "e8:4,sink=1");
+    /* tuning items without a scorer, and bad values, are SPEC (a cache refuses them too); rest too small */
+    const char *bad[] = {"e8:4,budget=64", "e8:4,recent=8", "e8:4,obs=8", "e8:4,evict0-1=0.5",
+                         "e8:4,evict=snapkv:1.5", "e8:4,evict=nope:0.5", "e8:4,evict=keykey:0.5,budget=x"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_error(e8kv_cache_spec_evict(bad[i], &ev, rest, sizeof rest), SPEC);
+    size_t err = 0;
+    e8kv_cache *c = e8kv_cache_create(&(e8kv_cache_params){.n_layer = 1, .n_head_kv = 1, .head_dim = 64,
+                                                          .n_ctx = 64, .spec = "f16,budget=16"},
+                                      &err);
+    assert_null(c);
+    assert_error(err, SPEC);
+    assert_int_equal(e8kv_cache_spec_evict("e8box:4,evict=stream:0", &ev, rest, 8), 0); /* "e8box:4" + NUL */
+    assert_error(e8kv_cache_spec_evict("e8box:4,evict=stream:0", &ev, rest, 7), DST_TOO_SMALL);
+    assert_error(e8kv_cache_spec_evict(NULL, &ev, rest, sizeof rest), BAD_ARGUMENT);
+}
+
 static void test_compressed_specs(void **state) {
     (void)state;
     /* compressed formats: the cache must match attention over the vectors the codec reconstructs */
@@ -1237,6 +1278,7 @@ int main(void) {
         cmocka_unit_test(test_f32_exact),
         cmocka_unit_test(test_f16_and_mixed),
         cmocka_unit_test(test_spec_layers),
+        cmocka_unit_test(test_spec_evict),
         cmocka_unit_test(test_compressed_specs),
         cmocka_unit_test(test_causal_mask),
         cmocka_unit_test(test_bad_input),

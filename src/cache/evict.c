@@ -75,14 +75,17 @@ int e8kv_evict_parse_item(kv_evict_cfg *ev, const char *key, size_t klen, const 
     }
     if (KEY_IS("recent")) {
         if (!parse_count(val, vlen, &ev->recent) || ev->recent == 0) *err = E8KV_ERR(SPEC);
+        ev->tuned = 1;
         return 1;
     }
     if (KEY_IS("obs")) {
         if (!parse_count(val, vlen, &ev->obs) || ev->obs == 0) *err = E8KV_ERR(SPEC);
+        ev->tuned = 1;
         return 1;
     }
     if (KEY_IS("budget")) {
         if (!parse_count(val, vlen, &ev->budget)) *err = E8KV_ERR(SPEC);
+        ev->tuned = 1;
         return 1;
     }
 #undef KEY_IS
@@ -105,12 +108,17 @@ int e8kv_evict_parse_item(kv_evict_cfg *ev, const char *key, size_t klen, const 
             *err = E8KV_ERR(SPEC);
             return 1;
         }
+        ev->tuned = 1;
         ev->first[ev->n_rules] = (uint32_t)first;
         ev->last[ev->n_rules] = (uint32_t)last;
         ev->rule_frac[ev->n_rules++] = f;
         return 1;
     }
     return 0;
+}
+
+const char *e8kv_evict_scorer_name(int scorer) {
+    return scorer > 0 && scorer < (int)(sizeof k_scorers / sizeof k_scorers[0]) ? k_scorers[scorer] : "";
 }
 
 size_t e8kv_evict_canon(const e8kv_cache *c, char *dst, size_t cap) {

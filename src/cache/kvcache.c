@@ -373,8 +373,10 @@ static size_t parse_spec(cache_config *cfg, const char *spec, size_t n_layer, co
     cfg->ev.obs = E8KV_EVICT_DEFAULT_OBS;
     cfg->calib = calib;
     size_t r = parse_list(cfg, spec, 0);
-    /* eviction compacts coded pages: not with the exact window's raw pages */
+    /* eviction compacts coded pages: not with the exact window's raw pages; and its tuning items mean
+     * nothing without a scorer (budget= alone evicted nothing) */
     if (cfg->ev.scorer && cfg->window) r = E8KV_ERR(SPEC);
+    if (!cfg->ev.scorer && cfg->ev.tuned) r = E8KV_ERR(SPEC);
     for (size_t i = 0; i < cfg->ev.n_rules; i++)
         if (cfg->ev.last[i] >= n_layer) r = E8KV_ERR(SPEC);
     for (size_t i = 0; i < cfg->n_rules; i++)
@@ -408,6 +410,45 @@ size_t e8kv_cache_spec_layers(const char *spec, size_t n_layer, const e8kv_calib
             memcpy(layer_specs[2 * l + s], layer_spec(cfg, l, s), E8KV_CODEC_SPEC_MAX_LEN + 1);
     free(cfg);
     return r;
+}
+
+size_t e8kv_cache_spec_evict(const char *spec, e8kv_evict_items *items, char *rest, size_t cap) {
+    if (!spec || !items || (rest && !cap)) return E8KV_ERR(BAD_ARGUMENT);
+    cache_config *cfg = calloc(1, sizeof *cfg);
+    if (!cfg) return E8KV_ERR(OUT_OF_MEMORY);
+    size_t r = parse_spec(cfg, spec, SIZE_MAX, NULL);
+    if (!r) {
+        memset(items, 0, sizeof *items);
+        snprintf(items->scorer, sizeof items->scorer, "%s", e8kv_evict_scorer_name(cfg->ev.scorer));
+        items->frac = cfg->ev.frac;
+        items->recent = cfg->ev.recent, items->obs = cfg->ev.obs, items->budget = cfg->ev.budget;
+        items->n_rules = cfg->ev.n_rules;
+    }
+    free(cfg);
+    if (r || !rest) return r;
+    /* the other items in order: an item is eviction's when e8kv_evict_parse_item takes its key (a codec
+     * spec, whose options use ':' before any '=', never is) */
+    size_t n = 0, start = 0;
+    const size_t len = strlen(spec);
+    for (size_t i = 0; i <= len; i++) {
+        if (i < len && spec[i] != ',') continue;
+        const char *it = spec + start, *eq = memchr(it, '=', i - start);
+        const size_t klen = eq ? (size_t)(eq - it) : 0;
+        kv_evict_cfg scratch = {0};
+        size_t e = 0;
+        const int ours = eq && !memchr(it, ':', klen) &&
+                         e8kv_evict_parse_item(&scratch, it, klen, eq + 1, i - start - klen - 1, &e);
+        if (!ours) {
+            const size_t w = (n ? 1 : 0) + (i - start);
+            if (n + w + 1 > cap) return E8KV_ERR(DST_TOO_SMALL);
+            if (n) rest[n++] = ',';
+            memcpy(rest + n, it, i - start);
+            n += i - start;
+        }
+        start = i + 1;
+    }
+    rest[n] = 0;
+    return 0;
 }
 
 static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cfg, size_t *err) {

@@ -119,6 +119,7 @@ typedef struct {
     size_t n_rules; /* evictA-B=F per-layer fractions, later rules win */
     uint32_t first[E8KV_EVICT_RULES_MAX], last[E8KV_EVICT_RULES_MAX];
     float rule_frac[E8KV_EVICT_RULES_MAX];
+    int tuned;      /* recent=, obs=, budget= or evictA-B= was given (meaningless without evict=) */
 } kv_evict_cfg;
 #define E8KV_EVICT_DEFAULT_RECENT 32
 #define E8KV_EVICT_DEFAULT_OBS 32
@@ -127,6 +128,8 @@ typedef struct {
  * *err the SPEC error of a bad value. */
 int e8kv_evict_parse_item(kv_evict_cfg *ev, const char *key, size_t klen, const char *val, size_t vlen,
                           size_t *err);
+/* The name of a kv_evict_scorer ("" for none). */
+const char *e8kv_evict_scorer_name(int scorer);
 /* Append the eviction items of c's configuration to a canonical spec; bytes written or an error. */
 size_t e8kv_evict_canon(const struct e8kv_cache *c, char *dst, size_t cap);
 /* Position of a slot of head h. */
