@@ -1199,6 +1199,30 @@ def test_eviction_errors(dev):
     cache.check()
 
 
+def test_evict_items_are_read_by_the_c_grammar():
+    """e8kv.evict.parse reads a spec's eviction items with the C library's parser (e8kv_cache_spec_evict), so
+    the transformers caches take what e8kv_cache_create takes: the items and their defaults, the rest of
+    the spec in order (a codec's own '=' options kept), and the same refusals."""
+    import e8kv.evict as ev
+    cfg, rest = ev.parse("k=e8box:4,v=bf16,sink=4,evict=snapkv:0.62,layers0-1=bf16,recent=8,budget=4096")
+    assert rest == "k=e8box:4,v=bf16,sink=4,layers0-1=bf16"
+    assert (cfg.scorer, cfg.recent, cfg.obs, cfg.budget) == ("snapkv", 8, ev.DEFAULT_OBS, 4096)
+    assert cfg.frac == float(np.float32(0.62))  # the C cache's float fraction, so kept() counts as it does
+    assert ev.parse("e8nest:4:q=38,sink=1") == (None, "e8nest:4:q=38,sink=1")
+    cfg, rest = ev.parse("e8box:4,evict=h2o:0.5,obs=16")
+    assert rest == "e8box:4" and (cfg.scorer, cfg.recent, cfg.obs, cfg.budget) == ("h2o", 32, 16, 0)
+    for bad in ["e8box:4,budget=64", "e8box:4,obs=8", "e8box:4,evict=keykey:1", "e8box:4,evict=snapkv:0.5,evict1=0.2"]:
+        with pytest.raises(e8kv.E8KVError) as e:
+            ev.parse(bad)
+        assert e.value.code == e8kv.ErrorCode.SPEC, bad
+        if "evict1=" in bad:  # per-layer fractions: the C cache's own, refused by the transformers caches only
+            assert e8kv.Cache(2, 1, 64, 64, "e8:4,evict=snapkv:0.5,evict1=0.2").n_bytes > 0
+            continue
+        with pytest.raises(e8kv.E8KVError) as e:  # the C cache refuses the same
+            e8kv.Cache(2, 1, 64, 64, bad.replace("e8box:4", "e8:4"))
+        assert e.value.code == e8kv.ErrorCode.SPEC, bad
+
+
 def _budget_reference(model, ids, kept, steps, hold, keep0, bs=16):
     """DynamicCache after the prompt ids (b, t) holding kept[layer][row] (None: every token), then the tokens
     steps (b, n) one by one at their true positions, with budget='s rule applied before each: a cache that
@@ -1321,10 +1345,13 @@ def test_budget_limits_and_errors(dev):
     with pytest.raises(e8kv.E8KVError) as e:
         e8kv.hf.E8KVCudaCache(model.config, "bf16,budget=64", device=dev, max_cache_len=128)
     assert e.value.code == e8kv.ErrorCode.SPEC
-    for bad in ["bf16,evict=stream:0,budget=0", "bf16,evict=stream:0,budget=x"]:
+    for bad in ["bf16,evict=stream:0,budget=-1", "bf16,evict=stream:0,budget=x"]:
         with pytest.raises(e8kv.E8KVError) as e:
             e8kv.hf.E8KVCudaCache(model.config, bad, device=dev, max_cache_len=128)
         assert e.value.code == e8kv.ErrorCode.SPEC, bad
+    none = e8kv.hf.E8KVCudaCache(model.config, "bf16,evict=stream:0,budget=0", device=dev, max_cache_len=128)
+    assert none._hold == 0  # budget=0: no budget, as in the C cache
+    none.detach(model.config)
     small = e8kv.hf.E8KVCudaCache(model.config, "bf16,evict=stream:0,budget=512", device=dev, max_cache_len=32)
     assert small._hold == 0  # no page to drop before it is full: it never drops
     small.detach(model.config)

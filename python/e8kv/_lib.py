@@ -56,6 +56,19 @@ class CacheFileInfo(ctypes.Structure):
     ]
 
 
+class EvictItems(ctypes.Structure):
+    """e8kv_evict_items (include/e8kv.h), field for field."""
+
+    _fields_ = [
+        ("scorer", ctypes.c_char * 8),
+        ("frac", c_float),
+        ("recent", c_size_t),
+        ("obs", c_size_t),
+        ("budget", c_size_t),
+        ("n_rules", c_size_t),
+    ]
+
+
 class CudaCacheParams(ctypes.Structure):
     """e8kv_cuda_cache_params (include/e8kv_cuda.h), field for field."""
 
@@ -126,6 +139,7 @@ _SIGNATURES = {
     "e8kv_cache_truncate": (c_size_t, [c_void_p, c_size_t]),
     "e8kv_cache_evict": (c_size_t, [c_void_p, _F, c_size_t, c_size_t, c_size_t]),
     "e8kv_cache_n_kept": (c_size_t, [c_void_p, c_size_t]),
+    "e8kv_cache_spec_evict": (c_size_t, [c_char_p, POINTER(EvictItems), c_char_p, c_size_t]),
     "e8kv_cache_clear": (None, [c_void_p]),
     "e8kv_cache_bytes": (c_size_t, [c_void_p]),
     "e8kv_cache_fixed_bytes": (c_size_t, [c_void_p]),

@@ -20,7 +20,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from ._lib import CacheFileInfo, CacheParams, CudaCacheParams, cuda_lib, lib
+from ._lib import CacheFileInfo, CacheParams, CudaCacheParams, EvictItems, cuda_lib, lib
 
 try:  # torch is optional for the core binding
     import torch as _torch
@@ -81,6 +81,17 @@ def preset_spec(name: str) -> Optional[str]:
     """The cache spec a preset (near-lossless, balanced, aggressive) expands to; None when unknown."""
     r = lib.e8kv_cache_preset_spec(name.encode())
     return r.decode() if r else None
+
+
+def spec_evict(spec: str) -> tuple[dict[str, Any], str]:
+    """The eviction items of a cache spec as the C cache reads them (e8kv_cache_spec_evict): ({scorer ("" for
+    none), frac, recent, obs, budget, n_rules}, the spec without them). E8KVError SPEC for a spec the grammar
+    refuses (recent=, obs=, budget= or evictA-B= without evict= among them)."""
+    items, b = EvictItems(), spec.encode()
+    rest = ctypes.create_string_buffer(len(b) + 1)
+    _check(lib.e8kv_cache_spec_evict(b, byref(items), rest, len(b) + 1), f"cache spec '{spec}'")
+    return ({"scorer": items.scorer.decode(), "frac": items.frac, "recent": items.recent, "obs": items.obs,
+             "budget": items.budget, "n_rules": items.n_rules}, rest.value.decode())
 
 
 # ------------------------------------------------------------------------------------------ buffers

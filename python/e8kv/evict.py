@@ -27,11 +27,12 @@ from typing import Optional
 
 import torch
 
+from . import core
 from .core import E8KVError, ErrorCode
 
 SCORERS = ("keykey", "snapkv", "h2o", "stream")
 QUERY_SCORERS = ("snapkv", "h2o")  # the scorers that read the prompt's queries
-DEFAULT_RECENT = 32  # E8KV_EVICT_DEFAULT_RECENT
+DEFAULT_RECENT = 32  # E8KV_EVICT_DEFAULT_RECENT (what parse() gives when recent= is not in the spec)
 DEFAULT_OBS = 32  # E8KV_EVICT_DEFAULT_OBS
 SNAPKV_POOL = 7
 KEYKEY_OBSERVERS = 256
@@ -74,37 +75,18 @@ class EvictConfig:
 
 
 def parse(spec: str) -> tuple[Optional[EvictConfig], str]:
-    """(the eviction items of a cache spec, the spec without them). SPEC error for a bad item, for budget=
-    without evict=, and for per-layer evictA-B= (the caches of transformers evict by one fraction for every
-    layer)."""
-    items = [s for s in spec.split(",")]
-    rest, found = [], {}
-    for it in items:
-        key, eq, val = it.partition("=")
-        key = key.strip()
-        if key in ("evict", "recent", "obs", "budget"):
-            found[key] = val.strip()
-        elif key.startswith("evict") and key[5:6].isdigit():
-            raise E8KVError(ErrorCode.SPEC, f"cache spec '{spec}': '{it}' (per-layer evictA-B=) is not supported "
-                                            "by the transformers caches: evict=SCORER:F evicts every layer by F")
-        else:
-            rest.append(it)
-    if not found:
+    """(the eviction items of a cache spec, the spec without them), read by the C library's own grammar
+    (e8kv_cache_spec_evict: what a C cache would make of them). SPEC error for a spec it refuses (a bad
+    item; recent=, obs=, budget= without evict=), and for per-layer evictA-B= (the transformers caches
+    evict by one fraction for every layer)."""
+    items, rest = core.spec_evict(spec)
+    if items["n_rules"]:
+        raise E8KVError(ErrorCode.SPEC, f"cache spec '{spec}': per-layer evictA-B= is not supported by the "
+                                        "transformers caches: evict=SCORER:F evicts every layer by F")
+    if not items["scorer"]:
         return None, spec
-    if "evict" not in found:
-        raise E8KVError(ErrorCode.SPEC, f"cache spec '{spec}': recent=, obs= and budget= need evict=SCORER:F")
-    scorer, _, frac = found["evict"].partition(":")
-    try:
-        f = float(frac)
-        recent = int(found.get("recent", DEFAULT_RECENT))
-        obs = int(found.get("obs", DEFAULT_OBS))
-        budget = int(found.get("budget", 1))
-    except ValueError:
-        f, recent, obs, budget = -1.0, 0, 0, 0
-    if scorer not in SCORERS or not (0.0 <= f < 1.0) or recent < 1 or obs < 1 or budget < 1:
-        raise E8KVError(ErrorCode.SPEC, f"cache spec '{spec}': evict=SCORER:F with SCORER one of "
-                                        f"{', '.join(SCORERS)} and 0 <= F < 1; recent=W, obs=W, budget=N at least 1")
-    return EvictConfig(scorer, f, recent, obs, int(found["budget"]) if "budget" in found else 0), ",".join(rest)
+    return EvictConfig(items["scorer"], float(items["frac"]), int(items["recent"]), int(items["obs"]),
+                       int(items["budget"])), rest
 
 
 def _group_attention(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale: float,

@@ -170,19 +170,13 @@ class _BatchChanges:
 
 def _cpu_evict_items(spec: str) -> Optional[tuple[str, int]]:
     """(scorer, obs) of a CPU cache spec that evicts after the prompt (evict=SCORER:F, directly or through an
-    evict-* preset), else None."""
-    items = []
-    for it in spec.split(","):
-        exp = core.preset_spec(it.strip()) if "=" not in it else None
-        items += (exp or it).split(",")
-    scorer, obs = None, evict_mod.DEFAULT_OBS
-    for it in items:
-        key, _, val = it.strip().partition("=")
-        if key == "evict":
-            scorer = val.partition(":")[0]
-        elif key == "obs" and val.isdigit():
-            obs = int(val)
-    return (scorer, obs) if scorer else None
+    evict-* preset, as the C library's grammar reads it), else None (a spec it refuses included: the C cache
+    says why when it is made)."""
+    try:
+        items, _ = core.spec_evict(spec)
+    except E8KVError:
+        return None
+    return (items["scorer"], int(items["obs"])) if items["scorer"] else None
 
 
 def _check_later_mask(mask: torch.Tensor, past: int, pads: Sequence[int], who: str) -> None:
