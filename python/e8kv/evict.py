@@ -79,7 +79,15 @@ def parse(spec: str) -> tuple[Optional[EvictConfig], str]:
     (e8kv_cache_spec_evict: what a C cache would make of them). SPEC error for a spec it refuses (a bad
     item; recent=, obs=, budget= without evict=), and for per-layer evictA-B= (the transformers caches
     evict by one fraction for every layer)."""
-    items, rest = core.spec_evict(spec)
+    try:
+        items, rest = core.spec_evict(spec)
+    except E8KVError as e:
+        if e.code != ErrorCode.SPEC:
+            raise
+        raise E8KVError(ErrorCode.SPEC, f"cache spec '{spec}': refused by the cache grammar (include/e8kv.h); its "
+                                        f"eviction items are evict=SCORER:F with SCORER one of {', '.join(SCORERS)} "
+                                        "and 0 <= F < 1, then recent=W, obs=W (at least 1) and budget=N, which "
+                                        "need evict=") from None
     if items["n_rules"]:
         raise E8KVError(ErrorCode.SPEC, f"cache spec '{spec}': per-layer evictA-B= is not supported by the "
                                         "transformers caches: evict=SCORER:F evicts every layer by F")
