@@ -33,7 +33,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 CPU_SPECS = "f32,balanced,e8:4,e8box:4,aggressive"
-CUDA_SPECS = "bf16,e8box:4,e8box:3,e8p:2"
+CUDA_SPECS = "bf16;e8box:4,sink=4;e8box:4;e8box:3,sink=4;e8p:2,sink=4"  # the default spec (hf.CUDA_DEFAULT_SPEC) first
 
 
 def _sync(dev: torch.device) -> None:
