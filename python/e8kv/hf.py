@@ -668,7 +668,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
     bounds what a row holds while it grows (long generations): the prompt keeps at most N (rounded up to a
     page) by SCORER, and before a step would take a row past N + a page (e8kv.evict's hold), its oldest
     whole pages after the sink's are dropped, on the device, in compiled steps too (_make_room): StreamingLLM's
-    choice at page grain, where the C cache's budget= re-scores by keykey (a cache whose max_cache_len is
+    choice at page grain, where the C cache's budget= scores each token (keykey for snapkv and h2o) (a cache whose max_cache_len is
     below N + a page drops when it is full). Not with beam search or other batch changes, and no crop once
     something was dropped. update() appends the new tokens through torch.ops.e8kv.append (slots
     computed on the device from the layer's length); the "e8kv" attention attends through
