@@ -9,7 +9,6 @@ are summed over the tokens at positions --from and later (where the budget cache
 """
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -40,34 +39,28 @@ def main() -> None:
     specs = a.specs.split(";")
     arg = hf.cache_arg(model)
     caches = {s: hf.E8KVCache(model.config, s, n_ctx=a.tokens) for s in ["f32", *specs]}
-    acc = {s: {"nll": 0.0, "kld": 0.0, "top1": 0, "n": 0} for s in caches}
+    acc = hf._PplAcc(list(caches))  # the f32 cache, first, is each token's baseline
     t0 = time.time()
     with torch.no_grad():
         x = torch.tensor([ids[:a.prompt]])
-        lp = {s: torch.log_softmax(model(input_ids=x, **{arg: c}, use_cache=True).logits[0, -1].double(), -1)
-              for s, c in caches.items()}
+        logits = {s: model(input_ids=x, **{arg: c}, use_cache=True).logits[:, -1:] for s, c in caches.items()}
         for p in range(a.prompt, len(ids)):
             if p >= a.start:
-                base = lp["f32"]
-                for s in caches:
-                    r = acc[s]
-                    r["nll"] -= float(lp[s][ids[p]])
-                    r["kld"] += float((base.exp() * (base - lp[s])).sum())
-                    r["top1"] += int(lp[s].argmax() == base.argmax())
-                    r["n"] += 1
+                for s, c in caches.items():
+                    acc.add(s, logits[s], torch.tensor([ids[p]]), c.n_bytes, c.bits_per_value)
+                acc.end_chunk()
             if p + 1 == len(ids):
                 break
             x = torch.tensor([[ids[p]]])
-            lp = {s: torch.log_softmax(model(input_ids=x, **{arg: c}, use_cache=True).logits[0, -1].double(), -1)
-                  for s, c in caches.items()}
+            logits = {s: model(input_ids=x, **{arg: c}, use_cache=True).logits[:, -1:] for s, c in caches.items()}
             if p % 256 == 0:
                 print(f"[{time.time() - t0:6.1f} s] position {p}", file=sys.stderr, flush=True)
+    res = acc.result()
     for s, c in caches.items():
-        r = acc[s]
-        kept = c.rows[0].n_kept(0) if hasattr(c, "rows") else None
-        print(json.dumps({"spec": s, "tokens": len(ids), "prompt": a.prompt, "scored_from": a.start, "count": r["n"],
-                          "ppl": round(math.exp(r["nll"] / r["n"]), 4), "kld": round(r["kld"] / r["n"], 5),
-                          "top1": round(r["top1"] / r["n"], 4), "held_layer0": kept, "n_bytes": c.n_bytes}))
+        r = res[s]
+        print(json.dumps({"spec": s, "tokens": len(ids), "prompt": a.prompt, "scored_from": a.start,
+                          "count": r["count"], "ppl": round(r["ppl"], 4), "kld": round(r["kld"], 5),
+                          "top1": round(r["top1"], 4), "held_layer0": c.rows[0].n_kept(0), "n_bytes": c.n_bytes}))
 
 
 if __name__ == "__main__":
