@@ -350,14 +350,12 @@ def test_greedy_decode_runs(spec):
     print(f"{spec}: greedy top-1 agreement with DynamicCache over 16 steps (teacher-forced): {agree:.3f}")
 
 
-@needs_gpu
-@pytest.mark.parametrize("spec", ["e8box:4", "bf16", "e8box:4,sink=2"])
-def test_compiled_equals_eager(spec):
+def compiled_and_eager(model, spec, prompt, toks):
+    """run_steps with eager steps, then with torch.compile(mode="reduce-overhead", fullgraph=True) steps, each
+    into a fresh 2-row cache of `spec`: (the eager cache, the compiled one, the largest |logit difference|,
+    the largest |logit| of the eager run, the CUDA-graph skips of the compile)."""
     import e8kv.hf  # noqa: F401
     from torch._dynamo.utils import counters
-    model = tiny_llama(torch.bfloat16)
-    prompt = prompt_ids(2, 10)
-    _, toks = reference(model, prompt, 12)
     eager_cache = gpu_cache(model, spec, 2)
     eager = run_steps(model, eager_cache, prompt, toks)
     eager_cache.detach(model.config)
@@ -369,8 +367,16 @@ def test_compiled_equals_eager(spec):
     cache.detach(model.config)
     cache.check()
     skips = dict(counters["inductor"]).get("cudagraph_skips", 0)
-    err = float((compiled - eager).abs().max())
-    scale = float(eager.abs().max())
+    return (eager_cache, cache, float((compiled - eager).abs().max()), float(eager.abs().max()), skips)
+
+
+@needs_gpu
+@pytest.mark.parametrize("spec", ["e8box:4", "bf16", "e8box:4,sink=2"])
+def test_compiled_equals_eager(spec):
+    model = tiny_llama(torch.bfloat16)
+    prompt = prompt_ids(2, 10)
+    _, toks = reference(model, prompt, 12)
+    _, _, err, scale, skips = compiled_and_eager(model, spec, prompt, toks)
     print(f"{spec}: compiled vs eager max |logit diff| {err:.3g} (max |logit| {scale:.3g}), cudagraph skips {skips}")
     assert skips == 0
     assert err <= 2e-2 * scale, (err, scale)
@@ -1398,25 +1404,11 @@ def test_budget_compiled_equals_eager():
     """The pages a budget= cache drops are chosen on the device: compiled steps (CUDA graphs, as generate()
     compiles them) drop the same ones as eager steps, so their logits agree; the host learns of it when it
     next looks (crop refused, _budget_dropped)."""
-    import e8kv.hf  # noqa: F401
-    from torch._dynamo.utils import counters
     model = tiny_llama(torch.bfloat16)
     prompt = prompt_ids(2, 40)
     _, toks = reference(model, prompt, 60)
     spec = "e8box:4,sink=4,evict=stream:0,budget=32,recent=8"
-    eager_cache = gpu_cache(model, spec, 2)
-    eager = run_steps(model, eager_cache, prompt, toks)
-    eager_cache.detach(model.config)
-    torch._dynamo.reset()
-    counters.clear()
-    step = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-    cache = gpu_cache(model, spec, 2)
-    compiled = run_steps(model, cache, prompt, toks, step=step)
-    cache.detach(model.config)
-    cache.check()
-    skips = dict(counters["inductor"]).get("cudagraph_skips", 0)
-    err = float((compiled - eager).abs().max())
-    scale = float(eager.abs().max())
+    eager_cache, cache, err, scale, skips = compiled_and_eager(model, spec, prompt, toks)
     with pytest.raises(NotImplementedError):
         cache.crop(-1)
     print(f"{spec}: 40 + 60 tokens, dropped {eager_cache._budget_dropped[0]} (eager) / "
