@@ -203,6 +203,8 @@ static void run(const shape *sh, const char *spec, size_t batch, size_t ctx, dou
     p.spec = spec, p.seed = 42, p.max_ctx = ctx, p.max_batch = 32, p.max_n_head = n_head;
     p.max_seqs = batch; /* a sink=N spec's rows: one per sequence (e8kv_cuda_attend: row = batch index) */
     p.max_append = 65536;
+    p.rope_theta = 500000.0f; /* --suffix ,center=rope: Llama-3's base (its centre pairs stay zero: the same
+                               * work is timed) */
     size_t free0, total;
     CU(cudaMemGetInfo(&free0, &total));
     const size_t vb = fmt_vector_bytes(spec_fmt(spec, 0), d) + fmt_vector_bytes(spec_fmt(spec, 1), d);
@@ -389,7 +391,7 @@ static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n
     memset(&p, 0, sizeof p);
     p.n_layer = n_layer, p.n_head_kv = sh->n_kv, p.head_dim = d, p.block_size = bs;
     p.n_blocks = n_tok == 8 ? 64 : n_tok / bs, p.spec = spec, p.seed = 42, p.max_append = n_tok;
-    p.max_seqs = 8, p.max_batch = 8;
+    p.max_seqs = 8, p.max_batch = 8, p.rope_theta = 500000.0f;
     size_t err = 0;
     e8kv_cuda_cache *c = e8kv_cuda_cache_create(&p, &err);
     if (!c) {
@@ -433,6 +435,12 @@ static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n
     unsigned *d_stat = NULL;
     CU(cudaMalloc((void **)&d_rows, n_tok * sizeof(int32_t)));
     CU(cudaMemset(d_rows, 0, n_tok * sizeof(int32_t)));
+    int32_t *d_pos = NULL, *pos = (int32_t *)malloc(n_tok * sizeof(int32_t)); /* center=rope: t */
+    for (size_t t = 0; t < n_tok; t++)
+        pos[t] = (int32_t)t;
+    CU(cudaMalloc((void **)&d_pos, n_tok * sizeof(int32_t)));
+    CU(cudaMemcpy(d_pos, pos, n_tok * sizeof(int32_t), cudaMemcpyHostToDevice));
+    free(pos);
     CU(cudaMalloc((void **)&d_stat, sizeof(unsigned)));
     CU(cudaMemset(d_stat, 0, sizeof(unsigned)));
     /* (a) the API, host-synchronised */
@@ -443,8 +451,8 @@ static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n
         const double t0 = now_us();
         size_t a;
         if (centered) {
-            a = e8kv_cuda_append_rows_async(c, (size_t)(i + 3) % n_layer, d_slots, d_rows, NULL, kin, vin,
-                                            n_tok, E8KV_DTYPE_BF16, d_stat, NULL);
+            a = e8kv_cuda_append_pos_async(c, (size_t)(i + 3) % n_layer, d_slots, d_rows, NULL, d_pos, kin, vin,
+                                           n_tok, E8KV_DTYPE_BF16, d_stat, NULL);
             CU(cudaDeviceSynchronize());
         } else {
             a = e8kv_cuda_append_slots(c, (size_t)(i + 3) % n_layer, d_slots, kin, vin, n_tok,
@@ -546,7 +554,7 @@ static void run_encode(const shape *sh, const char *spec, size_t n_tok, size_t n
         CU(cudaEventDestroy(ev[i]));
     CU(cudaStreamDestroy(st));
     free(sd), free(ta), free(slots), free(perm);
-    void *const dev[] = {d_slots, kin, vin, d_signs, d_flags, d_rows, d_stat};
+    void *const dev[] = {d_slots, kin, vin, d_signs, d_flags, d_rows, d_stat, d_pos};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         CU(cudaFree(dev[i]));
     e8kv_cuda_cache_free(c);

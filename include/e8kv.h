@@ -318,7 +318,9 @@ size_t e8kv_pool_run(e8kv_pool *pool, e8kv_pool_fn fn, void *args, size_t n);
  *                        read; LLM keys share a large per-channel component, so this lowers the coding
  *                        error at the cost of head_dim floats per layer and head (counted in the bytes).
  *                        1: e8kv's formats (e8*, d4nest, lloyd); the llama.cpp formats (q8_0, q4_0 and
- *                        their h variants) keep llama.cpp's semantics unless center=all. f32/f16: never
+ *                        their h variants) keep llama.cpp's semantics unless center=all. f32/f16: never.
+ *                        center=rope: the GPU cache's centre of keys coded after RoPE (e8kv_cuda.h); a CPU
+ *                        cache refuses it (E8KV_ERROR_SPEC): its keys are coded before RoPE (rope=pre)
  *   rope=pre|post        (default: pre when params.rope_theta > 0 and K is one of e8kv's formats (e8*,
  *                        d4nest, lloyd) other than e8box, else post, as llama.cpp does for q8_0/q4_0 and
  *                        as e8box's integer-domain attention needs;

@@ -36,6 +36,16 @@
  *             codec's bytes of x − μ). center=0: uncentred, the codec's bytes of x. A caller that owns the
  *             block tables sets a row's means with e8kv_cuda_set_means_async, appends with
  *             e8kv_cuda_append_rows_async and attends with e8kv_cuda_attend_rows; rows never set hold 0.
+ *             center=rope (params.rope_theta > 0; layers whose K and V are both e8box): keys arrive after
+ *             RoPE, and a key's mean after RoPE misses the part of its mean that RoPE turns. So for each
+ *             (sequence, layer, KV head) the first append also gives the keys' mean before RoPE (each key
+ *             turned back by its position, interleaved pairs (x[2i], x[2i + 1]) at angle p·theta^(−2i/d)),
+ *             and the 8 RoPE pairs where that mean and the one after RoPE differ most keep the mean before
+ *             RoPE turned to each key's position p: K codes x − μ_post − R_p·μ_pre (μ_post 0 on those
+ *             pairs), and the attention adds q·R_p·μ_pre back per key (one more tensor-core product per 16
+ *             keys). Positions are the tokens' indices in their sequence (any constant offset, e.g. the
+ *             model's, cancels); a caller that owns the block tables appends with
+ *             e8kv_cuda_append_pos_async. Not with e8p:2 (its kernel has no such term yet).
  * Not on the GPU yet, E8KV_ERROR_SPEC: window=, rope=pre (keys arrive after RoPE), auto=, eviction,
  * page= (block_size is the parameter), presets and the formats without a GPU page format.
  * head_dim 64 or 128 (E8KV_ERROR_HEAD_DIM otherwise); query heads per KV head 1..8.
@@ -69,6 +79,7 @@ typedef struct {
     size_t max_n_head; /* query heads per attend call (0: 8 * n_head_kv) */
     size_t max_append; /* tokens per append call before it is cut into pieces (0: 4096) */
     int device;        /* CUDA device ordinal */
+    float rope_theta;  /* RoPE base frequency, needed by center=rope (0: none) */
 } e8kv_cuda_cache_params;
 
 typedef struct e8kv_cuda_cache e8kv_cuda_cache;
@@ -163,8 +174,17 @@ size_t e8kv_cuda_append_rows_async(e8kv_cuda_cache *cache, size_t layer, const i
                                    const int32_t *d_rows, const int64_t *d_sink_slots, const void *d_k,
                                    const void *d_v, size_t n_tok, e8kv_dtype dtype, unsigned *d_status,
                                    void *stream);
+/* e8kv_cuda_append_rows_async with each token's position in its sequence (d_pos, n_tok int32, in
+ * [0, max_ctx); else the token is coded uncentred and E8KV_CUDA_STATUS_RANGE is set): a center=rope cache
+ * needs them with d_rows (E8KV_ERROR_BAD_ARGUMENT without), any other ignores them. Graph-safe. */
+size_t e8kv_cuda_append_pos_async(e8kv_cuda_cache *cache, size_t layer, const int64_t *d_slots,
+                                  const int32_t *d_rows, const int64_t *d_sink_slots, const int32_t *d_pos,
+                                  const void *d_k, const void *d_v, size_t n_tok, e8kv_dtype dtype,
+                                  unsigned *d_status, void *stream);
 /* 1 when some stream is centred (center=1, the default, and an e8box or e8p stream). */
 int e8kv_cuda_cache_centered(const e8kv_cuda_cache *cache);
+/* 1 when some key stream has the centre of center=rope (its appends with rows need positions). */
+int e8kv_cuda_cache_rope_centred(const e8kv_cuda_cache *cache);
 #define E8KV_CUDA_CENTER_MIN_TOKENS 16
 
 /* sink=N caches (e8kv_cuda_cache_sink > 0): the exact rows of positions 0..N-1. Writes n_tok K/V rows (as

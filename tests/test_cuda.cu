@@ -194,6 +194,16 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
     memset(&p, 0, sizeof p);
     p.n_layer = n_layer, p.n_head_kv = n_kv, p.head_dim = d, p.block_size = bs, p.n_blocks = total_pages;
     p.spec = sc->spec, p.seed = seed, p.max_seqs = n_seq + 2, p.max_batch = n_seq, p.max_append = 333;
+    /* center=rope: keys carry a mean turned by RoPE (pairs of norm up to 4 at random pairs) */
+    const int rope = strstr(sc->spec, "center=rope") != NULL;
+    e8kv_rope *rp = NULL;
+    if (rope) {
+        p.rope_theta = unif() < 0.5 ? 10000.0f : 500000.0f;
+        size_t e = 0;
+        rp = e8kv_rope_create(d, p.rope_theta, 0, &e);
+        CHECK(rp, "rope: %s", e8kv_error_name(e));
+        if (!rp) return;
+    }
     size_t err = 0;
     e8kv_cuda_cache *c = e8kv_cuda_cache_create(&p, &err);
     CHECK(c, "create %s: %s", sc->spec, e8kv_error_name(err));
@@ -217,6 +227,11 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
     float **K = (float **)malloc(n_seq * sizeof *K), **V = (float **)malloc(n_seq * sizeof *V);
     const size_t row = n_kv * d;
     float *MU = (float *)calloc(n_seq * 2 * row, sizeof(float)); /* (seq, K/V, head, d) */
+    /* center=rope: each (seq, head)'s chosen pairs and their means before RoPE (zero: pairs 0..7, means 0) */
+    int *RI = (int *)calloc(n_seq * n_kv * 8, sizeof(int));
+    float *RM = (float *)calloc(n_seq * n_kv * 16, sizeof(float));
+    for (size_t i = 0; i < n_seq * n_kv * 8; i++)
+        RI[i] = (int)(i % 8);
     /* prefill: the first 2/3 of each sequence in one or two appends; the rest by batched decode steps */
     for (size_t s = 0; s < n_seq; s++) {
         K[s] = (float *)malloc((lens[s] + 1) * row * sizeof(float));
@@ -224,6 +239,18 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
         fill_rows(K[s], lens[s] * n_kv, d);
         fill_rows(V[s], lens[s] * n_kv, d);
         const size_t pre = 2 * lens[s] / 3;
+        if (rope) { /* + R_t·m_h, m_h a mean before RoPE with a few large pairs; rounded to the dtype */
+            float *m = (float *)malloc(row * sizeof(float)), *tmp = (float *)malloc(row * sizeof(float));
+            for (size_t j = 0; j < row; j++)
+                m[j] = unif() < 0.15 ? 4.0f * gauss() : 0.3f * gauss();
+            for (size_t t = 0; t < lens[s]; t++) {
+                memcpy(tmp, m, row * sizeof(float));
+                e8kv_rope_apply(rp, tmp, 1, n_kv, t);
+                for (size_t j = 0; j < row; j++)
+                    K[s][t * row + j] += tmp[j]; /* to_device rounds to the dtype */
+            }
+            free(m), free(tmp);
+        }
         void *dk = to_device(K[s], lens[s] * row, dt), *dv = to_device(V[s], lens[s] * row, dt);
         for (int st = 0; st < 2; st++)
             for (size_t j = 0; j < row && cen[st] && pre >= E8KV_CUDA_CENTER_MIN_TOKENS; j++) {
@@ -231,6 +258,34 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
                 for (size_t t = 0; t < pre; t++)
                     sum += (st ? V[s] : K[s])[t * row + j];
                 MU[(s * 2 + st) * row + j] = (float)(sum / (double)pre);
+            }
+        if (rope && pre >= E8KV_CUDA_CENTER_MIN_TOKENS) /* as rope_means_kernel: means before RoPE, 8 pairs */
+            for (size_t h = 0; h < n_kv; h++) {
+                double e[64];
+                float a[64], b[64], cs[128];
+                for (size_t i = 0; i < d / 2; i++) {
+                    double sx = 0.0, sy = 0.0;
+                    for (size_t t = 0; t < pre; t++) {
+                        for (size_t j = 0; j < d; j++)
+                            cs[j] = j % 2 ? 0.0f : 1.0f;
+                        e8kv_rope_apply(rp, cs, 1, 1, t);
+                        const double x = K[s][t * row + h * d + 2 * i], y = K[s][t * row + h * d + 2 * i + 1];
+                        sx += x * cs[2 * i] + y * cs[2 * i + 1];
+                        sy += y * cs[2 * i] - x * cs[2 * i + 1];
+                    }
+                    a[i] = (float)(sx / (double)pre), b[i] = (float)(sy / (double)pre);
+                    const double ma = MU[s * 2 * row + h * d + 2 * i], mb = MU[s * 2 * row + h * d + 2 * i + 1];
+                    e[i] = ((double)a[i] * a[i] + (double)b[i] * b[i]) - (ma * ma + mb * mb);
+                }
+                for (int c8 = 0; c8 < 8; c8++) {
+                    size_t best = 0;
+                    for (size_t i = 1; i < d / 2; i++)
+                        if (e[i] > e[best]) best = i;
+                    e[best] = -INFINITY;
+                    RI[(s * n_kv + h) * 8 + c8] = (int)best;
+                    RM[(s * n_kv + h) * 16 + 2 * c8] = a[best], RM[(s * n_kv + h) * 16 + 2 * c8 + 1] = b[best];
+                    MU[s * 2 * row + h * d + 2 * best] = MU[s * 2 * row + h * d + 2 * best + 1] = 0.0f;
+                }
             }
         if (pre) {
             const size_t r = e8kv_cuda_seq_append(c, layer, ids[s], dk, dv, pre, dt);
@@ -277,9 +332,18 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
                 for (int st = 0; st < 2; st++) {
                     const cpu_fmt *f = st ? &vf : &kf;
                     const float *const mu = MU + (s * 2 + st) * row + h * d;
-                    float x[128];
+                    float x[128], turned[128]; /* center=rope: R_pos·μ at the chosen pairs, else 0 */
+                    memset(turned, 0, sizeof turned);
+                    if (rope && st == 0) {
+                        for (int c8 = 0; c8 < 8; c8++) {
+                            const int i = RI[(s * n_kv + h) * 8 + c8];
+                            turned[2 * i] = RM[(s * n_kv + h) * 16 + 2 * c8];
+                            turned[2 * i + 1] = RM[(s * n_kv + h) * 16 + 2 * c8 + 1];
+                        }
+                        e8kv_rope_apply(rp, turned, 1, 1, pos); /* 0 stays 0 at the other pairs */
+                    }
                     for (size_t i = 0; i < d; i++)
-                        x[i] = (st ? V[s] : K[s])[pos * row + h * d + i] - mu[i];
+                        x[i] = ((st ? V[s] : K[s])[pos * row + h * d + i] - mu[i]) - turned[i];
                     const size_t r = e8kv_cuda_seq_read_vector(c, gb, sizeof gb, ids[s], layer, st, pos, h);
                     CHECK(r == f->vb, "read_vector: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "size");
                     cpu_encode(f, cb, x);
@@ -297,7 +361,7 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
                     float *const y = (st ? DV[s] : DK[s]) + pos * row + h * d;
                     cpu_decode(f, y, gb);
                     for (size_t i = 0; i < d; i++)
-                        y[i] += mu[i];
+                        y[i] = (y[i] + mu[i]) + turned[i];
                 }
     }
     CHECK(mism == 0, "%s d=%zu dtype %d: %zu of %zu vectors differ from the CPU codec", sc->spec, d, (int)dt,
@@ -402,7 +466,8 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
            sc->spec, d, n_kv, G, (int)dt, n_seq, bs, n_vec, mism ? "NO" : "yes", gmism ? "NO" : "yes", worst);
     for (size_t s = 0; s < n_seq; s++)
         free(K[s]), free(V[s]), free(DK[s]), free(DV[s]);
-    free(K), free(V), free(DK), free(DV), free(q), free(out), free(sc_), free(ids), free(MU);
+    free(K), free(V), free(DK), free(DV), free(q), free(out), free(sc_), free(ids), free(MU), free(RI), free(RM);
+    e8kv_rope_free(rp);
     CU(cudaFree(dq));
     CU(cudaFree(dout));
     e8kv_codec_free(kf.codec);
@@ -1235,22 +1300,58 @@ static void test_layers(size_t d) {
                              "e8box:4,layer1.k=e8p:2",
                              "e8box:4,layers0-4=bf16",
                              "k=e8p:2,v=f16",
-                             "e8box:4,,v=bf16"};
+                             "e8box:4,,v=bf16",
+                             /* center=rope: without rope_theta (below: with it), or K/V not both e8box */
+                             "e8box:4,center=rope",
+                             "e8p:2,center=rope,rope_theta",
+                             "k=e8box:4,v=bf16,center=rope,rope_theta",
+                             "k=bf16,v=e8box:4,center=rope,rope_theta",
+                             "e8box:4,layer3.v=bf16,center=rope,rope_theta"};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         e8kv_cuda_cache_params b = p;
         b.spec = refused[i];
+        char bare[128];
+        const char *th = strstr(refused[i], ",rope_theta");
+        if (th) { /* the spec less this marker, with params.rope_theta set */
+            snprintf(bare, sizeof bare, "%.*s", (int)(th - refused[i]), refused[i]);
+            b.spec = bare, b.rope_theta = 10000.0f;
+        }
         e8kv_cuda_cache *r = e8kv_cuda_cache_create(&b, &err);
         CHECK(!r && e8kv_get_error_code(err) == E8KV_ERROR_SPEC, "%s: %s", refused[i],
               r ? "accepted" : e8kv_error_name(err));
         e8kv_cuda_cache_free(r);
     }
-    const char *accepted[] = {"e8box:4,center=0,rope=post", "e8box:4,center=1", "e8p:2,center=all"};
-    for (size_t i = 0; i < 3; i++) {
+    const char *accepted[] = {"e8box:4,center=0,rope=post", "e8box:4,center=1", "e8p:2,center=all",
+                              "e8box:4,layer0=bf16,center=rope"};
+    for (size_t i = 0; i < 4; i++) {
         e8kv_cuda_cache_params b = p;
         b.spec = accepted[i];
+        b.rope_theta = i == 3 ? 500000.0f : 0.0f;
         e8kv_cuda_cache *r = e8kv_cuda_cache_create(&b, &err);
         CHECK(r && e8kv_cuda_cache_centered(r) == (i > 0), "%s: %s", accepted[i],
               r ? "centering" : e8kv_error_name(err));
+        if (r && i == 3) { /* center=rope: rows without positions are refused, with them accepted */
+            int64_t *ds;
+            int32_t *dr;
+            unsigned *dst;
+            CU(cudaMalloc((void **)&ds, 8));
+            CU(cudaMalloc((void **)&dr, 8));
+            CU(cudaMalloc((void **)&dst, 4));
+            CU(cudaMemset(ds, 0, 8));
+            CU(cudaMemset(dr, 0, 8));
+            CU(cudaMemset(dst, 0, 4));
+            const size_t r1 = e8kv_cuda_append_rows_async(r, 1, ds, dr, NULL, dx, dy, 1, E8KV_DTYPE_F32, dst, NULL);
+            const size_t r2 =
+                e8kv_cuda_append_pos_async(r, 1, ds, dr, NULL, dr + 1, dx, dy, 1, E8KV_DTYPE_F32, dst, NULL);
+            unsigned st = 1;
+            CU(cudaMemcpy(&st, dst, 4, cudaMemcpyDeviceToHost));
+            CHECK(e8kv_get_error_code(r1) == E8KV_ERROR_BAD_ARGUMENT && r2 == 1 && st == 0,
+                  "center=rope appends: without positions %s, with them %s, status %u", e8kv_error_name(r1),
+                  e8kv_error_name(r2), st);
+            CU(cudaFree(ds));
+            CU(cudaFree(dr));
+            CU(cudaFree(dst));
+        }
         e8kv_cuda_cache_free(r);
     }
     free(x), free(y);
@@ -1490,7 +1591,11 @@ int main(int argc, char **argv) {
                                {"k=e8box:4,v=e8box:3,sink=4", "e8box:4", "e8box:3", 4},
                                {"k=e8box:3,v=e8box:4", "e8box:3", "e8box:4", 0},
                                {"k=f16,v=e8box:3,sink=1", "f16", "e8box:3", 1},
-                               {"e8box:3,sink=2,center=0", "e8box:3", "e8box:3", 2}};
+                               {"e8box:3,sink=2,center=0", "e8box:3", "e8box:3", 2},
+                               /* center=rope (17..) */
+                               {"e8box:4,sink=4,center=rope", "e8box:4", "e8box:4", 4},
+                               {"e8box:3,center=rope", "e8box:3", "e8box:3", 0},
+                               {"k=e8box:4,v=e8box:3,center=rope", "e8box:4", "e8box:3", 0}};
     const size_t lens_full[] = {1, 15, 16, 17, 100, 777, 3000, 9001};
     const size_t lens_quick[] = {1, 17, 40, 130};
     const size_t *lens = quick ? lens_quick : lens_full;
@@ -1535,6 +1640,13 @@ int main(int argc, char **argv) {
             if (quick && (ci + di) % 2) continue;
             const size_t n_kv = 1 + (size_t)(rnd() % 3);
             run_case(&cases[ci], ds[di], n_kv, Gs[(ci + di) % 4], lens, n_seq, dts[(ci + di) % 3], 1, 16);
+        }
+    /* center=rope: every G at both head dims (quick: one each), pages of 16, 32 and 48 */
+    for (size_t ci = 17; ci < 20 && !graph_only; ci++)
+        for (size_t gi = 0; gi < (quick ? 1u : 4u); gi++) {
+            const size_t di = (ci + gi) % 2, bs = gi == 1 ? 32 : gi == 2 ? 48 : 16;
+            run_case(&cases[ci], ds[di], 1 + (size_t)(rnd() % 3), Gs[(ci + gi) % 4], lens, n_seq,
+                     dts[(ci + gi) % 3], 1, bs);
         }
     /* sink=N: every kernel, N past a tile, a split and a whole sequence (lens 1, 15, 16, 17) */
     for (size_t ci = 5; ci < 11 && !graph_only; ci++)

@@ -148,6 +148,8 @@ static size_t parse_item(cache_config *cfg, const char *it, size_t len, int dept
             cfg->center = val[0] - '0';
         else if (vlen == 3 && !memcmp(val, "all", 3))
             cfg->center = 2;
+        else if (vlen == 4 && !memcmp(val, "rope", 4))
+            cfg->center = 3; /* the GPU cache's (e8kv_cuda.h); the CPU cache refuses it */
         else
             return E8KV_ERR(SPEC);
         return 0;
@@ -470,6 +472,10 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
     for (size_t i = 0; i < cfg->n_rules; i++)
         e8t_k |= (cfg->rules[i].which & 1) && is_calibrated(cfg->rules[i].codec);
     if (e8t_k && !cfg->rope_pre && params->rope_theta > 0.0f) {
+        if (err) *err = E8KV_ERR(SPEC);
+        return NULL;
+    }
+    if (cfg->center == 3) { /* center=rope: the GPU cache's (keys after RoPE, e8kv_cuda.h) */
         if (err) *err = E8KV_ERR(SPEC);
         return NULL;
     }

@@ -1043,6 +1043,9 @@ __device__ __forceinline__ void box3_lds_v(uint32_t (&w)[2], const uint8_t *sb, 
 __device__ __forceinline__ void cp16(uint32_t dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
 }
+__device__ __forceinline__ void cp8(uint32_t dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(dst), "l"(src) : "memory");
+}
 __device__ __forceinline__ void cp_commit(void) {
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
@@ -1157,19 +1160,33 @@ template <int D, int BK, int BV> struct box_pair {
     static constexpr int STAGE = box_geo<D, BV>::STAGE + VSH;
     static_assert(VSH % 16 == 0, "16-byte cp.async destinations");
 };
-template <int D, int BK, int BV> static constexpr int box_smem_bytes(void) {
-    return WARPS * BOX_STAGES * BOX_NT * box_pair<D, BK, BV>::STAGE;
+/* center=rope (RC): a sub-tile's stage also holds the cos, sin of its first position for the row's RC_PAIRS
+ * pairs (8 bytes each), after the V area */
+#define RC_STAGE_BYTES (8 * RC_PAIRS)
+template <int D, int BK, int BV, bool RC> __host__ __device__ static constexpr int box_stage_bytes(void) {
+    return box_pair<D, BK, BV>::STAGE + (RC ? RC_STAGE_BYTES : 0);
+}
+template <int D, int BK, int BV, bool RC> __host__ __device__ static constexpr int box_smem_bytes(void) {
+    return WARPS * BOX_STAGES * BOX_NT * box_stage_bytes<D, BK, BV, RC>();
 }
 
-template <int D, int BK, int BV, bool G8, bool SK>
-__global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_launch a) {
+/* the register budget: BOX_MINB blocks per SM, but 2 for a center=rope instance where shared memory (its
+ * stages and ~8 KB of static arrays, 1 KB per block for the system, 228 KB per SM) lets only 2 in anyway
+ * (its bias needs ~12 more registers per thread) */
+template <int D, int BK, int BV, bool RC> __host__ __device__ static constexpr int box_minb(void) {
+    return RC && 3 * (box_smem_bytes<D, BK, BV, RC>() + 9 * 1024) > 228 * 1024 ? 2 : BOX_MINB;
+}
+
+template <int D, int BK, int BV, bool G8, bool SK, bool RC>
+__global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC>())) attn_box_kernel(const attn_launch a) {
     static_assert((BK == 4 || BK == 3) && (BV == 4 || BV == 3), "e8box:4 or e8box:3");
     /* GK: the K area of a sub-tile; GV: the V area, VSH bytes from where box_geo<D, BV> puts it; G4: the
      * copy plan of an e8box:4 stream */
     using GK = box_geo<D, BK>;
     using GV = box_geo<D, BV>;
     using G4 = box_geo<D, 4>;
-    constexpr int VSH = box_pair<D, BK, BV>::VSH, STAGE = box_pair<D, BK, BV>::STAGE;
+    constexpr int VSH = box_pair<D, BK, BV>::VSH, STAGE = box_stage_bytes<D, BK, BV, RC>(),
+                  RC_OFF = box_pair<D, BK, BV>::STAGE;
     constexpr int KS = D / 16, NW = D / 32;
     extern __shared__ __align__(16) uint8_t box_dyn[]; /* [WARPS][BOX_STAGES][BOX_NT][STAGE] */
     uint8_t(*const stage)[BOX_STAGES][BOX_NT][STAGE] =
@@ -1232,7 +1249,18 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
     /* an e8box:3 stream: box3_stage's lanes 0..15 (K) or 16..31 (V) (side_pool: the lane's stream); an
      * e8box:4 stream: every lane's nibble chunks, and the side chunks of lanes 0..NC (K) or 16..16 + NC (V).
      * A mixed pair runs both plans, each for its own stream. */
-    auto issue = [&](int pg, int o0, uint32_t dst) {
+    /* center=rope: lane c < RC_PAIRS copies the cos, sin of pair rc_pair (the row's c-th) at a sub-tile's
+     * first position into the stage */
+    const float *rc_cs = NULL;
+    if constexpr (RC) {
+        const int rrow = seq_row(a, seq);
+        if (rrow >= 0 && lane < RC_PAIRS)
+            rc_cs = a.k.cs + 2 * ((const int32_t *)(a.k.rc + ((size_t)rrow * a.n_head_kv + kvh) * RC_FLOATS +
+                                                   2 * RC_PAIRS))[lane];
+    }
+    auto issue = [&](int pg, int o0, uint32_t dst, int p0) {
+        if constexpr (RC)
+            if (rc_cs) cp8(dst + RC_OFF + 8 * lane, rc_cs + (size_t)min(p0, a.k.n_pos - 1) * D);
         if ((BK == 3 && lane < 16) || (BV == 3 && lane >= 16)) {
             const uint8_t *const src = side_pool + (uint64_t)(uint32_t)pg * side_pb;
             box3_stage<D>(lane, bs, o0,
@@ -1264,7 +1292,7 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
     auto issue_tile = [&](int t0, int buf, const int(&pg)[BOX_NT], const int(&o)[BOX_NT]) {
 #pragma unroll
         for (int u = 0; u < BOX_NT; u++)
-            if (t0 + 16 * u < end) issue(pg[u], o[u], sbase + (buf * BOX_NT + u) * STAGE);
+            if (t0 + 16 * u < end) issue(pg[u], o[u], sbase + (buf * BOX_NT + u) * STAGE, t0 + 16 * u);
     };
     /* the pages of the first BOX_STAGES tiles looked up together (their table loads in flight at once, not
      * one after each copy: the copies are asm with a memory clobber), then the first copies */
@@ -1333,6 +1361,62 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
         qcl[j] = pack(lo16<false>(x[0]), lo16<false>(x[1]));
     }
 
+    /* center=rope (a.k.rc): + q·R_p·μ for the row's RC_PAIRS chosen pairs, per 16-token sub-tile at p0 one
+     * product A·B: A = the constant table (token j = g / g + 8; k index 2t4, 2t4 + 1 ↔ cos, sin of j·ω of
+     * pair c = t4, 2t4 + 8, 2t4 + 9 ↔ pair t4 + 4; hi and lo f16 parts in two products), B = for column g's
+     * head (hi or lo part as qh's) the pair's (α·C + β·S, β·C − α·S), C, S = cos, sin of p0·ω, α = q_a μ_a
+     * + q_b μ_b, β = q_b μ_a − q_a μ_b: Σ_c α cos((p0 + j)ω) + β sin((p0 + j)ω) = q·R_{p0+j}·μ (scaled as
+     * the scores, log2). The pages hold x − R_p·μ at those pairs (encode). */
+    float rc_al[2] = {0.0f, 0.0f}, rc_be[2] = {0.0f, 0.0f};
+    uint32_t rc_ah[4] = {0u, 0u, 0u, 0u}, rc_al16[4] = {0u, 0u, 0u, 0u};
+    if (RC && seq_row(a, seq) >= 0) { /* (a bad row: NaN output, merge_last) */
+        const float *const rcp = a.k.rc + ((size_t)seq_row(a, seq) * a.n_head_kv + kvh) * RC_FLOATS;
+        const int32_t *const idx = (const int32_t *)(rcp + 2 * RC_PAIRS);
+        const float sc = rsqrtf((float)D) * LOG2E;
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int c = t4 + 4 * e, i = idx[c];
+            if (row < G) {
+                const size_t h = (size_t)seq * a.n_head + (size_t)kvh * G + row;
+                const float qa = e8kv_cuda_load_val(a.q, h * D + 2 * i, a.q_dtype) * sc,
+                            qb = e8kv_cuda_load_val(a.q, h * D + 2 * i + 1, a.q_dtype) * sc;
+                const float ma = rcp[2 * c], mb = rcp[2 * c + 1];
+                rc_al[e] = qa * ma + qb * mb;
+                rc_be[e] = qb * ma - qa * mb;
+            }
+#pragma unroll
+            for (int tt = 0; tt < 2; tt++) { /* A: token j = g + 8tt, pair c: registers tt + 2e */
+                const float C = a.k.cs[(size_t)(g + 8 * tt) * D + 2 * i],
+                            S = a.k.cs[(size_t)(g + 8 * tt) * D + 2 * i + 1];
+                rc_ah[tt + 2 * e] = pack(hi16<false>(C), hi16<false>(S));
+                rc_al16[tt + 2 * e] = pack(lo16<false>(C), lo16<false>(S));
+            }
+        }
+    }
+    /* the bias of a sub-tile (its stage sb holds the cos, sin of its first position) into c[4] (the score
+     * fragment's layout) */
+    auto rc_bias = [&](const uint8_t *sb, float (&c)[4]) {
+        c[0] = c[1] = c[2] = c[3] = 0.0f;
+        float x[2][2];
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const float2 cs = *reinterpret_cast<const float2 *>(sb + RC_OFF + 8 * (t4 + 4 * e));
+            x[e][0] = rc_al[e] * cs.x + rc_be[e] * cs.y;
+            x[e][1] = rc_be[e] * cs.x - rc_al[e] * cs.y;
+        }
+        const uint32_t bh[2] = {hi_col ? pack(hi16<false>(x[0][0]), hi16<false>(x[0][1]))
+                                       : pack(lo16<false>(x[0][0]), lo16<false>(x[0][1])),
+                                hi_col ? pack(hi16<false>(x[1][0]), hi16<false>(x[1][1]))
+                                       : pack(lo16<false>(x[1][0]), lo16<false>(x[1][1]))};
+        mma16816<false>(c, rc_ah, bh);
+        mma16816<false>(c, rc_al16, bh);
+        if constexpr (G8) {
+            const uint32_t bl[2] = {pack(lo16<false>(x[0][0]), lo16<false>(x[0][1])),
+                                    pack(lo16<false>(x[1][0]), lo16<false>(x[1][1]))};
+            mma16816<false>(c, rc_ah, bl);
+        }
+    };
+
     /* this thread's score columns are heads h0 = 2·(t4 mod 2) (G ≤ 4: t4 and t4 ^ 2 hold hi and lo of the
      * same heads and add them) or 2·t4 (G > 4), and h0 + 1; the output columns 2t4, 2t4 + 1 are the same
      * heads */
@@ -1357,6 +1441,8 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
 #pragma unroll
             for (int h = 0; h < 4; h++)
                 acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.0f;
+            float bias[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* center=rope: q·R_p·μ */
+            if constexpr (RC) rc_bias(sb, bias);
             if constexpr (BK == 3) {
                 /* A = box3_kstep_nc of tokens g (a0, a2) and g + 8 (a1, a3) */
 #pragma unroll
@@ -1421,8 +1507,13 @@ __global__ void __launch_bounds__(128, BOX_MINB) attn_box_kernel(const attn_laun
                 for (int c = 0; c < 2; c++) {
                     const int e = 2 * tt + c;
                     float v = (acc[0][e] + acc[1][e]) + (acc[2][e] + acc[3][e]);
-                    if (!G8) v += __shfl_xor_sync(0xffffffffu, v, 2);
-                    v *= ksc[tt];
+                    if constexpr (RC) {
+                        v = v * ksc[tt] + bias[e];
+                        if (!G8) v += __shfl_xor_sync(0xffffffffu, v, 2);
+                    } else {
+                        if (!G8) v += __shfl_xor_sync(0xffffffffu, v, 2);
+                        v *= ksc[tt];
+                    }
                     const int pos = tile0 + 16 * u + g + 8 * tt;
                     if (pos >= end || (SK && pos < lo)) v = -INFINITY;
                     out[u][tt][c] = v;
@@ -2253,17 +2344,17 @@ size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm,
 }
 
 /* the e8box kernel's stages are dynamic shared memory beyond 48 KB: raise its limit once (per D, BK, BV) */
-template <int D, int BK, int BV> static int box_smem_attr(void) {
+template <int D, int BK, int BV, bool RC> static int box_smem_attr(void) {
     static int done = 0;
-    const int b = box_smem_bytes<D, BK, BV>();
+    const int b = box_smem_bytes<D, BK, BV, RC>();
     if (!done &&
-        cudaFuncSetAttribute(attn_box_kernel<D, BK, BV, false, false>,
+        cudaFuncSetAttribute(attn_box_kernel<D, BK, BV, false, false, RC>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, b) == cudaSuccess &&
-        cudaFuncSetAttribute(attn_box_kernel<D, BK, BV, true, false>,
+        cudaFuncSetAttribute(attn_box_kernel<D, BK, BV, true, false, RC>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, b) == cudaSuccess &&
-        cudaFuncSetAttribute(attn_box_kernel<D, BK, BV, false, true>,
+        cudaFuncSetAttribute(attn_box_kernel<D, BK, BV, false, true, RC>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, b) == cudaSuccess &&
-        cudaFuncSetAttribute(attn_box_kernel<D, BK, BV, true, true>,
+        cudaFuncSetAttribute(attn_box_kernel<D, BK, BV, true, true, RC>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, b) == cudaSuccess)
         done = 1;
     return !done;
@@ -2278,21 +2369,21 @@ template <int KF, int VF> static constexpr int box_bits(void) {
     return box_b<KF>() && box_b<VF>() ? box_b<KF>() : 0;
 }
 
-template <int D, int KF, int VF> static int occupancy(void) {
+template <int D, int KF, int VF, bool RC> static int occupancy(void) {
     static int n = 0;
     if (n) return n;
     constexpr int BK = box_bits<KF, VF>(), BV = box_b<VF>();
     if constexpr (BK) {
-        constexpr int sb = box_smem_bytes<D, BK, BV>();
+        constexpr int sb = box_smem_bytes<D, BK, BV, RC>();
         int n1 = 0, n2 = 0, n3 = 0, n4 = 0;
-        if (box_smem_attr<D, BK, BV>() ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n1, attn_box_kernel<D, BK, BV, false, false>, 128,
+        if (box_smem_attr<D, BK, BV, RC>() ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n1, attn_box_kernel<D, BK, BV, false, false, RC>, 128,
                                                           sb) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n2, attn_box_kernel<D, BK, BV, true, false>, 128,
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n2, attn_box_kernel<D, BK, BV, true, false, RC>, 128,
                                                           sb) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n3, attn_box_kernel<D, BK, BV, false, true>, 128,
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n3, attn_box_kernel<D, BK, BV, false, true, RC>, 128,
                                                           sb) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n4, attn_box_kernel<D, BK, BV, true, true>, 128,
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n4, attn_box_kernel<D, BK, BV, true, true, RC>, 128,
                                                           sb) != cudaSuccess)
             n1 = n2 = n3 = n4 = 1;
         n = n1 < n2 ? n1 : n2;
@@ -2311,39 +2402,54 @@ template <int D, int KF, int VF> static int occupancy(void) {
     return n;
 }
 
-/* occupancy for the run-time formats (the dispatch of launch_k / launch_v) */
-template <int D, int KF> static int occupancy_v(int vf) {
+/* occupancy for the run-time formats (the dispatch of launch_k / launch_v); rc: center=rope (e8box K and V) */
+template <int D, int KF> static int occupancy_v(int vf, int rc) {
     switch (vf) {
     case FMT_BOX4:
-        return occupancy<D, KF, FMT_BOX4>();
+        return rc && fmt_is_box(KF) ? occupancy<D, KF, FMT_BOX4, true>() : occupancy<D, KF, FMT_BOX4, false>();
     case FMT_BOX3:
-        return occupancy<D, KF, FMT_BOX3>();
+        return rc && fmt_is_box(KF) ? occupancy<D, KF, FMT_BOX3, true>() : occupancy<D, KF, FMT_BOX3, false>();
     case FMT_BF16:
-        return occupancy<D, KF, FMT_BF16>();
+        return occupancy<D, KF, FMT_BF16, false>();
     default:
-        return occupancy<D, KF, FMT_F16>();
+        return occupancy<D, KF, FMT_F16, false>();
     }
 }
-template <int D> static int occupancy_k(int kf, int vf) {
+template <int D> static int occupancy_k(int kf, int vf, int rc) {
     switch (kf) {
     case FMT_BOX4:
-        return occupancy_v<D, FMT_BOX4>(vf);
+        return occupancy_v<D, FMT_BOX4>(vf, rc);
     case FMT_BOX3:
-        return occupancy_v<D, FMT_BOX3>(vf);
+        return occupancy_v<D, FMT_BOX3>(vf, rc);
     case FMT_BF16:
-        return occupancy_v<D, FMT_BF16>(vf);
+        return occupancy_v<D, FMT_BF16>(vf, 0);
     default:
-        return occupancy_v<D, FMT_F16>(vf);
+        return occupancy_v<D, FMT_F16>(vf, 0);
     }
 }
 
-int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf) {
+int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf, int rc) {
     if (kf == FMT_E8P2) { /* the fewer of the two instances (the split count does not know G) */
         const int n0 = d == 128 ? e8p_occupancy<128, 0>() : e8p_occupancy<64, 0>(),
                   n4 = d == 128 ? e8p_occupancy<128, 4>() : e8p_occupancy<64, 4>(), n = n0 < n4 ? n0 : n4;
         return n > 0 ? n : 1;
     }
-    return d == 128 ? occupancy_k<128>(kf, vf) : occupancy_k<64>(kf, vf);
+    return d == 128 ? occupancy_k<128>(kf, vf, rc) : occupancy_k<64>(kf, vf, rc);
+}
+
+/* attn_box_kernel's instance for the group size and sink rows (RC: center=rope) */
+template <int D, int BK, int BV, bool RC>
+static void launch_box(const attn_launch *a, dim3 grid, bool sk, cudaStream_t stream) {
+    constexpr int sb = box_smem_bytes<D, BK, BV, RC>();
+    box_smem_attr<D, BK, BV, RC>();
+    if (a->n_head > 4 * a->n_head_kv && sk)
+        attn_box_kernel<D, BK, BV, true, true, RC><<<grid, 128, sb, stream>>>(*a);
+    else if (a->n_head > 4 * a->n_head_kv)
+        attn_box_kernel<D, BK, BV, true, false, RC><<<grid, 128, sb, stream>>>(*a);
+    else if (sk)
+        attn_box_kernel<D, BK, BV, false, true, RC><<<grid, 128, sb, stream>>>(*a);
+    else
+        attn_box_kernel<D, BK, BV, false, false, RC><<<grid, 128, sb, stream>>>(*a);
 }
 
 template <int D, int KF, int VF> static void launch(const attn_launch *la, cudaStream_t stream) {
@@ -2355,16 +2461,10 @@ template <int D, int KF, int VF> static void launch(const attn_launch *la, cudaS
     const bool sk = a->sink_n > 0; /* the instances without sink rows have no sink code at all */
     constexpr int BK = box_bits<KF, VF>(), BV = box_b<VF>();
     if constexpr (BK) {
-        constexpr int sb = box_smem_bytes<D, BK, BV>();
-        box_smem_attr<D, BK, BV>();
-        if (a->n_head > 4 * a->n_head_kv && sk)
-            attn_box_kernel<D, BK, BV, true, true><<<grid, 128, sb, stream>>>(*a);
-        else if (a->n_head > 4 * a->n_head_kv)
-            attn_box_kernel<D, BK, BV, true, false><<<grid, 128, sb, stream>>>(*a);
-        else if (sk)
-            attn_box_kernel<D, BK, BV, false, true><<<grid, 128, sb, stream>>>(*a);
+        if (a->k.rc)
+            launch_box<D, BK, BV, true>(a, grid, sk, stream);
         else
-            attn_box_kernel<D, BK, BV, false, false><<<grid, 128, sb, stream>>>(*a);
+            launch_box<D, BK, BV, false>(a, grid, sk, stream);
     } else if (sk) {
         attn_split_kernel<D, KF, VF, true><<<grid, 128, 0, stream>>>(*a);
     } else {

@@ -18,6 +18,10 @@ struct e8kv_cuda_cache {
     int centered;      /* some stream has means (center=1): sd[].mu, (max_seqs, n_head_kv, d) each */
     int32_t *d_arows;  /* (max_append): the rows of an owned append's tokens */
     int32_t *arows;    /* host twin */
+    int rope;          /* center=rope: the K streams' sd[].rc, the table d_cs; d_apos / apos: an owned
+                        * append's positions */
+    float *d_cs;       /* (max_ctx, d): cos, sin of each position and pair, as e8kv_rope_apply has them */
+    int32_t *d_apos, *apos;
     int device, n_sm;
     int *occ; /* (n_layer) resident attention blocks per SM of the layer's kernel */
     float rot_scale;
@@ -74,7 +78,7 @@ static int page_format(e8kv_gpu_format g) {
  * created as the CPU cache would create it, and the registry says which GPU page format holds its bytes.
  * Items the GPU cache does not implement are SPEC: sink= beyond E8KV_CUDA_SINK_MAX, window=, rope=pre (keys
  * come after RoPE), auto=, evict=/budget=, page= (block_size is the parameter), presets (their formats are
- * not GPU formats). *center: center=1 (the default) or all, as the CPU cache has it. */
+ * not GPU formats). *center: 0 none, 1 center=1 (the default) or all, as the CPU cache has it, 2 center=rope. */
 static size_t resolve_formats(const e8kv_cuda_cache_params *p, int *fmt, float signs[128], size_t *sink,
                               int *center) {
     if (!p->spec) return E8KV_ERR(SPEC);
@@ -87,7 +91,7 @@ static size_t resolve_formats(const e8kv_cuda_cache_params *p, int *fmt, float s
     if (!r &&
         (it.sink > E8KV_CUDA_SINK_MAX || it.window || it.page || it.rope == 1 || it.auto_rates || it.evicts))
         r = E8KV_ERR(SPEC);
-    if (!r) *sink = it.sink, *center = it.center != 0;
+    if (!r) *sink = it.sink, *center = it.center == 3 ? 2 : it.center != 0;
     int have_signs = 0;
     for (size_t i = 0; i < n && !r; i++) {
         size_t same = 0; /* a stream with the same spec before this one */
@@ -181,6 +185,7 @@ void e8kv_cuda_cache_free(e8kv_cuda_cache *c) {
     free(c->sslots);
     free(c->rows);
     free(c->arows);
+    free(c->apos);
     free(c);
 }
 
@@ -195,6 +200,28 @@ static e8kv_cuda_cache *fail(e8kv_cuda_cache *c, size_t *err, size_t code) {
         const size_t e8kv_cu_r_ = (expr);                                                                    \
         if (e8kv_is_error(e8kv_cu_r_)) return fail(c, err, e8kv_cu_r_);                                      \
     } while (0)
+
+/* center=rope: the cos and sin of every position below max_ctx and RoPE pair (interleaved pairs, the layout the
+ * pages code), as the library's RoPE has them: e8kv_rope_apply on (1, 0) pairs gives (C, S) */
+static size_t upload_rope_table(e8kv_cuda_cache *c, float theta) {
+    size_t e = 0;
+    e8kv_rope *rope = e8kv_rope_create(c->d, theta, 0, &e);
+    if (!rope) return e;
+    const size_t chunk = 4096;
+    float *x = (float *)malloc(chunk * c->d * sizeof(float));
+    for (size_t p0 = 0; p0 < c->max_ctx && x && !e; p0 += chunk) {
+        const size_t n = c->max_ctx - p0 < chunk ? c->max_ctx - p0 : chunk;
+        for (size_t i = 0; i < n * c->d; i++)
+            x[i] = i % 2 ? 0.0f : 1.0f;
+        e8kv_rope_apply(rope, x, n, 1, p0);
+        if (cudaMemcpy(c->d_cs + p0 * c->d, x, n * c->d * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
+            e = E8KV_ERR(CUDA);
+    }
+    if (!x) e = E8KV_ERR(OUT_OF_MEMORY);
+    free(x);
+    e8kv_rope_free(rope);
+    return e;
+}
 
 /* One append (a skipped row: slot -1) and one attend (one token of a zeroed page) at creation, outside any
  * stream capture: the launchers upload their constant tables and set kernel attributes on their first
@@ -253,14 +280,24 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
         /* the e8kv codes are centred by default, raw pages never (the CPU cache's traits) */
         c->sd[i].mu = center && (fmt_is_box(fmt[i]) || fmt[i] == FMT_E8P2) ? (float *)1 : NULL;
         c->centered |= c->sd[i].mu != NULL;
+        /* center=rope: the e8box K streams (the e8box attention kernel adds the turned centre back; its V
+         * must be e8box too); e8p:2 K has no such kernel yet */
+        if (center == 2 && i % 2 == 0 && fmt_is_box(fmt[i])) {
+            c->sd[i].rc = (float *)1;
+            c->rope = 1;
+        }
+        if (center == 2 && i % 2 == 1 && (fmt_is_box(fmt[i - 1]) != fmt_is_box(fmt[i]) || fmt[i - 1] == FMT_E8P2))
+            r = E8KV_ERR(SPEC);
     }
     free(fmt);
+    if (!r && c->rope && !(p->rope_theta > 0.0f && isfinite(p->rope_theta))) r = E8KV_ERR(SPEC);
+    if (!r && c->rope && c->max_ctx > INT32_MAX / c->d) r = E8KV_ERR(DIMENSION);
     if (r) return fail(c, err, r);
     if (cudaSetDevice(p->device) != cudaSuccess ||
         cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, p->device) != cudaSuccess)
         return fail(c, err, E8KV_ERR(CUDA));
     for (size_t l = 0; l < c->n_layer; l++)
-        c->occ[l] = e8kv_cu_ctas_per_sm(c->d, c->sd[2 * l].fmt, c->sd[2 * l + 1].fmt);
+        c->occ[l] = e8kv_cu_ctas_per_sm(c->d, c->sd[2 * l].fmt, c->sd[2 * l + 1].fmt, c->sd[2 * l].rc != NULL);
 
     /* one allocation: pools, then tables, workspace, staging */
     size_t off = 0;
@@ -281,7 +318,13 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
         if (c->sd[i].mu) {
             c->sd[i].mu = (float *)off;
             off = align256(off + c->max_seqs * c->n_head_kv * c->d * sizeof(float));
+            if (c->sd[i].rc) {
+                c->sd[i].rc = (float *)off;
+                off = align256(off + c->max_seqs * c->n_head_kv * RC_FLOATS * sizeof(float));
+            }
         }
+    const size_t o_cs = off;
+    off = align256(off + (c->rope ? c->max_ctx * c->d * sizeof(float) : 0));
     const size_t pools = off;
     const size_t o_tables = off;
     off = align256(off + c->max_seqs * c->width * sizeof(int32_t));
@@ -297,6 +340,8 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     off = align256(off + c->max_batch * sizeof(int32_t));
     const size_t o_arows = off;
     off = align256(off + (c->centered ? c->max_append * sizeof(int32_t) : 0));
+    const size_t o_apos = off;
+    off = align256(off + (c->rope ? c->max_append * sizeof(int32_t) : 0));
 
     const size_t o_signs = off;
     off = align256(off + c->d * sizeof(float));
@@ -315,8 +360,15 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     for (size_t i = 0; i < 2 * c->n_layer; i++) {
         c->sd[i].pool = c->dev + (size_t)c->sd[i].pool;
         if (c->sd[i].mu) c->sd[i].mu = (float *)(c->dev + (size_t)c->sd[i].mu);
+        if (c->sd[i].rc) {
+            c->sd[i].rc = (float *)(c->dev + (size_t)c->sd[i].rc);
+            c->sd[i].cs = (const float *)(c->dev + o_cs);
+            c->sd[i].n_pos = (int)c->max_ctx;
+        }
     }
     c->d_arows = c->centered ? (int32_t *)(c->dev + o_arows) : NULL;
+    c->d_cs = c->rope ? (float *)(c->dev + o_cs) : NULL;
+    c->d_apos = c->rope ? (int32_t *)(c->dev + o_apos) : NULL;
 
     c->d_tables = (int32_t *)(c->dev + o_tables);
     c->d_btables = (int32_t *)(c->dev + o_btables);
@@ -333,6 +385,7 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
         cudaMemset(c->d_work, 0, c->work_bytes) != cudaSuccess ||
         cudaMemcpy(c->d_signs, signs, c->d * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
         return fail(c, err, E8KV_ERR(CUDA));
+    if (c->rope) E8KV_CU_RETURN_NULL(upload_rope_table(c, p->rope_theta), c, err);
 
     c->tables = (int32_t *)calloc(c->max_seqs * c->width, sizeof(int32_t));
     c->lens = (size_t *)calloc(c->max_seqs * c->n_layer, sizeof(size_t));
@@ -346,8 +399,9 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     c->sslots = (int64_t *)malloc(c->max_append * sizeof(int64_t));
     c->rows = (int32_t *)calloc(c->max_batch, sizeof(int32_t));
     c->arows = (int32_t *)malloc(c->max_append * sizeof(int32_t));
+    c->apos = (int32_t *)malloc(c->max_append * sizeof(int32_t));
     if (!c->tables || !c->lens || !c->n_pages || !c->live || !c->refs || !c->free_list || !c->slots ||
-        !c->btables || !c->ctx || !c->sslots || !c->rows || !c->arows)
+        !c->btables || !c->ctx || !c->sslots || !c->rows || !c->arows || !c->apos)
         return fail(c, err, E8KV_ERR(OUT_OF_MEMORY));
     for (size_t i = 0; i < c->n_blocks; i++)
         c->free_list[i] = (int32_t)(c->n_blocks - 1 - i);
@@ -395,11 +449,12 @@ size_t e8kv_cuda_cache_free_pages(const e8kv_cuda_cache *c) {
 
 /* One stream's append, one launch: a centred stream with rows codes x − μ of each token's row (in the
  * encode kernels, the CPU cache's values), any other the rows as they are; with sink slots (NULL: none)
- * the tokens' exact values also go to the sink rows */
+ * the tokens' exact values also go to the sink rows; d_pos: the tokens' positions (center=rope) */
 static size_t append_stream(e8kv_cuda_cache *c, size_t layer, int s, const int64_t *d_slots,
-                            const int32_t *d_rows, const int64_t *d_sink_slots, const void *src, size_t n,
-                            e8kv_dtype dtype, unsigned *d_flags, cudaStream_t stream) {
-    token_args ta = {d_rows, NULL, c->max_seqs, NULL, NULL, 0};
+                            const int32_t *d_rows, const int64_t *d_sink_slots, const int32_t *d_pos,
+                            const void *src, size_t n, e8kv_dtype dtype, unsigned *d_flags,
+                            cudaStream_t stream) {
+    token_args ta = {d_rows, NULL, c->max_seqs, NULL, NULL, 0, d_pos, NULL, NULL, 0};
     if (d_sink_slots && c->sink)
         ta.sink_slots = d_sink_slots, ta.sink = sink_pool(c, layer, s),
         ta.n_sink_slots = c->max_seqs * c->sink;
@@ -408,10 +463,11 @@ static size_t append_stream(e8kv_cuda_cache *c, size_t layer, int s, const int64
 }
 
 /* writes n_tok rows whose slots are in host_slots, in pieces of max_append; the rows whose host_sink_slots
- * (NULL: none) are not negative also into the sink rows; host_rows (NULL: none): each token's row of means */
+ * (NULL: none) are not negative also into the sink rows; host_rows (NULL: none): each token's row of means;
+ * host_pos: their positions (center=rope) */
 static size_t append_rows(e8kv_cuda_cache *c, size_t layer, const int64_t *host_slots,
-                          const int64_t *host_sink_slots, const int32_t *host_rows, const void *k,
-                          const void *v, size_t n_tok, e8kv_dtype dtype) {
+                          const int64_t *host_sink_slots, const int32_t *host_rows, const int32_t *host_pos,
+                          const void *k, const void *v, size_t n_tok, e8kv_dtype dtype) {
     const size_t esz = dtype == E8KV_DTYPE_F32 ? 4 : 2, row = c->n_head_kv * c->d * esz;
     if (cudaMemset(c->d_flags, 0, sizeof(unsigned)) != cudaSuccess) return E8KV_ERR(CUDA);
     for (size_t t0 = 0; t0 < n_tok; t0 += c->max_append) {
@@ -426,11 +482,14 @@ static size_t append_rows(e8kv_cuda_cache *c, size_t layer, const int64_t *host_
         if (host_sink_slots && cudaMemcpy(c->d_sslots, host_sink_slots + t0, n * sizeof(int64_t),
                                           cudaMemcpyHostToDevice) != cudaSuccess)
             return E8KV_ERR(CUDA);
+        const int pos = c->rope && host_pos;
+        if (pos && cudaMemcpy(c->d_apos, host_pos + t0, n * sizeof(int32_t), cudaMemcpyHostToDevice) != cudaSuccess)
+            return E8KV_ERR(CUDA);
         for (int s = 0; s < 2; s++) {
             const uint8_t *const src = (const uint8_t *)(s ? v : k) + t0 * row;
             E8KV_RETURN_IF_ERROR(append_stream(c, layer, s, c->d_slots, rows ? c->d_arows : NULL,
-                                               host_sink_slots ? c->d_sslots : NULL, src, n, dtype,
-                                               c->d_flags, 0));
+                                               host_sink_slots ? c->d_sslots : NULL, pos ? c->d_apos : NULL,
+                                               src, n, dtype, c->d_flags, 0));
         }
     }
     unsigned flags = 0;
@@ -465,12 +524,21 @@ size_t e8kv_cuda_append_rows_async(e8kv_cuda_cache *c, size_t layer, const int64
                                    const int32_t *d_rows, const int64_t *d_sink_slots, const void *d_k,
                                    const void *d_v, size_t n_tok, e8kv_dtype dtype, unsigned *d_status,
                                    void *stream) {
+    return e8kv_cuda_append_pos_async(c, layer, d_slots, d_rows, d_sink_slots, NULL, d_k, d_v, n_tok, dtype,
+                                      d_status, stream);
+}
+
+size_t e8kv_cuda_append_pos_async(e8kv_cuda_cache *c, size_t layer, const int64_t *d_slots,
+                                  const int32_t *d_rows, const int64_t *d_sink_slots, const int32_t *d_pos,
+                                  const void *d_k, const void *d_v, size_t n_tok, e8kv_dtype dtype,
+                                  unsigned *d_status, void *stream) {
     if (!c || layer >= c->n_layer || bad_dtype(dtype) || !d_status || (n_tok && (!d_slots || !d_k || !d_v)))
         return E8KV_ERR(BAD_ARGUMENT);
     if (d_sink_slots && !c->sink) return E8KV_ERR(SPEC);
+    if (c->rope && d_rows && n_tok && !d_pos) return E8KV_ERR(BAD_ARGUMENT); /* center=rope needs them */
     for (int s = 0; s < 2; s++)
-        E8KV_RETURN_IF_ERROR(append_stream(c, layer, s, d_slots, d_rows, d_sink_slots, s ? d_v : d_k, n_tok,
-                                           dtype, d_status, (cudaStream_t)stream));
+        E8KV_RETURN_IF_ERROR(append_stream(c, layer, s, d_slots, d_rows, d_sink_slots, d_pos, s ? d_v : d_k,
+                                           n_tok, dtype, d_status, (cudaStream_t)stream));
     return n_tok;
 }
 
@@ -478,9 +546,26 @@ int e8kv_cuda_cache_centered(const e8kv_cuda_cache *c) {
     return c ? c->centered : 0;
 }
 
+int e8kv_cuda_cache_rope_centred(const e8kv_cuda_cache *c) {
+    return c ? c->rope : 0;
+}
+
 /* the means of (layer, stream) of one row: n_head_kv * d floats */
 static float *mean_row(const e8kv_cuda_cache *c, size_t layer, int s, size_t row) {
     return c->sd[2 * layer + (size_t)s].mu + row * c->n_head_kv * c->d;
+}
+
+/* a row's means of (layer, stream), and its centre pairs (center=rope), copied to row dst on `st` */
+static size_t copy_mean_row(e8kv_cuda_cache *c, size_t layer, int s, size_t dst, size_t src, cudaStream_t st) {
+    const stream_desc *const sd = &c->sd[2 * layer + (size_t)s];
+    const size_t rcn = c->n_head_kv * RC_FLOATS;
+    if (sd->mu && cudaMemcpyAsync(mean_row(c, layer, s, dst), mean_row(c, layer, s, src),
+                                  c->n_head_kv * c->d * sizeof(float), cudaMemcpyDeviceToDevice, st) != cudaSuccess)
+        return E8KV_ERR(CUDA);
+    if (sd->rc && cudaMemcpyAsync(sd->rc + dst * rcn, sd->rc + src * rcn, rcn * sizeof(float),
+                                  cudaMemcpyDeviceToDevice, st) != cudaSuccess)
+        return E8KV_ERR(CUDA);
+    return 0;
 }
 
 size_t e8kv_cuda_set_means_async(e8kv_cuda_cache *c, size_t layer, size_t row, const void *d_k,
@@ -488,10 +573,19 @@ size_t e8kv_cuda_set_means_async(e8kv_cuda_cache *c, size_t layer, size_t row, c
     if (!c || layer >= c->n_layer || bad_dtype(dtype) || row >= c->max_seqs || !n_tok || !d_k || !d_v)
         return E8KV_ERR(BAD_ARGUMENT);
     if (!c->centered) return E8KV_ERR(SPEC);
-    for (int s = 0; s < 2; s++)
-        if (c->sd[2 * layer + (size_t)s].mu)
+    for (int s = 0; s < 2; s++) {
+        const stream_desc *const sd = &c->sd[2 * layer + (size_t)s];
+        if (sd->mu)
             E8KV_RETURN_IF_ERROR(e8kv_cu_launch_means(mean_row(c, layer, s, row), s ? d_v : d_k, n_tok,
                                                       c->n_head_kv * c->d, (int)dtype, (cudaStream_t)stream));
+        if (sd->rc) { /* center=rope: the first append is at positions 0 .. n_tok − 1 */
+            if (n_tok > c->max_ctx) return E8KV_ERR(CONTEXT_FULL);
+            E8KV_RETURN_IF_ERROR(e8kv_cu_launch_rope_means(mean_row(c, layer, s, row),
+                                                           sd->rc + row * c->n_head_kv * RC_FLOATS, sd->cs, d_k,
+                                                           n_tok, c->n_head_kv, c->d, (int)dtype,
+                                                           (cudaStream_t)stream));
+        }
+    }
     return 0;
 }
 
@@ -537,7 +631,7 @@ size_t e8kv_cuda_copy_rows_async(e8kv_cuda_cache *c, const int32_t *src, const i
     if (!c) return E8KV_ERR(BAD_ARGUMENT);
     E8KV_RETURN_IF_ERROR(check_copies(src, dst, n, c->max_seqs));
     const cudaStream_t st = (cudaStream_t)stream;
-    const size_t srow = c->sink * c->n_head_kv * c->d, mrow = c->n_head_kv * c->d; /* floats of one row */
+    const size_t srow = c->sink * c->n_head_kv * c->d; /* floats of one row's sink rows */
     for (size_t l = 0; l < c->n_layer; l++)
         for (int s = 0; s < 2; s++)
             for (size_t j = 0; j < n; j++) {
@@ -545,10 +639,7 @@ size_t e8kv_cuda_copy_rows_async(e8kv_cuda_cache *c, const int32_t *src, const i
                                             sink_pool(c, l, s) + (size_t)src[j] * srow, srow * sizeof(float),
                                             cudaMemcpyDeviceToDevice, st) != cudaSuccess)
                     return E8KV_ERR(CUDA);
-                if (c->sd[2 * l + (size_t)s].mu &&
-                    cudaMemcpyAsync(mean_row(c, l, s, (size_t)dst[j]), mean_row(c, l, s, (size_t)src[j]),
-                                    mrow * sizeof(float), cudaMemcpyDeviceToDevice, st) != cudaSuccess)
-                    return E8KV_ERR(CUDA);
+                E8KV_RETURN_IF_ERROR(copy_mean_row(c, l, s, (size_t)dst[j], (size_t)src[j], st));
             }
     return n;
 }
@@ -560,7 +651,7 @@ size_t e8kv_cuda_append_sink_async(e8kv_cuda_cache *c, size_t layer, const int64
         return E8KV_ERR(BAD_ARGUMENT);
     if (!c->sink) return E8KV_ERR(SPEC);
     for (int s = 0; s < 2; s++) /* the append kernels with no page slots */
-        E8KV_RETURN_IF_ERROR(append_stream(c, layer, s, NULL, NULL, d_sink_slots, s ? d_v : d_k, n_tok, dtype,
+        E8KV_RETURN_IF_ERROR(append_stream(c, layer, s, NULL, NULL, d_sink_slots, NULL, s ? d_v : d_k, n_tok, dtype,
                                            d_status, (cudaStream_t)stream));
     return n_tok;
 }
@@ -694,10 +785,7 @@ size_t e8kv_cuda_seq_fork(e8kv_cuda_cache *c, size_t seq) {
                 return E8KV_ERR(CUDA);
     for (size_t l = 0; l < c->n_layer; l++)
         for (int s = 0; s < 2; s++)
-            if (c->sd[2 * l + (size_t)s].mu &&
-                cudaMemcpy(mean_row(c, l, s, n), mean_row(c, l, s, seq), c->n_head_kv * c->d * sizeof(float),
-                           cudaMemcpyDeviceToDevice) != cudaSuccess)
-                return E8KV_ERR(CUDA);
+            E8KV_RETURN_IF_ERROR(copy_mean_row(c, l, s, n, seq, 0));
     return n;
 }
 
@@ -770,10 +858,11 @@ size_t e8kv_cuda_seq_append(e8kv_cuda_cache *c, size_t layer, size_t seq, const 
             c->slots[i] = (int64_t)t[pos / c->bs] * (int64_t)c->bs + (int64_t)(pos % c->bs);
             c->sslots[i] = pos < c->sink ? (int64_t)(seq * c->sink + pos) : -1;
             c->arows[i] = (int32_t)seq;
+            c->apos[i] = (int32_t)pos;
             sinks |= pos < c->sink;
         }
         const size_t r =
-            append_rows(c, layer, c->slots, sinks ? c->sslots : NULL, c->arows,
+            append_rows(c, layer, c->slots, sinks ? c->sslots : NULL, c->arows, c->apos,
                         (const uint8_t *)d_k + t0 * row, (const uint8_t *)d_v + t0 * row, n, dtype);
         if (e8kv_is_error(r)) return r;
     }
@@ -800,13 +889,14 @@ size_t e8kv_cuda_seq_append_batch(e8kv_cuda_cache *c, size_t layer, const size_t
             (int64_t)c->tables[seqs[i] * c->width + pos / c->bs] * (int64_t)c->bs + (int64_t)(pos % c->bs);
         c->sslots[i] = pos < c->sink ? (int64_t)(seqs[i] * c->sink + pos) : -1;
         c->arows[i] = (int32_t)seqs[i];
+        c->apos[i] = (int32_t)pos;
         sinks |= pos < c->sink;
         if (c->centered && pos == 0) /* a first append of one token: means of 0 */
             E8KV_RETURN_IF_ERROR(e8kv_cuda_set_means_async(c, layer, seqs[i], (const uint8_t *)d_k + i * row,
                                                            (const uint8_t *)d_v + i * row, 1, dtype, NULL));
     }
     const size_t r =
-        append_rows(c, layer, c->slots, sinks ? c->sslots : NULL, c->arows, d_k, d_v, n_seq, dtype);
+        append_rows(c, layer, c->slots, sinks ? c->sslots : NULL, c->arows, c->apos, d_k, d_v, n_seq, dtype);
     if (e8kv_is_error(r)) return r;
     for (size_t i = 0; i < n_seq; i++)
         c->lens[seqs[i] * c->n_layer + layer]++;

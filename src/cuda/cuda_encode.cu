@@ -203,7 +203,9 @@ template <int D>
 __device__ __forceinline__ bool load_rotated(float x[8], const void *__restrict__ src, size_t vi, int b,
                                              bool live, int dtype, int vec16, const float *__restrict__ signs,
                                              float rot_scale, const float *__restrict__ mu,
-                                             float *__restrict__ sink, unsigned *flags) {
+                                             float *__restrict__ sink, unsigned *flags,
+                                             const float *__restrict__ rc = NULL,
+                                             const float *__restrict__ cs = NULL) {
     constexpr int LANES = D / 8;
     if (live && vec16) {
         const size_t at = vi * D + 8 * b;
@@ -237,6 +239,21 @@ __device__ __forceinline__ bool load_rotated(float x[8], const void *__restrict_
 #pragma unroll
         for (int i = 0; i < 8; i++)
             x[i] = __fsub_rn(x[i], m[i]);
+    }
+    if (rc) { /* center=rope: the chosen pairs among this lane's four (4b .. 4b + 3) also lose R_p·μ_pair
+               * (cs: position p's row of cos, sin) */
+        const int32_t *const idx = (const int32_t *)(rc + 2 * RC_PAIRS);
+#pragma unroll
+        for (int c = 0; c < RC_PAIRS; c++) {
+            const int i = idx[c];
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                if (i == 4 * b + k) {
+                    const float2 t = rope_turn(rc[2 * c], rc[2 * c + 1], cs[2 * i], cs[2 * i + 1]);
+                    x[2 * k] = __fsub_rn(x[2 * k], t.x);
+                    x[2 * k + 1] = __fsub_rn(x[2 * k + 1], t.y);
+                }
+        }
     }
     const float4 s0 = ((const float4 *)signs)[2 * b], s1 = ((const float4 *)signs)[2 * b + 1];
     const float s[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
@@ -289,6 +306,17 @@ __device__ __forceinline__ lane_pos lane_front(float x[8], const int64_t *__rest
         else if (row >= 0 && p.b == 0)
             atomicOr(flags, FLAG_RANGE); /* coded uncentred; the caller's step fails */
     }
+    const float *rc = NULL, *cs = NULL; /* center=rope: the token's row's centre pairs, its position's cos/sin */
+    if (mu && ta.pos) {
+        const int32_t pos = ta.pos[vi / n_kv];
+        if (pos >= 0 && pos < ta.n_pos) {
+            rc = ta.rc + ((size_t)ta.rows[vi / n_kv] * n_kv + p.head) * RC_FLOATS;
+            cs = ta.cs + (size_t)pos * D;
+        } else {
+            if (p.b == 0) atomicOr(flags, FLAG_RANGE); /* the caller's step fails */
+            mu = NULL;
+        }
+    }
     float *sink = NULL; /* sink=N: where the token's exact values go */
     if (ta.sink_slots && p.live) {
         const int64_t ss = ta.sink_slots[vi / n_kv];
@@ -298,7 +326,7 @@ __device__ __forceinline__ lane_pos lane_front(float x[8], const int64_t *__rest
             atomicOr(flags, FLAG_RANGE);
     }
     const bool finite =
-        load_rotated<D>(x, src, vi, p.b, p.live, dtype, vec16, signs, rot_scale, mu, sink, flags);
+        load_rotated<D>(x, src, vi, p.b, p.live, dtype, vec16, signs, rot_scale, mu, sink, flags, rc, cs);
     p.all_finite = (__ballot_sync(0xffffffffu, finite) & p.gmask) == p.gmask;
     return p;
 }
@@ -790,10 +818,16 @@ size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, cons
                              float rot_scale, unsigned *d_flags, cudaStream_t stream,
                              const token_args *ta_in) {
     if (n_tok == 0) return 0;
-    token_args ta0 = {NULL, NULL, 0, NULL, NULL, 0};
+    token_args ta0 = {NULL, NULL, 0, NULL, NULL, 0, NULL, NULL, NULL, 0};
     if (ta_in) ta0 = *ta_in;
     ta0.mu = sd->mu;
     if (!sd->mu) ta0.rows = NULL; /* an uncentred stream ignores the rows */
+    if (sd->rc && ta0.rows) { /* center=rope: positions are required (e8kv_cuda_append_pos_async) */
+        if (!ta0.pos) return E8KV_ERR(BAD_ARGUMENT);
+        ta0.rc = sd->rc, ta0.cs = sd->cs, ta0.n_pos = sd->n_pos;
+    } else {
+        ta0.pos = NULL;
+    }
     if (fmt_is_box(sd->fmt) || sd->fmt == FMT_E8P2) {
         E8KV_RETURN_IF_ERROR(encode_tables());
         /* the kernels index vectors in 32 bits: pieces of fewer than 2^31 threads */
@@ -807,6 +841,7 @@ size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, cons
             token_args ta = ta0;
             if (ta.rows) ta.rows += t0;
             if (ta.sink_slots) ta.sink_slots += t0;
+            if (ta.pos) ta.pos += t0;
             const int vec16 = ((uintptr_t)x & 15) == 0; /* rows of d values keep every lane's 8 aligned */
             if (sd->fmt == FMT_E8P2 && d == 128)
                 append_e8p_kernel<128><<<(unsigned)blocks, 128, 0, stream>>>(
@@ -866,6 +901,80 @@ size_t e8kv_cu_launch_means(float *mu, const void *d_src, size_t n_tok, size_t n
                             cudaStream_t stream) {
     if (n_tok == 0) return 0;
     means_kernel<<<(unsigned)((n_vals + 127) / 128), 128, 0, stream>>>(mu, d_src, n_tok, n_vals, dtype);
+    return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
+}
+
+/* center=rope: one block per KV head, one thread per RoPE pair (d/2 ≤ 64). The pair's mean before RoPE: each
+ * token's pair turned back by its position, (x·C + y·S, y·C − x·S) (products exact in double, one rounding
+ * each sum), summed in double in token order (the loads run 8 tokens ahead of the sums); then the RC_PAIRS pairs of largest
+ * |μ_pre|² − |μ_post|² (μ as the f32 the cache keeps), ties to the lower pair. */
+template <int D>
+__global__ void rope_means_kernel(float *mu, float *rc, const float *cs, const void *src, size_t n_tok,
+                                  size_t n_head_kv, int dtype) {
+    constexpr int H = D / 2;
+    __shared__ double se[H];
+    __shared__ float sa[H], sb[H];
+    const int i = threadIdx.x, head = blockIdx.x;
+    const size_t n_vals = n_head_kv * D, at = (size_t)head * D + 2 * i;
+    double sx = 0.0, sy = 0.0;
+    const bool on = n_tok >= E8KV_CUDA_CENTER_MIN_TOKENS;
+    auto add = [&](float x, float y, float C, float S) { /* products exact in double */
+        sx += __dadd_rn(__dmul_rn((double)x, (double)C), __dmul_rn((double)y, (double)S));
+        sy += __dsub_rn(__dmul_rn((double)y, (double)C), __dmul_rn((double)x, (double)S));
+    };
+    if (on) {
+        size_t t = 0;
+        for (; t + 8 <= n_tok; t += 8) {
+            float x[8], y[8];
+            float2 c[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                x[u] = e8kv_cuda_load_val(src, (t + u) * n_vals + at, dtype);
+                y[u] = e8kv_cuda_load_val(src, (t + u) * n_vals + at + 1, dtype);
+                c[u] = *reinterpret_cast<const float2 *>(cs + (t + u) * D + 2 * i);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                add(x[u], y[u], c[u].x, c[u].y);
+        }
+        for (; t < n_tok; t++)
+            add(e8kv_cuda_load_val(src, t * n_vals + at, dtype), e8kv_cuda_load_val(src, t * n_vals + at + 1, dtype),
+                cs[t * D + 2 * i], cs[t * D + 2 * i + 1]);
+    }
+    const float a = on ? (float)(sx / (double)n_tok) : 0.0f, b = on ? (float)(sy / (double)n_tok) : 0.0f;
+    const double ma = mu[at], mb = mu[at + 1];
+    sa[i] = a, sb[i] = b;
+    se[i] = on ? __dsub_rn(__dadd_rn(__dmul_rn((double)a, a), __dmul_rn((double)b, b)),
+                           __dadd_rn(__dmul_rn(ma, ma), __dmul_rn(mb, mb)))
+               : -(double)i; /* no means: pairs 0 .. RC_PAIRS − 1 */
+    __syncthreads();
+    if (i == 0) {
+        float *const r = rc + (size_t)head * RC_FLOATS;
+        int32_t *const idx = (int32_t *)(r + 2 * RC_PAIRS);
+        uint64_t taken = 0;
+        for (int c = 0; c < RC_PAIRS; c++) {
+            int best = -1;
+            double bv = 0.0;
+            for (int j = 0; j < H; j++) {
+                const double v = se[j] == se[j] ? se[j] : -INFINITY; /* NaN means: last */
+                if (!(taken >> j & 1) && (best < 0 || v > bv)) best = j, bv = v;
+            }
+            taken |= 1ull << best;
+            idx[c] = best;
+            r[2 * c] = sa[best], r[2 * c + 1] = sb[best];
+            mu[(size_t)head * D + 2 * best] = 0.0f;
+            mu[(size_t)head * D + 2 * best + 1] = 0.0f;
+        }
+    }
+}
+
+size_t e8kv_cu_launch_rope_means(float *mu, float *rc, const float *cs, const void *d_src, size_t n_tok,
+                                 size_t n_head_kv, size_t d, int dtype, cudaStream_t stream) {
+    if (n_tok == 0) return 0;
+    if (d == 128)
+        rope_means_kernel<128><<<(unsigned)n_head_kv, 64, 0, stream>>>(mu, rc, cs, d_src, n_tok, n_head_kv, dtype);
+    else
+        rope_means_kernel<64><<<(unsigned)n_head_kv, 32, 0, stream>>>(mu, rc, cs, d_src, n_tok, n_head_kv, dtype);
     return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
 }
 
@@ -1003,6 +1112,22 @@ template <int D> __global__ void __launch_bounds__(128, 16) gather_kernel(const 
 #pragma unroll
                 for (int i = 0; i < 8; i++)
                     x[i] = __fadd_rn(x[i], m[i]);
+                if (sd.rc && (int)pos < sd.n_pos) { /* center=rope: + R_pos·μ at the row's chosen pairs */
+                    const float *const rc = sd.rc + ((size_t)row * g.n_head_kv + head) * RC_FLOATS;
+                    const int32_t *const idx = (const int32_t *)(rc + 2 * RC_PAIRS);
+                    const float *const cs = sd.cs + (size_t)pos * D;
+#pragma unroll
+                    for (int c = 0; c < RC_PAIRS; c++) {
+                        const int i = idx[c];
+#pragma unroll
+                        for (int k = 0; k < 4; k++)
+                            if (i == 4 * b + k) {
+                                const float2 t = rope_turn(rc[2 * c], rc[2 * c + 1], cs[2 * i], cs[2 * i + 1]);
+                                x[2 * k] = __fadd_rn(x[2 * k], t.x);
+                                x[2 * k + 1] = __fadd_rn(x[2 * k + 1], t.y);
+                            }
+                    }
+                }
             }
         } else if (area) { /* raw pages: row o of d values */
             unpack8(x, *(const uint4 *)(area + (o * D + 8 * b) * 2), sd.fmt == FMT_F16);

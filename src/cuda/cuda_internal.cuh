@@ -66,7 +66,23 @@ typedef struct {
     /* center=1 (the e8box and e8p streams of a cache without center=0): the means of this (layer, stream),
      * f32 (rows, n_head_kv, d), subtracted before coding and added back by the attention; NULL: uncentred */
     float *mu;
+    /* center=rope (a K stream): per (row, KV head) RC_FLOATS floats: the means before RoPE of the RC_PAIRS
+     * RoPE pairs chosen for that head (pair c: rc[2c], rc[2c + 1]), then the pairs' indices (int32 bits);
+     * mu is 0 there, and a token at position p codes x − mu − R_p·μ_pairs (rope_centre below); NULL: none */
+    float *rc;
+    const float *cs; /* center=rope: cos, sin of position p, pair i at cs[2 (p·d/2 + i)], p < n_pos */
+    int n_pos;
 } stream_desc;
+
+/* center=rope: RC_PAIRS RoPE pairs per (row, KV head) keep a centre turned to each key's position */
+#define RC_PAIRS 8
+#define RC_FLOATS (3 * RC_PAIRS)
+
+/* R_p·(a, b) for pair i: (a·C − b·S, a·S + b·C), each product rounded, no fusion (src/common/rope.c's
+ * e8kv_rope_rows_ref, which the host side's e8kv_rope_apply runs) */
+__device__ __forceinline__ float2 rope_turn(float a, float b, float C, float S) {
+    return make_float2(__fsub_rn(__fmul_rn(a, C), __fmul_rn(b, S)), __fadd_rn(__fmul_rn(a, S), __fmul_rn(b, C)));
+}
 
 /* What an append kernel does per token besides coding it. center=1: token i of a centred stream codes
  * x − μ of row rows[i] (negative: none; rows_max or more: none, and FLAG_RANGE); rows NULL: every token
@@ -80,6 +96,11 @@ typedef struct {
     const int64_t *sink_slots;
     float *sink;
     size_t n_sink_slots;
+    /* center=rope: each token's position (n_tok int32, in [0, n_pos); else the token is RANGE) and the
+     * stream's centre pairs (stream_desc.rc / cs); pos NULL on other streams */
+    const int32_t *pos;
+    const float *rc, *cs;
+    int n_pos;
 } token_args;
 
 /* append: n_tok rows of n_head_kv * d values of dtype into slots (d_slots NULL: no page is written, e.g. the
@@ -92,6 +113,13 @@ size_t e8kv_cu_launch_append(const stream_desc *sd, const int64_t *d_slots, cons
  * (the CPU cache's set_means), or 0 when n_tok < E8KV_CUDA_CENTER_MIN_TOKENS */
 size_t e8kv_cu_launch_means(float *mu, const void *d_src, size_t n_tok, size_t n_vals, int dtype,
                             cudaStream_t stream);
+/* center=rope: after e8kv_cu_launch_means wrote mu (the means after RoPE) for n_head_kv heads of d, the
+ * means before RoPE of the tokens at positions 0 .. n_tok − 1 (un-turned by cs, summed in double), and for
+ * each head the RC_PAIRS pairs whose mean the one after RoPE misses most, |μ_pre|² − |μ_post|² (ties: the
+ * lower pair), into rc; mu set to 0 at those pairs. n_tok < E8KV_CUDA_CENTER_MIN_TOKENS: rc of zeros, pairs
+ * 0 .. RC_PAIRS − 1 (mu is then 0 too). */
+size_t e8kv_cu_launch_rope_means(float *mu, float *rc, const float *cs, const void *d_src, size_t n_tok,
+                                 size_t n_head_kv, size_t d, int dtype, cudaStream_t stream);
 
 /* gather (page bytes → rows): what the attention reads at positions [0, n_tok) of n_seq sequences, written
  * as (n_seq, n_head_kv, n_tok, d) of out_dtype per stream; tables (n_seq, max_blocks) page ids (outside
@@ -139,7 +167,7 @@ typedef struct {
 /* Partial splits for these sizes (the host and the workspace bound agree through this). */
 size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm, int ctas_per_sm);
 /* resident blocks per SM of the attention kernel for (head_dim, K format, V format) */
-int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf);
+int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf, int rc); /* rc: a center=rope layer */
 size_t e8kv_cu_launch_attend(const attn_launch *a, cudaStream_t stream);
 /* FLAG_RANGE into *flags for any entry of n_seq block tables (n_seq, max_blocks) that a context reads and
  * that names no page of [0, n_blocks), and for a context < 0 or past max_blocks · block_size */
