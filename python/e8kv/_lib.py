@@ -86,6 +86,7 @@ class CudaCacheParams(ctypes.Structure):
         ("max_n_head", c_size_t),
         ("max_append", c_size_t),
         ("device", c_int),
+        ("rope_theta", c_float),
     ]
 
 
@@ -183,7 +184,10 @@ _CUDA_SIGNATURES = {
                                              c_void_p]),
     "e8kv_cuda_append_rows_async": (c_size_t, [c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
                                                c_size_t, c_int, c_void_p, c_void_p]),
+    "e8kv_cuda_append_pos_async": (c_size_t, [c_void_p, c_size_t, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p,
+                                              c_void_p, c_size_t, c_int, c_void_p, c_void_p]),
     "e8kv_cuda_cache_centered": (c_int, [c_void_p]),
+    "e8kv_cuda_cache_rope_centred": (c_int, [c_void_p]),
     "e8kv_cuda_gather_async": (c_size_t, [c_void_p, c_size_t, c_void_p, c_void_p, c_int, c_size_t, c_size_t,
                                          c_void_p, c_size_t, c_void_p, c_void_p]),
     "e8kv_cuda_copy_pages_async": (c_size_t, [c_void_p, c_void_p, c_void_p, c_size_t, c_void_p]),

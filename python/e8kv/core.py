@@ -535,11 +535,14 @@ class CudaCache:
     tokens, append's sink_slots = row * N + position, attended instead of their codes) and its means
     (`centered`: center=1, the default, with e8box or e8p streams: set_means from the sequence's first
     tokens, then append(rows=) codes x - mean and attend(rows=) adds it back, as the CPU cache does).
+    center=rope (rope_theta > 0, K and V e8box): keys arrive after RoPE; for 8 RoPE pairs per (row, layer, KV head)
+    the centre is the keys' mean before RoPE turned to each key's position, so append(rows=) needs positions=
+    (int32 (n_tok), each token's index in its sequence; `rope_centre` says when).
     Tensors are torch CUDA tensors, passed by pointer on the current stream (or `stream`)."""
 
     def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, n_blocks: int, spec: str = "e8box:4", *,
                  block_size: int = 16, seed: int = 0, max_ctx: int = 0, max_batch: int = 0, max_n_head: int = 0,
-                 max_seqs: int = 1, max_append: int = 0, device: int = 0) -> None:
+                 max_seqs: int = 1, max_append: int = 0, device: int = 0, rope_theta: float = 0.0) -> None:
         if not cuda_built():
             raise E8KVError(ErrorCode.UNSUPPORTED, "CudaCache: this build of e8kv has no CUDA cache (no "
                                                    "libe8kv_cuda.so: built without nvcc)")
@@ -550,7 +553,7 @@ class CudaCache:
         params = CudaCacheParams(n_layer=n_layer, n_head_kv=n_head_kv, head_dim=head_dim, block_size=block_size,
                                  n_blocks=n_blocks, spec=self._spec_bytes, seed=seed, max_ctx=max_ctx,
                                  max_seqs=max_seqs, max_batch=max_batch, max_n_head=max_n_head,
-                                 max_append=max_append, device=int(device))
+                                 max_append=max_append, device=int(device), rope_theta=float(rope_theta))
         err = c_size_t(0)
         self._p = self._lib.e8kv_cuda_cache_create(byref(params), byref(err))
         if not self._p:
@@ -562,6 +565,7 @@ class CudaCache:
         self.max_ctx = max_ctx or n_blocks * block_size
         self.sink = int(self._lib.e8kv_cuda_cache_sink(self._p))
         self.centered = bool(self._lib.e8kv_cuda_cache_centered(self._p))
+        self.rope_centre = bool(self._lib.e8kv_cuda_cache_rope_centred(self._p))  # append(rows=) needs positions=
         self.max_seqs = max_seqs
 
     def __del__(self) -> None:
@@ -598,14 +602,15 @@ class CudaCache:
                                                    _cuda_dtype(k), _stream(k, stream)), f"set_means layer {layer}")
 
     def append(self, layer: int, slots: Any, k: Any, v: Any, *, status: Any = None, stream: Any = None,
-               sink_slots: Any = None, rows: Any = None) -> int:
+               sink_slots: Any = None, rows: Any = None, positions: Any = None) -> int:
         """Write rows k, v (n_tok, n_head_kv * head_dim) into slots (int64 (n_tok), page * block_size +
         offset; negative: skipped). status=None: synchronous, a NaN/Inf or out-of-range value is an
         E8KVError. status: an int32 CUDA tensor of one element: asynchronous on the stream (graph-safe), the
         error bits are OR-ed into it (e8kv_cuda_status_error / check_status). sink_slots (int64 (n_tok),
         sink=N caches): the rows whose entry is row * N + position (not negative) also go to the sink rows.
         rows (int32 (n_tok), centered caches): each token's row, whose means its centred streams subtract
-        (None: no means)."""
+        (None: no means). positions (int32 (n_tok), center=rope caches with rows): each token's index in its
+        sequence."""
         n_tok = slots.numel()
         row = self.n_head_kv * self.head_dim
         if k.numel() != n_tok * row or v.numel() != n_tok * row or k.dtype != v.dtype:
@@ -617,6 +622,8 @@ class CudaCache:
             raise E8KVError(ErrorCode.SRC_SIZE, f"append: {n_tok} slots, {sink_slots.numel()} sink slots")
         if rows is not None and rows.numel() != n_tok:
             raise E8KVError(ErrorCode.SRC_SIZE, f"append: {n_tok} slots, {rows.numel()} rows")
+        if positions is not None and positions.numel() != n_tok:
+            raise E8KVError(ErrorCode.SRC_SIZE, f"append: {n_tok} slots, {positions.numel()} positions")
         sync = status is None  # then one status word of its own, read back at the end
         st = _torch.zeros(1, dtype=_torch.int32, device=k.device) if sync else status
         if st.numel() != 1:
@@ -625,8 +632,9 @@ class CudaCache:
         if rows is not None or sink_slots is not None:  # codes, means and sink rows in one launch per stream
             rp = None if rows is None else _dev(rows, "rows", _torch.int32)
             ssp = None if sink_slots is None else _dev(sink_slots, "sink_slots", _torch.int64)
-            n = _check(self._lib.e8kv_cuda_append_rows_async(self._p, layer, sp, rp, ssp, kp, vp, n_tok, dt, sw, cs),
-                       f"append layer {layer}")
+            pp = None if positions is None else _dev(positions, "positions", _torch.int32)
+            n = _check(self._lib.e8kv_cuda_append_pos_async(self._p, layer, sp, rp, ssp, pp, kp, vp, n_tok, dt, sw,
+                                                            cs), f"append layer {layer}")
         else:
             n = _check(self._lib.e8kv_cuda_append_slots_async(self._p, layer, sp, kp, vp, n_tok, dt, sw, cs),
                        f"append layer {layer}")

@@ -726,11 +726,19 @@ class E8KVCudaCache(_BatchChanges, Cache):
         self.max_chunk = max_chunk
         self.gather_from = gather_from
         self.prompt_from_codes = prompt_from_codes
+        rope_centre = "center=rope" in spec
+        if rope_centre and s.rope_problem is not None:
+            raise E8KVError(ErrorCode.SPEC, f"e8kv CUDA cache '{spec}': center=rope turns the keys' centre by plain "
+                                            f"RoPE, which this model does not have: {s.rope_problem}")
+        if rope_centre and self.evict is not None and self.evict.budget:
+            raise E8KVError(ErrorCode.SPEC, f"e8kv CUDA cache '{spec}': center=rope with budget= (a dropped page "
+                                            "moves the later tokens to other indices, which the centre is turned by)")
         try:
             self.kv = core.CudaCache(s.n_layer, s.n_head_kv, s.head_dim, max_batch_size * self.pages_per_seq, spec,
                                      block_size=block_size, seed=seed, max_ctx=self.capacity,
                                      max_batch=max_batch_size * max(1, max_chunk), max_n_head=s.n_head,
-                                     max_seqs=max_batch_size, device=self.device.index)
+                                     max_seqs=max_batch_size, device=self.device.index,
+                                     rope_theta=s.rope_theta if rope_centre else 0.0)
         except E8KVError as e:
             why = (f": the CUDA cache holds {', '.join(CUDA_FORMATS)} (k=/v=/kv= and layer rules of them; default "
                    f"{CUDA_DEFAULT_SPEC}), keys "
@@ -753,7 +761,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
             # RoPE pairs for Llama/Mistral, so that the pages hold the CPU cache's codes (a layout is a
             # different rotation of the codec's input: SmolLM2 e8p:2 KLD 0.60 interleaved, 0.80 split)
             self.key_perm: Optional[torch.Tensor] = None
-            if s.rope_layout == "interleaved":
+            if s.rope_layout == "interleaved" or rope_centre:  # (center=rope turns interleaved pairs)
                 h = s.head_dim // 2
                 self.key_perm = torch.stack((torch.arange(h), torch.arange(h) + h), dim=1).reshape(-1)
         self._pad_host = [0] * max_batch_size  # the same on the host (the gather path groups rows by it)
@@ -1010,14 +1018,17 @@ class E8KVCudaCache(_BatchChanges, Cache):
         if self.key_perm is not None:
             key_states = key_states.index_select(-1, self.key_perm)
         kr, vr = self._rows(key_states), self._rows(value_states)
-        rows = None
+        rows = positions = None
         if self.kv.centered:
             rows = self._batch_rows[row0:row0 + b].repeat_interleave(t) if t > 1 else self._batch_rows[row0:row0 + b]
+        if self.kv.rope_centre:  # center=rope: each token's index in its row (the centre is turned to it)
+            positions = pos.reshape(-1).to(torch.int32)
         if keep is not None:
             flat = keep.reshape(-1)
             slots, kr, vr = slots[flat], kr[flat], vr[flat]
             sink_slots = sink_slots[flat] if sink_slots is not None else None
             rows = rows[flat] if rows is not None else None
+            positions = positions[flat] if positions is not None else None
             if slots.numel() == 0:
                 return
         if self.kv.centered and first and not torch.compiler.is_compiling():
@@ -1037,7 +1048,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
                               "(SmolLM2, e8box:4: KLD 0.044 instead of 0.035); start from a prompt of 16 tokens "
                               "or more, or say center=0", stacklevel=2)
             self._fresh[layer] = False
-        torch.ops.e8kv.append(self._state, self._key, layer, slots, kr, vr, sink_slots, rows)
+        torch.ops.e8kv.append(self._state, self._key, layer, slots, kr, vr, sink_slots, rows, positions)
 
     def fill(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor, row0: int = 0) -> None:
         """Write K/V (b, n_head_kv, t, head_dim) of batch rows row0 .. row0+b-1 at positions 0 .. t-1 of a

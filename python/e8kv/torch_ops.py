@@ -1,11 +1,12 @@
 """PyTorch custom operators over the CUDA cache (include/e8kv_cuda.h), for eager use and torch.compile
 (fullgraph, mode "reduce-overhead" = CUDA graphs):
 
-    torch.ops.e8kv.append(state, cache, layer, slots, k, v, sink_slots, rows)     # mutates `state`
+    torch.ops.e8kv.append(state, cache, layer, slots, k, v, sink_slots, rows, positions)  # mutates `state`
     out = torch.ops.e8kv.attend(state, cache, layer, q, block_tables, ctx_lens, max_ctx, rows)
 
 (sink_slots: None, or with a sink=N cache the tokens' sink slots; rows: None, or each token's (append) or
-sequence's (attend) row of sink rows and means; CudaCache.append / attend say what they hold.)
+sequence's (attend) row of sink rows and means; positions: None, or with a center=rope cache each token's index
+in its sequence; CudaCache.append / attend say what they hold.)
 
 `cache` is the number `register_cache` gave a CudaCache. `state` is the cache's device status word (an
 int32 CUDA tensor of one element): append ORs its error bits into it (e8kv_cuda_append_slots_async: no host
@@ -50,14 +51,16 @@ def _get(key: int) -> CudaCache:
 
 @torch.library.custom_op("e8kv::append", mutates_args=("state",), device_types="cuda")
 def append(state: torch.Tensor, cache: int, layer: int, slots: torch.Tensor, k: torch.Tensor,
-           v: torch.Tensor, sink_slots: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None) -> None:
+           v: torch.Tensor, sink_slots: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None,
+           positions: Optional[torch.Tensor] = None) -> None:
     """k, v (n_tok, n_head_kv * head_dim) into slots (int64, n_tok) and sink slots; errors into state."""
-    _get(cache).append(layer, slots, k, v, status=state, sink_slots=sink_slots, rows=rows)
+    _get(cache).append(layer, slots, k, v, status=state, sink_slots=sink_slots, rows=rows, positions=positions)
 
 
 @append.register_fake
 def _(state: torch.Tensor, cache: int, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-      sink_slots: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None) -> None:
+      sink_slots: Optional[torch.Tensor] = None, rows: Optional[torch.Tensor] = None,
+      positions: Optional[torch.Tensor] = None) -> None:
     return None
 
 
