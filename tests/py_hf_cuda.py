@@ -389,10 +389,13 @@ class PagesTwin:
     (so a wrong mean or a wrong slot shows in the output); the attention and the gather read them by the
     caller's block tables and context lengths as the kernels do (sink=N: positions below N from the row's
     exact sink rows; set_means: the mean of a sequence's first tokens when there are 16 or more, else 0).
-    It is not a model of the codecs' error: the GPU run of these tests checks the kernels."""
+    center=rope: K's centre is the keys' mean before RoPE (set_means un-turns token i by position i) turned
+    to each key's position, on every pair: the pages keep x − centre(append's position) rounded, and the
+    reads add centre(the slot's index in the sequence), as the kernels do, so a position the append was
+    given wrong shows. It is not a model of the codecs' error: the GPU run of these tests checks the kernels."""
 
     def __init__(self, n_layer, n_head_kv, head_dim, n_blocks, spec="e8box:4", *, block_size=16, max_seqs=1,
-                 device=None, **unused):
+                 device=None, rope_theta=0.0, **unused):
         import re
         self.n_layer, self.n_head_kv, self.head_dim, self.block_size = n_layer, n_head_kv, head_dim, block_size
         m = re.search(r"sink=(\d+)", spec)
@@ -404,7 +407,18 @@ class PagesTwin:
         self.pages = torch.zeros((2, n_layer, n_blocks * block_size, w), **z)
         self.sinks = torch.zeros((2, n_layer, max(1, max_seqs * self.sink), w), **z)
         self.means = torch.zeros((2, n_layer, max_seqs, w), **z)
+        self.rope_centre = self.centered and "center=rope" in spec
+        assert not self.rope_centre or rope_theta > 0
+        self.inv_freq = float(rope_theta or 1.0) ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
         self.device_bytes = self.token_bytes = 0
+
+    def _turn(self, x, pos, sign=1):
+        """x (n, n_head_kv * head_dim), interleaved pairs, turned by positions pos (n) (sign -1: back)"""
+        n = x.shape[0]
+        a = pos.double()[:, None] * self.inv_freq[None, :] * sign
+        c, s = torch.cos(a)[:, None, :], torch.sin(a)[:, None, :]
+        y = x.double().reshape(n, self.n_head_kv, -1, 2)
+        return torch.stack((y[..., 0] * c - y[..., 1] * s, y[..., 0] * s + y[..., 1] * c), -1).reshape(n, -1)
 
     @staticmethod
     def check_status(status):
@@ -413,12 +427,19 @@ class PagesTwin:
     def set_means(self, layer, row, k, v):
         for s, x in enumerate((k, v)):
             x = x.reshape(-1, self.n_head_kv * self.head_dim).double()
+            if s == 0 and self.rope_centre:  # the mean before RoPE of tokens at 0 .. n - 1
+                x = self._turn(x, torch.arange(x.shape[0]), -1)
             self.means[s, layer, row] = x.mean(0) if x.shape[0] >= 16 else 0.0
 
-    def append(self, layer, slots, k, v, *, status=None, sink_slots=None, rows=None):
+    def append(self, layer, slots, k, v, *, status=None, sink_slots=None, rows=None, positions=None):
         for s, x in enumerate((k, v)):
             x = x.reshape(slots.numel(), -1).double()
-            if self.lossy:
+            if s == 0 and self.rope_centre and rows is not None:  # the pages keep the rounded residual
+                assert positions is not None and positions.numel() == slots.numel()
+                at = slots >= 0
+                c = self._turn(self.means[0, layer, rows.long()], positions.long())
+                self.pages[0, layer, slots[at]] = (torch.round((x - c) * 4) / 4)[at]
+            elif self.lossy:
                 mean = self.means[s, layer, rows.long()] if rows is not None and self.centered else 0.0
                 self.pages[s, layer, slots] = torch.round((x - mean) * 4) / 4 + mean
             else:
@@ -453,6 +474,8 @@ class PagesTwin:
         pos = torch.arange(n)
         slot = tables[seq, pos // self.block_size].long() * self.block_size + pos % self.block_size
         k, v = self.pages[0, layer, slot].clone(), self.pages[1, layer, slot].clone()
+        if self.rope_centre:  # + the centre turned to each slot's index in the sequence
+            k += self._turn(self.means[0, layer, row].expand(n, -1), pos)
         lo = min(self.sink, n)
         if lo:
             k[:lo], v[:lo] = self.sinks[0, layer, row * self.sink:row * self.sink + lo], \
@@ -489,8 +512,9 @@ def dev(request, monkeypatch):
     global _TWIN_KERNELS
     if not _TWIN_KERNELS:
         torch.library.register_kernel("e8kv::append", "cpu")(
-            lambda state, cache, layer, slots, k, v, sink_slots=None, rows=None: torch_ops._get(cache).append(
-                layer, slots, k, v, status=state, sink_slots=sink_slots, rows=rows) and None)
+            lambda state, cache, layer, slots, k, v, sink_slots=None, rows=None, positions=None: torch_ops._get(
+                cache).append(layer, slots, k, v, status=state, sink_slots=sink_slots, rows=rows,
+                              positions=positions) and None)
         torch.library.register_kernel("e8kv::attend", "cpu")(
             lambda state, cache, layer, q, tables, ctx, max_ctx, rows=None: torch_ops._get(cache).attend(
                 layer, q, tables, ctx, max_ctx, rows=rows))
@@ -529,7 +553,7 @@ def pad_blocks(dev):
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
-@pytest.mark.parametrize("spec", ["bf16", "e8box:4", "e8box:4,sink=2", "e8p:2"])
+@pytest.mark.parametrize("spec", ["bf16", "e8box:4", "e8box:4,sink=2", "e8p:2", "e8box:4,sink=2,center=rope"])
 def test_padded_batch_equals_each_row_alone(dev, spec, side):
     """Prompts of lengths 24, 17 and 5 padded to 24 (as generate() passes them): each row's logits over the
     prompt, single tokens and chunks after it equal those of the row alone in a cache of its own (no pads),
@@ -570,6 +594,89 @@ def test_padded_batch_equals_each_row_alone(dev, spec, side):
     assert torch.isfinite(got).all()
     assert err <= 5e-3 * scale and err_nomask <= 5e-3 * scale, (err, err_nomask, scale)
     assert err_ctl > 10 * max(err, 1e-4 * scale), (err_ctl, err)
+
+
+BIAS = 16.0
+
+
+def biased_keys_model(dev):
+    """model_on's model whose keys before RoPE share a large mean (k_proj's bias, |b| ~ 4 per value where the
+    keys' own spread is ~1): after RoPE that mean turns with the position, as real models' keys do."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(hidden_size=128 if dev != "cuda" else 512, intermediate_size=256, num_hidden_layers=2,
+                      num_attention_heads=4 if dev != "cuda" else 8, num_key_value_heads=2, vocab_size=1024,
+                      max_position_embeddings=512, rope_theta=10000.0, attention_bias=True,
+                      attn_implementation="sdpa")
+    torch.manual_seed(4321)
+    with torch.device("cuda" if dev == "cuda" else "cpu"):
+        model = LlamaForCausalLM(cfg).eval()
+        with torch.no_grad():
+            for layer in model.model.layers:
+                a = layer.self_attn
+                a.k_proj.bias.copy_(BIAS * torch.randn_like(a.k_proj.bias))
+                a.q_proj.bias.zero_(), a.v_proj.bias.zero_(), a.o_proj.bias.zero_()
+    return model
+
+
+def test_rope_centre_follows_the_turned_mean(dev):
+    """center=rope against the exact cache (DynamicCache) on keys with a large mean before RoPE: a prompt of
+    40 tokens, 6 single tokens and a 20-token chunk (past gather_from: the gather path adds the centre back
+    too). Each key is coded minus its row's mean turned to the key's own index, and the attention adds the
+    same back, so a wrong index anywhere (append, attention, gather) leaves an error of the size of that
+    mean. On the GPU the turned centre must also code these keys better than the mean after RoPE."""
+    import e8kv.hf
+    model = biased_keys_model(dev)
+    on = "cuda" if dev == "cuda" else "cpu"
+    g = torch.Generator().manual_seed(5)
+    prompt = torch.randint(0, 1024, (2, 40), generator=g).to(on)
+    later = [torch.randint(0, 1024, (2, n), generator=g).to(on) for n in (1,) * 6 + (20, 1)]
+
+    def run(cache):
+        out = []
+        with torch.no_grad():
+            out.append(model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[:, -1].float())
+            for x in later:
+                out.append(model(input_ids=x, past_key_values=cache, use_cache=True).logits[:, -1].float())
+        return torch.stack(out)
+    from transformers import DynamicCache
+    ref = run(DynamicCache(config=model.config))
+    errs = {}
+    for spec in ("e8box:4,sink=2", "e8box:4,sink=2,center=rope"):
+        cache = gpu_cache(model, spec, 2, dev=dev)
+        got = run(cache)
+        cache.detach(model.config)
+        cache.check()
+        assert torch.isfinite(got).all()
+        errs[spec] = float((got - ref).abs().max())
+    scale = float(ref.abs().max())
+    print(f"center=rope on {dev}: max |logit diff| vs DynamicCache {errs} (max |logit| {scale:.3g})")
+    e_mean, e_rope = errs["e8box:4,sink=2"], errs["e8box:4,sink=2,center=rope"]
+    assert e_rope <= 1.5 * e_mean + 1e-4 * scale, errs  # the twin rounds x − centre to 1/4 either way
+    if dev == "cuda":
+        assert e_rope < e_mean, errs
+
+
+def test_rope_centre_errors():
+    """center=rope needs plain RoPE of the model (a named SPEC error otherwise; without a spec such a model gets
+    the default less center=rope) and is refused with budget= (dropped pages move later tokens to other
+    indices); the CPU cache refuses it (its keys are coded before RoPE)."""
+    import e8kv.hf
+    from transformers import LlamaConfig
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=1024, max_position_embeddings=512, rope_theta=10000.0,
+                      rope_scaling={"rope_type": "linear", "factor": 2.0})
+    with pytest.raises(e8kv.E8KVError, match="center=rope turns the keys' centre by plain RoPE"):
+        e8kv.hf.E8KVCudaCache(cfg, "e8box:4,center=rope", device=torch.device("cpu", 0), max_cache_len=64)
+    assert e8kv.hf.cuda_default_spec(cfg) == e8kv.hf.CUDA_DEFAULT_SPEC_UNTURNED == "e8box:4,sink=4"
+    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, vocab_size=1024, max_position_embeddings=512, rope_theta=10000.0)
+    assert e8kv.hf.cuda_default_spec(cfg) == e8kv.hf.CUDA_DEFAULT_SPEC == "e8box:4,sink=4,center=rope"
+    with pytest.raises(e8kv.E8KVError, match="center=rope with budget="):
+        e8kv.hf.E8KVCudaCache(cfg, "e8box:4,center=rope,evict=snapkv:0.5,budget=64", device=torch.device("cpu", 0),
+                                  max_cache_len=256)
+    with pytest.raises(e8kv.E8KVError) as e:
+        e8kv.Cache(1, 1, 64, 64, "e8box:4,center=rope")
+    assert e.value.code == e8kv.ErrorCode.SPEC
 
 
 @pytest.mark.parametrize("spec", ["bf16", "e8box:4,sink=20", "e8p:2"])
@@ -684,15 +791,16 @@ def test_generate_shape_sizes_a_static_cache():
 @needs_gpu
 def test_compress_on_a_cuda_model():
     """with e8kv.hf.compress(model): generate() (greedy, beam search) and forward() on a CUDA model go through
-    an E8KVCudaCache (CUDA_DEFAULT_SPEC "e8box:4,sink=4" by default, as E8KVCache(config, device="cuda")
-    with no spec) sized per call: the same tokens and logits as an explicit one; on exit the model's
-    attention is as before."""
+    an E8KVCudaCache (cuda_default_spec: CUDA_DEFAULT_SPEC "e8box:4,sink=4,center=rope" for this plain-RoPE
+    model, as E8KVCache(config, device="cuda") with no spec) sized per call: the same tokens and logits as an
+    explicit one; on exit the model's attention is as before."""
     import e8kv.hf
     model = tiny_llama(torch.float32)
     ids = prompt_ids(2, 20)
     kw = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=None)
     want = []
     default = e8kv.hf.CUDA_DEFAULT_SPEC
+    assert e8kv.hf.cuda_default_spec(model.config) == default
     made = e8kv.hf.E8KVCache(model.config, device="cuda", max_cache_len=32)  # no spec: the same default
     assert made.spec == default
     made.detach(model.config)

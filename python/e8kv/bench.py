@@ -33,7 +33,9 @@ from typing import Any, Optional, Sequence
 import torch
 
 CPU_SPECS = "f32,balanced,e8:4,e8box:4,aggressive"
-CUDA_SPECS = "bf16;e8box:4,sink=4;e8box:4;e8box:3,sink=4;e8p:2,sink=4"  # the default spec (hf.CUDA_DEFAULT_SPEC) first
+# the default spec (hf.CUDA_DEFAULT_SPEC) first; a model whose RoPE center=rope cannot turn by (hf.ModelShape's
+# rope_problem) gets these less center=rope
+CUDA_SPECS = "bf16;e8box:4,sink=4,center=rope;e8box:4,sink=4;e8box:3,sink=4,center=rope;e8box:3,sink=4;e8p:2,sink=4"
 
 
 def _sync(dev: torch.device) -> None:
@@ -174,6 +176,10 @@ def main() -> None:
     ids = all_ids[:, : a.prompt_tokens]
     spec_text = a.specs or (CUDA_SPECS if device == "cuda" else CPU_SPECS)
     specs = spec_text.split(";") if ";" in spec_text else spec_text.split(",")
+    if not a.specs and device == "cuda":
+        from . import hf
+        if hf.ModelShape(model.config).rope_problem is not None:
+            specs = list(dict.fromkeys(s.replace(",center=rope", "") for s in specs))
     rows = run(model, ids, specs, new=a.new, warmup=not a.no_warmup, ppl_ids=all_ids[0].tolist(),
                ppl_chunks=a.ppl_chunks, n_ctx=a.ctx, decode=not a.no_decode, prefix=a.prefix, score=a.score)
     for r in rows:

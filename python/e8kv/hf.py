@@ -275,7 +275,7 @@ class E8KVCache(_BatchChanges, Cache):
 
     def __new__(cls, config: Any, spec: Optional[str] = None, *args: Any, device: Any = "cpu", **kwargs: Any) -> Any:
         if cls is E8KVCache and torch.device(device).type == "cuda":
-            return E8KVCudaCache(config, spec or CUDA_DEFAULT_SPEC, *args, device=device, **kwargs)
+            return E8KVCudaCache(config, spec, *args, device=device, **kwargs)
         return super().__new__(cls)
 
     def __init__(self, config: Any, spec: Optional[str] = None, *, calib: Union[Calib, str, os.PathLike, None] = None,
@@ -519,8 +519,17 @@ class E8KVCache(_BatchChanges, Cache):
 # ------------------------------------------------------------------------------------------ the GPU cache
 CUDA_FORMATS = ("e8box:4", "e8box:3", "e8p:2", "bf16", "f16")
 # what a CUDA cache holds when no spec is given: sink=4 halves e8box:4's loss on the default model (GPU, SmolLM2,
-# ctx 512: KLD 0.0223 against 0.0333) for 4 exact tokens per row (BENCHMARKS.md)
-CUDA_DEFAULT_SPEC = "e8box:4,sink=4"
+# ctx 512: KLD 0.0223 against 0.0333) for 4 exact tokens per row, and center=rope lowers it by another quarter
+# (0.0207 -> 0.0153; ctx 4096: 0.0254 -> 0.0170) for ~1.5% of a decode step (BENCHMARKS.md). Models whose RoPE
+# is not plain (ModelShape.rope_problem: e.g. Llama 3.1's rope_type llama3) get CUDA_DEFAULT_SPEC_UNTURNED.
+CUDA_DEFAULT_SPEC = "e8box:4,sink=4,center=rope"
+CUDA_DEFAULT_SPEC_UNTURNED = "e8box:4,sink=4"
+
+
+def cuda_default_spec(config: Any) -> str:
+    """The CUDA cache's spec when none is given, for this model: CUDA_DEFAULT_SPEC when its RoPE is plain (what
+    center=rope turns the keys' centre by), else CUDA_DEFAULT_SPEC_UNTURNED."""
+    return CUDA_DEFAULT_SPEC if ModelShape(config).rope_problem is None else CUDA_DEFAULT_SPEC_UNTURNED
 
 
 class E8KVCudaLayer(CacheLayerMixin):
@@ -699,7 +708,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
     full pages of a common past; the page a row appends into next, and its row of sink rows while it has
     fewer than sink=N tokens, are made its own (copied when another row holds them)."""
 
-    def __init__(self, config: Any, spec: str = CUDA_DEFAULT_SPEC, *, max_batch_size: int = 1, max_cache_len: Optional[int] = None,
+    def __init__(self, config: Any, spec: Optional[str] = None, *, max_batch_size: int = 1, max_cache_len: Optional[int] = None,
                  device: Any = "cuda", seed: int = 0, block_size: int = 16, max_chunk: int = 64,
                  gather_from: int = 16, prompt_from_codes: bool = False, **unused: Any) -> None:
         from . import torch_ops  # registers the operators
@@ -707,6 +716,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
         if bad:
             raise E8KVError(ErrorCode.BAD_ARGUMENT, f"e8kv CUDA cache: unsupported arguments {bad}")
         self.shape = s = ModelShape(config)
+        spec = spec or cuda_default_spec(config)
         self.spec, self.seed = spec, seed
         # evict=SCORER:F (recent=, obs=): the prompt's tokens each KV head keeps are chosen after its exact
         # attention, and only they are coded (e8kv.evict)
@@ -1274,7 +1284,7 @@ def compress(model: Any, spec: Optional[str] = None, *, calib: Union[Calib, str,
     with `spec` (attention "e8kv" from the codes); on exit the model is as before.
 
     On a model whose parameters are on a CUDA device (or device="cuda"), the cache is an E8KVCudaCache
-    (spec: one of its formats, default CUDA_DEFAULT_SPEC "e8box:4,sink=4"; calib and n_ctx do not apply) sized for each call:
+    (spec: one of its formats, default cuda_default_spec: "e8box:4,sink=4,center=rope"; calib and n_ctx do not apply) sized for each call:
     max_batch_size = batch x max(num_beams, num_return_sequences), max_cache_len = prompt + max_new_tokens
     (or generate's max_length), where with evict=SCORER:F the prompt counts as the tokens it keeps, so the
     device memory allocated is that of the evicted cache; a forward's cache holds its input. Elsewhere an
@@ -1283,7 +1293,7 @@ def compress(model: Any, spec: Optional[str] = None, *, calib: Union[Calib, str,
     ModelShape(model.config)  # refuse unsupported models at once
     dev = torch.device(device) if device is not None else _model_device(model)
     gpu = dev.type == "cuda"
-    spec = spec or (CUDA_DEFAULT_SPEC if gpu else "balanced")
+    spec = spec or (cuda_default_spec(model.config) if gpu else "balanced")
     if gpu and (calib is not None or n_ctx is not None):
         raise E8KVError(ErrorCode.BAD_ARGUMENT, "compress on a CUDA model: calib and n_ctx are CPU-cache "
                                                 "arguments (the CUDA cache is sized per call)")
@@ -1673,5 +1683,5 @@ def calibrate(model: Any, tok: Any, texts: Union[str, Iterable[str], Sequence[in
     return cal
 
 
-__all__ = ["CUDA_DEFAULT_SPEC", "CUDA_FORMATS", "E8KVCache", "E8KVCudaCache", "E8KVCudaLayer", "E8KVLayer", "ModelShape", "UnsupportedModelError", "cache_arg", "calibrate", "compress",
-           "cache_sizes", "dynamic_kv", "e8kv_attention", "perplexity", "register"]
+__all__ = ["CUDA_DEFAULT_SPEC", "CUDA_DEFAULT_SPEC_UNTURNED", "CUDA_FORMATS", "E8KVCache", "E8KVCudaCache", "E8KVCudaLayer", "E8KVLayer", "ModelShape", "UnsupportedModelError", "cache_arg", "calibrate", "compress",
+           "cuda_default_spec", "cache_sizes", "dynamic_kv", "e8kv_attention", "perplexity", "register"]
