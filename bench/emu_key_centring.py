@@ -4,12 +4,14 @@ GPU cache's key path (keys after RoPE, in GGUF's interleaved pair layout, coded 
 e8kv.Codec), with the centre chosen per mode:
 
   none      uncoded mean: the key itself is coded (center=0)
-  post      k - mean(k): the mean of the chunk's keys after RoPE (center=1, what the GPU cache does now)
+  post      k - mean(k): the mean of the chunk's keys after RoPE (center=1)
   rope      k_t - R_t mu: mu the mean of the chunk's keys before RoPE (each key's rotation undone), turned to
             each key's own position t (a RoPE-aware centre; what the attention would add back is q . R_t mu)
   page:P    k_t - (the mean of R_j mu over the P positions j of t's page): the RoPE-aware centre averaged over
             each page of P tokens, one centre per page
   pre       keys coded before RoPE: R_t (code(k_pre - mu) + mu) (the CPU cache's rope=pre, for reference)
+  top:K     rope on the K RoPE pairs of largest |mu|^2 - |mean after RoPE|^2, post on the others (the CUDA
+            cache's center=rope has K = 8)
 
 Values are centred by their mean and coded in every mode; the first --sink tokens keep their exact K and V.
 Each chunk of --ctx tokens of the text is one forward whose attention reads the coded K/V of all its tokens
@@ -82,6 +84,17 @@ class Emu:
                 j = torch.arange(a, a + p, dtype=torch.float64)[:, None] * self.inv_freq[None, :]
                 c[a:a + p] = rot(mu.expand(p, -1), torch.cos(j), torch.sin(j)).mean(0, keepdim=True)
             centre = c.float().double()
+        elif m.startswith("top:"):
+            # the turned centre on the K pairs whose mean the mean after RoPE misses most (|μ_pre|² − |μ_post|²,
+            # the CUDA cache's center=rope), that mean elsewhere
+            h = self.d // 2
+            post = k.mean(0, keepdim=True).float().double()
+            e = (mu[0, :h] ** 2 + mu[0, h:] ** 2) - (post[0, :h] ** 2 + post[0, h:] ** 2)
+            sel = torch.zeros(h, dtype=torch.bool)
+            sel[torch.topk(e, int(m[4:])).indices] = True
+            post = post.expand(t, -1)
+            s2 = torch.cat((sel, sel))
+            centre = torch.where(s2[None, :], centre, post)
         elif m != "rope":
             raise ValueError(m)
         centre = centre.float().double()
