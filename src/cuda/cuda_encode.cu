@@ -193,6 +193,25 @@ template <int LANES> __device__ __forceinline__ void fwht_lanes(float x[8], int 
     }
 }
 
+/* center=rope: lane b's values 8b .. 8b + 7 (RoPE pairs 4b .. 4b + 3) minus (ADD: plus) R_p·μ at those of
+ * the row's RC_PAIRS chosen pairs (rc: the row's pairs and means before RoPE, cs: position p's cos, sin) */
+template <bool ADD>
+__device__ __forceinline__ void rope_centre(float x[8], int b, const float *__restrict__ rc,
+                                            const float *__restrict__ cs) {
+    const int32_t *const idx = (const int32_t *)(rc + 2 * RC_PAIRS);
+#pragma unroll
+    for (int c = 0; c < RC_PAIRS; c++) {
+        const int i = idx[c];
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            if (i == 4 * b + k) {
+                const float2 t = rope_turn(rc[2 * c], rc[2 * c + 1], cs[2 * i], cs[2 * i + 1]);
+                x[2 * k] = ADD ? __fadd_rn(x[2 * k], t.x) : __fsub_rn(x[2 * k], t.x);
+                x[2 * k + 1] = ADD ? __fadd_rn(x[2 * k + 1], t.y) : __fsub_rn(x[2 * k + 1], t.y);
+            }
+    }
+}
+
 /* ---- the front of both kernels ----
  * A group of LANES = d/8 lanes per vector, lane b holding values 8b..8b+7. Loads the lane's 8 values (one or
  * two 16-byte loads when the rows are aligned), stores them to the token's sink row (sink: that vector's row,
@@ -240,21 +259,7 @@ __device__ __forceinline__ bool load_rotated(float x[8], const void *__restrict_
         for (int i = 0; i < 8; i++)
             x[i] = __fsub_rn(x[i], m[i]);
     }
-    if (rc) { /* center=rope: the chosen pairs among this lane's four (4b .. 4b + 3) also lose R_p·μ_pair
-               * (cs: position p's row of cos, sin) */
-        const int32_t *const idx = (const int32_t *)(rc + 2 * RC_PAIRS);
-#pragma unroll
-        for (int c = 0; c < RC_PAIRS; c++) {
-            const int i = idx[c];
-#pragma unroll
-            for (int k = 0; k < 4; k++)
-                if (i == 4 * b + k) {
-                    const float2 t = rope_turn(rc[2 * c], rc[2 * c + 1], cs[2 * i], cs[2 * i + 1]);
-                    x[2 * k] = __fsub_rn(x[2 * k], t.x);
-                    x[2 * k + 1] = __fsub_rn(x[2 * k + 1], t.y);
-                }
-        }
-    }
+    if (rc) rope_centre<false>(x, b, rc, cs); /* center=rope: the chosen pairs also lose R_p·μ_pair */
     const float4 s0 = ((const float4 *)signs)[2 * b], s1 = ((const float4 *)signs)[2 * b + 1];
     const float s[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
     bool finite = true;
@@ -1112,22 +1117,9 @@ template <int D> __global__ void __launch_bounds__(128, 16) gather_kernel(const 
 #pragma unroll
                 for (int i = 0; i < 8; i++)
                     x[i] = __fadd_rn(x[i], m[i]);
-                if (sd.rc && (int)pos < sd.n_pos) { /* center=rope: + R_pos·μ at the row's chosen pairs */
-                    const float *const rc = sd.rc + ((size_t)row * g.n_head_kv + head) * RC_FLOATS;
-                    const int32_t *const idx = (const int32_t *)(rc + 2 * RC_PAIRS);
-                    const float *const cs = sd.cs + (size_t)pos * D;
-#pragma unroll
-                    for (int c = 0; c < RC_PAIRS; c++) {
-                        const int i = idx[c];
-#pragma unroll
-                        for (int k = 0; k < 4; k++)
-                            if (i == 4 * b + k) {
-                                const float2 t = rope_turn(rc[2 * c], rc[2 * c + 1], cs[2 * i], cs[2 * i + 1]);
-                                x[2 * k] = __fadd_rn(x[2 * k], t.x);
-                                x[2 * k + 1] = __fadd_rn(x[2 * k + 1], t.y);
-                            }
-                    }
-                }
+                if (sd.rc && (int)pos < sd.n_pos) /* center=rope: + R_pos·μ at the row's chosen pairs */
+                    rope_centre<true>(x, b, sd.rc + ((size_t)row * g.n_head_kv + head) * RC_FLOATS,
+                                      sd.cs + (size_t)pos * D);
             }
         } else if (area) { /* raw pages: row o of d values */
             unpack8(x, *(const uint4 *)(area + (o * D + 8 * b) * 2), sd.fmt == FMT_F16);
