@@ -459,6 +459,10 @@ int e8kv_cache_keys_pre_rope(const e8kv_cache *cache);
 typedef struct e8kv_rope e8kv_rope;
 /* head_dim even, at most E8KV_MAX_HEAD_DIM (HEAD_DIM); theta > 0 and finite (BAD_ARGUMENT). */
 e8kv_rope *e8kv_rope_create(size_t head_dim, float theta, int neox, size_t *err);
+/* The same with the model's own frequencies: pair i turns by p·inv_freq[i] (head_dim/2 values, finite and
+ * >= 0, else BAD_ARGUMENT), e.g. the inv_freq of a scaled RoPE (Llama 3.1's rope_type llama3, linear, yarn).
+ * inv_freq[i] = theta^(-2i/head_dim) gives e8kv_rope_create's rotation bit for bit. */
+e8kv_rope *e8kv_rope_create_freqs(size_t head_dim, const double *inv_freq, int neox, size_t *err);
 void e8kv_rope_free(e8kv_rope *rope);
 /* In place: n rows at positions pos0 .. pos0 + n - 1, each row n_vec head vectors of head_dim floats. */
 void e8kv_rope_apply(const e8kv_rope *rope, float *x, size_t n, size_t n_vec, size_t pos0);

@@ -414,6 +414,39 @@ static void test_rope(void **state) {
     assert_int_equal(e8kv_get_error_code(err), E8KV_ERROR_BAD_ARGUMENT);
     assert_null(e8kv_rope_create(64, NAN, 0, &err));
     assert_int_equal(e8kv_get_error_code(err), E8KV_ERROR_BAD_ARGUMENT);
+    /* the model's own frequencies: theta's give e8kv_rope_create's rotation bit for bit; scaled ones (the low
+     * pairs slowed 8x, as Llama 3.1's) turn those pairs by p·f; bad ones are named errors */
+    double f[64];
+    for (size_t i = 0; i < 64; i++)
+        f[i] = pow(500000.0, -2.0 * (double)i / 128.0);
+    e8kv_rope *a = e8kv_rope_create(128, 500000.0f, 1, &err), *b = e8kv_rope_create_freqs(128, f, 1, &err);
+    assert_non_null(a);
+    assert_non_null(b);
+    float x[3 * 2 * 128], y[3 * 2 * 128];
+    for (size_t i = 0; i < 3 * 2 * 128; i++)
+        x[i] = y[i] = (float)sin(0.37 * (double)i) * 3.0f;
+    e8kv_rope_apply(a, x, 3, 2, 70001);
+    e8kv_rope_apply(b, y, 3, 2, 70001);
+    assert_memory_equal(x, y, sizeof x);
+    e8kv_rope_free(b);
+    for (size_t i = 32; i < 64; i++)
+        f[i] /= 8.0;
+    b = e8kv_rope_create_freqs(128, f, 0, &err);
+    assert_non_null(b);
+    float u[128] = {0};
+    u[2 * 50] = 1.0f; /* pair 50 (interleaved) at position 1000: (cos, sin) of 1000·f[50] */
+    e8kv_rope_apply(b, u, 1, 1, 1000);
+    assert_true(fabs(u[100] - cos(1000.0 * f[50])) < 1e-6 && fabs(u[101] - sin(1000.0 * f[50])) < 1e-6);
+    e8kv_rope_free(a);
+    e8kv_rope_free(b);
+    f[3] = -1.0;
+    assert_null(e8kv_rope_create_freqs(128, f, 0, &err));
+    assert_int_equal(e8kv_get_error_code(err), E8KV_ERROR_BAD_ARGUMENT);
+    f[3] = NAN;
+    assert_null(e8kv_rope_create_freqs(128, f, 0, &err));
+    assert_int_equal(e8kv_get_error_code(err), E8KV_ERROR_BAD_ARGUMENT);
+    assert_null(e8kv_rope_create_freqs(128, NULL, 0, &err));
+    assert_int_equal(e8kv_get_error_code(err), E8KV_ERROR_BAD_ARGUMENT);
 }
 
 int main(void) {

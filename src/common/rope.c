@@ -17,15 +17,28 @@ struct e8kv_rope {
     size_t head_dim;
     int neox;
     int avx2;
-    double *inv_freq, *dc, *ds; /* head_dim / 2 each, one allocation: theta^(-2i/d), its cos and sin */
+    double *inv_freq, *dc, *ds; /* head_dim / 2 each, one allocation: the frequencies, their cos and sin */
 };
 
 e8kv_rope *e8kv_rope_create(size_t head_dim, float theta, int neox, size_t *err) {
+    double f[E8KV_MAX_HEAD_DIM / 2];
+    if (!(theta > 0.0f) || !isfinite(theta)) {
+        if (err) *err = E8KV_ERR(BAD_ARGUMENT);
+        return NULL;
+    }
+    for (size_t i = 0; i < head_dim / 2 && i < E8KV_MAX_HEAD_DIM / 2; i++)
+        f[i] = pow((double)theta, -2.0 * (double)i / (double)head_dim);
+    return e8kv_rope_create_freqs(head_dim, f, neox, err);
+}
+
+e8kv_rope *e8kv_rope_create_freqs(size_t head_dim, const double *inv_freq, int neox, size_t *err) {
     size_t e = 0;
     e8kv_rope *r = NULL;
     if (head_dim == 0 || head_dim % 2 || head_dim > E8KV_MAX_HEAD_DIM) e = E8KV_ERR(HEAD_DIM);
-    else if (!(theta > 0.0f) || !isfinite(theta)) e = E8KV_ERR(BAD_ARGUMENT);
-    else if (!(r = calloc(1, sizeof *r))) e = E8KV_ERR(OUT_OF_MEMORY);
+    else if (!inv_freq) e = E8KV_ERR(BAD_ARGUMENT);
+    for (size_t i = 0; i < head_dim / 2 && !e; i++)
+        if (!(inv_freq[i] >= 0.0) || !isfinite(inv_freq[i])) e = E8KV_ERR(BAD_ARGUMENT);
+    if (!e && !(r = calloc(1, sizeof *r))) e = E8KV_ERR(OUT_OF_MEMORY);
     if (!e) {
         const size_t half = head_dim / 2;
         r->head_dim = head_dim;
@@ -38,7 +51,7 @@ e8kv_rope *e8kv_rope_create(size_t head_dim, float theta, int neox, size_t *err)
             r->ds = r->inv_freq + 2 * half;
         }
         for (size_t i = 0; i < half && !e; i++) {
-            r->inv_freq[i] = pow((double)theta, -2.0 * (double)i / (double)head_dim);
+            r->inv_freq[i] = inv_freq[i];
             r->dc[i] = cos(r->inv_freq[i]);
             r->ds[i] = sin(r->inv_freq[i]);
         }
