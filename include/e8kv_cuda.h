@@ -36,10 +36,12 @@
  *             codec's bytes of x − μ). center=0: uncentred, the codec's bytes of x. A caller that owns the
  *             block tables sets a row's means with e8kv_cuda_set_means_async, appends with
  *             e8kv_cuda_append_rows_async and attends with e8kv_cuda_attend_rows; rows never set hold 0.
- *             center=rope (params.rope_theta > 0; layers whose K and V are both e8box): keys arrive after
+ *             center=rope (params.rope_theta > 0 or params.rope_freqs; layers whose K and V are both e8box):
+ *             keys arrive after
  *             RoPE, and a key's mean after RoPE misses the part of its mean that RoPE turns. So for each
  *             (sequence, layer, KV head) the first append also gives the keys' mean before RoPE (each key
- *             turned back by its position, interleaved pairs (x[2i], x[2i + 1]) at angle p·theta^(−2i/d)),
+ *             turned back by its position, interleaved pairs (x[2i], x[2i + 1]) at angle p·theta^(−2i/d), or
+ *             p·rope_freqs[i]),
  *             and the 8 RoPE pairs where that mean and the one after RoPE differ most keep the mean before
  *             RoPE turned to each key's position p: K codes x − μ_post − R_p·μ_pre (μ_post 0 on those
  *             pairs), and the attention adds q·R_p·μ_pre back per key (one more tensor-core product per 16
@@ -79,7 +81,9 @@ typedef struct {
     size_t max_n_head; /* query heads per attend call (0: 8 * n_head_kv) */
     size_t max_append; /* tokens per append call before it is cut into pieces (0: 4096) */
     int device;        /* CUDA device ordinal */
-    float rope_theta;  /* RoPE base frequency, needed by center=rope (0: none) */
+    float rope_theta;  /* RoPE base frequency, needed by center=rope (0: none) ... */
+    const float *rope_freqs; /* ... or the model's own frequencies (head_dim/2 values, finite, >= 0; NULL: from
+                              * rope_theta), e.g. a scaled RoPE's inv_freq (Llama 3.1's llama3, linear, yarn) */
 } e8kv_cuda_cache_params;
 
 typedef struct e8kv_cuda_cache e8kv_cuda_cache;

@@ -28,6 +28,7 @@
 #include "e8kv_cuda.h"
 
 static int g_fail = 0, g_checks = 0;
+static int g_rope_freqs = 0; /* run_case: a center=rope cache gets rope_freqs instead of rope_theta */
 #define CHECK(cond, ...)                                                                                     \
     do {                                                                                                     \
         g_checks++;                                                                                          \
@@ -197,10 +198,17 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
     /* center=rope: keys carry a mean turned by RoPE (pairs of norm up to 4 at random pairs) */
     const int rope = strstr(sc->spec, "center=rope") != NULL;
     e8kv_rope *rp = NULL;
+    float freqs[64]; /* g_rope_freqs: the model's own frequencies, theta's with the low half slowed 8x */
     if (rope) {
         p.rope_theta = unif() < 0.5 ? 10000.0f : 500000.0f;
         size_t e = 0;
-        rp = e8kv_rope_create(d, p.rope_theta, 0, &e);
+        double f[64];
+        for (size_t i = 0; i < d / 2; i++) {
+            freqs[i] = (float)(pow((double)p.rope_theta, -2.0 * (double)i / (double)d) / (i >= d / 4 ? 8.0 : 1.0));
+            f[i] = freqs[i];
+        }
+        if (g_rope_freqs) p.rope_freqs = freqs, p.rope_theta = 0.0f;
+        rp = g_rope_freqs ? e8kv_rope_create_freqs(d, f, 0, &e) : e8kv_rope_create(d, p.rope_theta, 0, &e);
         CHECK(rp, "rope: %s", e8kv_error_name(e));
         if (!rp) return;
     }
@@ -461,9 +469,10 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
         }
     CHECK(worst <= 1e-3, "%s d=%zu G=%zu dtype %d block %zu: attention relative error %.3g > 1e-3", sc->spec,
           d, G, (int)dt, bs, worst);
-    printf("  %-18s d=%3zu kv=%zu G=%zu dtype=%d seqs=%zu block=%zu: %zu vectors bit-exact=%s, gather=%s, "
+    printf("  %-18s%s d=%3zu kv=%zu G=%zu dtype=%d seqs=%zu block=%zu: %zu vectors bit-exact=%s, gather=%s, "
            "attention max rel err %.2e\n",
-           sc->spec, d, n_kv, G, (int)dt, n_seq, bs, n_vec, mism ? "NO" : "yes", gmism ? "NO" : "yes", worst);
+           sc->spec, rope && g_rope_freqs ? " (rope_freqs)" : "", d, n_kv, G, (int)dt, n_seq, bs, n_vec,
+           mism ? "NO" : "yes", gmism ? "NO" : "yes", worst);
     for (size_t s = 0; s < n_seq; s++)
         free(K[s]), free(V[s]), free(DK[s]), free(DV[s]);
     free(K), free(V), free(DK), free(DV), free(q), free(out), free(sc_), free(ids), free(MU), free(RI), free(RM);
@@ -1645,8 +1654,10 @@ int main(int argc, char **argv) {
     for (size_t ci = 17; ci < 20 && !graph_only; ci++)
         for (size_t gi = 0; gi < (quick ? 1u : 4u); gi++) {
             const size_t di = (ci + gi) % 2, bs = gi == 1 ? 32 : gi == 2 ? 48 : 16;
+            g_rope_freqs = ci == 18 || gi == 3; /* e8box:3 (and every fourth case): the model's frequencies */
             run_case(&cases[ci], ds[di], 1 + (size_t)(rnd() % 3), Gs[(ci + gi) % 4], lens, n_seq,
                      dts[(ci + gi) % 3], 1, bs);
+            g_rope_freqs = 0;
         }
     /* sink=N: every kernel, N past a tile, a split and a whole sequence (lens 1, 15, 16, 17) */
     for (size_t ci = 5; ci < 11 && !graph_only; ci++)

@@ -202,10 +202,14 @@ static e8kv_cuda_cache *fail(e8kv_cuda_cache *c, size_t *err, size_t code) {
     } while (0)
 
 /* center=rope: the cos and sin of every position below max_ctx and RoPE pair (interleaved pairs, the layout the
- * pages code), as the library's RoPE has them: e8kv_rope_apply on (1, 0) pairs gives (C, S) */
-static size_t upload_rope_table(e8kv_cuda_cache *c, float theta) {
+ * pages code), as the library's RoPE has them (of theta, or of the given frequencies): e8kv_rope_apply on
+ * (1, 0) pairs gives (C, S) */
+static size_t upload_rope_table(e8kv_cuda_cache *c, float theta, const float *freqs) {
     size_t e = 0;
-    e8kv_rope *rope = e8kv_rope_create(c->d, theta, 0, &e);
+    double f[64];
+    for (size_t i = 0; freqs && i < c->d / 2; i++)
+        f[i] = freqs[i];
+    e8kv_rope *rope = freqs ? e8kv_rope_create_freqs(c->d, f, 0, &e) : e8kv_rope_create(c->d, theta, 0, &e);
     if (!rope) return e;
     const size_t chunk = 4096;
     float *x = (float *)malloc(chunk * c->d * sizeof(float));
@@ -290,7 +294,7 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
             r = E8KV_ERR(SPEC);
     }
     free(fmt);
-    if (!r && c->rope && !(p->rope_theta > 0.0f && isfinite(p->rope_theta))) r = E8KV_ERR(SPEC);
+    if (!r && c->rope && !p->rope_freqs && !(p->rope_theta > 0.0f && isfinite(p->rope_theta))) r = E8KV_ERR(SPEC);
     if (!r && c->rope && c->max_ctx > INT32_MAX / c->d) r = E8KV_ERR(DIMENSION);
     if (r) return fail(c, err, r);
     if (cudaSetDevice(p->device) != cudaSuccess ||
@@ -385,7 +389,7 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
         cudaMemset(c->d_work, 0, c->work_bytes) != cudaSuccess ||
         cudaMemcpy(c->d_signs, signs, c->d * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess)
         return fail(c, err, E8KV_ERR(CUDA));
-    if (c->rope) E8KV_CU_RETURN_NULL(upload_rope_table(c, p->rope_theta), c, err);
+    if (c->rope) E8KV_CU_RETURN_NULL(upload_rope_table(c, p->rope_theta, p->rope_freqs), c, err);
 
     c->tables = (int32_t *)calloc(c->max_seqs * c->width, sizeof(int32_t));
     c->lens = (size_t *)calloc(c->max_seqs * c->n_layer, sizeof(size_t));
