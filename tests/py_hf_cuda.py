@@ -395,7 +395,7 @@ class PagesTwin:
     given wrong shows. It is not a model of the codecs' error: the GPU run of these tests checks the kernels."""
 
     def __init__(self, n_layer, n_head_kv, head_dim, n_blocks, spec="e8box:4", *, block_size=16, max_seqs=1,
-                 device=None, rope_theta=0.0, **unused):
+                 device=None, rope_theta=0.0, rope_freqs=None, **unused):
         import re
         self.n_layer, self.n_head_kv, self.head_dim, self.block_size = n_layer, n_head_kv, head_dim, block_size
         m = re.search(r"sink=(\d+)", spec)
@@ -408,8 +408,9 @@ class PagesTwin:
         self.sinks = torch.zeros((2, n_layer, max(1, max_seqs * self.sink), w), **z)
         self.means = torch.zeros((2, n_layer, max_seqs, w), **z)
         self.rope_centre = self.centered and "center=rope" in spec
-        assert not self.rope_centre or rope_theta > 0
-        self.inv_freq = float(rope_theta or 1.0) ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+        assert not self.rope_centre or rope_theta > 0 or rope_freqs is not None
+        self.inv_freq = torch.tensor(rope_freqs, dtype=torch.float64) if rope_freqs is not None else \
+            float(rope_theta or 1.0) ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
         self.device_bytes = self.token_bytes = 0
 
     def _turn(self, x, pos, sign=1):
@@ -599,14 +600,18 @@ def test_padded_batch_equals_each_row_alone(dev, spec, side):
 BIAS = 16.0
 
 
-def biased_keys_model(dev):
-    """model_on's model whose keys before RoPE share a large mean (k_proj's bias, |b| ~ 4 per value where the
-    keys' own spread is ~1): after RoPE that mean turns with the position, as real models' keys do."""
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 64, "rope_theta": 10000.0}
+
+
+def biased_keys_model(dev, rope_scaling=None):
+    """model_on's model whose keys before RoPE share a large mean (k_proj's bias, |b| ~ BIAS per value where
+    the keys' own spread is ~1): after RoPE that mean turns with the position, as real models' keys do."""
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(hidden_size=128 if dev != "cuda" else 512, intermediate_size=256, num_hidden_layers=2,
                       num_attention_heads=4 if dev != "cuda" else 8, num_key_value_heads=2, vocab_size=1024,
                       max_position_embeddings=512, rope_theta=10000.0, attention_bias=True,
-                      attn_implementation="sdpa")
+                      rope_scaling=rope_scaling, attn_implementation="sdpa")
     torch.manual_seed(4321)
     with torch.device("cuda" if dev == "cuda" else "cpu"):
         model = LlamaForCausalLM(cfg).eval()
@@ -618,14 +623,16 @@ def biased_keys_model(dev):
     return model
 
 
-def test_rope_centre_follows_the_turned_mean(dev):
+@pytest.mark.parametrize("scaling", [None, "llama3"])
+def test_rope_centre_follows_the_turned_mean(dev, scaling):
     """center=rope against the exact cache (DynamicCache) on keys with a large mean before RoPE: a prompt of
     40 tokens, 6 single tokens and a 20-token chunk (past gather_from: the gather path adds the centre back
     too). Each key is coded minus its row's mean turned to the key's own index, and the attention adds the
     same back, so a wrong index anywhere (append, attention, gather) leaves an error of the size of that
-    mean. On the GPU the turned centre must also code these keys better than the mean after RoPE."""
+    mean. On the GPU the turned centre must also code these keys better than the mean after RoPE, with plain
+    RoPE and with Llama 3.1's scaled frequencies (the model's inv_freq, passed as rope_freqs)."""
     import e8kv.hf
-    model = biased_keys_model(dev)
+    model = biased_keys_model(dev, LLAMA3_ROPE if scaling == "llama3" else None)
     on = "cuda" if dev == "cuda" else "cpu"
     g = torch.Generator().manual_seed(5)
     prompt = torch.randint(0, 1024, (2, 40), generator=g).to(on)
@@ -649,7 +656,8 @@ def test_rope_centre_follows_the_turned_mean(dev):
         assert torch.isfinite(got).all()
         errs[spec] = float((got - ref).abs().max())
     scale = float(ref.abs().max())
-    print(f"center=rope on {dev}: max |logit diff| vs DynamicCache {errs} (max |logit| {scale:.3g})")
+    print(f"center=rope ({scaling or 'plain'} RoPE) on {dev}: max |logit diff| vs DynamicCache {errs} "
+          f"(max |logit| {scale:.3g})")
     e_mean, e_rope = errs["e8box:4,sink=2"], errs["e8box:4,sink=2,center=rope"]
     assert e_rope <= 1.5 * e_mean + 1e-4 * scale, errs  # the twin rounds x − centre to 1/4 either way
     if dev == "cuda":
@@ -657,20 +665,32 @@ def test_rope_centre_follows_the_turned_mean(dev):
 
 
 def test_rope_centre_errors():
-    """center=rope needs plain RoPE of the model (a named SPEC error otherwise; without a spec such a model gets
-    the default less center=rope) and is refused with budget= (dropped pages move later tokens to other
-    indices); the CPU cache refuses it (its keys are coded before RoPE)."""
+    """center=rope needs RoPE frequencies it can know (rope_theta, or linear/llama3/yarn scaling; a named SPEC
+    error otherwise, e.g. dynamic scaling, and without a spec such a model gets the default less center=rope)
+    and is refused with budget= (dropped pages move later tokens to other indices); the CPU cache refuses it
+    (its keys are coded before RoPE)."""
     import e8kv.hf
     from transformers import LlamaConfig
     cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=1024, max_position_embeddings=512, rope_theta=10000.0,
-                      rope_scaling={"rope_type": "linear", "factor": 2.0})
-    with pytest.raises(e8kv.E8KVError, match="center=rope turns the keys' centre by plain RoPE"):
+                      rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    with pytest.raises(e8kv.E8KVError, match="center=rope turns the keys' centre by the model's RoPE frequencies"):
         e8kv.hf.E8KVCudaCache(cfg, "e8box:4,center=rope", device=torch.device("cpu", 0), max_cache_len=64)
     assert e8kv.hf.cuda_default_spec(cfg) == e8kv.hf.CUDA_DEFAULT_SPEC_UNTURNED == "e8box:4,sink=4"
     cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, vocab_size=1024, max_position_embeddings=512, rope_theta=10000.0)
     assert e8kv.hf.cuda_default_spec(cfg) == e8kv.hf.CUDA_DEFAULT_SPEC == "e8box:4,sink=4,center=rope"
+    for scaling in ({"rope_type": "linear", "factor": 2.0}, LLAMA3_ROPE):  # known frequencies: the model's own
+        c = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=1024, max_position_embeddings=512, rope_theta=10000.0,
+                        rope_scaling=dict(scaling))
+        s = e8kv.hf.ModelShape(c)
+        assert e8kv.hf.cuda_default_spec(c) == e8kv.hf.CUDA_DEFAULT_SPEC and len(s.rope_freqs) == 16
+        plain = [10000.0 ** (-2.0 * i / 32) for i in range(16)]
+        if scaling["rope_type"] == "linear":  # every frequency halved
+            assert s.rope_freqs == pytest.approx([f / 2 for f in plain])
+        else:  # llama3: the fast pairs as they are, the slow ones slowed
+            assert s.rope_freqs[0] == pytest.approx(plain[0]) and s.rope_freqs[-1] < plain[-1] * 0.6
     with pytest.raises(e8kv.E8KVError, match="center=rope with budget="):
         e8kv.hf.E8KVCudaCache(cfg, "e8box:4,center=rope,evict=snapkv:0.5,budget=64", device=torch.device("cpu", 0),
                                   max_cache_len=256)

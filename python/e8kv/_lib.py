@@ -87,6 +87,7 @@ class CudaCacheParams(ctypes.Structure):
         ("max_append", c_size_t),
         ("device", c_int),
         ("rope_theta", c_float),
+        ("rope_freqs", POINTER(c_float)),
     ]
 
 

@@ -34,7 +34,7 @@ import torch
 
 CPU_SPECS = "f32,balanced,e8:4,e8box:4,aggressive"
 # the default spec (hf.CUDA_DEFAULT_SPEC) first; a model whose RoPE center=rope cannot turn by (hf.ModelShape's
-# rope_problem) gets these less center=rope
+# rope_centre_problem) gets these less center=rope
 CUDA_SPECS = "bf16;e8box:4,sink=4,center=rope;e8box:4,sink=4;e8box:3,sink=4,center=rope;e8box:3,sink=4;e8p:2,sink=4"
 
 
@@ -178,7 +178,7 @@ def main() -> None:
     specs = spec_text.split(";") if ";" in spec_text else spec_text.split(",")
     if not a.specs and device == "cuda":
         from . import hf
-        if hf.ModelShape(model.config).rope_problem is not None:
+        if hf.ModelShape(model.config).rope_centre_problem is not None:
             specs = list(dict.fromkeys(s.replace(",center=rope", "") for s in specs))
     rows = run(model, ids, specs, new=a.new, warmup=not a.no_warmup, ppl_ids=all_ids[0].tolist(),
                ppl_chunks=a.ppl_chunks, n_ctx=a.ctx, decode=not a.no_decode, prefix=a.prefix, score=a.score)

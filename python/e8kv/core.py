@@ -16,7 +16,7 @@ import ctypes
 import enum
 import os
 from ctypes import POINTER, byref, c_float, c_size_t
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -535,14 +535,16 @@ class CudaCache:
     tokens, append's sink_slots = row * N + position, attended instead of their codes) and its means
     (`centered`: center=1, the default, with e8box or e8p streams: set_means from the sequence's first
     tokens, then append(rows=) codes x - mean and attend(rows=) adds it back, as the CPU cache does).
-    center=rope (rope_theta > 0, K and V e8box): keys arrive after RoPE; for 8 RoPE pairs per (row, layer, KV head)
-    the centre is the keys' mean before RoPE turned to each key's position, so append(rows=) needs positions=
+    center=rope (rope_theta > 0 or the model's rope_freqs, K and V e8box): keys arrive after RoPE; for 8 RoPE pairs
+    per (row, layer, KV head) the centre is the keys' mean before RoPE turned to each key's position, so
+    append(rows=) needs positions=
     (int32 (n_tok), each token's index in its sequence; `rope_centre` says when).
     Tensors are torch CUDA tensors, passed by pointer on the current stream (or `stream`)."""
 
     def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, n_blocks: int, spec: str = "e8box:4", *,
                  block_size: int = 16, seed: int = 0, max_ctx: int = 0, max_batch: int = 0, max_n_head: int = 0,
-                 max_seqs: int = 1, max_append: int = 0, device: int = 0, rope_theta: float = 0.0) -> None:
+                 max_seqs: int = 1, max_append: int = 0, device: int = 0, rope_theta: float = 0.0,
+                 rope_freqs: Optional[Sequence[float]] = None) -> None:
         if not cuda_built():
             raise E8KVError(ErrorCode.UNSUPPORTED, "CudaCache: this build of e8kv has no CUDA cache (no "
                                                    "libe8kv_cuda.so: built without nvcc)")
@@ -554,6 +556,11 @@ class CudaCache:
                                  n_blocks=n_blocks, spec=self._spec_bytes, seed=seed, max_ctx=max_ctx,
                                  max_seqs=max_seqs, max_batch=max_batch, max_n_head=max_n_head,
                                  max_append=max_append, device=int(device), rope_theta=float(rope_theta))
+        if rope_freqs is not None:  # (copied into the cache's table at creation)
+            if len(rope_freqs) != head_dim // 2:
+                raise E8KVError(ErrorCode.BAD_ARGUMENT, f"CudaCache: {len(rope_freqs)} rope_freqs for head_dim {head_dim}")
+            freqs = (c_float * len(rope_freqs))(*[float(x) for x in rope_freqs])
+            params.rope_freqs = ctypes.cast(freqs, POINTER(c_float))
         err = c_size_t(0)
         self._p = self._lib.e8kv_cuda_cache_create(byref(params), byref(err))
         if not self._p:

@@ -101,6 +101,31 @@ class ModelShape:
             self.rope_problem = "no rope_theta in the config"
         if self.rope_layout is None:
             self.rope_layout = "split"
+        # center=rope (the CUDA cache) turns the keys' centre by the frequencies the model turns its keys by: of
+        # rope_theta, or of a scaled RoPE whose frequencies do not change with the length; None and the reason
+        self.rope_freqs: Optional[list[float]] = None
+        self.rope_centre_problem: Optional[str] = None
+        if partial != 1.0:
+            self.rope_centre_problem = f"partial rotary factor {partial} (center=rope turns the whole head)"
+        elif rope_type == "default":
+            if self.rope_theta > 0:
+                self.rope_freqs = [self.rope_theta ** (-2.0 * i / self.head_dim) for i in range(self.head_dim // 2)]
+            else:
+                self.rope_centre_problem = "no rope_theta in the config"
+        elif rope_type in ("linear", "llama3", "yarn"):
+            try:
+                from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+                inv = ROPE_INIT_FUNCTIONS[rope_type](cfg, "cpu")[0]
+                self.rope_freqs = [float(x) for x in inv.double().reshape(-1)]
+            except Exception as e:  # (the transformers version's own error, named)
+                self.rope_centre_problem = f"the frequencies of RoPE type '{rope_type}' ({type(e).__name__}: {e})"
+            if self.rope_freqs is not None and len(self.rope_freqs) != self.head_dim // 2:
+                self.rope_centre_problem = (f"RoPE type '{rope_type}' has {len(self.rope_freqs)} frequencies for "
+                                            f"head_dim {self.head_dim}")
+                self.rope_freqs = None
+        else:
+            self.rope_centre_problem = (f"RoPE type '{rope_type}' (center=rope turns by fixed frequencies: default, "
+                                        "linear, llama3, yarn)")
 
 
 def _rope_cos_sin(theta: float, head_dim: int, pos0: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -520,16 +545,17 @@ class E8KVCache(_BatchChanges, Cache):
 CUDA_FORMATS = ("e8box:4", "e8box:3", "e8p:2", "bf16", "f16")
 # what a CUDA cache holds when no spec is given: sink=4 halves e8box:4's loss on the default model (GPU, SmolLM2,
 # ctx 512: KLD 0.0223 against 0.0333) for 4 exact tokens per row, and center=rope lowers it by another quarter
-# (0.0207 -> 0.0153; ctx 4096: 0.0254 -> 0.0170) for ~1.5% of a decode step (BENCHMARKS.md). Models whose RoPE
-# is not plain (ModelShape.rope_problem: e.g. Llama 3.1's rope_type llama3) get CUDA_DEFAULT_SPEC_UNTURNED.
+# (0.0207 -> 0.0153; ctx 4096: 0.0254 -> 0.0170) for ~1.5-3% of a decode step (BENCHMARKS.md). Models whose
+# RoPE frequencies it cannot know (ModelShape.rope_centre_problem: partial rotary, dynamic or longrope
+# scaling) get CUDA_DEFAULT_SPEC_UNTURNED.
 CUDA_DEFAULT_SPEC = "e8box:4,sink=4,center=rope"
 CUDA_DEFAULT_SPEC_UNTURNED = "e8box:4,sink=4"
 
 
 def cuda_default_spec(config: Any) -> str:
-    """The CUDA cache's spec when none is given, for this model: CUDA_DEFAULT_SPEC when its RoPE is plain (what
-    center=rope turns the keys' centre by), else CUDA_DEFAULT_SPEC_UNTURNED."""
-    return CUDA_DEFAULT_SPEC if ModelShape(config).rope_problem is None else CUDA_DEFAULT_SPEC_UNTURNED
+    """The CUDA cache's spec when none is given, for this model: CUDA_DEFAULT_SPEC when center=rope knows the
+    frequencies of its RoPE (rope_theta, or a linear, llama3 or yarn scaling), else CUDA_DEFAULT_SPEC_UNTURNED."""
+    return CUDA_DEFAULT_SPEC if ModelShape(config).rope_centre_problem is None else CUDA_DEFAULT_SPEC_UNTURNED
 
 
 class E8KVCudaLayer(CacheLayerMixin):
@@ -737,9 +763,9 @@ class E8KVCudaCache(_BatchChanges, Cache):
         self.gather_from = gather_from
         self.prompt_from_codes = prompt_from_codes
         rope_centre = "center=rope" in spec
-        if rope_centre and s.rope_problem is not None:
-            raise E8KVError(ErrorCode.SPEC, f"e8kv CUDA cache '{spec}': center=rope turns the keys' centre by plain "
-                                            f"RoPE, which this model does not have: {s.rope_problem}")
+        if rope_centre and s.rope_centre_problem is not None:
+            raise E8KVError(ErrorCode.SPEC, f"e8kv CUDA cache '{spec}': center=rope turns the keys' centre by the "
+                                            f"model's RoPE frequencies, which it cannot here: {s.rope_centre_problem}")
         if rope_centre and self.evict is not None and self.evict.budget:
             raise E8KVError(ErrorCode.SPEC, f"e8kv CUDA cache '{spec}': center=rope with budget= (a dropped page "
                                             "moves the later tokens to other indices, which the centre is turned by)")
@@ -748,7 +774,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
                                      block_size=block_size, seed=seed, max_ctx=self.capacity,
                                      max_batch=max_batch_size * max(1, max_chunk), max_n_head=s.n_head,
                                      max_seqs=max_batch_size, device=self.device.index,
-                                     rope_theta=s.rope_theta if rope_centre else 0.0)
+                                     rope_freqs=s.rope_freqs if rope_centre else None)
         except E8KVError as e:
             why = (f": the CUDA cache holds {', '.join(CUDA_FORMATS)} (k=/v=/kv= and layer rules of them; default "
                    f"{CUDA_DEFAULT_SPEC}), keys "
