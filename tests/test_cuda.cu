@@ -269,19 +269,20 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
             }
         if (rope && pre >= E8KV_CUDA_CENTER_MIN_TOKENS) /* as rope_means_kernel: means before RoPE, 8 pairs */
             for (size_t h = 0; h < n_kv; h++) {
-                double e[64];
+                double e[64], sx[64] = {0}, sy[64] = {0}; /* each pair's sums, in token order */
                 float a[64], b[64], cs[128];
-                for (size_t i = 0; i < d / 2; i++) {
-                    double sx = 0.0, sy = 0.0;
-                    for (size_t t = 0; t < pre; t++) {
-                        for (size_t j = 0; j < d; j++)
-                            cs[j] = j % 2 ? 0.0f : 1.0f;
-                        e8kv_rope_apply(rp, cs, 1, 1, t);
+                for (size_t t = 0; t < pre; t++) {
+                    for (size_t j = 0; j < d; j++)
+                        cs[j] = j % 2 ? 0.0f : 1.0f;
+                    e8kv_rope_apply(rp, cs, 1, 1, t); /* position t's cos, sin of every pair */
+                    for (size_t i = 0; i < d / 2; i++) {
                         const double x = K[s][t * row + h * d + 2 * i], y = K[s][t * row + h * d + 2 * i + 1];
-                        sx += x * cs[2 * i] + y * cs[2 * i + 1];
-                        sy += y * cs[2 * i] - x * cs[2 * i + 1];
+                        sx[i] += x * cs[2 * i] + y * cs[2 * i + 1];
+                        sy[i] += y * cs[2 * i] - x * cs[2 * i + 1];
                     }
-                    a[i] = (float)(sx / (double)pre), b[i] = (float)(sy / (double)pre);
+                }
+                for (size_t i = 0; i < d / 2; i++) {
+                    a[i] = (float)(sx[i] / (double)pre), b[i] = (float)(sy[i] / (double)pre);
                     const double ma = MU[s * 2 * row + h * d + 2 * i], mb = MU[s * 2 * row + h * d + 2 * i + 1];
                     e[i] = ((double)a[i] * a[i] + (double)b[i] * b[i]) - (ma * ma + mb * mb);
                 }
