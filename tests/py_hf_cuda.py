@@ -671,19 +671,19 @@ def test_rope_centre_errors():
     (its keys are coded before RoPE)."""
     import e8kv.hf
     from transformers import LlamaConfig
-    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=1024, max_position_embeddings=512, rope_theta=10000.0,
-                      rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+
+    def config(rope_scaling=None):
+        return LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=1024, max_position_embeddings=512, rope_theta=10000.0,
+                           rope_scaling=rope_scaling)
+    cfg = config({"rope_type": "dynamic", "factor": 2.0})
     with pytest.raises(e8kv.E8KVError, match="center=rope turns the keys' centre by the model's RoPE frequencies"):
         e8kv.hf.E8KVCudaCache(cfg, "e8box:4,center=rope", device=torch.device("cpu", 0), max_cache_len=64)
     assert e8kv.hf.cuda_default_spec(cfg) == e8kv.hf.CUDA_DEFAULT_SPEC_UNTURNED == "e8box:4,sink=4"
-    cfg = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                      num_key_value_heads=2, vocab_size=1024, max_position_embeddings=512, rope_theta=10000.0)
+    cfg = config()
     assert e8kv.hf.cuda_default_spec(cfg) == e8kv.hf.CUDA_DEFAULT_SPEC == "e8box:4,sink=4,center=rope"
     for scaling in ({"rope_type": "linear", "factor": 2.0}, LLAMA3_ROPE):  # known frequencies: the model's own
-        c = LlamaConfig(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, vocab_size=1024, max_position_embeddings=512, rope_theta=10000.0,
-                        rope_scaling=dict(scaling))
+        c = config(dict(scaling))
         s = e8kv.hf.ModelShape(c)
         assert e8kv.hf.cuda_default_spec(c) == e8kv.hf.CUDA_DEFAULT_SPEC and len(s.rope_freqs) == 16
         plain = [10000.0 ** (-2.0 * i / 32) for i in range(16)]
@@ -693,7 +693,7 @@ def test_rope_centre_errors():
             assert s.rope_freqs[0] == pytest.approx(plain[0]) and s.rope_freqs[-1] < plain[-1] * 0.6
     with pytest.raises(e8kv.E8KVError, match="center=rope with budget="):
         e8kv.hf.E8KVCudaCache(cfg, "e8box:4,center=rope,evict=snapkv:0.5,budget=64", device=torch.device("cpu", 0),
-                                  max_cache_len=256)
+                              max_cache_len=256)
     with pytest.raises(e8kv.E8KVError) as e:
         e8kv.Cache(1, 1, 64, 64, "e8box:4,center=rope")
     assert e.value.code == e8kv.ErrorCode.SPEC

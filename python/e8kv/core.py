@@ -537,8 +537,7 @@ class CudaCache:
     tokens, then append(rows=) codes x - mean and attend(rows=) adds it back, as the CPU cache does).
     center=rope (rope_theta > 0 or the model's rope_freqs, K and V e8box): keys arrive after RoPE; for 8 RoPE pairs
     per (row, layer, KV head) the centre is the keys' mean before RoPE turned to each key's position, so
-    append(rows=) needs positions=
-    (int32 (n_tok), each token's index in its sequence; `rope_centre` says when).
+    append(rows=) needs positions= (int32 (n_tok), each token's index in its sequence; `rope_centre` says when).
     Tensors are torch CUDA tensors, passed by pointer on the current stream (or `stream`)."""
 
     def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, n_blocks: int, spec: str = "e8box:4", *,
@@ -558,7 +557,8 @@ class CudaCache:
                                  max_append=max_append, device=int(device), rope_theta=float(rope_theta))
         if rope_freqs is not None:  # (copied into the cache's table at creation)
             if len(rope_freqs) != head_dim // 2:
-                raise E8KVError(ErrorCode.BAD_ARGUMENT, f"CudaCache: {len(rope_freqs)} rope_freqs for head_dim {head_dim}")
+                raise E8KVError(ErrorCode.BAD_ARGUMENT,
+                                f"CudaCache: {len(rope_freqs)} rope_freqs for head_dim {head_dim}")
             freqs = (c_float * len(rope_freqs))(*[float(x) for x in rope_freqs])
             params.rope_freqs = ctypes.cast(freqs, POINTER(c_float))
         err = c_size_t(0)

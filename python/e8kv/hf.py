@@ -553,9 +553,11 @@ CUDA_DEFAULT_SPEC_UNTURNED = "e8box:4,sink=4"
 
 
 def cuda_default_spec(config: Any) -> str:
-    """The CUDA cache's spec when none is given, for this model: CUDA_DEFAULT_SPEC when center=rope knows the
-    frequencies of its RoPE (rope_theta, or a linear, llama3 or yarn scaling), else CUDA_DEFAULT_SPEC_UNTURNED."""
-    return CUDA_DEFAULT_SPEC if ModelShape(config).rope_centre_problem is None else CUDA_DEFAULT_SPEC_UNTURNED
+    """The CUDA cache's spec when none is given, for this model (a config, or its ModelShape): CUDA_DEFAULT_SPEC
+    when center=rope knows the frequencies of its RoPE (rope_theta, or a linear, llama3 or yarn scaling), else
+    CUDA_DEFAULT_SPEC_UNTURNED."""
+    s = config if isinstance(config, ModelShape) else ModelShape(config)
+    return CUDA_DEFAULT_SPEC if s.rope_centre_problem is None else CUDA_DEFAULT_SPEC_UNTURNED
 
 
 class E8KVCudaLayer(CacheLayerMixin):
@@ -742,7 +744,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
         if bad:
             raise E8KVError(ErrorCode.BAD_ARGUMENT, f"e8kv CUDA cache: unsupported arguments {bad}")
         self.shape = s = ModelShape(config)
-        spec = spec or cuda_default_spec(config)
+        spec = spec or cuda_default_spec(s)
         self.spec, self.seed = spec, seed
         # evict=SCORER:F (recent=, obs=): the prompt's tokens each KV head keeps are chosen after its exact
         # attention, and only they are coded (e8kv.evict)

@@ -911,8 +911,8 @@ size_t e8kv_cu_launch_means(float *mu, const void *d_src, size_t n_tok, size_t n
 
 /* center=rope: one block per KV head, one thread per RoPE pair (d/2 ≤ 64). The pair's mean before RoPE: each
  * token's pair turned back by its position, (x·C + y·S, y·C − x·S) (products exact in double, one rounding
- * each sum), summed in double in token order (the loads run 8 tokens ahead of the sums); then the RC_PAIRS pairs of largest
- * |μ_pre|² − |μ_post|² (μ as the f32 the cache keeps), ties to the lower pair. */
+ * each sum), summed in double in token order (the loads run 8 tokens ahead of the sums); then the RC_PAIRS
+ * pairs of largest |μ_pre|² − |μ_post|² (μ as the f32 the cache keeps), ties to the lower pair. */
 template <int D>
 __global__ void rope_means_kernel(float *mu, float *rc, const float *cs, const void *src, size_t n_tok,
                                   size_t n_head_kv, int dtype) {
