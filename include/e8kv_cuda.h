@@ -36,18 +36,16 @@
  *             codec's bytes of x − μ). center=0: uncentred, the codec's bytes of x. A caller that owns the
  *             block tables sets a row's means with e8kv_cuda_set_means_async, appends with
  *             e8kv_cuda_append_rows_async and attends with e8kv_cuda_attend_rows; rows never set hold 0.
- *             center=rope (params.rope_theta > 0 or params.rope_freqs; layers whose K and V are both e8box):
- *             keys arrive after
- *             RoPE, and a key's mean after RoPE misses the part of its mean that RoPE turns. So for each
- *             (sequence, layer, KV head) the first append also gives the keys' mean before RoPE (each key
+ *             center=rope (params.rope_theta > 0 or params.rope_freqs; layers whose K and V are both e8box, or both
+ *             e8p:2): keys arrive after RoPE, and a key's mean after RoPE misses the part of its mean that RoPE turns.
+ *             So for each (sequence, layer, KV head) the first append also gives the keys' mean before RoPE (each key
  *             turned back by its position, interleaved pairs (x[2i], x[2i + 1]) at angle p·theta^(−2i/d), or
- *             p·rope_freqs[i]),
- *             and the 8 RoPE pairs where that mean and the one after RoPE differ most keep the mean before
- *             RoPE turned to each key's position p: K codes x − μ_post − R_p·μ_pre (μ_post 0 on those
- *             pairs), and the attention adds q·R_p·μ_pre back per key (one more tensor-core product per 16
- *             keys). Positions are the tokens' indices in their sequence (any constant offset, e.g. the
- *             model's, cancels); a caller that owns the block tables appends with
- *             e8kv_cuda_append_pos_async. Not with e8p:2 (its kernel has no such term yet).
+ *             p·rope_freqs[i]), and the 8 RoPE pairs where that mean and the one after RoPE differ most keep the mean
+ *             before RoPE turned to each key's position p: K codes x − μ_post − R_p·μ_pre (μ_post 0 on those pairs),
+ *             and the attention adds q·R_p·μ_pre back per key (one more tensor-core product per 16 keys). Positions are
+ *             the tokens' indices in their sequence (any constant offset, e.g. the model's, cancels); a caller that
+ *             owns the block tables appends with e8kv_cuda_append_pos_async. K and V both e8box, or both e8p:2
+ *             (E8KV_ERROR_SPEC otherwise).
  * Not on the GPU yet, E8KV_ERROR_SPEC: window=, rope=pre (keys arrive after RoPE), auto=, eviction,
  * page= (block_size is the parameter), presets and the formats without a GPU page format.
  * head_dim 64 or 128 (E8KV_ERROR_HEAD_DIM otherwise); query heads per KV head 1..8.

@@ -554,7 +554,8 @@ def pad_blocks(dev):
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
-@pytest.mark.parametrize("spec", ["bf16", "e8box:4", "e8box:4,sink=2", "e8p:2", "e8box:4,sink=2,center=rope"])
+@pytest.mark.parametrize("spec", ["bf16", "e8box:4", "e8box:4,sink=2", "e8p:2", "e8box:4,sink=2,center=rope",
+                                  "e8p:2,sink=2,center=rope"])
 def test_padded_batch_equals_each_row_alone(dev, spec, side):
     """Prompts of lengths 24, 17 and 5 padded to 24 (as generate() passes them): each row's logits over the
     prompt, single tokens and chunks after it equal those of the row alone in a cache of its own (no pads),
@@ -623,14 +624,15 @@ def biased_keys_model(dev, rope_scaling=None):
     return model
 
 
-@pytest.mark.parametrize("scaling", [None, "llama3"])
-def test_rope_centre_follows_the_turned_mean(dev, scaling):
+@pytest.mark.parametrize("scaling,fmt", [(None, "e8box:4"), ("llama3", "e8box:4"), (None, "e8p:2")])
+def test_rope_centre_follows_the_turned_mean(dev, scaling, fmt):
     """center=rope against the exact cache (DynamicCache) on keys with a large mean before RoPE: a prompt of
     40 tokens, 6 single tokens and a 20-token chunk (past gather_from: the gather path adds the centre back
     too). Each key is coded minus its row's mean turned to the key's own index, and the attention adds the
     same back, so a wrong index anywhere (append, attention, gather) leaves an error of the size of that
     mean. On the GPU the turned centre must also code these keys better than the mean after RoPE, with plain
-    RoPE and with Llama 3.1's scaled frequencies (the model's inv_freq, passed as rope_freqs)."""
+    RoPE and with Llama 3.1's scaled frequencies (the model's inv_freq, passed as rope_freqs), in e8box:4 and in
+    e8p:2 (a kernel of its own)."""
     import e8kv.hf
     model = biased_keys_model(dev, LLAMA3_ROPE if scaling == "llama3" else None)
     on = "cuda" if dev == "cuda" else "cpu"
@@ -648,7 +650,8 @@ def test_rope_centre_follows_the_turned_mean(dev, scaling):
     from transformers import DynamicCache
     ref = run(DynamicCache(config=model.config))
     errs = {}
-    for spec in ("e8box:4,sink=2", "e8box:4,sink=2,center=rope"):
+    plain, turned = f"{fmt},sink=2", f"{fmt},sink=2,center=rope"
+    for spec in (plain, turned):
         cache = gpu_cache(model, spec, 2, dev=dev)
         got = run(cache)
         cache.detach(model.config)
@@ -658,7 +661,7 @@ def test_rope_centre_follows_the_turned_mean(dev, scaling):
     scale = float(ref.abs().max())
     print(f"center=rope ({scaling or 'plain'} RoPE) on {dev}: max |logit diff| vs DynamicCache {errs} "
           f"(max |logit| {scale:.3g})")
-    e_mean, e_rope = errs["e8box:4,sink=2"], errs["e8box:4,sink=2,center=rope"]
+    e_mean, e_rope = errs[plain], errs[turned]
     assert e_rope <= 1.5 * e_mean + 1e-4 * scale, errs  # the twin rounds x − centre to 1/4 either way
     if dev == "cuda":
         assert e_rope < e_mean, errs

@@ -1313,7 +1313,7 @@ static void test_layers(size_t d) {
                              "e8box:4,,v=bf16",
                              /* center=rope: without rope_theta (below: with it), or K/V not both e8box */
                              "e8box:4,center=rope",
-                             "e8p:2,center=rope,rope_theta",
+                             "e8p:2,center=rope",
                              "k=e8box:4,v=bf16,center=rope,rope_theta",
                              "k=bf16,v=e8box:4,center=rope,rope_theta",
                              "e8box:4,layer3.v=bf16,center=rope,rope_theta"};
@@ -1358,11 +1358,36 @@ static void test_layers(size_t d) {
             CHECK(e8kv_get_error_code(r1) == E8KV_ERROR_BAD_ARGUMENT && r2 == 1 && st == 0,
                   "center=rope appends: without positions %s, with them %s, status %u", e8kv_error_name(r1),
                   e8kv_error_name(r2), st);
+            /* a position outside [0, max_ctx) (max_ctx 0: n_blocks · block_size): RANGE in the status word */
+            const int32_t bad_pos[2] = {(int32_t)(p.n_blocks * bs), -1};
+            for (int j = 0; j < 2; j++) {
+                CU(cudaMemcpy(dr + 1, &bad_pos[j], 4, cudaMemcpyHostToDevice));
+                CU(cudaMemset(dst, 0, 4));
+                const size_t r3 =
+                    e8kv_cuda_append_pos_async(r, 1, ds, dr, NULL, dr + 1, dx, dy, 1, E8KV_DTYPE_F32, dst, NULL);
+                CU(cudaMemcpy(&st, dst, 4, cudaMemcpyDeviceToHost));
+                CHECK(r3 == 1 && e8kv_get_error_code(e8kv_cuda_status_error(st)) == E8KV_ERROR_RANGE,
+                      "center=rope append at position %d: %s, status %u", bad_pos[j], e8kv_error_name(r3), st);
+            }
             CU(cudaFree(ds));
             CU(cudaFree(dr));
             CU(cudaFree(dst));
         }
         e8kv_cuda_cache_free(r);
+    }
+    { /* center=rope with the model's frequencies: one not finite, or negative, is BAD_ARGUMENT */
+        float freqs[64];
+        for (size_t i = 0; i < d / 2; i++)
+            freqs[i] = powf(10000.0f, -2.0f * (float)i / (float)d);
+        for (int j = 0; j < 2; j++) {
+            freqs[d / 4] = j ? -1.0f : NAN;
+            e8kv_cuda_cache_params b = p;
+            b.spec = "e8box:4,center=rope", b.rope_freqs = freqs;
+            e8kv_cuda_cache *r = e8kv_cuda_cache_create(&b, &err);
+            CHECK(!r && e8kv_get_error_code(err) == E8KV_ERROR_BAD_ARGUMENT, "rope_freqs with %g: %s",
+                  (double)freqs[d / 4], r ? "accepted" : e8kv_error_name(err));
+            e8kv_cuda_cache_free(r);
+        }
     }
     free(x), free(y);
     CU(cudaFree(dx));
@@ -1605,7 +1630,9 @@ int main(int argc, char **argv) {
                                /* center=rope (17..) */
                                {"e8box:4,sink=4,center=rope", "e8box:4", "e8box:4", 4},
                                {"e8box:3,center=rope", "e8box:3", "e8box:3", 0},
-                               {"k=e8box:4,v=e8box:3,center=rope", "e8box:4", "e8box:3", 0}};
+                               {"k=e8box:4,v=e8box:3,center=rope", "e8box:4", "e8box:3", 0},
+                               {"e8p:2,sink=4,center=rope", "e8p:2", "e8p:2", 4},
+                               {"e8p:2,center=rope", "e8p:2", "e8p:2", 0}};
     const size_t lens_full[] = {1, 15, 16, 17, 100, 777, 3000, 9001};
     const size_t lens_quick[] = {1, 17, 40, 130};
     const size_t *lens = quick ? lens_quick : lens_full;
@@ -1652,10 +1679,12 @@ int main(int argc, char **argv) {
             run_case(&cases[ci], ds[di], n_kv, Gs[(ci + di) % 4], lens, n_seq, dts[(ci + di) % 3], 1, 16);
         }
     /* center=rope: every G at both head dims (quick: one each), pages of 16, 32 and 48 */
-    for (size_t ci = 17; ci < 20 && !graph_only; ci++)
+    for (size_t ci = 17; ci < 22 && !graph_only; ci++)
         for (size_t gi = 0; gi < (quick ? 1u : 4u); gi++) {
-            const size_t di = (ci + gi) % 2, bs = gi == 1 ? 32 : gi == 2 ? 48 : 16;
-            g_rope_freqs = ci == 18 || gi == 3; /* e8box:3 (and every fourth case): the model's frequencies */
+            /* (e8p:2: G = 4, its own score layout, at head_dim 128 in both cases) */
+            const size_t di = ci >= 20 ? (gi + 21 - ci) % 2 : (ci + gi) % 2, bs = gi == 1 ? 32 : gi == 2 ? 48 : 16;
+            /* e8box:3 and e8p:2 without sinks (and every fourth case): the model's frequencies */
+            g_rope_freqs = ci == 18 || ci == 21 || gi == 3;
             run_case(&cases[ci], ds[di], 1 + (size_t)(rnd() % 3), Gs[(ci + gi) % 4], lens, n_seq,
                      dts[(ci + gi) % 3], 1, bs);
             g_rope_freqs = 0;

@@ -35,7 +35,8 @@ import torch
 CPU_SPECS = "f32,balanced,e8:4,e8box:4,aggressive"
 # the default spec (hf.CUDA_DEFAULT_SPEC) first; a model whose RoPE center=rope cannot turn by (hf.ModelShape's
 # rope_centre_problem) gets these less center=rope
-CUDA_SPECS = "bf16;e8box:4,sink=4,center=rope;e8box:4,sink=4;e8box:3,sink=4,center=rope;e8box:3,sink=4;e8p:2,sink=4"
+CUDA_SPECS = ("bf16;e8box:4,sink=4,center=rope;e8box:4,sink=4;e8box:3,sink=4,center=rope;e8box:3,sink=4;"
+              "e8p:2,sink=4,center=rope;e8p:2,sink=4")
 
 
 def _sync(dev: torch.device) -> None:

@@ -535,9 +535,10 @@ class CudaCache:
     tokens, append's sink_slots = row * N + position, attended instead of their codes) and its means
     (`centered`: center=1, the default, with e8box or e8p streams: set_means from the sequence's first
     tokens, then append(rows=) codes x - mean and attend(rows=) adds it back, as the CPU cache does).
-    center=rope (rope_theta > 0 or the model's rope_freqs, K and V e8box): keys arrive after RoPE; for 8 RoPE pairs
-    per (row, layer, KV head) the centre is the keys' mean before RoPE turned to each key's position, so
-    append(rows=) needs positions= (int32 (n_tok), each token's index in its sequence; `rope_centre` says when).
+    center=rope (rope_theta > 0 or the model's rope_freqs, K and V e8box, or both e8p:2): keys arrive after RoPE;
+    for 8 RoPE pairs per (row, layer, KV head) the centre is the keys' mean before RoPE turned to each key's
+    position, so append(rows=) needs positions= (int32 (n_tok), each token's index in its sequence;
+    `rope_centre` says when).
     Tensors are torch CUDA tensors, passed by pointer on the current stream (or `stream`)."""
 
     def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, n_blocks: int, spec: str = "e8box:4", *,

@@ -1884,8 +1884,9 @@ __device__ __forceinline__ uint32_t e8p_hword2(uint32_t x, uint32_t y, int hf) {
     return e8p_hsel(__byte_perm(x, y, hf ? 0xFFBB : 0xDD99));
 }
 
-/* GT: the GQA group size n_head / n_head_kv when it is known at compile time (4: Llama-3-8B), else 0 */
-template <int D, int GT, bool SK>
+/* GT: the GQA group size n_head / n_head_kv when it is known at compile time (4: Llama-3-8B), else 0; RC:
+ * center=rope (the keys' turned centre added to each score, as attn_box_kernel's RC instance) */
+template <int D, int GT, bool SK, bool RC>
 __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_launch a) {
     constexpr int KS = D / 16, BPL = D / 32, NBL = D / 64, KW = D / 64;
     extern __shared__ __align__(16) uint32_t e8p_dyn[];
@@ -1893,6 +1894,9 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
     __shared__ float sh[256];                                     /* δ(e) */
     __shared__ float sm[WARPS][8], sl[WARPS][8];
     __shared__ float scos[WARPS][8][16];
+    /* center=rope: per warp, two steps of the cos, sin of each sub-tile's first position for the row's
+     * RC_PAIRS pairs (the next step's copied while this one is computed) */
+    __shared__ __align__(16) float2 rcs[WARPS][2][RC ? E8P_NT * RC_PAIRS : 1];
     static_assert(E8P_TAB_BYTES >= sizeof(float) * WARPS * 8 * D, "the merge buffer aliases the tables");
 
     const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
@@ -1911,12 +1915,30 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
     const int bshift = (a.block_size & (a.block_size - 1)) == 0 ? __ffs((int)a.block_size) - 1 : 0;
 
     if (SK) sink_prefetch<D>(a, seq, kvh, split);
+    /* center=rope: lane c < RC_PAIRS copies the cos, sin of the row's c-th pair at each sub-tile's first
+     * position (a bad row copies nothing: its output is NaN, merge_last) */
+    const int rrow = RC ? seq_row(a, seq) : -1;
+    const float *const rcp = RC && rrow >= 0 ? a.k.rc + ((size_t)rrow * a.n_head_kv + kvh) * RC_FLOATS : NULL;
+    const float *const rc_cs =
+        rcp && lane < RC_PAIRS ? a.k.cs + 2 * ((const int32_t *)(rcp + 2 * RC_PAIRS))[lane] : NULL;
+    auto rc_issue = [&](int t0, int buf) {
+        if constexpr (RC) {
+            if (rc_cs)
+#pragma unroll
+                for (int u = 0; u < E8P_NT; u++)
+                    if (t0 + 16 * u < end)
+                        cp8((uint32_t)__cvta_generic_to_shared(&rcs[warp][buf][RC_PAIRS * u + lane]),
+                            rc_cs + (size_t)min(t0 + 16 * u, a.k.n_pos - 1) * D);
+            cp_commit();
+        }
+    };
     /* the first step's codes are in flight while the tables and the query are made */
     e8p_regs<D> cur, nxt;
     int pg[E8P_NT]; /* the pages of the next step */
     e8p_pages(pg, table, first, end, (int)a.block_size, bshift);
     const e8p_base eb = e8p_bases<D, SW>(a, kvh, g, t4);
     if (first < end) e8p_load<D, SW>(cur, eb, pg, first, end, (int)a.block_size, bshift);
+    rc_issue(first, 0);
     e8p_pages(pg, table, first + step, end, (int)a.block_size, bshift);
 
     if (SK && split == 0) sink_state<D>(a, seq, kvh, G);
@@ -2015,6 +2037,49 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
     }
     __syncthreads();
 
+    /* center=rope: + q·R_p·μ for the row's RC_PAIRS pairs, one product per 16-token sub-tile at p0 between the
+     * constant table (token j = g / g + 8 ↔ registers tt; k index 2t4, 2t4 + 1 ↔ cos, sin of j·ω of pair c =
+     * t4, 2t4 + 8, 2t4 + 9 ↔ pair t4 + 4: registers 2e; hi and lo f16 parts) and, per head, the pair's (α·C
+     * + β·S, β·C − α·S) at C, S = cos, sin of p0·ω, α = q_a μ_a + q_b μ_b, β = q_b μ_a − q_a μ_b (scaled as
+     * the scores). SW: the table is A (rows = tokens), the heads B (columns as qa's); else the heads are A
+     * (rows g / g + 8 = hi / lo of head g, as qa's) and the table B. The pages hold x − R_p·μ there. */
+    const int rc_head = SW ? (g & 3) : g;
+    float rc_al[2] = {0.0f, 0.0f}, rc_be[2] = {0.0f, 0.0f};
+    uint32_t rc_th[4] = {0u, 0u, 0u, 0u}, rc_tl[4] = {0u, 0u, 0u, 0u};
+    if (RC && rcp) {
+        const int32_t *const idx = (const int32_t *)(rcp + 2 * RC_PAIRS);
+        const float sc = rsqrtf((float)D) * LOG2E;
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int c = t4 + 4 * e, i = idx[c];
+            if (rc_head < G) {
+                const size_t h = (size_t)seq * a.n_head + (size_t)kvh * G + rc_head;
+                const float qa_ = e8kv_cuda_load_val(a.q, h * D + 2 * i, a.q_dtype) * sc,
+                            qb_ = e8kv_cuda_load_val(a.q, h * D + 2 * i + 1, a.q_dtype) * sc;
+                const float ma = rcp[2 * c], mb = rcp[2 * c + 1];
+                rc_al[e] = qa_ * ma + qb_ * mb;
+                rc_be[e] = qb_ * ma - qa_ * mb;
+            }
+#pragma unroll
+            for (int tt = 0; tt < 2; tt++) {
+                const float C = a.k.cs[(size_t)(g + 8 * tt) * D + 2 * i],
+                            S = a.k.cs[(size_t)(g + 8 * tt) * D + 2 * i + 1];
+                rc_th[tt + 2 * e] = pack(hi16<false>(C), hi16<false>(S));
+                rc_tl[tt + 2 * e] = pack(lo16<false>(C), lo16<false>(S));
+            }
+        }
+    }
+    /* the head side of sub-tile u's bias (buffer buf): x[e] = pair t4 + 4e's two k entries */
+    auto rc_heads = [&](int buf, int u, float (&x)[2][2]) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const float2 cs = rcs[warp][buf][RC_PAIRS * u + t4 + 4 * e];
+            x[e][0] = rc_al[e] * cs.x + rc_be[e] * cs.y;
+            x[e][1] = rc_be[e] * cs.x - rc_al[e] * cs.y;
+        }
+    };
+    int rc_buf = 0;
+
     float m = -INFINITY, l = 0.0f;
     float m2[2] = {-INFINITY, -INFINITY}, l2[2] = {0.0f, 0.0f}; /* SW: heads (2t4 + c) & 3 */
     float oacc[KS][4], ocos[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
@@ -2027,9 +2092,14 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
 
     for (int t0 = first; t0 < end; t0 += step) {
         const int n0 = t0 + step;
+        if constexpr (RC) { /* this step's cos, sin landed (every lane's copies); the other buffer is free */
+            cp_wait<0>();
+            __syncwarp();
+        }
         if (n0 < end) {
             e8p_load<D, SW>(nxt, eb, pg, n0, end, (int)a.block_size, bshift);
             e8p_pages(pg, table, n0 + step, end, (int)a.block_size, bshift);
+            rc_issue(n0, rc_buf ^ 1);
         }
 #pragma unroll
         for (int u = 0; u < E8P_NT; u++) {
@@ -2071,6 +2141,18 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
                                             KW > 1 ? e8p_hword(cur.kw[u][1][KW - 1]) : 0u};
                     mma16816<false>(acc[2], ah, qs);
                 }
+                float bias[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* center=rope: q·R_p·μ, fragment 2r + c */
+                if constexpr (RC) {
+                    float x[2][2];
+                    rc_heads(rc_buf, u, x);
+                    uint32_t bh[2];
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+                        bh[e] = g < 4 ? pack(hi16<false>(x[e][0]), hi16<false>(x[e][1]))
+                                      : pack(lo16<false>(x[e][0]), lo16<false>(x[e][1]));
+                    mma16816<false>(bias, rc_th, bh);
+                    mma16816<false>(bias, rc_tl, bh);
+                }
                 const bool full = tile0 + 16 <= end && (!SK || tile0 >= lo);
                 /* hi + lo: columns 2t4 + c and 2t4 + c ± 4 are lanes t4 and t4 ^ 2; both get head (2t4 + c) &
                  * 3 */
@@ -2082,8 +2164,14 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
                     for (int c = 0; c < 2; c++) {
                         float raw =
                             0x1p24f * acc[0][2 * r + c] + 0x1p20f * acc[1][2 * r + c] + acc[2][2 * r + c];
-                        raw += __shfl_xor_sync(0xffffffffu, raw, 2);
-                        float sv = raw * sh[cur.ks[u][r]];
+                        float sv;
+                        if constexpr (RC) {
+                            raw = raw * sh[cur.ks[u][r]] + bias[2 * r + c];
+                            sv = raw + __shfl_xor_sync(0xffffffffu, raw, 2);
+                        } else {
+                            raw += __shfl_xor_sync(0xffffffffu, raw, 2);
+                            sv = raw * sh[cur.ks[u][r]];
+                        }
                         if (!full &&
                             (SK ? (unsigned)(tile0 + 8 * r + g - lo) >= span : tile0 + 8 * r + g >= end))
                             sv = -INFINITY;
@@ -2159,6 +2247,21 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
                                             KW > 1 ? e8p_hword(cur.kw[u][tt][KW - 1]) : 0u};
                     mma16816<false>(acc[tt][2], qs, hb);
                 }
+                float bias[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* center=rope */
+                if constexpr (RC) {
+                    float x[2][2];
+                    rc_heads(rc_buf, u, x);
+                    const uint32_t ah[4] = {pack(hi16<false>(x[0][0]), hi16<false>(x[0][1])),
+                                            pack(lo16<false>(x[0][0]), lo16<false>(x[0][1])),
+                                            pack(hi16<false>(x[1][0]), hi16<false>(x[1][1])),
+                                            pack(lo16<false>(x[1][0]), lo16<false>(x[1][1]))};
+#pragma unroll
+                    for (int tt = 0; tt < 2; tt++) {
+                        const uint32_t bth[2] = {rc_th[tt], rc_th[tt + 2]}, btl[2] = {rc_tl[tt], rc_tl[tt + 2]};
+                        mma16816<false>(bias[tt], ah, bth);
+                        mma16816<false>(bias[tt], ah, btl);
+                    }
+                }
                 const bool full = tile0 + 16 <= end && (!SK || tile0 >= lo);
                 float sc[2][2], tmax = -INFINITY;
 #pragma unroll
@@ -2169,6 +2272,7 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
                                           0x1p20f * (acc[tt][1][c] + acc[tt][1][c + 2]) +
                                           (acc[tt][2][c] + acc[tt][2][c + 2]);
                         float sv = raw * sh[(cur.ks[u][tt] >> (8 * c)) & 255u];
+                        if constexpr (RC) sv += bias[tt][c] + bias[tt][c + 2];
                         if (g >= G || (!full && (SK ? (unsigned)(tile0 + 8 * tt + 2 * t4 + c - lo) >= span
                                                     : tile0 + 8 * tt + 2 * t4 + c >= end)))
                             sv = -INFINITY;
@@ -2233,6 +2337,7 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
             }
         }
         if (n0 < end) cur = nxt;
+        rc_buf ^= 1;
     }
     /* ---- merge the warps: the output rows put back in coordinate order at their scale */
     if constexpr (SW) {
@@ -2280,39 +2385,42 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
     merge_last<D, SK>(a, seq, kvh, G, so);
 }
 
-template <int D, int GT> static int e8p_smem_attr(void) { /* both instances: with sink rows and without */
+template <int D, int GT, bool RC> static int e8p_smem_attr(void) { /* both instances: with sink rows and without */
     static int done = 0;
     if (!done &&
-        cudaFuncSetAttribute(attn_e8p_kernel<D, GT, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaFuncSetAttribute(attn_e8p_kernel<D, GT, false, RC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              e8p_smem_bytes<D>()) == cudaSuccess &&
-        cudaFuncSetAttribute(attn_e8p_kernel<D, GT, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaFuncSetAttribute(attn_e8p_kernel<D, GT, true, RC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              e8p_smem_bytes<D>()) == cudaSuccess)
         done = 1;
     return !done;
 }
-/* blocks per SM of attn_e8p_kernel<D, GT, ·>, the fewer of its two instances (0 on error) */
-template <int D, int GT> static int e8p_occupancy(void) {
+/* blocks per SM of attn_e8p_kernel<D, GT, ·, RC>, the fewer of its two instances (0 on error) */
+template <int D, int GT, bool RC> static int e8p_occupancy(void) {
     int n = 0, ns = 0;
-    if (e8p_smem_attr<D, GT>() ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_e8p_kernel<D, GT, false>, 128,
+    if (e8p_smem_attr<D, GT, RC>() ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_e8p_kernel<D, GT, false, RC>, 128,
                                                       e8p_smem_bytes<D>()) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ns, attn_e8p_kernel<D, GT, true>, 128,
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ns, attn_e8p_kernel<D, GT, true, RC>, 128,
                                                       e8p_smem_bytes<D>()) != cudaSuccess)
         return 0;
     return n < ns ? n : ns;
 }
-/* launch attn_e8p_kernel<D, GT, SK> with GT = 4 where the group size is 4, else the run-time G (0); SK:
- * sink rows (a cache without them runs the instance that has no sink code at all) */
-template <int D, bool SK> static size_t e8p_launch(const attn_launch &l, cudaStream_t stream) {
+/* launch attn_e8p_kernel<D, GT, SK, RC> with GT = 4 where the group size is 4, else the run-time G (0); SK:
+ * sink rows (a cache without them runs the instance that has no sink code at all); RC: center=rope */
+template <int D, bool SK, bool RC> static size_t e8p_launch(const attn_launch &l, cudaStream_t stream) {
     const dim3 grid((unsigned)l.n_split, (unsigned)l.n_head_kv, (unsigned)l.n_seq);
     if (l.n_head == 4 * l.n_head_kv) {
-        if (e8p_smem_attr<D, 4>()) return E8KV_ERR(CUDA);
-        attn_e8p_kernel<D, 4, SK><<<grid, 128, e8p_smem_bytes<D>(), stream>>>(l);
+        if (e8p_smem_attr<D, 4, RC>()) return E8KV_ERR(CUDA);
+        attn_e8p_kernel<D, 4, SK, RC><<<grid, 128, e8p_smem_bytes<D>(), stream>>>(l);
     } else {
-        if (e8p_smem_attr<D, 0>()) return E8KV_ERR(CUDA);
-        attn_e8p_kernel<D, 0, SK><<<grid, 128, e8p_smem_bytes<D>(), stream>>>(l);
+        if (e8p_smem_attr<D, 0, RC>()) return E8KV_ERR(CUDA);
+        attn_e8p_kernel<D, 0, SK, RC><<<grid, 128, e8p_smem_bytes<D>(), stream>>>(l);
     }
     return 0;
+}
+template <int D, bool SK> static size_t e8p_launch_rc(const attn_launch &l, cudaStream_t stream) {
+    return l.k.rc ? e8p_launch<D, SK, true>(l, stream) : e8p_launch<D, SK, false>(l, stream);
 }
 
 #ifndef SPLIT_FILL
@@ -2430,8 +2538,11 @@ template <int D> static int occupancy_k(int kf, int vf, int rc) {
 
 int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf, int rc) {
     if (kf == FMT_E8P2) { /* the fewer of the two instances (the split count does not know G) */
-        const int n0 = d == 128 ? e8p_occupancy<128, 0>() : e8p_occupancy<64, 0>(),
-                  n4 = d == 128 ? e8p_occupancy<128, 4>() : e8p_occupancy<64, 4>(), n = n0 < n4 ? n0 : n4;
+        const int n0 = d == 128 ? (rc ? e8p_occupancy<128, 0, true>() : e8p_occupancy<128, 0, false>())
+                                : (rc ? e8p_occupancy<64, 0, true>() : e8p_occupancy<64, 0, false>()),
+                  n4 = d == 128 ? (rc ? e8p_occupancy<128, 4, true>() : e8p_occupancy<128, 4, false>())
+                                : (rc ? e8p_occupancy<64, 4, true>() : e8p_occupancy<64, 4, false>()),
+                  n = n0 < n4 ? n0 : n4;
         return n > 0 ? n : 1;
     }
     return d == 128 ? occupancy_k<128>(kf, vf, rc) : occupancy_k<64>(kf, vf, rc);
@@ -2518,8 +2629,8 @@ size_t e8kv_cu_launch_attend(const attn_launch *a, cudaStream_t stream) {
         attn_launch l = *a;
         l.v_rot = 1, l.v_div = E8P_VSCALE;
         const size_t rc =
-            l.sink_n ? (l.d == 128 ? e8p_launch<128, true>(l, stream) : e8p_launch<64, true>(l, stream))
-                     : (l.d == 128 ? e8p_launch<128, false>(l, stream) : e8p_launch<64, false>(l, stream));
+            l.sink_n ? (l.d == 128 ? e8p_launch_rc<128, true>(l, stream) : e8p_launch_rc<64, true>(l, stream))
+                     : (l.d == 128 ? e8p_launch_rc<128, false>(l, stream) : e8p_launch_rc<64, false>(l, stream));
         if (rc) return rc;
         return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
     }

@@ -284,13 +284,13 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
         /* the e8kv codes are centred by default, raw pages never (the CPU cache's traits) */
         c->sd[i].mu = center && (fmt_is_box(fmt[i]) || fmt[i] == FMT_E8P2) ? (float *)1 : NULL;
         c->centered |= c->sd[i].mu != NULL;
-        /* center=rope: the e8box K streams (the e8box attention kernel adds the turned centre back; its V
-         * must be e8box too); e8p:2 K has no such kernel yet */
-        if (center == 2 && i % 2 == 0 && fmt_is_box(fmt[i])) {
+        /* center=rope: the e8box and e8p:2 K streams (their attention kernels add the turned centre back;
+         * an e8box K needs an e8box V, e8p:2 pairs with itself: resolve_formats) */
+        if (center == 2 && i % 2 == 0 && (fmt_is_box(fmt[i]) || fmt[i] == FMT_E8P2)) {
             c->sd[i].rc = (float *)1;
             c->rope = 1;
         }
-        if (center == 2 && i % 2 == 1 && (fmt_is_box(fmt[i - 1]) != fmt_is_box(fmt[i]) || fmt[i - 1] == FMT_E8P2))
+        if (center == 2 && i % 2 == 1 && fmt[i - 1] != FMT_E8P2 && fmt_is_box(fmt[i - 1]) != fmt_is_box(fmt[i]))
             r = E8KV_ERR(SPEC);
     }
     free(fmt);
