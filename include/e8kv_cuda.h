@@ -82,6 +82,9 @@ typedef struct {
     float rope_theta;  /* RoPE base frequency, needed by center=rope (0: none) ... */
     const float *rope_freqs; /* ... or the model's own frequencies (head_dim/2 values, finite, >= 0; NULL: from
                               * rope_theta), e.g. a scaled RoPE's inv_freq (Llama 3.1's llama3, linear, yarn) */
+    size_t rope_positions;   /* center=rope: positions [0, rope_positions) have a cos/sin table (0: max_ctx);
+                              * more than max_ctx for sequences whose positions pass their context, as with
+                              * e8kv_cuda_set_row_shifts */
 } e8kv_cuda_cache_params;
 
 typedef struct e8kv_cuda_cache e8kv_cuda_cache;
@@ -187,6 +190,14 @@ size_t e8kv_cuda_append_pos_async(e8kv_cuda_cache *cache, size_t layer, const in
 int e8kv_cuda_cache_centered(const e8kv_cuda_cache *cache);
 /* 1 when some key stream has the centre of center=rope (its appends with rows need positions). */
 int e8kv_cuda_cache_rope_centred(const e8kv_cuda_cache *cache);
+/* center=rope: the attention and the gather take a key's position to be its index in its sequence's block
+ * table. A caller that drops whole pages from the middle of a sequence (as a token budget does: the first
+ * pages kept, the oldest after them dropped, the table closed up) keeps the kept keys' positions with a
+ * shift per row: d_shifts (max_seqs, 2) int32, caller-owned device memory, row r's (from, off): index i ≥ from
+ * is at position i + off (from a multiple of 16, off ≥ 0; the caller's appends pass those positions). The
+ * cache keeps the pointer (not the values) until it is set again (NULL: no shifts), so the caller updates
+ * the values in place on its stream, in CUDA graphs too. A cache without center=rope: E8KV_ERROR_SPEC. */
+size_t e8kv_cuda_set_row_shifts(e8kv_cuda_cache *cache, const int32_t *d_shifts);
 #define E8KV_CUDA_CENTER_MIN_TOKENS 16
 
 /* sink=N caches (e8kv_cuda_cache_sink > 0): the exact rows of positions 0..N-1. Writes n_tok K/V rows (as

@@ -412,6 +412,11 @@ class PagesTwin:
         self.inv_freq = torch.tensor(rope_freqs, dtype=torch.float64) if rope_freqs is not None else \
             float(rope_theta or 1.0) ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
         self.device_bytes = self.token_bytes = 0
+        self.max_seqs, self.shifts = max_seqs, None
+
+    def set_row_shifts(self, shifts):
+        assert self.rope_centre and (shifts is None or tuple(shifts.shape) == (self.max_seqs, 2))
+        self.shifts = shifts  # read at each attend and gather, as the kernels read the device tensor
 
     def _turn(self, x, pos, sign=1):
         """x (n, n_head_kv * head_dim), interleaved pairs, turned by positions pos (n) (sign -1: back)"""
@@ -475,8 +480,12 @@ class PagesTwin:
         pos = torch.arange(n)
         slot = tables[seq, pos // self.block_size].long() * self.block_size + pos % self.block_size
         k, v = self.pages[0, layer, slot].clone(), self.pages[1, layer, slot].clone()
-        if self.rope_centre:  # + the centre turned to each slot's index in the sequence
-            k += self._turn(self.means[0, layer, row].expand(n, -1), pos)
+        if self.rope_centre:  # + the centre turned to each slot's index in the sequence (shifted: set_row_shifts)
+            at = pos
+            if self.shifts is not None:
+                frm, off = (int(x) for x in self.shifts[row])
+                at = torch.where(pos >= frm, pos + off, pos)
+            k += self._turn(self.means[0, layer, row].expand(n, -1), at)
         lo = min(self.sink, n)
         if lo:
             k[:lo], v[:lo] = self.sinks[0, layer, row * self.sink:row * self.sink + lo], \
@@ -667,11 +676,58 @@ def test_rope_centre_follows_the_turned_mean(dev, scaling, fmt):
         assert e_rope < e_mean, errs
 
 
+@pytest.mark.parametrize("fmt", ["e8box:4", "e8p:2"])
+def test_rope_centre_with_budget(dev, fmt):
+    """center=rope with budget=32 (a row holds at most 48 tokens; its first page stays, its oldest others are
+    dropped): a 40-token prompt and 50 single tokens, keys with a large mean before RoPE, against a
+    DynamicCache that drops the same tokens at the same steps (_budget_reference). The kept tokens after the
+    first page keep their positions through the rows' shifts (set_row_shifts), so the turned centre codes
+    these keys at least as well as the plain one (better on the GPU); the same cache with its shifts taken
+    away after creation (the control: the centre turned to the tokens' new indices when read) is far off."""
+    import e8kv.hf
+    model = biased_keys_model(dev)
+    arg = e8kv.hf.cache_arg(model)
+    g = torch.Generator().manual_seed(41)
+    on = "cuda" if dev == "cuda" else "cpu"
+    ids = torch.randint(0, 1024, (2, 40), generator=g).to(on)
+    steps = torch.randint(0, 1024, (2, 50), generator=g).to(on)
+    want, _ = _budget_reference(model, ids, None, steps, 48, 16)
+    plain = f"{fmt},sink=2,evict=stream:0,budget=32,recent=8"
+    turned = f"{fmt},sink=2,center=rope,evict=stream:0,budget=32,recent=8"
+    errs = {}
+    for name, spec, shifts in (("plain", plain, True), ("rope", turned, True), ("control", turned, False)):
+        cache = e8kv.hf.E8KVCudaCache(model.config, spec, device=dev, max_batch_size=2, max_cache_len=64)
+        if name != "plain":
+            assert cache._shifts is not None and cache.kv.rope_centre
+        if not shifts:
+            cache.kv.set_row_shifts(None)
+        got = []
+        with torch.no_grad():
+            got.append(model(input_ids=ids, **{arg: cache}, use_cache=True).logits[:, -1].float())
+            for i in range(steps.shape[1]):
+                got.append(model(input_ids=steps[:, i:i + 1], **{arg: cache}, use_cache=True).logits[:, -1].float())
+        cache.detach(model.config)
+        cache.check()
+        cache._sync_pads()
+        assert cache._budget_dropped[:2] == [48, 48], cache._budget_dropped
+        if name == "rope":
+            assert cache._shifts[:2].tolist() == [[16, 48], [16, 48]], cache._shifts
+        got = torch.stack(got)
+        assert torch.isfinite(got).all()
+        errs[name] = float((got - want).abs().max())
+    scale = float(want.abs().max())
+    print(f"center=rope with budget= ({fmt}) on {dev}: max |logit diff| vs DynamicCache dropping the same pages "
+          f"{errs} (max |logit| {scale:.3g})")
+    assert errs["rope"] <= 1.5 * errs["plain"] + 1e-4 * scale, errs
+    assert errs["control"] > 2 * errs["rope"], errs
+    if dev == "cuda":
+        assert errs["rope"] < errs["plain"], errs
+
+
 def test_rope_centre_errors():
     """center=rope needs RoPE frequencies it can know (rope_theta, or linear/llama3/yarn scaling; a named SPEC
-    error otherwise, e.g. dynamic scaling, and without a spec such a model gets the default less center=rope)
-    and is refused with budget= (dropped pages move later tokens to other indices); the CPU cache refuses it
-    (its keys are coded before RoPE)."""
+    error otherwise, e.g. dynamic scaling, and without a spec such a model gets the default less center=rope);
+    the CPU cache refuses it (its keys are coded before RoPE)."""
     import e8kv.hf
     from transformers import LlamaConfig
 
@@ -694,9 +750,6 @@ def test_rope_centre_errors():
             assert s.rope_freqs == pytest.approx([f / 2 for f in plain])
         else:  # llama3: the fast pairs as they are, the slow ones slowed
             assert s.rope_freqs[0] == pytest.approx(plain[0]) and s.rope_freqs[-1] < plain[-1] * 0.6
-    with pytest.raises(e8kv.E8KVError, match="center=rope with budget="):
-        e8kv.hf.E8KVCudaCache(cfg, "e8box:4,center=rope,evict=snapkv:0.5,budget=64", device=torch.device("cpu", 0),
-                              max_cache_len=256)
     with pytest.raises(e8kv.E8KVError) as e:
         e8kv.Cache(1, 1, 64, 64, "e8box:4,center=rope")
     assert e.value.code == e8kv.ErrorCode.SPEC

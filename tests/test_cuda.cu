@@ -1397,6 +1397,147 @@ static void test_layers(size_t d) {
     e8kv_cuda_cache_free(c);
 }
 
+/* center=rope with pages dropped from the middle of a row (what a token budget does): 7 pages of 16 tokens
+ * at positions 0 .. 111 of row 1 (keys with a large mean before RoPE, turned to their positions), then a block
+ * table closed up without pages 1 and 2 and the row's shift (16, 32) (e8kv_cuda_set_row_shifts). The gather
+ * of the 80 kept tokens equals the whole row's gather at 0 .. 15 and 48 .. 111 bit for bit, and the
+ * attention over them is within 1e-3 of float64 over those values; the same table without the shift
+ * (the test's control) gathers other keys: their centre turned to the wrong positions. The cos/sin table
+ * covers 128 positions (rope_positions) where max_ctx is 96. */
+static void test_row_shifts(const char *spec, size_t d) {
+    const size_t bs = 16, n_kv = 2, G = 4, n_head = n_kv * G, n = 112, kept = 80, row = 1, vals = n * n_kv * d;
+    e8kv_cuda_cache_params p;
+    memset(&p, 0, sizeof p);
+    p.n_layer = 1, p.n_head_kv = n_kv, p.head_dim = d, p.block_size = bs, p.n_blocks = 8;
+    p.spec = spec, p.seed = rnd(), p.max_seqs = 2, p.max_batch = 1, p.max_ctx = 96;
+    p.rope_theta = 10000.0f, p.rope_positions = 128;
+    size_t err = 0;
+    e8kv_cuda_cache *c = e8kv_cuda_cache_create(&p, &err);
+    CHECK(c, "create %s: %s", spec, e8kv_error_name(err));
+    if (!c) return;
+    e8kv_rope *rp = e8kv_rope_create(d, p.rope_theta, 0, &err);
+    float *k = (float *)malloc(vals * 4), *v = (float *)malloc(vals * 4), bias[2 * 128];
+    fill_rows(k, n * n_kv, d);
+    fill_rows(v, n * n_kv, d);
+    for (size_t i = 0; i < n_kv * d; i++)
+        bias[i] = 4.0f * gauss();
+    for (size_t t = 0; t < n; t++) { /* keys after RoPE: (bias + noise) turned to position t */
+        for (size_t i = 0; i < n_kv * d; i++)
+            k[t * n_kv * d + i] += bias[i];
+        e8kv_rope_apply(rp, k + t * n_kv * d, 1, n_kv, t);
+    }
+    e8kv_rope_free(rp);
+    void *dk = to_device(k, vals, E8KV_DTYPE_F32), *dv = to_device(v, vals, E8KV_DTYPE_F32);
+    const int32_t pages[7] = {5, 0, 6, 1, 4, 2, 3}, tab_b[5] = {5, 1, 4, 2, 3}; /* B: pages 0, 3 .. 6 of A */
+    int64_t slots[112];
+    int32_t rows[112], pos[112], shifts[4] = {0, 0, 16, 32}, ctx_b = (int32_t)kept, rid = (int32_t)row;
+    for (size_t t = 0; t < n; t++)
+        slots[t] = (int64_t)pages[t / bs] * (int64_t)bs + (int64_t)(t % bs), rows[t] = (int32_t)row,
+        pos[t] = (int32_t)t;
+    int64_t *ds;
+    int32_t *dr, *dp, *dta, *dtb, *dsh, *dctx, *drid;
+    unsigned *dst;
+    CU(cudaMalloc((void **)&ds, sizeof slots));
+    CU(cudaMalloc((void **)&dr, sizeof rows));
+    CU(cudaMalloc((void **)&dp, sizeof pos));
+    CU(cudaMalloc((void **)&dta, sizeof pages));
+    CU(cudaMalloc((void **)&dtb, sizeof tab_b));
+    CU(cudaMalloc((void **)&dsh, sizeof shifts));
+    CU(cudaMalloc((void **)&dctx, 4));
+    CU(cudaMalloc((void **)&drid, 4));
+    CU(cudaMalloc((void **)&dst, 4));
+    CU(cudaMemcpy(ds, slots, sizeof slots, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dr, rows, sizeof rows, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dp, pos, sizeof pos, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dta, pages, sizeof pages, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dtb, tab_b, sizeof tab_b, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dsh, shifts, sizeof shifts, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dctx, &ctx_b, 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(drid, &rid, 4, cudaMemcpyHostToDevice));
+    CU(cudaMemset(dst, 0, 4));
+    size_t r = e8kv_cuda_set_means_async(c, 0, row, dk, dv, n, E8KV_DTYPE_F32, NULL);
+    CHECK(r == 0, "set_means: %s", e8kv_error_name(r));
+    r = e8kv_cuda_append_pos_async(c, 0, ds, dr, NULL, dp, dk, dv, n, E8KV_DTYPE_F32, dst, NULL);
+    unsigned st = 1;
+    CU(cudaMemcpy(&st, dst, 4, cudaMemcpyDeviceToHost));
+    CHECK(r == n && st == 0, "append: %s, status %u", e8kv_error_name(r), st);
+    const size_t one_a = n_kv * n * d, one_b = n_kv * kept * d;
+    float *ga, *gb, *dq, *dout, *ha = (float *)malloc(2 * one_a * 4), *hb = (float *)malloc(2 * one_b * 4),
+                              *hc = (float *)malloc(2 * one_b * 4);
+    CU(cudaMalloc((void **)&ga, 2 * one_a * 4));
+    CU(cudaMalloc((void **)&gb, 2 * one_b * 4));
+    r = e8kv_cuda_gather_async(c, 0, ga, ga + one_a, E8KV_DTYPE_F32, 1, n, dta, 7, drid, NULL);
+    CHECK(r == one_a, "gather A: %s", e8kv_error_name(r));
+    r = e8kv_cuda_set_row_shifts(c, dsh);
+    CHECK(r == 0, "set_row_shifts: %s", e8kv_error_name(r));
+    r = e8kv_cuda_gather_async(c, 0, gb, gb + one_b, E8KV_DTYPE_F32, 1, kept, dtb, 5, drid, NULL);
+    CHECK(r == one_b, "gather B: %s", e8kv_error_name(r));
+    CU(cudaMemcpy(ha, ga, 2 * one_a * 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(hb, gb, 2 * one_b * 4, cudaMemcpyDeviceToHost));
+    size_t bad = 0;
+    for (size_t s = 0; s < 2; s++) /* (stream, head, token, d) */
+        for (size_t h = 0; h < n_kv; h++)
+            for (size_t t = 0; t < kept; t++)
+                bad += memcmp(hb + s * one_b + (h * kept + t) * d,
+                              ha + s * one_a + (h * n + (t < bs ? t : t + 2 * bs)) * d, d * 4) != 0;
+    CHECK(bad == 0, "%s d=%zu: %zu kept vectors gathered unlike the whole row's", spec, d, bad);
+    /* the attention over B against float64 over its gathered values */
+    float q[8 * 128], out[8 * 128];
+    for (size_t i = 0; i < n_head * d; i++)
+        q[i] = gauss();
+    CU(cudaMalloc((void **)&dq, sizeof q));
+    CU(cudaMalloc((void **)&dout, sizeof out));
+    CU(cudaMemcpy(dq, q, n_head * d * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemset(dout, 0xff, sizeof out));
+    r = e8kv_cuda_attend_rows(c, 0, dout, dq, E8KV_DTYPE_F32, 1, n_head, dtb, 5, dctx, kept, drid, NULL, 0, NULL);
+    CHECK(r == n_head * d, "attend B: %s", e8kv_error_name(r));
+    CU(cudaMemcpy(out, dout, n_head * d * 4, cudaMemcpyDeviceToHost));
+    double worst = 0.0, scale = 0.0;
+    for (size_t hq = 0; hq < n_head; hq++) {
+        const size_t h = hq / G;
+        double sc[80], m = -1e300, l = 0.0, o[128] = {0};
+        for (size_t t = 0; t < kept; t++) {
+            double s = 0.0;
+            for (size_t i = 0; i < d; i++)
+                s += (double)q[hq * d + i] * hb[(h * kept + t) * d + i];
+            sc[t] = s / sqrt((double)d);
+            m = sc[t] > m ? sc[t] : m;
+        }
+        for (size_t t = 0; t < kept; t++) {
+            const double w = exp(sc[t] - m);
+            l += w;
+            for (size_t i = 0; i < d; i++)
+                o[i] += w * hb[one_b + (h * kept + t) * d + i];
+        }
+        for (size_t i = 0; i < d; i++) {
+            const double ref = o[i] / l, e = fabs(ref - out[hq * d + i]);
+            worst = e > worst ? e : worst;
+            scale = fabs(ref) > scale ? fabs(ref) : scale;
+        }
+    }
+    CHECK(worst <= 1e-3 * scale, "%s d=%zu: attention with row shifts %.3g from float64 (scale %.3g)", spec, d,
+          worst, scale);
+    /* the control: no shift, the kept keys' centre turned to their indices */
+    r = e8kv_cuda_set_row_shifts(c, NULL);
+    r = r ? r : e8kv_cuda_gather_async(c, 0, gb, gb + one_b, E8KV_DTYPE_F32, 1, kept, dtb, 5, drid, NULL);
+    CU(cudaMemcpy(hc, gb, one_b * 4, cudaMemcpyDeviceToHost));
+    CHECK(r == one_b && memcmp(hc, hb, one_b * 4) != 0, "%s d=%zu: the keys gathered without the shift are the same",
+          spec, d);
+    printf("  row shifts %s d=%zu: kept vectors %s, attention %.2e of float64\n", spec, d,
+           bad ? "DIFFER" : "bit-exact", worst / (scale > 0 ? scale : 1));
+    free(k), free(v), free(ha), free(hb), free(hc);
+    void *const fr[] = {dk, dv, ds, dr, dp, dta, dtb, dsh, dctx, drid, dst, ga, gb, dq, dout};
+    for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++)
+        CU(cudaFree(fr[i]));
+    e8kv_cuda_cache_free(c);
+    /* a cache without center=rope has no shifts */
+    p.spec = "e8box:4", p.rope_positions = 0;
+    c = e8kv_cuda_cache_create(&p, &err);
+    r = c ? e8kv_cuda_set_row_shifts(c, NULL) : err;
+    CHECK(e8kv_get_error_code(r) == E8KV_ERROR_SPEC, "set_row_shifts without center=rope: %s", e8kv_error_name(r));
+    e8kv_cuda_cache_free(c);
+}
+
 /* ---------------------------------------------------------------- 5: graph-safe decode step */
 
 /* how the first replayed step that differed from eager looked */
@@ -1721,6 +1862,8 @@ int main(int argc, char **argv) {
         test_graph("k=e8box:4,v=bf16", ds[di]);
         test_graph("e8box:3", ds[di]);
         test_layers(ds[di]);
+        test_row_shifts(di ? "e8box:4,sink=2,center=rope" : "e8p:2,center=rope", ds[di]);
+        test_row_shifts(di ? "e8p:2,sink=2,center=rope" : "e8box:3,center=rope", ds[di]);
     }
     printf("test_cuda: %d checks, %d failed\n", g_checks, g_fail);
     return g_fail ? 1 : 0;

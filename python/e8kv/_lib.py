@@ -88,6 +88,7 @@ class CudaCacheParams(ctypes.Structure):
         ("device", c_int),
         ("rope_theta", c_float),
         ("rope_freqs", POINTER(c_float)),
+        ("rope_positions", c_size_t),
     ]
 
 
@@ -189,6 +190,7 @@ _CUDA_SIGNATURES = {
                                               c_void_p, c_size_t, c_int, c_void_p, c_void_p]),
     "e8kv_cuda_cache_centered": (c_int, [c_void_p]),
     "e8kv_cuda_cache_rope_centred": (c_int, [c_void_p]),
+    "e8kv_cuda_set_row_shifts": (c_size_t, [c_void_p, c_void_p]),
     "e8kv_cuda_gather_async": (c_size_t, [c_void_p, c_size_t, c_void_p, c_void_p, c_int, c_size_t, c_size_t,
                                          c_void_p, c_size_t, c_void_p, c_void_p]),
     "e8kv_cuda_copy_pages_async": (c_size_t, [c_void_p, c_void_p, c_void_p, c_size_t, c_void_p]),

@@ -544,7 +544,7 @@ class CudaCache:
     def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, n_blocks: int, spec: str = "e8box:4", *,
                  block_size: int = 16, seed: int = 0, max_ctx: int = 0, max_batch: int = 0, max_n_head: int = 0,
                  max_seqs: int = 1, max_append: int = 0, device: int = 0, rope_theta: float = 0.0,
-                 rope_freqs: Optional[Sequence[float]] = None) -> None:
+                 rope_freqs: Optional[Sequence[float]] = None, rope_positions: int = 0) -> None:
         if not cuda_built():
             raise E8KVError(ErrorCode.UNSUPPORTED, "CudaCache: this build of e8kv has no CUDA cache (no "
                                                    "libe8kv_cuda.so: built without nvcc)")
@@ -555,7 +555,8 @@ class CudaCache:
         params = CudaCacheParams(n_layer=n_layer, n_head_kv=n_head_kv, head_dim=head_dim, block_size=block_size,
                                  n_blocks=n_blocks, spec=self._spec_bytes, seed=seed, max_ctx=max_ctx,
                                  max_seqs=max_seqs, max_batch=max_batch, max_n_head=max_n_head,
-                                 max_append=max_append, device=int(device), rope_theta=float(rope_theta))
+                                 max_append=max_append, device=int(device), rope_theta=float(rope_theta),
+                                 rope_positions=int(rope_positions))
         if rope_freqs is not None:  # (copied into the cache's table at creation)
             if len(rope_freqs) != head_dim // 2:
                 raise E8KVError(ErrorCode.BAD_ARGUMENT,
@@ -575,6 +576,19 @@ class CudaCache:
         self.centered = bool(self._lib.e8kv_cuda_cache_centered(self._p))
         self.rope_centre = bool(self._lib.e8kv_cuda_cache_rope_centred(self._p))  # append(rows=) needs positions=
         self.max_seqs = max_seqs
+        self._shifts = None
+
+    def set_row_shifts(self, shifts: Any) -> None:
+        """center=rope caches whose rows drop whole pages from the middle (a token budget): shifts, an int32
+        CUDA tensor (max_seqs, 2), row r's (from, off): a key at index i >= from of its row's block table is
+        at position i + off (from a multiple of 16); the appends pass those positions. The cache keeps the
+        tensor (not its values): update it in place, in CUDA graphs too. None: no shifts."""
+        if shifts is not None and (shifts.dtype != _torch.int32 or tuple(shifts.shape) != (self.max_seqs, 2)
+                                   or not shifts.is_cuda or not shifts.is_contiguous()):
+            raise E8KVError(ErrorCode.BAD_ARGUMENT, f"set_row_shifts: an int32 CUDA tensor ({self.max_seqs}, 2)")
+        _check(self._lib.e8kv_cuda_set_row_shifts(self._p, shifts.data_ptr() if shifts is not None else None),
+               "set_row_shifts")
+        self._shifts = shifts  # kept alive while the cache reads it
 
     def __del__(self) -> None:
         if getattr(self, "_p", None):

@@ -646,6 +646,8 @@ class E8KVCudaLayer(CacheLayerMixin):
         self.parent._pad_host = [0] * self.parent.batch_rows
         self.parent._evicted_host = [0] * self.parent.batch_rows
         self.parent._budget_dropped = [0] * self.parent.batch_rows
+        if self.parent._shifts is not None:
+            self.parent._shifts[:, 1].zero_()
         self.parent._valid = None
         self.parent._unshare()
 
@@ -768,15 +770,17 @@ class E8KVCudaCache(_BatchChanges, Cache):
         if rope_centre and s.rope_centre_problem is not None:
             raise E8KVError(ErrorCode.SPEC, f"e8kv CUDA cache '{spec}': center=rope turns the keys' centre by the "
                                             f"model's RoPE frequencies, which it cannot here: {s.rope_centre_problem}")
-        if rope_centre and self.evict is not None and self.evict.budget:
-            raise E8KVError(ErrorCode.SPEC, f"e8kv CUDA cache '{spec}': center=rope with budget= (a dropped page "
-                                            "moves the later tokens to other indices, which the centre is turned by)")
+        # center=rope with budget=: a dropped page moves the later tokens to other indices, so each row's kept
+        # tokens after its first pages get a position shift (CudaCache.set_row_shifts), and their positions
+        # pass the capacity: the cos/sin table covers the model's positions
+        rope_shift = rope_centre and self.evict is not None and bool(self.evict.budget)
         try:
             self.kv = core.CudaCache(s.n_layer, s.n_head_kv, s.head_dim, max_batch_size * self.pages_per_seq, spec,
                                      block_size=block_size, seed=seed, max_ctx=self.capacity,
                                      max_batch=max_batch_size * max(1, max_chunk), max_n_head=s.n_head,
                                      max_seqs=max_batch_size, device=self.device.index,
-                                     rope_freqs=s.rope_freqs if rope_centre else None)
+                                     rope_freqs=s.rope_freqs if rope_centre else None,
+                                     rope_positions=max(self.capacity, s.n_ctx) if rope_shift else 0)
         except E8KVError as e:
             why = (f": the CUDA cache holds {', '.join(CUDA_FORMATS)} (k=/v=/kv= and layer rules of them; default "
                    f"{CUDA_DEFAULT_SPEC}), keys "
@@ -823,13 +827,21 @@ class E8KVCudaCache(_BatchChanges, Cache):
         hold = min(self.evict.hold(self.sink, block_size), self.capacity) if self.evict is not None else 0
         self._hold = hold if hold // block_size - self._s0 >= 2 else 0
         self._budget_dropped = [0] * max_batch_size  # per row: tokens budget= dropped (known to the host)
+        # center=rope with budget=: per row of sink rows and means (from, off): its tokens at index >= from (after
+        # its first _s0 pages) are at position index + off, off the tokens it dropped (_make_room)
+        self._shifts: Optional[torch.Tensor] = None
+        if rope_shift and self._hold:
+            self._shifts = torch.zeros((max_batch_size, 2), dtype=torch.int32, device=self.device)
+            self._shifts[:, 0] = self._s0 * block_size
+            self.kv.set_row_shifts(self._shifts)
         self._fresh = [True] * s.n_layer  # per layer: no token since creation or reset (the host's own record)
         # eviction: per layer, the prompt's K/V held back by update() until the attention has its queries;
         # then which tokens each (batch row, KV head) kept (e8kv.evict.select: indices into the row's prompt)
         self._stash: list[Optional[tuple[torch.Tensor, torch.Tensor]]] = [None] * s.n_layer
         self.kept: list[Optional[list[torch.Tensor]]] = [None] * s.n_layer
         self._evicted_at = 0  # the padded prompt length an eviction happened at (crop cannot go below it)
-        for t in (self._tables, self._arange, self._batch_rows, self._pad, self._full, self.key_perm, self._page_ids):
+        for t in (self._tables, self._arange, self._batch_rows, self._pad, self._full, self.key_perm, self._page_ids,
+                  self._shifts):
             if t is not None:
                 torch._dynamo.mark_static_address(t)
         self._attach(config)
@@ -917,6 +929,8 @@ class E8KVCudaCache(_BatchChanges, Cache):
         idx = torch.where((j >= s0) & (j < s0 + ring), s0 + (j - s0 + k[:, None]) % ring, j)
         self._tables[:b].copy_(torch.gather(self._tables[:b], 1, idx))
         self._pad[:b].add_(k * bs)
+        if self._shifts is not None:  # center=rope: the kept tokens keep their positions
+            self._shifts[:, 1].index_add_(0, self._batch_rows[:b].long(), (k * bs).to(torch.int32))
         if not torch.compiler.is_compiling():
             self._sync_pads()
 
@@ -1060,7 +1074,11 @@ class E8KVCudaCache(_BatchChanges, Cache):
         if self.kv.centered:
             rows = self._batch_rows[row0:row0 + b].repeat_interleave(t) if t > 1 else self._batch_rows[row0:row0 + b]
         if self.kv.rope_centre:  # center=rope: each token's index in its row (the centre is turned to it)
-            positions = pos.reshape(-1).to(torch.int32)
+            at = pos
+            if self._shifts is not None:  # ... shifted past the row's first pages by what budget= dropped
+                sh = self._shifts[self._batch_rows[row0:row0 + b].long()].to(torch.int64)
+                at = torch.where(pos >= sh[:, :1], pos + sh[:, 1:], pos)
+            positions = at.reshape(-1).to(torch.int32)
         if keep is not None:
             flat = keep.reshape(-1)
             slots, kr, vr = slots[flat], kr[flat], vr[flat]

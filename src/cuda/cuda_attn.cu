@@ -1252,15 +1252,18 @@ __global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC>())) attn_box_ker
     /* center=rope: lane c < RC_PAIRS copies the cos, sin of pair rc_pair (the row's c-th) at a sub-tile's
      * first position into the stage */
     const float *rc_cs = NULL;
+    int2 rc_sh = make_int2(0, 0); /* the row's position shift (e8kv_cuda_set_row_shifts) */
     if constexpr (RC) {
         const int rrow = seq_row(a, seq);
-        if (rrow >= 0 && lane < RC_PAIRS)
+        if (rrow >= 0 && lane < RC_PAIRS) {
             rc_cs = a.k.cs + 2 * ((const int32_t *)(a.k.rc + ((size_t)rrow * a.n_head_kv + kvh) * RC_FLOATS +
                                                    2 * RC_PAIRS))[lane];
+            rc_sh = rc_shift(a.k.shift, rrow);
+        }
     }
     auto issue = [&](int pg, int o0, uint32_t dst, int p0) {
         if constexpr (RC)
-            if (rc_cs) cp8(dst + RC_OFF + 8 * lane, rc_cs + (size_t)min(p0, a.k.n_pos - 1) * D);
+            if (rc_cs) cp8(dst + RC_OFF + 8 * lane, rc_cs + (size_t)rc_position(rc_sh, p0, a.k.n_pos) * D);
         if ((BK == 3 && lane < 16) || (BV == 3 && lane >= 16)) {
             const uint8_t *const src = side_pool + (uint64_t)(uint32_t)pg * side_pb;
             box3_stage<D>(lane, bs, o0,
@@ -1921,6 +1924,7 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
     const float *const rcp = RC && rrow >= 0 ? a.k.rc + ((size_t)rrow * a.n_head_kv + kvh) * RC_FLOATS : NULL;
     const float *const rc_cs =
         rcp && lane < RC_PAIRS ? a.k.cs + 2 * ((const int32_t *)(rcp + 2 * RC_PAIRS))[lane] : NULL;
+    const int2 rc_sh = rc_cs ? rc_shift(a.k.shift, rrow) : make_int2(0, 0); /* e8kv_cuda_set_row_shifts */
     auto rc_issue = [&](int t0, int buf) {
         if constexpr (RC) {
             if (rc_cs)
@@ -1928,7 +1932,7 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
                 for (int u = 0; u < E8P_NT; u++)
                     if (t0 + 16 * u < end)
                         cp8((uint32_t)__cvta_generic_to_shared(&rcs[warp][buf][RC_PAIRS * u + lane]),
-                            rc_cs + (size_t)min(t0 + 16 * u, a.k.n_pos - 1) * D);
+                            rc_cs + (size_t)rc_position(rc_sh, t0 + 16 * u, a.k.n_pos) * D);
             cp_commit();
         }
     };

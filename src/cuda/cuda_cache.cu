@@ -20,7 +20,8 @@ struct e8kv_cuda_cache {
     int32_t *arows;    /* host twin */
     int rope;          /* center=rope: the K streams' sd[].rc, the table d_cs; d_apos / apos: an owned
                         * append's positions */
-    float *d_cs;       /* (max_ctx, d): cos, sin of each position and pair, as e8kv_rope_apply has them */
+    float *d_cs;       /* (n_pos, d): cos, sin of each position and pair, as e8kv_rope_apply has them */
+    size_t n_pos;      /* center=rope: positions of d_cs (params.rope_positions, else max_ctx) */
     int32_t *d_apos, *apos;
     int device, n_sm;
     int *occ; /* (n_layer) resident attention blocks per SM of the layer's kernel */
@@ -201,7 +202,7 @@ static e8kv_cuda_cache *fail(e8kv_cuda_cache *c, size_t *err, size_t code) {
         if (e8kv_is_error(e8kv_cu_r_)) return fail(c, err, e8kv_cu_r_);                                      \
     } while (0)
 
-/* center=rope: the cos and sin of every position below max_ctx and RoPE pair (interleaved pairs, the layout the
+/* center=rope: the cos and sin of every position below n_pos and RoPE pair (interleaved pairs, the layout the
  * pages code), as the library's RoPE has them (of theta, or of the given frequencies): e8kv_rope_apply on
  * (1, 0) pairs gives (C, S) */
 static size_t upload_rope_table(e8kv_cuda_cache *c, float theta, const float *freqs) {
@@ -213,8 +214,8 @@ static size_t upload_rope_table(e8kv_cuda_cache *c, float theta, const float *fr
     if (!rope) return e;
     const size_t chunk = 4096;
     float *x = (float *)malloc(chunk * c->d * sizeof(float));
-    for (size_t p0 = 0; p0 < c->max_ctx && x && !e; p0 += chunk) {
-        const size_t n = c->max_ctx - p0 < chunk ? c->max_ctx - p0 : chunk;
+    for (size_t p0 = 0; p0 < c->n_pos && x && !e; p0 += chunk) {
+        const size_t n = c->n_pos - p0 < chunk ? c->n_pos - p0 : chunk;
         for (size_t i = 0; i < n * c->d; i++)
             x[i] = i % 2 ? 0.0f : 1.0f;
         e8kv_rope_apply(rope, x, n, 1, p0);
@@ -295,7 +296,9 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     }
     free(fmt);
     if (!r && c->rope && !p->rope_freqs && !(p->rope_theta > 0.0f && isfinite(p->rope_theta))) r = E8KV_ERR(SPEC);
-    if (!r && c->rope && c->max_ctx > INT32_MAX / c->d) r = E8KV_ERR(DIMENSION);
+    c->n_pos = p->rope_positions ? p->rope_positions : c->max_ctx;
+    if (c->n_pos < 16) c->n_pos = 16; /* the attention's table of a sub-tile's 16 offsets */
+    if (!r && c->rope && (c->max_ctx > INT32_MAX / c->d || c->n_pos > INT32_MAX / c->d)) r = E8KV_ERR(DIMENSION);
     if (r) return fail(c, err, r);
     if (cudaSetDevice(p->device) != cudaSuccess ||
         cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, p->device) != cudaSuccess)
@@ -328,7 +331,7 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
             }
         }
     const size_t o_cs = off;
-    off = align256(off + (c->rope ? c->max_ctx * c->d * sizeof(float) : 0));
+    off = align256(off + (c->rope ? c->n_pos * c->d * sizeof(float) : 0));
     const size_t pools = off;
     const size_t o_tables = off;
     off = align256(off + c->max_seqs * c->width * sizeof(int32_t));
@@ -367,7 +370,7 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
         if (c->sd[i].rc) {
             c->sd[i].rc = (float *)(c->dev + (size_t)c->sd[i].rc);
             c->sd[i].cs = (const float *)(c->dev + o_cs);
-            c->sd[i].n_pos = (int)c->max_ctx;
+            c->sd[i].n_pos = (int)c->n_pos;
         }
     }
     c->d_arows = c->centered ? (int32_t *)(c->dev + o_arows) : NULL;
@@ -552,6 +555,14 @@ int e8kv_cuda_cache_centered(const e8kv_cuda_cache *c) {
 
 int e8kv_cuda_cache_rope_centred(const e8kv_cuda_cache *c) {
     return c ? c->rope : 0;
+}
+
+size_t e8kv_cuda_set_row_shifts(e8kv_cuda_cache *c, const int32_t *d_shifts) {
+    if (!c) return E8KV_ERR(BAD_ARGUMENT);
+    if (!c->rope) return E8KV_ERR(SPEC);
+    for (size_t i = 0; i < 2 * c->n_layer; i++)
+        if (c->sd[i].rc) c->sd[i].shift = d_shifts;
+    return 0;
 }
 
 /* the means of (layer, stream) of one row: n_head_kv * d floats */

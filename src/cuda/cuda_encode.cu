@@ -1076,6 +1076,8 @@ template <int D> __global__ void __launch_bounds__(128, 16) gather_kernel(const 
         const bool has_row = sd.mu || g.sink_n;
         const int32_t row = has_row ? (g.rows ? g.rows[seq] : (int32_t)seq) : 0;
         const bool bad_row = has_row && (row < 0 || (size_t)row >= g.rows_max);
+        /* center=rope: the row's position shift (e8kv_cuda_set_row_shifts) */
+        const int2 rsh = sd.rc && !bad_row ? rc_shift(sd.shift, row) : make_int2(0, 0);
         for (unsigned p0 = blockIdx.x * VPB; p0 < n_tok; p0 += gridDim.x * VPB) {
             const unsigned pos = p0 + threadIdx.x / LANES;
             const bool live = pos < n_tok;
@@ -1117,9 +1119,11 @@ template <int D> __global__ void __launch_bounds__(128, 16) gather_kernel(const 
 #pragma unroll
                 for (int i = 0; i < 8; i++)
                     x[i] = __fadd_rn(x[i], m[i]);
-                if (sd.rc && (int)pos < sd.n_pos) /* center=rope: + R_pos·μ at the row's chosen pairs */
+                /* center=rope: + R_p·μ at the row's chosen pairs, p the position of index pos */
+                const int rp = (int)pos >= rsh.x ? (int)pos + rsh.y : (int)pos;
+                if (sd.rc && rp < sd.n_pos)
                     rope_centre<true>(x, b, sd.rc + ((size_t)row * g.n_head_kv + head) * RC_FLOATS,
-                                      sd.cs + (size_t)pos * D);
+                                      sd.cs + (size_t)rp * D);
             }
         } else if (area) { /* raw pages: row o of d values */
             unpack8(x, *(const uint4 *)(area + (o * D + 8 * b) * 2), sd.fmt == FMT_F16);

@@ -72,11 +72,23 @@ typedef struct {
     float *rc;
     const float *cs; /* center=rope: cos, sin of position p, pair i at cs[2 (p·d/2 + i)], p < n_pos */
     int n_pos;
+    /* center=rope: per row (from, off), index i ≥ from of the row's table at position i + off
+     * (e8kv_cuda_set_row_shifts); NULL: position = index */
+    const int32_t *shift;
 } stream_desc;
 
 /* center=rope: RC_PAIRS RoPE pairs per (row, KV head) keep a centre turned to each key's position */
 #define RC_PAIRS 8
 #define RC_FLOATS (3 * RC_PAIRS)
+
+/* center=rope: the position of index i of a row whose shift is (from, off) (stream_desc.shift), below n_pos */
+__device__ __forceinline__ int rc_position(int2 sh, int i, int n_pos) {
+    return min(i >= sh.x ? i + sh.y : i, n_pos - 1);
+}
+/* the row's (from, off), (0, 0) without shifts */
+__device__ __forceinline__ int2 rc_shift(const int32_t *shift, int row) {
+    return shift && row >= 0 ? make_int2(shift[2 * row], shift[2 * row + 1]) : make_int2(0, 0);
+}
 
 /* R_p·(a, b) for pair i: (a·C − b·S, a·S + b·C), each product rounded, no fusion (src/common/rope.c's
  * e8kv_rope_rows_ref, which the host side's e8kv_rope_apply runs) */
