@@ -683,7 +683,8 @@ def test_rope_centre_with_budget(dev, fmt):
     DynamicCache that drops the same tokens at the same steps (_budget_reference). The kept tokens after the
     first page keep their positions through the rows' shifts (set_row_shifts), so the turned centre codes
     these keys at least as well as the plain one (better on the GPU); the same cache with its shifts taken
-    away after creation (the control: the centre turned to the tokens' new indices when read) is far off."""
+    away after creation (the control: the centre turned to the tokens' new indices when read) is worse than
+    both."""
     import e8kv.hf
     model = biased_keys_model(dev)
     arg = e8kv.hf.cache_arg(model)
@@ -719,7 +720,7 @@ def test_rope_centre_with_budget(dev, fmt):
     print(f"center=rope with budget= ({fmt}) on {dev}: max |logit diff| vs DynamicCache dropping the same pages "
           f"{errs} (max |logit| {scale:.3g})")
     assert errs["rope"] <= 1.5 * errs["plain"] + 1e-4 * scale, errs
-    assert errs["control"] > 2 * errs["rope"], errs
+    assert errs["control"] > max(1.5 * errs["rope"], errs["plain"]), errs
     if dev == "cuda":
         assert errs["rope"] < errs["plain"], errs
 

@@ -1397,20 +1397,21 @@ static void test_layers(size_t d) {
     e8kv_cuda_cache_free(c);
 }
 
-/* center=rope with pages dropped from the middle of a row (what a token budget does): 7 pages of 16 tokens
- * at positions 0 .. 111 of row 1 (keys with a large mean before RoPE, turned to their positions), then a block
- * table closed up without pages 1 and 2 and the row's shift (16, 32) (e8kv_cuda_set_row_shifts). The gather
- * of the 80 kept tokens equals the whole row's gather at 0 .. 15 and 48 .. 111 bit for bit, and the
- * attention over them is within 1e-3 of float64 over those values; the same table without the shift
- * (the test's control) gathers other keys: their centre turned to the wrong positions. The cos/sin table
- * covers 128 positions (rope_positions) where max_ctx is 96. */
+/* center=rope with pages dropped from the middle of a row (what a token budget does): 7 pages of 16 tokens of
+ * row 1, the first page at positions 0 .. 15, the others at 56 .. 151 (40 tokens already dropped: the row's
+ * shift (16, 40), e8kv_cuda_set_row_shifts; keys with a large mean before RoPE, turned to their positions).
+ * Then a block table closed up without pages 1 and 2 and the shift (16, 72): the gather of the 80 kept tokens
+ * equals the whole row's gather at 0 .. 15 and 48 .. 111 bit for bit, and the attention over them is within
+ * 1e-3 of float64 over those values; the same table with the shift of before (the test's control) gathers
+ * other keys: their centre turned to the wrong positions. The cos/sin table covers 160 positions
+ * (rope_positions), past max_ctx (128). */
 static void test_row_shifts(const char *spec, size_t d) {
     const size_t bs = 16, n_kv = 2, G = 4, n_head = n_kv * G, n = 112, kept = 80, row = 1, vals = n * n_kv * d;
     e8kv_cuda_cache_params p;
     memset(&p, 0, sizeof p);
     p.n_layer = 1, p.n_head_kv = n_kv, p.head_dim = d, p.block_size = bs, p.n_blocks = 8;
-    p.spec = spec, p.seed = rnd(), p.max_seqs = 2, p.max_batch = 1, p.max_ctx = 96;
-    p.rope_theta = 10000.0f, p.rope_positions = 128;
+    p.spec = spec, p.seed = rnd(), p.max_seqs = 2, p.max_batch = 1;
+    p.rope_theta = 10000.0f, p.rope_positions = 160;
     size_t err = 0;
     e8kv_cuda_cache *c = e8kv_cuda_cache_create(&p, &err);
     CHECK(c, "create %s: %s", spec, e8kv_error_name(err));
@@ -1421,19 +1422,19 @@ static void test_row_shifts(const char *spec, size_t d) {
     fill_rows(v, n * n_kv, d);
     for (size_t i = 0; i < n_kv * d; i++)
         bias[i] = 4.0f * gauss();
-    for (size_t t = 0; t < n; t++) { /* keys after RoPE: (bias + noise) turned to position t */
+    for (size_t t = 0; t < n; t++) { /* keys after RoPE: (bias + noise) turned to their positions */
         for (size_t i = 0; i < n_kv * d; i++)
             k[t * n_kv * d + i] += bias[i];
-        e8kv_rope_apply(rp, k + t * n_kv * d, 1, n_kv, t);
+        e8kv_rope_apply(rp, k + t * n_kv * d, 1, n_kv, t < bs ? t : t + 40);
     }
     e8kv_rope_free(rp);
     void *dk = to_device(k, vals, E8KV_DTYPE_F32), *dv = to_device(v, vals, E8KV_DTYPE_F32);
     const int32_t pages[7] = {5, 0, 6, 1, 4, 2, 3}, tab_b[5] = {5, 1, 4, 2, 3}; /* B: pages 0, 3 .. 6 of A */
     int64_t slots[112];
-    int32_t rows[112], pos[112], shifts[4] = {0, 0, 16, 32}, ctx_b = (int32_t)kept, rid = (int32_t)row;
+    int32_t rows[112], pos[112], shifts[4] = {0, 0, 16, 40}, ctx_b = (int32_t)kept, rid = (int32_t)row;
     for (size_t t = 0; t < n; t++)
         slots[t] = (int64_t)pages[t / bs] * (int64_t)bs + (int64_t)(t % bs), rows[t] = (int32_t)row,
-        pos[t] = (int32_t)t;
+        pos[t] = (int32_t)(t < bs ? t : t + 40);
     int64_t *ds;
     int32_t *dr, *dp, *dta, *dtb, *dsh, *dctx, *drid;
     unsigned *dst;
@@ -1457,6 +1458,8 @@ static void test_row_shifts(const char *spec, size_t d) {
     CU(cudaMemset(dst, 0, 4));
     size_t r = e8kv_cuda_set_means_async(c, 0, row, dk, dv, n, E8KV_DTYPE_F32, NULL);
     CHECK(r == 0, "set_means: %s", e8kv_error_name(r));
+    r = r ? r : e8kv_cuda_set_row_shifts(c, dsh);
+    CHECK(r == 0, "set_row_shifts: %s", e8kv_error_name(r));
     r = e8kv_cuda_append_pos_async(c, 0, ds, dr, NULL, dp, dk, dv, n, E8KV_DTYPE_F32, dst, NULL);
     unsigned st = 1;
     CU(cudaMemcpy(&st, dst, 4, cudaMemcpyDeviceToHost));
@@ -1468,8 +1471,8 @@ static void test_row_shifts(const char *spec, size_t d) {
     CU(cudaMalloc((void **)&gb, 2 * one_b * 4));
     r = e8kv_cuda_gather_async(c, 0, ga, ga + one_a, E8KV_DTYPE_F32, 1, n, dta, 7, drid, NULL);
     CHECK(r == one_a, "gather A: %s", e8kv_error_name(r));
-    r = e8kv_cuda_set_row_shifts(c, dsh);
-    CHECK(r == 0, "set_row_shifts: %s", e8kv_error_name(r));
+    shifts[3] = 72; /* pages 1 and 2 dropped: 32 more tokens */
+    CU(cudaMemcpy(dsh, shifts, sizeof shifts, cudaMemcpyHostToDevice));
     r = e8kv_cuda_gather_async(c, 0, gb, gb + one_b, E8KV_DTYPE_F32, 1, kept, dtb, 5, drid, NULL);
     CHECK(r == one_b, "gather B: %s", e8kv_error_name(r));
     CU(cudaMemcpy(ha, ga, 2 * one_a * 4, cudaMemcpyDeviceToHost));
@@ -1517,12 +1520,13 @@ static void test_row_shifts(const char *spec, size_t d) {
     }
     CHECK(worst <= 1e-3 * scale, "%s d=%zu: attention with row shifts %.3g from float64 (scale %.3g)", spec, d,
           worst, scale);
-    /* the control: no shift, the kept keys' centre turned to their indices */
-    r = e8kv_cuda_set_row_shifts(c, NULL);
-    r = r ? r : e8kv_cuda_gather_async(c, 0, gb, gb + one_b, E8KV_DTYPE_F32, 1, kept, dtb, 5, drid, NULL);
+    /* the control: the shift of before the drop, the kept keys' centre turned to other positions */
+    shifts[3] = 40;
+    CU(cudaMemcpy(dsh, shifts, sizeof shifts, cudaMemcpyHostToDevice));
+    r = e8kv_cuda_gather_async(c, 0, gb, gb + one_b, E8KV_DTYPE_F32, 1, kept, dtb, 5, drid, NULL);
     CU(cudaMemcpy(hc, gb, one_b * 4, cudaMemcpyDeviceToHost));
-    CHECK(r == one_b && memcmp(hc, hb, one_b * 4) != 0, "%s d=%zu: the keys gathered without the shift are the same",
-          spec, d);
+    CHECK(r == one_b && memcmp(hc, hb, one_b * 4) != 0,
+          "%s d=%zu: the keys gathered with the wrong shift are the same", spec, d);
     printf("  row shifts %s d=%zu: kept vectors %s, attention %.2e of float64\n", spec, d,
            bad ? "DIFFER" : "bit-exact", worst / (scale > 0 ? scale : 1));
     free(k), free(v), free(ha), free(hb), free(hc);
