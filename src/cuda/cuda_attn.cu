@@ -1160,6 +1160,42 @@ template <int D, int BK, int BV> struct box_pair {
     static constexpr int STAGE = box_geo<D, BV>::STAGE + VSH;
     static_assert(VSH % 16 == 0, "16-byte cp.async destinations");
 };
+/* center=rope: a lane's operands of the bias product q·R_p·μ (attn_box_kernel's and attn_e8p_kernel's RC
+ * instances), for the pairs c = t4 + 4e of the row's RC_PAIRS (rcp: the row's means before RoPE and pair
+ * indices; NULL, a bad row: zeros): α_e = q_a μ_a + q_b μ_b, β_e = q_b μ_a − q_a μ_b of query head `head` of
+ * the KV head (0 for head ≥ G), scaled as the scores (log2), and the constant table's cos, sin of j·ω for
+ * tokens j = g + 8tt as f16 pairs, hi parts in th[tt + 2e], lo parts in tl[tt + 2e]. Per sub-tile at p0 each
+ * head's (α·C + β·S, β·C − α·S), C, S = cos, sin of p0·ω, against the table gives Σ_c α cos((p0 + j)ω) +
+ * β sin((p0 + j)ω) = q·R_{p0+j}·μ. */
+template <int D>
+__device__ __forceinline__ void rc_operands(const attn_launch &a, const float *rcp, int seq, int kvh, int G,
+                                            int head, int g, int t4, float (&al)[2], float (&be)[2],
+                                            uint32_t (&th)[4], uint32_t (&tl)[4]) {
+    al[0] = al[1] = be[0] = be[1] = 0.0f;
+    th[0] = th[1] = th[2] = th[3] = tl[0] = tl[1] = tl[2] = tl[3] = 0u;
+    if (!rcp) return;
+    const int32_t *const idx = (const int32_t *)(rcp + 2 * RC_PAIRS);
+    const float sc = rsqrtf((float)D) * LOG2E;
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int c = t4 + 4 * e, i = idx[c];
+        if (head < G) {
+            const size_t h = (size_t)seq * a.n_head + (size_t)kvh * G + head;
+            const float qa = e8kv_cuda_load_val(a.q, h * D + 2 * i, a.q_dtype) * sc,
+                        qb = e8kv_cuda_load_val(a.q, h * D + 2 * i + 1, a.q_dtype) * sc;
+            const float ma = rcp[2 * c], mb = rcp[2 * c + 1];
+            al[e] = qa * ma + qb * mb;
+            be[e] = qb * ma - qa * mb;
+        }
+#pragma unroll
+        for (int tt = 0; tt < 2; tt++) {
+            const float C = a.k.cs[(size_t)(g + 8 * tt) * D + 2 * i], S = a.k.cs[(size_t)(g + 8 * tt) * D + 2 * i + 1];
+            th[tt + 2 * e] = pack(hi16<false>(C), hi16<false>(S));
+            tl[tt + 2 * e] = pack(lo16<false>(C), lo16<false>(S));
+        }
+    }
+}
+
 /* center=rope (RC): a sub-tile's stage also holds the cos, sin of its first position for the row's RC_PAIRS
  * pairs (8 bytes each), after the V area */
 #define RC_STAGE_BYTES (8 * RC_PAIRS)
@@ -1251,14 +1287,16 @@ __global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC>())) attn_box_ker
      * A mixed pair runs both plans, each for its own stream. */
     /* center=rope: lane c < RC_PAIRS copies the cos, sin of pair rc_pair (the row's c-th) at a sub-tile's
      * first position into the stage */
-    const float *rc_cs = NULL;
-    int2 rc_sh = make_int2(0, 0); /* the row's position shift (e8kv_cuda_set_row_shifts) */
+    const float *rcp = NULL, *rc_cs = NULL; /* the row's centre pairs (a bad row: none, NaN output) */
+    int2 rc_sh = make_int2(0, 0);            /* the row's position shift (e8kv_cuda_set_row_shifts) */
     if constexpr (RC) {
         const int rrow = seq_row(a, seq);
-        if (rrow >= 0 && lane < RC_PAIRS) {
-            rc_cs = a.k.cs + 2 * ((const int32_t *)(a.k.rc + ((size_t)rrow * a.n_head_kv + kvh) * RC_FLOATS +
-                                                   2 * RC_PAIRS))[lane];
-            rc_sh = rc_shift(a.k.shift, rrow);
+        if (rrow >= 0) {
+            rcp = a.k.rc + ((size_t)rrow * a.n_head_kv + kvh) * RC_FLOATS;
+            if (lane < RC_PAIRS) {
+                rc_cs = a.k.cs + 2 * ((const int32_t *)(rcp + 2 * RC_PAIRS))[lane];
+                rc_sh = rc_shift(a.k.shift, rrow);
+            }
         }
     }
     auto issue = [&](int pg, int o0, uint32_t dst, int p0) {
@@ -1364,38 +1402,13 @@ __global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC>())) attn_box_ker
         qcl[j] = pack(lo16<false>(x[0]), lo16<false>(x[1]));
     }
 
-    /* center=rope (a.k.rc): + q·R_p·μ for the row's RC_PAIRS chosen pairs, per 16-token sub-tile at p0 one
-     * product A·B: A = the constant table (token j = g / g + 8; k index 2t4, 2t4 + 1 ↔ cos, sin of j·ω of
-     * pair c = t4, 2t4 + 8, 2t4 + 9 ↔ pair t4 + 4; hi and lo f16 parts in two products), B = for column g's
-     * head (hi or lo part as qh's) the pair's (α·C + β·S, β·C − α·S), C, S = cos, sin of p0·ω, α = q_a μ_a
-     * + q_b μ_b, β = q_b μ_a − q_a μ_b: Σ_c α cos((p0 + j)ω) + β sin((p0 + j)ω) = q·R_{p0+j}·μ (scaled as
-     * the scores, log2). The pages hold x − R_p·μ at those pairs (encode). */
-    float rc_al[2] = {0.0f, 0.0f}, rc_be[2] = {0.0f, 0.0f};
-    uint32_t rc_ah[4] = {0u, 0u, 0u, 0u}, rc_al16[4] = {0u, 0u, 0u, 0u};
-    if (RC && seq_row(a, seq) >= 0) { /* (a bad row: NaN output, merge_last) */
-        const float *const rcp = a.k.rc + ((size_t)seq_row(a, seq) * a.n_head_kv + kvh) * RC_FLOATS;
-        const int32_t *const idx = (const int32_t *)(rcp + 2 * RC_PAIRS);
-        const float sc = rsqrtf((float)D) * LOG2E;
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int c = t4 + 4 * e, i = idx[c];
-            if (row < G) {
-                const size_t h = (size_t)seq * a.n_head + (size_t)kvh * G + row;
-                const float qa = e8kv_cuda_load_val(a.q, h * D + 2 * i, a.q_dtype) * sc,
-                            qb = e8kv_cuda_load_val(a.q, h * D + 2 * i + 1, a.q_dtype) * sc;
-                const float ma = rcp[2 * c], mb = rcp[2 * c + 1];
-                rc_al[e] = qa * ma + qb * mb;
-                rc_be[e] = qb * ma - qa * mb;
-            }
-#pragma unroll
-            for (int tt = 0; tt < 2; tt++) { /* A: token j = g + 8tt, pair c: registers tt + 2e */
-                const float C = a.k.cs[(size_t)(g + 8 * tt) * D + 2 * i],
-                            S = a.k.cs[(size_t)(g + 8 * tt) * D + 2 * i + 1];
-                rc_ah[tt + 2 * e] = pack(hi16<false>(C), hi16<false>(S));
-                rc_al16[tt + 2 * e] = pack(lo16<false>(C), lo16<false>(S));
-            }
-        }
-    }
+    /* center=rope (a.k.rc): + q·R_p·μ for the row's RC_PAIRS chosen pairs (rc_operands), per 16-token
+     * sub-tile at p0 one product A·B: A = the constant table (token rows g / g + 8, two products for its hi
+     * and lo parts), B = for column g's head (hi or lo part as qh's) the pair's (α·C + β·S, β·C − α·S). The
+     * pages hold x − R_p·μ at those pairs (encode). */
+    float rc_al[2] = {}, rc_be[2] = {};
+    uint32_t rc_ah[4] = {}, rc_al16[4] = {};
+    if constexpr (RC) rc_operands<D>(a, rcp, seq, kvh, G, row, g, t4, rc_al, rc_be, rc_ah, rc_al16);
     /* the bias of a sub-tile (its stage sb holds the cos, sin of its first position) into c[4] (the score
      * fragment's layout) */
     auto rc_bias = [&](const uint8_t *sb, float (&c)[4]) {
@@ -2041,38 +2054,13 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
     }
     __syncthreads();
 
-    /* center=rope: + q·R_p·μ for the row's RC_PAIRS pairs, one product per 16-token sub-tile at p0 between the
-     * constant table (token j = g / g + 8 ↔ registers tt; k index 2t4, 2t4 + 1 ↔ cos, sin of j·ω of pair c =
-     * t4, 2t4 + 8, 2t4 + 9 ↔ pair t4 + 4: registers 2e; hi and lo f16 parts) and, per head, the pair's (α·C
-     * + β·S, β·C − α·S) at C, S = cos, sin of p0·ω, α = q_a μ_a + q_b μ_b, β = q_b μ_a − q_a μ_b (scaled as
-     * the scores). SW: the table is A (rows = tokens), the heads B (columns as qa's); else the heads are A
-     * (rows g / g + 8 = hi / lo of head g, as qa's) and the table B. The pages hold x − R_p·μ there. */
-    const int rc_head = SW ? (g & 3) : g;
-    float rc_al[2] = {0.0f, 0.0f}, rc_be[2] = {0.0f, 0.0f};
-    uint32_t rc_th[4] = {0u, 0u, 0u, 0u}, rc_tl[4] = {0u, 0u, 0u, 0u};
-    if (RC && rcp) {
-        const int32_t *const idx = (const int32_t *)(rcp + 2 * RC_PAIRS);
-        const float sc = rsqrtf((float)D) * LOG2E;
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int c = t4 + 4 * e, i = idx[c];
-            if (rc_head < G) {
-                const size_t h = (size_t)seq * a.n_head + (size_t)kvh * G + rc_head;
-                const float qa_ = e8kv_cuda_load_val(a.q, h * D + 2 * i, a.q_dtype) * sc,
-                            qb_ = e8kv_cuda_load_val(a.q, h * D + 2 * i + 1, a.q_dtype) * sc;
-                const float ma = rcp[2 * c], mb = rcp[2 * c + 1];
-                rc_al[e] = qa_ * ma + qb_ * mb;
-                rc_be[e] = qb_ * ma - qa_ * mb;
-            }
-#pragma unroll
-            for (int tt = 0; tt < 2; tt++) {
-                const float C = a.k.cs[(size_t)(g + 8 * tt) * D + 2 * i],
-                            S = a.k.cs[(size_t)(g + 8 * tt) * D + 2 * i + 1];
-                rc_th[tt + 2 * e] = pack(hi16<false>(C), hi16<false>(S));
-                rc_tl[tt + 2 * e] = pack(lo16<false>(C), lo16<false>(S));
-            }
-        }
-    }
+    /* center=rope: + q·R_p·μ for the row's RC_PAIRS pairs (rc_operands), one product per 16-token sub-tile
+     * at p0 between the constant table and, per head, the pair's (α·C + β·S, β·C − α·S). SW: the table is A
+     * (rows = tokens), the heads B (columns as qa's); else the heads are A (rows g / g + 8 = hi / lo of head
+     * g, as qa's) and the table B. The pages hold x − R_p·μ there. */
+    float rc_al[2] = {}, rc_be[2] = {};
+    uint32_t rc_th[4] = {}, rc_tl[4] = {};
+    if constexpr (RC) rc_operands<D>(a, rcp, seq, kvh, G, SW ? (g & 3) : g, g, t4, rc_al, rc_be, rc_th, rc_tl);
     /* the head side of sub-tile u's bias (buffer buf): x[e] = pair t4 + 4e's two k entries */
     auto rc_heads = [&](int buf, int u, float (&x)[2][2]) {
 #pragma unroll
