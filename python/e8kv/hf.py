@@ -697,7 +697,10 @@ class E8KVCudaCache(_BatchChanges, Cache):
     k=/v=/kv= and layer rules ("k=e8box:4,v=bf16,layers0-1=bf16"), and sink=N (N <= 64: the first N tokens
     of each batch row also kept exact and attended from there, as the CPU cache's sink=), center= (as on the
     CPU, e8box and e8p streams are centred by default: each batch row's means are set, per layer, by its
-    first tokens appended in eager mode; center=0 turns it off). The GPU formats take keys after RoPE
+    first tokens appended in eager mode; center=0 turns it off; center=rope, the default where the model's RoPE
+    frequencies are known (cuda_default_spec), turns the keys' centre to each key's position on 8 RoPE pairs,
+    with K and V both e8box or both e8p:2: after evict= a kept key's centre turns to its slot index, and with
+    budget= a shift per row keeps the kept keys' positions). The GPU formats take keys after RoPE
     (rope=post), in the RoPE pair layout E8KVCache codes them in (GGUF's interleaved pairs for Llama and
     Mistral, key_perm; queries follow), so that the pages hold the CPU cache's codes; specs the CUDA cache cannot hold (rope=pre, e8t/e8tv, auto=, presets,
     window=) are an E8KVError (SPEC). evict=SCORER:F (recent=W, obs=W; e8kv.evict) evicts the prompt:
