@@ -82,9 +82,9 @@ typedef struct {
     float rope_theta;  /* RoPE base frequency, needed by center=rope (0: none) ... */
     const float *rope_freqs; /* ... or the model's own frequencies (head_dim/2 values, finite, >= 0; NULL: from
                               * rope_theta), e.g. a scaled RoPE's inv_freq (Llama 3.1's llama3, linear, yarn) */
-    size_t rope_positions;   /* center=rope: positions [0, rope_positions) have a cos/sin table (0: max_ctx);
-                              * more than max_ctx for sequences whose positions pass their context, as with
-                              * e8kv_cuda_set_row_shifts */
+    size_t rope_positions;   /* center=rope: positions [0, rope_positions) have a cos/sin table (at least
+                              * max_ctx; more for sequences whose positions pass their context, as with
+                              * e8kv_cuda_set_row_shifts) */
 } e8kv_cuda_cache_params;
 
 typedef struct e8kv_cuda_cache e8kv_cuda_cache;
@@ -180,7 +180,7 @@ size_t e8kv_cuda_append_rows_async(e8kv_cuda_cache *cache, size_t layer, const i
                                    const void *d_v, size_t n_tok, e8kv_dtype dtype, unsigned *d_status,
                                    void *stream);
 /* e8kv_cuda_append_rows_async with each token's position in its sequence (d_pos, n_tok int32, in
- * [0, max_ctx); else the token is coded uncentred and E8KV_CUDA_STATUS_RANGE is set): a center=rope cache
+ * [0, max(max_ctx, rope_positions)); else the token is coded uncentred and E8KV_CUDA_STATUS_RANGE is set): a center=rope cache
  * needs them with d_rows (E8KV_ERROR_BAD_ARGUMENT without), any other ignores them. Graph-safe. */
 size_t e8kv_cuda_append_pos_async(e8kv_cuda_cache *cache, size_t layer, const int64_t *d_slots,
                                   const int32_t *d_rows, const int64_t *d_sink_slots, const int32_t *d_pos,

@@ -1529,6 +1529,27 @@ static void test_row_shifts(const char *spec, size_t d) {
           "%s d=%zu: the keys gathered with the wrong shift are the same", spec, d);
     printf("  row shifts %s d=%zu: kept vectors %s, attention %.2e of float64\n", spec, d,
            bad ? "DIFFER" : "bit-exact", worst / (scale > 0 ? scale : 1));
+    e8kv_cuda_cache_free(c);
+    /* rope_positions below max_ctx: the table still covers every index of a sequence, so the row at
+     * positions 0 .. 111 (means, codes, gather) is that of a cache with the default table */
+    for (size_t t = 0; t < n; t++)
+        pos[t] = (int32_t)t;
+    CU(cudaMemcpy(dp, pos, sizeof pos, cudaMemcpyHostToDevice));
+    for (int j = 0; j < 2; j++) {
+        p.rope_positions = j ? 16 : 0;
+        c = e8kv_cuda_cache_create(&p, &err);
+        CU(cudaMemset(dst, 0, 4));
+        r = c ? e8kv_cuda_set_means_async(c, 0, row, dk, dv, n, E8KV_DTYPE_F32, NULL) : err;
+        r = r ? r : e8kv_cuda_append_pos_async(c, 0, ds, dr, NULL, dp, dk, dv, n, E8KV_DTYPE_F32, dst, NULL);
+        r = r == n ? e8kv_cuda_gather_async(c, 0, ga, ga + one_a, E8KV_DTYPE_F32, 1, n, dta, 7, drid, NULL) : r;
+        CU(cudaMemcpy(j ? hb : ha, ga, one_a * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(&st, dst, 4, cudaMemcpyDeviceToHost));
+        CHECK(r == one_a && st == 0, "%s: rope_positions %zu: %s, status %u", spec, p.rope_positions,
+              e8kv_error_name(r), st);
+        e8kv_cuda_cache_free(c);
+    }
+    CHECK(!memcmp(ha, hb, one_a * 4), "%s d=%zu: rope_positions 16 (below max_ctx) codes other keys", spec, d);
+    c = NULL;
     free(k), free(v), free(ha), free(hb), free(hc);
     void *const fr[] = {dk, dv, ds, dr, dp, dta, dtb, dsh, dctx, drid, dst, ga, gb, dq, dout};
     for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++)

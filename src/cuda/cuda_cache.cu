@@ -21,7 +21,7 @@ struct e8kv_cuda_cache {
     int rope;          /* center=rope: the K streams' sd[].rc, the table d_cs; d_apos / apos: an owned
                         * append's positions */
     float *d_cs;       /* (n_pos, d): cos, sin of each position and pair, as e8kv_rope_apply has them */
-    size_t n_pos;      /* center=rope: positions of d_cs (params.rope_positions, else max_ctx) */
+    size_t n_pos;      /* center=rope: positions of d_cs (params.rope_positions, at least max_ctx and 16) */
     int32_t *d_apos, *apos;
     int device, n_sm;
     int *occ; /* (n_layer) resident attention blocks per SM of the layer's kernel */
@@ -296,8 +296,10 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     }
     free(fmt);
     if (!r && c->rope && !p->rope_freqs && !(p->rope_theta > 0.0f && isfinite(p->rope_theta))) r = E8KV_ERR(SPEC);
-    c->n_pos = p->rope_positions ? p->rope_positions : c->max_ctx;
-    if (c->n_pos < 16) c->n_pos = 16; /* the attention's table of a sub-tile's 16 offsets */
+    /* every index of a sequence has a row (the means read 0 .. n_tok − 1, n_tok ≤ max_ctx), and the
+     * attention's table of a sub-tile's 16 offsets */
+    c->n_pos = p->rope_positions > c->max_ctx ? p->rope_positions : c->max_ctx;
+    if (c->n_pos < 16) c->n_pos = 16;
     if (!r && c->rope && (c->max_ctx > INT32_MAX / c->d || c->n_pos > INT32_MAX / c->d)) r = E8KV_ERR(DIMENSION);
     if (r) return fail(c, err, r);
     if (cudaSetDevice(p->device) != cudaSuccess ||

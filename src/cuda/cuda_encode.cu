@@ -1120,7 +1120,7 @@ template <int D> __global__ void __launch_bounds__(128, 16) gather_kernel(const 
                 for (int i = 0; i < 8; i++)
                     x[i] = __fadd_rn(x[i], m[i]);
                 /* center=rope: + R_p·μ at the row's chosen pairs, p the position of index pos */
-                const int rp = (int)pos >= rsh.x ? (int)pos + rsh.y : (int)pos;
+                const int rp = rc_shifted(rsh, (int)pos);
                 if (sd.rc && rp < sd.n_pos)
                     rope_centre<true>(x, b, sd.rc + ((size_t)row * g.n_head_kv + head) * RC_FLOATS,
                                       sd.cs + (size_t)rp * D);

@@ -81,9 +81,13 @@ typedef struct {
 #define RC_PAIRS 8
 #define RC_FLOATS (3 * RC_PAIRS)
 
-/* center=rope: the position of index i of a row whose shift is (from, off) (stream_desc.shift), below n_pos */
+/* center=rope: the position of index i of a row whose shift is (from, off) (stream_desc.shift) */
+__device__ __forceinline__ int rc_shifted(int2 sh, int i) {
+    return i >= sh.x ? i + sh.y : i;
+}
+/* ... clamped below n_pos (the attention's table row of a sub-tile) */
 __device__ __forceinline__ int rc_position(int2 sh, int i, int n_pos) {
-    return min(i >= sh.x ? i + sh.y : i, n_pos - 1);
+    return min(rc_shifted(sh, i), n_pos - 1);
 }
 /* the row's (from, off), (0, 0) without shifts */
 __device__ __forceinline__ int2 rc_shift(const int32_t *shift, int row) {
