@@ -1311,7 +1311,7 @@ static void test_layers(size_t d) {
                              "e8box:4,layers0-4=bf16",
                              "k=e8p:2,v=f16",
                              "e8box:4,,v=bf16",
-                             /* center=rope: without rope_theta (below: with it), or K/V not both e8box */
+                             /* center=rope: without rope_theta (below: with it), or K/V not both e8box (or e8p:2) */
                              "e8box:4,center=rope",
                              "e8p:2,center=rope",
                              "k=e8box:4,v=bf16,center=rope,rope_theta",

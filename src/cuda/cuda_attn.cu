@@ -1285,8 +1285,8 @@ __global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC>())) attn_box_ker
     /* an e8box:3 stream: box3_stage's lanes 0..15 (K) or 16..31 (V) (side_pool: the lane's stream); an
      * e8box:4 stream: every lane's nibble chunks, and the side chunks of lanes 0..NC (K) or 16..16 + NC (V).
      * A mixed pair runs both plans, each for its own stream. */
-    /* center=rope: lane c < RC_PAIRS copies the cos, sin of pair rc_pair (the row's c-th) at a sub-tile's
-     * first position into the stage */
+    /* center=rope: lane c < RC_PAIRS copies the cos, sin of the row's c-th pair at a sub-tile's first
+     * position into the stage */
     const float *rcp = NULL, *rc_cs = NULL; /* the row's centre pairs (a bad row: none, NaN output) */
     int2 rc_sh = make_int2(0, 0);            /* the row's position shift (e8kv_cuda_set_row_shifts) */
     if constexpr (RC) {
