@@ -319,8 +319,15 @@ size_t e8kv_pool_run(e8kv_pool *pool, e8kv_pool_fn fn, void *args, size_t n);
  *                        error at the cost of head_dim floats per layer and head (counted in the bytes).
  *                        1: e8kv's formats (e8*, d4nest, lloyd); the llama.cpp formats (q8_0, q4_0 and
  *                        their h variants) keep llama.cpp's semantics unless center=all. f32/f16: never.
- *                        center=rope: the GPU cache's centre of keys coded after RoPE (e8kv_cuda.h); a CPU
- *                        cache refuses it (E8KV_ERROR_SPEC): its keys are coded before RoPE (rope=pre)
+ *                        center=rope: as 1, for keys coded after RoPE (rope=post; the CUDA cache's default,
+ *                        e8kv_cuda.h, the same bytes): K's centre is partly turned by RoPE. On the 8 RoPE
+ *                        pairs whose mean before RoPE (each key of the first append turned back by its
+ *                        position) has the most energy beyond the mean after RoPE, a key at position p
+ *                        codes x − R_p·m (m: that mean), read back with R_p·m at the key's own position
+ *                        (after eviction too). Costs 24 floats per layer and KV head and a cos/sin table
+ *                        of n_ctx·head_dim floats (counted in the bytes). Needs params.rope_theta, the
+ *                        layout in rope_neox and head_dim >= 16; rope=pre or calibrated K formats with it
+ *                        are E8KV_ERROR_SPEC
  *   rope=pre|post        (default: pre when params.rope_theta > 0 and K is one of e8kv's formats (e8*,
  *                        d4nest, lloyd) other than e8box, else post, as llama.cpp does for q8_0/q4_0 and
  *                        as e8box's integer-domain attention needs;
@@ -351,7 +358,7 @@ typedef struct {
                             larger count makes E8KV_CACHE_MAX_THREADS); 0/1 = the caller's alone. Results
                             are the same bits at any thread count (see e8kv_cache_attend) */
     float rope_theta;    /* RoPE base frequency, needed with rope=pre (e.g. 10000, 100000, 500000) */
-    int rope_neox;       /* RoPE layout with rope=pre: 0 = interleaved pairs (x[2i], x[2i+1]),
+    int rope_neox;       /* RoPE layout with rope=pre or center=rope: 0 = interleaved pairs (x[2i], x[2i+1]),
                             1 = split halves (x[i], x[i + head_dim/2]; NeoX / Llama HF layout) */
     const e8kv_calib *calib; /* finalized calibration for the e8t formats (borrowed: it must outlive the
                                 cache); NULL when no e8t format is used */

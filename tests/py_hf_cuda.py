@@ -676,6 +676,36 @@ def test_rope_centre_follows_the_turned_mean(dev, scaling, fmt):
         assert e_rope < e_mean, errs
 
 
+@pytest.mark.parametrize("fmt", ["e8box:4", "e8box:3"])
+def test_cpu_cache_rope_centre(fmt):
+    """The CPU cache's center=rope (the CUDA cache's centre, src/cache/kvcache.h) through transformers: keys
+    after RoPE in transformers' split-half layout (rope_neox), the biased-keys model above, a prompt, single
+    tokens and a chunk against DynamicCache: the turned centre codes these keys better than the mean after
+    RoPE (e8box:4 reads through the integer tiles' score bias, e8box:3 through the float path)."""
+    import e8kv.hf
+    from transformers import DynamicCache
+    model = biased_keys_model("cpu")
+    g = torch.Generator().manual_seed(6)
+    prompt = torch.randint(0, 1024, (1, 40), generator=g)
+    later = [torch.randint(0, 1024, (1, n), generator=g) for n in (1,) * 6 + (20, 1)]
+
+    def run(cache):
+        out = []
+        with torch.no_grad():
+            out.append(model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[:, -1].float())
+            for x in later:
+                out.append(model(input_ids=x, past_key_values=cache, use_cache=True).logits[:, -1].float())
+        return torch.stack(out)
+    ref = run(DynamicCache(config=model.config))
+    errs = {}
+    for spec in (f"{fmt},sink=2", f"{fmt},sink=2,center=rope"):
+        got = run(e8kv.hf.E8KVCache(model.config, spec, n_ctx=128))
+        assert torch.isfinite(got).all()
+        errs[spec] = float((got - ref).abs().max())
+    print(f"CPU cache center=rope ({fmt}): max |logit diff| vs DynamicCache {errs}")
+    assert errs[f"{fmt},sink=2,center=rope"] < 0.8 * errs[f"{fmt},sink=2"], errs
+
+
 @pytest.mark.parametrize("fmt", ["e8box:4", "e8p:2"])
 def test_rope_centre_with_budget(dev, fmt):
     """center=rope with budget=32 (a row holds at most 48 tokens; its first page stays, its oldest others are
@@ -728,7 +758,8 @@ def test_rope_centre_with_budget(dev, fmt):
 def test_rope_centre_errors():
     """center=rope needs RoPE frequencies it can know (rope_theta, or linear/llama3/yarn scaling; a named SPEC
     error otherwise, e.g. dynamic scaling, and without a spec such a model gets the default less center=rope);
-    the CPU cache refuses it (its keys are coded before RoPE)."""
+    the CPU cache (which has center=rope too: test_cpu_cache_rope_centre) refuses it without RoPE's
+    parameters, or with keys coded before RoPE."""
     import e8kv.hf
     from transformers import LlamaConfig
 
@@ -751,9 +782,11 @@ def test_rope_centre_errors():
             assert s.rope_freqs == pytest.approx([f / 2 for f in plain])
         else:  # llama3: the fast pairs as they are, the slow ones slowed
             assert s.rope_freqs[0] == pytest.approx(plain[0]) and s.rope_freqs[-1] < plain[-1] * 0.6
-    with pytest.raises(e8kv.E8KVError) as e:
-        e8kv.Cache(1, 1, 64, 64, "e8box:4,center=rope")
-    assert e.value.code == e8kv.ErrorCode.SPEC
+    for spec, theta in (("e8box:4,center=rope", 0.0), ("e8box:4,center=rope,rope=pre", 10000.0)):
+        with pytest.raises(e8kv.E8KVError) as e:
+            e8kv.Cache(1, 1, 64, 64, spec, rope_theta=theta)
+        assert e.value.code == e8kv.ErrorCode.SPEC
+    assert not e8kv.Cache(1, 1, 64, 64, "e8box:4,center=rope", rope_theta=10000.0).keys_pre_rope
 
 
 @pytest.mark.parametrize("spec", ["bf16", "e8box:4,sink=20", "e8p:2"])

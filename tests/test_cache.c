@@ -965,6 +965,237 @@ static void test_centering(void **state) {
     free(mv);
 }
 
+/* center=rope, the CUDA cache's turned key centre (kvcache.h, kv_rc), against an independent reference of the
+ * CUDA cache's definition (tests/test_cuda.cu builds the same one for the GPU's bytes): the mean after RoPE
+ * in double, each RoPE pair's mean before RoPE (keys turned back with e8kv_rope_apply's cos, sin), the 8
+ * pairs whose energy grows most, and each key coded as (x − μ) − R_p·m. Checked: the K and V bytes of
+ * every coded token, attention over the reference's decode (the float path for e8box:3, the integer tiles'
+ * score bias for e8box:4), both RoPE layouts, d 64 and 128; the bytes and reads of kept tokens after an
+ * eviction (their own positions); a save/load round trip (the same bits); the side bytes; a short first
+ * append (no means: center=1's output bit for bit); and the specs refused. */
+static void rope_centre_case(const char *codec, int box, int neox, size_t d) {
+    const size_t n_kv = 2, n_head = 6, g = n_head / n_kv, n = 200, first = 100, n_sink = 2, nt = 4;
+    const size_t row = n_kv * d, half = d / 2;
+    char spec[96], plain_spec[96], evict_spec[128];
+    snprintf(spec, sizeof spec, "%s,sink=%zu,page=16,center=rope", codec, n_sink);
+    snprintf(plain_spec, sizeof plain_spec, "%s,sink=%zu,page=16,rope=post", codec, n_sink);
+    snprintf(evict_spec, sizeof evict_spec, "%s,evict=keykey:0.5,recent=16", spec);
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 900 + d + (size_t)neox);
+    const float theta = neox ? 500000.0f : 10000.0f;
+    size_t err = 0;
+    e8kv_rope *rp = e8kv_rope_create(d, theta, neox, &err);
+    assert_non_null(rp);
+    /* keys: unit noise plus a mean before RoPE with a few large pairs, turned to each position */
+    float *K = rand_vec(&rng, n * row, 1.0), *V = rand_vec(&rng, n * row, 1.0), *m = malloc(row * sizeof *m);
+    for (size_t i = 0; i < row; i++)
+        m[i] = (float)(e8kv_rng_uniform(&rng) < 0.15 ? 4.0 : 0.3) * (float)e8kv_rng_normal(&rng);
+    float *tmp = malloc(row * sizeof *tmp);
+    for (size_t t = 0; t < n; t++) {
+        memcpy(tmp, m, row * sizeof *tmp);
+        e8kv_rope_apply(rp, tmp, 1, n_kv, t);
+        for (size_t i = 0; i < row; i++)
+            K[t * row + i] += tmp[i];
+    }
+    /* reference: means over the first append, pairs, turned centres */
+    float *mk = calloc(row, sizeof *mk), *mv = calloc(row, sizeof *mv), rm[2][16];
+    size_t ri[2][8];
+    for (size_t i = 0; i < row; i++) {
+        double sk = 0.0, sv = 0.0;
+        for (size_t t = 0; t < first; t++)
+            sk += K[t * row + i], sv += V[t * row + i];
+        mk[i] = (float)(sk / (double)first), mv[i] = (float)(sv / (double)first);
+    }
+    float cs[128];
+    for (size_t h = 0; h < n_kv; h++) {
+        double sx[64] = {0}, sy[64] = {0}, e[64];
+        float a[64], b[64];
+        for (size_t t = 0; t < first; t++) {
+            for (size_t i = 0; i < half; i++)
+                cs[neox ? i : 2 * i] = 1.0f, cs[neox ? i + half : 2 * i + 1] = 0.0f;
+            e8kv_rope_apply(rp, cs, 1, 1, t);
+            for (size_t i = 0; i < half; i++) {
+                const size_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+                const double x = K[t * row + h * d + i0], y = K[t * row + h * d + i1], C = cs[i0], S = cs[i1];
+                sx[i] += x * C + y * S;
+                sy[i] += y * C - x * S;
+            }
+        }
+        for (size_t i = 0; i < half; i++) {
+            const size_t i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+            a[i] = (float)(sx[i] / (double)first), b[i] = (float)(sy[i] / (double)first);
+            const double ma = mk[h * d + i0], mb = mk[h * d + i1];
+            e[i] = ((double)a[i] * a[i] + (double)b[i] * b[i]) - (ma * ma + mb * mb);
+        }
+        for (size_t k = 0; k < 8; k++) {
+            size_t best = 0;
+            for (size_t i = 1; i < half; i++)
+                if (e[i] > e[best]) best = i;
+            e[best] = -INFINITY;
+            ri[h][k] = best, rm[h][2 * k] = a[best], rm[h][2 * k + 1] = b[best];
+            mk[h * d + (neox ? best : 2 * best)] = mk[h * d + (neox ? best + half : 2 * best + 1)] = 0.0f;
+        }
+    }
+    /* the reference's codes and decode (sinks exact) */
+    e8kv_codec *cc = e8kv_codec_create(codec, d, 1234, &err);
+    assert_non_null(cc);
+    const size_t vb = e8kv_codec_vector_bytes(cc);
+    uint8_t *KB = malloc(n * n_kv * vb), *VB = malloc(n * n_kv * vb);
+    float *Kd = malloc(n * row * sizeof *Kd), *Vd = malloc(n * row * sizeof *Vd), *turned = malloc(row * sizeof *turned);
+    for (size_t t = 0; t < n; t++)
+        for (size_t h = 0; h < n_kv; h++) {
+            float tk[128], tv[128];
+            memset(turned + h * d, 0, d * sizeof *turned);
+            for (size_t k = 0; k < 8; k++) {
+                turned[h * d + (neox ? ri[h][k] : 2 * ri[h][k])] = rm[h][2 * k];
+                turned[h * d + (neox ? ri[h][k] + half : 2 * ri[h][k] + 1)] = rm[h][2 * k + 1];
+            }
+            e8kv_rope_apply(rp, turned + h * d, 1, 1, t);
+            for (size_t i = 0; i < d; i++) {
+                tk[i] = (K[t * row + h * d + i] - mk[h * d + i]) - turned[h * d + i];
+                tv[i] = V[t * row + h * d + i] - mv[h * d + i];
+            }
+            uint8_t *kb = KB + (t * n_kv + h) * vb, *vbp = VB + (t * n_kv + h) * vb;
+            assert_int_equal(e8kv_codec_encode(cc, kb, vb, tk, 1), vb);
+            assert_int_equal(e8kv_codec_encode(cc, vbp, vb, tv, 1), vb);
+            float *yk = Kd + t * row + h * d, *yv = Vd + t * row + h * d;
+            if (t < n_sink) {
+                memcpy(yk, K + t * row + h * d, d * sizeof *yk);
+                memcpy(yv, V + t * row + h * d, d * sizeof *yv);
+                continue;
+            }
+            assert_int_equal(e8kv_codec_decode(cc, yk, d, kb, vb, 1), d);
+            assert_int_equal(e8kv_codec_decode(cc, yv, d, vbp, vb, 1), d);
+            for (size_t i = 0; i < d; i++) {
+                yk[i] = (yk[i] + mk[h * d + i]) + turned[h * d + i];
+                yv[i] = yv[i] + mv[h * d + i];
+            }
+        }
+    e8kv_cache_params p = {.n_layer = 1, .n_head_kv = n_kv, .head_dim = d, .n_ctx = 256, .spec = spec,
+                           .seed = 1234, .rope_theta = theta, .rope_neox = neox};
+    e8kv_cache *c = e8kv_cache_create(&p, &err);
+    if (!c) fail_msg("%s: %s", spec, e8kv_error_name(err));
+    p.spec = plain_spec;
+    e8kv_cache *plain = e8kv_cache_create(&p, &err);
+    assert_non_null(plain);
+    p.spec = evict_spec;
+    e8kv_cache *ev = e8kv_cache_create(&p, &err);
+    assert_non_null(ev);
+    /* side bytes: per KV head 8 pairs and their means, the cos/sin table, the rope it is made from */
+    e8kv_rope *probe = e8kv_rope_create(d, theta, neox, &err);
+    assert_int_equal(e8kv_cache_fixed_bytes(c) - e8kv_cache_fixed_bytes(plain),
+                     n_kv * sizeof(kv_rc) + 256 * d * sizeof(float) + e8kv_rope_bytes(probe));
+    e8kv_rope_free(probe);
+    for (size_t t = 0; t < n;) { /* the first append, then 1, 7, 13, ... tokens at a time */
+        const size_t k = t == 0 ? first : (t % 29) + 1 < n - t ? (t % 29) + 1 : n - t;
+        assert_int_equal(e8kv_cache_append(c, 0, K + t * row, V + t * row, k), t + k);
+        assert_int_equal(e8kv_cache_append(ev, 0, K + t * row, V + t * row, k), t + k);
+        t += k;
+    }
+    const kv_layer *L = &c->layers[0];
+    assert_non_null(L->k_rc);
+    assert_int_equal(L->k.fast == KV_FAST_E8BOX && e8kv_codec_traits(L->k.codec)->attn_int, box);
+    size_t diff = 0;
+    for (size_t t = n_sink; t < n; t++)
+        for (size_t h = 0; h < n_kv; h++) {
+            const size_t at = h * c->n_page_max + t / 16;
+            diff += memcmp(L->k_pages[at].data + (t % 16) * vb, KB + (t * n_kv + h) * vb, vb) != 0;
+            diff += memcmp(L->v_pages[at].data + (t % 16) * vb, VB + (t * n_kv + h) * vb, vb) != 0;
+        }
+    if (diff) fail_msg("%s neox %d d %zu: %zu vectors differ from the reference", spec, neox, d, diff);
+    /* attention over the reference's decode: the last nt tokens' queries */
+    const shape s = {1, n_kv, n_head, d, 256};
+    const size_t n_out = nt * n_head * d;
+    float *q = rand_vec(&rng, n_out, box ? 0.3 : 1.0), *o = malloc(n_out * sizeof *o), *o2 = malloc(n_out * sizeof *o2);
+    double *ref = malloc(n_out * sizeof *ref);
+    naive_attend(&s, Kd, Vd, q, nt, n - nt, ref);
+    assert_int_equal(e8kv_cache_attend(c, o, n_out, 0, q, n_head, nt, n - nt), n_out);
+    const double e = max_abs_diff(o, ref, n_out);
+    if (e > (box ? 1e-2 : 1e-4)) fail_msg("%s neox %d d %zu: attention vs reference %g", spec, neox, d, e);
+    /* decode-sized call (one token over several slices is the other path of e8kv_cache_attend) */
+    naive_attend(&s, Kd, Vd, q, 1, n - 1, ref);
+    assert_int_equal(e8kv_cache_attend(c, o, n_out, 0, q, n_head, 1, n - 1), n_head * d);
+    if (max_abs_diff(o, ref, n_head * d) > (box ? 1e-2 : 1e-4)) fail_msg("%s: decode attention", spec);
+    /* save / load: the same bits */
+    {
+        const size_t bound = e8kv_cache_save_bound(c, 0);
+        uint8_t *file = malloc(bound);
+        const size_t sz = e8kv_cache_save(file, bound, c, NULL, 0);
+        assert_false(e8kv_is_error(sz));
+        e8kv_cache *r = e8kv_cache_load(file, sz, 1, &err);
+        if (!r) fail_msg("load %s: %s", spec, e8kv_error_name(err));
+        assert_int_equal(e8kv_cache_attend(c, o, n_out, 0, q, n_head, nt, n - nt), n_out);
+        assert_int_equal(e8kv_cache_attend(r, o2, n_out, 0, q, n_head, nt, n - nt), n_out);
+        assert_memory_equal(o, o2, n_out * sizeof *o);
+        e8kv_cache_free(r);
+        free(file);
+    }
+    /* eviction keeps the kept tokens' bytes and reads them at their own positions */
+    assert_false(e8kv_is_error(e8kv_cache_evict(ev, NULL, 0, 0, 0)));
+    const kv_layer *E = &ev->layers[0];
+    assert_true(E->n_tokens < n && E->n_map == E->n_tokens);
+    size_t moved = 0;
+    for (size_t h = 0; h < n_kv; h++)
+        for (size_t j = n_sink; j < E->n_tokens; j++) {
+            const size_t pos = kv_slot_pos(E, h, j);
+            moved += pos != j;
+            const uint8_t *code = E->k_pages[h * ev->n_page_max + j / 16].data + (j % 16) * vb;
+            if (memcmp(code, KB + (pos * n_kv + h) * vb, vb)) fail_msg("evicted %s: slot %zu (position %zu)", spec, j, pos);
+            float y[128];
+            e8kv_cache_read_tokens(ev, E, h, 1, j, 1, y);
+            if (E->k.rotated) e8kv_fmt_inverse(&E->k, h, d, y, 1);
+            for (size_t i = 0; i < d; i++) {
+                const float want = Kd[pos * row + h * d + i];
+                if (fabsf(y[i] - want) > 1e-4f * (1.0f + fabsf(want)))
+                    fail_msg("evicted %s: slot %zu (position %zu) reads %g, want %g", spec, j, pos, y[i], want);
+            }
+        }
+    assert_true(moved > 0);
+    /* a first append of fewer than E8KV_CACHE_CENTER_MIN_TOKENS: no means, so center=1's output */
+    e8kv_cache_clear(c);
+    e8kv_cache_clear(plain);
+    for (size_t t = 0; t < n; t += 10) {
+        assert_int_equal(e8kv_cache_append(c, 0, K + t * row, V + t * row, 10), t + 10);
+        assert_int_equal(e8kv_cache_append(plain, 0, K + t * row, V + t * row, 10), t + 10);
+    }
+    assert_int_equal(e8kv_cache_attend(c, o, n_out, 0, q, n_head, nt, n - nt), n_out);
+    assert_int_equal(e8kv_cache_attend(plain, o2, n_out, 0, q, n_head, nt, n - nt), n_out);
+    assert_memory_equal(o, o2, n_out * sizeof *o);
+    (void)g;
+    e8kv_cache_free(c);
+    e8kv_cache_free(plain);
+    e8kv_cache_free(ev);
+    e8kv_codec_free(cc);
+    e8kv_rope_free(rp);
+    free(K), free(V), free(m), free(tmp), free(mk), free(mv), free(KB), free(VB), free(Kd), free(Vd);
+    free(turned), free(q), free(o), free(o2), free(ref);
+}
+
+static void test_rope_centre(void **state) {
+    (void)state;
+    for (int neox = 0; neox < 2; neox++) {
+        rope_centre_case("e8box:4", 1, neox, 64);
+        rope_centre_case("e8box:3", 0, neox, 64);
+    }
+    rope_centre_case("e8box:4", 1, 0, 128);
+    rope_centre_case("e8:4", 0, 1, 128);
+    /* refused: keys before RoPE, no RoPE, a head too small for 8 pairs */
+    static const struct {
+        const char *spec;
+        float theta;
+        size_t d;
+    } bad[] = {{"e8box:4,center=rope,rope=pre", 1e4f, 64}, {"e8box:4,center=rope", 0.0f, 64},
+               {"e8:4,center=rope", 1e4f, 8}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        e8kv_cache_params p = {.n_layer = 1, .n_head_kv = 1, .head_dim = bad[i].d, .n_ctx = 64,
+                               .spec = bad[i].spec, .rope_theta = bad[i].theta};
+        size_t err = 0;
+        e8kv_cache *c = e8kv_cache_create(&p, &err);
+        if (c || e8kv_get_error_code(err) != E8KV_ERROR_SPEC)
+            fail_msg("%s (theta %g, d %zu): %s", bad[i].spec, bad[i].theta, bad[i].d, c ? "accepted" : e8kv_error_name(err));
+    }
+}
+
 /* rope= default: keys before RoPE when the caller gives RoPE's parameters and K is coded; else post. */
 static void test_rope_default(void **state) {
     (void)state;
@@ -1033,7 +1264,7 @@ static uint8_t *box_codes(e8kv_rng *rng, size_t n, size_t d, double sd) {
  * differ (m within 1e-6 relative, l and acc within 1e-5); several tiles chained, centering means, 1, 3, 4
  * and 9 queries (one query alone, the GQA groups of the benchmark shapes and more). */
 typedef void (*box_tile_fn)(const e8kv_box_query *, size_t, const uint8_t *, const uint8_t *, size_t, size_t,
-                            size_t, const float *, float *, float *, float *const *);
+                            size_t, const float *, const float *, float *, float *, float *const *);
 
 static void check_box_tile_twin(box_tile_fn fast) {
     e8kv_rng rng;
@@ -1057,8 +1288,14 @@ static void check_box_tile_twin(box_tile_fn fast) {
             /* tiles of 1, 22, 43, 64 tokens (none a multiple of 8 but the last) into the same state */
             for (size_t n = 1; n <= 64; n += 21) {
                 uint8_t *k = box_codes(&rng, n, d, 1.0 + (double)n / 10), *v = box_codes(&rng, n, d, 1.0);
-                e8kv_attn_box_tile_ref(bq, nq, k, v, vb, n, d, nq > 1 ? mu_v : NULL, m1, l1, a1);
-                fast(bq, nq, k, v, vb, n, d, nq > 1 ? mu_v : NULL, m2, l2, a2);
+                /* center=rope's score bias on every other tile (n 22, 64), 0 past n */
+                float *bias = (n % 2 == 0) ? rand_vec(&rng, nq * 64, 0.8) : NULL;
+                for (size_t g = 0; bias && g < nq; g++)
+                    for (size_t j = n; j < 64; j++)
+                        bias[g * 64 + j] = 0.0f;
+                e8kv_attn_box_tile_ref(bq, nq, k, v, vb, n, d, nq > 1 ? mu_v : NULL, bias, m1, l1, a1);
+                fast(bq, nq, k, v, vb, n, d, nq > 1 ? mu_v : NULL, bias, m2, l2, a2);
+                free(bias);
                 free(k);
                 free(v);
             }
@@ -1293,6 +1530,7 @@ int main(void) {
         cmocka_unit_test(test_prefill_threads),
         cmocka_unit_test(test_e8ball4_nibble_reader),
         cmocka_unit_test(test_centering),
+        cmocka_unit_test(test_rope_centre),
         cmocka_unit_test(test_rope_default),
         cmocka_unit_test(test_add_rows_twins),
         cmocka_unit_test(test_box_tile_twins),

@@ -341,15 +341,14 @@ void e8kv_cli_spec_error(const char *who, const char *spec, size_t err, int have
                 "%s: the e8t/e8tv formats need a calibration of the model: run `e8kv calibrate -f TEXT`\n"
                 "      (it writes MODEL.e8cal, used by default) or pass --calib FILE\n",
                 who);
-    /* center=rope is the CUDA cache's (keys after RoPE, include/e8kv_cuda.h); this cache can code keys before
-     * RoPE instead (rope=pre), which its centring then catches as well (the same KLD, BENCHMARKS.md) */
-    const char *cr = strstr(spec, "center=rope");
-    if (e8kv_get_error_code(err) == E8KV_ERROR_SPEC && cr)
+    /* center=rope turns K's centre by the RoPE the keys already carry (include/e8kv.h): keys after RoPE, so
+     * neither rope=pre nor the calibrated K formats (calibrated before RoPE), and the model's RoPE */
+    if (e8kv_get_error_code(err) == E8KV_ERROR_SPEC && strstr(spec, "center=rope"))
         fprintf(stderr,
-                "%s: center=rope is the CUDA cache's (its keys arrive after RoPE); this cache codes keys before\n"
-                "      RoPE with rope=pre (the default of e8:B and e8tv, not of e8box), centred as well:\n"
-                "      --kv '%.*s%s%s'\n",
-                who, (int)(cr - spec), spec, "rope=pre", cr + strlen("center=rope"));
+                "%s: center=rope centres keys coded after RoPE (rope=post) on 8 RoPE pairs: it needs a model\n"
+                "      with RoPE and head_dim >= 16, and does not go with rope=pre or calibrated K formats\n"
+                "      (e8t/e8tv, auto=)\n",
+                who);
 }
 
 void e8kv_cli_calib_path(char *dst, size_t cap, const char *model_path) {

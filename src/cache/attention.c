@@ -125,6 +125,14 @@ void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head,
                 else
                     e8kv_cache_add_rows_ref(y, mu, run, d);
             }
+            if (is_k && L->k_rc) /* center=rope: and the centre's turned part at each key's position */
+                for (size_t i = 0; i < run; i++) {
+                    float tc[E8KV_MAX_HEAD_DIM];
+                    e8kv_cache_rc_turned(c, L, head, kv_slot_pos(L, head, pos + i), tc);
+                    if (f->rotated) e8kv_fmt_forward(f, head, d, tc, 1);
+                    for (size_t j = 0; j < d; j++)
+                        y[i * d + j] += tc[j];
+                }
         }
         if (rope) rope_slots(c, L, head, y, pos, run);
         t += run;
@@ -214,23 +222,50 @@ static int box_tile_ok(const e8kv_cache *c, const kv_layer *L, size_t h, size_t 
     return kp->data && vp->data && !kp->raw && !vp->raw;
 }
 
+/* center=rope: the scores' bias of the tile [p, p + n) of head h for its n_q queries (kvcache.h, the box
+ * query's rca, rcb), (n_q, 64) with 0 past n */
+static void rc_bias(const e8kv_cache *c, const kv_layer *L, size_t h, const e8kv_box_query *bq, size_t n_q,
+                    size_t p, size_t n, float *bias) {
+    memset(bias, 0, n_q * TILE_MAX_TOKENS * sizeof *bias);
+    const kv_rc *rc = &L->k_rc[h];
+    for (size_t j = 0; j < n; j++) {
+        float buf[E8KV_MAX_HEAD_DIM];
+        const float *cs = e8kv_cache_rc_cos_sin(c, kv_slot_pos(L, h, p + j), buf);
+        float C[E8KV_RC_PAIRS], S[E8KV_RC_PAIRS];
+        for (size_t k = 0; k < E8KV_RC_PAIRS; k++)
+            C[k] = cs[2 * rc->pair[k]], S[k] = cs[2 * rc->pair[k] + 1];
+        for (size_t g = 0; g < n_q; g++) {
+            float s = 0.0f;
+            for (size_t k = 0; k < E8KV_RC_PAIRS; k++)
+                s += C[k] * bq[g].rca[k] + S[k] * bq[g].rcb[k];
+            bias[g * TILE_MAX_TOKENS + j] = s;
+        }
+    }
+}
+
 static void box_tile(const e8kv_cache *c, const kv_layer *L, size_t h, const e8kv_box_query *bq, size_t n_q,
                      size_t p, size_t n, float *m, float *l, float *const *accs) {
     const size_t P = c->page_tokens, vb = L->k.vector_bytes, d = c->head_dim;
     const uint8_t *const k = L->k_pages[h * c->n_page_max + p / P].data + (p % P) * vb;
     const uint8_t *const v = L->v_pages[h * c->n_page_max + p / P].data + (p % P) * vb;
     const float *const mu_v = L->v.centered ? L->v_mu_read + h * d : NULL;
+    float bias_buf[BOX_QMAX * TILE_MAX_TOKENS];
+    const float *bias = NULL;
+    if (L->k_rc) {
+        rc_bias(c, L, h, bq, n_q, p, n, bias_buf);
+        bias = bias_buf;
+    }
     if (!c->use_avx2) {
-        e8kv_attn_box_tile_ref(bq, n_q, k, v, vb, n, d, mu_v, m, l, accs);
+        e8kv_attn_box_tile_ref(bq, n_q, k, v, vb, n, d, mu_v, bias, m, l, accs);
         return;
     }
 #ifdef E8KV_HAVE_AVXVNNI
     if (c->use_vnni) {
-        e8kv_attn_box_tile_vnni(bq, n_q, k, v, vb, n, d, mu_v, m, l, accs);
+        e8kv_attn_box_tile_vnni(bq, n_q, k, v, vb, n, d, mu_v, bias, m, l, accs);
         return;
     }
 #endif
-    e8kv_attn_box_tile_avx2(bq, n_q, k, v, vb, n, d, mu_v, m, l, accs);
+    e8kv_attn_box_tile_avx2(bq, n_q, k, v, vb, n, d, mu_v, bias, m, l, accs);
 }
 
 /* The queries [a, b) of KV head h's group, scaled by 1/sqrt(head_dim) and mapped into the keys' read
@@ -245,8 +280,19 @@ static void prep_queries(const attend_job *job, size_t h, size_t a, size_t b, fl
         const float *src = job->q + t * row + hq * d;
         for (size_t i = 0; i < d; i++)
             qv[i] = src[i] * scale;
+        float rca[E8KV_RC_PAIRS], rcb[E8KV_RC_PAIRS]; /* center=rope: the query against the turned centre */
+        for (size_t k = 0; bq && L->k_rc && k < E8KV_RC_PAIRS; k++) {
+            const size_t i = L->k_rc[h].pair[k], half = d / 2;
+            const float q0 = qv[job->c->rope_neox ? i : 2 * i], q1 = qv[job->c->rope_neox ? i + half : 2 * i + 1];
+            const float ma = L->k_rc[h].m[2 * k], mb = L->k_rc[h].m[2 * k + 1];
+            rca[k] = q0 * ma + q1 * mb; /* q·R_p·m = C·(q0·a + q1·b) + S·(q1·a − q0·b) */
+            rcb[k] = q1 * ma - q0 * mb;
+        }
         if (L->k.rotated) e8kv_fmt_query(&L->k, h, d, qv, 1);
-        if (bq) e8kv_box_query_init(&bq[qi - a], qv, L->k.centered ? L->k_mu_read + h * d : NULL, d);
+        if (bq) {
+            e8kv_box_query_init(&bq[qi - a], qv, L->k.centered ? L->k_mu_read + h * d : NULL, d);
+            if (L->k_rc) memcpy(bq[qi - a].rca, rca, sizeof rca), memcpy(bq[qi - a].rcb, rcb, sizeof rcb);
+        }
     }
 }
 

@@ -49,8 +49,8 @@ static inline int32_t u_of(const uint8_t *v, size_t d, size_t i) {
 }
 
 void e8kv_attn_box_tile_ref(const e8kv_box_query *bq, size_t n_q, const uint8_t *k, const uint8_t *v,
-                            size_t vb, size_t n, size_t d, const float *mu_v, float *m, float *l,
-                            float *const *acc) {
+                            size_t vb, size_t n, size_t d, const float *mu_v, const float *bias, float *m,
+                            float *l, float *const *acc) {
     assert(n <= 64 && d % 64 == 0 && d <= E8KV_BOX_MAX_D);
     const float *const hs = e8kv_box_half_steps();
     for (size_t g = 0; g < n_q; g++) {
@@ -63,6 +63,7 @@ void e8kv_attn_box_tile_ref(const e8kv_box_query *bq, size_t n_q, const uint8_t 
             for (size_t i = 0; i < d; i++)
                 dot += q->q8[i] * u_of(kj, d, i);
             s[j] = q->sq * hs[kj[0]] * (float)dot + q->qmu;
+            if (bias) s[j] = s[j] + bias[g * 64 + j];
             if (s[j] > m_new) m_new = s[j];
         }
         const float corr = expf(m[g] - m_new); /* m = -inf on the first tile: 0 */

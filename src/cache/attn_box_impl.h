@@ -74,7 +74,8 @@ static inline __m256i nib_dot(__m256i acc, __m256i lo, __m256i hi, __m256i qlo, 
 static inline __attribute__((always_inline)) void tile_impl(const e8kv_box_query *bq, size_t n_q,
                                                             const uint8_t *k, const uint8_t *v, size_t vb,
                                                             size_t n, const size_t d, const float *mu_v,
-                                                            float *m, float *l, float *const *acc) {
+                                                            const float *bias, float *m, float *l,
+                                                            float *const *acc) {
     const float *const hs = e8kv_box_half_steps();
     const size_t n_ch = d / 64, n_cos = d / 64, off = 1 + n_cos, n8 = (n + 7) & ~(size_t)7;
     const size_t n_il = (n + TOK_IL - 1) / TOK_IL;
@@ -175,7 +176,9 @@ static inline __attribute__((always_inline)) void tile_impl(const e8kv_box_query
                              q->ctab[c], _mm256_load_si256((const __m256i *)(const void *)(kc[c] + j)), 4));
             /* s = sq·h·dot + qmu, as the reference evaluates it */
             const __m256 hq = _mm256_mul_ps(vsq, _mm256_load_ps(hk + j));
-            _mm256_store_ps(s + j, _mm256_add_ps(_mm256_mul_ps(hq, _mm256_cvtepi32_ps(dot)), vqmu));
+            __m256 sj = _mm256_add_ps(_mm256_mul_ps(hq, _mm256_cvtepi32_ps(dot)), vqmu);
+            if (bias) sj = _mm256_add_ps(sj, _mm256_loadu_ps(bias + qi * TILE + j)); /* center=rope */
+            _mm256_store_ps(s + j, sj);
         }
         /* running max over the n valid scores */
         __m256 vmx = _mm256_set1_ps(m[qi]);
@@ -310,10 +313,11 @@ static inline __attribute__((always_inline)) void tile_impl(const e8kv_box_query
 }
 
 void BOX_TILE_FN(const e8kv_box_query *bq, size_t n_q, const uint8_t *k, const uint8_t *v, size_t vb,
-                 size_t n, size_t d, const float *mu_v, float *m, float *l, float *const *acc) {
+                 size_t n, size_t d, const float *mu_v, const float *bias, float *m, float *l,
+                 float *const *acc) {
     assert(n <= TILE && (d == 64 || d == 128));
     if (d == 64)
-        tile_impl(bq, n_q, k, v, vb, n, 64, mu_v, m, l, acc);
+        tile_impl(bq, n_q, k, v, vb, n, 64, mu_v, bias, m, l, acc);
     else
-        tile_impl(bq, n_q, k, v, vb, n, 128, mu_v, m, l, acc);
+        tile_impl(bq, n_q, k, v, vb, n, 128, mu_v, bias, m, l, acc);
 }

@@ -5,6 +5,7 @@
 
 #include "common/cpu.h"
 #include "common/pool.h"
+#include "common/rope.h"
 
 #include <ctype.h>
 #include <math.h>
@@ -149,7 +150,7 @@ static size_t parse_item(cache_config *cfg, const char *it, size_t len, int dept
         else if (vlen == 3 && !memcmp(val, "all", 3))
             cfg->center = 2;
         else if (vlen == 4 && !memcmp(val, "rope", 4))
-            cfg->center = 3; /* the GPU cache's (e8kv_cuda.h); the CPU cache refuses it */
+            cfg->center = 3; /* the CUDA cache's turned key centre (kvcache.h, kv_rc) */
         else
             return E8KV_ERR(SPEC);
         return 0;
@@ -453,12 +454,90 @@ size_t e8kv_cache_spec_evict(const char *spec, e8kv_evict_items *items, char *re
     return 0;
 }
 
+/* center=rope: the cos/sin table of positions [0, n_ctx), each row e8kv_rope_apply of (1, 0) in every pair,
+ * so the same floats RoPE turns a key by (counted in fixed_bytes). */
+#define RC_TABLE_MAX_FLOATS ((size_t)1 << 26) /* 256 MB; positions past it ask the rope (slower) */
+static size_t rc_table(e8kv_cache *c) {
+    const size_t d = c->head_dim, half = d / 2;
+    int any = 0;
+    for (size_t l = 0; l < c->n_layer; l++)
+        any |= c->layers[l].k_rc != NULL;
+    if (!any) return 0;
+    c->rc_n_pos = c->n_ctx < RC_TABLE_MAX_FLOATS / d ? c->n_ctx : RC_TABLE_MAX_FLOATS / d;
+    float *row = malloc(d * sizeof *row);
+    c->rc_cs = malloc(c->rc_n_pos * d * sizeof *c->rc_cs);
+    if (!row || !c->rc_cs) {
+        free(row);
+        return E8KV_ERR(OUT_OF_MEMORY);
+    }
+    for (size_t p = 0; p < c->rc_n_pos; p++) {
+        for (size_t i = 0; i < half; i++) {
+            row[c->rope_neox ? i : 2 * i] = 1.0f;
+            row[c->rope_neox ? i + half : 2 * i + 1] = 0.0f;
+        }
+        e8kv_rope_apply(c->rope, row, 1, 1, p);
+        for (size_t i = 0; i < half; i++) {
+            c->rc_cs[p * d + 2 * i] = row[c->rope_neox ? i : 2 * i];
+            c->rc_cs[p * d + 2 * i + 1] = row[c->rope_neox ? i + half : 2 * i + 1];
+        }
+    }
+    free(row);
+    c->fixed_bytes += c->rc_n_pos * d * sizeof *c->rc_cs;
+    return 0;
+}
+
+const float *e8kv_cache_rc_cos_sin(const e8kv_cache *c, size_t pos, float *buf) {
+    const size_t d = c->head_dim, half = d / 2;
+    if (pos < c->rc_n_pos) return c->rc_cs + pos * d;
+    float row[E8KV_MAX_HEAD_DIM];
+    for (size_t i = 0; i < half; i++) {
+        row[c->rope_neox ? i : 2 * i] = 1.0f;
+        row[c->rope_neox ? i + half : 2 * i + 1] = 0.0f;
+    }
+    e8kv_rope_apply(c->rope, row, 1, 1, pos);
+    for (size_t i = 0; i < half; i++) {
+        buf[2 * i] = row[c->rope_neox ? i : 2 * i];
+        buf[2 * i + 1] = row[c->rope_neox ? i + half : 2 * i + 1];
+    }
+    return buf;
+}
+
+/* (a, b) turned by (C, S) as RoPE turns a pair (src/common/rope.h: float products, no FMA) */
+E8KV_NO_FP_CONTRACT
+static void rc_turn(float a, float b, float C, float S, float *x0, float *x1) {
+    E8KV_NO_FP_CONTRACT_BODY
+    *x0 = a * C - b * S;
+    *x1 = a * S + b * C;
+}
+
+int e8kv_cache_rc_turned(const e8kv_cache *c, const kv_layer *L, size_t h, size_t pos, float *x) {
+    if (!L->k_rc) return 0;
+    const size_t d = c->head_dim, half = d / 2;
+    float buf[E8KV_MAX_HEAD_DIM];
+    const float *cs = e8kv_cache_rc_cos_sin(c, pos, buf);
+    const kv_rc *rc = &L->k_rc[h];
+    memset(x, 0, d * sizeof *x);
+    for (size_t k = 0; k < E8KV_RC_PAIRS; k++) {
+        const size_t i = rc->pair[k];
+        rc_turn(rc->m[2 * k], rc->m[2 * k + 1], cs[2 * i], cs[2 * i + 1], &x[c->rope_neox ? i : 2 * i],
+                &x[c->rope_neox ? i + half : 2 * i + 1]);
+    }
+    return 1;
+}
+
 static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cfg, size_t *err) {
     if (parse_spec(cfg, params->spec, params->n_layer, params->calib)) {
         if (err) *err = E8KV_ERR(SPEC);
         return NULL;
     }
     size_t r = 0;
+    /* center=rope: keys arrive after RoPE (its turns are what the centre follows), so rope=post */
+    if (cfg->center == 3 && (cfg->rope_pre == 1 || !(params->rope_theta > 0.0f) || params->head_dim % 2 ||
+                             params->head_dim < 2 * E8KV_RC_PAIRS)) {
+        if (err) *err = E8KV_ERR(SPEC);
+        return NULL;
+    }
+    if (cfg->center == 3) cfg->rope_pre = 0;
     if (cfg->rope_pre < 0) {
         /* default: keys coded before RoPE when the caller gives RoPE's parameters and K's family says
          * so (traits.rope_pre: e8kv's formats, measured better at every rate on SmolLM2, BENCHMARKS.md) */
@@ -472,10 +551,6 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
     for (size_t i = 0; i < cfg->n_rules; i++)
         e8t_k |= (cfg->rules[i].which & 1) && is_calibrated(cfg->rules[i].codec);
     if (e8t_k && !cfg->rope_pre && params->rope_theta > 0.0f) {
-        if (err) *err = E8KV_ERR(SPEC);
-        return NULL;
-    }
-    if (cfg->center == 3) { /* center=rope: the GPU cache's (keys after RoPE, e8kv_cuda.h) */
         if (err) *err = E8KV_ERR(SPEC);
         return NULL;
     }
@@ -514,7 +589,8 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
     c->rope_neox = params->rope_neox ? 1 : 0;
     for (size_t i = 0; i < c->head_dim / 2 && c->rope_pre; i++)
         c->rope_inv_freq[i] = pow((double)c->rope_theta, -2.0 * (double)i / (double)c->head_dim);
-    if (c->rope_pre && !(c->rope = e8kv_rope_create(c->head_dim, c->rope_theta, c->rope_neox, &r))) {
+    if ((c->rope_pre || c->center == 3) &&
+        !(c->rope = e8kv_rope_create(c->head_dim, c->rope_theta, c->rope_neox, &r))) {
         fail_create(c, err, r);
         return NULL;
     }
@@ -552,8 +628,8 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
         r = get_codec(c, codec_of(ks, kbuf), params->seed, &kc);
         if (!e8kv_is_error(r)) r = get_codec(c, codec_of(vs, vbuf), params->seed, &vc);
         if (e8kv_is_error(r)) break;
-        set_format(&L->k, kc, c->rope_pre, c->center);
-        set_format(&L->v, vc, 0, c->center);
+        set_format(&L->k, kc, c->rope_pre, c->center == 3 ? 1 : c->center);
+        set_format(&L->v, vc, 0, c->center == 3 ? 1 : c->center);
         L->k.is_key = 1;
         if ((L->k.group && c->page_tokens % L->k.group) || (L->v.group && c->page_tokens % L->v.group)) {
             r = E8KV_ERR(SPEC); /* a token group never straddles pages */
@@ -594,8 +670,16 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
             L->v_mu_read = L->k_mu + 3 * n;
             c->fixed_bytes += 4 * n * sizeof(float);
         }
+        if (L->k.centered && c->center == 3) {
+            if (!(L->k_rc = calloc(c->n_head_kv, sizeof *L->k_rc))) {
+                r = E8KV_ERR(OUT_OF_MEMORY);
+                break;
+            }
+            c->fixed_bytes += c->n_head_kv * sizeof *L->k_rc;
+        }
     }
     free(lspec);
+    if (!e8kv_is_error(r) && c->center == 3) r = rc_table(c);
     free(auto_names);
     if (!e8kv_is_error(r) && init_pages(c)) r = E8KV_ERR(OUT_OF_MEMORY);
     if (e8kv_is_error(r)) {
@@ -678,6 +762,7 @@ void e8kv_cache_free(e8kv_cache *cache) {
     e8kv_pool_free(cache->pool_owned);
     free(cache->attn_part);
     free(cache->attn_boxq);
+    free(cache->rc_cs);
     e8kv_rope_free(cache->rope);
     if (cache->attn_mu_ready) pthread_mutex_destroy(&cache->attn_mu);
     if (cache->layers) {
@@ -689,6 +774,7 @@ void e8kv_cache_free(e8kv_cache *cache) {
             free(L->v_pages);
             free(L->k_sink);
             free(L->k_mu);
+            free(L->k_rc);
             free(L->v_sink);
         }
         free(cache->layers);
@@ -711,14 +797,27 @@ typedef struct {
 
 /* Encode one stream (K or V) of one head for tokens [n0, n1). Pages first touched here are allocated
  * (raw when a window is configured); rollback is the caller's free_pages_from(n0). */
-/* Code one vector of head h's stream, minus the head's mean when the stream is centered (mu != NULL). */
+/* Code one vector of head h's stream, minus the head's mean when the stream is centered (mu != NULL), and
+ * minus the turned part of K's centre at its position with center=rope (turned != NULL: (x − mu) − turned,
+ * the CUDA cache's order). */
 static size_t encode_vector(const kv_format *f, size_t h, uint8_t *dst, const float *x, const float *mu,
-                            size_t d) {
+                            const float *turned, size_t d) {
     if (!mu) return e8kv_fmt_encode(f, h, dst, x);
     float t[E8KV_MAX_HEAD_DIM];
     for (size_t i = 0; i < d; i++)
         t[i] = x[i] - mu[i];
+    for (size_t i = 0; turned && i < d; i++)
+        t[i] = t[i] - turned[i];
     return e8kv_fmt_encode(f, h, dst, t);
+}
+
+/* The turned centre of a K vector of head h at slot `slot` (its position: kv_slot_pos) into buf, or NULL
+ * when the stream has none (V, or no center=rope). */
+static const float *turned_at(const e8kv_cache *c, const kv_layer *L, const kv_format *f, size_t h,
+                              size_t slot, float *buf) {
+    if (f != &L->k || !L->k_rc) return NULL;
+    e8kv_cache_rc_turned(c, L, h, kv_slot_pos(L, h, slot), buf);
+    return buf;
 }
 
 /* Token-group formats (kvcache.h): tokens [slot, slot + n) of a coded page. */
@@ -743,9 +842,10 @@ static size_t reopen_group_page(e8kv_cache *c, const kv_format *f, kv_page *pg) 
     return 0;
 }
 
-static size_t append_stream(e8kv_cache *c, const kv_format *f, size_t h, kv_page *tab, float *sink,
-                            const float *src, size_t stride, size_t n0, size_t n1, const float *mu) {
+static size_t append_stream(e8kv_cache *c, const kv_layer *L, const kv_format *f, size_t h, kv_page *tab,
+                            float *sink, const float *src, size_t stride, size_t n0, size_t n1, const float *mu) {
     const size_t d = c->head_dim, P = c->page_tokens;
+    float turned[E8KV_MAX_HEAD_DIM];
     for (size_t pos = n0; pos < n1; pos++) {
         const float *x = src + (pos - n0) * stride;
         if (pos < c->n_sink) {
@@ -759,16 +859,19 @@ static size_t append_stream(e8kv_cache *c, const kv_format *f, size_t h, kv_page
         if (pg->raw) {
             memcpy((float *)(void *)pg->data + slot * d, x, d * sizeof(float));
         } else {
-            E8KV_RETURN_IF_ERROR(encode_vector(f, h, pg->data + slot * f->vector_bytes, x, mu, d));
+            E8KV_RETURN_IF_ERROR(encode_vector(f, h, pg->data + slot * f->vector_bytes, x, mu,
+                                               turned_at(c, L, f, h, pos, turned), d));
         }
     }
     return 0;
 }
 
 /* Encode raw pages of one stream whose last position is older than the window at n_tokens = n. */
-static size_t convert_stream(e8kv_cache *c, const kv_format *f, size_t h, kv_page *tab, size_t n0, size_t n,
-                             pending_conv *pend, size_t *n_pend, size_t cap, const float *mu) {
+static size_t convert_stream(e8kv_cache *c, const kv_layer *L, const kv_format *f, size_t h, kv_page *tab,
+                             size_t n0, size_t n, pending_conv *pend, size_t *n_pend, size_t cap,
+                             const float *mu) {
     const size_t P = c->page_tokens, d = c->head_dim;
+    float turned[E8KV_MAX_HEAD_DIM];
     if (n < c->window) return 0;
     const size_t n_old = n - c->window; /* positions < n_old are outside the window */
     /* pages already outside the window at n0 were converted by earlier calls (truncate only shrinks) */
@@ -794,7 +897,8 @@ static size_t convert_stream(e8kv_cache *c, const kv_format *f, size_t h, kv_pag
         }
         for (size_t s = 0; s < P; s++) {
             if (i * P + s < c->n_sink) continue;
-            E8KV_RETURN_IF_ERROR(encode_vector(f, h, coded + s * f->vector_bytes, raw + s * d, mu, d));
+            E8KV_RETURN_IF_ERROR(encode_vector(f, h, coded + s * f->vector_bytes, raw + s * d, mu,
+                                               turned_at(c, L, f, h, i * P + s, turned), d));
         }
     }
     return 0;
@@ -856,6 +960,49 @@ void e8kv_cache_means_to_read_domain(const e8kv_cache *c, kv_layer *L) {
     }
 }
 
+/* center=rope, head h: each RoPE pair's mean before RoPE over the first append's n_tok keys (k: rows of
+ * n_head_kv·head_dim; the keys at positions 0 ..), the E8KV_RC_PAIRS pairs whose energy beyond k_mu's is
+ * largest (NaN last, ties to the lower pair), and k_mu zeroed there; n_tok 0 (no means): pairs 0 .. 7 with
+ * mean 0. The CUDA cache's rope_means_kernel does the same operations: exact products in double, sums in
+ * token order. */
+static void rc_means(const e8kv_cache *c, kv_layer *L, size_t h, const float *k, size_t n_tok) {
+    const size_t d = c->head_dim, half = d / 2, stride = c->n_head_kv * d;
+    double sx[E8KV_MAX_HEAD_DIM / 2] = {0}, sy[E8KV_MAX_HEAD_DIM / 2] = {0}, e[E8KV_MAX_HEAD_DIM / 2];
+    float a[E8KV_MAX_HEAD_DIM / 2], b[E8KV_MAX_HEAD_DIM / 2], buf[E8KV_MAX_HEAD_DIM];
+    float *const mu = L->k_mu + h * d;
+    for (size_t t = 0; t < n_tok; t++) {
+        const float *cs = e8kv_cache_rc_cos_sin(c, kv_slot_pos(L, h, t), buf);
+        const float *x = k + t * stride + h * d;
+        for (size_t i = 0; i < half; i++) {
+            const double x0 = x[c->rope_neox ? i : 2 * i], x1 = x[c->rope_neox ? i + half : 2 * i + 1];
+            const double C = cs[2 * i], S = cs[2 * i + 1];
+            const double p0 = x0 * C, p1 = x1 * S, p2 = x1 * C, p3 = x0 * S; /* exact: 24-bit factors */
+            sx[i] += p0 + p1;
+            sy[i] += p2 - p3;
+        }
+    }
+    for (size_t i = 0; i < half; i++) {
+        a[i] = n_tok ? (float)(sx[i] / (double)n_tok) : 0.0f;
+        b[i] = n_tok ? (float)(sy[i] / (double)n_tok) : 0.0f;
+        const double ma = mu[c->rope_neox ? i : 2 * i], mb = mu[c->rope_neox ? i + half : 2 * i + 1];
+        const double ea = (double)a[i] * a[i], eb = (double)b[i] * b[i], fa = ma * ma, fb = mb * mb;
+        e[i] = n_tok ? (ea + eb) - (fa + fb) : -(double)i;
+        if (e[i] != e[i]) e[i] = -INFINITY; /* NaN: last */
+    }
+    kv_rc *rc = &L->k_rc[h];
+    uint8_t taken[E8KV_MAX_HEAD_DIM / 2] = {0};
+    for (size_t k8 = 0; k8 < E8KV_RC_PAIRS; k8++) {
+        size_t best = SIZE_MAX;
+        for (size_t i = 0; i < half; i++)
+            if (!taken[i] && (best == SIZE_MAX || e[i] > e[best])) best = i;
+        taken[best] = 1;
+        rc->pair[k8] = (uint32_t)best;
+        rc->m[2 * k8] = a[best], rc->m[2 * k8 + 1] = b[best];
+        mu[c->rope_neox ? best : 2 * best] = 0.0f;
+        mu[c->rope_neox ? best + half : 2 * best + 1] = 0.0f;
+    }
+}
+
 static void set_means(const e8kv_cache *c, kv_layer *L, const float *k, const float *v, size_t n_tok) {
     const size_t d = c->head_dim, stride = c->n_head_kv * d;
     const int on = n_tok >= E8KV_CACHE_CENTER_MIN_TOKENS;
@@ -868,6 +1015,7 @@ static void set_means(const e8kv_cache *c, kv_layer *L, const float *k, const fl
         L->k_mu[i] = L->k.centered ? (float)(sk / (double)n_tok) : 0.0f;
         L->v_mu[i] = L->v.centered ? (float)(sv / (double)n_tok) : 0.0f;
     }
+    for (size_t h = 0; L->k_rc && h < c->n_head_kv; h++) rc_means(c, L, h, k, on ? n_tok : 0);
     e8kv_cache_means_to_read_domain(c, L);
     L->mu_set = 1;
 }
@@ -894,10 +1042,10 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
     for (size_t h = 0; h < cache->n_head_kv && !e8kv_is_error(r); h++) {
         float *ks = L->k_sink ? L->k_sink + h * cache->n_sink * d : NULL;
         float *vs = L->v_sink ? L->v_sink + h * cache->n_sink * d : NULL;
-        r = append_stream(cache, &L->k, h, L->k_pages + h * M, ks, k + h * d, stride, n0, n1,
+        r = append_stream(cache, L, &L->k, h, L->k_pages + h * M, ks, k + h * d, stride, n0, n1,
                           mean_of(L, 1, h, d));
         if (!e8kv_is_error(r))
-            r = append_stream(cache, &L->v, h, L->v_pages + h * M, vs, v + h * d, stride, n0, n1,
+            r = append_stream(cache, L, &L->v, h, L->v_pages + h * M, vs, v + h * d, stride, n0, n1,
                               mean_of(L, 0, h, d));
     }
     /* a decode step of a model with up to 16 KV heads converts on the stack: no allocation per token */
@@ -911,10 +1059,10 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
                                               &L->v, 0, raw_pages_leaving(cache, L->v_pages, n0, n1)))
             r = E8KV_ERR(OUT_OF_MEMORY);
         for (size_t h = 0; h < cache->n_head_kv && !e8kv_is_error(r); h++) {
-            r = convert_stream(cache, &L->k, h, L->k_pages + h * M, n0, n1, pend, &n_pend, cap,
+            r = convert_stream(cache, L, &L->k, h, L->k_pages + h * M, n0, n1, pend, &n_pend, cap,
                                mean_of(L, 1, h, d));
             if (!e8kv_is_error(r))
-                r = convert_stream(cache, &L->v, h, L->v_pages + h * M, n0, n1, pend, &n_pend, cap,
+                r = convert_stream(cache, L, &L->v, h, L->v_pages + h * M, n0, n1, pend, &n_pend, cap,
                                    mean_of(L, 0, h, d));
         }
     }
@@ -996,7 +1144,8 @@ static size_t encode_moves(const e8kv_cache *c, const kv_layer *L, const kv_form
         const size_t src = dst + n;
         if (!tab[src / P].raw || tab[dst / P].raw) continue;
         const float *x = (const float *)(const void *)tab[src / P].data + (src % P) * d;
-        const size_t r = encode_vector(f, h, enc + vb * e++, x, mean_of(L, is_k, h, d), d);
+        /* no turned centre: remove() refuses keys coded after RoPE, and center=rope's are */
+        const size_t r = encode_vector(f, h, enc + vb * e++, x, mean_of(L, is_k, h, d), NULL, d);
         if (e8kv_is_error(r)) {
             free(enc);
             return r;

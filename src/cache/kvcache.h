@@ -71,6 +71,18 @@ typedef struct {
 /* Centering needs at least this many tokens in the first append of a sequence; fewer: no centering. */
 #define E8KV_CACHE_CENTER_MIN_TOKENS 16
 
+/* center=rope (the CUDA cache's key centre, include/e8kv_cuda.h, the same bytes): keys arrive after RoPE;
+ * besides the mean after RoPE (k_mu), the first append gives each RoPE pair's mean before RoPE (each key
+ * turned back by its position, sums in double in token order). On the E8KV_RC_PAIRS pairs where that mean's
+ * energy exceeds the mean after RoPE's by most (ties: the lower pair), k_mu is 0 and a key at position p
+ * codes (x − k_mu) − R_p·m, m the pair's mean before RoPE turned to p with the cos/sin RoPE uses at p
+ * (e8kv_rope_apply's floats); reads add it back at the key's own position (kv_slot_pos). */
+#define E8KV_RC_PAIRS 8
+typedef struct {
+    float m[2 * E8KV_RC_PAIRS];     /* (a, b) of each chosen pair: its mean before RoPE */
+    uint32_t pair[E8KV_RC_PAIRS];   /* the chosen pairs (RoPE pair index, < head_dim / 2) */
+} kv_rc;
+
 typedef struct {
     kv_format k, v;
     size_t n_tokens;
@@ -85,6 +97,7 @@ typedef struct {
      * (counted in fixed_bytes) and changes nothing but the coding error.
      * mu: (n_head_kv, head_dim) original domain; mu_read: the same in the domain reads happen in. */
     float *k_mu, *v_mu, *k_mu_read, *v_mu_read;
+    kv_rc *k_rc;       /* center=rope: (n_head_kv) the turned part of K's centre; NULL otherwise */
     int mu_set;        /* the means of the current sequence are fixed */
     /* eviction (evict.c): slots [0, n_map) hold the positions pos[h * n_map + slot] of KV head h (kept
      * tokens keep their RoPE positions); slots >= n_map hold position slot + n_evicted. n_tokens counts
@@ -175,7 +188,12 @@ struct e8kv_cache {
     int rope_pre;      /* keys stored before RoPE: attention applies RoPE to decoded keys */
     float rope_theta;
     int rope_neox;     /* 1: split halves (NeoX/llama.cpp NEOX), 0: interleaved pairs */
-    int center;        /* centering: 0 off, 1 e8kv's formats (default), 2 all coded formats (center=all) */
+    int center;        /* centering: 0 off, 1 e8kv's formats (default), 2 all coded formats (center=all),
+                          3 center=rope (as 1, K's centre partly turned by RoPE: kv_rc) */
+    /* center=rope: cos, sin of every RoPE pair at positions [0, rc_n_pos), (pos, head_dim / 2, 2), taken
+     * from e8kv_rope_apply (rope, made for it); later positions ask rope itself. NULL otherwise. */
+    float *rc_cs;
+    size_t rc_n_pos;
     uint64_t seed;     /* rotation seed of the codecs */
     const e8kv_calib *calib; /* transform coding: the calibration (borrowed, or calib_owned) */
     e8kv_calib *calib_owned; /* the calibration of a loaded cache, owned */
@@ -184,7 +202,8 @@ struct e8kv_cache {
      * another RoPE setting (xform.c); NULL otherwise */
     e8kv_calib_score *score_owned;
     double rope_inv_freq[E8KV_MAX_HEAD_DIM / 2]; /* theta^(-2i/head_dim), double like the engine's tables */
-    e8kv_rope *rope;  /* with rope=pre: the keys' RoPE at attention time (src/common/rope.c) */
+    e8kv_rope *rope;  /* with rope=pre: the keys' RoPE at attention time (src/common/rope.c); with
+                         center=rope: the turns of K's centre */
     kv_layer *layers;
     e8kv_codec *codecs[E8KV_CACHE_MAX_CODECS]; /* unique codecs, owned */
     size_t n_codecs;
@@ -245,6 +264,9 @@ typedef struct e8kv_box_query_s {
     int32_t off;                           /* 16·Σ q8 */
     float sq;                              /* q ≈ sq·q8 */
     float qmu;                             /* q·(the keys' centering mean), exact; 0 without centering */
+    /* center=rope: key j's score also takes Σ_k C_k·rca[k] + S_k·rcb[k], (C_k, S_k) the cos, sin of K's
+     * chosen pair k at j's position (kv_rc): the query against the centre's turned part (attention.c) */
+    float rca[E8KV_RC_PAIRS], rcb[E8KV_RC_PAIRS];
     /* coset terms of the fast tiles: ctab[c][byte] = Σ over the bits b set in coset byte c of the sum of
      * q8 over block 8c + b, minus off in ctab[0] (so a key scores 2·Σ q8·n + Σ_c ctab[c][its byte c]) */
     int32_t ctab[E8KV_BOX_MAX_D / 64][256];
@@ -255,17 +277,18 @@ typedef struct e8kv_box_query_s {
 void e8kv_box_query_init(e8kv_box_query *bq, const float *q, const float *mu_k, size_t d);
 /* One tile: n ≤ 64 tokens of one page (k, v: their first vectors' bytes, vb bytes apart), n_q queries
  * sharing it; per query the online-softmax state m, l and the unnormalised accumulator acc (d floats,
- * the V read domain); mu_v the values' mean (read domain) or NULL. _ref and _avx2 give the same results
- * up to float summation order and exp's last bits. */
+ * the V read domain); mu_v the values' mean (read domain) or NULL; bias: per query 64 floats added to
+ * its keys' scores (center=rope; (n_q, 64), the lanes past n 0), or NULL. _ref and _avx2 give the same
+ * results up to float summation order and exp's last bits. */
 void e8kv_attn_box_tile_ref(const e8kv_box_query *bq, size_t n_q, const uint8_t *k, const uint8_t *v,
-                            size_t vb, size_t n, size_t d, const float *mu_v, float *m, float *l,
-                            float *const *acc);
+                            size_t vb, size_t n, size_t d, const float *mu_v, const float *bias, float *m,
+                            float *l, float *const *acc);
 void e8kv_attn_box_tile_avx2(const e8kv_box_query *bq, size_t n_q, const uint8_t *k, const uint8_t *v,
-                             size_t vb, size_t n, size_t d, const float *mu_v, float *m, float *l,
-                             float *const *acc);
+                             size_t vb, size_t n, size_t d, const float *mu_v, const float *bias, float *m,
+                             float *l, float *const *acc);
 void e8kv_attn_box_tile_vnni(const e8kv_box_query *bq, size_t n_q, const uint8_t *k, const uint8_t *v,
-                             size_t vb, size_t n, size_t d, const float *mu_v, float *m, float *l,
-                             float *const *acc);
+                             size_t vb, size_t n, size_t d, const float *mu_v, const float *bias, float *m,
+                             float *l, float *const *acc);
 
 /* Fused readers: n consecutive coded vectors of one page -> n * d floats, bit-identical to the codec's
  * decode in its rotated domain (tests/test_cache.c checks every one against e8kv_codec_decode_rotated). */
@@ -281,6 +304,13 @@ const uint32_t *e8kv_attn_res4_nib(void);
 /* y[t] += mu for n rows of d floats (the centering add-back on reads); _avx2 needs d % 8 == 0. */
 void e8kv_cache_add_rows_ref(float *restrict y, const float *restrict mu, size_t n, size_t d);
 void e8kv_cache_add_rows_avx2(float *restrict y, const float *restrict mu, size_t n, size_t d);
+
+/* center=rope: the turned part of head h's key centre at position pos, d floats in the original domain
+ * (0 outside the chosen pairs), into x; 0 when L has none (nothing written). */
+int e8kv_cache_rc_turned(const struct e8kv_cache *c, const kv_layer *L, size_t h, size_t pos, float *x);
+/* center=rope: position pos's (cos, sin) of every RoPE pair, (head_dim / 2, 2): the table's row, or
+ * computed into buf (head_dim floats) past it. */
+const float *e8kv_cache_rc_cos_sin(const struct e8kv_cache *c, size_t pos, float *buf);
 
 /* Derive the read-domain copies of L's centering means (k_mu_read, v_mu_read) from k_mu, v_mu. */
 void e8kv_cache_means_to_read_domain(const struct e8kv_cache *c, kv_layer *L);

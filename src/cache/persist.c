@@ -66,7 +66,8 @@ static size_t canon_spec(const e8kv_cache *c, char *dst, size_t cap) {
         }
     }
     w = snprintf(dst + n, cap - n, ",window=%zu,sink=%zu,page=%zu,center=%s,rope=%s", c->window, c->n_sink,
-                 c->page_tokens, c->center == 2 ? "all" : c->center ? "1" : "0", c->rope_pre ? "pre" : "post");
+                 c->page_tokens, c->center == 3 ? "rope" : c->center == 2 ? "all" : c->center ? "1" : "0",
+                 c->rope_pre ? "pre" : "post");
     if (w < 0 || (size_t)w >= cap - n) return E8KV_ERR(UNSUPPORTED);
     n += (size_t)w;
     const size_t e = e8kv_evict_canon(c, dst + n, cap - n); /* eviction items, when configured */
@@ -171,6 +172,7 @@ size_t e8kv_cache_save_bound(const e8kv_cache *cache, size_t meta_size) {
         const kv_layer *L = &c->layers[l];
         n += 4 + 2 * c->n_head_kv * n_pages_used(c, L->n_tokens);
         if (L->k_mu) n += 4 + 2 * c->n_head_kv * d4;
+        if (L->k_rc) n += c->n_head_kv * E8KV_RC_PAIRS * 3 * 4;
         n += 2 * c->n_head_kv * sink_used(c, L->n_tokens) * d4;
         n += (raw_tokens(c, L, 1) + raw_tokens(c, L, 0)) * d4;
     }
@@ -257,6 +259,11 @@ static size_t save_layer(wbuf *w, const e8kv_cache *c, const kv_layer *L) {
         if (L->mu_set) {
             E8KV_RETURN_IF_ERROR(put_f32s(w, L->k_mu, c->n_head_kv * d));
             E8KV_RETURN_IF_ERROR(put_f32s(w, L->v_mu, c->n_head_kv * d));
+            for (size_t h = 0; L->k_rc && h < c->n_head_kv; h++) { /* center=rope: pairs, their means */
+                for (size_t k = 0; k < E8KV_RC_PAIRS; k++)
+                    E8KV_RETURN_IF_ERROR(put_u32(w, L->k_rc[h].pair[k]));
+                E8KV_RETURN_IF_ERROR(put_f32s(w, L->k_rc[h].m, 2 * E8KV_RC_PAIRS));
+            }
         }
     }
     for (int is_k = 1; is_k >= 0; is_k--) { /* page map: K heads, then V heads */
@@ -482,6 +489,16 @@ static size_t load_layer(rbuf *r, e8kv_cache *c, kv_layer *L) {
         if (mu_set) {
             E8KV_RETURN_IF_ERROR(get_f32s(r, L->k_mu, hd));
             E8KV_RETURN_IF_ERROR(get_f32s(r, L->v_mu, hd));
+            for (size_t h = 0; L->k_rc && h < c->n_head_kv; h++) { /* center=rope: distinct pairs */
+                uint8_t seen[E8KV_MAX_HEAD_DIM / 2] = {0};
+                for (size_t k = 0; k < E8KV_RC_PAIRS; k++) {
+                    E8KV_RETURN_IF_ERROR(take(r, &b, 4));
+                    const uint32_t i = e8kv_load_le32(b);
+                    if (i >= d / 2 || seen[i]++) return E8KV_ERR(CORRUPTED);
+                    L->k_rc[h].pair[k] = i;
+                }
+                E8KV_RETURN_IF_ERROR(get_f32s(r, L->k_rc[h].m, 2 * E8KV_RC_PAIRS));
+            }
             e8kv_cache_means_to_read_domain(c, L); /* exactly as kvcache.c derives them */
         }
         L->mu_set = (int)mu_set;
