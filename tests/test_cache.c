@@ -1081,15 +1081,22 @@ static void rope_centre_case(const char *codec, int box, int neox, size_t d) {
     p.spec = evict_spec;
     e8kv_cache *ev = e8kv_cache_create(&p, &err);
     assert_non_null(ev);
-    /* side bytes: per KV head 8 pairs and their means, the cos/sin table, the rope it is made from */
+    char window_spec[128];
+    snprintf(window_spec, sizeof window_spec, "%s,window=24", spec);
+    p.spec = window_spec;
+    e8kv_cache *win = e8kv_cache_create(&p, &err); /* pages coded as the window leaves them */
+    assert_non_null(win);
+    /* side bytes: per KV head 8 pairs and their means, the reads' cos/sin tables, the rope they come from */
     e8kv_rope *probe = e8kv_rope_create(d, theta, neox, &err);
     assert_int_equal(e8kv_cache_fixed_bytes(c) - e8kv_cache_fixed_bytes(plain),
-                     n_kv * sizeof(kv_rc) + 256 * d * sizeof(float) + e8kv_rope_bytes(probe));
+                     n_kv * sizeof(kv_rc) + (RC_FINE + 256 / RC_FINE) * d * sizeof(float) +
+                         e8kv_rope_bytes(probe));
     e8kv_rope_free(probe);
     for (size_t t = 0; t < n;) { /* the first append, then 1, 7, 13, ... tokens at a time */
         const size_t k = t == 0 ? first : (t % 29) + 1 < n - t ? (t % 29) + 1 : n - t;
         assert_int_equal(e8kv_cache_append(c, 0, K + t * row, V + t * row, k), t + k);
         assert_int_equal(e8kv_cache_append(ev, 0, K + t * row, V + t * row, k), t + k);
+        assert_int_equal(e8kv_cache_append(win, 0, K + t * row, V + t * row, k), t + k);
         t += k;
     }
     const kv_layer *L = &c->layers[0];
@@ -1103,6 +1110,15 @@ static void rope_centre_case(const char *codec, int box, int neox, size_t d) {
             diff += memcmp(L->v_pages[at].data + (t % 16) * vb, VB + (t * n_kv + h) * vb, vb) != 0;
         }
     if (diff) fail_msg("%s neox %d d %zu: %zu vectors differ from the reference", spec, neox, d, diff);
+    size_t n_win = 0;
+    for (size_t t = n_sink; t < n; t++)
+        for (size_t h = 0; h < n_kv; h++) {
+            const kv_page *pg = &win->layers[0].k_pages[h * win->n_page_max + t / 16];
+            if (pg->raw) continue;
+            n_win++;
+            diff += memcmp(pg->data + (t % 16) * vb, KB + (t * n_kv + h) * vb, vb) != 0;
+        }
+    if (diff || n_win < n_kv * (n - 48)) fail_msg("%s: %zu of %zu window-coded vectors differ", window_spec, diff, n_win);
     /* attention over the reference's decode: the last nt tokens' queries */
     const shape s = {1, n_kv, n_head, d, 256};
     const size_t n_out = nt * n_head * d;
@@ -1151,6 +1167,19 @@ static void rope_centre_case(const char *codec, int box, int neox, size_t d) {
             }
         }
     assert_true(moved > 0);
+    /* the reads' cos, sin (two tables, one product) against RoPE's own, past n_ctx too */
+    {
+        float *ex = malloc(600 * d * sizeof *ex), rd[128];
+        e8kv_cache_rc_exact(c, 0, 600, ex);
+        double worst = 0.0;
+        for (size_t pos = 0; pos < 600; pos++) {
+            e8kv_cache_rc_cos_sin(c, pos, rd);
+            for (size_t i = 0; i < d; i++)
+                worst = fmax(worst, fabs((double)rd[i] - ex[pos * d + i]));
+        }
+        if (worst > 1e-6) fail_msg("%s: reads' cos/sin off RoPE's by %g", spec, worst);
+        free(ex);
+    }
     /* a first append of fewer than E8KV_CACHE_CENTER_MIN_TOKENS: no means, so center=1's output */
     e8kv_cache_clear(c);
     e8kv_cache_clear(plain);
@@ -1165,6 +1194,7 @@ static void rope_centre_case(const char *codec, int box, int neox, size_t d) {
     e8kv_cache_free(c);
     e8kv_cache_free(plain);
     e8kv_cache_free(ev);
+    e8kv_cache_free(win);
     e8kv_codec_free(cc);
     e8kv_rope_free(rp);
     free(K), free(V), free(m), free(tmp), free(mk), free(mv), free(KB), free(VB), free(Kd), free(Vd);

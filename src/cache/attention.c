@@ -127,8 +127,9 @@ void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head,
             }
             if (is_k && L->k_rc) /* center=rope: and the centre's turned part at each key's position */
                 for (size_t i = 0; i < run; i++) {
-                    float tc[E8KV_MAX_HEAD_DIM];
-                    e8kv_cache_rc_turned(c, L, head, kv_slot_pos(L, head, pos + i), tc);
+                    float tc[E8KV_MAX_HEAD_DIM], cs[E8KV_MAX_HEAD_DIM];
+                    e8kv_cache_rc_cos_sin(c, kv_slot_pos(L, head, pos + i), cs);
+                    e8kv_cache_rc_turned(c, L, head, cs, tc);
                     if (f->rotated) e8kv_fmt_forward(f, head, d, tc, 1);
                     for (size_t j = 0; j < d; j++)
                         y[i * d + j] += tc[j];
@@ -229,8 +230,8 @@ static void rc_bias(const e8kv_cache *c, const kv_layer *L, size_t h, const e8kv
     memset(bias, 0, n_q * TILE_MAX_TOKENS * sizeof *bias);
     const kv_rc *rc = &L->k_rc[h];
     for (size_t j = 0; j < n; j++) {
-        float buf[E8KV_MAX_HEAD_DIM];
-        const float *cs = e8kv_cache_rc_cos_sin(c, kv_slot_pos(L, h, p + j), buf);
+        float cs[E8KV_MAX_HEAD_DIM];
+        e8kv_cache_rc_cos_sin(c, kv_slot_pos(L, h, p + j), cs);
         float C[E8KV_RC_PAIRS], S[E8KV_RC_PAIRS];
         for (size_t k = 0; k < E8KV_RC_PAIRS; k++)
             C[k] = cs[2 * rc->pair[k]], S[k] = cs[2 * rc->pair[k] + 1];

@@ -454,52 +454,56 @@ size_t e8kv_cache_spec_evict(const char *spec, e8kv_evict_items *items, char *re
     return 0;
 }
 
-/* center=rope: the cos/sin table of positions [0, n_ctx), each row e8kv_rope_apply of (1, 0) in every pair,
- * so the same floats RoPE turns a key by (counted in fixed_bytes). */
-#define RC_TABLE_MAX_FLOATS ((size_t)1 << 26) /* 256 MB; positions past it ask the rope (slower) */
-static size_t rc_table(e8kv_cache *c) {
+/* center=rope: RoPE's own cos, sin of positions [p0, p0 + n): rows of e8kv_rope_apply of (1, 0) in every
+ * pair, as (n, head_dim / 2, 2) into cs: the floats a key at those positions was turned by, which its code
+ * subtracts the centre with (the CUDA cache's table holds the same). */
+void e8kv_cache_rc_exact(const e8kv_cache *c, size_t p0, size_t n, float *cs) {
     const size_t d = c->head_dim, half = d / 2;
+    for (size_t t = 0; t < n; t++) /* (1, 0) in every pair, in the keys' layout */
+        for (size_t i = 0; i < half; i++) {
+            cs[t * d + (c->rope_neox ? i : 2 * i)] = 1.0f;
+            cs[t * d + (c->rope_neox ? i + half : 2 * i + 1)] = 0.0f;
+        }
+    e8kv_rope_apply(c->rope, cs, n, 1, p0); /* one pass: positions advance by RoPE's own steps */
+    for (size_t t = 0; c->rope_neox && t < n; t++) { /* split halves to pairs */
+        float row[E8KV_MAX_HEAD_DIM];
+        memcpy(row, cs + t * d, d * sizeof *row);
+        for (size_t i = 0; i < half; i++)
+            cs[t * d + 2 * i] = row[i], cs[t * d + 2 * i + 1] = row[i + half];
+    }
+}
+
+/* The reads' tables (kvcache.h, rc_tab): RoPE's cos, sin at positions 0 .. RC_FINE − 1, then at each block
+ * start RC_FINE·b for b < rc_n_coarse (covering n_ctx): (RC_FINE + rc_n_coarse)·head_dim floats, counted in
+ * fixed_bytes, instead of a row per position. */
+static size_t rc_tables(e8kv_cache *c) {
+    const size_t d = c->head_dim;
     int any = 0;
     for (size_t l = 0; l < c->n_layer; l++)
         any |= c->layers[l].k_rc != NULL;
     if (!any) return 0;
-    c->rc_n_pos = c->n_ctx < RC_TABLE_MAX_FLOATS / d ? c->n_ctx : RC_TABLE_MAX_FLOATS / d;
-    float *row = malloc(d * sizeof *row);
-    c->rc_cs = malloc(c->rc_n_pos * d * sizeof *c->rc_cs);
-    if (!row || !c->rc_cs) {
-        free(row);
-        return E8KV_ERR(OUT_OF_MEMORY);
-    }
-    for (size_t p = 0; p < c->rc_n_pos; p++) {
-        for (size_t i = 0; i < half; i++) {
-            row[c->rope_neox ? i : 2 * i] = 1.0f;
-            row[c->rope_neox ? i + half : 2 * i + 1] = 0.0f;
-        }
-        e8kv_rope_apply(c->rope, row, 1, 1, p);
-        for (size_t i = 0; i < half; i++) {
-            c->rc_cs[p * d + 2 * i] = row[c->rope_neox ? i : 2 * i];
-            c->rc_cs[p * d + 2 * i + 1] = row[c->rope_neox ? i + half : 2 * i + 1];
-        }
-    }
-    free(row);
-    c->fixed_bytes += c->rc_n_pos * d * sizeof *c->rc_cs;
+    c->rc_n_coarse = (c->n_ctx + RC_FINE - 1) / RC_FINE;
+    c->rc_tab = malloc((RC_FINE + c->rc_n_coarse) * d * sizeof *c->rc_tab);
+    if (!c->rc_tab) return E8KV_ERR(OUT_OF_MEMORY);
+    e8kv_cache_rc_exact(c, 0, RC_FINE, c->rc_tab);
+    for (size_t b = 0; b < c->rc_n_coarse; b++)
+        e8kv_cache_rc_exact(c, RC_FINE * b, 1, c->rc_tab + (RC_FINE + b) * d);
+    c->fixed_bytes += (RC_FINE + c->rc_n_coarse) * d * sizeof *c->rc_tab;
     return 0;
 }
 
-const float *e8kv_cache_rc_cos_sin(const e8kv_cache *c, size_t pos, float *buf) {
-    const size_t d = c->head_dim, half = d / 2;
-    if (pos < c->rc_n_pos) return c->rc_cs + pos * d;
+void e8kv_cache_rc_cos_sin(const e8kv_cache *c, size_t pos, float *cs) {
+    const size_t d = c->head_dim, b = pos / RC_FINE;
+    const float *f = c->rc_tab + (pos % RC_FINE) * d, *g = c->rc_tab + (RC_FINE + b) * d;
     float row[E8KV_MAX_HEAD_DIM];
-    for (size_t i = 0; i < half; i++) {
-        row[c->rope_neox ? i : 2 * i] = 1.0f;
-        row[c->rope_neox ? i + half : 2 * i + 1] = 0.0f;
+    if (b >= c->rc_n_coarse) { /* past n_ctx (positions grow past it under a token budget) */
+        e8kv_cache_rc_exact(c, RC_FINE * b, 1, row);
+        g = row;
     }
-    e8kv_rope_apply(c->rope, row, 1, 1, pos);
-    for (size_t i = 0; i < half; i++) {
-        buf[2 * i] = row[c->rope_neox ? i : 2 * i];
-        buf[2 * i + 1] = row[c->rope_neox ? i + half : 2 * i + 1];
+    for (size_t i = 0; i < d; i += 2) { /* the angle of RC_FINE·b plus that of pos % RC_FINE */
+        cs[i] = g[i] * f[i] - g[i + 1] * f[i + 1];
+        cs[i + 1] = g[i + 1] * f[i] + g[i] * f[i + 1];
     }
-    return buf;
 }
 
 /* (a, b) turned by (C, S) as RoPE turns a pair (src/common/rope.h: float products, no FMA) */
@@ -510,11 +514,8 @@ static void rc_turn(float a, float b, float C, float S, float *x0, float *x1) {
     *x1 = a * S + b * C;
 }
 
-int e8kv_cache_rc_turned(const e8kv_cache *c, const kv_layer *L, size_t h, size_t pos, float *x) {
-    if (!L->k_rc) return 0;
+void e8kv_cache_rc_turned(const e8kv_cache *c, const kv_layer *L, size_t h, const float *cs, float *x) {
     const size_t d = c->head_dim, half = d / 2;
-    float buf[E8KV_MAX_HEAD_DIM];
-    const float *cs = e8kv_cache_rc_cos_sin(c, pos, buf);
     const kv_rc *rc = &L->k_rc[h];
     memset(x, 0, d * sizeof *x);
     for (size_t k = 0; k < E8KV_RC_PAIRS; k++) {
@@ -522,7 +523,6 @@ int e8kv_cache_rc_turned(const e8kv_cache *c, const kv_layer *L, size_t h, size_
         rc_turn(rc->m[2 * k], rc->m[2 * k + 1], cs[2 * i], cs[2 * i + 1], &x[c->rope_neox ? i : 2 * i],
                 &x[c->rope_neox ? i + half : 2 * i + 1]);
     }
-    return 1;
 }
 
 static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cfg, size_t *err) {
@@ -679,7 +679,7 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
         }
     }
     free(lspec);
-    if (!e8kv_is_error(r) && c->center == 3) r = rc_table(c);
+    if (!e8kv_is_error(r) && c->center == 3) r = rc_tables(c);
     free(auto_names);
     if (!e8kv_is_error(r) && init_pages(c)) r = E8KV_ERR(OUT_OF_MEMORY);
     if (e8kv_is_error(r)) {
@@ -762,7 +762,7 @@ void e8kv_cache_free(e8kv_cache *cache) {
     e8kv_pool_free(cache->pool_owned);
     free(cache->attn_part);
     free(cache->attn_boxq);
-    free(cache->rc_cs);
+    free(cache->rc_tab);
     e8kv_rope_free(cache->rope);
     if (cache->attn_mu_ready) pthread_mutex_destroy(&cache->attn_mu);
     if (cache->layers) {
@@ -811,12 +811,15 @@ static size_t encode_vector(const kv_format *f, size_t h, uint8_t *dst, const fl
     return e8kv_fmt_encode(f, h, dst, t);
 }
 
-/* The turned centre of a K vector of head h at slot `slot` (its position: kv_slot_pos) into buf, or NULL
- * when the stream has none (V, or no center=rope). */
+/* The turned centre of a K vector of head h at slot `slot` (its position: kv_slot_pos) into buf, with
+ * RoPE's own cos, sin at that position (cs: a row of e8kv_cache_rc_exact there, or NULL to compute it), or
+ * NULL when the stream has none (V, or no center=rope). */
 static const float *turned_at(const e8kv_cache *c, const kv_layer *L, const kv_format *f, size_t h,
-                              size_t slot, float *buf) {
+                              size_t slot, const float *cs, float *buf) {
     if (f != &L->k || !L->k_rc) return NULL;
-    e8kv_cache_rc_turned(c, L, h, kv_slot_pos(L, h, slot), buf);
+    float row[E8KV_MAX_HEAD_DIM];
+    if (!cs) e8kv_cache_rc_exact(c, kv_slot_pos(L, h, slot), 1, row);
+    e8kv_cache_rc_turned(c, L, h, cs ? cs : row, buf);
     return buf;
 }
 
@@ -842,8 +845,10 @@ static size_t reopen_group_page(e8kv_cache *c, const kv_format *f, kv_page *pg) 
     return 0;
 }
 
+/* rc_rows: with center=rope, RoPE's cos, sin at the positions of slots [n0, n1) (e8kv_cache_rc_exact) */
 static size_t append_stream(e8kv_cache *c, const kv_layer *L, const kv_format *f, size_t h, kv_page *tab,
-                            float *sink, const float *src, size_t stride, size_t n0, size_t n1, const float *mu) {
+                            float *sink, const float *src, size_t stride, size_t n0, size_t n1, const float *mu,
+                            const float *rc_rows) {
     const size_t d = c->head_dim, P = c->page_tokens;
     float turned[E8KV_MAX_HEAD_DIM];
     for (size_t pos = n0; pos < n1; pos++) {
@@ -860,7 +865,9 @@ static size_t append_stream(e8kv_cache *c, const kv_layer *L, const kv_format *f
             memcpy((float *)(void *)pg->data + slot * d, x, d * sizeof(float));
         } else {
             E8KV_RETURN_IF_ERROR(encode_vector(f, h, pg->data + slot * f->vector_bytes, x, mu,
-                                               turned_at(c, L, f, h, pos, turned), d));
+                                               turned_at(c, L, f, h, pos,
+                                                         rc_rows ? rc_rows + (pos - n0) * d : NULL, turned),
+                                               d));
         }
     }
     return 0;
@@ -898,7 +905,7 @@ static size_t convert_stream(e8kv_cache *c, const kv_layer *L, const kv_format *
         for (size_t s = 0; s < P; s++) {
             if (i * P + s < c->n_sink) continue;
             E8KV_RETURN_IF_ERROR(encode_vector(f, h, coded + s * f->vector_bytes, raw + s * d, mu,
-                                               turned_at(c, L, f, h, i * P + s, turned), d));
+                                               turned_at(c, L, f, h, i * P + s, NULL, turned), d));
         }
     }
     return 0;
@@ -965,13 +972,14 @@ void e8kv_cache_means_to_read_domain(const e8kv_cache *c, kv_layer *L) {
  * largest (NaN last, ties to the lower pair), and k_mu zeroed there; n_tok 0 (no means): pairs 0 .. 7 with
  * mean 0. The CUDA cache's rope_means_kernel does the same operations: exact products in double, sums in
  * token order. */
-static void rc_means(const e8kv_cache *c, kv_layer *L, size_t h, const float *k, size_t n_tok) {
+static void rc_means(const e8kv_cache *c, kv_layer *L, size_t h, const float *k, size_t n_tok,
+                     const float *rc_rows) {
     const size_t d = c->head_dim, half = d / 2, stride = c->n_head_kv * d;
     double sx[E8KV_MAX_HEAD_DIM / 2] = {0}, sy[E8KV_MAX_HEAD_DIM / 2] = {0}, e[E8KV_MAX_HEAD_DIM / 2];
-    float a[E8KV_MAX_HEAD_DIM / 2], b[E8KV_MAX_HEAD_DIM / 2], buf[E8KV_MAX_HEAD_DIM];
+    float a[E8KV_MAX_HEAD_DIM / 2], b[E8KV_MAX_HEAD_DIM / 2];
     float *const mu = L->k_mu + h * d;
     for (size_t t = 0; t < n_tok; t++) {
-        const float *cs = e8kv_cache_rc_cos_sin(c, kv_slot_pos(L, h, t), buf);
+        const float *cs = rc_rows + t * d; /* RoPE's own, at positions 0 .. */
         const float *x = k + t * stride + h * d;
         for (size_t i = 0; i < half; i++) {
             const double x0 = x[c->rope_neox ? i : 2 * i], x1 = x[c->rope_neox ? i + half : 2 * i + 1];
@@ -1003,7 +1011,8 @@ static void rc_means(const e8kv_cache *c, kv_layer *L, size_t h, const float *k,
     }
 }
 
-static void set_means(const e8kv_cache *c, kv_layer *L, const float *k, const float *v, size_t n_tok) {
+static void set_means(const e8kv_cache *c, kv_layer *L, const float *k, const float *v, size_t n_tok,
+                      const float *rc_rows) {
     const size_t d = c->head_dim, stride = c->n_head_kv * d;
     const int on = n_tok >= E8KV_CACHE_CENTER_MIN_TOKENS;
     for (size_t i = 0; i < stride; i++) {
@@ -1015,7 +1024,8 @@ static void set_means(const e8kv_cache *c, kv_layer *L, const float *k, const fl
         L->k_mu[i] = L->k.centered ? (float)(sk / (double)n_tok) : 0.0f;
         L->v_mu[i] = L->v.centered ? (float)(sv / (double)n_tok) : 0.0f;
     }
-    for (size_t h = 0; L->k_rc && h < c->n_head_kv; h++) rc_means(c, L, h, k, on ? n_tok : 0);
+    for (size_t h = 0; L->k_rc && h < c->n_head_kv; h++)
+        rc_means(c, L, h, k, on ? n_tok : 0, rc_rows);
     e8kv_cache_means_to_read_domain(c, L);
     L->mu_set = 1;
 }
@@ -1038,16 +1048,27 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
                                  &L->v, L->v.group || raw, new_pages(cache, L, L->v_pages, n0, n1)))
         return E8KV_ERR(OUT_OF_MEMORY);
     size_t r = 0;
-    if (n0 == 0 && !L->mu_set && L->k_mu) set_means(cache, L, k, v, n_tok);
+    /* center=rope: RoPE's cos, sin at the new tokens' positions (slots past every evicted one's map) */
+    float rc_local[4 * E8KV_MAX_HEAD_DIM], *rc_rows = NULL;
+    if (L->k_rc) {
+        rc_rows = n_tok * d <= sizeof rc_local / sizeof *rc_local ? rc_local : malloc(n_tok * d * sizeof *rc_rows);
+        if (!rc_rows) {
+            e8kv_cache_compact_pages(cache);
+            return E8KV_ERR(OUT_OF_MEMORY);
+        }
+        e8kv_cache_rc_exact(cache, n0 + L->n_evicted, n_tok, rc_rows);
+    }
+    if (n0 == 0 && !L->mu_set && L->k_mu) set_means(cache, L, k, v, n_tok, rc_rows);
     for (size_t h = 0; h < cache->n_head_kv && !e8kv_is_error(r); h++) {
         float *ks = L->k_sink ? L->k_sink + h * cache->n_sink * d : NULL;
         float *vs = L->v_sink ? L->v_sink + h * cache->n_sink * d : NULL;
         r = append_stream(cache, L, &L->k, h, L->k_pages + h * M, ks, k + h * d, stride, n0, n1,
-                          mean_of(L, 1, h, d));
+                          mean_of(L, 1, h, d), rc_rows);
         if (!e8kv_is_error(r))
             r = append_stream(cache, L, &L->v, h, L->v_pages + h * M, vs, v + h * d, stride, n0, n1,
-                              mean_of(L, 0, h, d));
+                              mean_of(L, 0, h, d), NULL);
     }
+    if (rc_rows != rc_local) free(rc_rows);
     /* a decode step of a model with up to 16 KV heads converts on the stack: no allocation per token */
     pending_conv pend_local[64], *pend = NULL;
     size_t n_pend = 0;

@@ -190,10 +190,11 @@ struct e8kv_cache {
     int rope_neox;     /* 1: split halves (NeoX/llama.cpp NEOX), 0: interleaved pairs */
     int center;        /* centering: 0 off, 1 e8kv's formats (default), 2 all coded formats (center=all),
                           3 center=rope (as 1, K's centre partly turned by RoPE: kv_rc) */
-    /* center=rope: cos, sin of every RoPE pair at positions [0, rc_n_pos), (pos, head_dim / 2, 2), taken
-     * from e8kv_rope_apply (rope, made for it); later positions ask rope itself. NULL otherwise. */
-    float *rc_cs;
-    size_t rc_n_pos;
+    /* center=rope, the reads' cos, sin of every RoPE pair: RC_FINE rows of positions 0 .. RC_FINE − 1, then
+     * rc_n_coarse rows of positions RC_FINE·b, (head_dim / 2, 2) each; position RC_FINE·b + r is one complex
+     * product of the two (e8kv_cache_rc_cos_sin). NULL otherwise. */
+    float *rc_tab;
+    size_t rc_n_coarse;
     uint64_t seed;     /* rotation seed of the codecs */
     const e8kv_calib *calib; /* transform coding: the calibration (borrowed, or calib_owned) */
     e8kv_calib *calib_owned; /* the calibration of a loaded cache, owned */
@@ -305,12 +306,14 @@ const uint32_t *e8kv_attn_res4_nib(void);
 void e8kv_cache_add_rows_ref(float *restrict y, const float *restrict mu, size_t n, size_t d);
 void e8kv_cache_add_rows_avx2(float *restrict y, const float *restrict mu, size_t n, size_t d);
 
-/* center=rope: the turned part of head h's key centre at position pos, d floats in the original domain
- * (0 outside the chosen pairs), into x; 0 when L has none (nothing written). */
-int e8kv_cache_rc_turned(const struct e8kv_cache *c, const kv_layer *L, size_t h, size_t pos, float *x);
-/* center=rope: position pos's (cos, sin) of every RoPE pair, (head_dim / 2, 2): the table's row, or
- * computed into buf (head_dim floats) past it. */
-const float *e8kv_cache_rc_cos_sin(const struct e8kv_cache *c, size_t pos, float *buf);
+/* center=rope: RoPE's own cos, sin at positions [p0, p0 + n) into cs, (n, head_dim / 2, 2) (what codes
+ * use); the reads' (within a few float roundings of them) at one position into cs (head_dim floats); the
+ * turned part of head h's key centre (L->k_rc) at the position of cs, d floats in the original domain (0
+ * outside the chosen pairs), into x. */
+#define RC_FINE 64
+void e8kv_cache_rc_exact(const struct e8kv_cache *c, size_t p0, size_t n, float *cs);
+void e8kv_cache_rc_cos_sin(const struct e8kv_cache *c, size_t pos, float *cs);
+void e8kv_cache_rc_turned(const struct e8kv_cache *c, const kv_layer *L, size_t h, const float *cs, float *x);
 
 /* Derive the read-domain copies of L's centering means (k_mu_read, v_mu_read) from k_mu, v_mu. */
 void e8kv_cache_means_to_read_domain(const struct e8kv_cache *c, kv_layer *L);
