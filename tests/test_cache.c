@@ -616,8 +616,10 @@ static void test_tile_avx2_vs_ref(void **state) {
             float *a1 = rand_vec(&rng, d, 1.0), *a2 = malloc(d * sizeof(float));
             memcpy(a2, a1, d * sizeof(float));
             float m1 = 0.3f, m2 = 0.3f, l1 = 2.0f, l2 = 2.0f;
-            e8kv_attn_tile_ref(q, K, V, n, d, &m1, &l1, a1);
-            e8kv_attn_tile_avx2(q, K, V, n, d, &m2, &l2, a2);
+            float *bias = n % 2 ? rand_vec(&rng, n, 1.0) : NULL; /* center=rope's score bias, every other n */
+            e8kv_attn_tile_ref(q, K, V, bias, n, d, &m1, &l1, a1);
+            e8kv_attn_tile_avx2(q, K, V, bias, n, d, &m2, &l2, a2);
+            free(bias);
             /* dot products of d terms: rounding differences ~ d * eps * |q||k| */
             assert_float_equal(m1, m2, 1e-5 * (double)d);
             assert_float_equal(l1, l2, 1e-5 * fabs(l1) * (double)d);
@@ -630,6 +632,31 @@ static void test_tile_avx2_vs_ref(void **state) {
             free(a2);
         }
     }
+}
+
+/* center=rope's score bias along a run (e8kv_rc_bias_run_*): the AVX2 twin against the reference, runs of 1
+ * to 64 keys from any first row offset, within float summation order. */
+static void test_rc_bias_twins(void **state) {
+    (void)state;
+    if (!e8kv_cpu_has_avx2()) skip();
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 23);
+    float *tab = rand_vec(&rng, E8KV_RC_PAIRS * 2 * RC_FINE, 1.0); /* per pair a cos row, then its sin row */
+    static const size_t ms[] = {1, 7, 8, 13, 33, 64};
+    for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++)
+        for (size_t r0 = 0; r0 + ms[mi] <= RC_FINE; r0 += 9) {
+            const float *rows[E8KV_RC_PAIRS];
+            float a[E8KV_RC_PAIRS], b[E8KV_RC_PAIRS], o1[RC_FINE], o2[RC_FINE];
+            for (size_t k = 0; k < E8KV_RC_PAIRS; k++) {
+                rows[k] = tab + 2 * RC_FINE * k + r0;
+                a[k] = (float)e8kv_rng_normal(&rng), b[k] = (float)e8kv_rng_normal(&rng);
+            }
+            e8kv_rc_bias_run_ref(o1, rows, a, b, ms[mi]);
+            e8kv_rc_bias_run_avx2(o2, rows, a, b, ms[mi]);
+            for (size_t t = 0; t < ms[mi]; t++)
+                assert_float_equal(o1[t], o2[t], 1e-5 * (1.0 + fabs(o1[t])));
+        }
+    free(tab);
 }
 
 /* Fused page readers (AVX2) against the codec's own decode, bit-exact, and whole attention with the
@@ -1132,6 +1159,31 @@ static void rope_centre_case(const char *codec, int box, int neox, size_t d) {
     naive_attend(&s, Kd, Vd, q, 1, n - 1, ref);
     assert_int_equal(e8kv_cache_attend(c, o, n_out, 0, q, n_head, 1, n - 1), n_head * d);
     if (max_abs_diff(o, ref, n_head * d) > (box ? 1e-2 : 1e-4)) fail_msg("%s: decode attention", spec);
+    if (c->use_avx2) { /* the portable tiles and bias too */
+        c->use_avx2 = c->use_vnni = 0;
+        assert_int_equal(e8kv_cache_attend(c, o, n_out, 0, q, n_head, 1, n - 1), n_head * d);
+        if (max_abs_diff(o, ref, n_head * d) > (box ? 1e-2 : 1e-4))
+            fail_msg("%s: portable decode attention", spec);
+        c->use_avx2 = 1, c->use_vnni = e8kv_cpu_has_avxvnni();
+    }
+    /* with a window: its raw pages are read exact (no centre, no bias) */
+    {
+        float *Kw = malloc(n * row * sizeof *Kw), *Vw = malloc(n * row * sizeof *Vw);
+        memcpy(Kw, Kd, n * row * sizeof *Kw);
+        memcpy(Vw, Vd, n * row * sizeof *Vw);
+        for (size_t t = 0; t < n; t++)
+            for (size_t h = 0; h < n_kv; h++)
+                if (win->layers[0].k_pages[h * win->n_page_max + t / 16].raw) {
+                    memcpy(Kw + t * row + h * d, K + t * row + h * d, d * sizeof *Kw);
+                    memcpy(Vw + t * row + h * d, V + t * row + h * d, d * sizeof *Vw);
+                }
+        naive_attend(&s, Kw, Vw, q, nt, n - nt, ref);
+        assert_int_equal(e8kv_cache_attend(win, o, n_out, 0, q, n_head, nt, n - nt), n_out);
+        if (max_abs_diff(o, ref, n_out) > (box ? 1e-2 : 1e-4))
+            fail_msg("%s: attention with a window", window_spec);
+        free(Kw);
+        free(Vw);
+    }
     /* save / load: the same bits */
     {
         const size_t bound = e8kv_cache_save_bound(c, 0);
@@ -1561,6 +1613,7 @@ int main(void) {
         cmocka_unit_test(test_e8ball4_nibble_reader),
         cmocka_unit_test(test_centering),
         cmocka_unit_test(test_rope_centre),
+        cmocka_unit_test(test_rc_bias_twins),
         cmocka_unit_test(test_rope_default),
         cmocka_unit_test(test_add_rows_twins),
         cmocka_unit_test(test_box_tile_twins),

@@ -83,8 +83,10 @@ void e8kv_cache_add_rows_ref(float *restrict y, const float *restrict mu, size_t
             y[t * d + j] += mu[j];
 }
 
-void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head, int is_k, size_t p0,
-                            size_t n, float *restrict dst) {
+/* turn: with center=rope, keys get the turned part of their centre too (attention adds it to the scores
+ * instead: rc_bias) */
+static void read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head, int is_k, size_t p0, size_t n,
+                        float *restrict dst, int turn) {
     const kv_format *f = is_k ? &L->k : &L->v;
     const kv_page *tab = (is_k ? L->k_pages : L->v_pages) + head * c->n_page_max;
     const float *sink = is_k ? L->k_sink : L->v_sink;
@@ -125,7 +127,7 @@ void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head,
                 else
                     e8kv_cache_add_rows_ref(y, mu, run, d);
             }
-            if (is_k && L->k_rc) /* center=rope: and the centre's turned part at each key's position */
+            if (is_k && turn && L->k_rc) /* center=rope: the centre's turned part at each key's position */
                 for (size_t i = 0; i < run; i++) {
                     float tc[E8KV_MAX_HEAD_DIM], cs[E8KV_MAX_HEAD_DIM];
                     e8kv_cache_rc_cos_sin(c, kv_slot_pos(L, head, pos + i), cs);
@@ -140,8 +142,14 @@ void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head,
     }
 }
 
-void e8kv_attn_tile_ref(const float *restrict q, const float *restrict K, const float *restrict V, size_t n,
-                        size_t d, float *restrict m, float *restrict l, float *restrict acc) {
+void e8kv_cache_read_tokens(const e8kv_cache *c, const kv_layer *L, size_t head, int is_k, size_t p0,
+                            size_t n, float *restrict dst) {
+    read_tokens(c, L, head, is_k, p0, n, dst, 1);
+}
+
+void e8kv_attn_tile_ref(const float *restrict q, const float *restrict K, const float *restrict V,
+                        const float *restrict bias, size_t n, size_t d, float *restrict m, float *restrict l,
+                        float *restrict acc) {
     float s[TILE_MAX_TOKENS];
     assert(n <= TILE_MAX_TOKENS);
     float m_new = *m;
@@ -149,8 +157,8 @@ void e8kv_attn_tile_ref(const float *restrict q, const float *restrict K, const 
         float dot = 0.0f;
         for (size_t i = 0; i < d; i++)
             dot += q[i] * K[j * d + i];
-        s[j] = dot;
-        if (dot > m_new) m_new = dot;
+        s[j] = bias ? dot + bias[j] : dot;
+        if (s[j] > m_new) m_new = s[j];
     }
     const float corr = expf(*m - m_new); /* *m = -inf on the first tile: corr = 0 */
     float sum = *l * corr;
@@ -166,8 +174,9 @@ void e8kv_attn_tile_ref(const float *restrict q, const float *restrict K, const 
     *l = sum;
 }
 
-typedef void (*tile_fn)(const float *restrict, const float *restrict, const float *restrict, size_t, size_t,
-                        float *restrict, float *restrict, float *restrict);
+typedef void (*tile_fn)(const float *restrict, const float *restrict, const float *restrict,
+                        const float *restrict, size_t, size_t, float *restrict, float *restrict,
+                        float *restrict);
 
 typedef struct {
     const e8kv_cache *c;
@@ -223,39 +232,98 @@ static int box_tile_ok(const e8kv_cache *c, const kv_layer *L, size_t h, size_t 
     return kp->data && vp->data && !kp->raw && !vp->raw;
 }
 
-/* center=rope: the scores' bias of the tile [p, p + n) of head h for its n_q queries (kvcache.h, the box
- * query's rca, rcb), (n_q, 64) with 0 past n */
-static void rc_bias(const e8kv_cache *c, const kv_layer *L, size_t h, const e8kv_box_query *bq, size_t n_q,
-                    size_t p, size_t n, float *bias) {
-    memset(bias, 0, n_q * TILE_MAX_TOKENS * sizeof *bias);
-    const kv_rc *rc = &L->k_rc[h];
-    for (size_t j = 0; j < n; j++) {
-        float cs[E8KV_MAX_HEAD_DIM];
-        e8kv_cache_rc_cos_sin(c, kv_slot_pos(L, h, p + j), cs);
-        float C[E8KV_RC_PAIRS], S[E8KV_RC_PAIRS];
-        for (size_t k = 0; k < E8KV_RC_PAIRS; k++)
-            C[k] = cs[2 * rc->pair[k]], S[k] = cs[2 * rc->pair[k] + 1];
-        for (size_t g = 0; g < n_q; g++) {
-            float s = 0.0f;
-            for (size_t k = 0; k < E8KV_RC_PAIRS; k++)
-                s += C[k] * bq[g].rca[k] + S[k] * bq[g].rcb[k];
-            bias[g * TILE_MAX_TOKENS + j] = s;
+/* center=rope: a query's terms against K's turned centre (kvcache.h, kv_rc), scaled as its scores: key j at
+ * position p scores + Σ_k C_k(p)·a[k] + S_k(p)·b[k], (C_k, S_k) the cos, sin of pair k at p, a = q0·m_a +
+ * q1·m_b, b = q1·m_a − q0·m_b (q·R_p·m over the pair) */
+typedef struct {
+    float a[E8KV_RC_PAIRS], b[E8KV_RC_PAIRS];
+} rc_query;
+
+/* The terms of queries [qa, qb) of KV head h's group (rq[qi - qa]), from the unrotated queries */
+static void rc_queries(const attend_job *job, size_t h, size_t qa, size_t qb, rc_query *rq) {
+    const e8kv_cache *c = job->c;
+    const kv_rc *rc = &job->L->k_rc[h];
+    const size_t d = c->head_dim, g = job->group, row = job->n_head * d, half = d / 2;
+    const float scale = 1.0f / sqrtf((float)d);
+    for (size_t qi = qa; qi < qb; qi++) {
+        const float *src = job->q + (qi / g) * row + (h * g + qi % g) * d;
+        for (size_t k = 0; k < E8KV_RC_PAIRS; k++) {
+            const size_t i = rc->pair[k];
+            const float q0 = src[c->rope_neox ? i : 2 * i] * scale,
+                        q1 = src[c->rope_neox ? i + half : 2 * i + 1] * scale;
+            const float ma = rc->m[2 * k], mb = rc->m[2 * k + 1];
+            rq[qi - qa].a[k] = q0 * ma + q1 * mb;
+            rq[qi - qa].b[k] = q1 * ma - q0 * mb;
         }
     }
 }
 
+/* The score bias of slots [p, p + n) of head h for n_q queries: bias[g·TILE_MAX_TOKENS + j], 0 past n and for
+ * the keys read exact (sinks, window pages: their own values hold the whole centre). Per run
+ * of keys at consecutive positions within one block of RC_FINE: with (C_b, S_b) the block start's cos, sin,
+ * a' = C_b·a + S_b·b and b' = C_b·b − S_b·a per query and pair, then each key adds C_r·a' + S_r·b' along the
+ * fine table's rows (r = its position mod RC_FINE): 2·E8KV_RC_PAIRS products per key and query. */
+void e8kv_rc_bias_run_ref(float *restrict out, const float *const *rows, const float *a, const float *b,
+                          size_t m) {
+    for (size_t t = 0; t < m; t++) {
+        float s = 0.0f;
+        for (size_t k = 0; k < E8KV_RC_PAIRS; k++)
+            s += rows[k][t] * a[k] + rows[k][t + RC_FINE] * b[k];
+        out[t] = s;
+    }
+}
+
+static int rc_exact_slot(const e8kv_cache *c, const kv_layer *L, size_t h, size_t slot) {
+    return slot < c->n_sink || L->k_pages[h * c->n_page_max + slot / c->page_tokens].raw;
+}
+
+static void rc_bias(const e8kv_cache *c, const kv_layer *L, size_t h, const rc_query *rq, size_t n_q,
+                    size_t p, size_t n, float *bias) {
+    memset(bias, 0, n_q * TILE_MAX_TOKENS * sizeof *bias);
+    const kv_rc *rc = &L->k_rc[h];
+    const size_t P = c->page_tokens;
+    for (size_t j = 0; j < n;) {
+        const size_t slot = p + j, page_end = (slot / P + 1) * P - p; /* j of the page's end */
+        if (rc_exact_slot(c, L, h, slot)) { /* sink and window keys are read whole: no bias */
+            j = slot < c->n_sink ? c->n_sink - p : page_end;
+            continue;
+        }
+        const size_t pos = kv_slot_pos(L, h, slot), r0 = pos % RC_FINE;
+        size_t m = RC_FINE - r0; /* a run: consecutive positions in one block of RC_FINE, one coded page */
+        if (m > n - j) m = n - j;
+        if (m > page_end - j) m = page_end - j;
+        if (slot < L->n_map) /* mapped slots (after an eviction): as far as the positions stay consecutive */
+            for (size_t t = 1; t < m; t++)
+                if (kv_slot_pos(L, h, slot + t) != pos + t) {
+                    m = t;
+                    break;
+                }
+        float buf[E8KV_MAX_HEAD_DIM];
+        const float *cb = e8kv_cache_rc_coarse(c, pos / RC_FINE, buf), *rows[E8KV_RC_PAIRS];
+        for (size_t k = 0; k < E8KV_RC_PAIRS; k++)
+            rows[k] = c->rc_tab + 2 * rc->pair[k] * RC_FINE + r0;
+        for (size_t g = 0; g < n_q; g++) {
+            float a2[E8KV_RC_PAIRS], b2[E8KV_RC_PAIRS];
+            for (size_t k = 0; k < E8KV_RC_PAIRS; k++) {
+                const size_t i = rc->pair[k];
+                const float C = cb[2 * i], S = cb[2 * i + 1], a = rq[g].a[k], b = rq[g].b[k];
+                a2[k] = C * a + S * b, b2[k] = C * b - S * a;
+            }
+            if (c->use_avx2)
+                e8kv_rc_bias_run_avx2(bias + g * TILE_MAX_TOKENS + j, rows, a2, b2, m);
+            else
+                e8kv_rc_bias_run_ref(bias + g * TILE_MAX_TOKENS + j, rows, a2, b2, m);
+        }
+        j += m;
+    }
+}
+
 static void box_tile(const e8kv_cache *c, const kv_layer *L, size_t h, const e8kv_box_query *bq, size_t n_q,
-                     size_t p, size_t n, float *m, float *l, float *const *accs) {
+                     size_t p, size_t n, const float *bias, float *m, float *l, float *const *accs) {
     const size_t P = c->page_tokens, vb = L->k.vector_bytes, d = c->head_dim;
     const uint8_t *const k = L->k_pages[h * c->n_page_max + p / P].data + (p % P) * vb;
     const uint8_t *const v = L->v_pages[h * c->n_page_max + p / P].data + (p % P) * vb;
     const float *const mu_v = L->v.centered ? L->v_mu_read + h * d : NULL;
-    float bias_buf[BOX_QMAX * TILE_MAX_TOKENS];
-    const float *bias = NULL;
-    if (L->k_rc) {
-        rc_bias(c, L, h, bq, n_q, p, n, bias_buf);
-        bias = bias_buf;
-    }
     if (!c->use_avx2) {
         e8kv_attn_box_tile_ref(bq, n_q, k, v, vb, n, d, mu_v, bias, m, l, accs);
         return;
@@ -281,19 +349,8 @@ static void prep_queries(const attend_job *job, size_t h, size_t a, size_t b, fl
         const float *src = job->q + t * row + hq * d;
         for (size_t i = 0; i < d; i++)
             qv[i] = src[i] * scale;
-        float rca[E8KV_RC_PAIRS], rcb[E8KV_RC_PAIRS]; /* center=rope: the query against the turned centre */
-        for (size_t k = 0; bq && L->k_rc && k < E8KV_RC_PAIRS; k++) {
-            const size_t i = L->k_rc[h].pair[k], half = d / 2;
-            const float q0 = qv[job->c->rope_neox ? i : 2 * i], q1 = qv[job->c->rope_neox ? i + half : 2 * i + 1];
-            const float ma = L->k_rc[h].m[2 * k], mb = L->k_rc[h].m[2 * k + 1];
-            rca[k] = q0 * ma + q1 * mb; /* q·R_p·m = C·(q0·a + q1·b) + S·(q1·a − q0·b) */
-            rcb[k] = q1 * ma - q0 * mb;
-        }
         if (L->k.rotated) e8kv_fmt_query(&L->k, h, d, qv, 1);
-        if (bq) {
-            e8kv_box_query_init(&bq[qi - a], qv, L->k.centered ? L->k_mu_read + h * d : NULL, d);
-            if (L->k_rc) memcpy(bq[qi - a].rca, rca, sizeof rca), memcpy(bq[qi - a].rcb, rcb, sizeof rcb);
-        }
+        if (bq) e8kv_box_query_init(&bq[qi - a], qv, L->k.centered ? L->k_mu_read + h * d : NULL, d);
     }
 }
 
@@ -325,6 +382,9 @@ static void attend_part(const attend_job *job, size_t h, size_t qa, size_t qb, s
         } else {
             prep_queries(job, h, a, b, qr, box ? bq_local : NULL);
         }
+        /* center=rope: the chunk's terms against K's turned centre, added to each tile's scores (rc_bias) */
+        rc_query rq[QCHUNK_MAX];
+        if (L->k_rc) rc_queries(job, h, a, b, rq);
         float *accs[BOX_QMAX];
         for (size_t qi = a; qi < b; qi++) {
             const size_t t = qi / g, hq = h * g + qi % g;
@@ -345,19 +405,25 @@ static void attend_part(const attend_job *job, size_t h, size_t qa, size_t qb, s
                 prefetch_tokens(c, L, h + 1, 1, k_begin, tt);
                 prefetch_tokens(c, L, h + 1, 0, k_begin, tt);
             }
+            float bias_buf[QCHUNK_MAX * TILE_MAX_TOKENS];
+            const float *bias = NULL;
+            if (L->k_rc) {
+                rc_bias(c, L, h, rq, b - a, p, n, bias_buf);
+                bias = bias_buf;
+            }
             if (box && box_tile_ok(c, L, h, p, n, job->pos0 + a / g + 1)) {
-                box_tile(c, L, h, bq, b - a, p, n, m, l, accs);
+                box_tile(c, L, h, bq, b - a, p, n, bias, m, l, accs);
                 continue;
             }
-            e8kv_cache_read_tokens(c, L, h, 1, p, n, kt);
-            e8kv_cache_read_tokens(c, L, h, 0, p, n, vt);
+            read_tokens(c, L, h, 1, p, n, kt, 0); /* keys less the turned centre: it is in the bias */
+            read_tokens(c, L, h, 0, p, n, vt, 0);
             for (size_t qi = a; qi < b; qi++) {
                 const size_t t = qi / g, hq = h * g + qi % g;
                 const size_t lim = job->pos0 + t + 1; /* causal: positions < lim */
                 if (lim <= p) continue;
                 const size_t nv = lim - p < n ? lim - p : n;
-                job->tile(qs + (qi - a) * d, kt, vt, nv, d, &m[qi - a], &l[qi - a],
-                          acc_rows + t * row + hq * d);
+                job->tile(qs + (qi - a) * d, kt, vt, bias ? bias + (qi - a) * TILE_MAX_TOKENS : NULL, nv, d,
+                          &m[qi - a], &l[qi - a], acc_rows + t * row + hq * d);
             }
         }
         for (size_t qi = a; qi < b; qi++) {

@@ -10,10 +10,11 @@
 
 #define TILE_MAX_TOKENS 64
 
-void e8kv_attn_tile_avx2(const float *restrict q, const float *restrict K, const float *restrict V, size_t n,
-                         size_t d, float *restrict m, float *restrict l, float *restrict acc) {
+void e8kv_attn_tile_avx2(const float *restrict q, const float *restrict K, const float *restrict V,
+                         const float *restrict bias, size_t n, size_t d, float *restrict m, float *restrict l,
+                         float *restrict acc) {
     if (d % 8) {
-        e8kv_attn_tile_ref(q, K, V, n, d, m, l, acc);
+        e8kv_attn_tile_ref(q, K, V, bias, n, d, m, l, acc);
         return;
     }
     float s[TILE_MAX_TOKENS + 8];
@@ -41,6 +42,8 @@ void e8kv_attn_tile_avx2(const float *restrict q, const float *restrict K, const
         for (size_t i = 0; i < d; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), a0);
         s[j] = hsum256(a0);
     }
+    for (j = 0; bias && j < n; j++) /* center=rope: the keys' turned centre */
+        s[j] += bias[j];
     for (j = 0; j < n; j++)
         if (s[j] > m_new) m_new = s[j];
     /* weights p_j = e^(s_j - m'), 8 at a time; lanes past n are masked to 0 */
@@ -81,6 +84,28 @@ void e8kv_attn_tile_avx2(const float *restrict q, const float *restrict K, const
     }
     *m = m_new;
     *l = sum;
+}
+
+void e8kv_rc_bias_run_avx2(float *restrict out, const float *const *rows, const float *a, const float *b,
+                           size_t m) {
+    __m256 va[E8KV_RC_PAIRS], vb[E8KV_RC_PAIRS];
+    for (size_t k = 0; k < E8KV_RC_PAIRS; k++)
+        va[k] = _mm256_set1_ps(a[k]), vb[k] = _mm256_set1_ps(b[k]);
+    size_t t = 0;
+    for (; t + 8 <= m; t += 8) { /* 8 keys: the pairs' products in one register */
+        __m256 s = _mm256_setzero_ps();
+        for (size_t k = 0; k < E8KV_RC_PAIRS; k++) {
+            s = _mm256_fmadd_ps(_mm256_loadu_ps(rows[k] + t), va[k], s);
+            s = _mm256_fmadd_ps(_mm256_loadu_ps(rows[k] + t + RC_FINE), vb[k], s);
+        }
+        _mm256_storeu_ps(out + t, s);
+    }
+    if (t < m) { /* the last keys one by one */
+        const float *tail[E8KV_RC_PAIRS];
+        for (size_t k = 0; k < E8KV_RC_PAIRS; k++)
+            tail[k] = rows[k] + t;
+        e8kv_rc_bias_run_ref(out + t, tail, a, b, m - t);
+    }
 }
 
 void e8kv_cache_read_f16_avx2(float *restrict dst, const uint8_t *restrict src, size_t n, size_t d) {

@@ -473,9 +473,9 @@ void e8kv_cache_rc_exact(const e8kv_cache *c, size_t p0, size_t n, float *cs) {
     }
 }
 
-/* The reads' tables (kvcache.h, rc_tab): RoPE's cos, sin at positions 0 .. RC_FINE − 1, then at each block
- * start RC_FINE·b for b < rc_n_coarse (covering n_ctx): (RC_FINE + rc_n_coarse)·head_dim floats, counted in
- * fixed_bytes, instead of a row per position. */
+/* The reads' tables (kvcache.h, rc_tab): RoPE's cos, sin at positions 0 .. RC_FINE − 1 (transposed: a row
+ * per pair and cos/sin), then at each block start RC_FINE·b for b < rc_n_coarse (covering n_ctx):
+ * (RC_FINE + rc_n_coarse)·head_dim floats, counted in fixed_bytes, instead of a row per position. */
 static size_t rc_tables(e8kv_cache *c) {
     const size_t d = c->head_dim;
     int any = 0;
@@ -485,24 +485,33 @@ static size_t rc_tables(e8kv_cache *c) {
     c->rc_n_coarse = (c->n_ctx + RC_FINE - 1) / RC_FINE;
     c->rc_tab = malloc((RC_FINE + c->rc_n_coarse) * d * sizeof *c->rc_tab);
     if (!c->rc_tab) return E8KV_ERR(OUT_OF_MEMORY);
-    e8kv_cache_rc_exact(c, 0, RC_FINE, c->rc_tab);
+    float *fine = malloc(RC_FINE * d * sizeof *fine);
+    if (!fine) return E8KV_ERR(OUT_OF_MEMORY);
+    e8kv_cache_rc_exact(c, 0, RC_FINE, fine);
+    for (size_t r = 0; r < RC_FINE; r++)
+        for (size_t i = 0; i < d; i++)
+            c->rc_tab[i * RC_FINE + r] = fine[r * d + i];
+    free(fine);
     for (size_t b = 0; b < c->rc_n_coarse; b++)
         e8kv_cache_rc_exact(c, RC_FINE * b, 1, c->rc_tab + (RC_FINE + b) * d);
     c->fixed_bytes += (RC_FINE + c->rc_n_coarse) * d * sizeof *c->rc_tab;
     return 0;
 }
 
+const float *e8kv_cache_rc_coarse(const e8kv_cache *c, size_t b, float *buf) {
+    if (b < c->rc_n_coarse) return c->rc_tab + (RC_FINE + b) * c->head_dim;
+    e8kv_cache_rc_exact(c, RC_FINE * b, 1, buf); /* past n_ctx (positions grow past it under a budget) */
+    return buf;
+}
+
 void e8kv_cache_rc_cos_sin(const e8kv_cache *c, size_t pos, float *cs) {
-    const size_t d = c->head_dim, b = pos / RC_FINE;
-    const float *f = c->rc_tab + (pos % RC_FINE) * d, *g = c->rc_tab + (RC_FINE + b) * d;
+    const size_t d = c->head_dim, r = pos % RC_FINE;
     float row[E8KV_MAX_HEAD_DIM];
-    if (b >= c->rc_n_coarse) { /* past n_ctx (positions grow past it under a token budget) */
-        e8kv_cache_rc_exact(c, RC_FINE * b, 1, row);
-        g = row;
-    }
-    for (size_t i = 0; i < d; i += 2) { /* the angle of RC_FINE·b plus that of pos % RC_FINE */
-        cs[i] = g[i] * f[i] - g[i + 1] * f[i + 1];
-        cs[i + 1] = g[i + 1] * f[i] + g[i] * f[i + 1];
+    const float *g = e8kv_cache_rc_coarse(c, pos / RC_FINE, row), *f = c->rc_tab + r;
+    for (size_t i = 0; i < d; i += 2) { /* the angle of RC_FINE·b plus that of r */
+        const float fc = f[i * RC_FINE], fs = f[(i + 1) * RC_FINE];
+        cs[i] = g[i] * fc - g[i + 1] * fs;
+        cs[i + 1] = g[i + 1] * fc + g[i] * fs;
     }
 }
 

@@ -190,9 +190,10 @@ struct e8kv_cache {
     int rope_neox;     /* 1: split halves (NeoX/llama.cpp NEOX), 0: interleaved pairs */
     int center;        /* centering: 0 off, 1 e8kv's formats (default), 2 all coded formats (center=all),
                           3 center=rope (as 1, K's centre partly turned by RoPE: kv_rc) */
-    /* center=rope, the reads' cos, sin of every RoPE pair: RC_FINE rows of positions 0 .. RC_FINE − 1, then
-     * rc_n_coarse rows of positions RC_FINE·b, (head_dim / 2, 2) each; position RC_FINE·b + r is one complex
-     * product of the two (e8kv_cache_rc_cos_sin). NULL otherwise. */
+    /* center=rope, the reads' cos, sin of every RoPE pair: the fine table, positions 0 .. RC_FINE − 1 as
+     * head_dim rows (pair i's cos in row 2i, its sin in row 2i + 1) of RC_FINE floats, then rc_n_coarse rows
+     * of positions RC_FINE·b, (head_dim / 2, 2) each; position RC_FINE·b + r is one complex product of the
+     * two (e8kv_cache_rc_cos_sin; attention.c's score bias runs along r). NULL otherwise. */
     float *rc_tab;
     size_t rc_n_coarse;
     uint64_t seed;     /* rotation seed of the codecs */
@@ -243,12 +244,15 @@ static inline size_t kv_page_bytes(const struct e8kv_cache *c, const kv_format *
 }
 
 /* Attention tile update (online softmax) for one query against n keys/values of one tile:
- * s_j = q·k_j (q already scaled), m' = max(m, max_j s_j), acc = acc·e^(m-m') + sum_j e^(s_j-m') v_j,
- * l likewise. K, V: (n, d). Reference and AVX2 twins (attention_avx2.c). */
-void e8kv_attn_tile_ref(const float *restrict q, const float *restrict K, const float *restrict V, size_t n,
-                        size_t d, float *restrict m, float *restrict l, float *restrict acc);
-void e8kv_attn_tile_avx2(const float *restrict q, const float *restrict K, const float *restrict V, size_t n,
-                         size_t d, float *restrict m, float *restrict l, float *restrict acc);
+ * s_j = q·k_j (q already scaled; + bias_j when bias is not NULL: center=rope), m' = max(m, max_j s_j), acc =
+ * acc·e^(m-m') + sum_j e^(s_j-m') v_j, l likewise. K, V: (n, d). Reference and AVX2 twins (attention_avx2.c).
+ */
+void e8kv_attn_tile_ref(const float *restrict q, const float *restrict K, const float *restrict V,
+                        const float *restrict bias, size_t n, size_t d, float *restrict m, float *restrict l,
+                        float *restrict acc);
+void e8kv_attn_tile_avx2(const float *restrict q, const float *restrict K, const float *restrict V,
+                         const float *restrict bias, size_t n, size_t d, float *restrict m, float *restrict l,
+                         float *restrict acc);
 
 /* Integer-domain attention over e8box:4 pages (attn_box.c, attn_box_avx2.c), for keys read in the codec's
  * rotated domain (rope=post) and head_dim 64 or 128. A value is (δ/2)·(u − 16) with u = 2n + k, n its
@@ -265,9 +269,6 @@ typedef struct e8kv_box_query_s {
     int32_t off;                           /* 16·Σ q8 */
     float sq;                              /* q ≈ sq·q8 */
     float qmu;                             /* q·(the keys' centering mean), exact; 0 without centering */
-    /* center=rope: key j's score also takes Σ_k C_k·rca[k] + S_k·rcb[k], (C_k, S_k) the cos, sin of K's
-     * chosen pair k at j's position (kv_rc): the query against the centre's turned part (attention.c) */
-    float rca[E8KV_RC_PAIRS], rcb[E8KV_RC_PAIRS];
     /* coset terms of the fast tiles: ctab[c][byte] = Σ over the bits b set in coset byte c of the sum of
      * q8 over block 8c + b, minus off in ctab[0] (so a key scores 2·Σ q8·n + Σ_c ctab[c][its byte c]) */
     int32_t ctab[E8KV_BOX_MAX_D / 64][256];
@@ -313,6 +314,16 @@ void e8kv_cache_add_rows_avx2(float *restrict y, const float *restrict mu, size_
 #define RC_FINE 64
 void e8kv_cache_rc_exact(const struct e8kv_cache *c, size_t p0, size_t n, float *cs);
 void e8kv_cache_rc_cos_sin(const struct e8kv_cache *c, size_t pos, float *cs);
+/* the coarse row of block b (position RC_FINE·b: its row of rc_tab, or computed into buf past the table) */
+const float *e8kv_cache_rc_coarse(const struct e8kv_cache *c, size_t b, float *buf);
+/* center=rope's score bias along a run of m ≤ RC_FINE keys (attention.c, rc_bias): out[t] = Σ_k
+ * rows[k][t]·a[k]
+ * + rows[k][t + RC_FINE]·b[k] over the E8KV_RC_PAIRS pairs (rows[k]: pair k's cos row of the fine table from
+ * the run's first r, its sin row RC_FINE further). The twins differ by float summation order only. */
+void e8kv_rc_bias_run_ref(float *restrict out, const float *const *rows, const float *a, const float *b,
+                          size_t m);
+void e8kv_rc_bias_run_avx2(float *restrict out, const float *const *rows, const float *a, const float *b,
+                           size_t m);
 void e8kv_cache_rc_turned(const struct e8kv_cache *c, const kv_layer *L, size_t h, const float *cs, float *x);
 
 /* Derive the read-domain copies of L's centering means (k_mu_read, v_mu_read) from k_mu, v_mu. */
