@@ -1196,6 +1196,17 @@ __device__ __forceinline__ void rc_operands(const attn_launch &a, const float *r
     }
 }
 
+/* center=rope: the head side of a sub-tile's bias product (rc_operands), the lane's pairs t4 + 4e turned to
+ * the sub-tile's first position (cs[e]: its cos, sin): x[e] = (α·C + β·S, β·C − α·S) */
+__device__ __forceinline__ void rc_turn(const float (&al)[2], const float (&be)[2], const float2 (&cs)[2],
+                                        float (&x)[2][2]) {
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        x[e][0] = al[e] * cs[e].x + be[e] * cs[e].y;
+        x[e][1] = be[e] * cs[e].x - al[e] * cs[e].y;
+    }
+}
+
 /* center=rope (RC): a sub-tile's stage also holds the cos, sin of its first position for the row's RC_PAIRS
  * pairs (8 bytes each), after the V area */
 #define RC_STAGE_BYTES (8 * RC_PAIRS)
@@ -1414,12 +1425,9 @@ __global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC>())) attn_box_ker
     auto rc_bias = [&](const uint8_t *sb, float (&c)[4]) {
         c[0] = c[1] = c[2] = c[3] = 0.0f;
         float x[2][2];
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const float2 cs = *reinterpret_cast<const float2 *>(sb + RC_OFF + 8 * (t4 + 4 * e));
-            x[e][0] = rc_al[e] * cs.x + rc_be[e] * cs.y;
-            x[e][1] = rc_be[e] * cs.x - rc_al[e] * cs.y;
-        }
+        const float2 cs[2] = {*reinterpret_cast<const float2 *>(sb + RC_OFF + 8 * t4),
+                              *reinterpret_cast<const float2 *>(sb + RC_OFF + 8 * (t4 + 4))};
+        rc_turn(rc_al, rc_be, cs, x);
         const uint32_t bh[2] = {hi_col ? pack(hi16<false>(x[0][0]), hi16<false>(x[0][1]))
                                        : pack(lo16<false>(x[0][0]), lo16<false>(x[0][1])),
                                 hi_col ? pack(hi16<false>(x[1][0]), hi16<false>(x[1][1]))
@@ -2062,13 +2070,9 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
     uint32_t rc_th[4] = {}, rc_tl[4] = {};
     if constexpr (RC) rc_operands<D>(a, rcp, seq, kvh, G, SW ? (g & 3) : g, g, t4, rc_al, rc_be, rc_th, rc_tl);
     /* the head side of sub-tile u's bias (buffer buf): x[e] = pair t4 + 4e's two k entries */
-    auto rc_heads = [&](int buf, int u, float (&x)[2][2]) {
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const float2 cs = rcs[warp][buf][RC_PAIRS * u + t4 + 4 * e];
-            x[e][0] = rc_al[e] * cs.x + rc_be[e] * cs.y;
-            x[e][1] = rc_be[e] * cs.x - rc_al[e] * cs.y;
-        }
+    auto rc_heads = [&](int buf, int u, float(&x)[2][2]) {
+        const float2 cs[2] = {rcs[warp][buf][RC_PAIRS * u + t4], rcs[warp][buf][RC_PAIRS * u + t4 + 4]};
+        rc_turn(rc_al, rc_be, cs, x);
     };
     int rc_buf = 0;
 
