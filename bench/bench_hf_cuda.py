@@ -11,7 +11,8 @@ the long context for each cache (batches tried in increasing order until one run
 steps), with a compiled step at that batch, then batch 1 and the short context.
 One JSON object per line to --json (written as it goes: a cut-off run keeps what it measured).
 With --profile, each compiled case of the main and floor parts also records the GPU kernel time of 3 steps
-by group (attention, append, matmul, other; torch.profiler), to say where a step's time goes.
+by group (attention, append, matmul, other; torch.profiler), their wall time and the host's busiest
+operations, to say where a step's time goes.
 Usage: python3 bench/bench_hf_cuda.py [--json FILE] [--quick] [--budget SECONDS] [--parts ...] [--profile]"""
 import argparse
 import gc
@@ -115,16 +116,24 @@ KERNEL_GROUPS = (("attention", re.compile(r"attn_|flash|fmha|sdpa|softmax|effici
                  ("matmul", re.compile(r"gemm|gemv|nvjet|cutlass|splitk|sm90_xmma|cublas", re.I)))
 
 
-def profile_steps(fn, tok, cache, n=3):
-    """GPU kernel time of n steps under torch.profiler, summed per group (attention, append, matmul, other):
-    ms per step for each group and the 8 kernels that took longest."""
+def profile_steps(step, n=3):
+    """n calls of step() (one decode step each) under torch.profiler: GPU kernel time summed per group
+    (attention, append, matmul, other) in ms per step, the 8 kernels that took longest, the step's wall time,
+    and the host operations with the most self CPU time (guards, graph replay: what the host does per step)."""
     from torch.profiler import ProfilerActivity, profile
-    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+    torch.cuda.synchronize()
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = time.perf_counter()
         for _ in range(n):
-            fn(input_ids=tok, past_key_values=cache, use_cache=True)
-        torch.cuda.synchronize()
-    groups, kernels = {}, []
+            step()
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t
+    groups, kernels, host = {}, [], []
     for ev in prof.key_averages():
+        if ev.device_type == torch.autograd.DeviceType.CPU:  # a host operation (its kernels are counted below)
+            if ev.self_cpu_time_total:
+                host.append((ev.self_cpu_time_total, ev.count, ev.key[:90]))
+            continue
         us = getattr(ev, "self_device_time_total", None)
         if us is None:
             us = getattr(ev, "self_cuda_time_total", 0)
@@ -134,10 +143,14 @@ def profile_steps(fn, tok, cache, n=3):
         groups[g] = groups.get(g, 0.0) + us
         kernels.append((us, ev.count, ev.key[:90]))
     kernels.sort(reverse=True)
+    host.sort(reverse=True)
     return {"steps": n, "ms_per_step": {g: round(us / n / 1e3, 3) for g, us in sorted(groups.items())},
             "gpu_ms_per_step": round(sum(groups.values()) / n / 1e3, 3),
+            "wall_ms_per_step": round(wall / n * 1e3, 3),
             "top": [{"ms_per_step": round(us / n / 1e3, 3), "calls_per_step": c / n, "kernel": k}
-                    for us, c, k in kernels[:8]]}
+                    for us, c, k in kernels[:8]],
+            "host_top": [{"ms_per_step": round(us / n / 1e3, 3), "calls_per_step": c / n, "op": k}
+                         for us, c, k in host[:8]]}
 
 
 def emit(rec, out):
@@ -182,7 +195,7 @@ def measure(model, kind, mode, batch, ctx, steps, out, prof=False):
                 torch.cuda.synchronize()
                 times.append(time.perf_counter() - t)
             if prof:
-                rec["profile"] = profile_steps(fn, tok, cache)
+                rec["profile"] = profile_steps(lambda: fn(input_ids=tok, past_key_values=cache, use_cache=True))
         times.sort()
         ms = 1e3 * times[len(times) // 2]
         rec.update(ms=round(ms, 3), tok_s=round(batch / ms * 1e3, 1),

@@ -9,7 +9,10 @@ most what a row may hold (N + a page: e8kv.evict's hold), so that the decode ste
 Per case: prefill seconds, ms per decode step (median of --steps after 4 warm-up steps, the host waiting
 for each), the cache's bytes (StaticCache: its tensors; e8kv: its device allocation), tokens kept.
 Random weights: the figures are the speed and memory of the shapes, not a quality.
-Usage: python3 bench/bench_hf_evict.py [--batch 8] [--ctx 32768] [--kinds 'static;e8box:4;e8box:4,evict=snapkv:0.75']"""
+--profile N: then N more steps under torch.profiler (bench_hf_cuda.profile_steps): per step the GPU kernel
+time by group and its longest kernels, the wall time, and the host's busiest operations.
+Usage: python3 bench/bench_hf_evict.py [--batch 8] [--ctx 32768] [--kinds 'static;e8box:4;e8box:4,evict=snapkv:0.75']
+       [--profile 5]"""
 import argparse
 import gc
 import json
@@ -21,13 +24,13 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_hf_cuda import build, log  # noqa: E402
+from bench_hf_cuda import build, log, profile_steps  # noqa: E402
 import e8kv.evict  # noqa: E402
 import e8kv.hf  # noqa: E402
 from transformers import StaticCache  # noqa: E402
 
 
-def case(model, kind, batch, ctx, steps, room=64):
+def case(model, kind, batch, ctx, steps, room=64, n_prof=0):
     cfg = model.config
     rec = {"cache": kind, "batch": batch, "ctx": ctx, "device": torch.cuda.get_device_name()}
     ids = torch.randint(0, cfg.vocab_size, (batch, ctx), generator=torch.Generator().manual_seed(0)).cuda()
@@ -69,6 +72,8 @@ def case(model, kind, batch, ctx, steps, room=64):
                 fn(input_ids=tok, **{arg: cache}, use_cache=True)
                 torch.cuda.synchronize()
                 times.append(time.perf_counter() - t)
+            if n_prof:
+                rec["profile"] = profile_steps(lambda: fn(input_ids=tok, **{arg: cache}, use_cache=True), n_prof)
         times.sort()
         ms = 1e3 * times[len(times) // 2]
         nbytes = e8kv.hf.cache_sizes(cache)[0]
@@ -100,6 +105,7 @@ def main():
     ap.add_argument("--kinds", default="static;e8box:4;e8box:4,evict=snapkv:0.75")
     ap.add_argument("--budget", type=float, default=1e9, help="seconds: stop starting new cases after this")
     ap.add_argument("--json")
+    ap.add_argument("--profile", type=int, default=0, metavar="N", help="N more steps under torch.profiler")
     a = ap.parse_args()
     t0 = time.time()
     model = build(False)
@@ -108,7 +114,7 @@ def main():
         if time.time() - t0 > a.budget:
             log("budget spent: not run", kind)
             continue
-        rec = case(model, kind, a.batch, a.ctx, a.steps)
+        rec = case(model, kind, a.batch, a.ctx, a.steps, n_prof=a.profile)
         log(json.dumps(rec))
         if a.json:
             with open(a.json, "a") as f:
