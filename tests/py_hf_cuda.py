@@ -787,6 +787,8 @@ def test_rope_centre_errors():
             e8kv.Cache(1, 1, 64, 64, spec, rope_theta=theta)
         assert e.value.code == e8kv.ErrorCode.SPEC
     assert not e8kv.Cache(1, 1, 64, 64, "e8box:4,center=rope", rope_theta=10000.0).keys_pre_rope
+    with pytest.raises(e8kv.hf.UnsupportedModelError, match="center=rope turns the keys' centre by plain RoPE"):
+        e8kv.hf.E8KVCache(config(dict(LLAMA3_ROPE)), "e8box:4,center=rope")  # the CPU cache: theta's RoPE only
 
 
 @pytest.mark.parametrize("spec", ["bf16", "e8box:4,sink=20", "e8p:2"])

@@ -341,6 +341,9 @@ class E8KVCache(_BatchChanges, Cache):
         if not pre_ok and ("rope=pre" in self.spec or "e8t" in self.spec or "auto=" in self.spec):
             raise UnsupportedModelError(f"e8kv cache '{self.spec}' codes keys before RoPE, which {s.model_type} "
                                         f"does not allow: {s.rope_problem}")
+        if not pre_ok and "center=rope" in self.spec:  # the C cache turns the centre by rope_theta's RoPE alone
+            raise UnsupportedModelError(f"e8kv cache '{self.spec}': center=rope turns the keys' centre by plain "
+                                        f"RoPE on the CPU, which {s.model_type} does not use: {s.rope_problem}")
         try:
             c = core.Cache(s.n_layer, s.n_head_kv, s.head_dim, self.n_ctx, self.spec, seed=self.seed,
                            n_threads=self.n_threads, rope_theta=s.rope_theta if pre_ok else 0.0,
