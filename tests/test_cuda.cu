@@ -27,6 +27,10 @@
 #include "e8kv.h"
 #include "e8kv_cuda.h"
 
+/* tests/cuda_cpu_cache.c: the bytes a CPU cache holds for one coded vector (0: none there) */
+extern "C" size_t e8kv_test_cpu_vector(const e8kv_cache *c, size_t layer, int is_v, size_t head, size_t slot,
+                                       uint8_t *dst, size_t cap);
+
 static int g_fail = 0, g_checks = 0;
 static int g_rope_freqs = 0; /* run_case: a center=rope cache gets rope_freqs instead of rope_theta */
 #define CHECK(cond, ...)                                                                                     \
@@ -332,7 +336,28 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
     size_t mism = 0, n_vec = 0;
     uint8_t gb[1024], cb[1024];
     float **DK = (float **)malloc(n_seq * sizeof *DK), **DV = (float **)malloc(n_seq * sizeof *DV);
+    /* 1a: the same rows through a CPU cache of the same spec (keys after RoPE; theta's RoPE only), appended as
+     * this test appended them (the prefill, then one token at a time): its pages must hold the same bytes */
+    const int with_cpu = !strncmp(sc->kname, "e8", 2) && !strncmp(sc->vname, "e8", 2) && !(rope && g_rope_freqs);
+    size_t cpu_mism = 0, cpu_vec = 0;
     for (size_t s = 0; s < n_seq; s++) {
+        e8kv_cache *cpu = NULL;
+        if (with_cpu) {
+            char cspec[160];
+            snprintf(cspec, sizeof cspec, "%s,rope=post", sc->spec);
+            e8kv_cache_params cp;
+            memset(&cp, 0, sizeof cp);
+            cp.n_layer = 1, cp.n_head_kv = n_kv, cp.head_dim = d, cp.n_ctx = lens[s], cp.spec = cspec, cp.seed = seed;
+            cp.rope_theta = rope ? p.rope_theta : 0.0f;
+            size_t e = 0;
+            cpu = e8kv_cache_create(&cp, &e);
+            CHECK(cpu, "CPU cache '%s': %s", cspec, e8kv_error_name(e));
+            const size_t pre = 2 * lens[s] / 3;
+            for (size_t t = 0; cpu && t < lens[s]; t += t < pre ? pre : 1) {
+                const size_t n = t < pre ? pre : 1;
+                CHECK(e8kv_cache_append(cpu, 0, K[s] + t * row, V[s] + t * row, n) == t + n, "CPU append");
+            }
+        }
         /* the device copy was made from the dtype-rounded floats, so K[s] holds exactly the input */
         DK[s] = (float *)malloc((lens[s] + 1) * row * sizeof(float));
         DV[s] = (float *)malloc((lens[s] + 1) * row * sizeof(float));
@@ -357,6 +382,17 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
                     CHECK(r == f->vb, "read_vector: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "size");
                     cpu_encode(f, cb, x);
                     n_vec++;
+                    uint8_t pb[1024];
+                    if (cpu && pos >= sc->sink) {
+                        const size_t vb = e8kv_test_cpu_vector(cpu, 0, st, h, pos, pb, sizeof pb);
+                        cpu_vec++;
+                        if (vb != f->vb || memcmp(gb, pb, f->vb)) {
+                            if (cpu_mism < 3)
+                                printf("  differs from the CPU cache: %s seq %zu pos %zu head %zu %s\n", sc->spec, s,
+                                       pos, h, st ? "V" : "K");
+                            cpu_mism++;
+                        }
+                    }
                     if (memcmp(gb, cb, f->vb)) {
                         if (mism < 3) {
                             printf("  bytes differ: %s seq %zu pos %zu head %zu %s:", sc->spec, s, pos, h,
@@ -372,9 +408,12 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
                     for (size_t i = 0; i < d; i++)
                         y[i] = (y[i] + mu[i]) + turned[i];
                 }
+        e8kv_cache_free(cpu);
     }
     CHECK(mism == 0, "%s d=%zu dtype %d: %zu of %zu vectors differ from the CPU codec", sc->spec, d, (int)dt,
           mism, n_vec);
+    CHECK(!with_cpu || (cpu_mism == 0 && cpu_vec > 0), "%s d=%zu dtype %d: %zu of %zu vectors differ from the CPU cache's",
+          sc->spec, d, (int)dt, cpu_mism, cpu_vec);
     /* 1b: gather = the reference's decoded cache (f32: the same floats; f16/bf16: those rounded to nearest
      * even), each sequence alone, then all of them to the shortest length in one call */
     size_t gmism = 0, gn = 0;
