@@ -633,6 +633,22 @@ def biased_keys_model(dev, rope_scaling=None):
     return model
 
 
+def prompt_then_steps(model, batch, on, seed):
+    """run(cache): the last logits of a 40-token prompt, then of 6 single tokens, a 20-token chunk and one more
+    token (random ids, batch rows), through `cache`; stacked (9, batch, vocab)."""
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, 1024, (batch, 40), generator=g).to(on)
+    later = [torch.randint(0, 1024, (batch, n), generator=g).to(on) for n in (1,) * 6 + (20, 1)]
+
+    def run(cache):
+        out = []
+        with torch.no_grad():
+            for x in [prompt] + later:
+                out.append(model(input_ids=x, past_key_values=cache, use_cache=True).logits[:, -1].float())
+        return torch.stack(out)
+    return run
+
+
 @pytest.mark.parametrize("scaling,fmt", [(None, "e8box:4"), ("llama3", "e8box:4"), (None, "e8p:2")])
 def test_rope_centre_follows_the_turned_mean(dev, scaling, fmt):
     """center=rope against the exact cache (DynamicCache) on keys with a large mean before RoPE: a prompt of
@@ -644,18 +660,7 @@ def test_rope_centre_follows_the_turned_mean(dev, scaling, fmt):
     e8p:2 (a kernel of its own)."""
     import e8kv.hf
     model = biased_keys_model(dev, LLAMA3_ROPE if scaling == "llama3" else None)
-    on = "cuda" if dev == "cuda" else "cpu"
-    g = torch.Generator().manual_seed(5)
-    prompt = torch.randint(0, 1024, (2, 40), generator=g).to(on)
-    later = [torch.randint(0, 1024, (2, n), generator=g).to(on) for n in (1,) * 6 + (20, 1)]
-
-    def run(cache):
-        out = []
-        with torch.no_grad():
-            out.append(model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[:, -1].float())
-            for x in later:
-                out.append(model(input_ids=x, past_key_values=cache, use_cache=True).logits[:, -1].float())
-        return torch.stack(out)
+    run = prompt_then_steps(model, 2, "cuda" if dev == "cuda" else "cpu", seed=5)
     from transformers import DynamicCache
     ref = run(DynamicCache(config=model.config))
     errs = {}
@@ -685,17 +690,7 @@ def test_cpu_cache_rope_centre(fmt):
     import e8kv.hf
     from transformers import DynamicCache
     model = biased_keys_model("cpu")
-    g = torch.Generator().manual_seed(6)
-    prompt = torch.randint(0, 1024, (1, 40), generator=g)
-    later = [torch.randint(0, 1024, (1, n), generator=g) for n in (1,) * 6 + (20, 1)]
-
-    def run(cache):
-        out = []
-        with torch.no_grad():
-            out.append(model(input_ids=prompt, past_key_values=cache, use_cache=True).logits[:, -1].float())
-            for x in later:
-                out.append(model(input_ids=x, past_key_values=cache, use_cache=True).logits[:, -1].float())
-        return torch.stack(out)
+    run = prompt_then_steps(model, 1, "cpu", seed=6)
     ref = run(DynamicCache(config=model.config))
     errs = {}
     for spec in (f"{fmt},sink=2", f"{fmt},sink=2,center=rope"):
