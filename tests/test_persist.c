@@ -75,17 +75,6 @@ static void check_same_attention(e8kv_cache *a, e8kv_cache *b, const shape *s, u
     free(q), free(oa), free(ob);
 }
 
-static uint8_t *save(const e8kv_cache *c, size_t *n, const void *meta, size_t meta_size) {
-    const size_t cap = e8kv_cache_save_bound(c, meta_size);
-    assert_ok(cap);
-    uint8_t *buf = malloc(cap);
-    assert_non_null(buf);
-    *n = e8kv_cache_save(buf, cap, c, meta, meta_size);
-    assert_ok(*n);
-    assert_true(*n <= cap);
-    return buf;
-}
-
 static const shape k_shapes[] = {
     /* window + sink + per-layer formats, GQA, a page size that does not divide the token count */
     {3, 2, 4, 64, 300, "k=e8:4,v=e8:3,layers1-1=q4_0h,layer2.v=f16,window=20,sink=3,page=16"},
@@ -102,7 +91,7 @@ static void roundtrip(const shape *s, size_t n_tok) {
     append_all(&a, 1, s, n_tok, 11);
     const char meta[] = "prompt=1,2,3";
     size_t n = 0;
-    uint8_t *f = save(a, &n, meta, sizeof meta);
+    uint8_t *f = test_cache_save(a, &n, meta, sizeof meta);
     e8kv_cache_file_info fi;
     assert_int_equal(e8kv_cache_file_get_info(&fi, f, n), n);
     assert_int_equal(fi.n_layer, s->n_layer);
@@ -128,7 +117,7 @@ static void roundtrip(const shape *s, size_t n_tok) {
     check_same_attention(a, c, s, 5);
     /* save(load(x)) == x */
     size_t n2 = 0;
-    uint8_t *g = save(b, &n2, meta, sizeof meta);
+    uint8_t *g = test_cache_save(b, &n2, meta, sizeof meta);
     assert_int_equal(n2, n);
     assert_memory_equal(f, g, n);
     free(g);
@@ -154,7 +143,7 @@ static void test_empty_and_truncated_cache(void **state) {
     const shape *s = &k_shapes[0];
     size_t err = 0, n = 0;
     e8kv_cache *a = make(s, &err);
-    uint8_t *f = save(a, &n, NULL, 0); /* nothing stored yet */
+    uint8_t *f = test_cache_save(a, &n, NULL, 0); /* nothing stored yet */
     e8kv_cache *b = e8kv_cache_load(f, n, 1, &err);
     assert_non_null(b);
     assert_int_equal(e8kv_cache_n_tokens(b, 2), 0);
@@ -166,7 +155,7 @@ static void test_empty_and_truncated_cache(void **state) {
     e8kv_rng_seed(&rng, 4);
     float *k = rand_vec(&rng, 9 * s->n_head_kv * s->d);
     assert_ok(e8kv_cache_append(a, 1, k, k, 9));
-    f = save(a, &n, NULL, 0);
+    f = test_cache_save(a, &n, NULL, 0);
     e8kv_cache_free(b);
     b = e8kv_cache_load(f, n, 1, &err);
     assert_non_null(b);
@@ -191,7 +180,7 @@ static void test_smaller_than_hot(void **state) {
     size_t err = 0, n = 0;
     e8kv_cache *a = make(&s, &err);
     append_all(&a, 1, &s, 512, 21);
-    uint8_t *f = save(a, &n, NULL, 0);
+    uint8_t *f = test_cache_save(a, &n, NULL, 0);
     const size_t hot = e8kv_cache_bytes(a) - e8kv_cache_fixed_bytes(a);
     print_message("e8:4, Gaussian data: saved %zu bytes, hot pages %zu bytes (%.1f%%)\n", n, hot,
                   100.0 * (double)n / (double)hot);
@@ -210,7 +199,7 @@ static void test_malformed(void **state) {
     size_t err = 0, n = 0;
     e8kv_cache *a = make(s, &err);
     append_all(&a, 1, s, 90, 8);
-    uint8_t *f = save(a, &n, "m", 1);
+    uint8_t *f = test_cache_save(a, &n, "m", 1);
     uint8_t *g = malloc(n + 1);
     e8kv_cache_file_info fi;
     /* truncated at every length */
@@ -334,7 +323,7 @@ static void test_mismatched_target(void **state) {
     size_t err = 0, n = 0;
     e8kv_cache *a = make(&s, &err);
     append_all(&a, 1, &s, 100, 2);
-    uint8_t *f = save(a, &n, NULL, 0);
+    uint8_t *f = test_cache_save(a, &n, NULL, 0);
     shape t = s;
     t.d = 32; /* other model dims */
     e8kv_cache *c = make(&t, &err);
@@ -427,11 +416,8 @@ static void test_long_spec(void **state) {
     e8kv_cache *a = make(&s, &err);
     assert_non_null(a);
     append_all(&a, 1, &s, 16, 3);
-    const size_t cap = e8kv_cache_save_bound(a, 0);
-    assert_ok(cap);
-    uint8_t *buf = malloc(cap);
-    const size_t n = e8kv_cache_save(buf, cap, a, NULL, 0);
-    assert_ok(n);
+    size_t n = 0;
+    uint8_t *buf = test_cache_save(a, &n, NULL, 0);
     e8kv_cache_file_info *fi = malloc(sizeof *fi);
     assert_int_equal(e8kv_cache_file_get_info(fi, buf, n), n);
     assert_true(strlen(fi->spec) > 600);
@@ -535,7 +521,7 @@ static void test_nonfinite_codes(void **state) {
         assert_non_null(a);
         append_all(&a, 1, &s, 40, 11);
         size_t n = 0;
-        uint8_t *f = save(a, &n, NULL, 0);
+        uint8_t *f = test_cache_save(a, &n, NULL, 0);
         e8kv_cache *ok = e8kv_cache_load(f, n, 1, &err); /* intact: loads */
         assert_non_null(ok);
         e8kv_cache_free(ok);
@@ -547,7 +533,7 @@ static void test_nonfinite_codes(void **state) {
         uint8_t *field = pg->data + 3 * a->layers[1].v.vector_bytes + cases[k].offset;
         field[0] = (uint8_t)cases[k].half;
         field[1] = (uint8_t)(cases[k].half >> 8);
-        f = save(a, &n, NULL, 0);
+        f = test_cache_save(a, &n, NULL, 0);
         assert_null(e8kv_cache_load(f, n, 1, &err));
         assert_error(err, CORRUPTED);
         e8kv_cache *into = make(&s, &err);

@@ -43,6 +43,19 @@ static inline const char *test_data_path(const char *rel) {
         if (e8kv_is_error(r_)) fail_msg("%s failed: %s", #expr, e8kv_error_name(r_));                  \
     } while (0)
 
+/* A saved cache (e8kv_cache_save with meta) in a malloc'd buffer of its bound, its size in *n; the save must
+ * succeed and stay within the bound. */
+static inline uint8_t *test_cache_save(const e8kv_cache *c, size_t *n, const void *meta, size_t meta_size) {
+    const size_t cap = e8kv_cache_save_bound(c, meta_size);
+    assert_ok(cap);
+    uint8_t *buf = malloc(cap);
+    assert_non_null(buf);
+    *n = e8kv_cache_save(buf, cap, c, meta, meta_size);
+    assert_ok(*n);
+    assert_true(*n <= cap);
+    return buf;
+}
+
 #include "common/rng.h"
 
 #include <math.h>
