@@ -258,11 +258,7 @@ static void rc_queries(const attend_job *job, size_t h, size_t qa, size_t qb, rc
     }
 }
 
-/* The score bias of slots [p, p + n) of head h for n_q queries: bias[g·TILE_MAX_TOKENS + j], 0 past n and for
- * the keys read exact (sinks, window pages: their own values hold the whole centre). Per run
- * of keys at consecutive positions within one block of RC_FINE: with (C_b, S_b) the block start's cos, sin,
- * a' = C_b·a + S_b·b and b' = C_b·b − S_b·a per query and pair, then each key adds C_r·a' + S_r·b' along the
- * fine table's rows (r = its position mod RC_FINE): 2·E8KV_RC_PAIRS products per key and query. */
+/* kvcache.h: a run's bias (the AVX2 twin is in attention_avx2.c) */
 void e8kv_rc_bias_run_ref(float *restrict out, const float *const *rows, const float *a, const float *b,
                           size_t m) {
     for (size_t t = 0; t < m; t++) {
@@ -273,10 +269,16 @@ void e8kv_rc_bias_run_ref(float *restrict out, const float *const *rows, const f
     }
 }
 
+/* slot `slot` of head h's keys is read exact (a sink, or a raw window page) */
 static int rc_exact_slot(const e8kv_cache *c, const kv_layer *L, size_t h, size_t slot) {
     return slot < c->n_sink || L->k_pages[h * c->n_page_max + slot / c->page_tokens].raw;
 }
 
+/* The score bias of slots [p, p + n) of head h for n_q queries: bias[g·TILE_MAX_TOKENS + j], 0 past n and for
+ * the keys read exact (sinks, window pages: their own values hold the whole centre). Per run
+ * of keys at consecutive positions within one block of RC_FINE: with (C_b, S_b) the block start's cos, sin,
+ * a' = C_b·a + S_b·b and b' = C_b·b − S_b·a per query and pair, then each key adds C_r·a' + S_r·b' along the
+ * fine table's rows (r = its position mod RC_FINE): 2·E8KV_RC_PAIRS products per key and query. */
 static void rc_bias(const e8kv_cache *c, const kv_layer *L, size_t h, const rc_query *rq, size_t n_q,
                     size_t p, size_t n, float *bias) {
     memset(bias, 0, n_q * TILE_MAX_TOKENS * sizeof *bias);
