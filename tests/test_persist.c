@@ -193,6 +193,51 @@ static void rehash(uint8_t *f, size_t n) {
     e8kv_store_le64(f + n - 8, XXH64(f, n - 8, 0));
 }
 
+/* center=rope's side record (doc/format.md §4.3: per KV head 8 RoPE pairs, then their means before RoPE):
+ * a pair past head_dim / 2, a pair twice, or a non-finite mean, each with a valid checksum, is CORRUPTED;
+ * the file as saved loads. */
+static void test_rope_centre_record(void **state) {
+    (void)state;
+    const size_t n_kv = 2, d = 64, n_tok = 40, row = n_kv * d;
+    e8kv_cache_params p = {.n_layer = 1,
+                           .n_head_kv = n_kv,
+                           .head_dim = d,
+                           .n_ctx = 64,
+                           .spec = "e8box:4,center=rope",
+                           .seed = 9,
+                           .rope_theta = 10000.0f};
+    size_t err = 0, n = 0;
+    e8kv_cache *a = e8kv_cache_create(&p, &err);
+    assert_non_null(a);
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 5);
+    float *k = rand_vec(&rng, n_tok * row), *v = rand_vec(&rng, n_tok * row);
+    assert_int_equal(e8kv_cache_append(a, 0, k, v, n_tok), n_tok);
+    uint8_t *f = test_cache_save(a, &n, NULL, 0), *g = malloc(n);
+    e8kv_cache_file_info fi;
+    assert_ok(e8kv_cache_file_get_info(&fi, f, n));
+    /* layer 0: token count, mu_set, the K and V means, then head 0's pairs and means */
+    const size_t rc0 = fi.meta_offset + fi.meta_size + 4 + 4 + 2 * row * 4;
+    const uint32_t pair0 = e8kv_load_le32(f + rc0);
+    assert_true(pair0 < d / 2 && e8kv_load_le32(f + rc0 + 4) != pair0);
+    const struct {
+        size_t at;
+        uint32_t value;
+    } bad[3] = {{rc0, (uint32_t)(d / 2)}, {rc0 + 4, pair0}, {rc0 + 8 * 4, 0x7fc00000u}};
+    for (int i = 0; i < 3; i++) {
+        memcpy(g, f, n);
+        e8kv_store_le32(g + bad[i].at, bad[i].value);
+        rehash(g, n);
+        assert_null(e8kv_cache_load(g, n, 1, &err));
+        assert_error(err, CORRUPTED);
+    }
+    e8kv_cache *b = e8kv_cache_load(f, n, 1, &err);
+    assert_non_null(b);
+    e8kv_cache_free(b);
+    free(k), free(v), free(f), free(g);
+    e8kv_cache_free(a);
+}
+
 static void test_malformed(void **state) {
     (void)state;
     const shape *s = &k_shapes[0];
@@ -551,6 +596,7 @@ int main(void) {
         cmocka_unit_test(test_empty_and_truncated_cache),
         cmocka_unit_test(test_smaller_than_hot),
         cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_rope_centre_record),
         cmocka_unit_test(test_mismatched_target),
         cmocka_unit_test(test_files),
         cmocka_unit_test(test_long_spec),
