@@ -325,15 +325,17 @@ size_t e8kv_pool_run(e8kv_pool *pool, e8kv_pool_fn fn, void *args, size_t n);
  *                        position) has the most energy beyond the mean after RoPE, a key at position p
  *                        codes x − R_p·m (m: that mean), read back with R_p·m at the key's own position
  *                        (after eviction too). Costs 24 floats per layer and KV head and a cos/sin table
- *                        of n_ctx·head_dim floats (counted in the bytes). Needs params.rope_theta, the
- *                        layout in rope_neox and head_dim >= 16; rope=pre or calibrated K formats with it
- *                        are E8KV_ERROR_SPEC
- *   rope=pre|post        (default: pre when params.rope_theta > 0 and K is one of e8kv's formats (e8*,
- *                        d4nest, lloyd) other than e8box, else post, as llama.cpp does for q8_0/q4_0 and
+ *                        of n_ctx·head_dim floats (counted in the bytes). Needs params.rope_theta or
+ *                        params.rope_freqs, the layout in rope_neox and head_dim >= 16; rope=pre or
+ *                        calibrated K formats with it are E8KV_ERROR_SPEC
+ *   rope=pre|post        (default: pre when params.rope_theta > 0 (or params.rope_freqs is given) and K is
+ *                        one of e8kv's formats (e8*, d4nest, lloyd) other than e8box, else post, as
+ *                        llama.cpp does for q8_0/q4_0 and
  *                        as e8box's integer-domain attention needs;
  *                        callers ask e8kv_cache_keys_pre_rope() which keys to append)
  *                        keys arrive before RoPE (pre: stored un-rotated, RoPE applied to each decoded
- *                        key at attention time with params.rope_theta / rope_neox) or after it (post,
+ *                        key at attention time with params.rope_theta or rope_freqs, and rope_neox) or
+ *                        after it (post,
  *                        default: keys are stored as given and q must carry RoPE too)
  *   near-lossless, balanced, aggressive
  *                        presets, expanded in place: calibrated e8tv formats when params.calib is given,
@@ -362,6 +364,14 @@ typedef struct {
                             1 = split halves (x[i], x[i + head_dim/2]; NeoX / Llama HF layout) */
     const e8kv_calib *calib; /* finalized calibration for the e8t formats (borrowed: it must outlive the
                                 cache); NULL when no e8t format is used */
+    const float *rope_freqs; /* optional: RoPE's own frequencies, head_dim/2 values (finite, >= 0; copied at
+                                create), for a scaled RoPE whose frequencies do not change with the length
+                                (transformers' inv_freq of rope_type llama3, linear, yarn): pair i of a key at
+                                position p turns by p·rope_freqs[i] instead of p·rope_theta^(−2i/head_dim)
+                                (rope_theta may then be 0). Wherever the cache applies or follows RoPE
+                                (rope=pre, center=rope, the e8tv keys' score domain, the snapkv/h2o scorers'
+                                queries) it uses these; saved caches carry them (doc/format.md §4.1). The
+                                CUDA cache's params.rope_freqs, the same turns: the same bytes */
 } e8kv_cache_params;
 
 #define E8KV_CACHE_MAX_THREADS 64
@@ -583,7 +593,10 @@ size_t e8kv_frame_e8_dequantize(float *dst, size_t dst_capacity, const int16_t *
  * non-finite exact tokens or means, whatever their checksums. `meta` is opaque caller data kept in the file
  * (the CLI stores the prompt's token ids there).
  */
-#define E8KV_CACHE_FORMAT_VERSION 2 /* written for caches with e8t streams (calibration inside); 1 otherwise */
+/* 3: written for caches made with params.rope_freqs (the frequencies inside, a calibration too when it has
+ * e8t streams); 2: with e8t streams (calibration inside); 1 otherwise (each version's bytes unchanged) */
+#define E8KV_CACHE_FORMAT_VERSION 3
+#define E8KV_MAX_ROPE_FREQS (E8KV_MAX_HEAD_DIM / 2)
 
 typedef struct {
     unsigned version;
@@ -595,6 +608,8 @@ typedef struct {
     size_t meta_offset, meta_size; /* meta bytes are src[meta_offset .. meta_offset + meta_size) */
     size_t file_size;
     size_t calib_offset, calib_size; /* the saved calibration (version 2, e8t streams); size 0 when absent */
+    size_t n_rope_freqs;             /* version 3: the cache's params.rope_freqs (head_dim/2), else 0 */
+    float rope_freqs[E8KV_MAX_ROPE_FREQS];
 } e8kv_cache_file_info;
 
 /* Largest e8kv_cache_save output for the cache as it is now. */

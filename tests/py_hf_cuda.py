@@ -701,6 +701,48 @@ def test_cpu_cache_rope_centre(fmt):
     assert errs[f"{fmt},sink=2,center=rope"] < 0.8 * errs[f"{fmt},sink=2"], errs
 
 
+YARN_ROPE = {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64, "rope_theta": 10000.0}
+
+
+@pytest.mark.parametrize("scaling", ["llama3", "yarn"])
+def test_scaled_rope_cpu_cache(scaling):
+    """A scaled RoPE (Llama 3.1's llama3; yarn, whose attention factor also scales cos and sin) in the CPU
+    cache: the model's frequencies go to the cache (rope_freqs), so keys taken before RoPE (rope=pre), the
+    turned key centre (center=rope) and a calibration all follow the model's RoPE. Keys with a large mean
+    before RoPE (the biased-keys model): rope=pre removes that mean before coding and center=rope its turned
+    part, each against the same format after RoPE (against DynamicCache, a prompt, single tokens and a chunk);
+    the control, a cache made from the same config without the scaling (plain RoPE's frequencies), loses that
+    gain. f32,rope=pre is exact (turned back and forth), and e8tv:4 with a calibration made through
+    transformers on this model beats e8:4 after RoPE."""
+    import e8kv.hf
+    from transformers import DynamicCache
+    model = biased_keys_model("cpu", LLAMA3_ROPE if scaling == "llama3" else YARN_ROPE)
+    plain_cfg = biased_keys_model("cpu").config
+    s = e8kv.hf.ModelShape(model.config)
+    assert s.rope_problem is None and s.rope_scaled and "rope_freqs" in s.cache_rope()
+    run = prompt_then_steps(model, 1, "cpu", seed=7)
+    ref = run(DynamicCache(config=model.config))
+    scale = float(ref.abs().max())
+    errs = {}
+    for spec in ("f32,rope=pre", "e8:4,sink=2,rope=pre", "e8:4,sink=2,rope=post", "e8box:4,sink=2",
+                 "e8box:4,sink=2,center=rope"):
+        for name, cfg in (("model", model.config), ("control", plain_cfg)):
+            got = run(e8kv.hf.E8KVCache(cfg, spec, n_ctx=128))
+            assert torch.isfinite(got).all()
+            errs[spec, name] = float((got - ref).abs().max())
+    ids = torch.randint(0, 1024, (256,), generator=torch.Generator().manual_seed(8)).tolist()
+    cal = e8kv.hf.calibrate(model, None, ids, n_ctx=64, n_chunks=4, sensitivity=False, progress=False)
+    got = run(e8kv.hf.E8KVCache(model.config, "e8tv:4,sink=2", calib=cal, n_ctx=128))
+    errs["e8tv:4,sink=2", "model"] = float((got - ref).abs().max())
+    print(f"{scaling} RoPE, CPU cache: max |logit diff| vs DynamicCache (max |logit| {scale:.3g}): {errs}")
+    assert errs["f32,rope=pre", "model"] < 1e-4 * scale
+    for turned, plain in (("e8:4,sink=2,rope=pre", "e8:4,sink=2,rope=post"),
+                          ("e8box:4,sink=2,center=rope", "e8box:4,sink=2")):
+        assert errs[turned, "model"] < 0.6 * errs[plain, "model"], errs
+        assert errs[turned, "model"] < 0.7 * errs[turned, "control"], errs
+    assert errs["e8tv:4,sink=2", "model"] < errs["e8:4,sink=2,rope=post", "model"], errs
+
+
 @pytest.mark.parametrize("fmt", ["e8box:4", "e8p:2"])
 def test_rope_centre_with_budget(dev, fmt):
     """center=rope with budget=32 (a row holds at most 48 tokens; its first page stays, its oldest others are
@@ -782,8 +824,10 @@ def test_rope_centre_errors():
             e8kv.Cache(1, 1, 64, 64, spec, rope_theta=theta)
         assert e.value.code == e8kv.ErrorCode.SPEC
     assert not e8kv.Cache(1, 1, 64, 64, "e8box:4,center=rope", rope_theta=10000.0).keys_pre_rope
-    with pytest.raises(e8kv.hf.UnsupportedModelError, match="center=rope turns the keys' centre by plain RoPE"):
-        e8kv.hf.E8KVCache(config(dict(LLAMA3_ROPE)), "e8box:4,center=rope")  # the CPU cache: theta's RoPE only
+    # the CPU cache: a scaled RoPE's own frequencies (rope_freqs) too, not a length-dependent one
+    assert e8kv.hf.E8KVCache(config(dict(LLAMA3_ROPE)), "e8box:4,center=rope")._probe is not None
+    with pytest.raises(e8kv.hf.UnsupportedModelError, match="center=rope turns the keys' centre by the model's RoPE"):
+        e8kv.hf.E8KVCache(config({"rope_type": "dynamic", "factor": 2.0}), "e8box:4,center=rope")
 
 
 @pytest.mark.parametrize("spec", ["bf16", "e8box:4,sink=20", "e8p:2"])

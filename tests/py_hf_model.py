@@ -192,9 +192,19 @@ def test_unsupported_models_say_what_is_missing():
                  num_attention_heads=4, num_key_value_heads=2)
     with pytest.raises(e8kv.hf.UnsupportedModelError, match="head_dim 60 is not a multiple of 8"):
         e8kv.hf.E8KVCache(LlamaConfig(**small), "e8:4")
+    # a RoPE whose frequencies change with the length: keys can only be taken as they are, after RoPE
+    cfg = LlamaConfig(**dict(small, hidden_size=256, rope_parameters={"rope_type": "dynamic", "factor": 2.0,
+                                                                      "rope_theta": 10000.0}))
+    assert "RoPE type 'dynamic'" in e8kv.hf.ModelShape(cfg).rope_problem
+    e8kv.hf.E8KVCache(cfg, "e8box:4")  # keys with RoPE: fine
+    with pytest.raises(e8kv.hf.UnsupportedModelError, match="before RoPE.*RoPE type 'dynamic'"):
+        e8kv.hf.E8KVCache(cfg, "e8:4,rope=pre")
+    with pytest.raises(e8kv.hf.UnsupportedModelError, match="center=rope.*RoPE type 'dynamic'"):
+        e8kv.hf.E8KVCache(cfg, "e8box:4,center=rope")
+    # fixed scaled frequencies (linear, llama3, yarn) are the model's own: rope=pre, center=rope and the
+    # calibrated formats take them (tests/py_hf_cuda.py test_scaled_rope_cpu_cache checks the logits)
     cfg = LlamaConfig(**dict(small, hidden_size=256, rope_parameters={"rope_type": "linear", "factor": 2.0,
                                                                       "rope_theta": 10000.0}))
-    assert "RoPE type 'linear'" in e8kv.hf.ModelShape(cfg).rope_problem
-    e8kv.hf.E8KVCache(cfg, "e8box:4")  # keys with RoPE: fine
-    with pytest.raises(e8kv.hf.UnsupportedModelError, match="before RoPE.*RoPE type 'linear'"):
-        e8kv.hf.E8KVCache(cfg, "e8:4,rope=pre")
+    s = e8kv.hf.ModelShape(cfg)
+    assert s.rope_problem is None and s.cache_rope()["rope_freqs"][1] == pytest.approx(10000.0 ** (-2 / 64) / 2)
+    assert e8kv.hf.E8KVCache(cfg, "e8:4,rope=pre").keys_pre_rope

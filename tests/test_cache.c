@@ -478,11 +478,30 @@ static void test_window_sink_layers(void **state) {
     check_mix("kv=q8_0,layer1=f32,window=1", "q8_0", 1, 0, 64, 1);
 }
 
-/* rope=pre: keys go in before RoPE and the cache applies it at attention time; the result must equal
- * attention over keys with RoPE applied up front (computed here in double). */
-static void rope_ref(float *x, size_t d, size_t pos, double theta, int neox) {
+/* A scaled RoPE's frequencies (params.rope_freqs): transformers' rope_type "llama3" of theta's, written out
+ * from its definition (factor 8, low/high frequency factors 1 and 4, an original context of `orig`
+ * positions, short enough that the tests' few hundred positions meet every branch). */
+static void llama3_freqs(float *f, size_t d, double theta, double orig) {
+    const double factor = 8.0, lo = 1.0, hi = 4.0;
     for (size_t i = 0; i < d / 2; i++) {
-        const double a = (double)pos * pow(theta, -2.0 * (double)i / (double)d);
+        const double inv = pow(theta, -2.0 * (double)i / (double)d), wavelen = 2.0 * M_PI / inv;
+        if (wavelen < orig / hi)
+            f[i] = (float)inv;
+        else if (wavelen > orig / lo)
+            f[i] = (float)(inv / factor);
+        else {
+            const double smooth = (orig / wavelen - lo) / (hi - lo);
+            f[i] = (float)((1.0 - smooth) * inv / factor + smooth * inv);
+        }
+    }
+}
+
+/* rope=pre: keys go in before RoPE and the cache applies it at attention time; the result must equal
+ * attention over keys with RoPE applied up front (computed here in double). With params.rope_freqs (a
+ * scaled RoPE, rope_theta 0) the same with those frequencies. */
+static void rope_ref(float *x, size_t d, size_t pos, double theta, const float *freqs, int neox) {
+    for (size_t i = 0; i < d / 2; i++) {
+        const double a = (double)pos * (freqs ? (double)freqs[i] : pow(theta, -2.0 * (double)i / (double)d));
         const size_t i0 = neox ? i : 2 * i, i1 = neox ? i + d / 2 : 2 * i + 1;
         const double x0 = x[i0], x1 = x[i1];
         x[i0] = (float)(x0 * cos(a) - x1 * sin(a));
@@ -494,8 +513,11 @@ static void test_rope_pre(void **state) {
     (void)state;
     const shape s = {1, 2, 4, 64, 300};
     const size_t n = 150, row = s.n_head_kv * s.d;
+    float freqs[32];
+    llama3_freqs(freqs, s.d, 500000.0, 64.0);
     for (int neox = 0; neox < 2; neox++)
-        for (int coded = 0; coded < 2; coded++) {
+        for (int k = 0; k < 4; k++) {
+            const int coded = k % 2, scaled = k >= 2;
             e8kv_cache_params p = {0};
             p.n_layer = 1;
             p.n_head_kv = s.n_head_kv;
@@ -504,7 +526,8 @@ static void test_rope_pre(void **state) {
             p.spec =
                 coded ? "q8_0h,rope=pre,sink=2,center=0" : "f32,rope=pre"; /* centering: test_centering */
             p.seed = 1234;
-            p.rope_theta = 10000.0f;
+            p.rope_theta = scaled ? 0.0f : 10000.0f;
+            p.rope_freqs = scaled ? freqs : NULL;
             p.rope_neox = neox;
             size_t err = 0;
             e8kv_cache *c = e8kv_cache_create(&p, &err);
@@ -522,7 +545,7 @@ static void test_rope_pre(void **state) {
             }
             for (size_t t = 0; t < n; t++)
                 for (size_t h = 0; h < s.n_head_kv; h++)
-                    rope_ref(Kr + t * row + h * s.d, s.d, t, 10000.0, neox);
+                    rope_ref(Kr + t * row + h * s.d, s.d, t, 10000.0, scaled ? freqs : NULL, neox);
             assert_int_equal(e8kv_cache_append(c, 0, K, V, n), n);
             const size_t nt = 3, n_out = nt * s.n_head * s.d;
             float *q = rand_vec(&rng, n_out, 2.0), *out = malloc(n_out * sizeof(float));
@@ -530,7 +553,8 @@ static void test_rope_pre(void **state) {
             assert_int_equal(e8kv_cache_attend(c, out, n_out, 0, q, s.n_head, nt, n - nt), n_out);
             naive_attend(&s, Kr, Vr, q, nt, n - nt, ref);
             const double e = max_abs_diff(out, ref, n_out);
-            if (e > 1e-4) fail_msg("rope=pre neox=%d coded=%d: max |diff| %g", neox, coded, e);
+            if (e > 1e-4)
+                fail_msg("rope=pre neox=%d coded=%d scaled=%d: max |diff| %g", neox, coded, scaled, e);
             free(K);
             free(V);
             free(Kr);
@@ -1000,7 +1024,7 @@ static void test_centering(void **state) {
  * score bias for e8box:4), both RoPE layouts, d 64 and 128; the bytes and reads of kept tokens after an
  * eviction (their own positions); a save/load round trip (the same bits); the side bytes; a short first
  * append (no means: center=1's output bit for bit); and the specs refused. */
-static void rope_centre_case(const char *codec, int box, int neox, size_t d) {
+static void rope_centre_case(const char *codec, int box, int neox, size_t d, const float *freqs) {
     const size_t n_kv = 2, n_head = 6, g = n_head / n_kv, n = 200, first = 100, n_sink = 2, nt = 4;
     const size_t row = n_kv * d, half = d / 2;
     char spec[96], plain_spec[96], evict_spec[128];
@@ -1009,9 +1033,13 @@ static void rope_centre_case(const char *codec, int box, int neox, size_t d) {
     snprintf(evict_spec, sizeof evict_spec, "%s,evict=keykey:0.5,recent=16", spec);
     e8kv_rng rng;
     e8kv_rng_seed(&rng, 900 + d + (size_t)neox);
-    const float theta = neox ? 500000.0f : 10000.0f;
+    const float theta = freqs ? 0.0f : neox ? 500000.0f : 10000.0f;
     size_t err = 0;
-    e8kv_rope *rp = e8kv_rope_create(d, theta, neox, &err);
+    double f64[64];
+    for (size_t i = 0; freqs && i < d / 2; i++)
+        f64[i] = freqs[i];
+    e8kv_rope *rp =
+        freqs ? e8kv_rope_create_freqs(d, f64, neox, &err) : e8kv_rope_create(d, theta, neox, &err);
     assert_non_null(rp);
     /* keys: unit noise plus a mean before RoPE with a few large pairs, turned to each position */
     float *K = rand_vec(&rng, n * row, 1.0), *V = rand_vec(&rng, n * row, 1.0), *m = malloc(row * sizeof *m);
@@ -1098,8 +1126,15 @@ static void rope_centre_case(const char *codec, int box, int neox, size_t d) {
                 yv[i] = yv[i] + mv[h * d + i];
             }
         }
-    e8kv_cache_params p = {.n_layer = 1, .n_head_kv = n_kv, .head_dim = d, .n_ctx = 256, .spec = spec,
-                           .seed = 1234, .rope_theta = theta, .rope_neox = neox};
+    e8kv_cache_params p = {.n_layer = 1,
+                           .n_head_kv = n_kv,
+                           .head_dim = d,
+                           .n_ctx = 256,
+                           .spec = spec,
+                           .seed = 1234,
+                           .rope_theta = theta,
+                           .rope_neox = neox,
+                           .rope_freqs = freqs};
     e8kv_cache *c = e8kv_cache_create(&p, &err);
     if (!c) fail_msg("%s: %s", spec, e8kv_error_name(err));
     p.spec = plain_spec;
@@ -1113,12 +1148,11 @@ static void rope_centre_case(const char *codec, int box, int neox, size_t d) {
     p.spec = window_spec;
     e8kv_cache *win = e8kv_cache_create(&p, &err); /* pages coded as the window leaves them */
     assert_non_null(win);
-    /* side bytes: per KV head 8 pairs and their means, the reads' cos/sin tables, the rope they come from */
-    e8kv_rope *probe = e8kv_rope_create(d, theta, neox, &err);
+    /* side bytes: per KV head 8 pairs and their means, the reads' cos/sin tables, the rope they come from
+     * (the frequencies' copy is in both caches) */
     assert_int_equal(e8kv_cache_fixed_bytes(c) - e8kv_cache_fixed_bytes(plain),
                      n_kv * sizeof(kv_rc) + (RC_FINE + 256 / RC_FINE) * d * sizeof(float) +
-                         e8kv_rope_bytes(probe));
-    e8kv_rope_free(probe);
+                         e8kv_rope_bytes(rp));
     for (size_t t = 0; t < n;) { /* the first append, then 1, 7, 13, ... tokens at a time */
         const size_t k = t == 0 ? first : (t % 29) + 1 < n - t ? (t % 29) + 1 : n - t;
         assert_int_equal(e8kv_cache_append(c, 0, K + t * row, V + t * row, k), t + k);
@@ -1194,6 +1228,16 @@ static void rope_centre_case(const char *codec, int box, int neox, size_t d) {
         assert_int_equal(e8kv_cache_attend(r, o2, n_out, 0, q, n_head, nt, n - nt), n_out);
         assert_memory_equal(o, o2, n_out * sizeof *o);
         e8kv_cache_free(r);
+        /* into a cache of other turns: SPEC, the cache untouched (theta for frequencies, or the reverse) */
+        float other[64];
+        llama3_freqs(other, d, 10000.0, 64.0);
+        e8kv_cache_params q2 = p;
+        q2.spec = spec, q2.rope_freqs = freqs ? NULL : other, q2.rope_theta = freqs ? 10000.0f : 0.0f;
+        e8kv_cache *x = e8kv_cache_create(&q2, &err);
+        assert_non_null(x);
+        assert_int_equal(e8kv_get_error_code(e8kv_cache_load_into(x, file, sz)), E8KV_ERROR_SPEC);
+        assert_int_equal(e8kv_cache_n_tokens(x, 0), 0);
+        e8kv_cache_free(x);
         free(file);
     }
     /* eviction keeps the kept tokens' bytes and reads them at their own positions */
@@ -1254,11 +1298,31 @@ static void rope_centre_case(const char *codec, int box, int neox, size_t d) {
 static void test_rope_centre(void **state) {
     (void)state;
     for (int neox = 0; neox < 2; neox++) {
-        rope_centre_case("e8box:4", 1, neox, 64);
-        rope_centre_case("e8box:3", 0, neox, 64);
+        rope_centre_case("e8box:4", 1, neox, 64, NULL);
+        rope_centre_case("e8box:3", 0, neox, 64, NULL);
     }
-    rope_centre_case("e8box:4", 1, 0, 128);
-    rope_centre_case("e8:4", 0, 1, 128);
+    rope_centre_case("e8box:4", 1, 0, 128, NULL);
+    rope_centre_case("e8:4", 0, 1, 128, NULL);
+    /* a scaled RoPE's frequencies (params.rope_freqs, rope_theta 0): Llama 3.1's llama3 type */
+    float freqs[64];
+    llama3_freqs(freqs, 128, 500000.0, 64.0);
+    rope_centre_case("e8box:4", 1, 1, 128, freqs);
+    llama3_freqs(freqs, 64, 10000.0, 64.0);
+    rope_centre_case("e8box:3", 0, 0, 64, freqs);
+    /* frequencies that are not finite or negative: BAD_ARGUMENT */
+    freqs[5] = NAN;
+    e8kv_cache_params bp = {.n_layer = 1,
+                            .n_head_kv = 1,
+                            .head_dim = 64,
+                            .n_ctx = 64,
+                            .spec = "e8box:4,center=rope",
+                            .rope_freqs = freqs};
+    size_t berr = 0;
+    assert_null(e8kv_cache_create(&bp, &berr));
+    assert_int_equal(e8kv_get_error_code(berr), E8KV_ERROR_BAD_ARGUMENT);
+    freqs[5] = -1.0f;
+    assert_null(e8kv_cache_create(&bp, &berr));
+    assert_int_equal(e8kv_get_error_code(berr), E8KV_ERROR_BAD_ARGUMENT);
     /* refused: keys before RoPE, no RoPE, a head too small for 8 pairs */
     static const struct {
         const char *spec;
@@ -1304,6 +1368,16 @@ static void test_rope_default(void **state) {
         e8kv_cache_free(c);
     }
     assert_int_equal(e8kv_cache_keys_pre_rope(NULL), 0);
+    /* a scaled RoPE's frequencies alone (rope_theta 0) are RoPE's parameters too */
+    float freqs[32];
+    llama3_freqs(freqs, 64, 500000.0, 64.0);
+    e8kv_cache_params p = {
+        .n_layer = 1, .n_head_kv = 1, .head_dim = 64, .n_ctx = 64, .spec = "e8:4", .rope_freqs = freqs};
+    size_t err = 0;
+    e8kv_cache *c = e8kv_cache_create(&p, &err);
+    assert_non_null(c);
+    assert_int_equal(e8kv_cache_keys_pre_rope(c), 1);
+    e8kv_cache_free(c);
 }
 
 /* The centering add-back twins: one float add per element, so bit-exact. */

@@ -238,6 +238,78 @@ static void test_rope_centre_record(void **state) {
     e8kv_cache_free(a);
 }
 
+/* A cache made with params.rope_freqs (a scaled RoPE) saves them (version 3, flag 2, head_dim/2 f32 after
+ * the meta) and loads back the same bits; version 1 and 2 files keep their bytes; bad frequencies, flags or
+ * a section cut short are CORRUPTED even with a valid checksum. */
+static void test_rope_freqs_section(void **state) {
+    (void)state;
+    const size_t n_kv = 2, d = 64, n_tok = 40, row = n_kv * d;
+    float freqs[32];
+    for (size_t i = 0; i < d / 2; i++)
+        freqs[i] = (float)(pow(500000.0, -2.0 * (double)i / (double)d) / (i >= 20 ? 8.0 : 1.0));
+    static const char *specs[] = {"e8box:4,center=rope", "e8:4,rope=pre,sink=1"};
+    for (size_t si = 0; si < 2; si++) {
+        e8kv_cache_params p = {.n_layer = 1,
+                               .n_head_kv = n_kv,
+                               .head_dim = d,
+                               .n_ctx = 64,
+                               .spec = specs[si],
+                               .seed = 9,
+                               .rope_freqs = freqs};
+        size_t err = 0, n = 0;
+        e8kv_cache *a = e8kv_cache_create(&p, &err);
+        assert_non_null(a);
+        e8kv_rng rng;
+        e8kv_rng_seed(&rng, 6);
+        float *k = rand_vec(&rng, n_tok * row), *v = rand_vec(&rng, n_tok * row);
+        assert_int_equal(e8kv_cache_append(a, 0, k, v, n_tok), n_tok);
+        uint8_t *f = test_cache_save(a, &n, "mm", 2), *g = malloc(n);
+        e8kv_cache_file_info fi;
+        assert_ok(e8kv_cache_file_get_info(&fi, f, n));
+        assert_int_equal(fi.version, 3);
+        assert_int_equal(e8kv_load_le32(f + 60), 2);
+        assert_int_equal(fi.n_rope_freqs, d / 2);
+        assert_memory_equal(fi.rope_freqs, freqs, d / 2 * sizeof(float));
+        /* loads back: the same attention, bit for bit */
+        e8kv_cache *b = e8kv_cache_load(f, n, 1, &err);
+        assert_non_null(b);
+        float *q = rand_vec(&rng, 4 * d), o[4 * 64], o2[4 * 64];
+        assert_int_equal(e8kv_cache_attend(a, o, 4 * d, 0, q, 4, 1, n_tok - 1), 4 * d);
+        assert_int_equal(e8kv_cache_attend(b, o2, 4 * d, 0, q, 4, 1, n_tok - 1), 4 * d);
+        assert_memory_equal(o, o2, sizeof o);
+        e8kv_cache_free(b);
+        const size_t at = fi.meta_offset + fi.meta_size; /* the first frequency */
+        const struct {
+            size_t at;
+            uint32_t value;
+        } bad[] = {
+            {at, 0x7fc00000u}, {at + 4 * 31, 0xbf800000u}, {at + 8, 0x7f800000u}, {60, 3}, {60, 1}, {4, 2}};
+        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+            memcpy(g, f, n);
+            if (bad[i].at == 4)
+                e8kv_store_le16(g + 4, (uint16_t)bad[i].value);
+            else
+                e8kv_store_le32(g + bad[i].at, bad[i].value);
+            rehash(g, n);
+            assert_null(e8kv_cache_load(g, n, 1, &err));
+            if (e8kv_get_error_code(err) != E8KV_ERROR_CORRUPTED)
+                fail_msg("%s, byte %zu = %#x: %s", specs[si], bad[i].at, bad[i].value, e8kv_error_name(err));
+        }
+        free(k), free(v), free(q), free(f), free(g);
+        e8kv_cache_free(a);
+        /* the same cache with rope_theta: version 1, no section */
+        p.rope_freqs = NULL, p.rope_theta = 10000.0f;
+        a = e8kv_cache_create(&p, &err);
+        assert_non_null(a);
+        f = test_cache_save(a, &n, NULL, 0);
+        assert_ok(e8kv_cache_file_get_info(&fi, f, n));
+        assert_int_equal(fi.version, 1);
+        assert_int_equal(fi.n_rope_freqs, 0);
+        free(f);
+        e8kv_cache_free(a);
+    }
+}
+
 static void test_malformed(void **state) {
     (void)state;
     const shape *s = &k_shapes[0];
@@ -271,7 +343,7 @@ static void test_malformed(void **state) {
     g[0] = 'X';
     assert_error(e8kv_cache_file_get_info(&fi, g, n), CORRUPTED);
     memcpy(g, f, n);
-    e8kv_store_le16(g + 4, 3); /* versions 1 and 2 exist */
+    e8kv_store_le16(g + 4, 4); /* versions 1, 2 and 3 exist */
     assert_error(e8kv_cache_file_get_info(&fi, g, n), VERSION);
     assert_null(e8kv_cache_load(g, n, 1, &err));
     assert_error(err, VERSION);
@@ -592,17 +664,12 @@ static void test_nonfinite_codes(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roundtrip_attention),
-        cmocka_unit_test(test_empty_and_truncated_cache),
-        cmocka_unit_test(test_smaller_than_hot),
-        cmocka_unit_test(test_malformed),
-        cmocka_unit_test(test_rope_centre_record),
-        cmocka_unit_test(test_mismatched_target),
-        cmocka_unit_test(test_files),
-        cmocka_unit_test(test_long_spec),
-        cmocka_unit_test(test_golden),
-        cmocka_unit_test(test_fuzz_corpus),
-        cmocka_unit_test(test_nonfinite_codes),
+        cmocka_unit_test(test_roundtrip_attention), cmocka_unit_test(test_empty_and_truncated_cache),
+        cmocka_unit_test(test_smaller_than_hot),    cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_rope_centre_record),  cmocka_unit_test(test_rope_freqs_section),
+        cmocka_unit_test(test_mismatched_target),   cmocka_unit_test(test_files),
+        cmocka_unit_test(test_long_spec),           cmocka_unit_test(test_golden),
+        cmocka_unit_test(test_fuzz_corpus),         cmocka_unit_test(test_nonfinite_codes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

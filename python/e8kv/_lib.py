@@ -15,6 +15,7 @@ from ctypes import POINTER, c_char_p, c_double, c_float, c_int, c_size_t, c_uint
 from typing import Optional
 
 E8KV_CACHE_SPEC_MAX_LEN = 8191
+E8KV_MAX_ROPE_FREQS = 256  # E8KV_MAX_HEAD_DIM / 2 (include/e8kv.h)
 
 
 class CacheParams(ctypes.Structure):
@@ -31,6 +32,7 @@ class CacheParams(ctypes.Structure):
         ("rope_theta", c_float),
         ("rope_neox", c_int),
         ("calib", c_void_p),
+        ("rope_freqs", POINTER(c_float)),
     ]
 
 
@@ -53,6 +55,8 @@ class CacheFileInfo(ctypes.Structure):
         ("file_size", c_size_t),
         ("calib_offset", c_size_t),
         ("calib_size", c_size_t),
+        ("n_rope_freqs", c_size_t),
+        ("rope_freqs", c_float * E8KV_MAX_ROPE_FREQS),
     ]
 
 
@@ -105,6 +109,7 @@ _SIGNATURES = {
     "e8kv_error_code_name": (c_char_p, [c_int]),
     # RoPE (the library's one implementation)
     "e8kv_rope_create": (c_void_p, [c_size_t, c_float, c_int, _SZ]),
+    "e8kv_rope_create_freqs": (c_void_p, [c_size_t, POINTER(c_double), c_int, _SZ]),
     "e8kv_rope_free": (None, [c_void_p]),
     "e8kv_rope_apply": (None, [c_void_p, _F, c_size_t, c_size_t, c_size_t]),
     # codecs

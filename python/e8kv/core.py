@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import os
-from ctypes import POINTER, byref, c_float, c_size_t
+from ctypes import POINTER, byref, c_double, c_float, c_size_t
 from typing import Any, Optional, Sequence, Union
 
 import numpy as np
@@ -137,14 +137,23 @@ def _empty_like_kind(template: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
 # ------------------------------------------------------------------------------------------ codec
 class Rope:
     """RoPE as the library applies it (include/e8kv.h e8kv_rope_*: the engine's queries and keys, the cache's
-    rope=pre keys): pair i at position p turns by p * theta^(-2i/head_dim); neox: pairs (i, i + head_dim/2)
+    rope=pre keys): pair i at position p turns by p * theta^(-2i/head_dim), or by p * freqs[i] when freqs
+    (head_dim/2 frequencies, e.g. a scaled RoPE's inv_freq) are given; neox: pairs (i, i + head_dim/2)
     (transformers' layout), else (2i, 2i+1)."""
 
-    def __init__(self, head_dim: int, theta: float, neox: bool = True) -> None:
+    def __init__(self, head_dim: int, theta: float = 0.0, neox: bool = True,
+                 freqs: Optional[Sequence[float]] = None) -> None:
         err = c_size_t(0)
-        self._p = lib.e8kv_rope_create(head_dim, theta, int(bool(neox)), byref(err))
+        if freqs is not None:
+            f = (c_double * len(freqs))(*[float(x) for x in freqs])
+            if len(freqs) != head_dim // 2:
+                raise E8KVError(ErrorCode.BAD_ARGUMENT, f"RoPE: {len(freqs)} freqs for head_dim {head_dim}")
+            self._p = lib.e8kv_rope_create_freqs(head_dim, f, int(bool(neox)), byref(err))
+        else:
+            self._p = lib.e8kv_rope_create(head_dim, theta, int(bool(neox)), byref(err))
         if not self._p:
-            raise E8KVError(lib.e8kv_get_error_code(err.value), f"RoPE at head_dim {head_dim}, theta {theta}")
+            raise E8KVError(lib.e8kv_get_error_code(err.value), f"RoPE at head_dim {head_dim}, theta {theta}"
+                                                                + (" (freqs given)" if freqs is not None else ""))
         self.head_dim = head_dim
 
     def __del__(self) -> None:
@@ -320,13 +329,16 @@ class Cache:
 
     spec: a cache spec ("e8:4", "balanced", "k=e8:4,v=e8:3,sink=1", "auto=e8tv:3" with calib=...).
     rope_theta > 0 enables rope=pre caches (keys appended before RoPE, queries passed with RoPE);
-    `keys_pre_rope` says which keys the cache wants. rope_neox: the RoPE pair layout (False: interleaved
-    pairs (x[2i], x[2i+1]); True: split halves, the Hugging Face layout).
+    `keys_pre_rope` says which keys the cache wants. rope_freqs (head_dim/2 values) are a scaled RoPE's own
+    frequencies (transformers' inv_freq of rope_type llama3, linear, yarn), used instead of rope_theta's.
+    rope_neox: the RoPE pair layout (False: interleaved pairs (x[2i], x[2i+1]); True: split halves, the
+    Hugging Face layout).
     """
 
     def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, n_ctx: int, spec: str = "e8:4", *,
                  seed: int = 0, n_threads: int = 0, rope_theta: float = 0.0, rope_neox: bool = False,
-                 calib: Optional[Calib] = None, device: str = "cpu", _ptr: Optional[int] = None) -> None:
+                 calib: Optional[Calib] = None, device: str = "cpu", rope_freqs: Optional[Sequence[float]] = None,
+                 _ptr: Optional[int] = None) -> None:
         if str(device) != "cpu":
             what = ("the CUDA cache is e8kv.CudaCache (or e8kv.hf.E8KVCache(..., device='cuda'))" if cuda_built()
                     else "this build of e8kv has the CPU cache only (no libe8kv_cuda.so: built without nvcc)")
@@ -342,6 +354,12 @@ class Cache:
                                  spec=self._spec_bytes, seed=seed, n_threads=n_threads,
                                  rope_theta=float(rope_theta), rope_neox=int(bool(rope_neox)),
                                  calib=calib._p if calib is not None else None)
+            if rope_freqs is not None:  # (copied by the cache at creation)
+                if len(rope_freqs) != head_dim // 2:
+                    raise E8KVError(ErrorCode.BAD_ARGUMENT, f"Cache: {len(rope_freqs)} rope_freqs for head_dim "
+                                                            f"{head_dim}")
+                freqs = (c_float * len(rope_freqs))(*[float(x) for x in rope_freqs])
+                params.rope_freqs = ctypes.cast(freqs, POINTER(c_float))
             self._p = lib.e8kv_cache_create(byref(params), byref(err))
             if not self._p:
                 raise E8KVError(lib.e8kv_get_error_code(err.value),

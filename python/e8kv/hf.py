@@ -88,25 +88,14 @@ class ModelShape:
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         partial = float(rope.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0)) or 1.0)
         self.rope_layout: Optional[str] = ROPE_LAYOUTS.get(self.model_type)
-        # why keys cannot be handed over before RoPE (rope=pre), or None when they can
-        self.rope_problem: Optional[str] = None
-        if self.rope_layout is None:
-            self.rope_problem = (f"model_type '{self.model_type}' has no known RoPE pair layout (known: "
-                                 f"{', '.join(sorted(ROPE_LAYOUTS))})")
-        elif rope_type != "default":
-            self.rope_problem = f"RoPE type '{rope_type}' (e8kv applies plain RoPE, rope_type 'default')"
-        elif partial != 1.0:
-            self.rope_problem = f"partial rotary factor {partial} (e8kv rotates the whole head)"
-        elif not self.rope_theta > 0:
-            self.rope_problem = "no rope_theta in the config"
-        if self.rope_layout is None:
-            self.rope_layout = "split"
-        # center=rope (the CUDA cache) turns the keys' centre by the frequencies the model turns its keys by: of
-        # rope_theta, or of a scaled RoPE whose frequencies do not change with the length; None and the reason
+        # the frequencies the model turns its keys by: of rope_theta, or of a scaled RoPE whose frequencies do
+        # not change with the length (linear, llama3, yarn: transformers' own inv_freq; the e8kv caches get
+        # them as rope_freqs); None, and why in rope_centre_problem, when e8kv cannot know them
         self.rope_freqs: Optional[list[float]] = None
+        self.rope_scaled = rope_type != "default"  # the caches take rope_freqs, not rope_theta
         self.rope_centre_problem: Optional[str] = None
         if partial != 1.0:
-            self.rope_centre_problem = f"partial rotary factor {partial} (center=rope turns the whole head)"
+            self.rope_centre_problem = f"partial rotary factor {partial} (e8kv turns the whole head)"
         elif rope_type == "default":
             if self.rope_theta > 0:
                 self.rope_freqs = [self.rope_theta ** (-2.0 * i / self.head_dim) for i in range(self.head_dim // 2)]
@@ -124,14 +113,35 @@ class ModelShape:
                                             f"head_dim {self.head_dim}")
                 self.rope_freqs = None
         else:
-            self.rope_centre_problem = (f"RoPE type '{rope_type}' (center=rope turns by fixed frequencies: default, "
+            self.rope_centre_problem = (f"RoPE type '{rope_type}' (e8kv turns keys by fixed frequencies: default, "
                                         "linear, llama3, yarn)")
+        # why keys cannot be handed over before RoPE (rope=pre, calibrated formats, calibration), or None
+        self.rope_problem: Optional[str] = self.rope_centre_problem
+        if self.rope_layout is None:
+            self.rope_problem = (f"model_type '{self.model_type}' has no known RoPE pair layout (known: "
+                                 f"{', '.join(sorted(ROPE_LAYOUTS))})")
+            self.rope_layout = "split"
+        # the cos, sin transformers turns keys by (float32), without a yarn attention factor: turning back by
+        # them gives the keys before RoPE times that factor, which RoPE's turns then give back exactly
+        self.inv_freq_f32: Optional[torch.Tensor] = None
+        if self.rope_freqs is not None:
+            self.inv_freq_f32 = (torch.tensor(self.rope_freqs, dtype=torch.float32) if self.rope_scaled else
+                                 1.0 / (self.rope_theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64)
+                                                            .to(torch.float32) / self.head_dim)))
+
+    def cache_rope(self) -> dict:
+        """The RoPE arguments of a CPU cache (core.Cache) for this model: rope_theta for plain RoPE, the
+        frequencies for a scaled one; none when the keys cannot be handed over before RoPE."""
+        if self.rope_problem is not None:
+            return {"rope_theta": 0.0}
+        if self.rope_scaled:
+            return {"rope_theta": 0.0, "rope_freqs": self.rope_freqs}
+        return {"rope_theta": self.rope_theta}
 
 
-def _rope_cos_sin(theta: float, head_dim: int, pos0: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _rope_cos_sin(inv_freq: torch.Tensor, pos0: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin (n, head_dim) of positions pos0 .. pos0+n-1 in transformers' split-half layout, computed the
-    way transformers' default rotary embedding computes them (float32 angles)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim))
+    way transformers' rotary embedding computes them (float32 angles) from its inv_freq (head_dim/2)."""
     pos = torch.arange(pos0, pos0 + n, dtype=torch.float32)
     freqs = pos[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
@@ -341,13 +351,13 @@ class E8KVCache(_BatchChanges, Cache):
         if not pre_ok and ("rope=pre" in self.spec or "e8t" in self.spec or "auto=" in self.spec):
             raise UnsupportedModelError(f"e8kv cache '{self.spec}' codes keys before RoPE, which {s.model_type} "
                                         f"does not allow: {s.rope_problem}")
-        if not pre_ok and "center=rope" in self.spec:  # the C cache turns the centre by rope_theta's RoPE alone
-            raise UnsupportedModelError(f"e8kv cache '{self.spec}': center=rope turns the keys' centre by plain "
-                                        f"RoPE on the CPU, which {s.model_type} does not use: {s.rope_problem}")
+        if not pre_ok and "center=rope" in self.spec:  # the C cache turns the centre by the model's RoPE
+            raise UnsupportedModelError(f"e8kv cache '{self.spec}': center=rope turns the keys' centre by the "
+                                        f"model's RoPE, which the CPU cache cannot follow here: {s.rope_problem}")
         try:
             c = core.Cache(s.n_layer, s.n_head_kv, s.head_dim, self.n_ctx, self.spec, seed=self.seed,
-                           n_threads=self.n_threads, rope_theta=s.rope_theta if pre_ok else 0.0,
-                           rope_neox=s.rope_layout == "split", calib=self.calib)
+                           n_threads=self.n_threads, rope_neox=s.rope_layout == "split", calib=self.calib,
+                           **s.cache_rope())
         except E8KVError as e:
             hint = ""
             if e.code == ErrorCode.SPEC and self.calib is None and ("e8t" in self.spec or "auto=" in self.spec):
@@ -403,11 +413,12 @@ class E8KVCache(_BatchChanges, Cache):
         e8kv's own angles, which transformers' float32 angles differ from by up to ~1e-7 * position)."""
         x = x.detach().to(torch.float32)
         if self.shape.rope_problem is None:
-            th, d, t = self.shape.rope_theta, self.shape.head_dim, x.shape[2]
-            x = _unrope(x, *_rope_cos_sin(th, d, pos0, t))
+            s, d, t = self.shape, self.shape.head_dim, x.shape[2]
+            x = _unrope(x, *_rope_cos_sin(s.inv_freq_f32, pos0, t))
             if rope == "exact":  # the library's own RoPE (e8kv.Rope), the one the engine and cache use
-                if self._rope is None:
-                    self._rope = core.Rope(d, th, neox=True)
+                if self._rope is None:  # (a scaled RoPE's frequencies as the cache has them: float32)
+                    self._rope = (core.Rope(d, freqs=s.inv_freq_f32.tolist(), neox=True) if s.rope_scaled
+                                  else core.Rope(d, s.rope_theta, neox=True))
                 xt = x.transpose(1, 2).contiguous()  # (b, t, h, d): rows at consecutive positions
                 for row in xt:
                     self._rope.apply_(row, pos0)

@@ -151,8 +151,7 @@ void e8kv_evict_reset(e8kv_cache *c, kv_layer *L) {
 static void rope_one(const e8kv_cache *c, float *x, size_t pos) {
     const size_t d = c->head_dim, half = d / 2;
     for (size_t i = 0; i < half; i++) {
-        const double f = pow((double)c->rope_theta, -2.0 * (double)i / (double)d);
-        const double a = fmod((double)pos * f, 6.283185307179586);
+        const double a = fmod((double)pos * c->rope_inv_freq[i], 6.283185307179586);
         const float cs = (float)cos(a), sn = (float)sin(a);
         const size_t i0 = c->rope_neox ? i : 2 * i, i1 = c->rope_neox ? i + half : 2 * i + 1;
         const float x0 = x[i0], x1 = x[i1];
@@ -238,7 +237,7 @@ static void score_head(const e8kv_cache *c, const kv_layer *L, size_t h, int sco
     for (size_t t = q0; t < n_q; t++)
         for (size_t hq = h * g; hq < (h + 1) * g; hq++) {
             memcpy(qv, q + t * row + hq * d, d * sizeof(float));
-            if (c->rope_theta > 0.0f) rope_one(c, qv, q_pos0 + t);
+            if (kv_has_rope(c)) rope_one(c, qv, q_pos0 + t);
             for (size_t i = 0; i < d; i++)
                 qv[i] *= scale;
             observe(qv, q_pos0 + t, SIZE_MAX, K, kp, n, d, w, score, NULL);

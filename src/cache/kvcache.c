@@ -540,9 +540,19 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
         return NULL;
     }
     size_t r = 0;
+    const int has_rope = params->rope_theta > 0.0f || params->rope_freqs;
+    if (params->rope_freqs) { /* finite, >= 0, and a pair each: e8kv_rope_create_freqs's own checks */
+        int ok = params->head_dim % 2 == 0 && params->head_dim <= E8KV_MAX_HEAD_DIM;
+        for (size_t i = 0; ok && i < params->head_dim / 2; i++)
+            ok = params->rope_freqs[i] >= 0.0f && isfinite(params->rope_freqs[i]);
+        if (!ok) {
+            if (err) *err = E8KV_ERR(BAD_ARGUMENT);
+            return NULL;
+        }
+    }
     /* center=rope: keys arrive after RoPE (its turns are what the centre follows), so rope=post */
-    if (cfg->center == 3 && (cfg->rope_pre == 1 || !(params->rope_theta > 0.0f) || params->head_dim % 2 ||
-                             params->head_dim < 2 * E8KV_RC_PAIRS)) {
+    if (cfg->center == 3 &&
+        (cfg->rope_pre == 1 || !has_rope || params->head_dim % 2 || params->head_dim < 2 * E8KV_RC_PAIRS)) {
         if (err) *err = E8KV_ERR(SPEC);
         return NULL;
     }
@@ -553,17 +563,17 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
         e8kv_spec ks;
         const e8kv_traits *kt = e8kv_family_traits(cfg->k);
         const int pre = !e8kv_is_error(e8kv_spec_parse(&ks, cfg->k)) && kt && kt->rope_pre;
-        cfg->rope_pre = params->rope_theta > 0.0f && params->head_dim % 2 == 0 && pre;
+        cfg->rope_pre = has_rope && params->head_dim % 2 == 0 && pre;
     }
     /* calibrated keys are calibrated before RoPE: with RoPE they must be coded before it */
     int e8t_k = is_calibrated(cfg->k);
     for (size_t i = 0; i < cfg->n_rules; i++)
         e8t_k |= (cfg->rules[i].which & 1) && is_calibrated(cfg->rules[i].codec);
-    if (e8t_k && !cfg->rope_pre && params->rope_theta > 0.0f) {
+    if (e8t_k && !cfg->rope_pre && has_rope) {
         if (err) *err = E8KV_ERR(SPEC);
         return NULL;
     }
-    if (cfg->rope_pre && (!(params->rope_theta > 0.0f) || params->head_dim % 2)) {
+    if (cfg->rope_pre && (!has_rope || params->head_dim % 2)) {
         if (err) *err = E8KV_ERR(SPEC);
         return NULL;
     }
@@ -596,10 +606,20 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
     c->use_vnni = c->use_avx2 && e8kv_cpu_has_avxvnni();
     c->rope_theta = params->rope_theta;
     c->rope_neox = params->rope_neox ? 1 : 0;
-    for (size_t i = 0; i < c->head_dim / 2 && c->rope_pre; i++)
-        c->rope_inv_freq[i] = pow((double)c->rope_theta, -2.0 * (double)i / (double)c->head_dim);
+    if (params->rope_freqs) {
+        if (!(c->rope_freqs = malloc(c->head_dim / 2 * sizeof *c->rope_freqs))) {
+            fail_create(c, err, E8KV_ERR(OUT_OF_MEMORY));
+            return NULL;
+        }
+        memcpy(c->rope_freqs, params->rope_freqs, c->head_dim / 2 * sizeof *c->rope_freqs);
+    }
+    for (size_t i = 0; i < c->head_dim / 2 && has_rope; i++)
+        c->rope_inv_freq[i] = c->rope_freqs
+                                  ? (double)c->rope_freqs[i]
+                                  : pow((double)c->rope_theta, -2.0 * (double)i / (double)c->head_dim);
     if ((c->rope_pre || c->center == 3) &&
-        !(c->rope = e8kv_rope_create(c->head_dim, c->rope_theta, c->rope_neox, &r))) {
+        !(c->rope = c->rope_freqs ? e8kv_rope_create_freqs(c->head_dim, c->rope_inv_freq, c->rope_neox, &r)
+                                  : e8kv_rope_create(c->head_dim, c->rope_theta, c->rope_neox, &r))) {
         fail_create(c, err, r);
         return NULL;
     }
@@ -608,8 +628,8 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
         fail_create(c, err, E8KV_ERR(OUT_OF_MEMORY));
         return NULL;
     }
-    c->fixed_bytes = sizeof *c + c->n_layer * sizeof *c->layers +
-                     e8kv_rope_bytes(c->rope);
+    c->fixed_bytes = sizeof *c + c->n_layer * sizeof *c->layers + e8kv_rope_bytes(c->rope) +
+                     kv_n_rope_freqs(c) * sizeof *c->rope_freqs;
     const size_t n_tab = c->n_head_kv * c->n_page_max;
     const char **lspec = calloc(2 * c->n_layer, sizeof *lspec); /* per layer: K spec, then V spec */
     if (!lspec) {
@@ -773,6 +793,7 @@ void e8kv_cache_free(e8kv_cache *cache) {
     free(cache->attn_boxq);
     free(cache->rc_tab);
     e8kv_rope_free(cache->rope);
+    free(cache->rope_freqs);
     if (cache->attn_mu_ready) pthread_mutex_destroy(&cache->attn_mu);
     if (cache->layers) {
         for (size_t l = 0; l < cache->n_layer; l++) {
@@ -1189,7 +1210,7 @@ size_t e8kv_cache_remove(e8kv_cache *cache, size_t pos, size_t n) {
     if (!cache) return E8KV_ERR(BAD_ARGUMENT);
     /* keys stored with the caller's RoPE would keep their old positions: only pre-RoPE keys (RoPE applied
      * at attention time) or a cache told there is no RoPE can shift */
-    if (!cache->rope_pre && cache->rope_theta > 0.0f) return E8KV_ERR(UNSUPPORTED);
+    if (!cache->rope_pre && kv_has_rope(cache)) return E8KV_ERR(UNSUPPORTED);
     if (pos < cache->n_sink && n) return E8KV_ERR(UNSUPPORTED); /* sink positions stay exact forever */
     for (size_t l = 0; l < cache->n_layer; l++) /* positions of an evicted layer are not contiguous */
         if (cache->layers[l].n_map) return E8KV_ERR(UNSUPPORTED);

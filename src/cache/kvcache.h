@@ -188,6 +188,7 @@ struct e8kv_cache {
     int rope_pre;      /* keys stored before RoPE: attention applies RoPE to decoded keys */
     float rope_theta;
     int rope_neox;     /* 1: split halves (NeoX/llama.cpp NEOX), 0: interleaved pairs */
+    float *rope_freqs; /* a copy of params.rope_freqs (head_dim / 2, counted in fixed_bytes), or NULL */
     int center;        /* centering: 0 off, 1 e8kv's formats (default), 2 all coded formats (center=all),
                           3 center=rope (as 1, K's centre partly turned by RoPE: kv_rc) */
     /* center=rope, the reads' cos, sin of every RoPE pair: the fine table, positions 0 .. RC_FINE − 1 as
@@ -203,7 +204,8 @@ struct e8kv_cache {
     /* score-domain key transforms built for this cache alone, when the calibration's shared set is for
      * another RoPE setting (xform.c); NULL otherwise */
     e8kv_calib_score *score_owned;
-    double rope_inv_freq[E8KV_MAX_HEAD_DIM / 2]; /* theta^(-2i/head_dim), double like the engine's tables */
+    double rope_inv_freq[E8KV_MAX_HEAD_DIM / 2]; /* with has_rope: theta^(-2i/head_dim) (double like the
+                                                    engine's tables), or rope_freqs[i] */
     e8kv_rope *rope;  /* with rope=pre: the keys' RoPE at attention time (src/common/rope.c); with
                          center=rope: the turns of K's centre */
     kv_layer *layers;
@@ -214,6 +216,17 @@ struct e8kv_cache {
     kv_evict_cfg ev;         /* eviction (evict.c); ev.scorer == KV_EVICT_NONE: off */
     size_t index_bytes;      /* the kept positions' index (kv_layer.pos) of every layer */
 };
+
+/* RoPE known to the cache: params.rope_theta > 0 or params.rope_freqs (rope_inv_freq holds its frequencies)
+ */
+static inline int kv_has_rope(const e8kv_cache *c) {
+    return c->rope_theta > 0.0f || c->rope_freqs;
+}
+
+/* head_dim / 2 when the cache was made with params.rope_freqs, else 0 */
+static inline size_t kv_n_rope_freqs(const e8kv_cache *c) {
+    return c->rope_freqs ? c->head_dim / 2 : 0;
+}
 
 /* Stream transforms of a format, in place on n vectors of head h (xform.c). forward: original domain →
  * the domain the codes live in (xf's W·P, then the codec's rotation); inverse: back; query: the map a

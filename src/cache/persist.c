@@ -8,13 +8,16 @@
  * entries); failures are named errors, never asserts. */
 #include "kvcache.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <xxhash.h>
 
 #define CACHE_MAGIC "E8KC"
-#define CACHE_FLAG_CALIB 1u /* header flags (offset 60): a calibration section follows the meta */
+#define CACHE_FLAG_CALIB 1u /* header flags (offset 60): a calibration section follows the meta ... */
+#define CACHE_FLAG_FREQS 2u /* ... after RoPE's frequencies (params.rope_freqs), head_dim/2 f32 (version 3)  \
+                             */
 #define CACHE_HEADER_BYTES 64
 #define CANON_SPEC_MAX E8KV_CACHE_SPEC_MAX /* what kvcache.c parses */
 #define CANON_RULES_MAX E8KV_CACHE_RULES_MAX
@@ -166,7 +169,7 @@ static void group_copy(const e8kv_cache *c, const e8kv_codec *codec, uint8_t *bu
 size_t e8kv_cache_save_bound(const e8kv_cache *cache, size_t meta_size) {
     if (!cache || meta_size > UINT32_MAX) return E8KV_ERR(BAD_ARGUMENT);
     const e8kv_cache *c = cache;
-    size_t n = CACHE_HEADER_BYTES + CANON_SPEC_MAX + meta_size + 8;
+    size_t n = CACHE_HEADER_BYTES + CANON_SPEC_MAX + meta_size + 8 + kv_n_rope_freqs(c) * sizeof(float);
     const size_t d4 = c->head_dim * sizeof(float);
     for (size_t l = 0; l < c->n_layer; l++) {
         const kv_layer *L = &c->layers[l];
@@ -307,6 +310,11 @@ size_t e8kv_cache_save(void *dst, size_t dst_capacity, const e8kv_cache *cache, 
     wbuf w = {out + CACHE_HEADER_BYTES, out + dst_capacity - 8}; /* the checksum's 8 bytes kept free */
     E8KV_RETURN_IF_ERROR(put(&w, spec, spec_len));
     E8KV_RETURN_IF_ERROR(put(&w, meta, meta_size));
+    if (kv_n_rope_freqs(c)) { /* the frequencies the keys' turns were made with (rope=pre, center=rope) */
+        if ((size_t)(w.end - w.p) < kv_n_rope_freqs(c) * 4) return E8KV_ERR(DST_TOO_SMALL);
+        for (size_t i = 0; i < kv_n_rope_freqs(c); i++, w.p += 4)
+            e8kv_store_lef32(w.p, c->rope_freqs[i]);
+    }
     const int with_calib = c->xforms != NULL;
     if (with_calib) { /* u64 size, then the calibration the e8t streams were built from (§5) */
         if ((size_t)(w.end - w.p) < 8) return E8KV_ERR(DST_TOO_SMALL);
@@ -322,7 +330,9 @@ size_t e8kv_cache_save(void *dst, size_t dst_capacity, const e8kv_cache *cache, 
     if (c->ev.scorer) E8KV_RETURN_IF_ERROR(save_evict(&w, c));
     const size_t total = (size_t)(w.p - out) + 8;
     memcpy(out, CACHE_MAGIC, 4);
-    e8kv_store_le16(out + 4, with_calib ? 2 : 1); /* version 1 files stay byte-identical */
+    e8kv_store_le16(out + 4, kv_n_rope_freqs(c) ? 3
+                             : with_calib       ? 2
+                                                : 1); /* versions 1, 2 stay byte-identical */
     e8kv_store_le16(out + 6, (uint16_t)spec_len);
     e8kv_store_le64(out + 8, total);
     e8kv_store_le32(out + 16, (uint32_t)c->n_layer);
@@ -334,7 +344,8 @@ size_t e8kv_cache_save(void *dst, size_t dst_capacity, const e8kv_cache *cache, 
     e8kv_store_lef32(out + 48, c->rope_theta);
     e8kv_store_le32(out + 52, (uint32_t)c->rope_neox);
     e8kv_store_le32(out + 56, (uint32_t)meta_size);
-    e8kv_store_le32(out + 60, with_calib ? CACHE_FLAG_CALIB : 0u);
+    e8kv_store_le32(out + 60,
+                    (with_calib ? CACHE_FLAG_CALIB : 0u) | (kv_n_rope_freqs(c) ? CACHE_FLAG_FREQS : 0u));
     e8kv_store_le64(w.p, XXH64(out, total - 8, 0));
     return total;
 }
@@ -361,7 +372,7 @@ size_t e8kv_cache_file_get_info(e8kv_cache_file_info *info, const void *src, siz
     if (src_size < 6) return E8KV_ERR(TRUNCATED);
     if (memcmp(in, CACHE_MAGIC, 4)) return E8KV_ERR(CORRUPTED);
     const unsigned version = e8kv_load_le16(in + 4);
-    if (version != 1 && version != 2) return E8KV_ERR(VERSION);
+    if (version < 1 || version > 3) return E8KV_ERR(VERSION);
     if (src_size < CACHE_HEADER_BYTES + 8) return E8KV_ERR(TRUNCATED);
     const uint64_t total = e8kv_load_le64(in + 8);
     if (total > src_size) return E8KV_ERR(TRUNCATED);
@@ -369,12 +380,26 @@ size_t e8kv_cache_file_get_info(e8kv_cache_file_info *info, const void *src, siz
     if (XXH64(in, total - 8, 0) != e8kv_load_le64(in + total - 8)) return E8KV_ERR(CHECKSUM);
     const size_t spec_len = e8kv_load_le16(in + 6), meta_size = e8kv_load_le32(in + 56);
     const uint32_t flags = e8kv_load_le32(in + 60);
-    if (spec_len == 0 || spec_len > CANON_SPEC_MAX || flags != (version == 2 ? CACHE_FLAG_CALIB : 0u) ||
-        e8kv_load_le32(in + 52) > 1)
+    /* version 1: no flag; 2: the calibration; 3: the frequencies, and the calibration or not */
+    const int flags_ok =
+        version == 3 ? (flags & ~(CACHE_FLAG_CALIB | CACHE_FLAG_FREQS)) == 0 && (flags & CACHE_FLAG_FREQS)
+                     : flags == (version == 2 ? CACHE_FLAG_CALIB : 0u);
+    if (spec_len == 0 || spec_len > CANON_SPEC_MAX || !flags_ok || e8kv_load_le32(in + 52) > 1)
         return E8KV_ERR(CORRUPTED);
     if (spec_len + (uint64_t)meta_size > total - CACHE_HEADER_BYTES - 8) return E8KV_ERR(CORRUPTED);
     if (memchr(in + CACHE_HEADER_BYTES, 0, spec_len)) return E8KV_ERR(CORRUPTED);
     size_t body = CACHE_HEADER_BYTES + spec_len + meta_size; /* the first byte after the meta */
+    if (flags & CACHE_FLAG_FREQS) { /* head_dim/2 f32, finite and >= 0 (e8kv_cache_params.rope_freqs) */
+        const uint32_t hd = e8kv_load_le32(in + 24);
+        if (hd % 2 || hd == 0 || hd > E8KV_MAX_HEAD_DIM || total - 8 - body < (uint64_t)hd / 2 * 4)
+            return E8KV_ERR(CORRUPTED);
+        info->n_rope_freqs = hd / 2;
+        for (size_t i = 0; i < info->n_rope_freqs; i++) {
+            info->rope_freqs[i] = e8kv_load_lef32(in + body + 4 * i);
+            if (!(info->rope_freqs[i] >= 0.0f) || !isfinite(info->rope_freqs[i])) return E8KV_ERR(CORRUPTED);
+        }
+        body += 4 * info->n_rope_freqs;
+    }
     if (flags & CACHE_FLAG_CALIB) { /* u64 size, then the calibration (checked by e8kv_calib_load) */
         if (total - 8 - body < 8) return E8KV_ERR(CORRUPTED);
         const uint64_t cs = e8kv_load_le64(in + body);
@@ -566,11 +591,16 @@ size_t e8kv_cache_load_into(e8kv_cache *cache, const void *src, size_t src_size)
         free(mine);
         if (!same) return E8KV_ERR(SPEC);
     }
-    if (c->rope_pre &&
-        (fi.rope_neox != c->rope_neox || memcmp(&fi.rope_theta, &c->rope_theta, sizeof(float))))
+    /* keys turned by RoPE in the cache (rope=pre) or codes made with its turns (center=rope): the same RoPE
+     */
+    if ((c->rope_pre || c->center == 3) &&
+        (fi.rope_neox != c->rope_neox || fi.n_rope_freqs != kv_n_rope_freqs(c) ||
+         (kv_n_rope_freqs(c) ? memcmp(fi.rope_freqs, c->rope_freqs, kv_n_rope_freqs(c) * sizeof(float))
+                             : memcmp(&fi.rope_theta, &c->rope_theta, sizeof(float)))))
         return E8KV_ERR(SPEC);
     e8kv_cache_clear(c);
-    rbuf r = {(const uint8_t *)src + fi.meta_offset + fi.meta_size + (fi.calib_size ? 8 + fi.calib_size : 0),
+    rbuf r = {(const uint8_t *)src + fi.meta_offset + fi.meta_size + 4 * fi.n_rope_freqs +
+                  (fi.calib_size ? 8 + fi.calib_size : 0),
               (const uint8_t *)src + fi.file_size - 8};
     size_t res = 0, n_max = 0;
     for (size_t l = 0; l < c->n_layer && !e8kv_is_error(res); l++) {
@@ -612,7 +642,8 @@ e8kv_cache *e8kv_cache_load(const void *src, size_t src_size, size_t n_threads, 
                                      .n_threads = n_threads,
                                      .rope_theta = fi.rope_theta,
                                      .rope_neox = fi.rope_neox,
-                                     .calib = cal};
+                                     .calib = cal,
+                                     .rope_freqs = fi.n_rope_freqs ? fi.rope_freqs : NULL};
         c = e8kv_cache_create(&p, &r);
         if (c) { /* the cache owns the calibration it was loaded with */
             c->calib_owned = cal;

@@ -160,11 +160,11 @@ static double mean_cos2(double omega, size_t n) {
 static void score_weights(const e8kv_cache *c, const float *e, double *s) {
     const size_t d = c->head_dim, half = d / 2;
     double mx = 0.0, sum = 0.0, kappa[E8KV_MAX_HEAD_DIM / 2];
-    for (size_t i = 0; i < half && c->rope_theta > 0.0f; i++)
+    for (size_t i = 0; i < half && kv_has_rope(c); i++)
         kappa[i] = mean_cos2(c->rope_inv_freq[i], XFORM_QW_SPAN);
     for (size_t j = 0; j < d; j++) {
         double w = e[j];
-        if (c->rope_theta > 0.0f) { /* pairs (2i, 2i+1), NeoX: (i, i + d/2) */
+        if (kv_has_rope(c)) { /* pairs (2i, 2i+1), NeoX: (i, i + d/2) */
             const size_t mate = c->rope_neox ? (j < half ? j + half : j - half) : j ^ 1;
             const size_t pair = c->rope_neox ? j % half : j / 2;
             w = 0.5 * ((double)e[j] + e[mate]) + 0.5 * kappa[pair] * ((double)e[j] - e[mate]);
@@ -182,7 +182,7 @@ static void score_weights(const e8kv_cache *c, const float *e, double *s) {
  * the eigenbasis of S·C·S. */
 static size_t build_score(const e8kv_cache *c, e8kv_calib_score *sc) {
     const size_t d = c->head_dim, H = c->n_head_kv, n_kh = c->n_layer * H;
-    sc->rope = c->rope_theta > 0.0f;
+    sc->rope = kv_has_rope(c);
     sc->neox = c->rope_neox;
     memcpy(sc->inv_freq, c->rope_inv_freq, sizeof sc->inv_freq);
     sc->basis = malloc(n_kh * d * d * sizeof *sc->basis);
@@ -223,7 +223,7 @@ static size_t build_score(const e8kv_cache *c, e8kv_calib_score *sc) {
 }
 
 static int score_matches(const e8kv_cache *c, const e8kv_calib_score *sc) {
-    const int rope = c->rope_theta > 0.0f;
+    const int rope = kv_has_rope(c);
     return sc->rope == rope && (!rope || (sc->neox == c->rope_neox &&
                                           !memcmp(sc->inv_freq, c->rope_inv_freq, sizeof sc->inv_freq)));
 }
