@@ -27,7 +27,6 @@
 #include <string.h>
 #include <unistd.h>
 
-
 static void set_msg(char *msg, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void set_msg(char *msg, size_t cap, const char *fmt, ...) {
     if (!msg || cap == 0) return;
@@ -89,6 +88,111 @@ static size_t get_u64(const e8kv_gguf *g, const char *arch, const char *suffix, 
     return 0;
 }
 
+/* RoPE scaling as llama.cpp reads it from a GGUF, folded into per-pair frequencies (rope_theta stays):
+ *   {arch}.rope.scaling.type    "none", or "linear" (position interpolation: every frequency / factor);
+ *                               llama.cpp takes an absent type as linear, so a lone factor scales too
+ *   {arch}.rope.scaling.factor  (older files: {arch}.rope.scale_linear); absent or 0 without a type: none
+ *   rope_freqs.weight           F32 (head_dim/2) "freq factors" (Llama 3.1's rope_type llama3, whatever the
+ *                               type): ggml_rope_ext divides pair i's frequency by factor i
+ * f_i = theta^(-2i/head_dim) / factor / ff_i in double, kept as float so that the engine's RoPE and the
+ * cache's turn by the same values. yarn and longrope also scale cos/sin or switch factors with the context
+ * length, attn_factor scales cos/sin: refused rather than run with wrong logits. */
+static size_t load_rope_scaling(e8kv_model_config *cfg, const e8kv_gguf *g, char *msg, size_t cap) {
+    const char *a = cfg->arch;
+    char key[128];
+    const char *type = NULL;
+    size_t type_len = 0;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    const int has_type = e8kv_gguf_find(g, key) >= 0;
+    if (has_type && e8kv_is_error(e8kv_gguf_get_str(g, key, &type, &type_len))) {
+        set_msg(msg, cap, "metadata key '%s' is not a string", key);
+        return E8KV_ERR(CORRUPTED);
+    }
+    float factor = 0.0f;
+    int has_factor = 0;
+    static const char *const factor_keys[] = {"rope.scaling.factor", "rope.scale_linear"};
+    for (size_t i = 0; i < 2 && !has_factor; i++) {
+        snprintf(key, sizeof key, "%s.%s", a, factor_keys[i]);
+        if (e8kv_gguf_find(g, key) < 0) continue;
+        if (e8kv_is_error(e8kv_gguf_get_f32(g, key, &factor))) {
+            set_msg(msg, cap, "metadata key '%s' is not a number", key);
+            return E8KV_ERR(CORRUPTED);
+        }
+        has_factor = 1;
+    }
+    int linear;
+    if (!has_type) {
+        linear = has_factor && factor != 0.0f; /* NaN and negatives included: refused below */
+    } else if (type_len == 4 && !memcmp(type, "none", 4)) {
+        linear = 0; /* llama.cpp never scales with type none, whatever the factor */
+    } else if (type_len == 6 && !memcmp(type, "linear", 6)) {
+        linear = 1;
+    } else {
+        set_msg(msg, cap,
+                "rope scaling type '%.*s' is not supported (supported: none, linear, and rope_freqs factors)",
+                (int)(type_len < 64 ? type_len : 64), type);
+        return E8KV_ERR(UNSUPPORTED);
+    }
+    if (linear && !has_factor) {
+        set_msg(msg, cap, "rope scaling 'linear' without %s.rope.scaling.factor", a);
+        return E8KV_ERR(CORRUPTED);
+    }
+    if (linear && !(factor > 0.0f && isfinite(factor))) {
+        set_msg(msg, cap, "rope scaling factor %g is not finite and > 0", (double)factor);
+        return E8KV_ERR(CORRUPTED);
+    }
+    snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", a);
+    float attn_factor = 1.0f;
+    if (e8kv_gguf_find(g, key) >= 0 &&
+        (e8kv_is_error(e8kv_gguf_get_f32(g, key, &attn_factor)) || attn_factor != 1.0f)) {
+        set_msg(msg, cap, "metadata key '%s' (%g) is not supported (only 1)", key, (double)attn_factor);
+        return E8KV_ERR(UNSUPPORTED);
+    }
+    const e8kv_gguf_tensor *t = e8kv_gguf_find_tensor(g, "rope_freqs.weight");
+    if (!t && !(linear && factor != 1.0f)) return 0; /* unscaled: rope_theta alone, as before */
+
+    const size_t hd = cfg->head_dim, half = hd / 2;
+    if (half > sizeof cfg->rope_freqs / sizeof cfg->rope_freqs[0]) {
+        set_msg(msg, cap, "head_dim %zu above %d (unsupported)", hd, E8KV_MAX_HEAD_DIM);
+        return E8KV_ERR(UNSUPPORTED);
+    }
+    float ff[E8KV_MAX_HEAD_DIM / 2];
+    for (size_t i = 0; i < half; i++)
+        ff[i] = 1.0f;
+    if (t) {
+        if (t->type != E8KV_GGML_F32 || t->ne[0] != half || t->n_elements != half) {
+            set_msg(msg, cap,
+                    "tensor 'rope_freqs.weight' must be F32 of head_dim/2 = %zu values (ggml type %u, %llu "
+                    "values)",
+                    half, (unsigned)t->type, (unsigned long long)t->n_elements);
+            return E8KV_ERR(CORRUPTED);
+        }
+        const size_t r = e8kv_gguf_tensor_to_f32(ff, half, t);
+        if (e8kv_is_error(r)) {
+            set_msg(msg, cap, "tensor 'rope_freqs.weight': %s", e8kv_error_name(r));
+            return r;
+        }
+        for (size_t i = 0; i < half; i++) {
+            if (!(ff[i] > 0.0f) || !isfinite(ff[i])) {
+                set_msg(msg, cap, "tensor 'rope_freqs.weight' [%zu] = %g, not finite and > 0", i,
+                        (double)ff[i]);
+                return E8KV_ERR(CORRUPTED);
+            }
+        }
+    }
+    const double scale = linear ? (double)factor : 1.0;
+    for (size_t i = 0; i < half; i++) {
+        const double f = pow((double)cfg->rope_theta, -2.0 * (double)i / (double)hd) / scale / (double)ff[i];
+        cfg->rope_freqs[i] = (float)f;
+        if (!isfinite(cfg->rope_freqs[i])) { /* a tiny theta over tiny factors */
+            set_msg(msg, cap, "RoPE frequency %zu (%g) beyond float range", i, f);
+            return E8KV_ERR(CORRUPTED);
+        }
+    }
+    cfg->has_rope_freqs = 1;
+    return 0;
+}
+
 static size_t load_gguf_model(e8kv_model *m, e8kv_gguf *g, char *msg, size_t cap) {
     e8kv_model_config *cfg = &m->cfg;
     const char *s = NULL;
@@ -147,6 +251,7 @@ static size_t load_gguf_model(e8kv_model *m, e8kv_gguf *g, char *msg, size_t cap
         set_msg(msg, cap, "invalid rope.freq_base or rms epsilon");
         return E8KV_ERR(CORRUPTED);
     }
+    if (e8kv_is_error(r = load_rope_scaling(cfg, g, msg, cap))) return r;
     e8kv_gguf_type et;
     uint64_t n_vocab = 0;
     if (e8kv_is_error(e8kv_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n_vocab)) || n_vocab == 0 ||
@@ -390,7 +495,8 @@ e8kv_context *e8kv_context_create(const e8kv_model *m, const e8kv_context_params
                                   .seed = p->seed,
                                   .rope_theta = cfg->rope_theta,
                                   .rope_neox = cfg->rope_layout == E8KV_ROPE_SPLIT_HALF,
-                                  .calib = p->calib};
+                                  .calib = p->calib,
+                                  .rope_freqs = cfg->has_rope_freqs ? cfg->rope_freqs : NULL};
     c->cache = e8kv_cache_create(&cp, err); /* n_threads 0: no threads of its own, it gets the pool */
     if (!c->cache) {
         if (!e8kv_is_error(*err)) *err = E8KV_ERR(GENERIC);
@@ -402,7 +508,16 @@ e8kv_context *e8kv_context_create(const e8kv_model *m, const e8kv_context_params
     const size_t B = c->n_batch, hd = cfg->head_dim;
     const size_t q_dim = cfg->n_head * hd, kv_dim = cfg->n_head_kv * hd;
     size_t rerr = 0;
-    c->rope = e8kv_rope_create(hd, cfg->rope_theta, cfg->rope_layout == E8KV_ROPE_SPLIT_HALF, &rerr);
+    const int neox = cfg->rope_layout == E8KV_ROPE_SPLIT_HALF;
+    if (cfg->has_rope_freqs) { /* the cache's floats, widened: queries and keys turn alike */
+        double inv_freq[E8KV_MAX_HEAD_DIM / 2];
+        assert(hd / 2 <= sizeof inv_freq / sizeof inv_freq[0]); /* the loader checked */
+        for (size_t i = 0; i < hd / 2; i++)
+            inv_freq[i] = cfg->rope_freqs[i];
+        c->rope = e8kv_rope_create_freqs(hd, inv_freq, neox, &rerr);
+    } else {
+        c->rope = e8kv_rope_create(hd, cfg->rope_theta, neox, &rerr);
+    }
     c->x = falloc(B * cfg->dim);
     c->xb = falloc(B * cfg->dim);
     c->q = falloc(B * q_dim);
@@ -411,8 +526,7 @@ e8kv_context *e8kv_context_create(const e8kv_model *m, const e8kv_context_params
     c->att = falloc(B * q_dim);
     c->hb = falloc(B * cfg->hidden_dim);
     c->hb2 = falloc(B * cfg->hidden_dim);
-    if (!c->rope || !c->x || !c->xb || !c->q || !c->k || !c->v || !c->att || !c->hb ||
-        !c->hb2) {
+    if (!c->rope || !c->x || !c->xb || !c->q || !c->k || !c->v || !c->att || !c->hb || !c->hb2) {
         *err = c->rope ? E8KV_ERR(OUT_OF_MEMORY) : rerr; /* before the free: c goes with it */
         e8kv_context_free(c);
         return NULL;

@@ -21,6 +21,11 @@ typedef struct {
     size_t n_layer, dim, n_head, n_head_kv, head_dim, hidden_dim, vocab_size, n_ctx_train;
     float rope_theta, norm_eps;
     e8kv_rope_layout rope_layout;
+    /* A scaled RoPE (GGUF rope.scaling.type linear, rope_freqs.weight): pair i of a head vector at position
+     * p turns by p·rope_freqs[i] instead of p·rope_theta^(-2i/head_dim). The engine's RoPE and the cache
+     * (e8kv_cache_params.rope_freqs) take these same floats. 0: unscaled, rope_freqs unused. */
+    int has_rope_freqs;
+    float rope_freqs[E8KV_MAX_HEAD_DIM / 2]; /* (head_dim / 2) when has_rope_freqs */
     int add_bos; /* the vocabulary wants BOS in front of a text (llama.cpp's add_bos_token) */
 } e8kv_model_config;
 
@@ -56,9 +61,12 @@ typedef struct {
  * All loaders return 0 or an error; on error *out is NULL and, when msg is not NULL, msg holds a
  * human-readable reason (e.g. the unsupported architecture's name). */
 
-/* GGUF (general.architecture llama, mistral or qwen2). Errors: those of e8kv_gguf_open, and
- * E8KV_ERROR_UNSUPPORTED (architecture, tensor type), E8KV_ERROR_CORRUPTED (missing key or tensor),
- * E8KV_ERROR_DIMENSION (a tensor's shape disagrees with the config), E8KV_ERROR_OUT_OF_MEMORY. */
+/* GGUF (general.architecture llama, mistral or qwen2). RoPE scaling: rope.scaling.type none or linear
+ * (rope.scaling.factor) and the rope_freqs.weight factors (Llama 3.1); other types (yarn, longrope ...) and
+ * rope.scaling.attn_factor != 1 are refused. Errors: those of e8kv_gguf_open, and
+ * E8KV_ERROR_UNSUPPORTED (architecture, tensor type, RoPE scaling), E8KV_ERROR_CORRUPTED (missing key or
+ * tensor, invalid scaling factor or rope_freqs), E8KV_ERROR_DIMENSION (a tensor's shape disagrees with the
+ * config), E8KV_ERROR_OUT_OF_MEMORY. */
 size_t e8kv_model_load_gguf(e8kv_model **out, const char *path, char *msg, size_t msg_capacity);
 /* llama2.c checkpoint (legacy v0 header of 7 int32) plus its tokenizer.bin (NULL: no tokenizer).
  * Errors: E8KV_ERROR_IO, _TRUNCATED / _CORRUPTED (sizes disagree with the header), _OUT_OF_MEMORY. */

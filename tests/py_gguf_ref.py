@@ -9,6 +9,13 @@ payload. `test_gguf --dump` writes our floats; F32/F16/BF16 must agree bit for b
 within 1e-6 relative (they are expected, and reported, to be bit-exact too). When the default model is
 cached, real tensors are compared as well (token_embd Q8_0, Q4_1 weights, an F32 norm).
 
+RoPE scaling (check_rope_scaling, default model and the CLI needed): copies of the model written with
+gguf.GGUFWriter carry `llama.rope.scaling.type` linear (factor 2) or a `rope_freqs.weight` tensor (Llama 3.1's
+freq factors). The engine's logits (`e8kv generate --dump-logits`, keys rotated by the engine and, with
+`--kv f32,rope=pre`, by the cache) must match py_forward_ref.py's float64 forward pass run with the scaled
+frequencies theta^(-2i/d) / factor / ff_i, within its tolerance, and differ clearly from the unscaled model's;
+type yarn must be refused as unsupported, an invalid factor or factor tensor as corrupted.
+
 Exit 77 (skip) when numpy/gguf or the test binary location are missing."""
 import os
 import subprocess
@@ -115,6 +122,126 @@ def compare(name, qtype, ours, ref):
     return None
 
 
+def copy_gguf(src, dst, drop_keys=(), set_keys=(), extra_tensors=()):
+    """Write src again with every key (but drop_keys) and tensor, then set_keys ((key, value, GGUFValueType))
+    and extra_tensors ((name, float32 array))."""
+    rd = gguf.GGUFReader(src)
+    arch = rd.fields["general.architecture"].contents()
+    w = gguf.GGUFWriter(dst, arch)  # writes general.architecture itself
+    for f in rd.fields.values():
+        if f.name.startswith("GGUF.") or f.name in ("general.architecture", "general.alignment") or \
+                f.name in drop_keys:
+            continue
+        vt = f.types[0]
+        w.add_key_value(f.name, f.contents(), vt, sub_type=f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None)
+    for key, val, vt in set_keys:
+        w.add_key_value(key, val, vt)
+    for t in rd.tensors:  # block types as raw bytes (rows, row bytes), F32 as floats: numpy shape either way
+        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
+    for name, data in extra_tensors:
+        w.add_tensor(name, np.asarray(data, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def rope_freqs(x, pos, freq, split_half):
+    """x: (T, H, D); pair i of the row at position p turns by p * freq[i] (interleaved or split halves)."""
+    d = x.shape[-1]
+    ang = pos[:, None] * np.asarray(freq, dtype=np.float64)[None, :]
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    a, b = (x[..., : d // 2], x[..., d // 2:]) if split_half else (x[..., 0::2], x[..., 1::2])
+    out = np.empty_like(x)
+    if split_half:
+        out[..., : d // 2], out[..., d // 2:] = a * c - b * s, a * s + b * c
+    else:
+        out[..., 0::2], out[..., 1::2] = a * c - b * s, a * s + b * c
+    return out
+
+
+def check_rope_scaling(model, cli):
+    """Scaled copies of the default model: engine vs the numpy reference, scaled vs unscaled, refusals."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import py_forward_ref as fwd  # the float64 forward pass of the engine's own reference test
+
+    failures = []
+    w, cfg = fwd.load_gguf(model)
+    arch = gguf.GGUFReader(model).fields["general.architecture"].contents()
+    hd, theta = cfg["head_dim"], cfg["theta"]
+    base = theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+    toks = [(i * 7919 + 17) % cfg["vocab"] for i in range(12)]
+    tol = fwd.REL_TOL
+
+    def engine(path, kv="f32"):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "logits.f32")
+            cmd = [cli, "generate", "-m", path, "--tokens", ",".join(map(str, toks)), "-n", "0", "--ctx", "64",
+                   "--threads", "2", "--kv", kv, "--dump-logits", out]
+            p = subprocess.run(cmd, capture_output=True, text=True)
+            if p.returncode != 0:
+                return None, p
+            return np.fromfile(out, dtype="<f4").reshape(len(toks), cfg["vocab"]).astype(np.float64), p
+
+    def reference(freq):
+        saved = fwd.rope
+        fwd.rope = lambda x, pos, _theta, split_half: rope_freqs(x, pos, freq, split_half)
+        try:
+            return fwd.forward(w, cfg, toks)
+        finally:
+            fwd.rope = saved
+
+    plain, p = engine(model)
+    if plain is None:
+        return [f"rope scaling: unscaled model: {p.stderr.strip()}"]
+    # 1 and 4 alternating: every band moves (a Llama 3.1 pattern, low frequencies alone slowed, hardly turns
+    # them in 12 positions), and reversed or misplaced factors would show
+    ff = np.where(np.arange(hd // 2) % 2 == 1, 4.0, 1.0)
+    F32, STR = gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.STRING
+    cases = [  # (name, set_keys, extra tensors, frequencies)
+        ("linear x2", [(f"{arch}.rope.scaling.type", "linear", STR), (f"{arch}.rope.scaling.factor", 2.0, F32)],
+         [], base / 2.0),
+        ("rope_freqs 1,4,..", [], [("rope_freqs.weight", ff)], base / ff),
+    ]
+    with tempfile.TemporaryDirectory() as d:
+        for name, keys, tensors, freq in cases:
+            path = os.path.join(d, "scaled.gguf")
+            copy_gguf(model, path, set_keys=keys, extra_tensors=tensors)
+            ref = reference(freq)
+            scale = np.abs(ref).max()
+            for kv in ("f32", "f32,rope=pre"):  # keys turned by the engine, then by the cache
+                got, p = engine(path, kv)
+                if got is None:
+                    failures.append(f"rope scaling {name} --kv {kv}: {p.stderr.strip()}")
+                    continue
+                diff = np.abs(got - ref).max()
+                moved = np.abs(got - plain).max()
+                ok = diff <= tol * scale and moved > 10 * tol * scale  # ignoring the scaling cannot pass
+                print(f"  rope scaling {name:17s} --kv {kv:12s}: max|engine - ref| {diff:.3g} "
+                      f"(rel {diff / scale:.3g}, tol {tol:g}), max|scaled - unscaled| {moved:.3g} "
+                      f"(rel {moved / scale:.3g}) -> {'ok' if ok else 'FAIL'}")
+                if not ok:
+                    failures.append(f"rope scaling {name} --kv {kv}: diff {diff:.3g}, vs unscaled {moved:.3g}")
+        refusals = [  # (name, set_keys, extra tensors, error name, message part)
+            ("yarn", [(f"{arch}.rope.scaling.type", "yarn", STR), (f"{arch}.rope.scaling.factor", 4.0, F32)], [],
+             "unsupported", "rope scaling type 'yarn' is not supported"),
+            ("linear x-1", [(f"{arch}.rope.scaling.type", "linear", STR), (f"{arch}.rope.scaling.factor", -1.0, F32)],
+             [], "data corrupted", "rope scaling factor"),
+            ("rope_freqs with a 0", [], [("rope_freqs.weight", np.where(np.arange(hd // 2) == 3, 0.0, 1.0))],
+             "data corrupted", "rope_freqs.weight"),
+        ]
+        for name, keys, tensors, err, part in refusals:
+            path = os.path.join(d, "refused.gguf")
+            copy_gguf(model, path, set_keys=keys, extra_tensors=tensors)
+            got, p = engine(path)
+            ok = got is None and p.returncode == 1 and f"[{err}]" in p.stderr and part in p.stderr
+            print(f"  rope scaling {name:20s} refused: exit {p.returncode}, {p.stderr.strip()!r} "
+                  f"-> {'ok' if ok else 'FAIL'}")
+            if not ok:
+                failures.append(f"rope scaling {name}: exit {p.returncode}, stderr {p.stderr.strip()!r}")
+    return failures
+
+
 def main():
     failures = []
     cases = build_cases()
@@ -164,6 +291,11 @@ def main():
             if err:
                 failures.append(err)
             pos += k
+        cli = os.environ.get("E8KV_CLI", os.path.join(BUILD, "e8kv"))
+        if os.path.exists(cli):
+            failures += check_rope_scaling(model, cli)
+        else:
+            print(f"note: {cli} not built, RoPE scaling check skipped")
     else:
         print(f"note: {model} not cached, real-model check skipped")
 

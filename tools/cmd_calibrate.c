@@ -116,7 +116,8 @@ static e8kv_error_code check_probe(const e8kv_model *m, const char *probe, size_
                                           .spec = spec,
                                           .rope_theta = cfg->rope_theta,
                                           .rope_neox = cfg->rope_layout == E8KV_ROPE_SPLIT_HALF,
-                                          .calib = cal};
+                                          .calib = cal,
+                                          .rope_freqs = cfg->has_rope_freqs ? cfg->rope_freqs : NULL};
             e8kv_cache *c = e8kv_cache_create(&cp, &err);
             if (c) err = 0;
             e8kv_cache_free(c);
