@@ -71,6 +71,36 @@ def test_rope_is_the_library_one():
     assert e.value.code == e8kv.ErrorCode.HEAD_DIM
 
 
+def test_cache_rope_freqs_save_load(tmp_path):
+    """A cache given a scaled RoPE's frequencies (rope_freqs: keys before RoPE turn by them) saves them
+    (version 3), loads back to the same attention, `e8kv info` names them, and a cache of other
+    frequencies refuses the file (SPEC)."""
+    import subprocess
+    import hf_skip
+    rng = np.random.default_rng(3)
+    freqs = [10000.0 ** (-2 * i / 64) / (8.0 if i >= 16 else 1.0) for i in range(32)]
+    kv = e8kv.Cache(1, 3, 64, 128, "e8:4,sink=1,rope=pre", rope_freqs=freqs)
+    k = rng.standard_normal((40, 192)).astype(np.float32)
+    assert kv.append(0, k, k) == 40
+    q = rng.standard_normal((4, 9 * 64)).astype(np.float32)
+    out = kv.attend(0, q, 36)
+    path = tmp_path / "f.e8kc"
+    kv.save(path)
+    info = e8kv.Cache.file_info(path.read_bytes())
+    assert info["version"] == 3 and info["rope_freqs"] == pytest.approx(freqs, rel=1e-7)
+    np.testing.assert_array_equal(e8kv.Cache.load(path).attend(0, q, 36), out)
+    other = e8kv.Cache(1, 3, 64, 128, "e8:4,sink=1,rope=pre", rope_theta=10000.0)
+    with pytest.raises(e8kv.E8KVError) as e:
+        other.load_into(path)
+    assert e.value.code == e8kv.ErrorCode.SPEC
+    with pytest.raises(e8kv.E8KVError) as e:
+        e8kv.Cache(1, 3, 64, 128, "e8:4", rope_freqs=freqs[:31])
+    assert e.value.code == e8kv.ErrorCode.BAD_ARGUMENT
+    if os.path.exists(hf_skip.CLI):
+        p = subprocess.run([hf_skip.CLI, "info", str(path)], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and "saved cache v3" in p.stdout and "RoPE frequencies inside: 32" in p.stdout, p
+
+
 def test_cache_append_attend_save_load(tmp_path):
     rng = np.random.default_rng(2)
     kv = e8kv.Cache(2, 3, 64, 256, "e8:4,sink=1", rope_theta=10000.0)

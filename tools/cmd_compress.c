@@ -317,6 +317,9 @@ static int info_cache(const char *in, const uint8_t *buf, size_t size) {
         in, fi->version, fi->n_layer, fi->n_head_kv, fi->head_dim, fi->n_ctx, fi->page_tokens,
         (unsigned long long)fi->seed, (double)fi->rope_theta, fi->rope_neox ? " (NeoX)" : "", fi->file_size);
     printf("  spec: %s\n", fi->spec);
+    if (fi->n_rope_freqs) /* a scaled RoPE's own frequencies (version 3): theta's are not the keys' turns */
+        printf("  RoPE frequencies inside: %zu (pair 0 %g, pair %zu %g)\n", fi->n_rope_freqs,
+               (double)fi->rope_freqs[0], fi->n_rope_freqs - 1, (double)fi->rope_freqs[fi->n_rope_freqs - 1]);
     if (fi->calib_size) printf("  calibration inside: %zu bytes\n", fi->calib_size);
     const uint8_t *meta = buf + fi->meta_offset;
     if (fi->meta_size >= 12 && !memcmp(meta, "E8KVGEN1", 8)) /* generate --save-cache (doc/format.md §4.5) */

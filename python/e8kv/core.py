@@ -494,6 +494,7 @@ class Cache:
         _check(lib.e8kv_cache_file_get_info(byref(info), addr, nb), "cache file")
         d = {name: getattr(info, name) for name, _ in CacheFileInfo._fields_}
         d["spec"] = info.spec.decode()
+        d["rope_freqs"] = list(info.rope_freqs[:info.n_rope_freqs])  # a scaled RoPE's (version 3), else []
         return d
 
     def __repr__(self) -> str:
