@@ -193,12 +193,46 @@ static void rehash(uint8_t *f, size_t n) {
     e8kv_store_le64(f + n - 8, XXH64(f, n - 8, 0));
 }
 
+/* A one-layer cache of p (2 KV heads of p->head_dim) holding 40 tokens of random K/V (seed), saved: the file
+ * (*n bytes, meta `meta`) and the cache in *out. */
+static uint8_t *saved_one_layer(const e8kv_cache_params *p, uint64_t seed, const char *meta, e8kv_cache **out,
+                                size_t *n) {
+    const size_t n_tok = 40, row = p->n_head_kv * p->head_dim;
+    size_t err = 0;
+    e8kv_cache *a = e8kv_cache_create(p, &err);
+    assert_non_null(a);
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, seed);
+    float *k = rand_vec(&rng, n_tok * row), *v = rand_vec(&rng, n_tok * row);
+    assert_int_equal(e8kv_cache_append(a, 0, k, v, n_tok), n_tok);
+    free(k), free(v);
+    *out = a;
+    return test_cache_save(a, n, meta, meta ? strlen(meta) : 0);
+}
+
+/* f (n bytes) with the u32 at `at` (or the u16 version when at == 4) set to value and the checksum redone
+ * must load as CORRUPTED */
+static void expect_corrupted(const uint8_t *f, size_t n, size_t at, uint32_t value, const char *what) {
+    uint8_t *g = malloc(n);
+    memcpy(g, f, n);
+    if (at == 4)
+        e8kv_store_le16(g + 4, (uint16_t)value);
+    else
+        e8kv_store_le32(g + at, value);
+    rehash(g, n);
+    size_t err = 0;
+    assert_null(e8kv_cache_load(g, n, 1, &err));
+    if (e8kv_get_error_code(err) != E8KV_ERROR_CORRUPTED)
+        fail_msg("%s, byte %zu = %#x: %s", what, at, value, e8kv_error_name(err));
+    free(g);
+}
+
 /* center=rope's side record (doc/format.md §4.3: per KV head 8 RoPE pairs, then their means before RoPE):
  * a pair past head_dim / 2, a pair twice, or a non-finite mean, each with a valid checksum, is CORRUPTED;
  * the file as saved loads. */
 static void test_rope_centre_record(void **state) {
     (void)state;
-    const size_t n_kv = 2, d = 64, n_tok = 40, row = n_kv * d;
+    const size_t n_kv = 2, d = 64, row = n_kv * d;
     e8kv_cache_params p = {.n_layer = 1,
                            .n_head_kv = n_kv,
                            .head_dim = d,
@@ -207,34 +241,21 @@ static void test_rope_centre_record(void **state) {
                            .seed = 9,
                            .rope_theta = 10000.0f};
     size_t err = 0, n = 0;
-    e8kv_cache *a = e8kv_cache_create(&p, &err);
-    assert_non_null(a);
-    e8kv_rng rng;
-    e8kv_rng_seed(&rng, 5);
-    float *k = rand_vec(&rng, n_tok * row), *v = rand_vec(&rng, n_tok * row);
-    assert_int_equal(e8kv_cache_append(a, 0, k, v, n_tok), n_tok);
-    uint8_t *f = test_cache_save(a, &n, NULL, 0), *g = malloc(n);
+    e8kv_cache *a = NULL;
+    uint8_t *f = saved_one_layer(&p, 5, NULL, &a, &n);
     e8kv_cache_file_info fi;
     assert_ok(e8kv_cache_file_get_info(&fi, f, n));
     /* layer 0: token count, mu_set, the K and V means, then head 0's pairs and means */
     const size_t rc0 = fi.meta_offset + fi.meta_size + 4 + 4 + 2 * row * 4;
     const uint32_t pair0 = e8kv_load_le32(f + rc0);
     assert_true(pair0 < d / 2 && e8kv_load_le32(f + rc0 + 4) != pair0);
-    const struct {
-        size_t at;
-        uint32_t value;
-    } bad[3] = {{rc0, (uint32_t)(d / 2)}, {rc0 + 4, pair0}, {rc0 + 8 * 4, 0x7fc00000u}};
-    for (int i = 0; i < 3; i++) {
-        memcpy(g, f, n);
-        e8kv_store_le32(g + bad[i].at, bad[i].value);
-        rehash(g, n);
-        assert_null(e8kv_cache_load(g, n, 1, &err));
-        assert_error(err, CORRUPTED);
-    }
+    expect_corrupted(f, n, rc0, (uint32_t)(d / 2), "a pair past head_dim / 2");
+    expect_corrupted(f, n, rc0 + 4, pair0, "a pair twice");
+    expect_corrupted(f, n, rc0 + 8 * 4, 0x7fc00000u, "a NaN mean");
     e8kv_cache *b = e8kv_cache_load(f, n, 1, &err);
     assert_non_null(b);
     e8kv_cache_free(b);
-    free(k), free(v), free(f), free(g);
+    free(f);
     e8kv_cache_free(a);
 }
 
@@ -243,7 +264,7 @@ static void test_rope_centre_record(void **state) {
  * a section cut short are CORRUPTED even with a valid checksum. */
 static void test_rope_freqs_section(void **state) {
     (void)state;
-    const size_t n_kv = 2, d = 64, n_tok = 40, row = n_kv * d;
+    const size_t n_kv = 2, d = 64;
     float freqs[32];
     for (size_t i = 0; i < d / 2; i++)
         freqs[i] = (float)(pow(500000.0, -2.0 * (double)i / (double)d) / (i >= 20 ? 8.0 : 1.0));
@@ -257,13 +278,8 @@ static void test_rope_freqs_section(void **state) {
                                .seed = 9,
                                .rope_freqs = freqs};
         size_t err = 0, n = 0;
-        e8kv_cache *a = e8kv_cache_create(&p, &err);
-        assert_non_null(a);
-        e8kv_rng rng;
-        e8kv_rng_seed(&rng, 6);
-        float *k = rand_vec(&rng, n_tok * row), *v = rand_vec(&rng, n_tok * row);
-        assert_int_equal(e8kv_cache_append(a, 0, k, v, n_tok), n_tok);
-        uint8_t *f = test_cache_save(a, &n, "mm", 2), *g = malloc(n);
+        e8kv_cache *a = NULL;
+        uint8_t *f = saved_one_layer(&p, 6, "mm", &a, &n);
         e8kv_cache_file_info fi;
         assert_ok(e8kv_cache_file_get_info(&fi, f, n));
         assert_int_equal(fi.version, 3);
@@ -273,35 +289,25 @@ static void test_rope_freqs_section(void **state) {
         /* loads back: the same attention, bit for bit */
         e8kv_cache *b = e8kv_cache_load(f, n, 1, &err);
         assert_non_null(b);
+        e8kv_rng rng;
+        e8kv_rng_seed(&rng, 7);
         float *q = rand_vec(&rng, 4 * d), o[4 * 64], o2[4 * 64];
-        assert_int_equal(e8kv_cache_attend(a, o, 4 * d, 0, q, 4, 1, n_tok - 1), 4 * d);
-        assert_int_equal(e8kv_cache_attend(b, o2, 4 * d, 0, q, 4, 1, n_tok - 1), 4 * d);
+        assert_int_equal(e8kv_cache_attend(a, o, 4 * d, 0, q, 4, 1, 39), 4 * d);
+        assert_int_equal(e8kv_cache_attend(b, o2, 4 * d, 0, q, 4, 1, 39), 4 * d);
         assert_memory_equal(o, o2, sizeof o);
         e8kv_cache_free(b);
         const size_t at = fi.meta_offset + fi.meta_size; /* the first frequency */
-        const struct {
-            size_t at;
-            uint32_t value;
-        } bad[] = {
-            {at, 0x7fc00000u}, {at + 4 * 31, 0xbf800000u}, {at + 8, 0x7f800000u}, {60, 3}, {60, 1}, {4, 2}};
-        for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-            memcpy(g, f, n);
-            if (bad[i].at == 4)
-                e8kv_store_le16(g + 4, (uint16_t)bad[i].value);
-            else
-                e8kv_store_le32(g + bad[i].at, bad[i].value);
-            rehash(g, n);
-            assert_null(e8kv_cache_load(g, n, 1, &err));
-            if (e8kv_get_error_code(err) != E8KV_ERROR_CORRUPTED)
-                fail_msg("%s, byte %zu = %#x: %s", specs[si], bad[i].at, bad[i].value, e8kv_error_name(err));
-        }
-        free(k), free(v), free(q), free(f), free(g);
+        expect_corrupted(f, n, at, 0x7fc00000u, "a NaN frequency");
+        expect_corrupted(f, n, at + 4 * 31, 0xbf800000u, "a negative frequency");
+        expect_corrupted(f, n, at + 8, 0x7f800000u, "an infinite frequency");
+        expect_corrupted(f, n, 60, 3, "flags 3 without a calibration");
+        expect_corrupted(f, n, 60, 1, "version 3 without the frequencies' flag");
+        expect_corrupted(f, n, 4, 2, "version 2 with the frequencies' flag");
+        free(q), free(f);
         e8kv_cache_free(a);
         /* the same cache with rope_theta: version 1, no section */
         p.rope_freqs = NULL, p.rope_theta = 10000.0f;
-        a = e8kv_cache_create(&p, &err);
-        assert_non_null(a);
-        f = test_cache_save(a, &n, NULL, 0);
+        f = saved_one_layer(&p, 6, NULL, &a, &n);
         assert_ok(e8kv_cache_file_get_info(&fi, f, n));
         assert_int_equal(fi.version, 1);
         assert_int_equal(fi.n_rope_freqs, 0);
