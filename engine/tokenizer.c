@@ -6,6 +6,14 @@
  *    split ("smollm"); then per word the merge with the lowest rank is applied first, leftmost on ties (the
  *    order of Hugging Face's BPE Word::merge_all). Added tokens (CONTROL, USER_DEFINED) are cut out of the
  *    raw text first, leftmost-longest, like Hugging Face's added-token matcher.
+ *    "llama-bpe" (also "llama3", "llama-v3": llama.cpp's names for LLAMA_VOCAB_PRE_TYPE_LLAMA3) uses
+ *    Llama 3's regex instead, also matched by hand:
+ *      (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+ *      \s*[\r\n]+|\s+(?!\S)|\s+
+ *    and "qwen2" the same with \p{N} for \p{N}{1,3}. The reference is Hugging Face's Split(Regex, Isolated),
+ *    whose Oniguruma engine folds case by Unicode (U+017F LONG S matches s). Llama 3 also sets
+ *    ignore_merges (its tokenizer.json; llama.cpp likewise): a word whose whole text is a token is that
+ *    token, merges or not.
  *  - SentencePiece BPE ("llama", llama2.c): symbols are UTF-8 characters; the adjacent pair whose
  *    concatenation is a piece with the highest score is merged, leftmost on ties (sentencepiece
  *    bpe_model.cc, llama2.c encode()); characters that end up outside the vocabulary become <0xXX> tokens.
@@ -24,7 +32,7 @@
 #define TOK_BAD_UTF8 0xFFFFFFFFu
 
 enum { KIND_SPM = 1, KIND_BPE = 2 };
-enum { PRE_GPT2 = 1, PRE_SMOLLM = 2 };
+enum { PRE_GPT2 = 1, PRE_SMOLLM = 2, PRE_LLAMA3 = 3, PRE_QWEN2 = 4 };
 
 struct e8kv_tokenizer {
     int kind, pre;
@@ -43,7 +51,9 @@ struct e8kv_tokenizer {
     uint32_t *merge_rank;
     int32_t *merge_id;
     size_t merge_mask;
-    int32_t byte_id[256]; /* BPE: the token of each byte; SPM: the <0xXX> fallback (or unk, or -1) */
+    int32_t byte_id[256];  /* BPE: the token of each byte; SPM: the <0xXX> fallback (or unk, or -1) */
+    uint16_t byte_cp[256]; /* BPE: the code point standing for each byte (gpt2_byte_map) */
+    int ignore_merges;     /* BPE: a word that is a token whole is that token (Llama 3's ignore_merges) */
     int32_t bos, eos, unk;
     int add_bos, add_space_prefix;
     int32_t *specials; /* ids matched whole in the text, grouped by first byte, longest first */
@@ -290,6 +300,12 @@ static size_t create(e8kv_tokenizer *t, const e8kv_tokenizer_vocab *v) {
             t->pre = PRE_GPT2; /* llama.cpp: "gpt-2" */
         else if (!strcmp(v->pre, "smollm"))
             t->pre = PRE_SMOLLM;
+        else if (!strcmp(v->pre, "llama-bpe") || !strcmp(v->pre, "llama3") || !strcmp(v->pre, "llama-v3")) {
+            /* llama.cpp's names for LLAMA_VOCAB_PRE_TYPE_LLAMA3, whose tokenizer.json sets ignore_merges */
+            t->pre = PRE_LLAMA3;
+            t->ignore_merges = 1;
+        } else if (!strcmp(v->pre, "qwen2"))
+            t->pre = PRE_QWEN2;
         else
             return E8KV_ERR(UNSUPPORTED);
         if (v->n_merges && (!v->merges || !v->merge_lens)) return E8KV_ERR(BAD_ARGUMENT);
@@ -405,6 +421,7 @@ static size_t create(e8kv_tokenizer *t, const e8kv_tokenizer_vocab *v) {
     for (int b = 0; b < 256; b++) {
         char buf[8];
         if (t->kind == KIND_BPE) {
+            t->byte_cp[b] = (uint16_t)cp_of_byte[b];
             const size_t len = utf8_put(buf, cp_of_byte[b]);
             t->byte_id[b] = lookup_text(t, buf, len); /* -1: the byte is dropped, as Hugging Face does */
         } else {
@@ -516,6 +533,19 @@ static void bpe_try(const e8kv_tokenizer *t, enc *e, int32_t l, int32_t r) {
 
 /* One pre-tokenized word of m bytes: start from its byte tokens, apply the lowest-ranked merge first. */
 static void bpe_word(const e8kv_tokenizer *t, enc *e, const uint8_t *w, size_t n_bytes) {
+    if (t->ignore_merges && n_bytes > 1 &&
+        n_bytes <= 256) { /* Hugging Face's BPE: the whole word's text first
+                           * (longer words than any token: none matches) */
+        char text[512];   /* byte-mapped: code points below 0x200, two UTF-8 bytes at most */
+        size_t len = 0;
+        for (size_t k = 0; k < n_bytes; k++)
+            len += utf8_put(text + len, t->byte_cp[w[k]]);
+        const int32_t id = lookup_text(t, text, len);
+        if (id >= 0) {
+            emit(e, id);
+            return;
+        }
+    }
     size_t m = 0; /* bytes without a token are left out (Hugging Face's BPE without unk does the same) */
     for (size_t k = 0; k < n_bytes; k++)
         if (t->byte_id[w[k]] >= 0) e->sym_id[m++] = t->byte_id[w[k]];
@@ -560,37 +590,93 @@ static unsigned char_flags(uint32_t cp) {
     return cp == TOK_BAD_UTF8 ? 0 : e8kv_unicode_flags(cp);
 }
 
+enum { CL_L = E8KV_UNICODE_LETTER, CL_N = E8KV_UNICODE_NUMBER, CL_S = E8KV_UNICODE_SPACE };
+
+/* 's|'t|'re|'ve|'m|'ll|'d at i: the end of the match, or 0. fold: the (?i:...) form, which in Oniguruma (the
+ * regex engine of Hugging Face tokenizers) also takes U+017F LONG S for s; no other code point folds to one
+ * of these letters (checked over all of Unicode against tokenizers 0.23). */
+static size_t contraction_end(const uint32_t *cp, size_t i, size_t b, int fold) {
+    if (cp[i] != '\'' || i + 1 >= b) return 0;
+    uint32_t c1 = cp[i + 1], c2 = i + 2 < b ? cp[i + 2] : 0;
+    if (fold) {
+        c1 = c1 == 0x17F ? 's' : (uint32_t)(c1 - 'A') < 26 ? c1 | 32 : c1;
+        c2 = (uint32_t)(c2 - 'A') < 26 ? c2 | 32 : c2;
+    }
+    if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return i + 2;
+    if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l')) return i + 3;
+    return 0;
+}
+
+/* '\s+(?!\S)|\s+' at the space i: the whole run, less its last character when a non-space follows (that one
+ * starts the next word), unless the run is that one character. */
+static size_t space_run_end(const uint8_t *f, size_t i, size_t b) {
+    size_t k = i + 1;
+    while (k < b && (f[k] & CL_S))
+        k++;
+    return k < b && k - i >= 2 ? k - 1 : k;
+}
+
 /* The GPT-2 regex over characters [a, b) of the current fragment, each match handed to bpe_word. */
 static void gpt2_split(const e8kv_tokenizer *t, enc *e, const uint8_t *s, size_t a, size_t b) {
-    const uint32_t *cp = e->cp;
     const uint8_t *f = e->flg;
-    enum { L = E8KV_UNICODE_LETTER, N = E8KV_UNICODE_NUMBER, S = E8KV_UNICODE_SPACE };
     size_t i = a;
     while (i < b) {
-        size_t k = 0;
-        if (cp[i] == '\'' && i + 1 < b) { /* 's|'t|'re|'ve|'m|'ll|'d (case-sensitive) */
-            const uint32_t c1 = cp[i + 1], c2 = i + 2 < b ? cp[i + 2] : 0;
-            if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd')
-                k = i + 2;
-            else if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l'))
-                k = i + 3;
-        }
+        size_t k = contraction_end(e->cp, i, b, 0);
         if (!k) {
-            const size_t j = cp[i] == ' ' && i + 1 < b ? i + 1 : i; /* the optional leading space */
+            const size_t j = e->cp[i] == ' ' && i + 1 < b ? i + 1 : i; /* the optional leading space */
             const unsigned fj = f[j];
-            if (fj & L) { /* ' ?\p{L}+' */
-                for (k = j + 1; k < b && (f[k] & L); k++) {
+            if (fj & CL_L) { /* ' ?\p{L}+' */
+                for (k = j + 1; k < b && (f[k] & CL_L); k++) {
                 }
-            } else if (fj & N) { /* ' ?\p{N}+' */
-                for (k = j + 1; k < b && (f[k] & N); k++) {
+            } else if (fj & CL_N) { /* ' ?\p{N}+' */
+                for (k = j + 1; k < b && (f[k] & CL_N); k++) {
                 }
-            } else if (!(fj & S)) { /* ' ?[^\s\p{L}\p{N}]+' */
-                for (k = j + 1; k < b && !(f[k] & (L | N | S)); k++) {
+            } else if (!(fj & CL_S)) { /* ' ?[^\s\p{L}\p{N}]+' */
+                for (k = j + 1; k < b && !(f[k] & (CL_L | CL_N | CL_S)); k++) {
                 }
-            } else { /* '\s+(?!\S)|\s+': a run of spaces leaves its last one to the next word */
-                for (k = i + 1; k < b && (f[k] & S); k++) {
+            } else {
+                k = space_run_end(f, i, b);
+            }
+        }
+        bpe_word(t, e, s + e->off[i], e->off[k] - e->off[i]);
+        i = k;
+    }
+}
+
+/* The Llama 3 regex (qwen2: max_digits 1, i.e. \p{N} for \p{N}{1,3}) over characters [a, b):
+ *   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|
+ *   \s+(?!\S)|\s+
+ * Alternatives are tried in order, as the regex engine does; no match needs backtracking across them, only
+ * \s*[\r\n]+ inside itself (it ends after the last \r or \n of the space run). */
+static void llama3_split(const e8kv_tokenizer *t, enc *e, const uint8_t *s, size_t a, size_t b,
+                         size_t max_digits) {
+    const uint32_t *cp = e->cp;
+    const uint8_t *f = e->flg;
+    size_t i = a;
+    while (i < b) {
+        size_t k = contraction_end(cp, i, b, 1);
+        if (!k) {
+            const unsigned fi = f[i];
+            /* [^\r\n\p{L}\p{N}] may lead a letter run: one character of any other kind (space, tab, mark,
+             * punctuation), not \r or \n */
+            const int lead = !(fi & (CL_L | CL_N)) && cp[i] != '\r' && cp[i] != '\n';
+            const size_t j = cp[i] == ' ' && i + 1 < b ? i + 1 : i; /* ' ?' before punctuation */
+            if ((fi & CL_L) || (lead && i + 1 < b && (f[i + 1] & CL_L))) {
+                for (k = (fi & CL_L ? i : i + 1) + 1; k < b && (f[k] & CL_L); k++) {
                 }
-                if (k < b && k - i >= 2) k--;
+            } else if (fi & CL_N) { /* '\p{N}{1,max_digits}' */
+                for (k = i + 1; k < b && k - i < max_digits && (f[k] & CL_N); k++) {
+                }
+            } else if (!(f[j] & (CL_L | CL_N | CL_S))) { /* ' ?[^\s\p{L}\p{N}]+[\r\n]*' */
+                for (k = j + 1; k < b && !(f[k] & (CL_L | CL_N | CL_S)); k++) {
+                }
+                while (k < b && (cp[k] == '\r' || cp[k] == '\n'))
+                    k++;
+            } else { /* a space: '\s*[\r\n]+' if its run holds a line break, else '\s+(?!\S)|\s+' */
+                size_t after_break = 0;
+                for (size_t r = i; r < b && (f[r] & CL_S); r++)
+                    if (cp[r] == '\r' || cp[r] == '\n') after_break = r + 1;
+                k = after_break ? after_break : space_run_end(f, i, b);
             }
         }
         bpe_word(t, e, s + e->off[i], e->off[k] - e->off[i]);
@@ -618,6 +704,8 @@ static void bpe_fragment(const e8kv_tokenizer *t, enc *e, const uint8_t *s, size
             seg = k + 1;
         }
         gpt2_split(t, e, s, seg, m);
+    } else if (t->pre == PRE_LLAMA3 || t->pre == PRE_QWEN2) {
+        llama3_split(t, e, s, 0, m, t->pre == PRE_QWEN2 ? 1 : 3);
     } else {
         gpt2_split(t, e, s, 0, m);
     }
@@ -683,7 +771,8 @@ static void encode_fragment(const e8kv_tokenizer *t, enc *e, const uint8_t *s, s
 size_t e8kv_tokenizer_unknown_bytes(const e8kv_tokenizer *t, const char *text, size_t n_bytes) {
     size_t n = 0;
     if (!t || !text || t->kind != KIND_BPE) return 0;
-    for (size_t i = 0; i < n_bytes; i++) n += t->byte_id[(uint8_t)text[i]] < 0;
+    for (size_t i = 0; i < n_bytes; i++)
+        n += t->byte_id[(uint8_t)text[i]] < 0;
     return n;
 }
 

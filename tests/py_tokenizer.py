@@ -196,6 +196,124 @@ else:
         compare_batch("sentencepiece via llama2.c tok512.bin (%d texts)" % len(texts),
                       ["--llama2c-tokenizer", TOK_BIN, "--vocab-size", "512"], texts, sp_ids)
 
+# ---------------------------------------------------------------- 3. Llama 3 and Qwen2 pre-tokenizers
+# SmolLM2's vocabulary and merges under the other regexes: the reference is SmolLM2's tokenizer.json with the
+# pre_tokenizer of Llama 3's tokenizer.json (Split(Regex, Isolated) then ByteLevel without its own regex, no
+# normalizer); the engine gets a copy of the model GGUF whose tokenizer.ggml.pre is changed. SmolLM2 splits
+# digits itself and has no multi-digit token, which would hide how many digits a piece takes: both sides get
+# the same extra tokens (every 2- and 3-digit string, and 4-digit ones) with merges ranked after the others.
+# Likewise "¿a" (byte-mapped text: the last byte of U+017F LONG S, then a) makes "'ſam" show whether 'ſ is
+# taken as the contraction 's, as Oniguruma's case folding does, and "Ċa", "ča" (\n a, \r a) that a line
+# break may not lead a letter run, and "!Ċ", ".Ċ" that punctuation keeps the line breaks after it.
+LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_RE = LLAMA3_RE.replace(r"\p{N}{1,3}", r"\p{N}")
+ADVERSARIAL = [
+    "I'M they'RE 's'S 'sx 'Sx 'LL 'Ll 'lL 'VE 'Re 'T 'D 'M don'T O'NEIL '' ''s ' s 'ſ 'ſt x'ſ x'ſam x'ſa I'ſa. (ſa",
+    "'Sam x'Tom x'Dan x'Mary x'sam x'tom x'dan x'mary x'Sa x'Ta x'Ma x'Da x'REa x'VEa x'LLa",
+    "1234567 12 3", "1 12 123 1234 12345 123456 1234567", "a1234567b 1,234,567.89 ½²³ ٣٤٥٦٧ ①②③④",
+    ".Hello (word —dash \"quote 'apos ..Hello  .x \t.x \n.x \u00a0.x \u3000x",
+    "a \n\n b", "x\r\n\r\ny", "  \n  z", "end   ", " \n", "\n ", "\r", "\r\r\n x", " \t\n\t y", "\t\tx",
+    "tabs\tand\t\ttabs \t x", "a\n", "a\n\n", "   ", "\n\n\n   \n", "x  \r\n  \r\n  ",
+    "x\na \na\n\na\r\na\ra", "!!!\na\n", "end.\nnext x!\ny", "!!!\n\n", "!!!\r\n\r\n x", " ???\n", " !!! \n", "...\n\n\nabc", "(\nx", ",\u2028x",
+    "é ü café naïve e\u0301te\u0301 a\u0308\u0308b ÉCOLE", "Ελληνικά ΕΛΛΗΝΙΚΆ", "日本語のテキスト。東京", "emoji 😀😃x 👍🏽 👨‍👩‍👧‍👦 🇫🇷",
+    "русский, العربية हिन्दी 한국어 ไทย", "\u0301abc \u0301\u0301abc x\u200dy \ufeffz",
+    "<|im_start|>user\nHi!<|im_end|>\n", "def f(x):\n    return x ** 2  # square\n\n\tif x:\n\t\tpass\r\n",
+    "    " * 20 + "x" + "\n" * 10 + "y" + " " * 50,
+    "zqxjv zqxjv. qwzz zqxjvx qwzz!",  # EXTRA_WHOLE: tokens no merge reaches
+]
+try:
+    import gguf
+except ImportError:
+    gguf = None
+
+
+EXTRA_MERGES = ([(a, b) for a in "0123456789" for b in "0123456789"] +
+                [(a + b, c) for a in "0123456789" for b in "0123456789" for c in "0123456789"] +
+                [(a, "4") for a in ("123", "234", "345", "456", "567", "999", "000")] +
+                [("\u00bf", "a"), ("\u010a", "a"), ("\u010d", "a"), ("!", "\u010a"), (".", "\u010a")])
+
+
+# Tokens that no merge makes (byte-mapped texts: Ġ is a space): Llama 3's ignore_merges takes a word that is
+# one of them whole (" zqxjv", " qwzz"), qwen2 (no ignore_merges) merges its bytes as far as the merges go
+EXTRA_WHOLE = ["\u0120zqxjv", "zqxjv", "\u0120qwzz"]
+
+
+def gguf_with_pre(src, dst, pre):
+    """Copy a GGUF, every KV pair and tensor, with tokenizer.ggml.pre set to pre and EXTRA_MERGES (then
+    EXTRA_WHOLE) added."""
+    r = gguf.GGUFReader(src)
+    extra = {"tokenizer.ggml.tokens": [a + b for a, b in EXTRA_MERGES] + EXTRA_WHOLE,
+             "tokenizer.ggml.token_type": [1] * (len(EXTRA_MERGES) + len(EXTRA_WHOLE)),
+             "tokenizer.ggml.scores": [0.0] * (len(EXTRA_MERGES) + len(EXTRA_WHOLE)),
+             "tokenizer.ggml.merges": ["%s %s" % m for m in EXTRA_MERGES]}
+    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue  # written by GGUFWriter itself
+        val = pre if f.name == "tokenizer.ggml.pre" else f.contents()
+        if f.name in extra:
+            val = val + extra[f.name]
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(f.name, val, f.types[0], sub_type=sub)
+    if "general.alignment" in r.fields:
+        w.data_alignment = r.fields["general.alignment"].contents()
+    for t in r.tensors:
+        w.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+if gguf is None:
+    print("skip llama-bpe / qwen2 part: gguf package missing")
+else:
+    import json
+    base = json.load(open(TOK_JSON, encoding="utf-8"))
+    vocab = dict(base["model"]["vocab"])
+    assert len(vocab) == len(gguf.GGUFReader(MODEL).fields["tokenizer.ggml.tokens"].data), "ids would not line up"
+    for a, b in EXTRA_MERGES:
+        vocab[a + b] = len(vocab)
+    for w in EXTRA_WHOLE:
+        vocab[w] = len(vocab)
+    base["model"] = dict(base["model"], vocab=vocab, merges=base["model"]["merges"] + ["%s %s" % m for m in EXTRA_MERGES])
+    smollm_adv = [hf_ids(t) for t in ADVERSARIAL]
+    with tempfile.TemporaryDirectory() as d:
+        for pre, regex in (("llama-bpe", LLAMA3_RE), ("llama3", LLAMA3_RE), ("qwen2", QWEN2_RE)):
+            j = dict(base, normalizer=None, pre_tokenizer={"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": False},
+                {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]})
+            j["model"] = dict(j["model"], ignore_merges=pre != "qwen2")  # as Llama 3's tokenizer.json
+            ref_tok = Tokenizer.from_str(json.dumps(j))
+            def ref_ids(t, ref_tok=ref_tok):
+                return ref_tok.encode(t, add_special_tokens=False).ids
+            path = os.path.join(d, pre + ".gguf")
+            gguf_with_pre(MODEL, path, pre)
+            args = ["-m", path, "--no-bos"]
+            ref = ref_ids(raw.decode("utf-8"))
+            out, _ = cli(args + ["-f", WIKI])
+            got = [int(x) for x in out.split()]
+            check("%s: wiki.test.raw %d tokens identical" % (pre, len(ref)), got == ref, first_diff(ref, got))
+            if pre == "llama3":
+                continue  # an alias: the wiki text shows it reaches the same pre-tokenizer
+            check("%s: the reference differs from SmolLM2's on the adversarial strings" % pre,
+                  [ref_ids(t) for t in ADVERSARIAL] != smollm_adv)
+            ids = ref_ids(ADVERSARIAL[-1])
+            whole = sum(ids.count(vocab[w]) for w in EXTRA_WHOLE)  # zqxjv, ' zqxjv', ' qwzz' twice
+            check("%s: EXTRA_WHOLE words taken whole %d times (ignore_merges %s)" % (pre, whole, pre != "qwen2"),
+                  whole == (4 if pre != "qwen2" else 0))
+            texts = ADVERSARIAL + TRICKY
+            n_tok = sum(len(ref_ids(t)) for t in texts)
+            compare_batch("%s: adversarial strings (%d, %d tokens)" % (pre, len(texts), n_tok), args, texts, ref_ids)
+            compare_batch("%s: %d code points (%d texts)" % (pre, len(cps), len(sweep)), args, sweep, ref_ids)
+        path = os.path.join(d, "unknown.gguf")
+        gguf_with_pre(MODEL, path, "no-such-pre")
+        r = subprocess.run([CLI, "tokenize", "-m", path, "-f", WIKI], capture_output=True, timeout=120)
+        err = r.stderr.decode(errors="replace")
+        check("unknown tokenizer.ggml.pre is refused as unsupported", r.returncode != 0 and "unsupported" in err.lower(),
+              "rc %d, stderr %r" % (r.returncode, err[-200:]))
+
 if failures:
     print("%d check(s) failed" % len(failures))
     sys.exit(1)

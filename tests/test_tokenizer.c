@@ -367,9 +367,16 @@ static void test_create_errors(void **state) {
     (void)state;
     mini_vocab m;
     e8kv_tokenizer *t = NULL;
-    e8kv_tokenizer_vocab v = mini_bpe(&m, "qwen2");
+    e8kv_tokenizer_vocab v = mini_bpe(&m, "deepseek-llm");
     assert_error(e8kv_tokenizer_create(&t, &v), UNSUPPORTED); /* unknown pre-tokenizer: no fallback */
     assert_null(t);
+    const char *const known[] = {"llama-bpe", "llama3", "llama-v3", "qwen2", "smollm"};
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++) {
+        v = mini_bpe(&m, known[i]);
+        assert_ok(e8kv_tokenizer_create(&t, &v));
+        e8kv_tokenizer_free(t);
+        t = NULL;
+    }
     v = mini_bpe(&m, NULL);
     assert_error(e8kv_tokenizer_create(&t, &v), UNSUPPORTED);
     v = mini_bpe(&m, "gpt-2"); /* llama.cpp's name for the plain GPT-2 regex */
