@@ -15,9 +15,9 @@
 #include <xxhash.h>
 
 #define CACHE_MAGIC "E8KC"
-#define CACHE_FLAG_CALIB 1u /* header flags (offset 60): a calibration section follows the meta ... */
-#define CACHE_FLAG_FREQS 2u /* ... after RoPE's frequencies (params.rope_freqs), head_dim/2 f32 (version 3)  \
-                             */
+/* header flags (offset 60), sections after the meta in this order: */
+#define CACHE_FLAG_FREQS 2u /* RoPE's frequencies (params.rope_freqs), head_dim/2 f32 (version 3) */
+#define CACHE_FLAG_CALIB 1u /* a calibration (versions 2 and 3) */
 #define CACHE_HEADER_BYTES 64
 #define CANON_SPEC_MAX E8KV_CACHE_SPEC_MAX /* what kvcache.c parses */
 #define CANON_RULES_MAX E8KV_CACHE_RULES_MAX
@@ -591,8 +591,7 @@ size_t e8kv_cache_load_into(e8kv_cache *cache, const void *src, size_t src_size)
         free(mine);
         if (!same) return E8KV_ERR(SPEC);
     }
-    /* keys turned by RoPE in the cache (rope=pre) or codes made with its turns (center=rope): the same RoPE
-     */
+    /* keys the cache turns by RoPE (rope=pre), or codes made with its turns (center=rope): the same RoPE */
     if ((c->rope_pre || c->center == 3) &&
         (fi.rope_neox != c->rope_neox || fi.n_rope_freqs != kv_n_rope_freqs(c) ||
          (kv_n_rope_freqs(c) ? memcmp(fi.rope_freqs, c->rope_freqs, kv_n_rope_freqs(c) * sizeof(float))
