@@ -552,51 +552,75 @@ static void test_long_spec(void **state) {
     e8kv_cache_free(a), e8kv_cache_free(b);
 }
 
-/* tests/data/golden_caches/f32_window.e8kc, written from doc/format.md alone by make_golden.py there:
- * loads into the cache that appending the same K/V builds, attention bit-identical at every position. */
+/* tests/data/golden_caches/f32_window.e8kc and f32_freqs.e8kc (format version 3: rope=pre, RoPE frequencies),
+ * written from doc/format.md alone by make_golden.py there: each loads into the cache that appending the same
+ * K/V builds, attention bit-identical at every position; the version 3 file into a cache of theta's RoPE is
+ * SPEC. */
 static void test_golden(void **state) {
     (void)state;
-    const char *src = getenv("E8KV_SOURCE_DIR");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tests/data/golden_caches/f32_window.e8kc", src ? src : "..");
-    void *buf = NULL;
-    const size_t n = e8kv_cache_read_file(&buf, path);
-    if (e8kv_is_error(n)) skip();
-    e8kv_cache_file_info fi;
-    assert_int_equal(e8kv_cache_file_get_info(&fi, buf, n), n);
-    assert_string_equal(fi.spec, "k=f32,v=f32,window=2,sink=1,page=4,center=1,rope=post");
-    assert_int_equal(fi.meta_size, 6);
-    size_t err = 0;
-    e8kv_cache *g = e8kv_cache_load(buf, n, 1, &err);
-    if (!g) fail_msg("golden load: %s", e8kv_error_name(err));
-    const shape s = {2, 1, 2, 8, 16, "f32,window=2,sink=1,page=4"};
-    e8kv_cache *a = make(&s, &err);
-    const size_t tokens[2] = {7, 5};
-    for (size_t l = 0; l < 2; l++) {
-        float k[7 * 8], v[7 * 8];
-        for (size_t t = 0; t < tokens[l]; t++)
-            for (size_t i = 0; i < 8; i++) {
-                k[t * 8 + i] = (float)((double)l + (double)t / 8 + (double)i / 1024);
-                v[t * 8 + i] = -k[t * 8 + i];
-            }
-        assert_int_equal(e8kv_cache_append(a, l, k, v, tokens[l]), tokens[l]);
+    static const float freqs[4] = {1.0f, 0.25f, 0.0625f, 0.001953125f}; /* make_golden.py's FREQS */
+    for (int v3 = 0; v3 < 2; v3++) {
+        const char *src = getenv("E8KV_SOURCE_DIR");
+        char path[4096];
+        snprintf(path, sizeof path, "%s/tests/data/golden_caches/%s", src ? src : "..",
+                 v3 ? "f32_freqs.e8kc" : "f32_window.e8kc");
+        void *buf = NULL;
+        const size_t n = e8kv_cache_read_file(&buf, path);
+        if (e8kv_is_error(n)) skip();
+        e8kv_cache_file_info fi;
+        assert_int_equal(e8kv_cache_file_get_info(&fi, buf, n), n);
+        assert_string_equal(fi.spec, v3 ? "k=f32,v=f32,window=2,sink=1,page=4,center=1,rope=pre"
+                                        : "k=f32,v=f32,window=2,sink=1,page=4,center=1,rope=post");
+        assert_int_equal(fi.meta_size, 6);
+        assert_int_equal(fi.version, v3 ? 3 : 1);
+        assert_int_equal(fi.n_rope_freqs, v3 ? 4 : 0);
+        size_t err = 0;
+        e8kv_cache *g = e8kv_cache_load(buf, n, 1, &err);
+        if (!g) fail_msg("golden load %s: %s", path, e8kv_error_name(err));
+        e8kv_cache_params p = {.n_layer = 2,
+                               .n_head_kv = 1,
+                               .head_dim = 8,
+                               .n_ctx = 16,
+                               .spec =
+                                   v3 ? "f32,window=2,sink=1,page=4,rope=pre" : "f32,window=2,sink=1,page=4",
+                               .rope_theta = 10000.0f,
+                               .rope_freqs = v3 ? freqs : NULL};
+        e8kv_cache *a = e8kv_cache_create(&p, &err);
+        assert_non_null(a);
+        const size_t tokens[2] = {7, 5};
+        for (size_t l = 0; l < 2; l++) {
+            float k[7 * 8], v[7 * 8];
+            for (size_t t = 0; t < tokens[l]; t++)
+                for (size_t i = 0; i < 8; i++) {
+                    k[t * 8 + i] = (float)((double)l + (double)t / 8 + (double)i / 1024);
+                    v[t * 8 + i] = -k[t * 8 + i];
+                }
+            assert_int_equal(e8kv_cache_append(a, l, k, v, tokens[l]), tokens[l]);
+        }
+        /* the same pages and fixed memory (their slabs follow each cache's history, pages.h) */
+        assert_int_equal(e8kv_pages_live_bytes(&g->pages), e8kv_pages_live_bytes(&a->pages));
+        assert_int_equal(e8kv_cache_bytes(g) - e8kv_pages_bytes(&g->pages),
+                         e8kv_cache_bytes(a) - e8kv_pages_bytes(&a->pages));
+        e8kv_rng rng;
+        e8kv_rng_seed(&rng, 2);
+        float *q = rand_vec(&rng, 7 * 2 * 8), oa[7 * 16], og[7 * 16];
+        for (size_t l = 0; l < 2; l++) {
+            const size_t nt = tokens[l];
+            assert_int_equal(e8kv_cache_n_tokens(g, l), nt);
+            assert_ok(e8kv_cache_attend(a, oa, nt * 16, l, q, 2, nt, 0));
+            assert_ok(e8kv_cache_attend(g, og, nt * 16, l, q, 2, nt, 0));
+            assert_memory_equal(oa, og, nt * 16 * sizeof(float));
+        }
+        if (v3) { /* theta's RoPE is not these frequencies */
+            e8kv_cache_free(a);
+            p.rope_freqs = NULL;
+            a = e8kv_cache_create(&p, &err);
+            assert_non_null(a);
+            assert_error(e8kv_cache_load_into(a, buf, n), SPEC);
+        }
+        free(q), free(buf);
+        e8kv_cache_free(a), e8kv_cache_free(g);
     }
-    /* the same pages and fixed memory (their slabs follow each cache's history, pages.h) */
-    assert_int_equal(e8kv_pages_live_bytes(&g->pages), e8kv_pages_live_bytes(&a->pages));
-    assert_int_equal(e8kv_cache_bytes(g) - e8kv_pages_bytes(&g->pages),
-                     e8kv_cache_bytes(a) - e8kv_pages_bytes(&a->pages));
-    e8kv_rng rng;
-    e8kv_rng_seed(&rng, 2);
-    float *q = rand_vec(&rng, 7 * 2 * 8), oa[7 * 16], og[7 * 16];
-    for (size_t l = 0; l < 2; l++) {
-        const size_t nt = tokens[l];
-        assert_int_equal(e8kv_cache_n_tokens(g, l), nt);
-        assert_ok(e8kv_cache_attend(a, oa, nt * 16, l, q, 2, nt, 0));
-        assert_ok(e8kv_cache_attend(g, og, nt * 16, l, q, 2, nt, 0));
-        assert_memory_equal(oa, og, nt * 16 * sizeof(float));
-    }
-    free(q), free(buf);
-    e8kv_cache_free(a), e8kv_cache_free(g);
 }
 
 /* Every file of fuzz/corpus/cache through the fuzz target (crash/edge inputs kept by fuzzing). */

@@ -5,6 +5,8 @@ by appending the same K/V. Values: K[l][t][h][i] = l + t/8 + h/64 + i/1024, V = 
 
   f32_window.e8kc   2 layers, 1 KV head, head_dim 8, n_ctx 16, spec f32 with window=2,sink=1,page=4;
                     layer 0 holds 7 tokens (page 0 coded, page 1 raw), layer 1 holds 5 (both pages raw).
+  f32_freqs.e8kc    the same tokens with rope=pre and RoPE frequencies FREQS (format version 3: flag 2, the
+                    frequencies after the meta, section 4.1).
 Run from this directory: python3 make_golden.py"""
 import ctypes
 import ctypes.util
@@ -19,6 +21,7 @@ xx.XXH32.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint32]
 N_LAYER, N_HEAD, D, N_CTX, P, SINK, WINDOW = 2, 1, 8, 16, 4, 1, 2
 TOKENS = [7, 5]
 SPEC = b"k=f32,v=f32,window=2,sink=1,page=4,center=1,rope=post"
+FREQS = [1.0, 0.25, 0.0625, 0.001953125]  # exact in f32; pair i of a key at position p turns by p * FREQS[i]
 
 
 def val(l, t, h, i, is_k):
@@ -48,7 +51,28 @@ def page_state(l, i):
     return 2 if (i + 1) * P <= t - WINDOW else 1
 
 
+def write(name, spec, version, flags, sections):
+    """One file: header, spec, meta, the sections after the meta, then the layers and the group."""
+    layers, coded = records()
+    groups = struct.pack("<I", len(stored_frame(coded, 4 * D))) + stored_frame(coded, 4 * D)
+    meta = b"golden"
+    body = spec + meta + sections + layers + groups
+    total = 64 + len(body) + 8
+    head = b"E8KC" + struct.pack("<HHQIIIIQQfIII", version, len(spec), total, N_LAYER, N_HEAD, D, P, N_CTX, 0,
+                                 10000.0, 0, len(meta), flags)
+    assert len(head) == 64
+    data = head + body
+    data += struct.pack("<Q", xx.XXH64(data, len(data), 0))
+    open(name, "wb").write(data)
+    print(name, len(data), "bytes")
+
+
 def main():
+    write("f32_window.e8kc", SPEC, 1, 0, b"")
+    write("f32_freqs.e8kc", SPEC.replace(b"rope=post", b"rope=pre"), 3, 2, struct.pack("<4f", *FREQS))
+
+
+def records():
     layers, coded = b"", b""
     for l in range(N_LAYER):
         t = TOKENS[l]
@@ -75,18 +99,7 @@ def main():
                             else:
                                 coded += b
         layers += rec
-    # one codec (f32) -> one group
-    groups = struct.pack("<I", len(stored_frame(coded, 4 * D))) + stored_frame(coded, 4 * D)
-    meta = b"golden"
-    body = SPEC + meta + layers + groups
-    total = 64 + len(body) + 8
-    head = b"E8KC" + struct.pack("<HHQIIIIQQfIII", 1, len(SPEC), total, N_LAYER, N_HEAD, D, P, N_CTX, 0,
-                                 10000.0, 0, len(meta), 0)
-    assert len(head) == 64
-    data = head + body
-    data += struct.pack("<Q", xx.XXH64(data, len(data), 0))
-    open("f32_window.e8kc", "wb").write(data)
-    print("f32_window.e8kc", len(data), "bytes")
+    return layers, coded  # one codec (f32): one group of the coded pages
 
 
 if __name__ == "__main__":
