@@ -17,6 +17,9 @@ want keys before RoPE (rope=pre, the default of e8kv's own formats and required 
 keys: e8kv_cache_keys_pre_rope) gets them with the rotation undone, exactly (the inverse rotation of the
 same angles, in float32), and the queries with RoPE as transformers made them; the C cache re-applies RoPE
 to each decoded key at attention time. Caches with rope=post (e8box, q4_0, f16...) get the keys as they are.
+The angles are the model's own: rope_theta's, or a scaled RoPE's fixed frequencies (linear, llama3, yarn:
+transformers' inv_freq, handed to the C cache as rope_freqs); a RoPE whose frequencies change with the
+length (dynamic, longrope) allows only keys after RoPE (ModelShape.rope_problem says why).
 Llama and Mistral checkpoints use split-half RoPE pairs in transformers but interleaved pairs in GGUF
 (llama.cpp permutes Wq/Wk); the cache sees keys and queries in the GGUF layout (the same permutation on
 both leaves q.k unchanged), so K/V vectors, calibrations and saved caches are the ones `e8kv ppl`,
