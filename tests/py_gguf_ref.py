@@ -122,30 +122,6 @@ def compare(name, qtype, ours, ref):
     return None
 
 
-def copy_gguf(src, dst, drop_keys=(), set_keys=(), extra_tensors=()):
-    """Write src again with every key (but drop_keys) and tensor, then set_keys ((key, value, GGUFValueType))
-    and extra_tensors ((name, float32 array))."""
-    rd = gguf.GGUFReader(src)
-    arch = rd.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(dst, arch)  # writes general.architecture itself
-    for f in rd.fields.values():
-        if f.name.startswith("GGUF.") or f.name in ("general.architecture", "general.alignment") or \
-                f.name in drop_keys:
-            continue
-        vt = f.types[0]
-        w.add_key_value(f.name, f.contents(), vt, sub_type=f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None)
-    for key, val, vt in set_keys:
-        w.add_key_value(key, val, vt)
-    for t in rd.tensors:  # block types as raw bytes (rows, row bytes), F32 as floats: numpy shape either way
-        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
-    for name, data in extra_tensors:
-        w.add_tensor(name, np.asarray(data, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
 def rope_freqs(x, pos, freq, split_half):
     """x: (T, H, D); pair i of the row at position p turns by p * freq[i] (interleaved or split halves)."""
     d = x.shape[-1]
@@ -164,6 +140,7 @@ def check_rope_scaling(model, cli):
     """Scaled copies of the default model: engine vs the numpy reference, scaled vs unscaled, refusals."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import py_forward_ref as fwd  # the float64 forward pass of the engine's own reference test
+    from gguf_copy import copy_gguf
 
     failures = []
     w, cfg = fwd.load_gguf(model)

@@ -240,30 +240,13 @@ EXTRA_WHOLE = ["\u0120zqxjv", "zqxjv", "\u0120qwzz"]
 
 
 def gguf_with_pre(src, dst, pre):
-    """Copy a GGUF, every KV pair and tensor, with tokenizer.ggml.pre set to pre and EXTRA_MERGES (then
-    EXTRA_WHOLE) added."""
-    r = gguf.GGUFReader(src)
-    extra = {"tokenizer.ggml.tokens": [a + b for a, b in EXTRA_MERGES] + EXTRA_WHOLE,
-             "tokenizer.ggml.token_type": [1] * (len(EXTRA_MERGES) + len(EXTRA_WHOLE)),
-             "tokenizer.ggml.scores": [0.0] * (len(EXTRA_MERGES) + len(EXTRA_WHOLE)),
-             "tokenizer.ggml.merges": ["%s %s" % m for m in EXTRA_MERGES]}
-    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
-    for f in r.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture":
-            continue  # written by GGUFWriter itself
-        val = pre if f.name == "tokenizer.ggml.pre" else f.contents()
-        if f.name in extra:
-            val = val + extra[f.name]
-        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(f.name, val, f.types[0], sub_type=sub)
-    if "general.alignment" in r.fields:
-        w.data_alignment = r.fields["general.alignment"].contents()
-    for t in r.tensors:
-        w.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    """A copy of a GGUF with tokenizer.ggml.pre set to pre and EXTRA_MERGES (then EXTRA_WHOLE) added."""
+    from gguf_copy import copy_gguf
+    n = len(EXTRA_MERGES) + len(EXTRA_WHOLE)
+    copy_gguf(src, dst, set_keys=[("tokenizer.ggml.pre", pre, gguf.GGUFValueType.STRING)],
+              extend_keys={"tokenizer.ggml.tokens": [a + b for a, b in EXTRA_MERGES] + EXTRA_WHOLE,
+                           "tokenizer.ggml.token_type": [1] * n, "tokenizer.ggml.scores": [0.0] * n,
+                           "tokenizer.ggml.merges": ["%s %s" % m for m in EXTRA_MERGES]})
 
 
 if gguf is None:
