@@ -53,6 +53,7 @@ struct e8kv_tokenizer {
     size_t merge_mask;
     int32_t byte_id[256];  /* BPE: the token of each byte; SPM: the <0xXX> fallback (or unk, or -1) */
     uint16_t byte_cp[256]; /* BPE: the code point standing for each byte (gpt2_byte_map) */
+    size_t max_text;       /* the longest matching text, in bytes */
     int ignore_merges;     /* BPE: a word that is a token whole is that token (Llama 3's ignore_merges) */
     int32_t bos, eos, unk;
     int add_bos, add_space_prefix;
@@ -372,6 +373,7 @@ static size_t create(e8kv_tokenizer *t, const e8kv_tokenizer_vocab *v) {
             to += len;
         }
         t->text_len[i] = (uint32_t)(to - t->text_off[i]);
+        if (t->text_len[i] > t->max_text) t->max_text = t->text_len[i];
         const char *txt = t->text + t->text_off[i];
         const size_t tl = t->text_len[i];
         t->piece_off[i] = po;
@@ -533,14 +535,19 @@ static void bpe_try(const e8kv_tokenizer *t, enc *e, int32_t l, int32_t r) {
 
 /* One pre-tokenized word of m bytes: start from its byte tokens, apply the lowest-ranked merge first. */
 static void bpe_word(const e8kv_tokenizer *t, enc *e, const uint8_t *w, size_t n_bytes) {
-    if (t->ignore_merges && n_bytes > 1 &&
-        n_bytes <= 256) { /* Hugging Face's BPE: the whole word's text first
-                           * (longer words than any token: none matches) */
-        char text[512];   /* byte-mapped: code points below 0x200, two UTF-8 bytes at most */
+    /* ignore_merges (Hugging Face's BPE): the whole word's byte-mapped text first; a word of more bytes than
+     * the longest token's text (each byte maps to 1 or 2 UTF-8 bytes: code points below 0x200) is none */
+    if (t->ignore_merges && n_bytes > 1 && n_bytes <= t->max_text) {
+        char local[512], *text = 2 * n_bytes <= sizeof local ? local : malloc(2 * n_bytes);
+        if (!text) {
+            e->oom = 1;
+            return;
+        }
         size_t len = 0;
         for (size_t k = 0; k < n_bytes; k++)
             len += utf8_put(text + len, t->byte_cp[w[k]]);
         const int32_t id = lookup_text(t, text, len);
+        if (text != local) free(text);
         if (id >= 0) {
             emit(e, id);
             return;

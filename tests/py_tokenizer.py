@@ -220,6 +220,7 @@ ADVERSARIAL = [
     "русский, العربية हिन्दी 한국어 ไทย", "\u0301abc \u0301\u0301abc x\u200dy \ufeffz",
     "<|im_start|>user\nHi!<|im_end|>\n", "def f(x):\n    return x ** 2  # square\n\n\tif x:\n\t\tpass\r\n",
     "    " * 20 + "x" + "\n" * 10 + "y" + " " * 50,
+    "x " + "q" * 300,  # EXTRA_WHOLE's longest: a word of more bytes than the 512-byte stack buffer maps
     "zqxjv zqxjv. qwzz zqxjvx qwzz!",  # EXTRA_WHOLE: tokens no merge reaches
 ]
 try:
@@ -236,7 +237,7 @@ EXTRA_MERGES = ([(a, b) for a in "0123456789" for b in "0123456789"] +
 
 # Tokens that no merge makes (byte-mapped texts: Ġ is a space): Llama 3's ignore_merges takes a word that is
 # one of them whole (" zqxjv", " qwzz"), qwen2 (no ignore_merges) merges its bytes as far as the merges go
-EXTRA_WHOLE = ["\u0120zqxjv", "zqxjv", "\u0120qwzz"]
+EXTRA_WHOLE = ["\u0120zqxjv", "zqxjv", "\u0120qwzz", "\u0120" + "q" * 300]
 
 
 def gguf_with_pre(src, dst, pre):
@@ -286,6 +287,9 @@ else:
             whole = sum(ids.count(vocab[w]) for w in EXTRA_WHOLE)  # zqxjv, ' zqxjv', ' qwzz' twice
             check("%s: EXTRA_WHOLE words taken whole %d times (ignore_merges %s)" % (pre, whole, pre != "qwen2"),
                   whole == (4 if pre != "qwen2" else 0))
+            long_word = ref_ids(ADVERSARIAL[-2]).count(vocab[EXTRA_WHOLE[3]])  # ' q' * 300: one token, or none
+            check("%s: a 301-byte word that is a token taken whole %d times" % (pre, long_word),
+                  long_word == (1 if pre != "qwen2" else 0))
             texts = ADVERSARIAL + TRICKY
             n_tok = sum(len(ref_ids(t)) for t in texts)
             compare_batch("%s: adversarial strings (%d, %d tokens)" % (pre, len(texts), n_tok), args, texts, ref_ids)
