@@ -303,6 +303,8 @@ static void test_rope_freqs_section(void **state) {
         expect_corrupted(f, n, 60, 3, "flags 3 without a calibration");
         expect_corrupted(f, n, 60, 1, "version 3 without the frequencies' flag");
         expect_corrupted(f, n, 4, 2, "version 2 with the frequencies' flag");
+        /* a meta that leaves 4 bytes before the checksum: the frequencies' section cut short */
+        expect_corrupted(f, n, 56, (uint32_t)(n - 8 - 4 - fi.meta_offset), "the frequencies cut short");
         free(q), free(f);
         e8kv_cache_free(a);
         /* the same cache with rope_theta: version 1, no section */
