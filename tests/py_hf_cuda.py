@@ -1819,3 +1819,150 @@ def test_cpu_cache_evicts_through_transformers(spec):
     print(f"CPU cache {spec}: kept {kept[0][0].shape[1]} of 100 (page {P}); {held[0]} bytes against "
           f"{held[1]}; max |logit diff| vs DynamicCache of the kept K/V {err:.3g} (max |logit| {scale:.3g})")
     assert err <= 1e-3 * scale, (err, scale)
+
+
+# ------------------------------------------------------------------------------------------ hybrid models
+def hybrid_model(kind, on="cpu", window=8, dtype=torch.float32):
+    """A tiny random model with full-attention and sliding-window layers (head_dim 64): "qwen2" (layers 0-1
+    full, 2-3 sliding: use_sliding_window with max_window_layers 2) or "gemma3" (Gemma3 text: sliding, full,
+    sliding, full; its own query scaling and one RoPE per layer type)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Qwen2Config, Qwen2ForCausalLM
+    common = dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, sliding_window=window)
+    if kind == "qwen2":
+        cfg, cls = Qwen2Config(use_sliding_window=True, max_window_layers=2, **common), Qwen2ForCausalLM
+    else:
+        cfg = Gemma3TextConfig(head_dim=64, query_pre_attn_scalar=48, layer_types=[
+            "sliding_attention", "full_attention", "sliding_attention", "full_attention"], **common)
+        cls = Gemma3ForCausalLM
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(4321)
+    with torch.device("cuda" if on == "cuda" else "cpu"):
+        model = cls(cfg).to(dtype).eval()
+    return model
+
+
+def _hybrid_inputs(on, t=20, n=14, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    dev = "cuda" if on == "cuda" else "cpu"
+    return torch.randint(0, 1024, (2, t), generator=g).to(dev), torch.randint(0, 1024, (2, n), generator=g).to(dev)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "gemma3"])
+def test_hybrid_model_cpu_cache(kind):
+    """CPU cache on a model with sliding-window layers: the full-attention layers are coded, the sliding ones
+    keep transformers' own window; f32 codes give DynamicCache's logits, e8:4 near them; a window the
+    reference does not apply (the control) gives other logits; padded generate and beam search as
+    DynamicCache; the sliding layers' bytes are counted."""
+    import e8kv.hf
+    from transformers import DynamicCache
+    model = hybrid_model(kind)
+    prompt, steps = _hybrid_inputs("cpu")
+    s = e8kv.hf.ModelShape(model.config)
+    assert s.n_layer == 2 and len(s.coded_layers) == 2 and s.sliding_window == 8
+    want = run_steps(model, DynamicCache(config=model.config), prompt, steps)
+    wide = hybrid_model(kind, window=4096)
+    control = float((run_steps(wide, DynamicCache(config=wide.config), prompt, steps) - want).abs().max())
+    scale = float(want.abs().max())
+    errs = {}
+    for spec in ("f32", "e8:4,sink=1"):
+        cache = e8kv.hf.E8KVCache(model.config, spec)
+        got = run_steps(model, cache, prompt, steps)
+        errs[spec] = float((got - want).abs().max())
+        kinds = [type(x).__name__ for x in cache.layers]
+        assert kinds.count("E8KVLayer") == 2, kinds
+        held = sum(t.numel() * t.element_size() for x in cache.layers if x.is_sliding for t in (x.keys, x.values))
+        assert all(x.keys.shape[2] <= 8 for x in cache.layers if x.is_sliding)
+        assert cache.n_bytes == sum(r.n_bytes for r in cache.rows) + held
+        assert int(cache.get_seq_length()) == prompt.shape[1] + steps.shape[1]
+        with pytest.raises(NotImplementedError):
+            cache.save("/nonexistent/never-written.e8kc")
+        model.config._attn_implementation = "sdpa"
+    print(f"{kind}: max |logit diff| vs DynamicCache: f32 {errs['f32']:.3g}, e8:4,sink=1 {errs['e8:4,sink=1']:.3g}; "
+          f"without the window {control:.3g} (max |logit| {scale:.3g})")
+    assert errs["f32"] <= 1e-5 * scale and control > 1e-2 * scale and errs["e8:4,sink=1"] < control
+    model.generation_config.pad_token_id = 0
+    ids, mask = prompt.clone(), torch.ones_like(prompt)
+    ids[0, :6], mask[0, :6] = 0, 0
+    with torch.no_grad():
+        ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
+        refb = model.generate(input_ids=prompt[1:], max_new_tokens=8, num_beams=3, do_sample=False)
+        with e8kv.hf.compress(model, "f32"):
+            got = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
+            gotb = model.generate(input_ids=prompt[1:], max_new_tokens=8, num_beams=3, do_sample=False)
+    assert torch.equal(ref, got) and torch.equal(refb, gotb)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "gemma3"])
+def test_hybrid_model_cuda_cache(dev, kind):
+    """The CUDA cache (and its CPU twin) on a model with sliding-window layers: bf16 pages for the full
+    layers, transformers' static sliding layers beside them: logits as DynamicCache's within bf16's
+    rounding, the window applied (control as above), its bytes counted; a padded batch row by row equals
+    each row alone."""
+    import e8kv.hf
+    from transformers import DynamicCache, StaticSlidingWindowLayer
+    on = "cuda" if dev == "cuda" else "cpu"
+    model = hybrid_model(kind, on)
+    prompt, steps = _hybrid_inputs(on)
+    want = run_steps(model, DynamicCache(config=model.config), prompt, steps)
+    wide = hybrid_model(kind, on, window=4096)
+    control = float((run_steps(wide, DynamicCache(config=wide.config), prompt, steps) - want).abs().max())
+    cache = gpu_cache(model, "bf16", 2, dev=dev)
+    assert sum(isinstance(x, StaticSlidingWindowLayer) for x in cache.layers) == 2
+    got = run_steps(model, cache, prompt, steps)
+    cache.detach(model.config)
+    scale, err = float(want.abs().max()), float((got - want).abs().max())
+    held = sum(x.keys.numel() * x.keys.element_size() * 2 for x in cache.layers if x.is_sliding)
+    assert held and cache.n_bytes >= cache.kv.device_bytes + held
+    print(f"{kind} on {dev}: bf16 pages max |logit diff| vs DynamicCache {err:.3g}, without the window "
+          f"{control:.3g} (max |logit| {scale:.3g})")
+    assert err <= 1e-2 * scale < control, (err, control, scale)
+    # padded batch: each row as alone (its pads never stored in the pages, masked in the sliding layers)
+    ids, mask = prompt.clone(), torch.ones_like(prompt)
+    ids[0, :6], mask[0, :6] = 0, 0
+    both = gpu_cache(model, "e8box:4", 2, dev=dev)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)  # each row's tokens at its own positions, as generate() gives them
+    with torch.no_grad():
+        a = [model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=both,
+                   use_cache=True).logits[:, -1].float()]
+        for i in range(4):
+            mask = torch.cat((mask, torch.ones_like(mask[:, :1])), 1)
+            pos = pos[:, -1:] + 1
+            a.append(model(input_ids=steps[:, i:i + 1], attention_mask=mask, position_ids=pos, past_key_values=both,
+                           use_cache=True).logits[:, -1].float())
+    both.detach(model.config)
+    alone = gpu_cache(model, "e8box:4", 1, dev=dev)
+    with torch.no_grad():
+        b = [model(input_ids=prompt[:1, 6:], past_key_values=alone, use_cache=True).logits[:, -1].float()]
+        for i in range(4):
+            b.append(model(input_ids=steps[:1, i:i + 1], past_key_values=alone, use_cache=True).logits[:, -1].float())
+    alone.detach(model.config)
+    perr = float((torch.stack(a)[:, 0] - torch.stack(b)[:, 0]).abs().max())
+    print(f"{kind} on {dev}: padded row vs alone max |logit diff| {perr:.3g}")
+    assert perr <= 1e-3 * scale, perr
+
+
+@needs_gpu
+def test_hybrid_compiled_equals_eager():
+    # an f32 model: in bf16 the compiled graph's own rounding (Gemma 3's norms) moves e8box:4 codes
+    model = hybrid_model("gemma3", "cuda", dtype=torch.float32)
+    prompt, steps = _hybrid_inputs("cuda", t=10, n=12)
+    _, _, err, scale, skips = compiled_and_eager(model, "e8box:4,sink=2", prompt, steps)
+    print(f"gemma3 hybrid e8box:4,sink=2: compiled vs eager max |logit diff| {err:.3g} (max |logit| {scale:.3g}), "
+          f"cudagraph skips {skips}")
+    assert skips == 0
+    assert err <= 2e-2 * scale, (err, scale)
+
+
+def test_unsupported_layer_kinds_are_named():
+    import e8kv.hf
+    from transformers import Gemma2Config, MistralConfig, Qwen2Config
+    common = dict(vocab_size=64, hidden_size=128, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=1)
+    cases = {"every layer is sliding": MistralConfig(sliding_window=64, **common),
+             "soft-capping": Gemma2Config(head_dim=64, **common),
+             "chunked": Qwen2Config(layer_types=["full_attention", "chunked_attention"], **common)}
+    for why, cfg in cases.items():
+        with pytest.raises(e8kv.hf.UnsupportedModelError, match=why):
+            e8kv.hf.ModelShape(cfg)
+

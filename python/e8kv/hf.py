@@ -41,7 +41,8 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Union
 import numpy as np
 import torch
 from transformers import AttentionInterface
-from transformers.cache_utils import Cache, CacheLayerMixin
+from transformers.cache_utils import (Cache, CacheLayerMixin, DynamicSlidingWindowLayer,
+                                      StaticSlidingWindowLayer)
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -54,7 +55,8 @@ ATTN_NAME = "e8kv"
 # RoPE pair layout in which the cache sees keys and queries, by transformers model_type: "interleaved"
 # (GGUF/Meta layout, transformers' split halves permuted back, as llama.cpp's converter does) or "split"
 # (transformers' own layout, as llama.cpp keeps it for these architectures).
-ROPE_LAYOUTS = {"llama": "interleaved", "mistral": "interleaved", "qwen2": "split", "qwen3": "split"}
+ROPE_LAYOUTS = {"llama": "interleaved", "mistral": "interleaved", "qwen2": "split", "qwen3": "split",
+                "gemma3_text": "split", "ministral": "split", "olmo3": "split"}
 
 
 class UnsupportedModelError(ValueError):
@@ -68,7 +70,6 @@ class ModelShape:
     def __init__(self, config: Any) -> None:
         cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         self.model_type: str = getattr(cfg, "model_type", "?")
-        self.n_layer: int = cfg.num_hidden_layers
         self.n_head: int = cfg.num_attention_heads
         self.n_head_kv: int = getattr(cfg, "num_key_value_heads", None) or self.n_head
         self.head_dim: int = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_head
@@ -80,13 +81,40 @@ class ModelShape:
         if self.n_head % self.n_head_kv:
             raise UnsupportedModelError(f"{self.model_type}: {self.n_head} query heads are not a multiple of "
                                         f"{self.n_head_kv} KV heads")
-        layer_types = getattr(cfg, "layer_types", None) or []
-        if any(t != "full_attention" for t in layer_types) or (
-                getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True)):
+        # the layers e8kv codes: full attention. Sliding-window layers (hybrid models: Gemma 3, Qwen2 with
+        # use_sliding_window, Ministral, OLMo 3, ...) hold at most a window of tokens and keep their exact K/V
+        # in transformers' own sliding layers beside the codes; other kinds are refused
+        self.n_model_layer: int = cfg.num_hidden_layers
+        window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+        types = list(getattr(cfg, "layer_types", None) or [])
+        if not types:
+            types = ["sliding_attention" if window else "full_attention"] * self.n_model_layer
+        other = sorted(set(types) - {"full_attention", "sliding_attention"})
+        if other or len(types) != self.n_model_layer:
             raise UnsupportedModelError(
-                f"{self.model_type}: layers of type {sorted(set(layer_types)) or ['sliding']} (e8kv attends "
-                "over every stored token: sliding-window and linear-attention layers are not supported)")
+                f"{self.model_type}: layers of type {other or types} (e8kv codes full-attention layers and keeps "
+                "sliding-window ones exact; linear, chunked and shared-KV attention layers are not supported)")
+        if "full_attention" not in types:
+            raise UnsupportedModelError(
+                f"{self.model_type}: every layer is sliding-window attention (window {window}): a cache of at "
+                "most a window of tokens per layer, with no full-attention layer for e8kv to code")
+        if "sliding_attention" in types and not (isinstance(window, int) and window > 0):
+            raise UnsupportedModelError(f"{self.model_type}: sliding-window layers without a sliding_window")
+        self.layer_types: list[str] = types
+        self.sliding_window: Optional[int] = window if "sliding_attention" in types else None
+        self.coded_layers: list[int] = [i for i, t in enumerate(types) if t == "full_attention"]
+        self.n_layer = len(self.coded_layers)  # the layers of the e8kv caches: the model's coded layers
+        if getattr(cfg, "attn_logit_softcapping", None):
+            raise UnsupportedModelError(f"{self.model_type}: attention logit soft-capping (e8kv's attention is "
+                                        "plain softmax attention)")
+        if self.model_type in ("gpt_oss",):
+            raise UnsupportedModelError(f"{self.model_type}: learned attention sinks (e8kv's attention is plain "
+                                        "softmax attention)")
         rope = dict(getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
+        self.rope_layer_type: Optional[str] = None
+        if isinstance(rope.get("full_attention"), dict):  # one RoPE per layer type: the coded layers' own
+            self.rope_layer_type = "full_attention"
+            rope = dict(rope["full_attention"])
         self.rope_theta: float = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 0.0)) or 0.0)
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         partial = float(rope.get("partial_rotary_factor", getattr(cfg, "partial_rotary_factor", 1.0)) or 1.0)
@@ -107,7 +135,8 @@ class ModelShape:
         elif rope_type in ("linear", "llama3", "yarn"):
             try:
                 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-                inv = ROPE_INIT_FUNCTIONS[rope_type](cfg, "cpu")[0]
+                kw = {"layer_type": self.rope_layer_type} if self.rope_layer_type else {}
+                inv = ROPE_INIT_FUNCTIONS[rope_type](cfg, "cpu", **kw)[0]
                 self.rope_freqs = [float(x) for x in inv.double().reshape(-1)]
             except Exception as e:  # (the transformers version's own error, named)
                 self.rope_centre_problem = f"the frequencies of RoPE type '{rope_type}' ({type(e).__name__}: {e})"
@@ -232,6 +261,37 @@ _tls = threading.local()  # pending: (cache, layer, pos0 per row, kept tokens pe
 # update, read by the attention function; mask: the forward's 2-D attention mask (the mask function's)
 
 
+def _model_layers(shape: ModelShape, coded: Callable[[int], Any], sliding: Callable[[], Any]) -> list:
+    """A cache's layers, one per model layer: coded(i) for the model's i-th full-attention layer (layer i of
+    the e8kv caches), sliding() for a sliding-window layer (transformers' own, exact K/V of the window)."""
+    out = []
+    for t in shape.layer_types:
+        out.append(coded(len(out) - sum(1 for x in out if x.is_sliding)) if t == "full_attention" else sliding())
+    return out
+
+
+def _sliding_bytes(cache: Cache) -> int:
+    """Bytes of the exact K/V tensors a hybrid model's sliding-window layers hold in an e8kv cache."""
+    return sum(t.numel() * t.element_size() for layer in cache.layers if layer.is_sliding
+               for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+               if isinstance(t, torch.Tensor))
+
+
+def _take_sliding(cache: Cache, idx: list[int]) -> None:
+    """A batch change (_BatchChanges) in a hybrid model's sliding-window layers: row i becomes old row idx[i].
+    Static layers (the CUDA cache's: fixed addresses for CUDA graphs) are rewritten in place, their rows past
+    len(idx) left as they were; dynamic ones get new tensors."""
+    for layer in cache.layers:
+        if not layer.is_sliding or not layer.is_initialized or getattr(layer, "keys", None) is None:
+            continue
+        sel = torch.tensor(idx, dtype=torch.long, device=layer.keys.device)
+        if isinstance(layer, StaticSlidingWindowLayer):
+            for t in (layer.keys, layer.values):
+                t[:len(idx)].copy_(t.index_select(0, sel))
+        else:
+            layer.keys, layer.values = layer.keys.index_select(0, sel), layer.values.index_select(0, sel)
+
+
 class E8KVLayer(CacheLayerMixin):
     """One model layer of an E8KVCache; its storage is the layer of the C caches (one per batch row)."""
 
@@ -242,7 +302,7 @@ class E8KVLayer(CacheLayerMixin):
     def __init__(self, parent: "E8KVCache", layer_idx: int) -> None:
         super().__init__()
         self.parent = parent
-        self.layer_idx = layer_idx
+        self.layer_idx = layer_idx  # the C caches' layer (the model's layer: shape.coded_layers[layer_idx])
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device, self.dtype = key_states.device, key_states.dtype
@@ -342,7 +402,8 @@ class E8KVCache(_BatchChanges, Cache):
             h = s.head_dim // 2
             self._perm = torch.stack((torch.arange(h), torch.arange(h) + h), dim=1).reshape(-1)
         self._attach(config)
-        super().__init__(layers=[E8KVLayer(self, i) for i in range(s.n_layer)])
+        super().__init__(layers=_model_layers(s, lambda i: E8KVLayer(self, i),
+                                              lambda: DynamicSlidingWindowLayer(sliding_window=s.sliding_window)))
         probe = self._new_row()  # checks the spec now (a bad spec fails here, not inside generate)
         self.keys_pre_rope = probe.keys_pre_rope
         self._probe: Optional[core.Cache] = probe
@@ -390,6 +451,9 @@ class E8KVCache(_BatchChanges, Cache):
             raise ValueError("crop takes a negative count (tokens to remove from the end)")
         for r in self.rows if tokens_to_remove else ():
             r.truncate(max(r.n_tokens(0) + tokens_to_remove, 0))
+        for layer in self.layers:  # a hybrid model's sliding-window layers (transformers' own crop)
+            if layer.is_sliding and tokens_to_remove and layer.is_initialized:
+                layer.crop(tokens_to_remove)
 
     # -- beam search and batch changes (_BatchChanges): a row taken once moves, a row taken twice is copied
     def _batch_size(self) -> int:
@@ -409,6 +473,7 @@ class E8KVCache(_BatchChanges, Cache):
                 rows.append(self.rows[i])
         pads = self.pads + [0] * (n - len(self.pads))
         self.rows, self.pads = rows, [pads[i] for i in idx]
+        _take_sliding(self, idx)
 
     def _to_cache_layout(self, x: torch.Tensor, pos0: int, rope: str) -> torch.Tensor:
         """(b, h, t, d) with transformers' RoPE, in its layout -> (b, t, h*d) float32 contiguous in the
@@ -528,8 +593,9 @@ class E8KVCache(_BatchChanges, Cache):
     # -- accounting
     @property
     def n_bytes(self) -> int:
-        """Bytes the C caches have allocated (real, not nominal): e8kv_cache_bytes summed over sequences."""
-        return sum(r.n_bytes for r in (self.rows or [self._probe]) if r is not None)
+        """Bytes the C caches have allocated (real, not nominal): e8kv_cache_bytes summed over sequences, plus
+        the exact K/V of a hybrid model's sliding-window layers."""
+        return sum(r.n_bytes for r in (self.rows or [self._probe]) if r is not None) + _sliding_bytes(self)
 
     @property
     def bits_per_value(self) -> float:
@@ -538,10 +604,17 @@ class E8KVCache(_BatchChanges, Cache):
 
     def save(self, path: Union[str, os.PathLike], row: int = 0, meta: bytes = b"") -> int:
         """Save one sequence's C cache (doc/format.md §4; `e8kv generate --load-cache` reads it)."""
+        self._whole_model("save")
         return self.rows[row].save(path, meta)
+
+    def _whole_model(self, what: str) -> None:
+        if self.shape.sliding_window is not None:
+            raise NotImplementedError(f"e8kv cache: {what} on a model with sliding-window layers (their exact K/V "
+                                      "are transformers' and not in e8kv's cache file)")
 
     def load(self, path: Union[str, os.PathLike], row: int = 0) -> int:
         """Replace one sequence's contents by a saved cache of the same configuration."""
+        self._whole_model("load")
         self._ensure_rows(max(row + 1, len(self.rows) or 1))
         for layer in self.layers:
             layer.is_initialized = True
@@ -865,7 +938,11 @@ class E8KVCudaCache(_BatchChanges, Cache):
             if t is not None:
                 torch._dynamo.mark_static_address(t)
         self._attach(config)
-        super().__init__(layers=[E8KVCudaLayer(self, i) for i in range(s.n_layer)])
+        # a hybrid model's sliding-window layers: transformers' static ones (exact K/V of the window, fixed
+        # addresses for CUDA graphs), attended by SDPA with transformers' sliding mask
+        super().__init__(layers=_model_layers(s, lambda i: E8KVCudaLayer(self, i), lambda: StaticSlidingWindowLayer(
+            max_cache_len=self.capacity, sliding_window=s.sliding_window)))
+        self._lead = self.layers[s.coded_layers[0]]  # the first coded layer: its length is the rows' length
 
     def __del__(self) -> None:
         key = getattr(self, "_key", None)
@@ -896,7 +973,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
         if mask is not None and mask.dim() != 2:
             return
         padded = mask is not None and not bool(mask.all())
-        past = int(self.layers[0].cumulative_length) if self.layers[0].is_initialized else 0
+        past = int(self._lead.cumulative_length) if self._lead.is_initialized else 0
         if mask is None:
             # the new tokens are real. generate() makes the mask before the forward (then the forward sees
             # none): the padding it noted for this prompt stands
@@ -919,7 +996,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
                                                          f"max_batch_size {self.batch_rows}")
                 valid = mask.to(torch.bool)
                 pads[:b] = (~valid).sum(1).tolist()
-                self._valid, self._valid_todo = valid, [True] * len(self.layers)
+                self._valid, self._valid_todo = valid, [True] * self.shape.n_layer
             if pads != self._pad_host:
                 self._pad.copy_(torch.tensor(pads, dtype=torch.int64))
                 self._pad_host = pads
@@ -992,7 +1069,8 @@ class E8KVCudaCache(_BatchChanges, Cache):
         self._evicted_host = [self._evicted_host[i] for i in idx] + rest
         self._pad.copy_(torch.tensor(self._pad_host, dtype=torch.int64))
         self._n_active, self._shared = m, True
-        self._own_tails(int(self.layers[0].cumulative_length) if self.layers[0].is_initialized else 0)
+        self._own_tails(int(self._lead.cumulative_length) if self._lead.is_initialized else 0)
+        _take_sliding(self, idx)
 
     def _own_tails(self, length: int) -> None:
         """After rows were made to share pages and rows (_select) or shortened (crop): every batch row gets
@@ -1134,7 +1212,11 @@ class E8KVCudaCache(_BatchChanges, Cache):
         self._append(layer, key_states, value_states, pos, row0)
 
     def set_length(self, n: int) -> None:
+        """Set every coded layer's length to n (after fill; a hybrid model's sliding-window layers are not
+        filled this way)."""
         for layer in self.layers:
+            if layer.is_sliding:
+                continue
             layer.is_initialized = True
             layer.cumulative_length.fill_(n)
             layer.host_length = n
@@ -1150,8 +1232,9 @@ class E8KVCudaCache(_BatchChanges, Cache):
     def _attend(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 scaling: Optional[float]) -> tuple[torch.Tensor, None]:
         b, n_head, t, d = query.shape
-        layer = module.layer_idx
-        length = self.layers[layer].cumulative_length  # after this step's update
+        lead = self.layers[module.layer_idx]
+        layer = lead.layer_idx  # the CUDA cache's layer
+        length = lead.cumulative_length  # after this step's update
         prompt = t > 1 and not torch.compiler.is_compiling() and int(length) == t
         if prompt and self.prompt_from_codes and self._valid is not None:
             raise NotImplementedError("e8kv CUDA cache: prompt_from_codes with a padded prompt")
@@ -1270,11 +1353,12 @@ class E8KVCudaCache(_BatchChanges, Cache):
     @property
     def n_bytes(self) -> int:
         """Device bytes the cache holds: the C cache's one allocation (pages, tables, workspace) plus its
-        small torch tensors (block tables, lengths, status word)."""
+        small torch tensors (block tables, lengths, status word), plus the exact K/V of a hybrid model's
+        sliding-window layers."""
         extra = sum(x.numel() * x.element_size() for x in (self._state, self._tables, self._arange, self._pad,
                                                                 self._full, self._batch_rows, self.key_perm)
                     if x is not None)
-        return self.kv.device_bytes + extra + 8 * len(self.layers)
+        return self.kv.device_bytes + extra + 8 * self.shape.n_layer + _sliding_bytes(self)
 
     @property
     def bits_per_value(self) -> float:
@@ -1285,17 +1369,19 @@ class E8KVCudaCache(_BatchChanges, Cache):
 def _e8kv_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
                mask_function: Optional[Callable] = None, attention_mask: Optional[torch.Tensor] = None,
                local_size: Optional[int] = None, **kwargs: Any) -> Optional[torch.Tensor]:
-    """Mask interface for "e8kv": remembers whether the batch has padding (the CPU cache's e8kv path refuses
-    it) and builds the SDPA mask that the fallback (caches of other kinds) needs. With a CUDA cache no mask is
-    made (the kernel bounds each row by its context length); the cache reads the 2-D mask's padding."""
+    """Mask interface for "e8kv": remembers the batch's padding (the CPU cache's rows drop the pads) and
+    builds the SDPA mask that the fallback (caches of other kinds, a hybrid model's sliding-window layers:
+    local_size) needs. With a CUDA cache no mask is made for the coded layers (the kernel bounds each row by
+    its context length); the cache reads the 2-D mask's padding."""
     cfg = kwargs.get("config")
     gpu = getattr(cfg, "_e8kv_cuda_cache", None)
     if gpu is not None:
-        if not torch.compiler.is_compiling():
-            gpu._note_mask(attention_mask, q_length)
-        return None
-    _tls.mask = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
-    _tls.local = local_size
+        if local_size is None:
+            if not torch.compiler.is_compiling():
+                gpu._note_mask(attention_mask, q_length)
+            return None
+    else:
+        _tls.mask = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
     kw = dict(kwargs)
     if mask_function is not None:
         kw["mask_function"] = mask_function
@@ -1309,11 +1395,11 @@ def e8kv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     """attn_implementation "e8kv": causal attention of the new queries over the layer's stored codes.
     Layers whose cache is not an E8KVCache run the config's previous implementation."""
     gpu = getattr(module.config, "_e8kv_cuda_cache", None)
-    if gpu is not None and query.device.type == gpu.device.type:
+    if gpu is not None and query.device.type == gpu.device.type and not gpu.layers[module.layer_idx].is_sliding:
         return gpu._attend(module, query, key, value, scaling)
     pending = getattr(_tls, "pending", None)
     layer = getattr(module, "layer_idx", None)
-    if pending is None or pending[1] != layer:
+    if pending is None or pending[0].shape.coded_layers[pending[1]] != layer:
         fallback = getattr(module.config, "_e8kv_fallback", None) or "sdpa"
         if fallback == "eager":
             fn = sys.modules[type(module).__module__].eager_attention_forward
@@ -1322,8 +1408,10 @@ def e8kv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
         return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     _tls.pending = None
     cache, layer, pos0, keep = pending
-    if getattr(module, "sliding_window", None) or getattr(_tls, "local", None):
-        raise UnsupportedModelError("e8kv cache: sliding-window attention layers are not supported")
+    if getattr(module, "sliding_window", None) or kwargs.get("sliding_window") or kwargs.get("softcap") \
+            or kwargs.get("s_aux") is not None:
+        raise UnsupportedModelError("e8kv cache: a coded layer with sliding-window attention, soft-capping or "
+                                    "attention sinks (e8kv codes plain full-attention layers)")
     if dropout and module.training:
         raise NotImplementedError("e8kv cache: attention dropout (training) is not supported")
     out = cache._attend(layer, pos0, query, scaling, keep)
