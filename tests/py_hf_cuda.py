@@ -1966,3 +1966,18 @@ def test_unsupported_layer_kinds_are_named():
         with pytest.raises(e8kv.hf.UnsupportedModelError, match=why):
             e8kv.hf.ModelShape(cfg)
 
+
+def test_forward_with_another_cache_is_refused(dev):
+    """An attached E8KVCudaCache routes the model's attention to its pages: an eager forward that brings
+    another cache (a DynamicCache) would read them; it is an E8KVError, and works again after detach()."""
+    import e8kv.hf
+    from transformers import DynamicCache
+    model = model_on(dev)
+    ids = prompt_ids(1, 20, dev=dev)
+    cache = gpu_cache(model, "bf16", 1, dev=dev)
+    with torch.no_grad(), pytest.raises(e8kv.E8KVError) as e:
+        model(input_ids=ids, past_key_values=DynamicCache(config=model.config), use_cache=True)
+    assert e.value.code == e8kv.ErrorCode.BAD_ARGUMENT and "detach" in str(e.value)
+    cache.detach(model.config)
+    with torch.no_grad():
+        model(input_ids=ids, past_key_values=DynamicCache(config=model.config), use_cache=True)

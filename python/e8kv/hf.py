@@ -678,6 +678,8 @@ class E8KVCudaLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         b, t = key_states.shape[0], key_states.shape[2]
         p = self.parent
+        if not torch.compiler.is_compiling():
+            p._updated = self.layer_idx  # the attention checks it reads the cache of its own forward
         if (p.evict is not None and t > 1 and not torch.compiler.is_compiling() and self.host_length == 0
                 and not int(self.cumulative_length)):
             # the prompt of an evicting cache: held back until the attention, which evicts with its queries
@@ -908,6 +910,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
         self._rows_host = list(range(max_batch_size))
         self._shared = False  # some page or row is no longer where creation put it
         self._n_active = 0  # batch rows in use (the last forward's batch, or a reorder's)
+        self._updated: Optional[int] = None  # eager: the layer whose update ran last (the attention's check)
         self._valid: Optional[torch.Tensor] = None  # (b, t) bool: which prompt tokens are kept (a padded prompt)
         self._valid_todo: list[bool] = []  # per layer: its append has still to drop the pads of _valid
         self.sink = self.kv.sink
@@ -1234,6 +1237,12 @@ class E8KVCudaCache(_BatchChanges, Cache):
         b, n_head, t, d = query.shape
         lead = self.layers[module.layer_idx]
         layer = lead.layer_idx  # the CUDA cache's layer
+        if not torch.compiler.is_compiling():
+            if self._updated != layer:  # the forward's cache is another one: it would read these pages
+                raise E8KVError(ErrorCode.BAD_ARGUMENT, "e8kv CUDA cache: a forward with another cache while an "
+                                                        "E8KVCudaCache is attached to the model's config: "
+                                                        "detach(config) it first")
+            self._updated = None
         length = lead.cumulative_length  # after this step's update
         prompt = t > 1 and not torch.compiler.is_compiling() and int(length) == t
         if prompt and self.prompt_from_codes and self._valid is not None:
