@@ -9,7 +9,9 @@ device="cuda") on a tiny random Llama (transformers LlamaConfig, bf16 and f32):
   - padded batches (left or right): each row's logits equal those of the row alone, generate() runs on them,
     and padding after the prompt is refused;
   - the device memory the cache takes (cudaMemGetInfo delta) equals its accounted bytes;
-  - specs the CUDA cache cannot hold and NaN input are named errors.
+  - specs the CUDA cache cannot hold and NaN input are named errors;
+  - models with sliding-window layers (tiny Qwen2 and Gemma 3): coded full-attention layers beside
+    transformers' sliding layers, CPU and CUDA caches, against DynamicCache, padded, beams, compiled.
 Needs a GPU and a libe8kv built with nvcc: skipped otherwise, with the reason (CI has no GPU; there only
 the check that a CUDA cache asked for without a usable device is a named error runs)."""
 import math
