@@ -1686,16 +1686,19 @@ def prefix_bytes(cache: Any, n: int) -> tuple[float, int]:
     after a prompt of n tokens. An E8KVCudaCache's allocation is made for max_cache_len at creation; what it
     holds for the prompt is the kept tokens' codes at the pages' rate plus each row's means (f32, centred
     streams) and sink rows (f32). A transformers cache holds its K/V tensors."""
-    if isinstance(cache, E8KVCache):  # what the C cache allocated, as `e8kv ppl --prefix` counts it
+    if isinstance(cache, (E8KVCache, E8KVCudaCache)):
         s = cache.shape
         row = 2 * s.n_layer * s.n_head_kv * s.head_dim
-        return 2.0 * n * row / cache.n_bytes, cache.rows[0].n_kept(0)
-    if isinstance(cache, E8KVCudaCache):
-        s = cache.shape
-        row = 2 * s.n_layer * s.n_head_kv * s.head_dim
+        # f16 bytes of the prefix as a DynamicCache holds it: every coded layer's n tokens, and a hybrid model's
+        # sliding layers' window (held exact beside the codes: n_bytes and _sliding_bytes count them)
+        n_sliding = s.n_model_layer - s.n_layer
+        f16 = 2.0 * (n * row + n_sliding * min(n, s.sliding_window or 0) * 2 * s.n_head_kv * s.head_dim)
+        if isinstance(cache, E8KVCache):  # what the C cache allocated, as `e8kv ppl --prefix` counts it
+            return f16 / cache.n_bytes, cache.rows[0].n_kept(0)
         m = n - cache._pad_host[0]
-        held = m * cache.kv.token_bytes + (row * 4 if cache.kv.centered else 0) + cache.sink * row * 4
-        return (2.0 * n * row / held if held else 0.0), m
+        held = (m * cache.kv.token_bytes + (row * 4 if cache.kv.centered else 0) + cache.sink * row * 4
+                + _sliding_bytes(cache))
+        return (f16 / held if held else 0.0), m
     kv = dynamic_kv(cache)
     held = sum(t.numel() * t.element_size() for t in kv)
     return (2.0 * sum(t.numel() for t in kv) / held if held else 0.0), (kv[0].shape[2] if kv else 0)
