@@ -1983,3 +1983,17 @@ def test_forward_with_another_cache_is_refused(dev):
     cache.detach(model.config)
     with torch.no_grad():
         model(input_ids=ids, past_key_values=DynamicCache(config=model.config), use_cache=True)
+
+
+def test_layers_on_another_device_are_refused(dev):
+    """K/V of a layer on another device than the cache's (a model split by device_map) are a named error
+    before anything is stored, not a kernel reading another device's memory."""
+    import e8kv.hf
+    model = model_on(dev)
+    cache = gpu_cache(model, "bf16", 1, dev=dev)
+    kv = torch.zeros((1, 2, 4, 64), device="meta")
+    with pytest.raises(e8kv.E8KVError) as e:
+        cache.layers[0].update(kv, kv)
+    cache.detach(model.config)
+    assert e.value.code == e8kv.ErrorCode.UNSUPPORTED and "one device" in str(e.value)
+    assert int(cache.layers[0].cumulative_length) == 0

@@ -680,6 +680,11 @@ class E8KVCudaLayer(CacheLayerMixin):
         p = self.parent
         if not torch.compiler.is_compiling():
             p._updated = self.layer_idx  # the attention checks it reads the cache of its own forward
+            at = key_states.device
+            if at.type != p.device.type or (at.index or 0) != (p.device.index or 0):
+                raise E8KVError(ErrorCode.UNSUPPORTED, f"e8kv CUDA cache on {p.device}: layer {self.layer_idx}'s K/V "
+                                                       f"on {at} (a model spread over devices, device_map: the "
+                                                       "CUDA cache holds every layer on one device)")
         if (p.evict is not None and t > 1 and not torch.compiler.is_compiling() and self.host_length == 0
                 and not int(self.cumulative_length)):
             # the prompt of an evicting cache: held back until the attention, which evicts with its queries
