@@ -12,6 +12,7 @@ device="cuda") on a tiny random Llama (transformers LlamaConfig, bf16 and f32):
   - specs the CUDA cache cannot hold and NaN input are named errors;
   - models with sliding-window layers (tiny Qwen2 and Gemma 3): coded full-attention layers beside
     transformers' sliding layers, CPU and CUDA caches, against DynamicCache, padded, beams, compiled.
+  - a model split over two GPUs (device_map-style hooks): the cache on one, logits as on one GPU.
 Needs a GPU and a libe8kv built with nvcc: skipped otherwise, with the reason (CI has no GPU; there only
 the check that a CUDA cache asked for without a usable device is a named error runs)."""
 import math
@@ -1985,15 +1986,51 @@ def test_forward_with_another_cache_is_refused(dev):
         model(input_ids=ids, past_key_values=DynamicCache(config=model.config), use_cache=True)
 
 
-def test_layers_on_another_device_are_refused(dev):
-    """K/V of a layer on another device than the cache's (a model split by device_map) are a named error
-    before anything is stored, not a kernel reading another device's memory."""
+
+def _split_layers(model, dev1, first):
+    """Layers first.. of a Llama on dev1, their inputs moved there and their outputs back (what accelerate's
+    device_map hooks do)."""
+    def mv(x, to):
+        if isinstance(x, torch.Tensor):
+            return x.to(to)
+        if isinstance(x, (tuple, list)):
+            return type(x)(mv(y, to) for y in x)
+        return x
+    home = next(model.parameters()).device
+    for layer in model.model.layers[first:]:
+        layer.to(dev1)
+        layer.register_forward_pre_hook(lambda m, a, kw: (mv(a, dev1), {k: mv(v, dev1) for k, v in kw.items()}),
+                                        with_kwargs=True)
+        layer.register_forward_hook(lambda m, a, out: mv(out, home))
+    return model
+
+
+@pytest.mark.skipif(not GPU or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("spec", ["bf16", "e8box:4,sink=2", "e8p:2,sink=2,evict=snapkv:0.5,recent=8,obs=8"])
+def test_layers_on_two_devices(spec):
+    """A model split over two GPUs (layers 2.. on cuda:1): the cache on cuda:0 takes every layer's K/V and
+    answers every layer's attention on the layer's device; the logits equal those of the same model on one
+    GPU with the same cache (prompt, a gathered 20-token chunk, single steps)."""
     import e8kv.hf
-    model = model_on(dev)
-    cache = gpu_cache(model, "bf16", 1, dev=dev)
-    kv = torch.zeros((1, 2, 4, 64), device="meta")
-    with pytest.raises(e8kv.E8KVError) as e:
-        cache.layers[0].update(kv, kv)
-    cache.detach(model.config)
-    assert e.value.code == e8kv.ErrorCode.UNSUPPORTED and "one device" in str(e.value)
-    assert int(cache.layers[0].cumulative_length) == 0
+    from transformers import DynamicCache
+    prompt = prompt_ids(2, 24)
+    steps = prompt_ids(2, 26, seed=9)
+    one = tiny_llama(torch.float32, n_layer=4)
+    two = _split_layers(tiny_llama(torch.float32, n_layer=4), torch.device("cuda", 1), 2)
+
+    def run(model, cache):
+        out = run_steps(model, cache, prompt, steps[:, :4])
+        with torch.no_grad():  # a chunk past gather_from: SDPA over the gathered pages
+            out2 = model(input_ids=steps[:, 4:24], past_key_values=cache, use_cache=True).logits[:, -1].float()
+            out3 = model(input_ids=steps[:, 24:25], past_key_values=cache, use_cache=True).logits[:, -1].float()
+        if hasattr(cache, "detach"):
+            cache.detach(model.config)
+            cache.check()
+        return torch.cat((out, out2[None], out3[None]))
+    want = run(one, gpu_cache(one, spec, 2))
+    got = run(two, gpu_cache(two, spec, 2))
+    ref = run(two, DynamicCache(config=two.config))
+    err, scale = float((got - want).abs().max()), float(ref.abs().max())
+    print(f"{spec}: two GPUs vs one, max |logit diff| {err:.3g}; vs DynamicCache {float((got - ref).abs().max()):.3g} "
+          f"(max |logit| {scale:.3g})")
+    assert err <= 1e-4 * scale, (err, scale)

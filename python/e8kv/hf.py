@@ -277,6 +277,11 @@ def _sliding_bytes(cache: Cache) -> int:
                if isinstance(t, torch.Tensor))
 
 
+def _other_device(a: torch.device, b: torch.device) -> bool:
+    """Whether a tensor on a must be moved to b (an index left out, as the CPU's, matches any)."""
+    return a.type != b.type or (a.index is not None and b.index is not None and a.index != b.index)
+
+
 def _take_sliding(cache: Cache, idx: list[int]) -> None:
     """A batch change (_BatchChanges) in a hybrid model's sliding-window layers: row i becomes old row idx[i].
     Static layers (the CUDA cache's: fixed addresses for CUDA graphs) are rewritten in place, their rows past
@@ -680,11 +685,6 @@ class E8KVCudaLayer(CacheLayerMixin):
         p = self.parent
         if not torch.compiler.is_compiling():
             p._updated = self.layer_idx  # the attention checks it reads the cache of its own forward
-            at = key_states.device
-            if at.type != p.device.type or (at.index or 0) != (p.device.index or 0):
-                raise E8KVError(ErrorCode.UNSUPPORTED, f"e8kv CUDA cache on {p.device}: layer {self.layer_idx}'s K/V "
-                                                       f"on {at} (a model spread over devices, device_map: the "
-                                                       "CUDA cache holds every layer on one device)")
         if (p.evict is not None and t > 1 and not torch.compiler.is_compiling() and self.host_length == 0
                 and not int(self.cumulative_length)):
             # the prompt of an evicting cache: held back until the attention, which evicts with its queries
@@ -1153,7 +1153,10 @@ class E8KVCudaCache(_BatchChanges, Cache):
     def _append(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor, pos: torch.Tensor,
                 row0: int = 0, first: bool = True) -> None:
         """Store K/V (b, n_head_kv, t, head_dim) of batch rows row0 .. row0+b-1 at positions pos (b, t) of
-        their pages; a padded prompt's pads (_valid) are dropped and its tokens stored at 0 .. n - 1."""
+        their pages; a padded prompt's pads (_valid) are dropped and its tokens stored at 0 .. n - 1. K/V of a
+        layer on another device (a model split by device_map) are copied to the cache's device first."""
+        if _other_device(key_states.device, self.device):
+            key_states, value_states = key_states.to(self.device), value_states.to(self.device)
         b, h, t, d = key_states.shape
         keep = None
         if (not torch.compiler.is_compiling() and self._valid is not None and self._valid_todo[layer]
@@ -1267,8 +1270,13 @@ class E8KVCudaCache(_BatchChanges, Cache):
             if self._stash[layer] is not None:
                 self._evict_prompt(layer, query, scaling)
             return out.transpose(1, 2), None
+        home = query.device  # a layer on another device than the cache (device_map): its query goes over and back
+        moved = _other_device(home, self.device)
+        if moved:
+            query = query.to(self.device)
         if t > 1 and t >= self.gather_from and not torch.compiler.is_compiling() and not prompt:
-            return self._attend_gathered(layer, query, int(length), scaling), None
+            out = self._attend_gathered(layer, query, int(length), scaling)
+            return (out.to(home) if moved else out), None
         q = self._rows(query if self.key_perm is None else query.index_select(-1, self.key_perm))
         if scaling is not None and abs(scaling * math.sqrt(d) - 1.0) > 1e-6:
             q = q * (scaling * math.sqrt(d))  # the kernel scales scores by 1/sqrt(head_dim)
@@ -1285,7 +1293,8 @@ class E8KVCudaCache(_BatchChanges, Cache):
             ctx = (self._positions(length, b, t) - (t - 1)).clamp(max=self.capacity).to(torch.int32).reshape(-1)
             rows = self._batch_rows[:b].repeat_interleave(t) if self._use_rows else None
         out = torch.ops.e8kv.attend(self._state, self._key, layer, q, tables, ctx, self.capacity, rows)
-        return out.view(b, t, n_head, d).to(query.dtype), None
+        out = out.view(b, t, n_head, d).to(query.dtype)
+        return (out.to(home) if moved else out), None
 
     def _evict_prompt(self, layer: int, query: torch.Tensor, scaling: Optional[float]) -> None:
         """Store the layer's held-back prompt less what evict= removes: per batch row (its real tokens: a
