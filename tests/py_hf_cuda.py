@@ -2034,3 +2034,19 @@ def test_layers_on_two_devices(spec):
     print(f"{spec}: two GPUs vs one, max |logit diff| {err:.3g}; vs DynamicCache {float((got - ref).abs().max()):.3g} "
           f"(max |logit| {scale:.3g})")
     assert err <= 1e-4 * scale, (err, scale)
+
+
+def test_hybrid_eviction_keeps_the_window(dev):
+    """evict= sizes the CUDA cache for the tokens it keeps (here 20 per row), fewer than the prompt's 64: a
+    hybrid model's sliding layers still hold their whole window (39 tokens, as transformers keeps it), not
+    the cache's capacity."""
+    import e8kv.hf
+    on = "cuda" if dev == "cuda" else "cpu"
+    model = hybrid_model("qwen2", on, window=40)
+    prompt, steps = _hybrid_inputs(on, t=64, n=4)
+    cache = e8kv.hf.E8KVCudaCache(model.config, "bf16,evict=snapkv:0.75,recent=8,obs=8", device=dev,
+                                  max_batch_size=2, max_cache_len=16 + 4)
+    run_steps(model, cache, prompt, steps)
+    cache.detach(model.config)
+    held = [x.keys.shape[2] for x in cache.layers if x.is_sliding]
+    assert held and all(h >= 40 - 1 for h in held), held

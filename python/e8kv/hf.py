@@ -948,8 +948,10 @@ class E8KVCudaCache(_BatchChanges, Cache):
         self._attach(config)
         # a hybrid model's sliding-window layers: transformers' static ones (exact K/V of the window, fixed
         # addresses for CUDA graphs), attended by SDPA with transformers' sliding mask
+        # (a row under evict= or budget= sees more tokens than the capacity: its sliding layers keep their window)
+        slide_len = max(self.capacity, s.sliding_window or 0) if self.evict is not None else self.capacity
         super().__init__(layers=_model_layers(s, lambda i: E8KVCudaLayer(self, i), lambda: StaticSlidingWindowLayer(
-            max_cache_len=self.capacity, sliding_window=s.sliding_window)))
+            max_cache_len=slide_len, sliding_window=s.sliding_window)))
         self._lead = self.layers[s.coded_layers[0]]  # the first coded layer: its length is the rows' length
 
     def __del__(self) -> None:
