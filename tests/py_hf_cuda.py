@@ -1957,6 +1957,18 @@ def test_hybrid_compiled_equals_eager():
     assert err <= 2e-2 * scale, (err, scale)
 
 
+def test_calibrated_specs_without_a_calibration_say_so():
+    """A spec that needs a calibration (e8tv, auto=, an evict-* preset made of them) without one: SPEC, and
+    the message says a calibration is missing."""
+    import e8kv.hf
+    model = hybrid_model("qwen2")
+    for spec in ("e8tv:4", "auto=e8tv:3,sink=1", "evict-high", "evict-safe,recent=16"):
+        with pytest.raises(e8kv.E8KVError) as e:
+            e8kv.hf.E8KVCache(model.config, spec)
+        assert e.value.code == e8kv.ErrorCode.SPEC and "need a calibration" in str(e.value), (spec, str(e.value))
+        assert model.config._attn_implementation == "sdpa"  # the refused cache left the model as it was
+
+
 def test_unsupported_layer_kinds_are_named():
     import e8kv.hf
     from transformers import Gemma2Config, MistralConfig, Qwen2Config

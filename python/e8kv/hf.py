@@ -406,10 +406,10 @@ class E8KVCache(_BatchChanges, Cache):
         if s.rope_layout == "interleaved":  # GGUF index 2i <- i, 2i+1 <- i + d/2
             h = s.head_dim // 2
             self._perm = torch.stack((torch.arange(h), torch.arange(h) + h), dim=1).reshape(-1)
-        self._attach(config)
         super().__init__(layers=_model_layers(s, lambda i: E8KVLayer(self, i),
                                               lambda: DynamicSlidingWindowLayer(sliding_window=s.sliding_window)))
         probe = self._new_row()  # checks the spec now (a bad spec fails here, not inside generate)
+        self._attach(config)  # (only then: a refused spec leaves the model's attention as it was)
         self.keys_pre_rope = probe.keys_pre_rope
         self._probe: Optional[core.Cache] = probe
 
@@ -429,9 +429,12 @@ class E8KVCache(_BatchChanges, Cache):
                            **s.cache_rope())
         except E8KVError as e:
             hint = ""
-            if e.code == ErrorCode.SPEC and self.calib is None and ("e8t" in self.spec or "auto=" in self.spec):
-                hint = " (e8t/e8tv formats and auto= need a calibration: calib=e8kv.hf.calibrate(...) or a file " \
-                       "from `e8kv calibrate`)"
+            head = self.spec.split(",")[0]
+            named = core.preset_spec(head) if "=" not in head else None  # a preset's spec without a calibration
+            if e.code == ErrorCode.SPEC and self.calib is None and any(
+                    "e8t" in x or "auto=" in x for x in (self.spec, named or "")):
+                hint = " (e8t/e8tv formats, auto= and the presets made of them need a calibration: " \
+                       "calib=e8kv.hf.calibrate(...) or a file from `e8kv calibrate`)"
             raise E8KVError(e.code, f"e8kv cache '{self.spec}' for {s.model_type}{hint}") from None
         return c
 
