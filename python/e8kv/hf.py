@@ -227,6 +227,7 @@ class _BatchChanges:
             raise E8KVError(ErrorCode.BAD_ARGUMENT, f"{self._who} {who}: rows {idx} of a batch of {n}")
         if idx != list(range(n)):
             self._take(idx, who)
+            _take_sliding(self, idx)  # a hybrid model's sliding-window layers follow
 
     def _batch_size(self) -> int:
         raise NotImplementedError
@@ -264,10 +265,8 @@ _tls = threading.local()  # pending: (cache, layer, pos0 per row, kept tokens pe
 def _model_layers(shape: ModelShape, coded: Callable[[int], Any], sliding: Callable[[], Any]) -> list:
     """A cache's layers, one per model layer: coded(i) for the model's i-th full-attention layer (layer i of
     the e8kv caches), sliding() for a sliding-window layer (transformers' own, exact K/V of the window)."""
-    out = []
-    for t in shape.layer_types:
-        out.append(coded(len(out) - sum(1 for x in out if x.is_sliding)) if t == "full_attention" else sliding())
-    return out
+    coded_idx = iter(range(shape.n_layer))
+    return [coded(next(coded_idx)) if t == "full_attention" else sliding() for t in shape.layer_types]
 
 
 def _sliding_bytes(cache: Cache) -> int:
@@ -481,7 +480,6 @@ class E8KVCache(_BatchChanges, Cache):
                 rows.append(self.rows[i])
         pads = self.pads + [0] * (n - len(self.pads))
         self.rows, self.pads = rows, [pads[i] for i in idx]
-        _take_sliding(self, idx)
 
     def _to_cache_layout(self, x: torch.Tensor, pos0: int, rope: str) -> torch.Tensor:
         """(b, h, t, d) with transformers' RoPE, in its layout -> (b, t, h*d) float32 contiguous in the
@@ -1083,7 +1081,6 @@ class E8KVCudaCache(_BatchChanges, Cache):
         self._pad.copy_(torch.tensor(self._pad_host, dtype=torch.int64))
         self._n_active, self._shared = m, True
         self._own_tails(int(self._lead.cumulative_length) if self._lead.is_initialized else 0)
-        _take_sliding(self, idx)
 
     def _own_tails(self, length: int) -> None:
         """After rows were made to share pages and rows (_select) or shortened (crop): every batch row gets
