@@ -400,6 +400,12 @@ size_t e8kv_cache_append(e8kv_cache *cache, size_t layer, const float *k, const 
  * allocation and no thread creation per call (the slices' scratch is the cache's, made at create). */
 size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, size_t layer, const float *q,
                          size_t n_head, size_t n_tok, size_t pos0);
+/* e8kv_cache_attend with learned attention sinks (gpt-oss): sinks (n_head floats; NULL: none) holds one logit
+ * per query head, in the scores' units (q·k / sqrt(head_dim)), that joins every softmax of that head with a
+ * value of zero: out = Σ_j e^(s_j) v_j / (e^sink + Σ_j e^(s_j)). -inf: no sink for that head; NaN or +inf:
+ * E8KV_ERROR_NONFINITE, nothing written. */
+size_t e8kv_cache_attend_sinks(e8kv_cache *cache, float *out, size_t out_capacity, size_t layer,
+                               const float *q, size_t n_head, size_t n_tok, size_t pos0, const float *sinks);
 
 /* Positions covered in `layer`: the position the next appended token takes (tokens stored, when nothing
  * was evicted; see e8kv_cache_n_kept). */

@@ -23,9 +23,10 @@ static float *rand_vec(e8kv_rng *rng, size_t n, double sd) {
     return x;
 }
 
-/* Naive causal GQA attention in double. K, V: (n_kv_tok, n_head_kv * d); q, out: (n_tok, n_head * d). */
-static void naive_attend(const shape *s, const float *K, const float *V, const float *q, size_t n_tok,
-                         size_t pos0, double *out) {
+/* Naive causal GQA attention in double. K, V: (n_kv_tok, n_head_kv * d); q, out: (n_tok, n_head * d);
+ * sinks: NULL, or a learned sink logit per query head that joins each softmax with a zero value. */
+static void naive_attend_sinks(const shape *s, const float *K, const float *V, const float *q, size_t n_tok,
+                               size_t pos0, const float *sinks, double *out) {
     const size_t d = s->d, g = s->n_head / s->n_head_kv;
     double *sc = malloc((pos0 + n_tok) * sizeof *sc);
     assert_non_null(sc);
@@ -41,7 +42,8 @@ static void naive_attend(const shape *s, const float *K, const float *V, const f
                 sc[j] = dot / sqrt((double)d);
                 if (sc[j] > mx) mx = sc[j];
             }
-            double z = 0;
+            if (sinks && sinks[hq] > mx) mx = sinks[hq];
+            double z = sinks ? exp((double)sinks[hq] - mx) : 0;
             for (size_t j = 0; j < n_keys; j++)
                 z += (sc[j] = exp(sc[j] - mx));
             double *o = out + (t * s->n_head + hq) * d;
@@ -52,6 +54,11 @@ static void naive_attend(const shape *s, const float *K, const float *V, const f
                     o[i] += sc[j] / z * V[(j * s->n_head_kv + h) * d + i];
         }
     free(sc);
+}
+
+static void naive_attend(const shape *s, const float *K, const float *V, const float *q, size_t n_tok,
+                         size_t pos0, double *out) {
+    naive_attend_sinks(s, K, V, q, n_tok, pos0, NULL, out);
 }
 
 /* What the codec gives back for every head vector of x (n_vec * d floats). */
@@ -847,6 +854,92 @@ static void test_context_split_threads(void **state) {
     }
     for (size_t t = 2; t <= 4; t++)
         e8kv_pool_free(pools[t]);
+    free(K);
+    free(V);
+}
+
+/* Learned attention sinks (e8kv_cache_attend_sinks, gpt-oss): f32 pages against the naive attention with
+ * the sink in its softmax, over context slices (decode), a few tokens and a chunk; on coded pages (centred
+ * e8box:4, e8:4 keys with exact sink rows) the sink scales each head's output by one factor, the one the
+ * exact keys give within the codes' error (keys with a large common offset: a sink compared with the
+ * scores less q·mean would be far off); -inf sinks change no bit; NaN and +inf are refused. */
+static void test_learned_sinks(void **state) {
+    (void)state;
+    static const char *specs[] = {"f32", "e8box:4", "k=e8:4,v=f16,sink=4"};
+    const shape s = {1, 2, 8, 64, 2600};
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 41);
+    const size_t n = 2500, row = s.n_head_kv * s.d;
+    float *K = rand_vec(&rng, n * row, 1.0), *V = rand_vec(&rng, n * row, 1.0);
+    for (size_t i = 0; i < n * row; i++)
+        K[i] += 2.0f, V[i] += 1.0f;
+    float sinks[8], none[8];
+    for (size_t h = 0; h < 8; h++)
+        none[h] = -INFINITY;
+    const size_t cases[][2] = {{1, n - 1}, {3, n - 3}, {70, 300}}; /* (n_tok, pos0) */
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        size_t err = 0;
+        e8kv_cache *c = make_cache(&s, specs[i], 2, &err);
+        assert_non_null(c);
+        assert_int_equal(e8kv_cache_append(c, 0, K, V, n), n);
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            const size_t nt = cases[ci][0], pos0 = cases[ci][1], n_out = nt * s.n_head * s.d;
+            float *q = rand_vec(&rng, n_out, 1.0), *o = malloc(n_out * 4), *o0 = malloc(n_out * 4);
+            double *ref = malloc(n_out * sizeof *ref), *ref0 = malloc(n_out * sizeof *ref0);
+            assert_true(o && o0 && ref && ref0);
+            /* each head's sink about its typical log-sum-exp (~ q·mean / sqrt(d) + log n): weights of 5-95%
+             */
+            for (size_t h = 0; h < 8; h++) {
+                double qm = 0;
+                for (size_t j = 0; j < s.d; j++)
+                    qm += q[(nt - 1) * s.n_head * s.d + h * s.d + j] * 2.0;
+                sinks[h] = (float)(qm / 8.0 + log((double)pos0 + nt) + 3.0 * e8kv_rng_normal(&rng) * 0.5);
+            }
+            assert_int_equal(e8kv_cache_attend_sinks(c, o, n_out, 0, q, s.n_head, nt, pos0, sinks), n_out);
+            assert_int_equal(e8kv_cache_attend(c, o0, n_out, 0, q, s.n_head, nt, pos0), n_out);
+            naive_attend_sinks(&s, K, V, q, nt, pos0, sinks, ref);
+            naive_attend(&s, K, V, q, nt, pos0, ref0);
+            if (i == 0) {
+                const double e = max_abs_diff(o, ref, n_out);
+                if (e > 2e-5) fail_msg("f32 n_tok %zu: max |diff| %g", nt, e);
+            }
+            /* per (token, head): out = out without sinks × w, w the exact keys' factor within the codes'
+             * error */
+            double lo = 1, hi = 0;
+            for (size_t r = 0; r < nt * s.n_head; r++) {
+                double num = 0, den = 0, num_r = 0, den_r = 0;
+                for (size_t j = 0; j < s.d; j++) {
+                    num += (double)o[r * s.d + j] * o0[r * s.d + j],
+                        den += (double)o0[r * s.d + j] * o0[r * s.d + j];
+                    num_r += ref[r * s.d + j] * ref0[r * s.d + j],
+                        den_r += ref0[r * s.d + j] * ref0[r * s.d + j];
+                }
+                const double w = num / den, w_ref = num_r / den_r;
+                for (size_t j = 0; j < s.d; j++)
+                    assert_float_equal(o[r * s.d + j], w * o0[r * s.d + j],
+                                       1e-5 * (1.0 + fabs(o0[r * s.d + j])));
+                if (fabs(w - w_ref) > 0.02 + 0.05 * w_ref)
+                    fail_msg("%s n_tok %zu row %zu: sink factor %g, exact keys %g", specs[i], nt, r, w,
+                             w_ref);
+                lo = fmin(lo, w_ref), hi = fmax(hi, w_ref);
+            }
+            assert_true(lo < 0.9 && hi > 0.1); /* the sinks matter in this test */
+            memset(o, 0xff, n_out * 4);
+            assert_int_equal(e8kv_cache_attend_sinks(c, o, n_out, 0, q, s.n_head, nt, pos0, none), n_out);
+            assert_memory_equal(o, o0, n_out * 4);
+            free(q);
+            free(o);
+            free(o0);
+            free(ref);
+            free(ref0);
+        }
+        float q1[8 * 64] = {0}, o1[8 * 64];
+        sinks[3] = NAN;
+        assert_error(e8kv_cache_attend_sinks(c, o1, 8 * 64, 0, q1, 8, 1, n - 1, sinks), NONFINITE);
+        sinks[3] = INFINITY;
+        assert_error(e8kv_cache_attend_sinks(c, o1, 8 * 64, 0, q1, 8, 1, n - 1, sinks), NONFINITE);
+        e8kv_cache_free(c);
+    }
     free(K);
     free(V);
 }
@@ -1694,6 +1787,7 @@ int main(void) {
         cmocka_unit_test(test_remove),
         cmocka_unit_test(test_remove_window),
         cmocka_unit_test(test_remove_errors),
+        cmocka_unit_test(test_learned_sinks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

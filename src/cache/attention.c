@@ -193,6 +193,7 @@ typedef struct {
      * n_tok·group, head_dim) and, for the e8box tiles, (n_head_kv, n_tok·group); else NULL */
     const float *qprep;
     const e8kv_box_query *bqprep;
+    const float *sinks; /* learned sinks (n_head logits, e8kv_cache_attend_sinks), else NULL */
 } attend_job;
 
 /* Start loading the coded bytes of tokens [p0, p0 + n) of one stream of one head (the next tile), so
@@ -436,7 +437,9 @@ static void attend_part(const attend_job *job, size_t h, size_t qa, size_t qb, s
                 l_out[t * job->n_head + hq] = l[qi - a];
                 continue;
             }
-            const float inv = 1.0f / l[qi - a]; /* l >= 1: the max term contributes e^0 */
+            float sum = l[qi - a];                                   /* >= 1: the max term contributes e^0 */
+            if (job->sinks) sum += expf(job->sinks[hq] - m[qi - a]); /* (-inf: 0; past the max: out → 0) */
+            const float inv = 1.0f / sum;
             for (size_t i = 0; i < d; i++)
                 o[i] *= inv;
             if (L->v.rotated) e8kv_fmt_inverse(&L->v, h, d, o, 1);
@@ -487,7 +490,9 @@ static void merge_slices(const attend_job *job) {
             for (size_t k = 0; k < d; k++)
                 o[k] += w * a[k];
         }
-        const float inv = 1.0f / sum; /* ≥ 1: the slice holding the max contributes its l ≥ 1 */
+        /* sum ≥ 1 (the slice holding the max contributes its l ≥ 1), and a learned sink's own term */
+        if (job->sinks) sum += expf(job->sinks[r % job->n_head] - M);
+        const float inv = 1.0f / sum;
         for (size_t k = 0; k < d; k++)
             o[k] *= inv;
         if (job->L->v.rotated) e8kv_fmt_inverse(&job->L->v, r % job->n_head / job->group, d, o, 1);
@@ -496,6 +501,11 @@ static void merge_slices(const attend_job *job) {
 
 size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, size_t layer, const float *q,
                          size_t n_head, size_t n_tok, size_t pos0) {
+    return e8kv_cache_attend_sinks(cache, out, out_capacity, layer, q, n_head, n_tok, pos0, NULL);
+}
+
+size_t e8kv_cache_attend_sinks(e8kv_cache *cache, float *out, size_t out_capacity, size_t layer,
+                               const float *q, size_t n_head, size_t n_tok, size_t pos0, const float *sinks) {
     if (!cache || !out || !q || n_tok == 0) return E8KV_ERR(BAD_ARGUMENT);
     if (layer >= cache->n_layer || n_head == 0 || n_head % cache->n_head_kv) return E8KV_ERR(DIMENSION);
     const kv_layer *L = &cache->layers[layer];
@@ -506,6 +516,8 @@ size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, siz
     const size_t n_out = n_tok * n_head * cache->head_dim;
     if (out_capacity < n_out) return E8KV_ERR(DST_TOO_SMALL);
     if (!e8kv_all_finite(q, n_out)) return E8KV_ERR(NONFINITE); /* q has out's shape */
+    for (size_t h = 0; sinks && h < n_head; h++) /* -inf: no sink for that head; NaN, +inf: refused */
+        if (isnan(sinks[h]) || sinks[h] == INFINITY) return E8KV_ERR(NONFINITE);
 
     const size_t d = cache->head_dim, n_keys = pos0 + n_tok, group = n_head / cache->n_head_kv;
     attend_job job = {.c = cache,
@@ -518,7 +530,8 @@ size_t e8kv_cache_attend(e8kv_cache *cache, float *out, size_t out_capacity, siz
                       .pos0 = pos0,
                       .n_keys = n_keys,
                       .tile = cache->use_avx2 ? e8kv_attn_tile_avx2 : e8kv_attn_tile_ref,
-                      .qchunk = TILE_FLOATS / d < QCHUNK_MAX ? TILE_FLOATS / d : QCHUNK_MAX};
+                      .qchunk = TILE_FLOATS / d < QCHUNK_MAX ? TILE_FLOATS / d : QCHUNK_MAX,
+                      .sinks = sinks};
     /* The pieces depend on the call and n_ctx alone, never on the threads (e8kv.h): a few query tokens
      * over more than one slice of keys: every slice (all KV heads), each leaving a partial state; otherwise
      * every (KV head, chunk of its queries), each final. */
