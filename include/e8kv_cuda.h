@@ -200,6 +200,16 @@ int e8kv_cuda_cache_rope_centred(const e8kv_cuda_cache *cache);
 size_t e8kv_cuda_set_row_shifts(e8kv_cuda_cache *cache, const int32_t *d_shifts);
 #define E8KV_CUDA_CENTER_MIN_TOKENS 16
 
+/* Learned attention sinks (gpt-oss) of one layer: d_sinks, caller-owned device memory of n_head floats, one
+ * logit per query head in the scores' units (q·k / sqrt(head_dim)) that joins every softmax of that head
+ * with a value of zero: out = Σ_j e^(s_j) v_j / (e^sink + Σ_j e^(s_j)), as e8kv_cache_attend_sinks on the
+ * CPU (-inf: no sink for that head; a NaN gives that head NaN outputs). The cache keeps the pointer (not the
+ * values) until it is set again (NULL: none), so the caller may update the values in place on its stream,
+ * in CUDA graphs too; the layer's attention must then be called with this n_head (else
+ * E8KV_ERROR_DIMENSION). Returns 0 or an error (layer out of range: E8KV_ERROR_BAD_ARGUMENT; n_head not a
+ * multiple of n_head_kv, or more than 8 per KV head: E8KV_ERROR_DIMENSION). */
+size_t e8kv_cuda_set_layer_sinks(e8kv_cuda_cache *cache, size_t layer, const float *d_sinks, size_t n_head);
+
 /* sink=N caches (e8kv_cuda_cache_sink > 0): the exact rows of positions 0..N-1. Writes n_tok K/V rows (as
  * in append_slots) into sink slots d_sink_slots[i] = row * N + position (row < max_seqs, position < N;
  * negative: skipped). Graph-safe like e8kv_cuda_append_slots_async; NaN/Inf set E8KV_CUDA_STATUS_NONFINITE

@@ -134,10 +134,11 @@ static void cpu_decode(const cpu_fmt *f, float *y, const uint8_t *src) {
 
 /* float64 softmax attention of q (d values, scale 1/√d) over n tokens: token t's K and V vectors at
  * k_exact / v_exact + t·stride for t < sink (exact rows), else at k_dec / v_dec + t·stride (the CPU decode);
- * ref = the output (0 when n = 0), sc = n doubles of scratch. Returns the largest ‖v_t‖. */
-static double ref_attention(const float *q, size_t d, size_t n, size_t stride, size_t sink,
-                            const float *k_exact, const float *k_dec, const float *v_exact,
-                            const float *v_dec, double *sc, double *ref) {
+ * lsink: a learned sink's logit joining the softmax with a zero value (-inf: none); ref = the output (0 when
+ * n = 0), sc = n doubles of scratch. Returns the largest ‖v_t‖. */
+static double ref_attention_ls(const float *q, size_t d, size_t n, size_t stride, size_t sink,
+                               const float *k_exact, const float *k_dec, const float *v_exact,
+                               const float *v_dec, double lsink, double *sc, double *ref) {
     double mx = -INFINITY, sum = 0.0, vmax = 0.0;
     for (size_t t = 0; t < n; t++) {
         const float *const kk = (t < sink ? k_exact : k_dec) + t * stride;
@@ -156,6 +157,8 @@ static double ref_attention(const float *q, size_t d, size_t n, size_t stride, s
     }
     for (size_t i = 0; i < d; i++)
         ref[i] = 0.0;
+    if (lsink > mx) mx = lsink;
+    if (lsink > -INFINITY) sum = exp(lsink - mx);
     for (size_t t = 0; t < n; t++) {
         const float *const vv = (t < sink ? v_exact : v_dec) + t * stride;
         const double w = exp(sc[t] - mx);
@@ -166,6 +169,11 @@ static double ref_attention(const float *q, size_t d, size_t n, size_t stride, s
     for (size_t i = 0; i < d; i++)
         ref[i] = n ? ref[i] / sum : 0.0;
     return vmax;
+}
+static double ref_attention(const float *q, size_t d, size_t n, size_t stride, size_t sink,
+                            const float *k_exact, const float *k_dec, const float *v_exact,
+                            const float *v_dec, double *sc, double *ref) {
+    return ref_attention_ls(q, d, n, stride, sink, k_exact, k_dec, v_exact, v_dec, -INFINITY, sc, ref);
 }
 
 /* ‖out − ref‖ / max(‖ref‖, floor) over d values; INFINITY when out holds a non-finite value (*finite = 0) */
@@ -511,10 +519,91 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
         }
     CHECK(worst <= 1e-3, "%s d=%zu G=%zu dtype %d block %zu: attention relative error %.3g > 1e-3", sc->spec,
           d, G, (int)dt, bs, worst);
+    /* 2b: learned sinks (e8kv_cuda_set_layer_sinks): one logit per head, 2.2 below or above in turn the
+     * log-sum-exp of its scores in the longest sequence (there the sink takes ~10% or ~90% of the weight),
+     * one head without (-inf), one with a sink 40 above (all but ~e^-40) */
+    float *ls = (float *)malloc(n_head * sizeof(float)), *d_ls;
+    size_t s_long = 0;
+    for (size_t s = 1; s < n_seq; s++)
+        s_long = lens[s] > lens[s_long] ? s : s_long;
+    for (size_t h = 0; h < n_head; h++) {
+        double ref[128], lse = 0.0;
+        if (lens[s_long]) {
+            const size_t kh = h / G;
+            ref_attention(q + (s_long * n_head + h) * d, d, lens[s_long], row, sc->sink, K[s_long] + kh * d,
+                          DK[s_long] + kh * d, V[s_long] + kh * d, DV[s_long] + kh * d, sc_, ref);
+            double mx = -INFINITY, z = 0.0;
+            for (size_t t = 0; t < lens[s_long]; t++)
+                mx = fmax(mx, sc_[t]);
+            for (size_t t = 0; t < lens[s_long]; t++)
+                z += exp(sc_[t] - mx);
+            lse = mx + log(z);
+        }
+        ls[h] = (float)(lse + (h % 2 ? 2.2 : -2.2));
+        if (h + 1 == n_head && n_head > 2) ls[h] = (float)(lse + 40.0);
+    }
+    ls[0] = -INFINITY;
+    CU(cudaMalloc((void **)&d_ls, n_head * sizeof(float)));
+    CU(cudaMemcpy(d_ls, ls, n_head * sizeof(float), cudaMemcpyHostToDevice));
+    CHECK(e8kv_cuda_set_layer_sinks(c, layer, d_ls, n_head + n_kv) == 0 || n_head / n_kv == 8,
+          "set_layer_sinks with a larger n_head");
+    CHECK(e8kv_cuda_seq_attend(c, layer, dout, dq, dt, ids, n_seq, n_head) == E8KV_ERR(DIMENSION) ||
+              n_head / n_kv == 8,
+          "attend with another n_head than the sinks'");
+    CHECK(e8kv_cuda_set_layer_sinks(c, layer, d_ls, n_head) == 0, "set_layer_sinks");
+    CU(cudaMemset(dout, 0xff, n_seq * n_head * d * sizeof(float)));
+    const size_t r2 = e8kv_cuda_seq_attend(c, layer, dout, dq, dt, ids, n_seq, n_head);
+    CHECK(r2 == n_seq * n_head * d, "attend with sinks: %s",
+          e8kv_is_error(r2) ? e8kv_error_name(r2) : "count");
+    CU(cudaMemcpy(out, dout, n_seq * n_head * d * sizeof(float), cudaMemcpyDeviceToHost));
+    /* With a sink the output's scale is e^S / (e^S + e^sink) for the dominant scores S, no longer a ratio of
+     * scores alone: an error δ common to them moves the output by w·δ (w the sink's share), where plain
+     * attention cancels it. The scores keep q to ~22 bits (f16 hi + lo parts), an error up to ~2^-21 of
+     * Σ|q_i k_i| / √d, which the heavy-tailed rows here (norms up to 30·12) make ~1e-3: the bound per
+     * (sequence, head) is 1e-3 + w · 2^-20 · max_t Σ|q_i k_ti| / √d. */
+    double worst_ls = 0.0, worst_ratio = 0.0, wmin = 1.0, wmax = 0.0;
+    for (size_t s = 0; s < n_seq; s++)
+        for (size_t h = 0; h < n_head; h++) {
+            const size_t kh = h / G;
+            double ref[128], ref0[128];
+            const double vmax =
+                ref_attention_ls(q + (s * n_head + h) * d, d, lens[s], row, sc->sink, K[s] + kh * d,
+                                 DK[s] + kh * d, V[s] + kh * d, DV[s] + kh * d, ls[h], sc_, ref);
+            ref_attention(q + (s * n_head + h) * d, d, lens[s], row, sc->sink, K[s] + kh * d, DK[s] + kh * d,
+                          V[s] + kh * d, DV[s] + kh * d, sc_, ref0);
+            double n0 = 0.0, n1 = 0.0, w = 0.0; /* the sink's share of the weight: 1 − ‖ref‖ / ‖ref0‖ */
+            for (size_t i = 0; i < d; i++)
+                n0 += ref0[i] * ref0[i], n1 += ref[i] * ref[i];
+            if (lens[s] && n0 > 0.0) w = 1.0 - sqrt(n1 / n0);
+            if (lens[s] && n0 > 0.0 && h && h + 1 < n_head) wmin = fmin(wmin, w), wmax = fmax(wmax, w);
+            double qk = 0.0; /* max_t Σ|q_i k_ti| / √d */
+            for (size_t t = 0; t < lens[s]; t++) {
+                const float *const kk = (t < sc->sink ? K[s] : DK[s]) + t * row + kh * d;
+                double a = 0.0;
+                for (size_t i = 0; i < d; i++)
+                    a += fabs((double)q[(s * n_head + h) * d + i] * kk[i]);
+                qk = fmax(qk, a / sqrt((double)d));
+            }
+            const double tol = 1e-3 + w * ldexp(qk, -20);
+            int finite;
+            const double rel = rel_error(out + (s * n_head + h) * d, ref, d, 1e-6 * vmax, &finite);
+            worst_ls = rel > worst_ls ? rel : worst_ls;
+            worst_ratio = rel / tol > worst_ratio ? rel / tol : worst_ratio;
+        }
+    CHECK(worst_ratio <= 1.0,
+          "%s d=%zu G=%zu dtype %d: attention with learned sinks: relative error %.3g, %.3g of its bound",
+          sc->spec, d, G, (int)dt, worst_ls, worst_ratio);
+    CHECK(n_head < 4 || (wmin < 0.5 && wmax > 0.5),
+          "learned sinks of this test take %.3g .. %.3g of the weight", wmin, wmax);
+    CHECK(e8kv_cuda_set_layer_sinks(c, layer, NULL, 0) == 0, "clear the sinks");
+    CHECK(e8kv_cuda_set_layer_sinks(c, n_layer, d_ls, n_head) == E8KV_ERR(BAD_ARGUMENT),
+          "sinks of layer n_layer");
+    CU(cudaFree(d_ls));
+    free(ls);
     printf("  %-18s%s d=%3zu kv=%zu G=%zu dtype=%d seqs=%zu block=%zu: %zu vectors bit-exact=%s, gather=%s, "
-           "attention max rel err %.2e\n",
+           "attention max rel err %.2e (learned sinks %.2e, %.2f of its bound)\n",
            sc->spec, rope && g_rope_freqs ? " (rope_freqs)" : "", d, n_kv, G, (int)dt, n_seq, bs, n_vec,
-           mism ? "NO" : "yes", gmism ? "NO" : "yes", worst);
+           mism ? "NO" : "yes", gmism ? "NO" : "yes", worst, worst_ls, worst_ratio);
     for (size_t s = 0; s < n_seq; s++)
         free(K[s]), free(V[s]), free(DK[s]), free(DV[s]);
     free(K), free(V), free(DK), free(DV), free(q), free(out), free(sc_), free(ids), free(MU), free(RI), free(RM);

@@ -540,20 +540,27 @@ __device__ __forceinline__ void merge_last(const attn_launch &a, int seq, int kv
         float M = -INFINITY;
         for (int s = lane; s < n; s += 32)
             M = fmaxf(M, __ldcg(&ml[s]).x);
+        /* q·μ_k in the scores' units (log2, scaled): what the coded keys' scores lack, taken off the exact
+         * states that join them (sink rows, a learned sink) */
+        float qmu = 0.0f;
+        if (a.k.mu && row >= 0 && (sink || a.lsink)) {
+            const float *const mu = a.k.mu + ((size_t)row * a.n_head_kv + kvh) * D;
+            float dot = 0.0f;
+            for (int i = lane; i < D; i += 32)
+                dot += e8kv_cuda_load_val(a.q, (head0 + r) * D + i, a.q_dtype) * mu[i];
+            for (int o = 16; o; o >>= 1)
+                dot += __shfl_xor_sync(0xffffffffu, dot, o);
+            qmu = dot * (rsqrtf((float)D) * LOG2E);
+        }
         float2 sml = make_float2(-INFINITY, 0.0f);
         if constexpr (SK) {
             if (sink) sml = __ldcg(reinterpret_cast<const float2 *>(a.sink_ml) + head0 + r);
-            if (sink && a.k.mu) { /* q·μ_k, in the scores' units (log2, scaled) */
-                const float *const mu = a.k.mu + ((size_t)row * a.n_head_kv + kvh) * D;
-                float dot = 0.0f;
-                for (int i = lane; i < D; i += 32)
-                    dot += e8kv_cuda_load_val(a.q, (head0 + r) * D + i, a.q_dtype) * mu[i];
-                for (int o = 16; o; o >>= 1)
-                    dot += __shfl_xor_sync(0xffffffffu, dot, o);
-                sml.x -= dot * (rsqrtf((float)D) * LOG2E);
-            }
+            sml.x -= qmu;
             M = fmaxf(M, sml.x);
         }
+        /* a learned sink: a score of its own with a zero value (the denominator alone); NaN: a NaN output */
+        const float ls = a.lsink ? __ldg(&a.lsink[kvh * G + r]) * LOG2E - qmu : -INFINITY;
+        M = fmaxf(M, ls);
         for (int o = 16; o; o >>= 1)
             M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
         float L = 0.0f;
@@ -569,6 +576,7 @@ __device__ __forceinline__ void merge_last(const attn_launch &a, int seq, int kv
             sw = M != -INFINITY ? exp2f(sml.x - M) : 0.0f;
             L += sw * sml.y;
         }
+        if (a.lsink && M != -INFINITY) L += exp2f(ls - M);
         if (lane == 0) {
             sM[r] = M, sL[r] = L, sLc[r] = Lc;
             if constexpr (SK) sW[r] = sw;

@@ -24,7 +24,9 @@ struct e8kv_cuda_cache {
     size_t n_pos;      /* center=rope: positions of d_cs (params.rope_positions, at least max_ctx and 16) */
     int32_t *d_apos, *apos;
     int device, n_sm;
-    int *occ; /* (n_layer) resident attention blocks per SM of the layer's kernel */
+    int *occ;            /* (n_layer) resident attention blocks per SM of the layer's kernel */
+    const float **lsink; /* (n_layer) the caller's learned sinks per layer (e8kv_cuda_set_layer_sinks) */
+    size_t *lsink_n;     /* (n_layer) their count: the n_head the attention must be called with */
     float rot_scale;
     uint8_t *dev; /* the one allocation */
     size_t dev_bytes;
@@ -174,6 +176,8 @@ void e8kv_cuda_cache_free(e8kv_cuda_cache *c) {
     if (c->dev) cudaFree(c->dev);
     free(c->sd);
     free(c->occ);
+    free(c->lsink);
+    free(c->lsink_n);
     free(c->tables);
     free(c->lens);
     free(c->n_pages);
@@ -275,11 +279,14 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
         return fail(c, err, E8KV_ERR(DIMENSION));
     c->sd = (stream_desc *)calloc(2 * c->n_layer, sizeof *c->sd);
     c->occ = (int *)calloc(c->n_layer, sizeof *c->occ);
+    c->lsink = (const float **)calloc(c->n_layer, sizeof *c->lsink);
+    c->lsink_n = (size_t *)calloc(c->n_layer, sizeof *c->lsink_n);
     int *fmt = (int *)calloc(2 * c->n_layer, sizeof *fmt);
     float signs[128];
     int center = 0;
-    size_t r =
-        c->sd && c->occ && fmt ? resolve_formats(p, fmt, signs, &c->sink, &center) : E8KV_ERR(OUT_OF_MEMORY);
+    size_t r = c->sd && c->occ && c->lsink && c->lsink_n && fmt
+                   ? resolve_formats(p, fmt, signs, &c->sink, &center)
+                   : E8KV_ERR(OUT_OF_MEMORY);
     for (size_t i = 0; i < 2 * c->n_layer && !r; i++) {
         c->sd[i].fmt = fmt[i];
         /* the e8kv codes are centred by default, raw pages never (the CPU cache's traits) */
@@ -567,6 +574,14 @@ size_t e8kv_cuda_set_row_shifts(e8kv_cuda_cache *c, const int32_t *d_shifts) {
     return 0;
 }
 
+size_t e8kv_cuda_set_layer_sinks(e8kv_cuda_cache *c, size_t layer, const float *d_sinks, size_t n_head) {
+    if (!c || layer >= c->n_layer) return E8KV_ERR(BAD_ARGUMENT);
+    if (d_sinks && (!n_head || n_head % c->n_head_kv || n_head / c->n_head_kv > 8))
+        return E8KV_ERR(DIMENSION);
+    c->lsink[layer] = d_sinks, c->lsink_n[layer] = d_sinks ? n_head : 0;
+    return 0;
+}
+
 /* the means of (layer, stream) of one row: n_head_kv * d floats */
 static float *mean_row(const e8kv_cuda_cache *c, size_t layer, int s, size_t row) {
     return c->sd[2 * layer + (size_t)s].mu + row * c->n_head_kv * c->d;
@@ -703,6 +718,7 @@ size_t e8kv_cuda_attend_rows(e8kv_cuda_cache *c, size_t layer, float *d_out, con
         return E8KV_ERR(BAD_ARGUMENT);
     if (!n_head || n_head % c->n_head_kv || n_head / c->n_head_kv > 8) return E8KV_ERR(DIMENSION);
     if (max_ctx > max_blocks_per_seq * c->bs || max_ctx > (size_t)INT32_MAX) return E8KV_ERR(DIMENSION);
+    if (c->lsink[layer] && n_head != c->lsink_n[layer]) return E8KV_ERR(DIMENSION);
     const size_t need = e8kv_cuda_attend_workspace_bytes(c, n_seq, n_head, max_ctx);
     if (!d_workspace) {
         if (need > c->work_bytes) return E8KV_ERR(DST_TOO_SMALL);
@@ -725,6 +741,7 @@ size_t e8kv_cuda_attend_rows(e8kv_cuda_cache *c, size_t layer, float *d_out, con
     a.part_ml = (float *)((uint8_t *)a.part_o + align256(n_seq * n_head * a.n_split * c->d * sizeof(float)));
     a.out = d_out;
     a.rows = d_rows, a.rows_max = (int)c->max_seqs;
+    a.lsink = c->lsink[layer];
     if (c->sink) { /* the sink rows' state after the splits' in the workspace */
         a.sink_n = (int)c->sink;
         a.sink_k = sink_pool(c, layer, 0), a.sink_v = sink_pool(c, layer, 1);

@@ -178,6 +178,9 @@ typedef struct {
     const float *sink_k, *sink_v;
     float *sink_o, *sink_ml; /* (n_seq, n_head, d) and (n_seq, n_head, 2): the sink rows' softmax state */
     int sink_n;
+    /* learned attention sinks (e8kv_cuda_set_layer_sinks): a logit per query head of the layer (n_head
+     * floats, the scores' natural units) joining each softmax with a zero value (merge_last); NULL: none */
+    const float *lsink;
 } attn_launch;
 
 /* Partial splits for these sizes (the host and the workspace bound agree through this). */
