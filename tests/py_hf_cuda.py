@@ -2062,3 +2062,20 @@ def test_hybrid_eviction_keeps_the_window(dev):
     cache.detach(model.config)
     held = [x.keys.shape[2] for x in cache.layers if x.is_sliding]
     assert held and all(h >= 40 - 1 for h in held), held
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "gemma3"])
+def test_hybrid_model_eager_fallback(kind):
+    """A hybrid model loaded with attn_implementation="eager": its sliding layers run the model's eager
+    attention, which adds the mask to the scores, so the "e8kv" mask function hands them the eager (float)
+    mask, not SDPA's boolean one (added as 0/1 it masked nothing: 1.07 of max |logit| 1.38 on this Gemma 3
+    before). f32 codes give DynamicCache's logits."""
+    import e8kv.hf
+    from transformers import DynamicCache
+    model = hybrid_model(kind)
+    model.config._attn_implementation = "eager"
+    prompt, steps = _hybrid_inputs("cpu")
+    want = run_steps(model, DynamicCache(config=model.config), prompt, steps)
+    got = run_steps(model, e8kv.hf.E8KVCache(model.config, "f32"), prompt, steps)
+    assert model.config._e8kv_fallback == "eager"
+    assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())

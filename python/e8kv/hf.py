@@ -43,7 +43,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import (Cache, CacheLayerMixin, DynamicSlidingWindowLayer,
                                       StaticSlidingWindowLayer)
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from . import core
@@ -1410,8 +1410,12 @@ def _e8kv_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0
     kw = dict(kwargs)
     if mask_function is not None:
         kw["mask_function"] = mask_function
-    return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
-                     attention_mask=attention_mask, local_size=local_size, **kw)
+    # the mask the fallback attention takes (eager: an additive float mask; sdpa: a boolean one)
+    fallback = getattr(cfg, "_e8kv_fallback", None) or "sdpa"
+    make = ALL_MASK_ATTENTION_FUNCTIONS[fallback] if fallback in ("eager", "flash_attention_2", "flash_attention_3",
+                                                                  "flex_attention") else sdpa_mask
+    return make(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
+                attention_mask=attention_mask, local_size=local_size, **kw)
 
 
 def e8kv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
