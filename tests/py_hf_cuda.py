@@ -416,6 +416,10 @@ class PagesTwin:
             float(rope_theta or 1.0) ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
         self.device_bytes = self.token_bytes = 0
         self.max_seqs, self.shifts = max_seqs, None
+        self.lsinks = [None] * n_layer
+
+    def set_layer_sinks(self, layer, sinks):
+        self.lsinks[layer] = sinks  # read at each attend, as the kernel reads the device tensor
 
     def set_row_shifts(self, shifts):
         assert self.rope_centre and (shifts is None or tuple(shifts.shape) == (self.max_seqs, 2))
@@ -504,7 +508,10 @@ class PagesTwin:
             qi = q[i].double().view(-1, d)
             g = qi.shape[0] // self.n_head_kv
             k, v = k.repeat_interleave(g, 0), v.repeat_interleave(g, 0)
-            p = torch.softmax((k @ qi[:, :, None])[..., 0] / d ** 0.5, -1)
+            sc = (k @ qi[:, :, None])[..., 0] / d ** 0.5
+            if self.lsinks[layer] is not None:  # learned sinks: one more score per head, with a zero value
+                sc = torch.cat((sc, self.lsinks[layer].double()[:, None]), -1)
+            p = torch.softmax(sc, -1)[:, :k.shape[1]]
             out[i] = (p[:, None, :] @ v)[:, 0].reshape(-1).float()
         return out
 
@@ -2062,6 +2069,156 @@ def test_hybrid_eviction_keeps_the_window(dev):
     cache.detach(model.config)
     held = [x.keys.shape[2] for x in cache.layers if x.is_sliding]
     assert held and all(h >= 40 - 1 for h in held), held
+
+
+def oss_model(on="cpu", dtype=torch.float32, sinks=True):
+    """A tiny random gpt-oss: sliding (window 8), full, sliding, full; head_dim 64, 8 query heads over 2 KV
+    heads, YaRN RoPE, 4 experts. Its learned sinks are drawn N(2, 2²) so that they take a visible share of the
+    weight (the initialiser's are ~0.02); sinks=False: -1e4 (no sink: the control). transformers runs gpt-oss
+    with eager attention (no SDPA path)."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+    cfg = GptOssConfig(vocab_size=1024, hidden_size=256, intermediate_size=256, num_hidden_layers=4,
+                       num_attention_heads=8, num_key_value_heads=2, head_dim=64, num_local_experts=4,
+                       num_experts_per_tok=2, sliding_window=8, max_position_embeddings=512,
+                       rope_parameters={"rope_type": "yarn", "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                        "truncate": False, "original_max_position_embeddings": 64,
+                                        "rope_theta": 150000.0})
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(1)
+    with torch.device("cuda" if on == "cuda" else "cpu"):
+        model = GptOssForCausalLM(cfg).to(dtype).eval()
+    g = torch.Generator().manual_seed(3)
+    for layer in model.model.layers:
+        x = torch.randn(8, generator=g) * 2 + 2 if sinks else torch.full((8,), -1e4)
+        layer.self_attn.sinks.data = x.to(layer.self_attn.sinks)
+    return model
+
+
+def test_learned_sinks_cpu_cache():
+    """gpt-oss's learned attention sinks with the CPU cache (e8kv_cache_attend_sinks): f32 codes give
+    DynamicCache's logits (eager attention with the sinks), e8:4 near them, and the same model without sinks
+    (the control) far from them; padded generate and beam search give DynamicCache's tokens."""
+    import e8kv.hf
+    from transformers import DynamicCache
+    model = oss_model()
+    prompt, steps = _hybrid_inputs("cpu")
+    want = run_steps(model, DynamicCache(config=model.config), prompt, steps)
+    plain = oss_model(sinks=False)
+    control = float((run_steps(plain, DynamicCache(config=plain.config), prompt, steps) - want).abs().max())
+    scale, errs = float(want.abs().max()), {}
+    for spec in ("f32", "e8:4,sink=1"):
+        cache = e8kv.hf.E8KVCache(model.config, spec)
+        errs[spec] = float((run_steps(model, cache, prompt, steps) - want).abs().max())
+        assert model.config._e8kv_fallback == "eager"  # the sliding layers: gpt-oss's own eager attention
+        model.config._attn_implementation = "eager"
+    print(f"gpt-oss CPU cache: max |logit diff| vs DynamicCache: f32 {errs['f32']:.3g}, e8:4,sink=1 "
+          f"{errs['e8:4,sink=1']:.3g}; without the sinks {control:.3g} (max |logit| {scale:.3g})")
+    assert errs["f32"] <= 1e-5 * scale and control > 0.1 * scale and errs["e8:4,sink=1"] < control
+    model.generation_config.pad_token_id = 0
+    ids, mask = prompt.clone(), torch.ones_like(prompt)
+    ids[0, :6], mask[0, :6] = 0, 0
+    with torch.no_grad():
+        ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
+        refb = model.generate(input_ids=prompt[1:], max_new_tokens=8, num_beams=3, do_sample=False)
+        with e8kv.hf.compress(model, "f32"):
+            got = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
+            gotb = model.generate(input_ids=prompt[1:], max_new_tokens=8, num_beams=3, do_sample=False)
+    assert torch.equal(ref, got) and torch.equal(refb, gotb)
+
+
+def test_learned_sinks_cuda_cache(dev):
+    """gpt-oss's learned sinks with the CUDA cache (and its CPU twin): the prompt (SDPA over the chunk with the
+    sinks as one more key), single steps (the kernel's merge, e8kv_cuda_set_layer_sinks), a 3-token chunk
+    (the kernel's virtual rows) and a 24-token chunk (SDPA over the gathered pages) give DynamicCache's
+    logits within bf16's rounding, far closer than the model without sinks; e8box:4 near them."""
+    import e8kv.hf
+    from transformers import DynamicCache
+    on = "cuda" if dev == "cuda" else "cpu"
+    model = oss_model(on)
+    prompt, steps = _hybrid_inputs(on, t=20, n=34)
+
+    def run(cache):
+        out = run_steps(model, cache, prompt, steps[:, :6])
+        with torch.no_grad():
+            for a, b in ((6, 9), (9, 33), (33, 34)):
+                out = torch.cat((out, model(input_ids=steps[:, a:b], past_key_values=cache,
+                                            use_cache=True).logits[:, -1].float()[None]))
+        if hasattr(cache, "detach"):
+            cache.detach(model.config)
+            cache.check()
+        return out
+    want = run(DynamicCache(config=model.config))
+    plain = oss_model(on, sinks=False)
+    control = float((run_steps(plain, DynamicCache(config=plain.config), prompt, steps[:, :6]) - want[:7]).abs().max())
+    scale, errs = float(want.abs().max()), {}
+    for spec in ("bf16", "e8box:4"):
+        cache = gpu_cache(model, spec, 2, dev=dev)
+        assert 3 < cache.gather_from <= 24
+        errs[spec] = float((run(cache) - want).abs().max())
+        model.config._attn_implementation = "eager"
+    print(f"gpt-oss on {dev}: max |logit diff| vs DynamicCache: bf16 pages {errs['bf16']:.3g}, e8box:4 "
+          f"{errs['e8box:4']:.3g}; without the sinks {control:.3g} (max |logit| {scale:.3g})")
+    assert errs["bf16"] <= 1e-2 * scale and control > 0.1 * scale and errs["e8box:4"] < control
+    # a padded batch (the prompt's boolean mask gets the sink's column): row 0 as alone
+    ids, mask = prompt.clone(), torch.ones_like(prompt)
+    ids[0, :6], mask[0, :6] = 0, 0
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    both, alone = gpu_cache(model, "e8box:4", 2, dev=dev), None
+    with torch.no_grad():
+        a = [model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=both,
+                   use_cache=True).logits[:, -1].float()]
+        for i in range(4):
+            mask, pos = torch.cat((mask, torch.ones_like(mask[:, :1])), 1), pos[:, -1:] + 1
+            a.append(model(input_ids=steps[:, i:i + 1], attention_mask=mask, position_ids=pos, past_key_values=both,
+                           use_cache=True).logits[:, -1].float())
+        both.detach(model.config)
+        alone = gpu_cache(model, "e8box:4", 1, dev=dev)
+        b = [model(input_ids=prompt[:1, 6:], past_key_values=alone, use_cache=True).logits[:, -1].float()]
+        for i in range(4):
+            b.append(model(input_ids=steps[:1, i:i + 1], past_key_values=alone, use_cache=True).logits[:, -1].float())
+        alone.detach(model.config)
+    perr = float((torch.stack(a)[:, 0] - torch.stack(b)[:, 0]).abs().max())
+    print(f"gpt-oss on {dev}: padded row vs alone max |logit diff| {perr:.3g}")
+    assert perr <= 1e-3 * scale, perr
+
+
+def test_sdpa_with_sinks():
+    """hf._sdpa's sink key against softmax with the sink's column written out, float64: a square causal
+    prompt (one more query first), a bottom-right causal bias over a longer past (the gathered chunk) and a
+    boolean mask (a padded prompt), with GQA; bf16 within its rounding."""
+    import e8kv.hf
+    from torch.nn.attention.bias import causal_lower_right
+    g = torch.Generator().manual_seed(11)
+    b, h, hk, d = 2, 8, 2, 64
+    sinks = torch.randn(h, generator=g) * 2 + 1
+
+    def ref(q, k, v, allowed, scale):
+        k, v = k.repeat_interleave(h // hk, 1).double(), v.repeat_interleave(h // hk, 1).double()
+        sc = (q.double() @ k.transpose(-1, -2)) * scale
+        sc = sc.masked_fill(~allowed, float("-inf"))
+        sc = torch.cat((sc, sinks.double().view(1, h, 1, 1).expand(*sc.shape[:3], 1)), -1)
+        return torch.softmax(sc, -1)[..., :-1] @ v
+
+    for t, n, kind in ((12, 12, "causal"), (5, 30, "bias"), (12, 12, "mask")):
+        q, k, v = (torch.randn(b, x, y, d, generator=g) for x, y in ((h, t), (hk, n), (hk, n)))
+        allowed = torch.ones(t, n, dtype=torch.bool).tril(n - t)[None, None].expand(b, 1, t, n)
+        kw = {}
+        if kind == "causal":
+            kw["is_causal"] = True
+        elif kind == "bias":
+            kw["attn_mask"] = causal_lower_right(t, n)
+        else:
+            allowed = allowed.clone()
+            allowed[0, :, :, :4] = False
+            allowed[0, :, :4, :4] = torch.eye(4, dtype=torch.bool)  # a pad's query sees itself
+            kw["attn_mask"] = allowed
+        want = ref(q, k, v, allowed, 0.3)
+        got = e8kv.hf._sdpa(q, k, v, scale=0.3, enable_gqa=True, sinks=sinks, **kw)
+        assert float((got.double() - want).abs().max()) <= 1e-5, kind
+        got16 = e8kv.hf._sdpa(q.bfloat16(), k.bfloat16(), v.bfloat16(), scale=0.3, enable_gqa=True, sinks=sinks, **kw)
+        assert float((got16.double() - want).abs().max()) <= 3e-2, kind
+        plain = e8kv.hf._sdpa(q, k, v, scale=0.3, enable_gqa=True, **kw)  # the control: no sinks
+        assert float((plain.double() - want).abs().max()) > 0.05, kind
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "gemma3"])

@@ -383,10 +383,13 @@ class Cache:
             raise E8KVError(ErrorCode.SRC_SIZE, f"append: k has {kn} floats, v {vn}, rows of {row}")
         return _check(lib.e8kv_cache_append(self._p, layer, kp, vp, kn // row), f"append layer {layer}")
 
-    def attend(self, layer: int, q: ArrayLike, pos0: Optional[int] = None, out: Optional[ArrayLike] = None) -> Any:
+    def attend(self, layer: int, q: ArrayLike, pos0: Optional[int] = None, out: Optional[ArrayLike] = None,
+               sinks: Optional[ArrayLike] = None) -> Any:
         """Causal attention of n_tok queries q (n_tok, n_head * head_dim) at positions pos0 .. pos0+n_tok-1
         (default: the layer's last n_tok positions) over the stored codes. Returns (n_tok, n_head*head_dim)
-        float32 of the same kind as q (or writes into `out`, a float32 contiguous array of that size)."""
+        float32 of the same kind as q (or writes into `out`, a float32 contiguous array of that size).
+        sinks: learned attention sinks (gpt-oss), n_head logits in the scores' units joining each softmax
+        with a zero value (e8kv_cache_attend_sinks); None: none."""
         qk, qp, qn = _f32(q)
         n_tok = qk.shape[0] if len(qk.shape) >= 2 else 1
         if qn % (n_tok * self.head_dim):
@@ -400,7 +403,14 @@ class Cache:
             _, op, on = _f32(out)
             if on < qn or not (out.is_contiguous() if _is_torch(out) else out.flags.c_contiguous):
                 raise E8KVError(ErrorCode.DST_TOO_SMALL, "attend: out must be float32, contiguous, as large as q")
-        _check(lib.e8kv_cache_attend(self._p, op, qn, layer, qp, n_head, n_tok, pos0), f"attend layer {layer}")
+        if sinks is None:
+            _check(lib.e8kv_cache_attend(self._p, op, qn, layer, qp, n_head, n_tok, pos0), f"attend layer {layer}")
+            return out
+        sk, sp, sn = _f32(sinks)
+        if sn != n_head:
+            raise E8KVError(ErrorCode.SRC_SIZE, f"attend: {sn} sinks for {n_head} query heads")
+        _check(lib.e8kv_cache_attend_sinks(self._p, op, qn, layer, qp, n_head, n_tok, pos0, sp),
+               f"attend layer {layer}")
         return out
 
     def n_tokens(self, layer: int = 0) -> int:
@@ -608,6 +618,20 @@ class CudaCache:
         _check(self._lib.e8kv_cuda_set_row_shifts(self._p, shifts.data_ptr() if shifts is not None else None),
                "set_row_shifts")
         self._shifts = shifts  # kept alive while the cache reads it
+
+    def set_layer_sinks(self, layer: int, sinks: Any) -> None:
+        """Learned attention sinks (gpt-oss) of one layer: sinks, a float32 CUDA tensor of n_head logits in the
+        scores' units, each joining its head's softmax with a zero value (e8kv_cuda_set_layer_sinks); the
+        layer's attention must then be called with that n_head. The cache keeps the tensor (not its values):
+        update it in place, in CUDA graphs too. None: none."""
+        if sinks is not None and (sinks.dtype != _torch.float32 or sinks.dim() != 1 or not sinks.is_cuda
+                                  or not sinks.is_contiguous()):
+            raise E8KVError(ErrorCode.BAD_ARGUMENT, "set_layer_sinks: a float32 contiguous CUDA vector (n_head)")
+        _check(self._lib.e8kv_cuda_set_layer_sinks(self._p, layer, sinks.data_ptr() if sinks is not None else None,
+                                                   0 if sinks is None else sinks.numel()),
+               f"set_layer_sinks layer {layer}")
+        self._sinks = getattr(self, "_sinks", {})
+        self._sinks[layer] = sinks  # kept alive while the cache reads it
 
     def __del__(self) -> None:
         if getattr(self, "_p", None):

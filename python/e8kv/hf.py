@@ -56,7 +56,7 @@ ATTN_NAME = "e8kv"
 # (GGUF/Meta layout, transformers' split halves permuted back, as llama.cpp's converter does) or "split"
 # (transformers' own layout, as llama.cpp keeps it for these architectures).
 ROPE_LAYOUTS = {"llama": "interleaved", "mistral": "interleaved", "qwen2": "split", "qwen3": "split",
-                "gemma3_text": "split", "ministral": "split", "olmo3": "split"}
+                "gemma3_text": "split", "ministral": "split", "olmo3": "split", "gpt_oss": "split"}
 
 
 class UnsupportedModelError(ValueError):
@@ -107,9 +107,6 @@ class ModelShape:
         if getattr(cfg, "attn_logit_softcapping", None):
             raise UnsupportedModelError(f"{self.model_type}: attention logit soft-capping (e8kv's attention is "
                                         "plain softmax attention)")
-        if self.model_type in ("gpt_oss",):
-            raise UnsupportedModelError(f"{self.model_type}: learned attention sinks (e8kv's attention is plain "
-                                        "softmax attention)")
         rope = dict(getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {})
         self.rope_layer_type: Optional[str] = None
         if isinstance(rope.get("full_attention"), dict):  # one RoPE per layer type: the coded layers' own
@@ -553,9 +550,10 @@ class E8KVCache(_BatchChanges, Cache):
         _tls.pending = (self, layer, pos0, keep)
 
     def _attend(self, layer: int, pos0: list, query: torch.Tensor, scaling: Optional[float],
-                keep: Optional[list] = None) -> torch.Tensor:
+                keep: Optional[list] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
         """query (b, n_head, t, d) with RoPE -> attention output (b, t, n_head, d); row i's queries at its
-        own positions pos0[i] ..; keep: a padded prompt's kept tokens per row (the pads' outputs are 0).
+        own positions pos0[i] ..; keep: a padded prompt's kept tokens per row (the pads' outputs are 0);
+        sinks: learned attention sinks (gpt-oss), n_head logits in the scores' units.
         An evicting cache's prompt (t > 1 tokens into empty rows): the queries its scorer needs are kept, and
         after the last layer's attention every row evicts (_evict_rows)."""
         b, n_head, t, d = query.shape
@@ -575,9 +573,9 @@ class E8KVCache(_BatchChanges, Cache):
             if self.observer is not None:
                 self.observer.on_q(layer, self._to_cache_layout(qs, pos0[i], "none"))
             if keep is None:
-                row.attend(layer, q, pos0[i], out=out[i])
+                row.attend(layer, q, pos0[i], out=out[i], sinks=sinks)
             else:
-                out[i, keep[i]] = row.attend(layer, q, pos0[i])
+                out[i, keep[i]] = row.attend(layer, q, pos0[i], sinks=sinks)
         if evicting and layer == self.shape.n_layer - 1:
             self._evict_rows(n_head)
         return out.view(b, t, n_head, d)  # values are never permuted: the model's own layout
@@ -941,6 +939,8 @@ class E8KVCudaCache(_BatchChanges, Cache):
         # then which tokens each (batch row, KV head) kept (e8kv.evict.select: indices into the row's prompt)
         self._stash: list[Optional[tuple[torch.Tensor, torch.Tensor]]] = [None] * s.n_layer
         self.kept: list[Optional[list[torch.Tensor]]] = [None] * s.n_layer
+        # learned attention sinks (gpt-oss) per layer: float32 copies the kernel reads (set_layer_sinks)
+        self._sinks: list[Optional[torch.Tensor]] = [None] * s.n_layer
         self._evicted_at = 0  # the padded prompt length an eviction happened at (crop cannot go below it)
         for t in (self._tables, self._arange, self._batch_rows, self._pad, self._full, self.key_perm, self._page_ids,
                   self._shifts):
@@ -1243,7 +1243,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
                                                     "were not stored")
 
     def _attend(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                scaling: Optional[float]) -> tuple[torch.Tensor, None]:
+                scaling: Optional[float], sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, None]:
         b, n_head, t, d = query.shape
         lead = self.layers[module.layer_idx]
         layer = lead.layer_idx  # the CUDA cache's layer
@@ -1266,9 +1266,8 @@ class E8KVCudaCache(_BatchChanges, Cache):
                 mask = ((ar[None, :] <= ar[:, None])[None] & self._valid.to(query.device)[:, None, :]) | (
                     ar[None, :] == ar[:, None])[None]
                 mask = mask[:, None]
-            out = torch.nn.functional.scaled_dot_product_attention(
-                query, key, value, attn_mask=mask, is_causal=mask is None, scale=scaling,
-                enable_gqa=n_head != key.shape[1])
+            out = _sdpa(query, key, value, attn_mask=mask, is_causal=mask is None, scale=scaling,
+                        enable_gqa=n_head != key.shape[1], sinks=sinks)
             if self._stash[layer] is not None:
                 self._evict_prompt(layer, query, scaling)
             return out.transpose(1, 2), None
@@ -1277,8 +1276,9 @@ class E8KVCudaCache(_BatchChanges, Cache):
         if moved:
             query = query.to(self.device)
         if t > 1 and t >= self.gather_from and not torch.compiler.is_compiling() and not prompt:
-            out = self._attend_gathered(layer, query, int(length), scaling)
+            out = self._attend_gathered(layer, query, int(length), scaling, sinks)
             return (out.to(home) if moved else out), None
+        self._set_sinks(layer, sinks, n_head)
         q = self._rows(query if self.key_perm is None else query.index_select(-1, self.key_perm))
         if scaling is not None and abs(scaling * math.sqrt(d) - 1.0) > 1e-6:
             q = q * (scaling * math.sqrt(d))  # the kernel scales scores by 1/sqrt(head_dim)
@@ -1332,7 +1332,31 @@ class E8KVCudaCache(_BatchChanges, Cache):
             self._pad_host = pads
         self._evicted_at = t
 
-    def _attend_gathered(self, layer: int, query: torch.Tensor, length: int, scaling: Optional[float]) -> torch.Tensor:
+    def _set_sinks(self, layer: int, sinks: Optional[torch.Tensor], n_head: int) -> None:
+        """The kernel's copy of a layer's learned sinks (float32, on the cache's device, a fixed address for
+        CUDA graphs): made and refreshed by eager calls (the prompt's always is one)."""
+        have = self._sinks[layer]
+        if sinks is None:
+            if have is not None:  # (another model on this cache: its layers have no sinks)
+                if torch.compiler.is_compiling():
+                    raise UnsupportedModelError("e8kv CUDA cache: learned sinks set by an eager call and absent here")
+                self.kv.set_layer_sinks(layer, None)
+                self._sinks[layer] = None
+            return
+        if torch.compiler.is_compiling():
+            if have is None or have.numel() != n_head:
+                raise UnsupportedModelError("e8kv CUDA cache: a compiled step of a model with learned attention sinks "
+                                            "before any eager forward (the prompt's) set them")
+            return
+        if have is None or have.numel() != n_head:
+            have = torch.empty(n_head, dtype=torch.float32, device=self.device)
+            torch._dynamo.mark_static_address(have)
+            self.kv.set_layer_sinks(layer, have)
+            self._sinks[layer] = have
+        have.copy_(sinks.detach().reshape(-1))
+
+    def _attend_gathered(self, layer: int, query: torch.Tensor, length: int, scaling: Optional[float],
+                         sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
         """A chunk of t queries (the last t positions of each row's `length` less its pads) over the layer's
         gathered values: SDPA with the causal mask aligned to the bottom right, batch rows in groups of one
         length whose gathered K/V stay under 1 GiB. Returns (b, t, n_head, d)."""
@@ -1362,14 +1386,13 @@ class E8KVCudaCache(_BatchChanges, Cache):
             out = None
             if dt != torch.float32:
                 try:  # flash: GQA and the bottom-right causal mask without materialising either
-                    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling,
-                                                                           enable_gqa=g > 1)
+                    out = _sdpa(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=g > 1, sinks=sinks)
                 except (RuntimeError, ValueError):  # no flash here (e.g. head_dim): K/V heads repeated below
                     out = None
             if out is None:
                 if g > 1:
                     k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-                out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+                out = _sdpa(q, k, v, attn_mask=mask, scale=scaling, sinks=sinks)
             outs.append(out)
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
         return out.transpose(1, 2).to(query.dtype)
@@ -1391,6 +1414,48 @@ class E8KVCudaCache(_BatchChanges, Cache):
         return 8.0 * self.kv.token_bytes / (2 * s.n_layer * s.n_head_kv * s.head_dim)
 
 # ------------------------------------------------------------------------------------------ attention
+def _sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *, attn_mask: Any = None,
+          is_causal: bool = False, scale: Optional[float] = None, enable_gqa: bool = False,
+          sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """scaled_dot_product_attention, with learned attention sinks (gpt-oss: a logit per query head that joins
+    each softmax with a zero value) as one more key that every query sees, first: the queries take the sink
+    over the scale in two more coordinates (a hi and a lo part in the queries' dtype), that key 1 in both and
+    0 elsewhere, its value 0; coordinates padded to a multiple of 8 (what the fused kernels take), the output
+    cut back. The mask gets the sink's column: a bottom-right causal bias one key wider, a tensor one more
+    column; is_causal (square: the prompt) one more query first, so that the mask stays square and causal
+    (flash attention, GQA) and sees the sink alone."""
+    f = torch.nn.functional.scaled_dot_product_attention
+    if sinks is None:
+        return f(query, key, value, attn_mask=attn_mask, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    from torch.nn.attention.bias import CausalBias, causal_lower_right
+    b, h, t, d = query.shape
+    hk, n = key.shape[1], key.shape[2]
+    sc = scale if scale is not None else 1.0 / math.sqrt(d)
+    x = sinks.detach().to(device=query.device, dtype=torch.float32).reshape(1, h, 1, 1) / sc
+    hi = x.to(query.dtype)
+    lo = (x - hi.float()).to(query.dtype)
+    e = 2 + (-(d + 2)) % 8
+    q2 = torch.cat([query, hi.expand(b, h, t, 1), lo.expand(b, h, t, 1), query.new_zeros((b, h, t, e - 2))], -1)
+    sink_k = key.new_zeros((b, hk, 1, d + e))
+    sink_k[..., d:d + 2] = 1
+    k2 = torch.cat([sink_k, torch.cat([key, key.new_zeros((b, hk, n, e))], -1)], 2)
+    v2 = torch.cat([value.new_zeros((b, hk, 1, d + e)), torch.cat([value, value.new_zeros((b, hk, n, e))], -1)], 2)
+    if attn_mask is None and is_causal:  # a square causal mask stays one: a first query that sees the sink alone
+        if t != n:
+            raise ValueError("e8kv: a causal SDPA with sinks over another number of keys than queries")
+        q2 = torch.cat([q2.new_zeros((b, h, 1, d + e)), q2], 2)
+        return f(q2, k2, v2, is_causal=True, scale=sc, enable_gqa=enable_gqa)[:, :, 1:, :d]
+    if attn_mask is None:
+        mask = None
+    elif isinstance(attn_mask, CausalBias):
+        mask = causal_lower_right(t, n + 1)
+    else:
+        col = torch.ones_like(attn_mask[..., :1]) if attn_mask.dtype == torch.bool else \
+            torch.zeros_like(attn_mask[..., :1])
+        mask = torch.cat([col, attn_mask], -1)
+    return f(q2, k2, v2, attn_mask=mask, scale=sc, enable_gqa=enable_gqa)[..., :d]
+
+
 def _e8kv_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0,
                mask_function: Optional[Callable] = None, attention_mask: Optional[torch.Tensor] = None,
                local_size: Optional[int] = None, **kwargs: Any) -> Optional[torch.Tensor]:
@@ -1424,8 +1489,9 @@ def e8kv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     """attn_implementation "e8kv": causal attention of the new queries over the layer's stored codes.
     Layers whose cache is not an E8KVCache run the config's previous implementation."""
     gpu = getattr(module.config, "_e8kv_cuda_cache", None)
+    sinks = kwargs.get("s_aux")  # learned attention sinks (gpt-oss): a logit per query head
     if gpu is not None and query.device.type == gpu.device.type and not gpu.layers[module.layer_idx].is_sliding:
-        return gpu._attend(module, query, key, value, scaling)
+        return gpu._attend(module, query, key, value, scaling, sinks)
     pending = getattr(_tls, "pending", None)
     layer = getattr(module, "layer_idx", None)
     if pending is None or pending[0].shape.coded_layers[pending[1]] != layer:
@@ -1437,13 +1503,12 @@ def e8kv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
         return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     _tls.pending = None
     cache, layer, pos0, keep = pending
-    if getattr(module, "sliding_window", None) or kwargs.get("sliding_window") or kwargs.get("softcap") \
-            or kwargs.get("s_aux") is not None:
-        raise UnsupportedModelError("e8kv cache: a coded layer with sliding-window attention, soft-capping or "
-                                    "attention sinks (e8kv codes plain full-attention layers)")
+    if getattr(module, "sliding_window", None) or kwargs.get("sliding_window") or kwargs.get("softcap"):
+        raise UnsupportedModelError("e8kv cache: a coded layer with sliding-window attention or soft-capping (e8kv "
+                                    "codes full-attention layers with plain softmax attention)")
     if dropout and module.training:
         raise NotImplementedError("e8kv cache: attention dropout (training) is not supported")
-    out = cache._attend(layer, pos0, query, scaling, keep)
+    out = cache._attend(layer, pos0, query, scaling, keep, sinks)
     return out.to(query.dtype), None
 
 
