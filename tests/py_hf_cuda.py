@@ -2236,3 +2236,17 @@ def test_hybrid_model_eager_fallback(kind):
     got = run_steps(model, e8kv.hf.E8KVCache(model.config, "f32"), prompt, steps)
     assert model.config._e8kv_fallback == "eager"
     assert float((got - want).abs().max()) <= 1e-5 * float(want.abs().max())
+
+
+@needs_gpu
+def test_learned_sinks_compiled_equals_eager():
+    """gpt-oss's compiled decode steps (torch.compile, CUDA graphs) replay the sinks the eager prompt set
+    (e8kv_cuda_set_layer_sinks keeps the pointer): the logits equal the eager steps'."""
+    model = oss_model("cuda")
+    prompt, steps = _hybrid_inputs("cuda", t=10, n=12)
+    _, _, err, scale, skips = compiled_and_eager(model, "e8box:4,sink=2", prompt, steps)
+    model.config._attn_implementation = "eager"
+    print(f"gpt-oss e8box:4,sink=2: compiled vs eager max |logit diff| {err:.3g} (max |logit| {scale:.3g}), "
+          f"cudagraph skips {skips}")
+    assert skips == 0
+    assert err <= 2e-2 * scale, (err, scale)

@@ -1254,6 +1254,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
                                                         "detach(config) it first")
             self._updated = None
         length = lead.cumulative_length  # after this step's update
+        self._set_sinks(layer, sinks, n_head)  # (the prompt's eager call sets them for compiled steps)
         prompt = t > 1 and not torch.compiler.is_compiling() and int(length) == t
         if prompt and self.prompt_from_codes and self._valid is not None:
             raise NotImplementedError("e8kv CUDA cache: prompt_from_codes with a padded prompt")
@@ -1278,7 +1279,6 @@ class E8KVCudaCache(_BatchChanges, Cache):
         if t > 1 and t >= self.gather_from and not torch.compiler.is_compiling() and not prompt:
             out = self._attend_gathered(layer, query, int(length), scaling, sinks)
             return (out.to(home) if moved else out), None
-        self._set_sinks(layer, sinks, n_head)
         q = self._rows(query if self.key_perm is None else query.index_select(-1, self.key_perm))
         if scaling is not None and abs(scaling * math.sqrt(d) - 1.0) > 1e-6:
             q = q * (scaling * math.sqrt(d))  # the kernel scales scores by 1/sqrt(head_dim)
