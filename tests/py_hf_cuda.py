@@ -1834,13 +1834,17 @@ def test_cpu_cache_evicts_through_transformers(spec):
 # ------------------------------------------------------------------------------------------ hybrid models
 def hybrid_model(kind, on="cpu", window=8, dtype=torch.float32):
     """A tiny random model with full-attention and sliding-window layers (head_dim 64): "qwen2" (layers 0-1
-    full, 2-3 sliding: use_sliding_window with max_window_layers 2) or "gemma3" (Gemma3 text: sliding, full,
-    sliding, full; its own query scaling and one RoPE per layer type)."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Qwen2Config, Qwen2ForCausalLM
+    full, 2-3 sliding: use_sliding_window with max_window_layers 2), "gemma3" (Gemma3 text: sliding, full,
+    sliding, full; its own query scaling and one RoPE per layer type) or "exaone4" (EXAONE 4: sliding, full,
+    sliding, full; every attention module keeps the window, the full layers pass none and skip RoPE)."""
+    from transformers import (Exaone4Config, Exaone4ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, Qwen2Config,
+                              Qwen2ForCausalLM)
     common = dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, sliding_window=window)
     if kind == "qwen2":
         cfg, cls = Qwen2Config(use_sliding_window=True, max_window_layers=2, **common), Qwen2ForCausalLM
+    elif kind == "exaone4":  # its attention modules all hold the window; its full layers have no RoPE (NoPE)
+        cfg, cls = Exaone4Config(sliding_window_pattern=2, **common), Exaone4ForCausalLM
     else:
         cfg = Gemma3TextConfig(head_dim=64, query_pre_attn_scalar=48, layer_types=[
             "sliding_attention", "full_attention", "sliding_attention", "full_attention"], **common)
@@ -1858,7 +1862,7 @@ def _hybrid_inputs(on, t=20, n=14, seed=5):
     return torch.randint(0, 1024, (2, t), generator=g).to(dev), torch.randint(0, 1024, (2, n), generator=g).to(dev)
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "gemma3"])
+@pytest.mark.parametrize("kind", ["qwen2", "gemma3", "exaone4"])
 def test_hybrid_model_cpu_cache(kind):
     """CPU cache on a model with sliding-window layers: the full-attention layers are coded, the sliding ones
     keep transformers' own window; f32 codes give DynamicCache's logits, e8:4 near them; a window the
@@ -1903,7 +1907,7 @@ def test_hybrid_model_cpu_cache(kind):
     assert torch.equal(ref, got) and torch.equal(refb, gotb)
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "gemma3"])
+@pytest.mark.parametrize("kind", ["qwen2", "gemma3", "exaone4"])
 def test_hybrid_model_cuda_cache(dev, kind):
     """The CUDA cache (and its CPU twin) on a model with sliding-window layers: bf16 pages for the full
     layers, transformers' static sliding layers beside them: logits as DynamicCache's within bf16's

@@ -1503,7 +1503,8 @@ def e8kv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
         return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     _tls.pending = None
     cache, layer, pos0, keep = pending
-    if getattr(module, "sliding_window", None) or kwargs.get("sliding_window") or kwargs.get("softcap"):
+    # (what the layer passes: some models keep the config's window on every attention module, e.g. EXAONE 4)
+    if kwargs.get("sliding_window") or kwargs.get("softcap"):
         raise UnsupportedModelError("e8kv cache: a coded layer with sliding-window attention or soft-capping (e8kv "
                                     "codes full-attention layers with plain softmax attention)")
     if dropout and module.training:
