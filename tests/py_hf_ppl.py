@@ -72,11 +72,11 @@ class _ReplayCache(e8kv.hf.E8KVCache):
         self.load(path)
         self.err = []  # per layer: (|shadow - loaded|, |exact - loaded|) of the attention outputs
 
-    def _attend(self, layer, pos0, query, scaling, keep=None):
-        out = super()._attend(layer, pos0, query, scaling, keep)
+    def _attend(self, layer, pos0, query, scaling, keep=None, sinks=None):
+        out = super()._attend(layer, pos0, query, scaling, keep, sinks)
         if self.shadow is None:
             return out
-        sh, ex = (c._attend(layer, pos0, query, scaling, keep) for c in (self.shadow, self.exact))
+        sh, ex = (c._attend(layer, pos0, query, scaling, keep, sinks) for c in (self.shadow, self.exact))
         self.err.append((float((sh - out).norm()), float((ex - out).norm())))
         return out
 
