@@ -2254,3 +2254,42 @@ def test_learned_sinks_compiled_equals_eager():
           f"cudagraph skips {skips}")
     assert skips == 0
     assert err <= 2e-2 * scale, (err, scale)
+
+
+def test_models_the_cache_cannot_serve_are_named():
+    """A model whose attention does not go through transformers' attention interface (Falcon computes its
+    own) would attend over the new tokens alone: refused by name. A config that says otherwise than its
+    layers give is named with both shapes, not an error deep in the C cache."""
+    import e8kv.hf
+    from transformers import FalconConfig, LlamaConfig, LlamaForCausalLM
+    with pytest.raises(e8kv.hf.UnsupportedModelError, match="does not go through transformers' attention interface"):
+        e8kv.hf.ModelShape(FalconConfig(vocab_size=64, hidden_size=128, num_hidden_layers=2, num_attention_heads=4))
+    prompt, steps = _hybrid_inputs("cpu")
+    torch.manual_seed(3)
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=256, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2)).eval()
+    llama.config.num_key_value_heads = 4  # the config now says 4 KV heads; the layers were built with 2
+    with pytest.raises(e8kv.hf.UnsupportedModelError, match="gives K of 2 heads x 64"):
+        run_steps(llama, e8kv.hf.E8KVCache(llama.config, "f32"), prompt, steps)
+
+
+def test_attention_that_skips_the_cache_is_named(dev, monkeypatch):
+    """A layer whose attention never calls attn_implementation "e8kv" (here the registered function replaced
+    by plain SDPA, as a remote-code model's own attention would do) read the new tokens' K/V alone: the
+    next coded layer's update names it, on the CPU and the CUDA caches."""
+    import e8kv.hf
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    on = "cuda" if dev == "cuda" else "cpu"
+    model = hybrid_model("qwen2", on, window=4096)  # every layer full: four coded layers
+    prompt, steps = _hybrid_inputs(on)
+    makes = [lambda: e8kv.hf.E8KVCache(model.config, "f32")] if on == "cpu" else []  # (the CPU cache: CPU tensors)
+    for make in makes + [lambda: gpu_cache(model, "bf16", 2, dev=dev)]:
+        cache = make()
+        monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "e8kv", sdpa_attention_forward)
+        with pytest.raises(e8kv.hf.UnsupportedModelError, match="without transformers' attention interface"):
+            run_steps(model, cache, prompt, steps)
+        monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "e8kv", e8kv.hf.e8kv_attention)
+        if hasattr(cache, "detach"):
+            cache.detach(model.config)
+        model.config._attn_implementation = "sdpa"

@@ -63,6 +63,24 @@ class UnsupportedModelError(ValueError):
     """The model cannot use the e8kv cache; the message names what is missing."""
 
 
+def _own_attention(shape: "ModelShape", layer: int) -> str:
+    return (f"{shape.model_type}: layer {shape.coded_layers[layer]} computed its attention without transformers' "
+            "attention interface (attn_implementation \"e8kv\" was not called), over the new tokens' K/V alone: "
+            "e8kv needs a model whose attention goes through ALL_ATTENTION_FUNCTIONS")
+
+
+def _check_kv_shape(shape: "ModelShape", layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
+    """A layer's first K/V against what the cache was sized from (the config): a model whose attention does
+    not follow its config's num_key_value_heads / head_dim (multi-query variants of old architectures, MLA's
+    other V width) is named here instead of failing deep in the C cache."""
+    k, v = tuple(key.shape[1::2]), tuple(value.shape[1::2])
+    if k != (shape.n_head_kv, shape.head_dim) or v != k:
+        raise UnsupportedModelError(
+            f"{shape.model_type}: layer {shape.coded_layers[layer]} gives K of {k[0]} heads x {k[1]} and V of "
+            f"{v[0]} x {v[1]}; its config says {shape.n_head_kv} KV heads x head_dim {shape.head_dim} (e8kv takes "
+            "K and V of the config's KV heads and head_dim)")
+
+
 # ------------------------------------------------------------------------------------------ model facts
 class ModelShape:
     """What the cache needs to know about a transformers config, checked once."""
@@ -104,6 +122,14 @@ class ModelShape:
         self.sliding_window: Optional[int] = window if "sliding_attention" in types else None
         self.coded_layers: list[int] = [i for i, t in enumerate(types) if t == "full_attention"]
         self.n_layer = len(self.coded_layers)  # the layers of the e8kv caches: the model's coded layers
+        try:  # a causal LM that computes attention in its own code never calls attn_implementation "e8kv"
+            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+            own = not getattr(MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)], "_supports_attention_backend", True)
+        except (KeyError, ImportError, AttributeError, ValueError):  # (a model of its own: checked at run time)
+            own = False
+        if own:
+            raise UnsupportedModelError(f"{self.model_type}: its attention does not go through transformers' "
+                                        "attention interface (attn_implementation), which e8kv's attention is")
         if getattr(cfg, "attn_logit_softcapping", None):
             raise UnsupportedModelError(f"{self.model_type}: attention logit soft-capping (e8kv's attention is "
                                         "plain softmax attention)")
@@ -313,6 +339,7 @@ class E8KVLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
+            _check_kv_shape(self.parent.shape, self.layer_idx, key_states, value_states)
             self.lazy_initialization(key_states, value_states)
         self.parent._append(self.layer_idx, key_states, value_states)
         # only the new tokens go on (the attention function reads the past from the codes)
@@ -530,6 +557,11 @@ class E8KVCache(_BatchChanges, Cache):
         if key_states.device.type != "cpu":
             raise E8KVError(ErrorCode.UNSUPPORTED, f"e8kv cache: tensors on {key_states.device}; this build has "
                                                    "the CPU cache only")
+        left = getattr(_tls, "pending", None)
+        if left is not None and left[0] is self:
+            _tls.pending = None
+            if left[1] < layer:  # an earlier layer of this forward never reached e8kv_attention
+                raise UnsupportedModelError(_own_attention(self.shape, left[1]))
         b, t = key_states.shape[0], key_states.shape[2]
         keep = self._padding(layer, b, t)
         pos0 = [r.n_tokens(layer) for r in self.rows]
@@ -679,10 +711,14 @@ class E8KVCudaLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
                **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
+            _check_kv_shape(self.parent.shape, self.layer_idx, key_states, value_states)
             self.lazy_initialization(key_states, value_states)
         b, t = key_states.shape[0], key_states.shape[2]
         p = self.parent
         if not torch.compiler.is_compiling():
+            if p._updated is not None and p._updated < self.layer_idx:  # its attention never came to the cache
+                left, p._updated = p._updated, None
+                raise UnsupportedModelError(_own_attention(p.shape, left))
             p._updated = self.layer_idx  # the attention checks it reads the cache of its own forward
         if (p.evict is not None and t > 1 and not torch.compiler.is_compiling() and self.host_length == 0
                 and not int(self.cumulative_length)):
