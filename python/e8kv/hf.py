@@ -63,12 +63,6 @@ class UnsupportedModelError(ValueError):
     """The model cannot use the e8kv cache; the message names what is missing."""
 
 
-def _own_attention(shape: "ModelShape", layer: int) -> str:
-    return (f"{shape.model_type}: layer {shape.coded_layers[layer]} computed its attention without transformers' "
-            "attention interface (attn_implementation \"e8kv\" was not called), over the new tokens' K/V alone: "
-            "e8kv needs a model whose attention goes through ALL_ATTENTION_FUNCTIONS")
-
-
 def _check_kv_shape(shape: "ModelShape", layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
     """A layer's first K/V against what the cache was sized from (the config): a model whose attention does
     not follow its config's num_key_value_heads / head_dim (multi-query variants of old architectures, MLA's
@@ -557,11 +551,6 @@ class E8KVCache(_BatchChanges, Cache):
         if key_states.device.type != "cpu":
             raise E8KVError(ErrorCode.UNSUPPORTED, f"e8kv cache: tensors on {key_states.device}; this build has "
                                                    "the CPU cache only")
-        left = getattr(_tls, "pending", None)
-        if left is not None and left[0] is self:
-            _tls.pending = None
-            if left[1] < layer:  # an earlier layer of this forward never reached e8kv_attention
-                raise UnsupportedModelError(_own_attention(self.shape, left[1]))
         b, t = key_states.shape[0], key_states.shape[2]
         keep = self._padding(layer, b, t)
         pos0 = [r.n_tokens(layer) for r in self.rows]
@@ -716,9 +705,6 @@ class E8KVCudaLayer(CacheLayerMixin):
         b, t = key_states.shape[0], key_states.shape[2]
         p = self.parent
         if not torch.compiler.is_compiling():
-            if p._updated is not None and p._updated < self.layer_idx:  # its attention never came to the cache
-                left, p._updated = p._updated, None
-                raise UnsupportedModelError(_own_attention(p.shape, left))
             p._updated = self.layer_idx  # the attention checks it reads the cache of its own forward
         if (p.evict is not None and t > 1 and not torch.compiler.is_compiling() and self.host_length == 0
                 and not int(self.cumulative_length)):
