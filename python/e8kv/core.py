@@ -554,6 +554,14 @@ def _stream(t: Any, stream: Any) -> int:
     return stream.cuda_stream if hasattr(stream, "cuda_stream") else int(stream)
 
 
+CUDA_GROUP_MAX = 8  # query heads per KV head that one attention call of the CUDA cache takes
+
+
+def _group_split(g: int) -> int:
+    """The fewest calls k (g % k == 0) that cut a group of g query heads into groups of at most CUDA_GROUP_MAX."""
+    return next(k for k in range(1, g + 1) if g % k == 0 and g // k <= CUDA_GROUP_MAX)
+
+
 class CudaCache:
     """The device cache of include/e8kv_cuda.h with caller-owned block tables (the way serving engines own
     theirs): `n_blocks` pages of `block_size` tokens per (layer, K/V), all allocated at creation.
@@ -581,6 +589,8 @@ class CudaCache:
         if not self._lib.e8kv_cuda_available():
             raise E8KVError(ErrorCode.UNSUPPORTED, "CudaCache: no usable CUDA device")
         self._spec_bytes = spec.encode()
+        if max_n_head and max_n_head % n_head_kv == 0 and max_n_head // n_head_kv > CUDA_GROUP_MAX:
+            max_n_head = n_head_kv * (max_n_head // n_head_kv // _group_split(max_n_head // n_head_kv))
         params = CudaCacheParams(n_layer=n_layer, n_head_kv=n_head_kv, head_dim=head_dim, block_size=block_size,
                                  n_blocks=n_blocks, spec=self._spec_bytes, seed=seed, max_ctx=max_ctx,
                                  max_seqs=max_seqs, max_batch=max_batch, max_n_head=max_n_head,
@@ -731,6 +741,16 @@ class CudaCache:
             raise E8KVError(ErrorCode.DST_TOO_SMALL, "attend: out must hold (n_seq, n_head * head_dim) floats")
         if rows is not None and rows.numel() != n_seq:
             raise E8KVError(ErrorCode.SRC_SIZE, f"attend: {n_seq} sequences, {rows.numel()} rows")
+        g = width // self.head_dim // self.n_head_kv if width % (self.head_dim * self.n_head_kv) == 0 else 0
+        if g > CUDA_GROUP_MAX:  # the kernels take up to 8 query heads per KV head: k calls of g / k each
+            k = _group_split(g)
+            qv = q.reshape(n_seq, self.n_head_kv, k, g // k, self.head_dim)
+            ov = out.view(n_seq, self.n_head_kv, k, g // k, self.head_dim)
+            for j in range(k):
+                qj = qv[:, :, j].reshape(n_seq, -1).contiguous()
+                ov[:, :, j] = self.attend(layer, qj, block_tables, ctx_lens, max_ctx, stream=stream,
+                                          rows=rows).view(n_seq, self.n_head_kv, g // k, -1)
+            return out
         rp = None if rows is None else _dev(rows, "rows", _torch.int32)
         _check(self._lib.e8kv_cuda_attend_rows(self._p, layer, _dev(out, "out", _torch.float32), _dev(q, "q"),
                                                _cuda_dtype(q), n_seq, width // self.head_dim,
