@@ -2307,3 +2307,29 @@ def test_more_than_8_query_heads_per_kv_head(n_head, n_kv):
           f"(max |logit| {scale:.3g}); compiled vs eager {cerr:.3g}, cudagraph skips {skips}")
     assert errs["bf16"] <= 1e-2 * scale and errs["e8box:4"] <= 0.2 * scale
     assert skips == 0 and cerr <= 1e-2 * scale
+
+
+def test_a_window_the_config_does_not_declare_is_refused(dev):
+    """A layer that passes a sliding window its config's layer types do not declare (a Qwen3-MoE config whose
+    sliding_window was set after use_sliding_window=False nulled it: its modules and masks apply the window
+    to every layer) is refused by both caches, not attended over its whole past."""
+    import e8kv.hf
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    cfg = Qwen3MoeConfig(vocab_size=1024, hidden_size=128, intermediate_size=128, moe_intermediate_size=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_experts=4,
+                         num_experts_per_tok=2, max_position_embeddings=512)
+    cfg.sliding_window = 8
+    on = "cuda" if dev == "cuda" else "cpu"
+    torch.manual_seed(2)
+    with torch.device(on):
+        model = Qwen3MoeForCausalLM(cfg).eval()
+    prompt, steps = _hybrid_inputs(on)
+    assert e8kv.hf.ModelShape(model.config).sliding_window is None  # use_sliding_window is False
+    caches = [lambda: e8kv.hf.E8KVCache(model.config, "f32")] if on == "cpu" else []
+    for make in caches + [lambda: gpu_cache(model, "bf16", 2, dev=dev)]:
+        cache = make()
+        with pytest.raises(e8kv.hf.UnsupportedModelError, match="sliding"):
+            run_steps(model, cache, prompt, steps)
+        if hasattr(cache, "detach"):
+            cache.detach(model.config)
+        model.config._attn_implementation = "sdpa"

@@ -116,10 +116,11 @@ class ModelShape:
         self.sliding_window: Optional[int] = window if "sliding_attention" in types else None
         self.coded_layers: list[int] = [i for i, t in enumerate(types) if t == "full_attention"]
         self.n_layer = len(self.coded_layers)  # the layers of the e8kv caches: the model's coded layers
-        try:  # a causal LM that computes attention in its own code never calls attn_implementation "e8kv"
+        try:  # a causal LM that computes attention in its own code never calls attn_implementation "e8kv": its
+            # modeling module does not even import transformers' table of attention functions
             from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-            own = not getattr(MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)], "_supports_attention_backend", True)
-        except (KeyError, ImportError, AttributeError, ValueError):  # (a model of its own: checked at run time)
+            own = not hasattr(sys.modules[MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)].__module__], "ALL_ATTENTION_FUNCTIONS")
+        except (KeyError, ImportError, AttributeError, ValueError):  # (remote code: not known here)
             own = False
         if own:
             raise UnsupportedModelError(f"{self.model_type}: its attention does not go through transformers' "
@@ -1513,6 +1514,9 @@ def e8kv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     gpu = getattr(module.config, "_e8kv_cuda_cache", None)
     sinks = kwargs.get("s_aux")  # learned attention sinks (gpt-oss): a logit per query head
     if gpu is not None and query.device.type == gpu.device.type and not gpu.layers[module.layer_idx].is_sliding:
+        if kwargs.get("sliding_window"):  # the layer applies a window the config did not declare
+            raise UnsupportedModelError(f"e8kv CUDA cache: layer {module.layer_idx} passes a sliding window "
+                                        f"({kwargs['sliding_window']}) its config's layer_types do not declare")
         return gpu._attend(module, query, key, value, scaling, sinks)
     pending = getattr(_tls, "pending", None)
     layer = getattr(module, "layer_idx", None)
