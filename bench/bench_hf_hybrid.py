@@ -46,10 +46,15 @@ def build(n_layer: int) -> Gemma3ForCausalLM:
                                                                "rope_theta": 1000000.0},
                                             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
     cfg._attn_implementation = "sdpa"
+    return on_device(Gemma3ForCausalLM, cfg)
+
+
+def on_device(cls, cfg):
+    """cls(cfg) built in bf16 on the device from seed 0, in eval mode."""
     torch.manual_seed(0)
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
-        model = Gemma3ForCausalLM(cfg).eval()
+        model = cls(cfg).eval()
     torch.set_default_dtype(torch.float32)
     return model
 
@@ -64,11 +69,7 @@ def build_gpt_oss(n_layer: int):
                                         "truncate": False, "original_max_position_embeddings": 4096,
                                         "rope_theta": 150000.0})
     cfg._attn_implementation = "eager"
-    torch.manual_seed(0)
-    torch.set_default_dtype(torch.bfloat16)
-    with torch.device("cuda"):
-        model = GptOssForCausalLM(cfg).eval()
-    torch.set_default_dtype(torch.float32)
+    model = on_device(GptOssForCausalLM, cfg)
     # every cache decodes eagerly here (generate() would compile the static-shaped ones): what the steps cost
     # with gpt-oss's MoE under torch.compile is not measured
     model.generation_config.disable_compile = True

@@ -1856,6 +1856,60 @@ def hybrid_model(kind, on="cpu", window=8, dtype=torch.float32):
     return model
 
 
+def _generate_as_dynamic(model, prompt):
+    """generate() of a left-padded batch and beam search under e8kv.hf.compress(model, "f32") give the tokens
+    of transformers' own cache."""
+    import e8kv.hf
+    model.generation_config.pad_token_id = 0
+    ids, mask = prompt.clone(), torch.ones_like(prompt)
+    ids[0, :6], mask[0, :6] = 0, 0
+    with torch.no_grad():
+        ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
+        refb = model.generate(input_ids=prompt[1:], max_new_tokens=8, num_beams=3, do_sample=False)
+        with e8kv.hf.compress(model, "f32"):
+            got = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
+            gotb = model.generate(input_ids=prompt[1:], max_new_tokens=8, num_beams=3, do_sample=False)
+    assert torch.equal(ref, got) and torch.equal(refb, gotb)
+
+
+def _steps_then_chunks(model, cache, prompt, tokens, n_steps, chunks):
+    """run_steps over the first n_steps columns of `tokens`, then each (a, b) slice of them as one chunk: the
+    last logits of every call; an e8kv CUDA cache is detached and checked after."""
+    out = run_steps(model, cache, prompt, tokens[:, :n_steps])
+    with torch.no_grad():
+        for a, b in chunks:
+            out = torch.cat((out, model(input_ids=tokens[:, a:b], past_key_values=cache,
+                                        use_cache=True).logits[:, -1].float()[None]))
+    if hasattr(cache, "detach"):
+        cache.detach(model.config)
+        cache.check()
+    return out
+
+
+def _padded_row_as_alone(model, prompt, steps, dev):
+    """Row 0 of `prompt` left-padded by 6 in a 2-row e8box:4 CUDA cache (each row's tokens at its own positions,
+    as generate() gives them), then 4 steps, against the row alone in a cache of its own: the largest |logit
+    difference|."""
+    ids, mask = prompt.clone(), torch.ones_like(prompt)
+    ids[0, :6], mask[0, :6] = 0, 0
+    both = gpu_cache(model, "e8box:4", 2, dev=dev)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        a = [model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=both,
+                   use_cache=True).logits[:, -1].float()]
+        for i in range(4):
+            mask, pos = torch.cat((mask, torch.ones_like(mask[:, :1])), 1), pos[:, -1:] + 1
+            a.append(model(input_ids=steps[:, i:i + 1], attention_mask=mask, position_ids=pos, past_key_values=both,
+                           use_cache=True).logits[:, -1].float())
+        both.detach(model.config)
+        alone = gpu_cache(model, "e8box:4", 1, dev=dev)
+        b = [model(input_ids=prompt[:1, 6:], past_key_values=alone, use_cache=True).logits[:, -1].float()]
+        for i in range(4):
+            b.append(model(input_ids=steps[:1, i:i + 1], past_key_values=alone, use_cache=True).logits[:, -1].float())
+        alone.detach(model.config)
+    return float((torch.stack(a)[:, 0] - torch.stack(b)[:, 0]).abs().max())
+
+
 def _hybrid_inputs(on, t=20, n=14, seed=5):
     g = torch.Generator().manual_seed(seed)
     dev = "cuda" if on == "cuda" else "cpu"
@@ -1895,16 +1949,7 @@ def test_hybrid_model_cpu_cache(kind):
     print(f"{kind}: max |logit diff| vs DynamicCache: f32 {errs['f32']:.3g}, e8:4,sink=1 {errs['e8:4,sink=1']:.3g}; "
           f"without the window {control:.3g} (max |logit| {scale:.3g})")
     assert errs["f32"] <= 1e-5 * scale and control > 1e-2 * scale and errs["e8:4,sink=1"] < control
-    model.generation_config.pad_token_id = 0
-    ids, mask = prompt.clone(), torch.ones_like(prompt)
-    ids[0, :6], mask[0, :6] = 0, 0
-    with torch.no_grad():
-        ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
-        refb = model.generate(input_ids=prompt[1:], max_new_tokens=8, num_beams=3, do_sample=False)
-        with e8kv.hf.compress(model, "f32"):
-            got = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
-            gotb = model.generate(input_ids=prompt[1:], max_new_tokens=8, num_beams=3, do_sample=False)
-    assert torch.equal(ref, got) and torch.equal(refb, gotb)
+    _generate_as_dynamic(model, prompt)
 
 
 @pytest.mark.parametrize("kind", ["qwen2", "gemma3", "exaone4"])
@@ -1932,26 +1977,7 @@ def test_hybrid_model_cuda_cache(dev, kind):
           f"{control:.3g} (max |logit| {scale:.3g})")
     assert err <= 1e-2 * scale < control, (err, control, scale)
     # padded batch: each row as alone (its pads never stored in the pages, masked in the sliding layers)
-    ids, mask = prompt.clone(), torch.ones_like(prompt)
-    ids[0, :6], mask[0, :6] = 0, 0
-    both = gpu_cache(model, "e8box:4", 2, dev=dev)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)  # each row's tokens at its own positions, as generate() gives them
-    with torch.no_grad():
-        a = [model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=both,
-                   use_cache=True).logits[:, -1].float()]
-        for i in range(4):
-            mask = torch.cat((mask, torch.ones_like(mask[:, :1])), 1)
-            pos = pos[:, -1:] + 1
-            a.append(model(input_ids=steps[:, i:i + 1], attention_mask=mask, position_ids=pos, past_key_values=both,
-                           use_cache=True).logits[:, -1].float())
-    both.detach(model.config)
-    alone = gpu_cache(model, "e8box:4", 1, dev=dev)
-    with torch.no_grad():
-        b = [model(input_ids=prompt[:1, 6:], past_key_values=alone, use_cache=True).logits[:, -1].float()]
-        for i in range(4):
-            b.append(model(input_ids=steps[:1, i:i + 1], past_key_values=alone, use_cache=True).logits[:, -1].float())
-    alone.detach(model.config)
-    perr = float((torch.stack(a)[:, 0] - torch.stack(b)[:, 0]).abs().max())
+    perr = _padded_row_as_alone(model, prompt, steps, dev)
     print(f"{kind} on {dev}: padded row vs alone max |logit diff| {perr:.3g}")
     assert perr <= 1e-3 * scale, perr
 
@@ -2118,16 +2144,7 @@ def test_learned_sinks_cpu_cache():
     print(f"gpt-oss CPU cache: max |logit diff| vs DynamicCache: f32 {errs['f32']:.3g}, e8:4,sink=1 "
           f"{errs['e8:4,sink=1']:.3g}; without the sinks {control:.3g} (max |logit| {scale:.3g})")
     assert errs["f32"] <= 1e-5 * scale and control > 0.1 * scale and errs["e8:4,sink=1"] < control
-    model.generation_config.pad_token_id = 0
-    ids, mask = prompt.clone(), torch.ones_like(prompt)
-    ids[0, :6], mask[0, :6] = 0, 0
-    with torch.no_grad():
-        ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
-        refb = model.generate(input_ids=prompt[1:], max_new_tokens=8, num_beams=3, do_sample=False)
-        with e8kv.hf.compress(model, "f32"):
-            got = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False)
-            gotb = model.generate(input_ids=prompt[1:], max_new_tokens=8, num_beams=3, do_sample=False)
-    assert torch.equal(ref, got) and torch.equal(refb, gotb)
+    _generate_as_dynamic(model, prompt)
 
 
 def test_learned_sinks_cuda_cache(dev):
@@ -2142,15 +2159,7 @@ def test_learned_sinks_cuda_cache(dev):
     prompt, steps = _hybrid_inputs(on, t=20, n=34)
 
     def run(cache):
-        out = run_steps(model, cache, prompt, steps[:, :6])
-        with torch.no_grad():
-            for a, b in ((6, 9), (9, 33), (33, 34)):
-                out = torch.cat((out, model(input_ids=steps[:, a:b], past_key_values=cache,
-                                            use_cache=True).logits[:, -1].float()[None]))
-        if hasattr(cache, "detach"):
-            cache.detach(model.config)
-            cache.check()
-        return out
+        return _steps_then_chunks(model, cache, prompt, steps, 6, ((6, 9), (9, 33), (33, 34)))
     want = run(DynamicCache(config=model.config))
     plain = oss_model(on, sinks=False)
     control = float((run_steps(plain, DynamicCache(config=plain.config), prompt, steps[:, :6]) - want[:7]).abs().max())
@@ -2164,24 +2173,7 @@ def test_learned_sinks_cuda_cache(dev):
           f"{errs['e8box:4']:.3g}; without the sinks {control:.3g} (max |logit| {scale:.3g})")
     assert errs["bf16"] <= 1e-2 * scale and control > 0.1 * scale and errs["e8box:4"] < control
     # a padded batch (the prompt's boolean mask gets the sink's column): row 0 as alone
-    ids, mask = prompt.clone(), torch.ones_like(prompt)
-    ids[0, :6], mask[0, :6] = 0, 0
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    both, alone = gpu_cache(model, "e8box:4", 2, dev=dev), None
-    with torch.no_grad():
-        a = [model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=both,
-                   use_cache=True).logits[:, -1].float()]
-        for i in range(4):
-            mask, pos = torch.cat((mask, torch.ones_like(mask[:, :1])), 1), pos[:, -1:] + 1
-            a.append(model(input_ids=steps[:, i:i + 1], attention_mask=mask, position_ids=pos, past_key_values=both,
-                           use_cache=True).logits[:, -1].float())
-        both.detach(model.config)
-        alone = gpu_cache(model, "e8box:4", 1, dev=dev)
-        b = [model(input_ids=prompt[:1, 6:], past_key_values=alone, use_cache=True).logits[:, -1].float()]
-        for i in range(4):
-            b.append(model(input_ids=steps[:1, i:i + 1], past_key_values=alone, use_cache=True).logits[:, -1].float())
-        alone.detach(model.config)
-    perr = float((torch.stack(a)[:, 0] - torch.stack(b)[:, 0]).abs().max())
+    perr = _padded_row_as_alone(model, prompt, steps, dev)
     print(f"gpt-oss on {dev}: padded row vs alone max |logit diff| {perr:.3g}")
     assert perr <= 1e-3 * scale, perr
 
@@ -2290,15 +2282,8 @@ def test_more_than_8_query_heads_per_kv_head(n_head, n_kv):
         model = LlamaForCausalLM(cfg).float().eval()
     prompt, steps = _hybrid_inputs("cuda", t=20, n=12)
 
-    def run(cache, step=None):
-        out = run_steps(model, cache, prompt, steps[:, :8], step=step)
-        with torch.no_grad():
-            out = torch.cat((out, model(input_ids=steps[:, 8:11], past_key_values=cache,
-                                        use_cache=True).logits[:, -1].float()[None]))
-        if hasattr(cache, "detach"):
-            cache.detach(model.config)
-            cache.check()
-        return out
+    def run(cache):
+        return _steps_then_chunks(model, cache, prompt, steps, 8, ((8, 11),))
     want = run(DynamicCache(config=model.config))
     scale = float(want.abs().max())
     errs = {spec: float((run(gpu_cache(model, spec, 2)) - want).abs().max()) for spec in ("bf16", "e8box:4")}
