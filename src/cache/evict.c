@@ -147,19 +147,6 @@ void e8kv_evict_reset(e8kv_cache *c, kv_layer *L) {
 
 /* ---------------------------------------------------------------- scoring */
 
-/* RoPE of one vector at position pos, in the cache's layout (the engine's angles, in double). */
-static void rope_one(const e8kv_cache *c, float *x, size_t pos) {
-    const size_t d = c->head_dim, half = d / 2;
-    for (size_t i = 0; i < half; i++) {
-        const double a = fmod((double)pos * c->rope_inv_freq[i], 6.283185307179586);
-        const float cs = (float)cos(a), sn = (float)sin(a);
-        const size_t i0 = c->rope_neox ? i : 2 * i, i1 = c->rope_neox ? i + half : 2 * i + 1;
-        const float x0 = x[i0], x1 = x[i1];
-        x[i0] = x0 * cs - x1 * sn;
-        x[i1] = x0 * sn + x1 * cs;
-    }
-}
-
 /* One observer (query qv already scaled, at position pq, or the key of slot self) over the n keys K of
  * one head with positions kp: softmax over the keys it sees, weights added to score (and 1 to cnt). */
 static void observe(const float *qv, size_t pq, size_t self, const float *K, const size_t *kp, size_t n,
@@ -191,10 +178,11 @@ static void observe(const float *qv, size_t pq, size_t self, const float *K, con
 }
 
 /* Scores of the n slots of head h of layer l. q: the layer's queries (n_q, n_head * d) before RoPE at
- * positions q_pos0..., or NULL. Scratch: K (n, d), kp (n), w (n), cnt (n). */
+ * positions q_pos0..., or NULL; rope: what turns them (the cache's RoPE; NULL: none). Scratch: K (n, d),
+ * kp (n), w (n), cnt (n). */
 static void score_head(const e8kv_cache *c, const kv_layer *L, size_t h, int scorer, const float *q,
-                       size_t n_head, size_t n_q, size_t q_pos0, double *score, float *K, size_t *kp,
-                       float *w, double *cnt) {
+                       size_t n_head, size_t n_q, size_t q_pos0, const e8kv_rope *rope, double *score,
+                       float *K, size_t *kp, float *w, double *cnt) {
     const size_t n = L->n_tokens, d = c->head_dim;
     for (size_t j = 0; j < n; j++) {
         score[j] = 0.0;
@@ -237,7 +225,7 @@ static void score_head(const e8kv_cache *c, const kv_layer *L, size_t h, int sco
     for (size_t t = q0; t < n_q; t++)
         for (size_t hq = h * g; hq < (h + 1) * g; hq++) {
             memcpy(qv, q + t * row + hq * d, d * sizeof(float));
-            if (kv_has_rope(c)) rope_one(c, qv, q_pos0 + t);
+            if (rope) e8kv_rope_apply(rope, qv, 1, 1, q_pos0 + t); /* as the keys' reads turn them */
             for (size_t i = 0; i < d; i++)
                 qv[i] *= scale;
             observe(qv, q_pos0 + t, SIZE_MAX, K, kp, n, d, w, score, NULL);
@@ -278,7 +266,7 @@ static void move_slot(const e8kv_cache *c, const kv_format *f, kv_page *tab, siz
  * whole pages, which cost the same). protect_new: the newest slots also kept (those of the append that
  * triggered it). 0 or an error; on an error nothing changed. */
 static size_t evict_layer(e8kv_cache *c, size_t l, size_t m_want, size_t protect_new, const float *q,
-                          size_t n_head, size_t n_q, size_t q_pos0) {
+                          size_t n_head, size_t n_q, size_t q_pos0, const e8kv_rope *rope) {
     kv_layer *L = &c->layers[l];
     const size_t n = L->n_tokens, H = c->n_head_kv, d = c->head_dim, P = c->page_tokens;
     const size_t lo = c->n_sink > 0 ? c->n_sink : 1; /* slots [0, lo) kept: sinks, or BOS */
@@ -300,8 +288,8 @@ static size_t evict_layer(e8kv_cache *c, size_t l, size_t m_want, size_t protect
     uint32_t *npos = malloc(H * m * sizeof *npos);
     size_t r = score && cnt && K && w && kp && keep && rk && flag && npos ? 0 : E8KV_ERR(OUT_OF_MEMORY);
     for (size_t h = 0; h < H && !r; h++) {
-        score_head(c, L, h, scorer, q ? q + l * n_q * n_head * d : NULL, n_head, n_q, q_pos0, score, K, kp, w,
-                   cnt);
+        score_head(c, L, h, scorer, q ? q + l * n_q * n_head * d : NULL, n_head, n_q, q_pos0, rope, score, K,
+                   kp, w, cnt);
         for (size_t j = lo; j < hi; j++)
             rk[j - lo] = (ranked){score[j], j};
         qsort(rk, hi - lo, sizeof *rk, by_score_desc);
@@ -358,7 +346,7 @@ size_t e8kv_evict_after_append(e8kv_cache *c, size_t l, size_t n_new) {
     if (!c->ev.scorer || !c->ev.budget) return 0;
     const kv_layer *L = &c->layers[l];
     if (L->n_tokens <= c->ev.budget + c->page_tokens) return 0; /* a page of slack: not at every token */
-    const size_t r = evict_layer(c, l, c->ev.budget, n_new, NULL, 0, 0, 0);
+    const size_t r = evict_layer(c, l, c->ev.budget, n_new, NULL, 0, 0, 0, NULL); /* (no queries to turn) */
     e8kv_cache_compact_pages(c);
     return r == E8KV_ERR(OUT_OF_MEMORY) ? 0 : r; /* best effort: the append itself stands */
 }
@@ -369,14 +357,26 @@ size_t e8kv_cache_evict(e8kv_cache *cache, const float *q, size_t n_head, size_t
     if (!q && (cache->ev.scorer == KV_EVICT_SNAPKV || cache->ev.scorer == KV_EVICT_H2O))
         return E8KV_ERR(BAD_ARGUMENT);
     if (q && !e8kv_all_finite(q, cache->n_layer * n_q * n_head * cache->head_dim)) return E8KV_ERR(NONFINITE);
-    size_t n_max = 0, r = 0;
+    /* the queries turn by the cache's RoPE: its own object (rope=pre, center=rope), else one for this call */
+    const e8kv_rope *rope = cache->rope;
+    e8kv_rope *made = NULL;
+    size_t r = 0;
+    if (q && kv_has_rope(cache) && !rope) {
+        made = cache->rope_freqs
+                   ? e8kv_rope_create_freqs(cache->head_dim, cache->rope_inv_freq, cache->rope_neox, &r)
+                   : e8kv_rope_create(cache->head_dim, cache->rope_theta, cache->rope_neox, &r);
+        if (!made) return r;
+        rope = made;
+    }
+    size_t n_max = 0;
     for (size_t l = 0; l < cache->n_layer && !e8kv_is_error(r); l++) {
         kv_layer *L = &cache->layers[l];
         const size_t n = L->n_tokens;
         const size_t m = n - (size_t)floor((double)L->evict_frac * (double)n);
-        r = evict_layer(cache, l, m, 0, q, n_head, n_q, q_pos0);
+        r = evict_layer(cache, l, m, 0, q, n_head, n_q, q_pos0, q ? rope : NULL);
         if (L->n_tokens > n_max) n_max = L->n_tokens;
     }
+    e8kv_rope_free(made);
     e8kv_cache_compact_pages(cache); /* the evicted pages' slabs go back to the system */
     return e8kv_is_error(r) ? r : n_max;
 }
