@@ -362,10 +362,7 @@ size_t e8kv_cache_evict(e8kv_cache *cache, const float *q, size_t n_head, size_t
     e8kv_rope *made = NULL;
     size_t r = 0;
     if (q && kv_has_rope(cache) && !rope) {
-        made = cache->rope_freqs
-                   ? e8kv_rope_create_freqs(cache->head_dim, cache->rope_inv_freq, cache->rope_neox, &r)
-                   : e8kv_rope_create(cache->head_dim, cache->rope_theta, cache->rope_neox, &r);
-        if (!made) return r;
+        if (!(made = kv_rope_create(cache, &r))) return r;
         rope = made;
     }
     size_t n_max = 0;

@@ -347,6 +347,11 @@ static int init_pages(e8kv_cache *c) {
     return e8kv_pages_init(&c->pages, n_cls);
 }
 
+e8kv_rope *kv_rope_create(const e8kv_cache *c, size_t *err) {
+    return c->rope_freqs ? e8kv_rope_create_freqs(c->head_dim, c->rope_inv_freq, c->rope_neox, err)
+                         : e8kv_rope_create(c->head_dim, c->rope_theta, c->rope_neox, err);
+}
+
 e8kv_cache *e8kv_cache_create(const e8kv_cache_params *params, size_t *err) {
     if (err) *err = 0;
     if (!params || !params->spec || !params->n_layer || !params->n_head_kv || !params->n_ctx) {
@@ -617,9 +622,7 @@ static e8kv_cache *create_from(const e8kv_cache_params *params, cache_config *cf
         c->rope_inv_freq[i] = c->rope_freqs
                                   ? (double)c->rope_freqs[i]
                                   : pow((double)c->rope_theta, -2.0 * (double)i / (double)c->head_dim);
-    if ((c->rope_pre || c->center == 3) &&
-        !(c->rope = c->rope_freqs ? e8kv_rope_create_freqs(c->head_dim, c->rope_inv_freq, c->rope_neox, &r)
-                                  : e8kv_rope_create(c->head_dim, c->rope_theta, c->rope_neox, &r))) {
+    if ((c->rope_pre || c->center == 3) && !(c->rope = kv_rope_create(c, &r))) {
         fail_create(c, err, r);
         return NULL;
     }

@@ -222,6 +222,9 @@ struct e8kv_cache {
 static inline int kv_has_rope(const e8kv_cache *c) {
     return c->rope_theta > 0.0f || c->rope_freqs;
 }
+/* A RoPE object of the cache's frequencies and layout (rope_inv_freq set), or NULL and *err set: the cache's
+ * own (rope=pre, center=rope), or one for a caller that needs it where the cache has none (eviction). */
+e8kv_rope *kv_rope_create(const e8kv_cache *c, size_t *err);
 
 /* head_dim / 2 when the cache was made with params.rope_freqs, else 0 */
 static inline size_t kv_n_rope_freqs(const e8kv_cache *c) {
