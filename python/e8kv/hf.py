@@ -1499,11 +1499,20 @@ def _e8kv_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0
     if mask_function is not None:
         kw["mask_function"] = mask_function
     # the mask the fallback attention takes (eager: an additive float mask; sdpa: a boolean one)
-    fallback = getattr(cfg, "_e8kv_fallback", None) or "sdpa"
-    make = ALL_MASK_ATTENTION_FUNCTIONS[fallback] if fallback in ("eager", "flash_attention_2", "flash_attention_3",
-                                                                  "flex_attention") else sdpa_mask
+    make = ALL_MASK_ATTENTION_FUNCTIONS.get(getattr(cfg, "_e8kv_fallback", None) or "sdpa", sdpa_mask)
     return make(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
                 attention_mask=attention_mask, local_size=local_size, **kw)
+
+
+def _check_coded_call(module: torch.nn.Module, kwargs: dict) -> None:
+    """A coded layer's call must be plain softmax attention over the whole past: a sliding window the layer
+    passes (which its config's layer types do not declare; what the layer passes decides: EXAONE 4 keeps the
+    window on every attention module and passes it from its sliding layers alone) or soft-capping is refused."""
+    if kwargs.get("sliding_window") or kwargs.get("softcap"):
+        raise UnsupportedModelError(
+            f"e8kv cache: layer {getattr(module, 'layer_idx', '?')} passes a sliding window "
+            f"({kwargs.get('sliding_window')}) its config's layer types do not declare, or soft-capping "
+            f"({kwargs.get('softcap')}): e8kv codes full-attention layers with plain softmax attention")
 
 
 def e8kv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -1514,9 +1523,7 @@ def e8kv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     gpu = getattr(module.config, "_e8kv_cuda_cache", None)
     sinks = kwargs.get("s_aux")  # learned attention sinks (gpt-oss): a logit per query head
     if gpu is not None and query.device.type == gpu.device.type and not gpu.layers[module.layer_idx].is_sliding:
-        if kwargs.get("sliding_window"):  # the layer applies a window the config did not declare
-            raise UnsupportedModelError(f"e8kv CUDA cache: layer {module.layer_idx} passes a sliding window "
-                                        f"({kwargs['sliding_window']}) its config's layer_types do not declare")
+        _check_coded_call(module, kwargs)
         return gpu._attend(module, query, key, value, scaling, sinks)
     pending = getattr(_tls, "pending", None)
     layer = getattr(module, "layer_idx", None)
@@ -1529,10 +1536,7 @@ def e8kv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
         return fn(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     _tls.pending = None
     cache, layer, pos0, keep = pending
-    # (what the layer passes: some models keep the config's window on every attention module, e.g. EXAONE 4)
-    if kwargs.get("sliding_window") or kwargs.get("softcap"):
-        raise UnsupportedModelError("e8kv cache: a coded layer with sliding-window attention or soft-capping (e8kv "
-                                    "codes full-attention layers with plain softmax attention)")
+    _check_coded_call(module, kwargs)
     if dropout and module.training:
         raise NotImplementedError("e8kv cache: attention dropout (training) is not supported")
     out = cache._attend(layer, pos0, query, scaling, keep, sinks)
