@@ -589,8 +589,9 @@ class CudaCache:
         if not self._lib.e8kv_cuda_available():
             raise E8KVError(ErrorCode.UNSUPPORTED, "CudaCache: no usable CUDA device")
         self._spec_bytes = spec.encode()
-        if max_n_head and max_n_head % n_head_kv == 0 and max_n_head // n_head_kv > CUDA_GROUP_MAX:
-            max_n_head = n_head_kv * (max_n_head // n_head_kv // _group_split(max_n_head // n_head_kv))
+        g = max_n_head // n_head_kv if max_n_head and max_n_head % n_head_kv == 0 else 0
+        if g > CUDA_GROUP_MAX:  # attend() takes such groups in calls of g / k: the workspace is for one
+            max_n_head = n_head_kv * (g // _group_split(g))
         params = CudaCacheParams(n_layer=n_layer, n_head_kv=n_head_kv, head_dim=head_dim, block_size=block_size,
                                  n_blocks=n_blocks, spec=self._spec_bytes, seed=seed, max_ctx=max_ctx,
                                  max_seqs=max_seqs, max_batch=max_batch, max_n_head=max_n_head,
@@ -616,6 +617,7 @@ class CudaCache:
         self.rope_centre = bool(self._lib.e8kv_cuda_cache_rope_centred(self._p))  # append(rows=) needs positions=
         self.max_seqs = max_seqs
         self._shifts = None
+        self._sinks: dict[int, Any] = {}  # set_layer_sinks' tensors per layer (the C cache reads them)
 
     def set_row_shifts(self, shifts: Any) -> None:
         """center=rope caches whose rows drop whole pages from the middle (a token budget): shifts, an int32
@@ -640,7 +642,6 @@ class CudaCache:
         _check(self._lib.e8kv_cuda_set_layer_sinks(self._p, layer, sinks.data_ptr() if sinks is not None else None,
                                                    0 if sinks is None else sinks.numel()),
                f"set_layer_sinks layer {layer}")
-        self._sinks = getattr(self, "_sinks", {})
         self._sinks[layer] = sinks  # kept alive while the cache reads it
 
     def __del__(self) -> None:
