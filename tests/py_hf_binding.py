@@ -119,6 +119,15 @@ def test_cache_append_attend_save_load(tmp_path):
     with pytest.raises(e8kv.E8KVError) as e:
         kv.attend(0, q, 10)  # positions 10..49 are not stored
     assert e.value.code in (e8kv.ErrorCode.DIMENSION, e8kv.ErrorCode.BAD_ARGUMENT)
+    # learned sinks (e8kv_cache_attend_sinks): -inf for every head changes no bit; the wrong count, NaN or +inf
+    # are named errors
+    np.testing.assert_array_equal(kv.attend(0, q, 0, sinks=np.full(9, -np.inf, np.float32)), o0)
+    for bad, code in ((np.zeros(8, np.float32), e8kv.ErrorCode.SRC_SIZE),
+                      (np.array([0.0] * 8 + [np.nan], np.float32), e8kv.ErrorCode.NONFINITE),
+                      (np.array([np.inf] + [0.0] * 8, np.float32), e8kv.ErrorCode.NONFINITE)):
+        with pytest.raises(e8kv.E8KVError) as e:
+            kv.attend(0, q, 0, sinks=bad)
+        assert e.value.code == code
     raw = bytearray(kv.save())
     raw[len(raw) // 2] ^= 0x55
     with pytest.raises(e8kv.E8KVError) as e:
