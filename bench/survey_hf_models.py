@@ -18,7 +18,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(os.path.dirname(HERE), "python"), os.path.join(os.path.dirname(HERE), "tests")]
 import e8kv.hf  # noqa: E402
 import py_hf_cuda  # noqa: E402  (PagesTwin, run_steps)
-from e8kv import torch_ops  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache  # noqa: E402
 
 MODEL_TYPES = ["llama", "mistral", "qwen2", "qwen3", "smollm3", "phi3", "granite", "cohere", "starcoder2", "olmo2",
@@ -32,19 +31,6 @@ SMALL = dict(vocab_size=512, hidden_size=128, intermediate_size=128, num_hidden_
              qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=32, linear_num_value_heads=2,
              linear_num_key_heads=2, pad_token_id=0, num_experts_per_tok=2, first_k_dense_replace=1, n_group=1,
              topk_group=1, num_kv_heads=2)
-
-
-def twin() -> None:
-    """The CUDA cache's operators on the CPU over PagesTwin (as tests/py_hf_cuda.py's "cpu-twin" fixture)."""
-    torch.library.register_kernel("e8kv::append", "cpu")(
-        lambda state, cache, layer, slots, k, v, sink_slots=None, rows=None, positions=None: torch_ops._get(
-            cache).append(layer, slots, k, v, status=state, sink_slots=sink_slots, rows=rows,
-                          positions=positions) and None)
-    torch.library.register_kernel("e8kv::attend", "cpu")(
-        lambda state, cache, layer, q, tables, ctx, max_ctx, rows=None: torch_ops._get(cache).attend(
-            layer, q, tables, ctx, max_ctx, rows=rows))
-    e8kv.core.CudaCache = py_hf_cuda.PagesTwin
-    torch_ops.new_state = lambda device=None: torch.zeros(1, dtype=torch.int32)
 
 
 def small_model(kind: str) -> torch.nn.Module:
@@ -67,7 +53,8 @@ def small_model(kind: str) -> torch.nn.Module:
 
 def main() -> None:
     warnings.filterwarnings("ignore")
-    twin()
+    for obj, name, value in py_hf_cuda.twin_patches():  # the CUDA cache's Python over PagesTwin
+        setattr(obj, name, value)
     g = torch.Generator().manual_seed(5)
     prompt, steps = torch.randint(0, 512, (2, 20), generator=g), torch.randint(0, 512, (2, 8), generator=g)
     caches = {"cpu f32": lambda m: e8kv.hf.E8KVCache(m.config, "f32"),

@@ -527,7 +527,18 @@ def dev(request, monkeypatch):
     operators' CPU kernels call the twin), which checks its bookkeeping wherever the tests run."""
     if request.param == "cuda":
         return "cuda"
-    import e8kv.hf
+    for obj, name, value in twin_patches():
+        monkeypatch.setattr(obj, name, value)
+    return torch.device("cpu", 0)
+
+
+_TWIN_KERNELS = False
+
+
+def twin_patches() -> list:
+    """The CUDA cache's operators get CPU kernels that call the registered cache (once per process); returns
+    the patches that put PagesTwin in place of e8kv.CudaCache: (object, attribute, value) each."""
+    import e8kv.hf  # noqa: F401
     from e8kv import torch_ops
     global _TWIN_KERNELS
     if not _TWIN_KERNELS:
@@ -539,12 +550,8 @@ def dev(request, monkeypatch):
             lambda state, cache, layer, q, tables, ctx, max_ctx, rows=None: torch_ops._get(cache).attend(
                 layer, q, tables, ctx, max_ctx, rows=rows))
         _TWIN_KERNELS = True
-    monkeypatch.setattr(e8kv.core, "CudaCache", PagesTwin)
-    monkeypatch.setattr(torch_ops, "new_state", lambda device=None: torch.zeros(1, dtype=torch.int32))
-    return torch.device("cpu", 0)
-
-
-_TWIN_KERNELS = False
+    return [(e8kv.core, "CudaCache", PagesTwin),
+            (torch_ops, "new_state", lambda device=None: torch.zeros(1, dtype=torch.int32))]
 
 
 def model_on(dev):
