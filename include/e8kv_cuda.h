@@ -48,7 +48,13 @@
  *             (E8KV_ERROR_SPEC otherwise).
  * Not on the GPU yet, E8KV_ERROR_SPEC: window=, rope=pre (keys arrive after RoPE), auto=, eviction,
  * page= (block_size is the parameter), presets and the formats without a GPU page format.
- * head_dim 64 or 128 (E8KV_ERROR_HEAD_DIM otherwise); query heads per KV head 1..8.
+ * head_dim 64, 128 or 256 (E8KV_ERROR_HEAD_DIM otherwise); query heads per KV head 1..8 (1..4 at 256).
+ * head_dim 256 (Gemma 3 1B/4B/12B): each vector is kept as its two halves (coordinates 0..127, 128..255),
+ * each coded by the head_dim-128 codec of the spec and seed, so its bytes are those of the two halves'
+ * e8kv_codec_encode (e8kv_cuda_seq_read_vector returns them one after the other), and a page holds
+ * 2 · n_head_kv heads of 128; the attention (a simple CUDA-core kernel, not the tensor-core kernels of 64 and
+ * 128) adds the halves' scores before its softmax. center=rope is E8KV_ERROR_SPEC there (its RoPE pairs
+ * would straddle the halves); center=1 and the rest as above.
  *
  * Errors are the library's size_t codes (e8kv.h); a failing CUDA call is E8KV_ERROR_CUDA, a failed
  * allocation E8KV_ERROR_OUT_OF_MEMORY. A rejected append (NaN/Inf: E8KV_ERROR_NONFINITE, a value beyond
@@ -68,7 +74,7 @@ typedef enum { E8KV_DTYPE_F32 = 0, E8KV_DTYPE_F16 = 1, E8KV_DTYPE_BF16 = 2 } e8k
 typedef struct {
     size_t n_layer;
     size_t n_head_kv;
-    size_t head_dim;   /* 64 or 128 */
+    size_t head_dim;   /* 64, 128 or 256 */
     size_t block_size; /* tokens per page, a multiple of 16 (0: 16) */
     size_t n_blocks;   /* pages per (layer, stream) */
     const char *spec;  /* "e8box:4", "e8box:3", "e8p:2", "bf16", "f16", "k=e8box:4,v=bf16", ... (above) */
@@ -76,7 +82,7 @@ typedef struct {
     size_t max_ctx;    /* longest sequence (0: n_blocks * block_size); sizes block tables and workspace */
     size_t max_seqs;   /* sequences the cache may own at once (0: 256) */
     size_t max_batch;  /* sequences per attend call (0: 256); sizes the split-K workspace */
-    size_t max_n_head; /* query heads per attend call (0: 8 * n_head_kv) */
+    size_t max_n_head; /* query heads per attend call (0: 8 * n_head_kv; 4 * n_head_kv at head_dim 256) */
     size_t max_append; /* tokens per append call before it is cut into pieces (0: 4096) */
     int device;        /* CUDA device ordinal */
     float rope_theta;  /* RoPE base frequency, needed by center=rope (0: none) ... */
@@ -99,7 +105,8 @@ void e8kv_cuda_cache_free(e8kv_cuda_cache *cache);
 size_t e8kv_cuda_cache_device_bytes(const e8kv_cuda_cache *cache);
 /* Bytes of one token in the pages: all layers, K and V, all KV heads. */
 size_t e8kv_cuda_cache_token_bytes(const e8kv_cuda_cache *cache);
-/* Bytes of one vector (one token, one head) of a stream (0 = K, 1 = V) of a layer. */
+/* Bytes of one vector (one token, one head) of a stream (0 = K, 1 = V) of a layer (head_dim 256: of its two
+ * halves). */
 size_t e8kv_cuda_cache_vector_bytes(const e8kv_cuda_cache *cache, size_t layer, int stream);
 /* The page pool of (layer, stream): its device address and the bytes of one page. For zero-copy use by a
  * serving engine and for tests (doc/format.md §6). Returns the page size or an error. */
@@ -286,7 +293,8 @@ size_t e8kv_cuda_seq_attend(e8kv_cuda_cache *cache, size_t layer, float *d_out, 
 size_t e8kv_cuda_seq_gather(e8kv_cuda_cache *cache, size_t layer, void *d_k, void *d_v, e8kv_dtype dtype,
                             const size_t *seqs, size_t n_seq, size_t n_tok);
 /* Copies the bytes of vector (seq, layer, stream, pos, head) back to the host in the CPU codec's order
- * (e8kv_codec_encode of the same spec): what the tests compare. Returns the vector bytes or an error. */
+ * (e8kv_codec_encode of the same spec; head_dim 256: the halves' codes, half 0 first): what the tests
+ * compare. Returns the vector bytes or an error. */
 size_t e8kv_cuda_seq_read_vector(const e8kv_cuda_cache *cache, void *dst, size_t dst_capacity, size_t seq,
                                  size_t layer, int stream, size_t pos, size_t head);
 /* The same for a caller-owned slot. */

@@ -228,7 +228,9 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
     e8kv_cuda_cache *c = e8kv_cuda_cache_create(&p, &err);
     CHECK(c, "create %s: %s", sc->spec, e8kv_error_name(err));
     if (!c) return;
-    cpu_fmt kf = cpu_fmt_make(sc->kname, d, seed), vf = cpu_fmt_make(sc->vname, d, seed);
+    /* head_dim 256: each vector is its two halves of 128, each the head_dim-128 codec's (e8kv_cuda.h) */
+    const size_t cd = d == 256 ? 128 : d, nh = d / cd;
+    cpu_fmt kf = cpu_fmt_make(sc->kname, cd, seed), vf = cpu_fmt_make(sc->vname, cd, seed);
     /* center=1 unless the spec says center=0: the e8box and e8p streams code x − μ, μ the mean of the
      * sequence's first append (here its prefill, or one token: 0) as the CPU cache computes it */
     const int cen[2] = {
@@ -356,7 +358,9 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
             snprintf(cspec, sizeof cspec, "%s,rope=post", sc->spec);
             e8kv_cache_params cp;
             memset(&cp, 0, sizeof cp);
-            cp.n_layer = 1, cp.n_head_kv = n_kv, cp.head_dim = d, cp.n_ctx = lens[s], cp.spec = cspec, cp.seed = seed;
+            cp.n_layer = 1, cp.n_head_kv = n_kv * nh, cp.head_dim = cd, cp.n_ctx = lens[s], cp.spec = cspec,
+            cp.seed =
+                seed; /* head_dim 256: a CPU cache of the halves (the same rows, twice the heads of 128) */
             cp.rope_theta = rope ? p.rope_theta : 0.0f;
             cp.rope_freqs = rope ? p.rope_freqs : NULL;
             size_t e = 0;
@@ -376,7 +380,7 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
                 for (int st = 0; st < 2; st++) {
                     const cpu_fmt *f = st ? &vf : &kf;
                     const float *const mu = MU + (s * 2 + st) * row + h * d;
-                    float x[128], turned[128]; /* center=rope: R_pos·μ at the chosen pairs, else 0 */
+                    float x[256], turned[256]; /* center=rope: R_pos·μ at the chosen pairs, else 0 */
                     memset(turned, 0, sizeof turned);
                     if (rope && st == 0) {
                         for (int c8 = 0; c8 < 8; c8++) {
@@ -389,32 +393,36 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
                     for (size_t i = 0; i < d; i++)
                         x[i] = ((st ? V[s] : K[s])[pos * row + h * d + i] - mu[i]) - turned[i];
                     const size_t r = e8kv_cuda_seq_read_vector(c, gb, sizeof gb, ids[s], layer, st, pos, h);
-                    CHECK(r == f->vb, "read_vector: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "size");
-                    cpu_encode(f, cb, x);
+                    CHECK(r == nh * f->vb, "read_vector: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "size");
+                    for (size_t hh = 0; hh < nh; hh++)
+                        cpu_encode(f, cb + hh * f->vb, x + hh * cd);
                     n_vec++;
                     uint8_t pb[1024];
                     if (cpu && pos >= sc->sink) {
-                        const size_t vb = e8kv_test_cpu_vector(cpu, 0, st, h, pos, pb, sizeof pb);
+                        size_t vb = 0;
+                        for (size_t hh = 0; hh < nh; hh++)
+                            vb += e8kv_test_cpu_vector(cpu, 0, st, h * nh + hh, pos, pb + hh * f->vb, f->vb);
                         cpu_vec++;
-                        if (vb != f->vb || memcmp(gb, pb, f->vb)) {
+                        if (vb != nh * f->vb || memcmp(gb, pb, nh * f->vb)) {
                             if (cpu_mism < 3)
                                 printf("  differs from the CPU cache: %s seq %zu pos %zu head %zu %s\n", sc->spec, s,
                                        pos, h, st ? "V" : "K");
                             cpu_mism++;
                         }
                     }
-                    if (memcmp(gb, cb, f->vb)) {
+                    if (memcmp(gb, cb, nh * f->vb)) {
                         if (mism < 3) {
                             printf("  bytes differ: %s seq %zu pos %zu head %zu %s:", sc->spec, s, pos, h,
                                    st ? "V" : "K");
-                            for (size_t i = 0; i < f->vb && i < 12; i++)
+                            for (size_t i = 0; i < nh * f->vb && i < 12; i++)
                                 printf(" %02x/%02x", gb[i], cb[i]);
                             printf("\n");
                         }
                         mism++;
                     }
                     float *const y = (st ? DV[s] : DK[s]) + pos * row + h * d;
-                    cpu_decode(f, y, gb);
+                    for (size_t hh = 0; hh < nh; hh++)
+                        cpu_decode(f, y + hh * cd, gb + hh * f->vb);
                     for (size_t i = 0; i < d; i++)
                         y[i] = (y[i] + mu[i]) + turned[i];
                 }
@@ -500,7 +508,7 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
     for (size_t s = 0; s < n_seq; s++)
         for (size_t h = 0; h < n_head; h++) {
             const size_t kh = h / G;
-            double ref[128];
+            double ref[256];
             const double vmax =
                 ref_attention(q + (s * n_head + h) * d, d, lens[s], row, sc->sink, K[s] + kh * d,
                               DK[s] + kh * d, V[s] + kh * d, DV[s] + kh * d, sc_, ref);
@@ -527,7 +535,7 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
     for (size_t s = 1; s < n_seq; s++)
         s_long = lens[s] > lens[s_long] ? s : s_long;
     for (size_t h = 0; h < n_head; h++) {
-        double ref[128], lse = 0.0;
+        double ref[256], lse = 0.0;
         if (lens[s_long]) {
             const size_t kh = h / G;
             ref_attention(q + (s_long * n_head + h) * d, d, lens[s_long], row, sc->sink, K[s_long] + kh * d,
@@ -545,10 +553,11 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
     ls[0] = -INFINITY;
     CU(cudaMalloc((void **)&d_ls, n_head * sizeof(float)));
     CU(cudaMemcpy(d_ls, ls, n_head * sizeof(float), cudaMemcpyHostToDevice));
-    CHECK(e8kv_cuda_set_layer_sinks(c, layer, d_ls, n_head + n_kv) == 0 || n_head / n_kv == 8,
+    const size_t g_max = d == 256 ? 4 : 8; /* query heads per KV head the cache takes */
+    CHECK(e8kv_cuda_set_layer_sinks(c, layer, d_ls, n_head + n_kv) == 0 || n_head / n_kv == g_max,
           "set_layer_sinks with a larger n_head");
     CHECK(e8kv_cuda_seq_attend(c, layer, dout, dq, dt, ids, n_seq, n_head) == E8KV_ERR(DIMENSION) ||
-              n_head / n_kv == 8,
+              n_head / n_kv == g_max,
           "attend with another n_head than the sinks'");
     CHECK(e8kv_cuda_set_layer_sinks(c, layer, d_ls, n_head) == 0, "set_layer_sinks");
     CU(cudaMemset(dout, 0xff, n_seq * n_head * d * sizeof(float)));
@@ -565,7 +574,7 @@ static void run_case(const spec_case *sc, size_t d, size_t n_kv, size_t G, const
     for (size_t s = 0; s < n_seq; s++)
         for (size_t h = 0; h < n_head; h++) {
             const size_t kh = h / G;
-            double ref[128], ref0[128];
+            double ref[256], ref0[256];
             const double vmax =
                 ref_attention_ls(q + (s * n_head + h) * d, d, lens[s], row, sc->sink, K[s] + kh * d,
                                  DK[s] + kh * d, V[s] + kh * d, DV[s] + kh * d, ls[h], sc_, ref);
@@ -655,7 +664,7 @@ static void test_isolation(const char *spec, size_t d) {
     CU(cudaMemcpy(dslots, slots, sizeof slots, cudaMemcpyHostToDevice));
     size_t r = e8kv_cuda_append_slots(c, 0, dslots, dk, dv, len, E8KV_DTYPE_F32);
     CHECK(r == len, "append_slots: %s", e8kv_is_error(r) ? e8kv_error_name(r) : "count");
-    float q[n_head * 128];
+    float q[n_head * 256];
     for (size_t i = 0; i < n_head * d; i++)
         q[i] = gauss();
     void *dq = to_device(q, n_head * d, E8KV_DTYPE_F32);
@@ -664,7 +673,7 @@ static void test_isolation(const char *spec, size_t d) {
     CU(cudaMemcpy(dt, table, sizeof table, cudaMemcpyHostToDevice));
     CU(cudaMalloc((void **)&dctx, sizeof ctx));
     CU(cudaMemcpy(dctx, ctx, sizeof ctx, cudaMemcpyHostToDevice));
-    float *dout, o1[n_head * 128], o2[n_head * 128];
+    float *dout, o1[n_head * 256], o2[n_head * 256];
     CU(cudaMalloc((void **)&dout, sizeof o1));
     CU(cudaMemset(dout, 0xff, sizeof o1));
     r = e8kv_cuda_attend(c, 0, dout, dq, E8KV_DTYPE_F32, 1, n_head, dt, 40, dctx, len, NULL, 0, NULL);
@@ -740,7 +749,7 @@ static void test_isolation(const char *spec, size_t d) {
         const size_t n2 = 2 * n_head * d;
         int32_t *dc2;
         unsigned *dstat, stat = 0;
-        float *dout2, *good = (float *)malloc(n2 * 4), *got = (float *)malloc(n2 * 4), q2[2 * n_head * 128];
+        float *dout2, *good = (float *)malloc(n2 * 4), *got = (float *)malloc(n2 * 4), q2[2 * n_head * 256];
         for (size_t i = 0; i < n2; i++)
             q2[i] = gauss();
         void *dq2 = to_device(q2, n2, E8KV_DTYPE_F32);
@@ -1715,7 +1724,7 @@ static void test_graph(const char *spec, size_t d) {
     CHECK(ca && cb, "create: %s", e8kv_error_name(err));
     if (!ca || !cb) return;
     const size_t row = n_kv * d, n_rows = 64;
-    float *k = (float *)malloc(n_rows * row * 4), *v = (float *)malloc(n_rows * row * 4), q[8 * 128];
+    float *k = (float *)malloc(n_rows * row * 4), *v = (float *)malloc(n_rows * row * 4), q[8 * 256];
     int32_t table[2][8], ctx[2];
     for (size_t s = 0; s < n_seq; s++)
         for (size_t i = 0; i < W; i++)
@@ -1724,7 +1733,7 @@ static void test_graph(const char *spec, size_t d) {
     int32_t *dt, *dctx;
     int64_t *dslots;
     unsigned *dstatus, status = 0;
-    float *dq, *douta, *doutb, oa[2 * 8 * 128], ob[2 * 8 * 128];
+    float *dq, *douta, *doutb, oa[2 * 8 * 256], ob[2 * 8 * 256];
     void *dk, *dv;
     CU(cudaMalloc((void **)&dt, sizeof table));
     CU(cudaMemcpy(dt, table, sizeof table, cudaMemcpyHostToDevice));
@@ -1776,7 +1785,7 @@ static void test_graph(const char *spec, size_t d) {
           e8kv_error_name(r2));
     CU(cudaGraphInstantiate(&exec, graph, 0));
     int same_out = 1, finite = 1, bad_steps = 0, first_bad = -1, first_how = 0;
-    static float oprev[2 * 8 * 128];
+    static float oprev[2 * 8 * 256];
     for (size_t step = 0; step < steps; step++) {
         fill_rows(k, n_seq * n_kv, d);
         fill_rows(v, n_seq * n_kv, d);
@@ -1788,7 +1797,7 @@ static void test_graph(const char *spec, size_t d) {
             ctx[s] = (int32_t)(pos + 1);
         }
         /* the bf16 inputs both caches read */
-        uint16_t kb[2 * 2 * 128], vb[2 * 2 * 128], qb[2 * 8 * 128];
+        uint16_t kb[2 * 2 * 256], vb[2 * 2 * 256], qb[2 * 8 * 256];
         for (size_t i = 0; i < n_seq * row; i++)
             kb[i] = bf16_rne(k[i]), vb[i] = bf16_rne(v[i]);
         for (size_t i = 0; i < n_seq * n_head * d; i++)
@@ -1881,6 +1890,55 @@ static void test_graph(const char *spec, size_t d) {
     CU(cudaFree(dv));
     e8kv_cuda_cache_free(ca);
     e8kv_cuda_cache_free(cb);
+}
+
+/* head_dim 256: what it refuses by name (center=rope, more than 4 query heads per KV head, another head_dim),
+ * and the sizes it reports (a vector's bytes are its two halves') */
+static void test_pair_refusals(void) {
+    e8kv_cuda_cache_params p;
+    memset(&p, 0, sizeof p);
+    p.n_layer = 1, p.n_head_kv = 2, p.head_dim = 256, p.n_blocks = 8, p.spec = "e8box:4,center=rope";
+    p.rope_theta = 10000.0f;
+    size_t err = 0;
+    e8kv_cuda_cache *c = e8kv_cuda_cache_create(&p, &err);
+    CHECK(!c && err == E8KV_ERR(SPEC), "head_dim 256 with center=rope: %s",
+          c ? "created" : e8kv_error_name(err));
+    e8kv_cuda_cache_free(c);
+    p.spec = "e8box:4", p.max_n_head = 10; /* 5 per KV head */
+    c = e8kv_cuda_cache_create(&p, &err);
+    CHECK(!c && err == E8KV_ERR(DIMENSION), "head_dim 256, max_n_head 5 per KV head: %s",
+          c ? "created" : e8kv_error_name(err));
+    e8kv_cuda_cache_free(c);
+    p.max_n_head = 0, p.head_dim = 192;
+    c = e8kv_cuda_cache_create(&p, &err);
+    CHECK(!c && err == E8KV_ERR(HEAD_DIM), "head_dim 192: %s", c ? "created" : e8kv_error_name(err));
+    e8kv_cuda_cache_free(c);
+    p.head_dim = 256;
+    c = e8kv_cuda_cache_create(&p, &err);
+    CHECK(c, "head_dim 256: %s", e8kv_error_name(err));
+    if (!c) return;
+    CHECK(e8kv_cuda_cache_vector_bytes(c, 0, 0) == 2 * (1 + 2 + 64), "e8box:4 vector of 256: %zu bytes",
+          e8kv_cuda_cache_vector_bytes(c, 0, 0));
+    CHECK(e8kv_cuda_cache_token_bytes(c) == 2 * 2 * 2 * (1 + 2 + 64), "token bytes %zu",
+          e8kv_cuda_cache_token_bytes(c));
+    float *dq, *dout;
+    int32_t *dt, *dctx;
+    CU(cudaMalloc((void **)&dq, 10 * 256 * 4));
+    CU(cudaMalloc((void **)&dout, 10 * 256 * 4));
+    CU(cudaMalloc((void **)&dt, 4));
+    CU(cudaMalloc((void **)&dctx, 4));
+    CU(cudaMemset(dt, 0, 4));
+    CU(cudaMemset(dctx, 0, 4));
+    CHECK(e8kv_cuda_attend(c, 0, dout, dq, E8KV_DTYPE_F32, 1, 10, dt, 1, dctx, 0, NULL, 0, NULL) ==
+              E8KV_ERR(DIMENSION),
+          "head_dim 256: attend with 5 query heads per KV head");
+    CHECK(e8kv_cuda_set_layer_sinks(c, 0, dq, 10) == E8KV_ERR(DIMENSION),
+          "head_dim 256: 5 sinks per KV head");
+    CU(cudaFree(dq));
+    CU(cudaFree(dout));
+    CU(cudaFree(dt));
+    CU(cudaFree(dctx));
+    e8kv_cuda_cache_free(c);
 }
 
 int main(int argc, char **argv) {
@@ -2020,6 +2078,20 @@ int main(int argc, char **argv) {
         test_row_shifts(di ? "e8box:4,sink=2,center=rope" : "e8p:2,center=rope", ds[di]);
         test_row_shifts(di ? "e8p:2,sink=2,center=rope" : "e8box:3,center=rope", ds[di]);
     }
+    /* head_dim 256 (each vector two halves of 128, attn_pair_kernel): every format pair but center=rope's
+     * (refused there), G = 1..4, pages of 16, 32 and 48 */
+    for (size_t ci = 0; ci < 17 && !graph_only; ci++) {
+        if (quick && ci % 3) continue;
+        const size_t G = 1 + ci % 4, bs = ci % 5 == 3 ? 32 : ci % 5 == 4 ? 48 : 16;
+        run_case(&cases[ci], 256, 1 + (size_t)(rnd() % 3), G, lens, n_seq, dts[ci % 3], 1, bs);
+    }
+    if (!graph_only) {
+        test_isolation("e8box:4", 256);
+        test_isolation("bf16", 256);
+        test_pair_refusals();
+    }
+    test_graph("e8box:4", 256);
+    test_graph("e8p:2", 256);
     printf("test_cuda: %d checks, %d failed\n", g_checks, g_fail);
     return g_fail ? 1 : 0;
 }

@@ -38,6 +38,8 @@
             */
 #define V_F16_SCALE 32768.0f /* P ≤ 1 on f16 pages: weights down to 2^-39 of the largest survive in f16 */
 #define LOG2E 1.4426950408889634f
+#define PAIR_G E8KV_CU_PAIR_G
+#define PAIR_U 8 /* tokens whose blocks attn_pair_kernel loads at once */
 
 template <bool BF>
 __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
@@ -637,10 +639,15 @@ __device__ __forceinline__ void merge_last(const attn_launch &a, int seq, int kv
         bufp[idx] = L > 0.0f ? O / (L * a.v_div) : 0.0f;
     }
     __syncthreads();
-    if (a.v_rot) fwht_rows<D>(buf[0], G);
+    if (a.v_rot) {
+        if constexpr (D == 256) /* two heads of 128 (attn_pair_kernel): each half its own transform */
+            fwht_rows<128>(reinterpret_cast<float(*)[128]>(&buf[0][0][0]), 2 * G);
+        else
+            fwht_rows<D>(buf[0], G);
+    }
     for (int idx = tid; idx < G * D; idx += blockDim.x) {
         const int r = idx / D, i = idx % D;
-        float o = a.v_rot ? buf[0][r][i] * a.rot_scale * a.signs[i] : buf[0][r][i];
+        float o = a.v_rot ? buf[0][r][i] * a.rot_scale * a.signs[D == 256 ? i & 127 : i] : buf[0][r][i];
         if (sink && sL[r] > 0.0f)
             o += sW[r] * __ldcg(&a.sink_o[(head0 + r) * D + i]) / sL[r]; /* output domain */
         if (a.v.mu && row >= 0 && sL[r] > 0.0f)
@@ -2435,6 +2442,219 @@ static size_t wave_fill(size_t blocks, size_t wave) {
     return blocks * 1024 / (((blocks + wave - 1) / wave) * wave);
 }
 
+/* ---- head_dim 256: attn_pair_kernel ----
+ *
+ * A KV head of 256 coordinates is kept as two heads of 128, its halves (e8kv_cuda.h), so its pages, their
+ * append and their gather are those of head_dim 128. A score needs both halves, q·k = q₀·k₀ + q₁·k₁, before
+ * its softmax: lane l of a warp reads block l mod 16 of half l / 16 of a token's K and V with the gather's
+ * decoders (page_load, page_decode: the CPU codecs' values), the G ≤ GM scores are sums over the warp, and
+ * the output is accumulated in the pages' domain (each half rotated by its own 128-point transform, which
+ * merge_last undoes). A warp takes 16-token tiles in turn and PAIR_U tokens of a tile at a time: their bytes
+ * loaded before any is decoded, their score sums interleaved, one softmax update for the PAIR_U. Plain FMAs
+ * on the CUDA cores, not the tensor-core kernels of head_dim 64 and 128: checked by test_cuda against
+ * float64 like them, but slower than SDPA on bf16 (BENCHMARKS.md, "head_dim 256"). The split-K frame
+ * (splits, sink rows, means, learned sinks, merge) is the other kernels'. */
+
+/* GM: the most query heads per KV head the instance holds registers for (2: Gemma 3 4B and 12B; 4); KF, VF:
+ * the K and V formats, or -1: read at run time (every pair; the instances of one format keep fewer registers
+ * per token in flight) */
+template <bool SK, int GM, int KF, int VF>
+__global__ void __launch_bounds__(128, GM == 2 ? 3 : 2) attn_pair_kernel(const attn_launch a) {
+    constexpr int D = 256;
+    __shared__ float sq[GM][D];
+    __shared__ __align__(16) float so[WARPS][8][D]; /* merge_last's buffer: float4 accesses */
+    __shared__ float sm[WARPS][8], sl[WARPS][8];
+    __shared__ float frac_s[8];
+    __shared__ uint16_t pat_s[256];
+    const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
+    const int G = (int)(a.n_head / a.n_head_kv);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, half = lane >> 4, b = lane & 15;
+    const int n_split = (int)a.n_split, ctx = table_ctx(a, seq), bs = (int)a.block_size;
+    const int chunk = ((ctx + n_split - 1) / n_split + 15) & ~15;
+    const int start = split * chunk, end = min(start + chunk, ctx);
+    const int lo = SK ? min(a.sink_n, ctx) : 0; /* positions below lo: the sink rows (merge_last) */
+    const int kf = KF >= 0 ? KF : a.k.fmt, vf = VF >= 0 ? VF : a.v.fmt;
+    const int32_t *const table = a.block_tables + (size_t)seq * a.max_blocks;
+    if (SK) sink_prefetch<D>(a, seq, kvh, split);
+    if (tid < 8) frac_s[tid] = c_box_frac[tid];
+    if (kf == FMT_E8P2 || vf == FMT_E8P2)
+        for (int i = tid; i < 256; i += blockDim.x)
+            pat_s[i] = c_pat_a[i];
+    if (SK && split == 0) sink_state<D>(a, seq, kvh, G);
+    /* the query rows, a warp each: with coded keys times the signs and through each half's transform */
+    const bool krot = kf != FMT_BF16 && kf != FMT_F16;
+    const float qscale = (krot ? a.rot_scale : 1.0f) * rsqrtf((float)D) * LOG2E;
+    if (warp < G) {
+        const size_t row = ((size_t)seq * a.n_head + (size_t)kvh * G + warp) * D;
+        float v0[4], v1[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            v0[j] = e8kv_cuda_load_val(a.q, row + 32 * j + lane, a.q_dtype);
+            v1[j] = e8kv_cuda_load_val(a.q, row + 128 + 32 * j + lane, a.q_dtype);
+            if (krot) v0[j] *= a.signs[32 * j + lane], v1[j] *= a.signs[32 * j + lane];
+        }
+        if (krot) fwht_warp<128>(v0), fwht_warp<128>(v1);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            sq[warp][32 * j + lane] = v0[j] * qscale, sq[warp][128 + 32 * j + lane] = v1[j] * qscale;
+    }
+    __syncthreads();
+    float qr[GM][8], acc[GM][8], m[GM], l[GM];
+#pragma unroll
+    for (int r = 0; r < GM; r++) {
+        m[r] = -INFINITY, l[r] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            qr[r][i] = r < G ? sq[r][128 * half + 8 * b + i] : 0.0f, acc[r][i] = 0.0f;
+    }
+    /* warps take 16-token tiles in turn (a tile is in one page: pages hold a multiple of 16 tokens, splits
+     * start at one); PAIR_U tokens' bytes are loaded (page_load) before any is decoded, so that their loads
+     * are in flight together */
+    for (int tile0 = start + 16 * warp; tile0 < end; tile0 += 16 * WARPS) {
+        const int page = table[tile0 / bs], o0 = tile0 % bs;
+        const uint8_t *const kb =
+            a.k.pool + (size_t)page * a.k.page_bytes + (size_t)(2 * kvh + half) * a.k.head_bytes;
+        const uint8_t *const vb =
+            a.v.pool + (size_t)page * a.v.page_bytes + (size_t)(2 * kvh + half) * a.v.head_bytes;
+#pragma unroll 1
+        for (int u0 = 0; u0 < 16; u0 += PAIR_U) {
+            page_raw rk[PAIR_U], rv[PAIR_U]; /* (tokens past the end or in the sink: in the page, not used) */
+#pragma unroll
+            for (int u = 0; u < PAIR_U; u++) {
+                page_load<128>(rk[u], kf, kb, (size_t)(o0 + u0 + u), b, (size_t)bs);
+                page_load<128>(rv[u], vf, vb, (size_t)(o0 + u0 + u), b, (size_t)bs);
+            }
+            /* the PAIR_U tokens' scores (the sums over the warp interleaved), masked (sink rows, past the
+             * end) */
+            float sc[PAIR_U][GM];
+#pragma unroll
+            for (int u = 0; u < PAIR_U; u++) {
+                float x[8];
+                page_decode<128>(x, kf, rk[u], b, frac_s, pat_s);
+#pragma unroll
+                for (int r = 0; r < GM; r++) {
+                    float d = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < 8; i++)
+                        d = fmaf(qr[r][i], x[i], d);
+                    sc[u][r] = d;
+                }
+            }
+#pragma unroll
+            for (int off = 16; off; off >>= 1) {
+#pragma unroll
+                for (int u = 0; u < PAIR_U; u++)
+#pragma unroll
+                    for (int r = 0; r < GM; r++)
+                        sc[u][r] += __shfl_xor_sync(0xffffffffu, sc[u][r], off);
+            }
+            /* the softmax state once per PAIR_U tokens: the new maximum, then their weights */
+#pragma unroll
+            for (int r = 0; r < GM; r++) {
+                float mt = m[r];
+#pragma unroll
+                for (int u = 0; u < PAIR_U; u++) {
+                    const int t = tile0 + u0 + u;
+                    if (t >= end || t < lo) sc[u][r] = -INFINITY;
+                    mt = fmaxf(mt, sc[u][r]);
+                }
+                if (mt > m[r]) { /* uniform: every lane holds the scores */
+                    const float al = exp2f(m[r] - mt);
+                    l[r] *= al;
+#pragma unroll
+                    for (int i = 0; i < 8; i++)
+                        acc[r][i] *= al;
+                    m[r] = mt;
+                }
+#pragma unroll
+                for (int u = 0; u < PAIR_U; u++) {
+                    sc[u][r] = m[r] == -INFINITY ? 0.0f : exp2f(sc[u][r] - m[r]);
+                    l[r] += sc[u][r];
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < PAIR_U; u++) {
+                float y[8];
+                page_decode<128>(y, vf, rv[u], b, frac_s, pat_s);
+#pragma unroll
+                for (int r = 0; r < GM; r++)
+#pragma unroll
+                    for (int i = 0; i < 8; i++)
+                        acc[r][i] = fmaf(sc[u][r], y[i], acc[r][i]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < GM; r++) {
+        if (r >= G) continue;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            so[warp][r][128 * half + 8 * b + i] = acc[r][i];
+        if (lane == 0) sm[warp][r] = m[r], sl[warp][r] = l[r];
+    }
+    __syncthreads();
+    store_split<D>(a, seq, kvh, G, split, sm, sl, [&](int w, int r, int i) { return so[w][r][i]; });
+    merge_last<D, SK>(a, seq, kvh, G, so);
+}
+
+/* e8p:2's patterns in constant memory, uploaded by the first launch that reads e8p:2 pages */
+static size_t pat_table(void) {
+    static int ready = 0;
+    if (ready) return 0;
+    uint16_t pat[256];
+    e8p_patterns(pat);
+    if (cudaMemcpyToSymbol(c_pat_a, pat, sizeof pat) != cudaSuccess) return E8KV_ERR(CUDA);
+    ready = 1;
+    return 0;
+}
+
+/* blocks per SM of the G ≤ 4 instances (the fewer: the split count does not know G) */
+static int pair_occupancy(void) {
+    static int n = 0;
+    if (n) return n;
+    int n1 = 0, n2 = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n1, attn_pair_kernel<false, PAIR_G, -1, -1>, 128, 0) !=
+            cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n2, attn_pair_kernel<true, PAIR_G, -1, -1>, 128, 0) !=
+            cudaSuccess)
+        n1 = n2 = 1;
+    n = n1 < n2 ? n1 : n2;
+    if (n < 1) n = 1;
+    return n;
+}
+
+template <int KF, int VF>
+static void launch_pair_g(const attn_launch &l, dim3 grid, bool g2, cudaStream_t stream) {
+    if (l.sink_n > 0 && g2)
+        attn_pair_kernel<true, 2, KF, VF><<<grid, 128, 0, stream>>>(l);
+    else if (l.sink_n > 0)
+        attn_pair_kernel<true, PAIR_G, KF, VF><<<grid, 128, 0, stream>>>(l);
+    else if (g2)
+        attn_pair_kernel<false, 2, KF, VF><<<grid, 128, 0, stream>>>(l);
+    else
+        attn_pair_kernel<false, PAIR_G, KF, VF><<<grid, 128, 0, stream>>>(l);
+}
+
+static size_t launch_pair(const attn_launch *la, cudaStream_t stream) {
+    if (la->n_head > (size_t)PAIR_G * la->n_head_kv) return E8KV_ERR(DIMENSION);
+    if (la->k.fmt == FMT_E8P2 || la->v.fmt == FMT_E8P2) E8KV_RETURN_IF_ERROR(pat_table());
+    attn_launch l = *la;
+    l.v_rot = fmt_is_box(l.v.fmt) || l.v.fmt == FMT_E8P2;
+    l.v_div = 1.0f; /* the decoded values carry their steps */
+    const dim3 grid((unsigned)l.n_split, (unsigned)l.n_head_kv, (unsigned)l.n_seq);
+    const bool g2 = l.n_head <= 2 * l.n_head_kv;
+    const int kf = l.k.fmt, vf = l.v.fmt;
+    if (kf == FMT_BOX4 && vf == FMT_BOX4)
+        launch_pair_g<FMT_BOX4, FMT_BOX4>(l, grid, g2, stream);
+    else if (kf == FMT_BOX3 && vf == FMT_BOX3)
+        launch_pair_g<FMT_BOX3, FMT_BOX3>(l, grid, g2, stream);
+    else if (kf == FMT_E8P2)
+        launch_pair_g<FMT_E8P2, FMT_E8P2>(l, grid, g2, stream);
+    else
+        launch_pair_g<-1, -1>(l, grid, g2, stream);
+    return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
+}
+
 size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm, int ctas_per_sm) {
     const size_t per = n_seq * n_head_kv,
                  wave = (size_t)(n_sm > 0 ? n_sm : 1) * (size_t)(ctas_per_sm > 0 ? ctas_per_sm : 1);
@@ -2541,6 +2761,7 @@ template <int D> static int occupancy_k(int kf, int vf, int rc) {
 }
 
 int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf, int rc) {
+    if (d == 256) return pair_occupancy();
     if (kf == FMT_E8P2) { /* the fewer of the two instances (the split count does not know G) */
         const int n0 = d == 128 ? (rc ? e8p_occupancy<128, 0, true>() : e8p_occupancy<128, 0, false>())
                                 : (rc ? e8p_occupancy<64, 0, true>() : e8p_occupancy<64, 0, false>()),
@@ -2622,14 +2843,9 @@ template <int D> static void launch_k(const attn_launch *a, cudaStream_t stream)
 }
 
 size_t e8kv_cu_launch_attend(const attn_launch *a, cudaStream_t stream) {
+    if (a->d == 256) return launch_pair(a, stream);
     if (a->k.fmt == FMT_E8P2) { /* the cache pairs it with e8p:2 V pages only */
-        static int ready = 0;
-        if (!ready) {
-            uint16_t pat[256];
-            e8p_patterns(pat);
-            if (cudaMemcpyToSymbol(c_pat_a, pat, sizeof pat) != cudaSuccess) return E8KV_ERR(CUDA);
-            ready = 1;
-        }
+        E8KV_RETURN_IF_ERROR(pat_table());
         attn_launch l = *a;
         l.v_rot = 1, l.v_div = E8P_VSCALE;
         const size_t rc =

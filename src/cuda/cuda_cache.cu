@@ -9,7 +9,11 @@
 #include <string.h>
 
 struct e8kv_cuda_cache {
+    /* n_head_kv, d: the pages' heads and their dimension; hkv, hd: the caller's. Equal, but at head_dim 256
+     * (pair = 1): each KV head is two heads of 128 in the pages (its halves, as head_dim 128 codes them) */
     size_t n_layer, n_head_kv, d, bs, n_blocks, max_ctx, width, max_seqs, max_batch, max_n_head, max_append;
+    size_t hkv, hd;
+    int pair;
     size_t sink;     /* sink=N: exact f32 rows of the first N positions, max_seqs rows per (layer, stream) */
     float *d_sink;   /* (n_layer, 2, max_seqs, sink, n_head_kv, d) */
     int32_t *d_rows; /* (max_batch): the rows (sequence ids) of one seq_attend call */
@@ -82,8 +86,8 @@ static int page_format(e8kv_gpu_format g) {
  * Items the GPU cache does not implement are SPEC: sink= beyond E8KV_CUDA_SINK_MAX, window=, rope=pre (keys
  * come after RoPE), auto=, evict=/budget=, page= (block_size is the parameter), presets (their formats are
  * not GPU formats). *center: 0 none, 1 center=1 (the default) or all, as the CPU cache has it, 2 center=rope. */
-static size_t resolve_formats(const e8kv_cuda_cache_params *p, int *fmt, float signs[128], size_t *sink,
-                              int *center) {
+static size_t resolve_formats(const e8kv_cuda_cache_params *p, size_t d, int *fmt, float signs[128],
+                              size_t *sink, int *center) {
     if (!p->spec) return E8KV_ERR(SPEC);
     const size_t n = 2 * p->n_layer;
     char(*specs)[E8KV_CODEC_SPEC_MAX_LEN + 1] =
@@ -105,7 +109,7 @@ static size_t resolve_formats(const e8kv_cuda_cache_params *p, int *fmt, float s
             continue;
         }
         size_t e = 0;
-        e8kv_codec *codec = e8kv_codec_create(specs[i], p->head_dim, p->seed, &e);
+        e8kv_codec *codec = e8kv_codec_create(specs[i], d, p->seed, &e);
         if (!codec) {
             r = e8kv_is_error(e) ? e : E8KV_ERR(SPEC);
             break;
@@ -115,14 +119,14 @@ static size_t resolve_formats(const e8kv_cuda_cache_params *p, int *fmt, float s
             /* column i of H·D/√d has first entry sign_i/√d; every rotating format shares one seed, so
              * one table must serve all of them */
             float x[128], sg[128];
-            for (size_t j = 0; j < p->head_dim; j++) {
+            for (size_t j = 0; j < d; j++) {
                 memset(x, 0, sizeof x);
                 x[j] = 1.0f;
                 e8kv_codec_rotate(codec, x, 1, 0);
                 sg[j] = x[0] < 0.0f ? -1.0f : 1.0f;
             }
-            if (!have_signs) memcpy(signs, sg, p->head_dim * sizeof(float));
-            if (memcmp(signs, sg, p->head_dim * sizeof(float))) r = E8KV_ERR(SPEC);
+            if (!have_signs) memcpy(signs, sg, d * sizeof(float));
+            if (memcmp(signs, sg, d * sizeof(float))) r = E8KV_ERR(SPEC);
             have_signs = 1;
         }
         e8kv_codec_free(codec);
@@ -131,7 +135,7 @@ static size_t resolve_formats(const e8kv_cuda_cache_params *p, int *fmt, float s
     /* e8p:2 only for both streams of a layer (its attention kernel decodes K and V from one table) */
     for (size_t l = 0; l < p->n_layer && !r; l++)
         if ((fmt[2 * l] == FMT_E8P2) != (fmt[2 * l + 1] == FMT_E8P2)) r = E8KV_ERR(SPEC);
-    for (size_t j = 0; j < p->head_dim && !have_signs; j++)
+    for (size_t j = 0; j < d && !have_signs; j++)
         signs[j] = 1.0f;
     free(specs);
     return r;
@@ -139,6 +143,11 @@ static size_t resolve_formats(const e8kv_cuda_cache_params *p, int *fmt, float s
 
 static size_t align256(size_t n) {
     return (n + 255) & ~(size_t)255;
+}
+
+/* query heads per KV head one attention call takes */
+static size_t group_max(const e8kv_cuda_cache *c) {
+    return c->pair ? E8KV_CU_PAIR_G : 8;
 }
 
 /* The split counters at the start of a workspace: max_batch sequences' worth (n_seq's when more), whatever
@@ -153,12 +162,12 @@ size_t e8kv_cuda_attend_workspace_bytes(const e8kv_cuda_cache *c, size_t n_seq, 
     if (!c || !n_seq || !n_head) return 0;
     size_t ns = 0; /* the most splits of any layer */
     for (size_t l = 0; l < c->n_layer; l++) {
-        const size_t n = e8kv_cu_n_split(n_seq, c->n_head_kv, max_ctx, c->n_sm, c->occ[l]);
+        const size_t n = e8kv_cu_n_split(n_seq, c->hkv, max_ctx, c->n_sm, c->occ[l]);
         ns = n > ns ? n : ns;
     }
-    return counter_bytes(c, n_seq) + align256(n_seq * n_head * ns * c->d * sizeof(float)) +
+    return counter_bytes(c, n_seq) + align256(n_seq * n_head * ns * c->hd * sizeof(float)) +
            align256(n_seq * n_head * ns * 2 * sizeof(float)) +
-           (c->sink ? align256(n_seq * n_head * c->d * sizeof(float)) + n_seq * n_head * 2 * sizeof(float)
+           (c->sink ? align256(n_seq * n_head * c->hd * sizeof(float)) + n_seq * n_head * 2 * sizeof(float)
                     : 0);
 }
 
@@ -236,7 +245,7 @@ static size_t upload_rope_table(e8kv_cuda_cache *c, float theta, const float *fr
  * stream capture: the launchers upload their constant tables and set kernel attributes on their first
  * call, synchronously, which a CUDA graph capture would refuse. Nothing in the cache changes. */
 static size_t warm_up(e8kv_cuda_cache *c) {
-    const size_t row = c->max_n_head * c->d * sizeof(float);
+    const size_t row = c->max_n_head * c->hd * sizeof(float);
     uint8_t *tmp = NULL;
     if (cudaMalloc((void **)&tmp, 2 * row) != cudaSuccess) {
         cudaGetLastError();
@@ -250,7 +259,7 @@ static size_t warm_up(e8kv_cuda_cache *c) {
         r = E8KV_ERR(CUDA);
     if (!r) r = e8kv_cuda_append_slots(c, 0, c->d_slots, tmp, tmp, 1, E8KV_DTYPE_F32);
     if (!e8kv_is_error(r))
-        r = e8kv_cuda_attend(c, 0, (float *)(tmp + row), tmp, E8KV_DTYPE_F32, 1, c->n_head_kv, c->d_btables,
+        r = e8kv_cuda_attend(c, 0, (float *)(tmp + row), tmp, E8KV_DTYPE_F32, 1, c->hkv, c->d_btables,
                              c->width, c->d_ctx, 1, NULL, 0, NULL);
     if (!e8kv_is_error(r) && cudaDeviceSynchronize() != cudaSuccess) r = E8KV_ERR(CUDA);
     cudaFree(tmp);
@@ -260,22 +269,26 @@ static size_t warm_up(e8kv_cuda_cache *c) {
 e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t *err) {
     if (err) *err = 0;
     if (!p || !p->n_layer || !p->n_head_kv || !p->n_blocks) return fail(NULL, err, E8KV_ERR(BAD_ARGUMENT));
-    if (p->head_dim != 64 && p->head_dim != 128) return fail(NULL, err, E8KV_ERR(HEAD_DIM));
+    if (p->head_dim != 64 && p->head_dim != 128 && p->head_dim != 256)
+        return fail(NULL, err, E8KV_ERR(HEAD_DIM));
     const size_t bs = p->block_size ? p->block_size : 16;
     if (bs % 16 || p->n_blocks > INT32_MAX / bs) return fail(NULL, err, E8KV_ERR(BAD_ARGUMENT));
     if (p->n_layer > ((size_t)1 << 20)) return fail(NULL, err, E8KV_ERR(BAD_ARGUMENT));
     e8kv_cuda_cache *c = (e8kv_cuda_cache *)calloc(1, sizeof *c);
     if (!c) return fail(NULL, err, E8KV_ERR(OUT_OF_MEMORY));
-    c->n_layer = p->n_layer, c->n_head_kv = p->n_head_kv, c->d = p->head_dim, c->bs = bs;
+    c->pair = p->head_dim == 256;
+    c->hkv = p->n_head_kv, c->hd = p->head_dim;
+    c->n_layer = p->n_layer, c->n_head_kv = p->n_head_kv << c->pair, c->d = p->head_dim >> c->pair,
+    c->bs = bs;
     c->n_blocks = p->n_blocks, c->device = p->device;
     c->max_ctx = p->max_ctx ? p->max_ctx : p->n_blocks * bs;
     c->width = (c->max_ctx + bs - 1) / bs;
     c->max_seqs = p->max_seqs ? p->max_seqs : 256;
     c->max_batch = p->max_batch ? p->max_batch : 256;
-    c->max_n_head = p->max_n_head ? p->max_n_head : 8 * p->n_head_kv;
+    c->max_n_head = p->max_n_head ? p->max_n_head : group_max(c) * p->n_head_kv;
     c->max_append = p->max_append ? p->max_append : 4096;
     c->rot_scale = 1.0f / sqrtf((float)c->d); /* as src/transform/fwht.c */
-    if (c->max_n_head % c->n_head_kv || c->max_n_head / c->n_head_kv > 8)
+    if (c->max_n_head % c->hkv || c->max_n_head / c->hkv > group_max(c))
         return fail(c, err, E8KV_ERR(DIMENSION));
     c->sd = (stream_desc *)calloc(2 * c->n_layer, sizeof *c->sd);
     c->occ = (int *)calloc(c->n_layer, sizeof *c->occ);
@@ -285,7 +298,7 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     float signs[128];
     int center = 0;
     size_t r = c->sd && c->occ && c->lsink && c->lsink_n && fmt
-                   ? resolve_formats(p, fmt, signs, &c->sink, &center)
+                   ? resolve_formats(p, c->d, fmt, signs, &c->sink, &center)
                    : E8KV_ERR(OUT_OF_MEMORY);
     for (size_t i = 0; i < 2 * c->n_layer && !r; i++) {
         c->sd[i].fmt = fmt[i];
@@ -303,6 +316,7 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     }
     free(fmt);
     if (!r && c->rope && !p->rope_freqs && !(p->rope_theta > 0.0f && isfinite(p->rope_theta))) r = E8KV_ERR(SPEC);
+    if (!r && c->rope && c->pair) r = E8KV_ERR(SPEC); /* center=rope's pairs are not within the halves */
     /* every index of a sequence has a row (the means read 0 .. n_tok − 1, n_tok ≤ max_ctx), and the
      * attention's table of a sub-tile's 16 offsets */
     c->n_pos = p->rope_positions > c->max_ctx ? p->rope_positions : c->max_ctx;
@@ -313,7 +327,8 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
         cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, p->device) != cudaSuccess)
         return fail(c, err, E8KV_ERR(CUDA));
     for (size_t l = 0; l < c->n_layer; l++)
-        c->occ[l] = e8kv_cu_ctas_per_sm(c->d, c->sd[2 * l].fmt, c->sd[2 * l + 1].fmt, c->sd[2 * l].rc != NULL);
+        c->occ[l] =
+            e8kv_cu_ctas_per_sm(c->hd, c->sd[2 * l].fmt, c->sd[2 * l + 1].fmt, c->sd[2 * l].rc != NULL);
 
     /* one allocation: pools, then tables, workspace, staging */
     size_t off = 0;
@@ -432,7 +447,7 @@ size_t e8kv_cuda_cache_device_bytes(const e8kv_cuda_cache *c) {
 
 size_t e8kv_cuda_cache_vector_bytes(const e8kv_cuda_cache *c, size_t layer, int stream) {
     if (!c || layer >= c->n_layer || (stream != 0 && stream != 1)) return E8KV_ERR(BAD_ARGUMENT);
-    return fmt_vector_bytes(c->sd[2 * layer + stream].fmt, c->d);
+    return fmt_vector_bytes(c->sd[2 * layer + stream].fmt, c->d) << c->pair;
 }
 
 size_t e8kv_cuda_cache_token_bytes(const e8kv_cuda_cache *c) {
@@ -576,8 +591,7 @@ size_t e8kv_cuda_set_row_shifts(e8kv_cuda_cache *c, const int32_t *d_shifts) {
 
 size_t e8kv_cuda_set_layer_sinks(e8kv_cuda_cache *c, size_t layer, const float *d_sinks, size_t n_head) {
     if (!c || layer >= c->n_layer) return E8KV_ERR(BAD_ARGUMENT);
-    if (d_sinks && (!n_head || n_head % c->n_head_kv || n_head / c->n_head_kv > 8))
-        return E8KV_ERR(DIMENSION);
+    if (d_sinks && (!n_head || n_head % c->hkv || n_head / c->hkv > group_max(c))) return E8KV_ERR(DIMENSION);
     c->lsink[layer] = d_sinks, c->lsink_n[layer] = d_sinks ? n_head : 0;
     return 0;
 }
@@ -716,7 +730,7 @@ size_t e8kv_cuda_attend_rows(e8kv_cuda_cache *c, size_t layer, float *d_out, con
     if (!c || layer >= c->n_layer || bad_dtype(dtype) || !n_seq || !d_out || !d_q || !d_block_tables ||
         !d_ctx_lens || n_seq > 65535 || ((c->sink || c->centered) && !d_rows && n_seq > c->max_seqs))
         return E8KV_ERR(BAD_ARGUMENT);
-    if (!n_head || n_head % c->n_head_kv || n_head / c->n_head_kv > 8) return E8KV_ERR(DIMENSION);
+    if (!n_head || n_head % c->hkv || n_head / c->hkv > group_max(c)) return E8KV_ERR(DIMENSION);
     if (max_ctx > max_blocks_per_seq * c->bs || max_ctx > (size_t)INT32_MAX) return E8KV_ERR(DIMENSION);
     if (c->lsink[layer] && n_head != c->lsink_n[layer]) return E8KV_ERR(DIMENSION);
     const size_t need = e8kv_cuda_attend_workspace_bytes(c, n_seq, n_head, max_ctx);
@@ -729,16 +743,16 @@ size_t e8kv_cuda_attend_rows(e8kv_cuda_cache *c, size_t layer, float *d_out, con
     attn_launch a;
     memset(&a, 0, sizeof a);
     a.k = c->sd[2 * layer], a.v = c->sd[2 * layer + 1];
-    a.n_head_kv = c->n_head_kv, a.n_head = n_head, a.d = c->d, a.block_size = c->bs, a.n_seq = n_seq;
+    a.n_head_kv = c->hkv, a.n_head = n_head, a.d = c->hd, a.block_size = c->bs, a.n_seq = n_seq;
     a.max_blocks = max_blocks_per_seq;
     a.table_ctx =
         max_blocks_per_seq * c->bs > (size_t)INT32_MAX ? INT32_MAX : (int)(max_blocks_per_seq * c->bs);
-    a.n_split = e8kv_cu_n_split(n_seq, c->n_head_kv, max_ctx, c->n_sm, c->occ[layer]);
+    a.n_split = e8kv_cu_n_split(n_seq, c->hkv, max_ctx, c->n_sm, c->occ[layer]);
     a.q = d_q, a.q_dtype = (int)dtype, a.block_tables = d_block_tables, a.ctx_lens = d_ctx_lens;
     a.signs = c->d_signs, a.rot_scale = c->rot_scale;
     a.done = (unsigned *)d_workspace;
     a.part_o = (float *)((uint8_t *)d_workspace + counter_bytes(c, n_seq));
-    a.part_ml = (float *)((uint8_t *)a.part_o + align256(n_seq * n_head * a.n_split * c->d * sizeof(float)));
+    a.part_ml = (float *)((uint8_t *)a.part_o + align256(n_seq * n_head * a.n_split * c->hd * sizeof(float)));
     a.out = d_out;
     a.rows = d_rows, a.rows_max = (int)c->max_seqs;
     a.lsink = c->lsink[layer];
@@ -746,10 +760,10 @@ size_t e8kv_cuda_attend_rows(e8kv_cuda_cache *c, size_t layer, float *d_out, con
         a.sink_n = (int)c->sink;
         a.sink_k = sink_pool(c, layer, 0), a.sink_v = sink_pool(c, layer, 1);
         a.sink_o = (float *)((uint8_t *)a.part_ml + align256(n_seq * n_head * a.n_split * 2 * sizeof(float)));
-        a.sink_ml = (float *)((uint8_t *)a.sink_o + align256(n_seq * n_head * c->d * sizeof(float)));
+        a.sink_ml = (float *)((uint8_t *)a.sink_o + align256(n_seq * n_head * c->hd * sizeof(float)));
     }
     const size_t r = e8kv_cu_launch_attend(&a, (cudaStream_t)stream);
-    return r ? r : n_seq * n_head * c->d;
+    return r ? r : n_seq * n_head * c->hd;
 }
 
 size_t e8kv_cuda_check_tables_async(const e8kv_cuda_cache *c, const int32_t *d_block_tables, size_t n_seq,
@@ -774,7 +788,7 @@ size_t e8kv_cuda_gather_async(const e8kv_cuda_cache *c, size_t layer, void *d_k,
     g.out[0] = d_k, g.out[1] = d_v, g.out_dtype = (int)dtype;
     g.tables = d_block_tables, g.rows = d_rows, g.max_blocks = max_blocks_per_seq, g.n_blocks = c->n_blocks;
     g.rows_max = c->max_seqs, g.n_seq = n_seq, g.n_tok = n_tok, g.n_head_kv = c->n_head_kv, g.d = c->d;
-    g.block_size = c->bs, g.signs = c->d_signs, g.rot_scale = c->rot_scale;
+    g.block_size = c->bs, g.signs = c->d_signs, g.rot_scale = c->rot_scale, g.pair = c->pair;
     if (c->sink)
         g.sink_n = (int)c->sink, g.sink[0] = sink_pool(c, layer, 0), g.sink[1] = sink_pool(c, layer, 1);
     E8KV_RETURN_IF_ERROR(e8kv_cu_launch_gather(&g, (cudaStream_t)stream));
@@ -983,16 +997,12 @@ size_t e8kv_cuda_seq_gather(e8kv_cuda_cache *c, size_t layer, void *d_k, void *d
     return cudaDeviceSynchronize() == cudaSuccess ? r : E8KV_ERR(CUDA);
 }
 
-size_t e8kv_cuda_read_slot(const e8kv_cuda_cache *c, void *dst, size_t cap, size_t layer, int stream,
-                           int64_t slot, size_t head) {
-    if (!c || !dst || layer >= c->n_layer || (stream != 0 && stream != 1) || slot < 0 ||
-        head >= c->n_head_kv || (size_t)slot >= c->n_blocks * c->bs)
-        return E8KV_ERR(BAD_ARGUMENT);
+/* the bytes of the vector of page head `head` (of n_head_kv) at a checked slot, vb of them, into out */
+static size_t read_vector(const e8kv_cuda_cache *c, uint8_t *out, size_t layer, int stream, int64_t slot,
+                          size_t head) {
     const stream_desc *const sd = &c->sd[2 * layer + stream];
     const size_t vb = fmt_vector_bytes(sd->fmt, c->d), off = (size_t)slot % c->bs;
-    if (cap < vb) return E8KV_ERR(DST_TOO_SMALL);
     const uint8_t *const area = sd->pool + (size_t)slot / c->bs * sd->page_bytes + head * sd->head_bytes;
-    uint8_t *const out = (uint8_t *)dst;
     cudaError_t e;
     if (fmt_is_box(sd->fmt)) { /* the planes of the page's tokens (e8box:3: the 2-bit, then the 1-bit), their
                                 * steps, their coset bytes */
@@ -1012,6 +1022,19 @@ size_t e8kv_cuda_read_slot(const e8kv_cuda_cache *c, void *dst, size_t cap, size
         e = cudaMemcpy(out, area + off * vb, vb, cudaMemcpyDeviceToHost);
     }
     return e == cudaSuccess ? vb : E8KV_ERR(CUDA);
+}
+
+size_t e8kv_cuda_read_slot(const e8kv_cuda_cache *c, void *dst, size_t cap, size_t layer, int stream,
+                           int64_t slot, size_t head) {
+    if (!c || !dst || layer >= c->n_layer || (stream != 0 && stream != 1) || slot < 0 || head >= c->hkv ||
+        (size_t)slot >= c->n_blocks * c->bs)
+        return E8KV_ERR(BAD_ARGUMENT);
+    const size_t vb = fmt_vector_bytes(c->sd[2 * layer + stream].fmt, c->d);
+    if (cap < vb << c->pair) return E8KV_ERR(DST_TOO_SMALL);
+    for (size_t h = 0; h <= (size_t)c->pair; h++) /* head_dim 256: its halves' bytes, one after the other */
+        E8KV_RETURN_IF_ERROR(
+            read_vector(c, (uint8_t *)dst + h * vb, layer, stream, slot, (head << c->pair) + h));
+    return vb << c->pair;
 }
 
 size_t e8kv_cuda_seq_read_vector(const e8kv_cuda_cache *c, void *dst, size_t cap, size_t seq, size_t layer,

@@ -159,16 +159,6 @@ __device__ __forceinline__ unsigned e8p_code(const int32_t X[8], int sb_o, const
     return lo | (sgn & 127u) << 8 | (unsigned)sb << 15;
 }
 
-/* 8 packed f16 (f16) or bf16 values of a 16-byte word, as floats (exact) */
-__device__ __forceinline__ void unpack8(float x[8], const uint4 u, bool f16) {
-    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const uint16_t h = (uint16_t)(w[i / 2] >> (16 * (i & 1)));
-        x[i] = f16 ? __half2float(__ushort_as_half(h)) : __bfloat162float(__ushort_as_bfloat16(h));
-    }
-}
-
 /* The unnormalised Hadamard butterflies of a vector held by a group of LANES lanes, lane b holding values
  * 8b..8b+7, in the CPU's stage order (src/transform/fwht.c): strides 1, 2, 4 inside the lane, then 8 ..
  * 4·LANES between lanes, where the lower lane of a pair computes a + b and the upper one a − b as
@@ -986,68 +976,12 @@ size_t e8kv_cu_launch_rope_means(float *mu, float *rc, const float *cs, const vo
 /* ---- gather: page bytes → rows, the values the attention reads (a chunk of many queries attends them with
  * a dense kernel) ----
  * Vector vi = (seq, KV head, position), position fastest; a group of D/8 lanes per vector, lane b decodes
- * block b as the CPU decoders do (e8kv_box_decode_ref, e8kv_e8p_decode_ref: one rounded product per
- * value), then the inverse rotation as e8kv_rot_inverse computes it (fwht_lanes, then one multiply by
- * sign_i/√d), then + μ (one rounding), then the
- * output dtype (round to nearest even). Positions below sink_n: the sink row's exact values. Every lane
- * reaches the shuffles (full-warp masks); a vector with no valid page or row is NaN. */
-/* e8box:B's side of token o (PB plane bytes per token): its half step δ/2, and block b's coset bit in *k */
-template <int D, int PB>
-__device__ __forceinline__ float box_side(const uint8_t *area, size_t o, int b, size_t bs, const float *frac,
-                                          int *k) {
-    const unsigned e = area[bs * PB + o];
-    *k = (area[bs * PB + bs + o * ((D + 63) / 64) + b / 8] >> (b % 8)) & 1;
-    return e ? __fmul_rn(frac[e & 7u], __int_as_float(((int)(e >> 3) - 21 + 127) << 23)) : 0.0f;
-}
-template <int D>
-__device__ __forceinline__ void gather_box4(float x[8], const uint8_t *area, size_t o, int b, size_t bs,
-                                            const float *frac) {
-    const uint2 w = *(const uint2 *)(area + o * (D / 2) + 16 * (b / 4) + 8 * (b & 1));
-    int k;
-    const float h = box_side<D, D / 2>(area, o, b, bs, frac, &k);
-    const int sh = (b >> 1) & 1 ? 4 : 0;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int n = (int)(((i < 4 ? w.x >> (8 * i) : w.y >> (8 * (i - 4))) >> sh) & 15u);
-        x[i] = __fmul_rn((float)(2 * n - 16 + k), h);
-    }
-}
-
-/* e8box:3: block b's 2-bit fields in bytes 16(b/8) + 8(b%2) + 0..7 of the 2-bit plane, bits 2·((b%8)/2);
- * its 1-bit fields in bytes 8(b%2) + 0..7 of the 1-bit plane, bit b/2 (d = 128), or bytes 0..7, bit b
- * (d = 64) */
-template <int D>
-__device__ __forceinline__ void gather_box3(float x[8], const uint8_t *area, size_t o, int b, size_t bs,
-                                            const float *frac) {
-    const uint2 w = *(const uint2 *)(area + o * (D / 4) + 16 * (b / 8) + 8 * (b & 1));
-    const uint2 u = *(const uint2 *)(area + bs * (D / 4) + o * (D / 8) + (D == 64 ? 0 : 8 * (b & 1)));
-    int k;
-    const float h = box_side<D, 3 * D / 8>(area, o, b, bs, frac, &k);
-    const int sh = 2 * ((b & 7) >> 1), sh1 = D == 64 ? b : b >> 1;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const unsigned lo = ((i < 4 ? w.x >> (8 * i) : w.y >> (8 * (i - 4))) >> sh) & 3u;
-        const unsigned hi = ((i < 4 ? u.x >> (8 * i) : u.y >> (8 * (i - 4))) >> sh1) & 1u;
-        x[i] = __fmul_rn((float)(2 * (int)(lo | hi << 2) - 8 + k), h);
-    }
-}
-
-template <int D>
-__device__ __forceinline__ void gather_e8p(float x[8], const uint8_t *area, size_t o, int b, size_t bs,
-                                           const float *frac, const uint16_t *pat) {
-    const unsigned code = *(const uint16_t *)(area + o * (D / 4) + 2 * b), e = area[bs * (D / 4) + o];
-    const unsigned t = code & 255u, sgn = (code >> 8) & 127u, W = pat[t];
-    const unsigned csum = __popc(W & 0x5555u) + 2u * __popc(W & 0xAAAAu);
-    const unsigned s = sgn | ((__popc(sgn) + csum) & 1u) << 7;
-    const int shift = code >> 15 ? 1 : -1;
-    const float qs = e ? __fmul_rn(frac[e & 7u], __int_as_float(((int)(e >> 3) - 22 + 127) << 23)) : 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int m = 4 * (int)((W >> (2 * i)) & 3u) + 2;
-        x[i] = __fmul_rn((float)(((s >> i) & 1u ? -m : m) + shift), qs);
-    }
-}
-
+ * block b as the CPU decoders do (page_block, cuda_internal.cuh), then the inverse
+ * rotation as e8kv_rot_inverse computes it (fwht_lanes, then one multiply by sign_i/√d), then + μ (one
+ * rounding), then the output dtype (round to nearest even). A cache of head_dim 256 (g.pair) has two
+ * 128-coordinate heads per KV head, each gathered as one; its rows are written as the caller's 256. Positions
+ * below sink_n: the sink row's exact values. Every lane reaches the shuffles (full-warp masks); a vector with
+ * no valid page or row is NaN. */
 /* 16 resident blocks per SM (32 registers), what the launcher's grid is cut for: the e8box:3 decode beside
  * the others would take 40 and leave 12 */
 template <int D> __global__ void __launch_bounds__(128, 16) gather_kernel(const gather_launch g) {
@@ -1101,12 +1035,7 @@ template <int D> __global__ void __launch_bounds__(128, 16) gather_kernel(const 
         for (int i = 0; i < 8; i++)
             x[i] = 0.0f;
         if (fmt_is_box(sd.fmt) || sd.fmt == FMT_E8P2) { /* uniform over the grid's y row */
-            if (area && sd.fmt == FMT_BOX4)
-                gather_box4<D>(x, area, o, b, g.block_size, frac_s);
-            else if (area && sd.fmt == FMT_BOX3)
-                gather_box3<D>(x, area, o, b, g.block_size, frac_s);
-            else if (area)
-                gather_e8p<D>(x, area, o, b, g.block_size, frac_s, pat_s);
+            if (area) page_block<D>(x, sd.fmt, area, o, b, g.block_size, frac_s, pat_s);
             fwht_lanes<LANES>(x, b);
             const float4 s0 = ((const float4 *)g.signs)[2 * b], s1 = ((const float4 *)g.signs)[2 * b + 1];
             const float s[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
@@ -1126,7 +1055,7 @@ template <int D> __global__ void __launch_bounds__(128, 16) gather_kernel(const 
                                       sd.cs + (size_t)rp * D);
             }
         } else if (area) { /* raw pages: row o of d values */
-            unpack8(x, *(const uint4 *)(area + (o * D + 8 * b) * 2), sd.fmt == FMT_F16);
+            page_block<D>(x, sd.fmt, area, o, b, g.block_size, frac_s, pat_s);
         }
         if (!live) continue;
         if (src) {
@@ -1137,7 +1066,10 @@ template <int D> __global__ void __launch_bounds__(128, 16) gather_kernel(const 
 #pragma unroll
             for (int i = 0; i < 8; i++)
                 x[i] = __int_as_float(0x7fc00000);
-        const size_t at = ((size_t)sh * n_tok + pos) * D + 8 * b;
+        const size_t at =
+            g.pair
+                ? ((((size_t)seq * (g.n_head_kv / 2) + head / 2) * n_tok + pos) * 2 + (head & 1)) * D + 8 * b
+                : ((size_t)sh * n_tok + pos) * D + 8 * b;
         if (g.out_dtype == E8KV_DTYPE_F32) {
             float4 *const y = (float4 *)((float *)g.out[st] + at);
             y[0] = make_float4(x[0], x[1], x[2], x[3]);

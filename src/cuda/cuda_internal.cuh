@@ -52,6 +52,103 @@ static inline void e8p_patterns(uint16_t pat[256]) {
     }
 }
 
+/* ---- one block of a page vector, as the CPU decoders give it (e8kv_box_decode_ref, e8kv_e8p_decode_ref: one
+ * rounded product per value), before the inverse rotation: the gather (cuda_encode.cu) and the attention over
+ * head_dim 256 (cuda_attn.cu, attn_pair_kernel) read pages with these. area: the (page, KV head)'s bytes, o:
+ * the token's offset in the page, b: the block (8 coordinates 8b..8b+7), bs: tokens per page, frac:
+ * c_box_frac's values (a shared copy), pat: e8p:2's patterns (e8p_patterns). Raw pages: unpack8 of the
+ * block's 16 bytes. */
+/* 8 packed f16 (f16) or bf16 values of a 16-byte word, as floats (exact) */
+__device__ __forceinline__ void unpack8(float x[8], const uint4 u, bool f16) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const uint16_t h = (uint16_t)(w[i / 2] >> (16 * (i & 1)));
+        x[i] = f16 ? __half2float(__ushort_as_half(h)) : __bfloat162float(__ushort_as_bfloat16(h));
+    }
+}
+
+/* The bytes one lane needs for block b of token o, loaded (page_load) apart from their decode (page_decode),
+ * so that a kernel can have several tokens' loads in flight before it decodes any. w: e8box:4 the block's
+ * nibble word (x, y); e8box:3 its 2-bit word (x, y) and 1-bit word (z, w); e8p:2 its 16-bit code (x); raw
+ * pages the block's 8 values. s: the step byte, and for e8box the coset byte of the block in bits 8..15. */
+struct page_raw {
+    uint4 w;
+    uint32_t s;
+};
+template <int D>
+__device__ __forceinline__ void page_load(page_raw &r, int fmt, const uint8_t *area, size_t o, int b,
+                                          size_t bs) {
+    constexpr size_t NC = (D + 63) / 64; /* coset bytes per token */
+    if (fmt == FMT_BOX4) {
+        const uint2 w = *(const uint2 *)(area + o * (D / 2) + 16 * (b / 4) + 8 * (b & 1));
+        r.w = make_uint4(w.x, w.y, 0u, 0u);
+        r.s = area[bs * (D / 2) + o] | (uint32_t)area[bs * (D / 2) + bs + o * NC + b / 8] << 8;
+    } else if (fmt == FMT_BOX3) {
+        /* block b's 2-bit fields in bytes 16(b/8) + 8(b%2) + 0..7 of the 2-bit plane, bits 2·((b%8)/2); its
+         * 1-bit fields in bytes 8(b%2) + 0..7 of the 1-bit plane, bit b/2 (d = 128), or bytes 0..7, bit b (d
+         * = 64) */
+        const uint2 w = *(const uint2 *)(area + o * (D / 4) + 16 * (b / 8) + 8 * (b & 1));
+        const uint2 u = *(const uint2 *)(area + bs * (D / 4) + o * (D / 8) + (D == 64 ? 0 : 8 * (b & 1)));
+        r.w = make_uint4(w.x, w.y, u.x, u.y);
+        r.s = area[bs * (3 * D / 8) + o] | (uint32_t)area[bs * (3 * D / 8) + bs + o * NC + b / 8] << 8;
+    } else if (fmt == FMT_E8P2) {
+        r.w = make_uint4(*(const uint16_t *)(area + o * (D / 4) + 2 * b), 0u, 0u, 0u);
+        r.s = area[bs * (D / 4) + o];
+    } else { /* raw pages: row o of d values */
+        r.w = *(const uint4 *)(area + (o * D + 8 * b) * 2);
+        r.s = 0u;
+    }
+}
+/* e8box's half step δ/2 of step byte e */
+__device__ __forceinline__ float page_box_half_step(unsigned e, const float *frac) {
+    return e ? __fmul_rn(frac[e & 7u], __int_as_float(((int)(e >> 3) - 21 + 127) << 23)) : 0.0f;
+}
+template <int D>
+__device__ __forceinline__ void page_decode(float x[8], int fmt, const page_raw &r, int b, const float *frac,
+                                            const uint16_t *pat) {
+    if (fmt == FMT_BOX4) {
+        const float h = page_box_half_step(r.s & 255u, frac);
+        const int k = (int)(r.s >> (8 + b % 8)) & 1, sh = (b >> 1) & 1 ? 4 : 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int n = (int)(((i < 4 ? r.w.x >> (8 * i) : r.w.y >> (8 * (i - 4))) >> sh) & 15u);
+            x[i] = __fmul_rn((float)(2 * n - 16 + k), h);
+        }
+    } else if (fmt == FMT_BOX3) {
+        const float h = page_box_half_step(r.s & 255u, frac);
+        const int k = (int)(r.s >> (8 + b % 8)) & 1, sh = 2 * ((b & 7) >> 1), sh1 = D == 64 ? b : b >> 1;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const unsigned lo = ((i < 4 ? r.w.x >> (8 * i) : r.w.y >> (8 * (i - 4))) >> sh) & 3u;
+            const unsigned hi = ((i < 4 ? r.w.z >> (8 * i) : r.w.w >> (8 * (i - 4))) >> sh1) & 1u;
+            x[i] = __fmul_rn((float)(2 * (int)(lo | hi << 2) - 8 + k), h);
+        }
+    } else if (fmt == FMT_E8P2) {
+        const unsigned code = r.w.x, e = r.s;
+        const unsigned t = code & 255u, sgn = (code >> 8) & 127u, W = pat[t];
+        const unsigned csum = __popc(W & 0x5555u) + 2u * __popc(W & 0xAAAAu);
+        const unsigned sg = sgn | ((__popc(sgn) + csum) & 1u) << 7;
+        const int shift = code >> 15 ? 1 : -1;
+        const float qs = e ? __fmul_rn(frac[e & 7u], __int_as_float(((int)(e >> 3) - 22 + 127) << 23)) : 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int m = 4 * (int)((W >> (2 * i)) & 3u) + 2;
+            x[i] = __fmul_rn((float)(((sg >> i) & 1u ? -m : m) + shift), qs);
+        }
+    } else {
+        unpack8(x, r.w, fmt == FMT_F16);
+    }
+}
+/* load and decode in one (the gather) */
+template <int D>
+__device__ __forceinline__ void page_block(float x[8], int fmt, const uint8_t *area, size_t o, int b,
+                                           size_t bs, const float *frac, const uint16_t *pat) {
+    page_raw r;
+    page_load<D>(r, fmt, area, o, b, bs);
+    page_decode<D>(x, fmt, r, b, frac, pat);
+}
+
 /* Error flags the append kernels raise (atomicOr) */
 #define FLAG_NONFINITE 1u
 #define FLAG_RANGE 2u
@@ -150,9 +247,16 @@ typedef struct {
     const float *sink[2];
     const float *signs;
     float rot_scale;
+    int pair; /* head_dim 256: n_head_kv counts 128-coordinate heads, two per KV head (out: (…, d · 2)) */
 } gather_launch;
 size_t e8kv_cu_launch_gather(const gather_launch *g, cudaStream_t stream);
 
+/* head_dim 256: query heads per KV head of one attention call (attn_pair_kernel: merge_last's buffer holds
+ * G·d ≤ 1024 outputs) */
+#define E8KV_CU_PAIR_G 4
+
+/* d = 256 (attn_pair_kernel): KV head h's pages are heads 2h and 2h + 1 of k / v (their head_bytes are those
+ * of 128 coordinates), each coded by the 128-coordinate transform (signs: 128 values, rot_scale 1/√128) */
 typedef struct {
     stream_desc k, v;
     size_t n_head_kv, n_head, d, block_size, n_seq, max_blocks, n_split;
