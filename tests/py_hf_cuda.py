@@ -2331,3 +2331,42 @@ def test_a_window_the_config_does_not_declare_is_refused(dev):
         if hasattr(cache, "detach"):
             cache.detach(model.config)
         model.config._attn_implementation = "sdpa"
+
+
+@pytest.mark.parametrize("n_head,n_kv", [(4, 1), (8, 2), (8, 1)])
+def test_head_dim_256(dev, n_head, n_kv):
+    """head_dim 256 (Gemma 3 1B: 4 query heads over 1 KV head, 4B and 12B: 2 per KV head), kept by the CUDA cache as
+    two halves of 128: the default spec is e8box:4,sink=4 (center=rope refused by name: its RoPE pairs straddle
+    the halves); bf16 pages give DynamicCache's logits within bf16's rounding through the prompt, steps, a
+    3-token chunk (virtual rows) and a 20-token chunk (SDPA over the gathered pages, written as heads of 256);
+    e8box:4 near them; 8 query heads per KV head go through two calls of 4 (the kernel takes 4 at 256); on
+    the GPU compiled steps equal eager ones."""
+    import e8kv.hf
+    from transformers import DynamicCache, Gemma3ForCausalLM, Gemma3TextConfig
+    on = "cuda" if dev == "cuda" else "cpu"
+    cfg = Gemma3TextConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                           num_attention_heads=n_head, num_key_value_heads=n_kv, head_dim=256,
+                           query_pre_attn_scalar=256, max_position_embeddings=512, sliding_window=8,
+                           layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(256)
+    with torch.device(on):
+        model = Gemma3ForCausalLM(cfg).float().eval()
+    assert e8kv.hf.cuda_default_spec(model.config) == "e8box:4,sink=4"
+    with pytest.raises(e8kv.E8KVError, match="center=rope.*head_dim 256"):
+        gpu_cache(model, "e8box:4,center=rope", 2, dev=dev)
+    prompt, steps = _hybrid_inputs(on, t=20, n=31)
+
+    def run(cache):
+        return _steps_then_chunks(model, cache, prompt, steps, 8, ((8, 11), (11, 31)))
+    want = run(DynamicCache(config=model.config))
+    scale = float(want.abs().max())
+    errs = {spec: float((run(gpu_cache(model, spec, 2, dev=dev)) - want).abs().max())
+            for spec in ("bf16", "e8box:4,sink=4", "e8p:2")}
+    print(f"head_dim 256, {n_head} query heads over {n_kv} on {dev}: vs DynamicCache bf16 {errs['bf16']:.3g}, "
+          f"e8box:4,sink=4 {errs['e8box:4,sink=4']:.3g}, e8p:2 {errs['e8p:2']:.3g} (max |logit| {scale:.3g})")
+    assert errs["bf16"] <= 1e-2 * scale and errs["e8box:4,sink=4"] <= 0.2 * scale and errs["e8p:2"] <= 0.5 * scale
+    if dev == "cuda":
+        _, _, cerr, _, skips = compiled_and_eager(model, "e8box:4,sink=4", prompt, steps[:, :8])
+        print(f"  compiled vs eager {cerr:.3g}, cudagraph skips {skips}")
+        assert skips == 0 and cerr <= 1e-2 * scale

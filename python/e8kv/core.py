@@ -555,11 +555,18 @@ def _stream(t: Any, stream: Any) -> int:
 
 
 CUDA_GROUP_MAX = 8  # query heads per KV head that one attention call of the CUDA cache takes
+CUDA_GROUP_MAX_256 = 4  # ... at head_dim 256 (e8kv_cuda.h)
 
 
-def _group_split(g: int) -> int:
-    """The fewest calls k (g % k == 0) that cut a group of g query heads into groups of at most CUDA_GROUP_MAX."""
-    return next(k for k in range(1, g + 1) if g % k == 0 and g // k <= CUDA_GROUP_MAX)
+def cuda_group_max(head_dim: int) -> int:
+    """Query heads per KV head that one attention call of the CUDA cache takes at this head_dim."""
+    return CUDA_GROUP_MAX_256 if head_dim == 256 else CUDA_GROUP_MAX
+
+
+def _group_split(g: int, head_dim: int = 128) -> int:
+    """The fewest calls k (g % k == 0) that cut a group of g query heads into groups of at most
+    cuda_group_max(head_dim)."""
+    return next(k for k in range(1, g + 1) if g % k == 0 and g // k <= cuda_group_max(head_dim))
 
 
 class CudaCache:
@@ -590,8 +597,8 @@ class CudaCache:
             raise E8KVError(ErrorCode.UNSUPPORTED, "CudaCache: no usable CUDA device")
         self._spec_bytes = spec.encode()
         g = max_n_head // n_head_kv if max_n_head and max_n_head % n_head_kv == 0 else 0
-        if g > CUDA_GROUP_MAX:  # attend() takes such groups in calls of g / k: the workspace is for one
-            max_n_head = n_head_kv * (g // _group_split(g))
+        if g > cuda_group_max(head_dim):  # attend() takes such groups in calls of g / k: the workspace is for one
+            max_n_head = n_head_kv * (g // _group_split(g, head_dim))
         params = CudaCacheParams(n_layer=n_layer, n_head_kv=n_head_kv, head_dim=head_dim, block_size=block_size,
                                  n_blocks=n_blocks, spec=self._spec_bytes, seed=seed, max_ctx=max_ctx,
                                  max_seqs=max_seqs, max_batch=max_batch, max_n_head=max_n_head,
@@ -743,8 +750,8 @@ class CudaCache:
         if rows is not None and rows.numel() != n_seq:
             raise E8KVError(ErrorCode.SRC_SIZE, f"attend: {n_seq} sequences, {rows.numel()} rows")
         g = width // self.head_dim // self.n_head_kv if width % (self.head_dim * self.n_head_kv) == 0 else 0
-        if g > CUDA_GROUP_MAX:  # the kernels take up to 8 query heads per KV head: k calls of g / k each
-            k = _group_split(g)
+        if g > cuda_group_max(self.head_dim):  # more than the kernels take (8, or 4 at 256): k calls of g / k
+            k = _group_split(g, self.head_dim)
             qv = q.reshape(n_seq, self.n_head_kv, k, g // k, self.head_dim)
             ov = out.view(n_seq, self.n_head_kv, k, g // k, self.head_dim)
             for j in range(k):

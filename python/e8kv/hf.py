@@ -663,17 +663,25 @@ CUDA_FORMATS = ("e8box:4", "e8box:3", "e8p:2", "bf16", "f16")
 # ctx 512: KLD 0.0223 against 0.0333) for 4 exact tokens per row, and center=rope lowers it by another quarter
 # (0.0207 -> 0.0153; ctx 4096: 0.0254 -> 0.0170) for ~1.5-3% of a decode step (BENCHMARKS.md). Models whose
 # RoPE frequencies it cannot know (ModelShape.rope_centre_problem: partial rotary, dynamic or longrope
-# scaling) get CUDA_DEFAULT_SPEC_UNTURNED.
+# scaling) and models of head_dim 256 (Gemma 3 1B/4B/12B: the CUDA cache keeps such a head as two halves of 128,
+# which center=rope's pairs would straddle) get CUDA_DEFAULT_SPEC_UNTURNED.
 CUDA_DEFAULT_SPEC = "e8box:4,sink=4,center=rope"
 CUDA_DEFAULT_SPEC_UNTURNED = "e8box:4,sink=4"
 
 
 def cuda_default_spec(config: Any) -> str:
     """The CUDA cache's spec when none is given, for this model (a config, or its ModelShape): CUDA_DEFAULT_SPEC
-    when center=rope knows the frequencies of its RoPE (rope_theta, or a linear, llama3 or yarn scaling), else
-    CUDA_DEFAULT_SPEC_UNTURNED."""
+    when center=rope knows the frequencies of its RoPE (rope_theta, or a linear, llama3 or yarn scaling) and the
+    head_dim is not 256, else CUDA_DEFAULT_SPEC_UNTURNED."""
     s = config if isinstance(config, ModelShape) else ModelShape(config)
-    return CUDA_DEFAULT_SPEC if s.rope_centre_problem is None else CUDA_DEFAULT_SPEC_UNTURNED
+    return CUDA_DEFAULT_SPEC if _cuda_rope_centre_problem(s) is None else CUDA_DEFAULT_SPEC_UNTURNED
+
+
+def _cuda_rope_centre_problem(s: ModelShape) -> Optional[str]:
+    """Why the CUDA cache cannot keep center=rope for this model, or None."""
+    if s.head_dim == 256:
+        return "head_dim 256 (the CUDA cache keeps each head as two halves of 128, and RoPE's pairs straddle them)"
+    return s.rope_centre_problem
 
 
 class E8KVCudaLayer(CacheLayerMixin):
@@ -889,9 +897,10 @@ class E8KVCudaCache(_BatchChanges, Cache):
         self.gather_from = gather_from
         self.prompt_from_codes = prompt_from_codes
         rope_centre = "center=rope" in spec
-        if rope_centre and s.rope_centre_problem is not None:
+        why = _cuda_rope_centre_problem(s)
+        if rope_centre and why is not None:
             raise E8KVError(ErrorCode.SPEC, f"e8kv CUDA cache '{spec}': center=rope turns the keys' centre by the "
-                                            f"model's RoPE frequencies, which it cannot here: {s.rope_centre_problem}")
+                                            f"model's RoPE frequencies, which it cannot here: {why}")
         # center=rope with budget=: a dropped page moves the later tokens to other indices, so each row's kept
         # tokens after its first pages get a position shift (CudaCache.set_row_shifts), and their positions
         # pass the capacity: the cos/sin table covers the model's positions
