@@ -590,7 +590,13 @@ int main(int argc, char **argv) {
     printf("device %s, %d SMs; device-to-device copy %.1f GB/s (read + write, 1 GiB, median of 20)\n", g_dev,
            prop.multiProcessorCount, copy);
     if (g_json) fprintf(g_json, "{\"bench\":\"copy\",\"device\":\"%s\",\"copy_gbps\":%.1f}\n", g_dev, copy);
-    const shape shapes[] = {{"llama3-8b", 8, 4, 128, 32}, {"smollm2", 3, 3, 64, 30}};
+    /* Gemma 3 (head_dim 256, its full-attention layers: the ones e8kv codes) only when --only names them */
+    const shape shapes[] = {{"llama3-8b", 8, 4, 128, 32},
+                            {"smollm2", 3, 3, 64, 30},
+                            {"gemma3-1b", 1, 4, 256, 4},
+                            {"gemma3-4b", 4, 2, 256, 5},
+                            {"gemma3-12b", 8, 2, 256, 8}};
+    const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
     const size_t batches[] = {1, 8, 32}, ctxs[] = {4096, 32768, 131072};
     /* the spec, and its name in --only (a spec's commas would split the list) */
     const char *specs[] = {"e8box:4", "bf16", "e8p:2", "e8box:3", "k=e8box:4,v=e8box:3"};
@@ -605,7 +611,7 @@ int main(int argc, char **argv) {
         if (g_json) fclose(g_json);
         return 0;
     }
-    for (int s = 0; s < 2; s++)
+    for (int s = 0; s < (only ? n_shapes : 2); s++)
         for (int b = 0; b < 3; b++)
             for (int x = 0; x < 3; x++)
                 for (int f = 0; f < 5; f++) {

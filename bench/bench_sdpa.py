@@ -62,6 +62,8 @@ def main():
     out = open(a.json, "w") if a.json else None
     dev = torch.cuda.get_device_name()
     shapes = [("llama3-8b", 8, 4, 128), ("smollm2", 3, 3, 64)]
+    if only is not None:  # Gemma 3's head_dim 256 when asked for
+        shapes += [("gemma3-1b", 1, 4, 256), ("gemma3-4b", 4, 2, 256), ("gemma3-12b", 8, 2, 256)]
     batches = (1, 8) if a.quick else (1, 8, 32)
     ctxs = (4096, 32768) if a.quick else (4096, 32768, 131072)
     for name, kv, g, d in shapes:
