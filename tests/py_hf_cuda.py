@@ -1369,9 +1369,25 @@ def test_evicted_prompt_attends_over_the_kept_tokens(dev, spec):
     tokens take the slots after them while their positions stay the prompt's, and every decode step's logits
     equal those of a DynamicCache holding exactly the kept K/V (bf16 pages: within bf16 tolerance), against
     which the full prompt's logits differ (the control)."""
+    _check_evicted_prompt(model_on(dev), dev, spec)
+
+
+def test_evicted_prompt_at_head_dim_256(dev):
+    """The same at head_dim 256 (each head two halves of 128 in the CUDA cache): each KV head's kept tokens
+    keep both halves together."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=256, vocab_size=1024, max_position_embeddings=512,
+                      rope_theta=10000.0, attn_implementation="sdpa")
+    torch.manual_seed(256)
+    with torch.device("cuda" if dev == "cuda" else "cpu"):
+        model = LlamaForCausalLM(cfg).float().eval()
+    _check_evicted_prompt(model, dev, "bf16,sink=4,evict=snapkv:0.5,recent=8,obs=8")
+
+
+def _check_evicted_prompt(model, dev, spec):
     import e8kv.evict as ev
     import e8kv.hf
-    model = model_on(dev)
     arg = e8kv.hf.cache_arg(model)
     g = torch.Generator().manual_seed(21)
     ids = torch.randint(0, 1024, (2, 100), generator=g).to(model.device)
