@@ -1375,14 +1375,18 @@ def test_evicted_prompt_attends_over_the_kept_tokens(dev, spec):
 def test_evicted_prompt_at_head_dim_256(dev):
     """The same at head_dim 256 (each head two halves of 128 in the CUDA cache): each KV head's kept tokens
     keep both halves together."""
+    _check_evicted_prompt(llama_hd256(dev), dev, "bf16,sink=4,evict=snapkv:0.5,recent=8,obs=8")
+
+
+def llama_hd256(dev):
+    """A tiny random Llama of head_dim 256 (4 query heads over 2 KV heads), float32, on dev's device."""
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=256, vocab_size=1024, max_position_embeddings=512,
                       rope_theta=10000.0, attn_implementation="sdpa")
     torch.manual_seed(256)
     with torch.device("cuda" if dev == "cuda" else "cpu"):
-        model = LlamaForCausalLM(cfg).float().eval()
-    _check_evicted_prompt(model, dev, "bf16,sink=4,evict=snapkv:0.5,recent=8,obs=8")
+        return LlamaForCausalLM(cfg).float().eval()
 
 
 def _check_evicted_prompt(model, dev, spec):
@@ -1556,18 +1560,20 @@ def _budget_reference(model, ids, kept, steps, hold, keep0, bs=16):
     return torch.stack(out), held
 
 
-@pytest.mark.parametrize("spec,t", [("bf16,sink=2,evict=stream:0,budget=32,recent=8", 40),
-                                    ("bf16,evict=snapkv:0.2,budget=32,recent=8", 100)])
-def test_budget_drops_the_oldest_pages(dev, spec, t):
+@pytest.mark.parametrize("spec,t,hd", [("bf16,sink=2,evict=stream:0,budget=32,recent=8", 40, 0),
+                                       ("bf16,evict=snapkv:0.2,budget=32,recent=8", 100, 0),
+                                       ("bf16,evict=snapkv:0.2,budget=32,recent=8", 100, 256)])
+def test_budget_drops_the_oldest_pages(dev, spec, t, hd):
     """budget=32 (16-token pages: a row holds at most 48 tokens): a prompt of t tokens (100: more than the
     budget, so it keeps 32 by snapkv) and 50 decode steps into a cache of 64 tokens per row. Before a step
     would take a row past 48 its oldest page after the first is dropped (the block table turned, no K/V
     moved): every step's logits equal those of a DynamicCache that drops the same tokens at the same steps
     (bf16 pages: within bf16 tolerance), positions keep counting (get_seq_length = t + 50), what the cache
-    holds never passes 48, and the control (nothing dropped) differs."""
+    holds never passes 48, and the control (nothing dropped) differs. hd 256: a model of head_dim 256 (two
+    halves of 128 per head in the CUDA cache)."""
     import e8kv.evict as ev
     import e8kv.hf
-    model = model_on(dev)
+    model = llama_hd256(dev) if hd == 256 else model_on(dev)
     arg = e8kv.hf.cache_arg(model)
     g = torch.Generator().manual_seed(31)
     ids = torch.randint(0, 1024, (2, t), generator=g).to(model.device)
