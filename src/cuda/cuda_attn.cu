@@ -506,7 +506,7 @@ template <int D> __device__ __forceinline__ void sink_state(const attn_launch &a
  * the V rotation and writes the output, and sets the counter back to 0 for the next call. The states
  * are read across the warps (split s by warp s mod WARPS, 16-byte loads), so the merge costs a few
  * L2 round trips instead of a second kernel that walks n_split states in a loop. buf: WARPS × 8 × D
- * floats of shared memory that the caller no longer uses. */
+ * floats of shared memory that the caller no longer uses, 16-byte aligned (read and written as float4). */
 template <int D, bool SK>
 __device__ __forceinline__ void merge_last(const attn_launch &a, int seq, int kvh, int G,
                                            float (*buf)[8][D]) {
@@ -690,7 +690,7 @@ __global__ void __launch_bounds__(128, 3) attn_split_kernel(const attn_launch a)
     constexpr bool KBF = KF == FMT_BF16, VBF = VF == FMT_BF16;
     __shared__ float sq[8][D];
     __shared__ float sh[256];
-    __shared__ float so[WARPS][8][D];
+    __shared__ __align__(16) float so[WARPS][8][D]; /* merge_last's buffer: float4 accesses */
     __shared__ float sm[WARPS][8], sl[WARPS][8];
 
     const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
