@@ -373,23 +373,28 @@ template <int D> __device__ __forceinline__ void fwht_rows(float (*x)[D], int G)
 /* The query rows of the G heads of (seq, KV head kvh) into sq, a warp per row; with rot, times the rotation
  * signs and through the Hadamard transform (the rotated domain of the code pages). Ends with the block
  * synchronised. */
-template <int D>
+/* P = 2: query rows of 2D coordinates whose halves are rotated by the D-point transform each (head_dim 256
+ * kept as two heads of 128) */
+template <int D, int P = 1>
 __device__ __forceinline__ void load_query(const attn_launch &a, int seq, int kvh, int G, bool rot,
-                                           float (*sq)[D]) {
+                                           float (*sq)[D * P]) {
     const int lane = threadIdx.x & 31;
     for (int r = threadIdx.x >> 5; r < G; r += blockDim.x >> 5) {
-        const size_t row = ((size_t)seq * a.n_head + (size_t)kvh * G + r) * D;
-        float v[D / 32];
+        const size_t row = ((size_t)seq * a.n_head + (size_t)kvh * G + r) * (D * P);
 #pragma unroll
-        for (int j = 0; j < D / 32; j++) {
-            const int i = 32 * j + lane;
-            v[j] = e8kv_cuda_load_val(a.q, row + i, a.q_dtype);
-            if (rot) v[j] *= a.signs[i];
+        for (int h = 0; h < P; h++) {
+            float v[D / 32];
+#pragma unroll
+            for (int j = 0; j < D / 32; j++) {
+                const int i = 32 * j + lane;
+                v[j] = e8kv_cuda_load_val(a.q, row + D * h + i, a.q_dtype);
+                if (rot) v[j] *= a.signs[i];
+            }
+            if (rot) fwht_warp<D>(v);
+#pragma unroll
+            for (int j = 0; j < D / 32; j++)
+                sq[r][D * h + 32 * j + lane] = v[j];
         }
-        if (rot) fwht_warp<D>(v);
-#pragma unroll
-        for (int j = 0; j < D / 32; j++)
-            sq[r][32 * j + lane] = v[j];
     }
     __syncthreads();
 }
@@ -1228,20 +1233,31 @@ __device__ __forceinline__ void rc_turn(const float (&al)[2], const float (&be)[
 template <int D, int BK, int BV, bool RC> __host__ __device__ static constexpr int box_stage_bytes(void) {
     return box_pair<D, BK, BV>::STAGE + (RC ? RC_STAGE_BYTES : 0);
 }
-template <int D, int BK, int BV, bool RC> __host__ __device__ static constexpr int box_smem_bytes(void) {
-    return WARPS * BOX_STAGES * BOX_NT * box_stage_bytes<D, BK, BV, RC>();
+/* 16-token sub-tiles per tile: BOX_NT, one for head_dim 256 (P = 2: a sub-tile holds both halves' bytes) */
+template <int P> __host__ __device__ static constexpr int box_nt(void) {
+    return P == 2 ? 1 : BOX_NT;
+}
+template <int D, int BK, int BV, bool RC, int P = 1>
+__host__ __device__ static constexpr int box_smem_bytes(void) {
+    return WARPS * BOX_STAGES * box_nt<P>() * P * box_stage_bytes<D, BK, BV, RC>();
 }
 
 /* the register budget: BOX_MINB blocks per SM, but 2 for a center=rope instance where shared memory (its
  * stages and ~8 KB of static arrays, 1 KB per block for the system, 228 KB per SM) lets only 2 in anyway
- * (its bias needs ~12 more registers per thread) */
-template <int D, int BK, int BV, bool RC> __host__ __device__ static constexpr int box_minb(void) {
-    return RC && 3 * (box_smem_bytes<D, BK, BV, RC>() + 9 * 1024) > 228 * 1024 ? 2 : BOX_MINB;
+ * (its bias needs ~12 more registers per thread), and 2 for head_dim 256 (two halves' output fragments) */
+template <int D, int BK, int BV, bool RC, int P = 1> __host__ __device__ static constexpr int box_minb(void) {
+    return P == 2 || (RC && 3 * (box_smem_bytes<D, BK, BV, RC>() + 9 * 1024) > 228 * 1024) ? 2 : BOX_MINB;
 }
 
-template <int D, int BK, int BV, bool G8, bool SK, bool RC>
-__global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC>())) attn_box_kernel(const attn_launch a) {
+/* P = 2: head_dim 256 (D = 128), a KV head kept as two heads of 128 (its halves, internal heads 2·kvh and
+ * 2·kvh + 1 of the pages: attn_pair_kernel), up to 4 query heads (not G8) and no center=rope. A sub-tile's
+ * stage holds both halves' areas (one 16-token sub-tile per tile); a score adds both halves' sums, each
+ * times its own step; the output keeps one set of fragments per half, and merge_last undoes each half's
+ * transform. */
+template <int D, int BK, int BV, bool G8, bool SK, bool RC, int P = 1>
+__global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC, P>())) attn_box_kernel(const attn_launch a) {
     static_assert((BK == 4 || BK == 3) && (BV == 4 || BV == 3), "e8box:4 or e8box:3");
+    static_assert(P == 1 || (P == 2 && D == 128 && !G8 && !RC), "head_dim 256: halves of 128, G <= 4");
     /* GK: the K area of a sub-tile; GV: the V area, VSH bytes from where box_geo<D, BV> puts it; G4: the
      * copy plan of an e8box:4 stream */
     using GK = box_geo<D, BK>;
@@ -1249,15 +1265,16 @@ __global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC>())) attn_box_ker
     using G4 = box_geo<D, 4>;
     constexpr int VSH = box_pair<D, BK, BV>::VSH, STAGE = box_stage_bytes<D, BK, BV, RC>(),
                   RC_OFF = box_pair<D, BK, BV>::STAGE;
-    constexpr int KS = D / 16, NW = D / 32;
-    extern __shared__ __align__(16) uint8_t box_dyn[]; /* [WARPS][BOX_STAGES][BOX_NT][STAGE] */
-    uint8_t(*const stage)[BOX_STAGES][BOX_NT][STAGE] =
-        reinterpret_cast<uint8_t(*)[BOX_STAGES][BOX_NT][STAGE]>(box_dyn);
-    __shared__ float sq[8][D];
+    constexpr int KS = D / 16, NW = D / 32, NT = box_nt<P>(), DQ = D * P;
+    /* [WARPS][BOX_STAGES][NT][P][STAGE]: sub-tile u of a buffer, half h at (u·P + h)·STAGE */
+    extern __shared__ __align__(16) uint8_t box_dyn[];
+    uint8_t(*const stage)[BOX_STAGES][NT * P][STAGE] =
+        reinterpret_cast<uint8_t(*)[BOX_STAGES][NT * P][STAGE]>(box_dyn);
+    __shared__ float sq[8][DQ];
     __shared__ float sh[256];
     __shared__ float sm[WARPS][8], sl[WARPS][8];
-    __shared__ float scos[WARPS][8][16];
-    static_assert(WARPS * BOX_STAGES * BOX_NT * STAGE >= sizeof(float) * WARPS * 8 * D,
+    __shared__ float scos[WARPS][8][16 * P];
+    static_assert(WARPS * BOX_STAGES * NT * P * STAGE >= sizeof(float) * WARPS * 8 * DQ,
                   "the merge buffer aliases the stages");
 
     BOX_STAMP(0);
@@ -1265,18 +1282,18 @@ __global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC>())) attn_box_ker
     const int G = (int)(a.n_head / a.n_head_kv);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int n_split = (int)a.n_split;
-    if (SK) sink_prefetch<D>(a, seq, kvh, split);
+    if (SK) sink_prefetch<DQ>(a, seq, kvh, split);
     {
         /* the query rows and the rotation signs on their way to L1 before this block's copies queue up
          * ahead of them (load_query below) */
-        const int esz = a.q_dtype == E8KV_DTYPE_F32 ? 4 : 2, qbytes = G * D * esz, qlines = qbytes / 128 + 1;
-        const char *const qb = (const char *)a.q + ((size_t)seq * a.n_head + (size_t)kvh * G) * D * esz;
+        const int esz = a.q_dtype == E8KV_DTYPE_F32 ? 4 : 2, qbytes = G * DQ * esz, qlines = qbytes / 128 + 1;
+        const char *const qb = (const char *)a.q + ((size_t)seq * a.n_head + (size_t)kvh * G) * DQ * esz;
         const char *const p = tid < qlines ? qb + min(128 * tid, qbytes - 1)
                                            : (const char *)a.signs + 128 * (tid - qlines); /* D·4 bytes */
         if (tid < qlines + D * 4 / 128) asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
     }
     const int ctx = table_ctx(a, seq);
-    const int chunk = ((ctx + n_split - 1) / n_split + 16 * BOX_NT - 1) & -(16 * BOX_NT);
+    const int chunk = ((ctx + n_split - 1) / n_split + 16 * NT - 1) & -(16 * NT);
     const int start = split * chunk, end = min(start + chunk, ctx);
     const int lo = SK ? min(a.sink_n, ctx) : 0; /* sink positions [0, lo): masked (attn_split_kernel) */
     const int32_t *const table = a.block_tables + (size_t)seq * a.max_blocks;
@@ -1286,8 +1303,8 @@ __global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC>())) attn_box_ker
 
     /* per-lane copy offsets: nibble chunks c = lane + 32j (K at 16c, V in its padded row), and one side
      * chunk (lanes 0..NC: K step bytes, then cosets; lanes 16..16 + NC: the same of V) */
-    const uint8_t *const kpool = a.k.pool + (size_t)kvh * a.k.head_bytes;
-    const uint8_t *const vpool = a.v.pool + (size_t)kvh * a.v.head_bytes;
+    const uint8_t *const kpool = a.k.pool + (size_t)(P * kvh) * a.k.head_bytes; /* half h: + h·head_bytes */
+    const uint8_t *const vpool = a.v.pool + (size_t)(P * kvh) * a.v.head_bytes;
     const int side = lane & 15;
     const bool has_side = side <= G4::NC;
     const int side_src = bs * G4::PB + (side ? bs + 16 * (side - 1) : 0), side_mul = side ? G4::NC : 1;
@@ -1296,8 +1313,10 @@ __global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC>())) attn_box_ker
     /* page sizes below 4 GiB (e8kv_cuda_cache_create checks): one 32 × 32 → 64-bit multiply per page */
     const uint32_t kpb = (uint32_t)a.k.page_bytes, vpb = (uint32_t)a.v.page_bytes,
                    side_pb = lane < 16 ? kpb : vpb;
+    const uint32_t khb = (uint32_t)a.k.head_bytes, vhb = (uint32_t)a.v.head_bytes,
+                   side_hb = lane < 16 ? khb : vhb;
 
-    const int step = 16 * BOX_NT * WARPS, first = start + 16 * BOX_NT * warp;
+    const int step = 16 * NT * WARPS, first = start + 16 * NT * warp;
     const int n_t = first < end ? (end - first + step - 1) / step : 0;
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(&stage[warp][0][0][0]);
     auto page_of = [&](int t0, int *o0) {
@@ -1325,45 +1344,50 @@ __global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC>())) attn_box_ker
             }
         }
     }
-    auto issue = [&](int pg, int o0, uint32_t dst, int p0) {
+    auto issue = [&](int pg, int o0, uint32_t dst0, int p0) {
         if constexpr (RC)
-            if (rc_cs) cp8(dst + RC_OFF + 8 * lane, rc_cs + (size_t)rc_position(rc_sh, p0, a.k.n_pos) * D);
-        if ((BK == 3 && lane < 16) || (BV == 3 && lane >= 16)) {
-            const uint8_t *const src = side_pool + (uint64_t)(uint32_t)pg * side_pb;
-            box3_stage<D>(lane, bs, o0,
-                          [&](uint32_t d, uint32_t s) { cp16(dst + d + (lane < 16 ? 0 : VSH), src + s); });
-        }
-        if constexpr (BK == 4 || BV == 4) {
-            const uint8_t *const kn =
-                kpool + (uint64_t)(uint32_t)pg * kpb + (uint32_t)(o0 * G4::KN + 16 * lane);
-            const uint8_t *const vn =
-                vpool + (uint64_t)(uint32_t)pg * vpb + (uint32_t)(o0 * G4::KN + 16 * lane);
+            if (rc_cs) cp8(dst0 + RC_OFF + 8 * lane, rc_cs + (size_t)rc_position(rc_sh, p0, a.k.n_pos) * D);
 #pragma unroll
-            for (int j = 0; j < G4::KN / 32; j++) {
-                if constexpr (BK == 4) cp16(dst + 16 * lane + 512 * j, kn + 512 * j);
-                if constexpr (BV == 4) cp16(dst + vdst0 + (32 / G4::CPR) * G4::VROW * j, vn + 512 * j);
+        for (int h = 0; h < P; h++) { /* half h of the head (P = 2) at h·STAGE */
+            const uint32_t dst = dst0 + h * STAGE;
+            if ((BK == 3 && lane < 16) || (BV == 3 && lane >= 16)) {
+                const uint8_t *const src = side_pool + (uint64_t)(uint32_t)pg * side_pb + h * side_hb;
+                box3_stage<D>(lane, bs, o0, [&](uint32_t d, uint32_t s) {
+                    cp16(dst + d + (lane < 16 ? 0 : VSH), src + s);
+                });
             }
-            if (has_side && ((BK == 4 && lane < 16) || (BV == 4 && lane >= 16)))
-                cp16(dst + side_dst,
-                     side_pool + (uint64_t)(uint32_t)pg * side_pb + (uint32_t)(side_src + o0 * side_mul));
+            if constexpr (BK == 4 || BV == 4) {
+                const uint8_t *const kn =
+                    kpool + (uint64_t)(uint32_t)pg * kpb + (uint32_t)(h * khb + o0 * G4::KN + 16 * lane);
+                const uint8_t *const vn =
+                    vpool + (uint64_t)(uint32_t)pg * vpb + (uint32_t)(h * vhb + o0 * G4::KN + 16 * lane);
+#pragma unroll
+                for (int j = 0; j < G4::KN / 32; j++) {
+                    if constexpr (BK == 4) cp16(dst + 16 * lane + 512 * j, kn + 512 * j);
+                    if constexpr (BV == 4) cp16(dst + vdst0 + (32 / G4::CPR) * G4::VROW * j, vn + 512 * j);
+                }
+                if (has_side && ((BK == 4 && lane < 16) || (BV == 4 && lane >= 16)))
+                    cp16(dst + side_dst, side_pool + (uint64_t)(uint32_t)pg * side_pb +
+                                             (uint32_t)(h * side_hb + side_src + o0 * side_mul));
+            }
         }
     };
-    /* start this warp's copies first: their latency overlaps the query rotation. A tile is BOX_NT
+    /* start this warp's copies first: their latency overlaps the query rotation. A tile is NT
      * sub-tiles of 16 tokens (each in one page); a sub-tile at or past the end is not copied (its page
      * may not exist): its scores are masked and its stale bytes decode to finite values times P = 0. */
-    auto lookup = [&](int t0, int(&pg)[BOX_NT], int(&o)[BOX_NT]) {
+    auto lookup = [&](int t0, int(&pg)[NT], int(&o)[NT]) {
 #pragma unroll
-        for (int u = 0; u < BOX_NT; u++)
+        for (int u = 0; u < NT; u++)
             pg[u] = t0 + 16 * u < end ? page_of(t0 + 16 * u, &o[u]) : 0;
     };
-    auto issue_tile = [&](int t0, int buf, const int(&pg)[BOX_NT], const int(&o)[BOX_NT]) {
+    auto issue_tile = [&](int t0, int buf, const int(&pg)[NT], const int(&o)[NT]) {
 #pragma unroll
-        for (int u = 0; u < BOX_NT; u++)
-            if (t0 + 16 * u < end) issue(pg[u], o[u], sbase + (buf * BOX_NT + u) * STAGE, t0 + 16 * u);
+        for (int u = 0; u < NT; u++)
+            if (t0 + 16 * u < end) issue(pg[u], o[u], sbase + (buf * NT + u) * P * STAGE, t0 + 16 * u);
     };
     /* the pages of the first BOX_STAGES tiles looked up together (their table loads in flight at once, not
      * one after each copy: the copies are asm with a memory clobber), then the first copies */
-    int pg_first[BOX_STAGES][BOX_NT] = {}, o_first[BOX_STAGES][BOX_NT] = {};
+    int pg_first[BOX_STAGES][NT] = {}, o_first[BOX_STAGES][NT] = {};
 #pragma unroll
     for (int i = 0; i < BOX_STAGES; i++)
         if (i < n_t) lookup(first + i * step, pg_first[i], o_first[i]);
@@ -1372,60 +1396,63 @@ __global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC>())) attn_box_ker
         if (i < n_t) issue_tile(first + i * step, i, pg_first[i], o_first[i]);
         cp_commit();
     }
-    int pg_next[BOX_NT], o_next[BOX_NT];
+    int pg_next[NT], o_next[NT];
 #pragma unroll
-    for (int u = 0; u < BOX_NT; u++)
+    for (int u = 0; u < NT; u++)
         pg_next[u] = pg_first[BOX_STAGES - 1][u], o_next[u] = o_first[BOX_STAGES - 1][u];
 
     BOX_STAMP(6);
-    if (SK && split == 0) sink_state<D>(a, seq, kvh, G);
+    if (SK && split == 0) sink_state<DQ>(a, seq, kvh, G);
     for (int i = tid; i < 256; i += blockDim.x)
         sh[i] = i ? c_box_frac[i & 7] * __int_as_float(((i >> 3) - 21 + 127) << 23) : 0.0f; /* δ/2 */
-    load_query<D>(a, seq, kvh, G, true, sq);
+    load_query<D, P>(a, seq, kvh, G, true, sq);
     BOX_STAMP(7);
-    const float qscale = a.rot_scale * rsqrtf((float)D) * LOG2E;
+    const float qscale = a.rot_scale * rsqrtf((float)DQ) * LOG2E;
     /* B fragments of the scores: k-step s = word s/2 of the lane's nibbles, low (s even) or high nibbles;
      * k index 2t4 ↔ byte 0, 2t4 + 1 ↔ byte 2, 2t4 + 8 ↔ byte 1, 2t4 + 9 ↔ byte 3 of the word. Column g:
      * G ≤ 4: hi of head g (g < 4) or lo of head g − 4; G > 4: head g, hi and lo in two fragments. The
-     * coset fragments hold Q_b (k index = block b). */
+     * coset fragments hold Q_b (k index = block b). P = 2: one set per half h (query coordinates D·h..). */
     const int row = G8 ? g : (g & 3);
     const bool hi_col = G8 || g < 4;
-    uint32_t qh[KS][2], ql[G8 ? KS : 1][2], qch[2], qcl[2];
+    uint32_t qh[P][KS][2], ql[G8 ? KS : 1][2], qch[P][2], qcl[P][2];
 #pragma unroll
-    for (int s = 0; s < KS; s++)
+    for (int h = 0; h < P; h++) {
+#pragma unroll
+        for (int s = 0; s < KS; s++)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                float x[2];
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int coord;
+                    if constexpr (BK == 4) {
+                        const int o = (D / 8) * t4 + 4 * (s >> 1) + j + 2 * e;
+                        coord = 32 * (o >> 4) + (o & 15) + 16 * (s & 1);
+                    } else {
+                        coord = kdim<D, FMT_BOX3>(t4, s, 2 * t4 + 8 * j + e); /* box3_kstep */
+                    }
+                    x[e] = row < G ? sq[row][D * h + coord] * qscale : 0.0f;
+                }
+                qh[h][s][j] = hi_col ? pack(hi16<false>(x[0]), hi16<false>(x[1]))
+                                     : pack(lo16<false>(x[0]), lo16<false>(x[1]));
+                if constexpr (G8) ql[s][j] = pack(lo16<false>(x[0]), lo16<false>(x[1]));
+            }
 #pragma unroll
         for (int j = 0; j < 2; j++) {
             float x[2];
 #pragma unroll
             for (int e = 0; e < 2; e++) {
-                int coord;
-                if constexpr (BK == 4) {
-                    const int o = (D / 8) * t4 + 4 * (s >> 1) + j + 2 * e;
-                    coord = 32 * (o >> 4) + (o & 15) + 16 * (s & 1);
-                } else {
-                    coord = kdim<D, FMT_BOX3>(t4, s, 2 * t4 + 8 * j + e); /* box3_kstep */
-                }
-                x[e] = row < G ? sq[row][coord] * qscale : 0.0f;
+                const int blk = 2 * t4 + 8 * j + e;
+                float sum = 0.0f;
+                if (row < G && blk < D / 8)
+                    for (int i = 0; i < 8; i++)
+                        sum += sq[row][D * h + 8 * blk + i] * qscale;
+                x[e] = sum;
             }
-            qh[s][j] = hi_col ? pack(hi16<false>(x[0]), hi16<false>(x[1]))
-                              : pack(lo16<false>(x[0]), lo16<false>(x[1]));
-            if constexpr (G8) ql[s][j] = pack(lo16<false>(x[0]), lo16<false>(x[1]));
+            qch[h][j] = hi_col ? pack(hi16<false>(x[0]), hi16<false>(x[1]))
+                               : pack(lo16<false>(x[0]), lo16<false>(x[1]));
+            qcl[h][j] = pack(lo16<false>(x[0]), lo16<false>(x[1]));
         }
-#pragma unroll
-    for (int j = 0; j < 2; j++) {
-        float x[2];
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int blk = 2 * t4 + 8 * j + e;
-            float sum = 0.0f;
-            if (row < G && blk < D / 8)
-                for (int i = 0; i < 8; i++)
-                    sum += sq[row][8 * blk + i] * qscale;
-            x[e] = sum;
-        }
-        qch[j] =
-            hi_col ? pack(hi16<false>(x[0]), hi16<false>(x[1])) : pack(lo16<false>(x[0]), lo16<false>(x[1]));
-        qcl[j] = pack(lo16<false>(x[0]), lo16<false>(x[1]));
     }
 
     /* center=rope (a.k.rc): + q·R_p·μ for the row's RC_PAIRS chosen pairs (rc_operands), per 16-token
@@ -1460,109 +1487,120 @@ __global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC>())) attn_box_ker
      * same heads and add them) or 2·t4 (G > 4), and h0 + 1; the output columns 2t4, 2t4 + 1 are the same
      * heads */
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    float oacc[KS][4], ocos[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float oacc[P * KS][4], ocos[P][4]; /* half h: oacc[h·KS + mt], ocos[h] */
 #pragma unroll
-    for (int mt = 0; mt < KS; mt++)
+    for (int mt = 0; mt < P * KS; mt++)
         oacc[mt][0] = oacc[mt][1] = oacc[mt][2] = oacc[mt][3] = 0.0f;
+#pragma unroll
+    for (int h = 0; h < P; h++)
+        ocos[h][0] = ocos[h][1] = ocos[h][2] = ocos[h][3] = 0.0f;
     constexpr int CB = 8 * GV::NC;
     uint32_t magic;
     asm("mov.b32 %0, 0x64006400;" : "=r"(magic));
 
     /* the scores of a tile: [sub-tile][token g / g + 8][head h0 / h1] */
-    auto scores = [&](int buf, int tile0, float(&out)[BOX_NT][2][2]) {
+    auto scores = [&](int buf, int tile0, float(&out)[NT][2][2]) {
     /* ---- scores of each sub-tile u: tokens g (row g) and g + 8 (row g + 8) */
 #pragma unroll
-        for (int u = 0; u < BOX_NT; u++) {
-            const uint8_t *const sb = &stage[warp][buf][u][0];
-            uint32_t kw[2][NW], kc[2];
-            float ksc[2];
-            float acc[4][4]; /* four independent chains */
+        for (int u = 0; u < NT; u++) {
+            float vs[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}}; /* the halves' sums (P = 2) */
 #pragma unroll
-            for (int h = 0; h < 4; h++)
-                acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.0f;
-            float bias[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* center=rope: q·R_p·μ */
-            if constexpr (RC) rc_bias(sb, bias);
-            if constexpr (BK == 3) {
+            for (int h = 0; h < P; h++) {
+                const uint8_t *const sb = &stage[warp][buf][u * P + h][0];
+                uint32_t kw[2][NW], kc[2];
+                float ksc[2];
+                float acc[4][4]; /* four independent chains */
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    acc[c][0] = acc[c][1] = acc[c][2] = acc[c][3] = 0.0f;
+                float bias[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* center=rope: q·R_p·μ */
+                if constexpr (RC) rc_bias(sb, bias);
+                if constexpr (BK == 3) {
                 /* A = box3_kstep_nc of tokens g (a0, a2) and g + 8 (a1, a3) */
 #pragma unroll
-                for (int tt = 0; tt < 2; tt++) {
-                    const int tk = g + 8 * tt;
-                    box3_lds_k<D>(kw[tt], sb, tk, t4);
-                    kc[tt] = GK::NC == 2 ? *(const uint16_t *)(sb + GK::K_SIDE + 16 + 2 * tk)
-                                         : sb[GK::K_SIDE + 16 + tk];
-                    ksc[tt] = sh[sb[GK::K_SIDE + tk]];
-                }
-#pragma unroll
-                for (int s = 0; s < KS; s++) {
-                    uint32_t b0[2], b1[2];
-                    box3_kstep_nc<D>(kw[0], t4, s, magic, b0);
-                    box3_kstep_nc<D>(kw[1], t4, s, magic, b1);
-                    const uint32_t ak[4] = {b0[0], b1[0], b0[1], b1[1]};
-                    mma16816<false>(acc[s & 3], ak, qh[s]);
-                    if constexpr (G8) mma16816<false>(acc[s & 3], ak, ql[s]);
-                }
-            } else {
-#pragma unroll
-                for (int tt = 0; tt < 2; tt++) {
-                    const int tk = g + 8 * tt;
-                    if constexpr (D == 128) {
-                        const uint4 q4 = *(const uint4 *)(sb + tk * GK::KN + 16 * t4);
-                        kw[tt][0] = q4.x, kw[tt][1] = q4.y, kw[tt][2] = q4.z, kw[tt][3] = q4.w;
-                        kc[tt] = *(const uint16_t *)(sb + 16 * GK::KN + 16 + 2 * tk);
-                    } else {
-                        const uint2 q2 = *(const uint2 *)(sb + tk * GK::KN + 8 * t4);
-                        kw[tt][0] = q2.x, kw[tt][1] = q2.y;
-                        kc[tt] = sb[16 * GK::KN + 16 + tk];
+                    for (int tt = 0; tt < 2; tt++) {
+                        const int tk = g + 8 * tt;
+                        box3_lds_k<D>(kw[tt], sb, tk, t4);
+                        kc[tt] = GK::NC == 2 ? *(const uint16_t *)(sb + GK::K_SIDE + 16 + 2 * tk)
+                                             : sb[GK::K_SIDE + 16 + tk];
+                        ksc[tt] = sh[sb[GK::K_SIDE + tk]];
                     }
-                    ksc[tt] = sh[sb[16 * GK::KN + tk]];
-                }
 #pragma unroll
-                for (int w = 0; w < NW; w++) {
-                    const uint32_t x0 = kw[0][w], x1 = kw[1][w], y0 = x0 >> 8, y1 = x1 >> 8;
-                    const uint32_t alo[4] = {nib_lo(x0, magic), nib_lo(x1, magic), nib_lo(y0, magic),
-                                             nib_lo(y1, magic)};
-                    const uint32_t ahi[4] = {nib_hi(x0, magic), nib_hi(x1, magic), nib_hi(y0, magic),
-                                             nib_hi(y1, magic)};
-                    mma16816<false>(acc[2 * (w & 1)], alo, qh[2 * w]);
-                    mma16816<false>(acc[2 * (w & 1) + 1], ahi, qh[2 * w + 1]);
-                    if constexpr (G8) {
-                        mma16816<false>(acc[2 * (w & 1)], alo, ql[2 * w]);
-                        mma16816<false>(acc[2 * (w & 1) + 1], ahi, ql[2 * w + 1]);
+                    for (int s = 0; s < KS; s++) {
+                        uint32_t b0[2], b1[2];
+                        box3_kstep_nc<D>(kw[0], t4, s, magic, b0);
+                        box3_kstep_nc<D>(kw[1], t4, s, magic, b1);
+                        const uint32_t ak[4] = {b0[0], b1[0], b0[1], b1[1]};
+                        mma16816<false>(acc[s & 3], ak, qh[h][s]);
+                        if constexpr (G8) mma16816<false>(acc[s & 3], ak, ql[s]);
+                    }
+                } else {
+#pragma unroll
+                    for (int tt = 0; tt < 2; tt++) {
+                        const int tk = g + 8 * tt;
+                        if constexpr (D == 128) {
+                            const uint4 q4 = *(const uint4 *)(sb + tk * GK::KN + 16 * t4);
+                            kw[tt][0] = q4.x, kw[tt][1] = q4.y, kw[tt][2] = q4.z, kw[tt][3] = q4.w;
+                            kc[tt] = *(const uint16_t *)(sb + 16 * GK::KN + 16 + 2 * tk);
+                        } else {
+                            const uint2 q2 = *(const uint2 *)(sb + tk * GK::KN + 8 * t4);
+                            kw[tt][0] = q2.x, kw[tt][1] = q2.y;
+                            kc[tt] = sb[16 * GK::KN + 16 + tk];
+                        }
+                        ksc[tt] = sh[sb[16 * GK::KN + tk]];
+                    }
+#pragma unroll
+                    for (int w = 0; w < NW; w++) {
+                        const uint32_t x0 = kw[0][w], x1 = kw[1][w], y0 = x0 >> 8, y1 = x1 >> 8;
+                        const uint32_t alo[4] = {nib_lo(x0, magic), nib_lo(x1, magic), nib_lo(y0, magic),
+                                                 nib_lo(y1, magic)};
+                        const uint32_t ahi[4] = {nib_hi(x0, magic), nib_hi(x1, magic), nib_hi(y0, magic),
+                                                 nib_hi(y1, magic)};
+                        mma16816<false>(acc[2 * (w & 1)], alo, qh[h][2 * w]);
+                        mma16816<false>(acc[2 * (w & 1) + 1], ahi, qh[h][2 * w + 1]);
+                        if constexpr (G8) {
+                            mma16816<false>(acc[2 * (w & 1)], alo, ql[2 * w]);
+                            mma16816<false>(acc[2 * (w & 1) + 1], ahi, ql[2 * w + 1]);
+                        }
                     }
                 }
-            }
-            {
-                /* + Σ_b k_b·Q_b: A = coset bits (token g / g + 8, blocks 2t4, 2t4 + 1 and + 8; e8box:3 has
-                 * the same coset bytes and block order) */
-                const uint32_t u0 = kc[0] >> (2 * t4), u1 = kc[1] >> (2 * t4);
-                const uint32_t ac[4] = {bits_f16x2(u0 | (u0 << 15)), bits_f16x2(u1 | (u1 << 15)),
-                                        bits_f16x2((u0 >> 8) | (u0 << 7)), bits_f16x2((u1 >> 8) | (u1 << 7))};
-                mma16816<false>(acc[0], ac, qch);
-                if constexpr (G8) mma16816<false>(acc[1], ac, qcl);
+                {
+                    /* + Σ_b k_b·Q_b: A = coset bits (token g / g + 8, blocks 2t4, 2t4 + 1 and + 8; e8box:3
+                     * has the same coset bytes and block order) */
+                    const uint32_t u0 = kc[0] >> (2 * t4), u1 = kc[1] >> (2 * t4);
+                    const uint32_t ac[4] = {bits_f16x2(u0 | (u0 << 15)), bits_f16x2(u1 | (u1 << 15)),
+                                            bits_f16x2((u0 >> 8) | (u0 << 7)),
+                                            bits_f16x2((u1 >> 8) | (u1 << 7))};
+                    mma16816<false>(acc[0], ac, qch[h]);
+                    if constexpr (G8) mma16816<false>(acc[1], ac, qcl[h]);
+                }
+#pragma unroll
+                for (int tt = 0; tt < 2; tt++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const int e = 2 * tt + c;
+                        float v = (acc[0][e] + acc[1][e]) + (acc[2][e] + acc[3][e]);
+                        /* (RC: P = 1) */
+                        vs[tt][c] += RC ? v * ksc[tt] + bias[e] : v * ksc[tt];
+                    }
             }
 #pragma unroll
             for (int tt = 0; tt < 2; tt++)
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
-                    const int e = 2 * tt + c;
-                    float v = (acc[0][e] + acc[1][e]) + (acc[2][e] + acc[3][e]);
-                    if constexpr (RC) {
-                        v = v * ksc[tt] + bias[e];
-                        if (!G8) v += __shfl_xor_sync(0xffffffffu, v, 2);
-                    } else {
-                        if (!G8) v += __shfl_xor_sync(0xffffffffu, v, 2);
-                        v *= ksc[tt];
-                    }
+                    /* G ≤ 4: lanes t4 and t4 ^ 2 hold the hi and lo parts of the same heads (the same
+                     * tokens, the same steps) */
+                    float v = vs[tt][c];
+                    if (!G8) v += __shfl_xor_sync(0xffffffffu, v, 2);
                     const int pos = tile0 + 16 * u + g + 8 * tt;
-                    if (pos >= end || (SK && pos < lo)) v = -INFINITY;
-                    out[u][tt][c] = v;
+                    out[u][tt][c] = pos >= end || (SK && pos < lo) ? -INFINITY : v;
                 }
         }
     };
     /* software-pipelined: the scores of tile i + 1 are computed between the probabilities and the value
      * products of tile i (one basic block), so their independent chains overlap; tile i + 1 must then be
      * resident, so BOX_STAGES − 2 tiles stay in flight during the compute */
-    float sc[BOX_NT][2][2];
+    float sc[NT][2][2];
     BOX_STAMP(1);
     if (n_t > 0) {
         cp_wait<BOX_STAGES - 2>();
@@ -1577,14 +1615,14 @@ __global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC>())) attn_box_ker
         /* ---- online softmax; the maximum moves only when a score passes it */
         bool up = false;
 #pragma unroll
-        for (int u = 0; u < BOX_NT; u++)
+        for (int u = 0; u < NT; u++)
 #pragma unroll
             for (int tt = 0; tt < 2; tt++)
                 up = up || sc[u][tt][0] > m0 || sc[u][tt][1] > m1;
         if (__any_sync(0xffffffffu, up)) {
             float x0 = -INFINITY, x1 = -INFINITY;
 #pragma unroll
-            for (int u = 0; u < BOX_NT; u++)
+            for (int u = 0; u < NT; u++)
 #pragma unroll
                 for (int tt = 0; tt < 2; tt++)
                     x0 = fmaxf(x0, sc[u][tt][0]), x1 = fmaxf(x1, sc[u][tt][1]);
@@ -1598,28 +1636,34 @@ __global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC>())) attn_box_ker
                         al1 = n1 == -INFINITY ? 1.0f : ex2(m1 - n1);
             m0 = n0, m1 = n1;
             l0 *= al0, l1 *= al1;
-            scale_cols<KS>(oacc, al0, al1);
-            ocos[0] *= al0, ocos[2] *= al0;
-            ocos[1] *= al1, ocos[3] *= al1;
+            scale_cols<P * KS>(oacc, al0, al1);
+            scale_cols<P>(ocos, al0, al1);
         }
         cp_wait<BOX_STAGES - 2>();
         __syncwarp();
         /* tile i + 1 (past the last tile: stale bytes, every score masked, never used) */
-        float sn[BOX_NT][2][2];
+        float sn[NT][2][2];
         scores((i + 1) % BOX_STAGES, first + (i + 1) * step, sn);
 #pragma unroll
-        for (int u = 0; u < BOX_NT; u++) {
-            const uint8_t *const sb = &stage[warp][i % BOX_STAGES][u][0];
-            /* P·(δ_v/2) in f16 hi/lo, transposed into the B fragments (tokens 2t4.., column g) */
-            uint32_t pb[2], pl[2] = {0u, 0u};
+        for (int u = 0; u < NT; u++) {
+            float pr[2][2]; /* the weights of tokens g (tt = 0) and g + 8 (tt = 1), heads h0 and h1 */
+#pragma unroll
+            for (int tt = 0; tt < 2; tt++) {
+                pr[tt][0] = m0 == -INFINITY ? 0.0f : ex2(sc[u][tt][0] - m0);
+                pr[tt][1] = m1 == -INFINITY ? 0.0f : ex2(sc[u][tt][1] - m1);
+                l0 += pr[tt][0], l1 += pr[tt][1];
+            }
+#pragma unroll
+            for (int h = 0; h < P; h++) {
+                const uint8_t *const sb = &stage[warp][i % BOX_STAGES][u * P + h][0];
+                float(&oa)[KS][4] = *reinterpret_cast<float(*)[KS][4]>(&oacc[h * KS][0]);
+                /* P·(δ_v/2) in f16 hi/lo, transposed into the B fragments (tokens 2t4.., column g) */
+                uint32_t pb[2], pl[2] = {0u, 0u};
 #pragma unroll
             for (int tt = 0; tt < 2; tt++) {
                 const int tk = g + 8 * tt;
                 const float vsc = sh[sb[GV::V_SIDE + VSH + tk]] * V_BOX_SCALE;
-                const float p0 = m0 == -INFINITY ? 0.0f : ex2(sc[u][tt][0] - m0),
-                            p1 = m1 == -INFINITY ? 0.0f : ex2(sc[u][tt][1] - m1);
-                l0 += p0, l1 += p1;
-                const float x0 = p0 * vsc, x1 = p1 * vsc;
+                const float x0 = pr[tt][0] * vsc, x1 = pr[tt][1] * vsc;
                 if constexpr (G8) {
                     pb[tt] = transpose8x8(pack(hi16<false>(x0), hi16<false>(x1)));
                     pl[tt] = transpose8x8(pack(lo16<false>(x0), lo16<false>(x1)));
@@ -1643,8 +1687,8 @@ __global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC>())) attn_box_ker
                     box3_vtile_nc<D>(vw[0], vw[1], g, mt, magic, r0);
                     box3_vtile_nc<D>(vw[2], vw[3], g, mt, magic, r1);
                     const uint32_t r[4] = {r0[0], r0[1], r1[0], r1[1]};
-                    mma16816<false>(oacc[mt], r, pb);
-                    if constexpr (G8) mma16816<false>(oacc[mt], r, pl);
+                    mma16816<false>(oa[mt], r, pb);
+                    if constexpr (G8) mma16816<false>(oa[mt], r, pl);
                 }
             } else {
                 uint32_t vw[4][D / 64 > 0 ? D / 64 : 1];
@@ -1665,8 +1709,8 @@ __global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC>())) attn_box_ker
                                    x1 = __byte_perm(vw[2][wi], vw[3][wi], sel);
                     const uint32_t r[4] = {nib_lo(x0, magic), nib_hi(x0, magic), nib_lo(x1, magic),
                                            nib_hi(x1, magic)};
-                    mma16816<false>(oacc[mt], r, pb);
-                    if constexpr (G8) mma16816<false>(oacc[mt], r, pl);
+                    mma16816<false>(oa[mt], r, pb);
+                    if constexpr (G8) mma16816<false>(oa[mt], r, pl);
                 }
             }
             {
@@ -1684,12 +1728,13 @@ __global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC>())) attn_box_ker
                     ac[2 * pr] = bits_f16x2(CB == 16 ? x : (x | (x << 8)));
                     ac[2 * pr + 1] = CB == 16 ? bits_f16x2(x >> 8) : 0u;
                 }
-                mma16816<false>(ocos, ac, pb);
-                if constexpr (G8) mma16816<false>(ocos, ac, pl);
+                mma16816<false>(ocos[h], ac, pb);
+                if constexpr (G8) mma16816<false>(ocos[h], ac, pl);
+            }
             }
         }
 #pragma unroll
-        for (int u = 0; u < BOX_NT; u++)
+        for (int u = 0; u < NT; u++)
 #pragma unroll
             for (int tt = 0; tt < 2; tt++)
                 sc[u][tt][0] = sn[u][tt][0], sc[u][tt][1] = sn[u][tt][1];
@@ -1704,32 +1749,36 @@ __global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC>())) attn_box_ker
     }
     __syncthreads(); /* every warp is done with its stages: they become the merge buffer */
     BOX_STAMP(2);
-    float(*so)[8][D] = reinterpret_cast<float(*)[8][D]>(box_dyn);
+    float(*so)[8][DQ] = reinterpret_cast<float(*)[8][DQ]>(box_dyn);
 #pragma unroll
-    for (int mt = 0; mt < KS; mt++) {
-        const int dl = vdim < D, BV == 4 ? FMT_BOX4 : FMT_BOX3 > (g, mt, 0), dh = vdim < D,
-                  BV == 4 ? FMT_BOX4 : FMT_BOX3 > (g, mt, 1);
-        so[warp][2 * t4][dl] = oacc[mt][0];
-        so[warp][2 * t4 + 1][dl] = oacc[mt][1];
-        so[warp][2 * t4][dh] = oacc[mt][2];
-        so[warp][2 * t4 + 1][dh] = oacc[mt][3];
+    for (int h = 0; h < P; h++) {
+#pragma unroll
+        for (int mt = 0; mt < KS; mt++) {
+            const int dl = D * h + vdim < D, BV == 4 ? FMT_BOX4 : FMT_BOX3 > (g, mt, 0),
+                      dh = D * h + vdim < D, BV == 4 ? FMT_BOX4 : FMT_BOX3 > (g, mt, 1);
+            so[warp][2 * t4][dl] = oacc[h * KS + mt][0];
+            so[warp][2 * t4 + 1][dl] = oacc[h * KS + mt][1];
+            so[warp][2 * t4][dh] = oacc[h * KS + mt][2];
+            so[warp][2 * t4 + 1][dh] = oacc[h * KS + mt][3];
+        }
+        /* block b of half h: column 16h + b (the output coordinate i's is i >> 3 at every P) */
+        scos[warp][2 * t4][16 * h + g] = ocos[h][0];
+        scos[warp][2 * t4 + 1][16 * h + g] = ocos[h][1];
+        scos[warp][2 * t4][16 * h + g + 8] = ocos[h][2];
+        scos[warp][2 * t4 + 1][16 * h + g + 8] = ocos[h][3];
     }
-    scos[warp][2 * t4][g] = ocos[0];
-    scos[warp][2 * t4 + 1][g] = ocos[1];
-    scos[warp][2 * t4][g + 8] = ocos[2];
-    scos[warp][2 * t4 + 1][g + 8] = ocos[3];
     if (g == 0 && (G8 || t4 < 2)) {
         sm[warp][2 * t4] = m0, sm[warp][2 * t4 + 1] = m1;
         sl[warp][2 * t4] = l0, sl[warp][2 * t4 + 1] = l1;
     }
     __syncthreads();
-    store_split<D>(a, seq, kvh, G, split, sm, sl, [&](int w, int r, int i) {
+    store_split<DQ>(a, seq, kvh, G, split, sm, sl, [&](int w, int r, int i) {
         float o = so[w][r][i] + scos[w][r][i >> 3];
         if (!G8) o += so[w][r + 4][i] + scos[w][r + 4][i >> 3];
         return o;
     });
     BOX_STAMP(3);
-    merge_last<D, SK>(a, seq, kvh, G, so);
+    merge_last<DQ, SK>(a, seq, kvh, G, so);
     BOX_STAMP(4);
 }
 
@@ -2451,9 +2500,10 @@ static size_t wave_fill(size_t blocks, size_t wave) {
  * the output is accumulated in the pages' domain (each half rotated by its own 128-point transform, which
  * merge_last undoes). A warp takes 16-token tiles in turn and PAIR_U tokens of a tile at a time: their bytes
  * loaded before any is decoded, their score sums interleaved, one softmax update for the PAIR_U. Plain FMAs
- * on the CUDA cores, not the tensor-core kernels of head_dim 64 and 128: checked by test_cuda against
- * float64 like them, but slower than SDPA on bf16 (BENCHMARKS.md, "head_dim 256"). The split-K frame
- * (splits, sink rows, means, learned sinks, merge) is the other kernels'. */
+ * on the CUDA cores: slower than SDPA on bf16 (BENCHMARKS.md, "head_dim 256"). Pages in e8box:4 or e8box:3
+ * on both sides go to attn_box_kernel's P = 2 instances instead (tensor cores, ~4x faster); this kernel
+ * serves the other pairs (e8p:2, bf16/f16 pages, e8box with raw pages). The split-K frame (splits, sink
+ * rows, means, learned sinks, merge) is the other kernels'. */
 
 /* GM: the most query heads per KV head the instance holds registers for (2: Gemma 3 4B and 12B; 4); KF, VF:
  * the K and V formats, or -1: read at run time (every pair; the instances of one format keep fewer registers
@@ -2635,6 +2685,43 @@ static void launch_pair_g(const attn_launch &l, dim3 grid, bool g2, cudaStream_t
         attn_pair_kernel<false, PAIR_G, KF, VF><<<grid, 128, 0, stream>>>(l);
 }
 
+/* head_dim 256 with e8box K and V pages: attn_box_kernel's P = 2 instances (G ≤ 4, with and without sink
+ * rows; dynamic shared memory above 48 KB set once) */
+template <int BK, int BV> static int box_pair_attr(void) {
+    static int done = 0;
+    constexpr int b = box_smem_bytes<128, BK, BV, false, 2>();
+    if (!done &&
+        cudaFuncSetAttribute(attn_box_kernel<128, BK, BV, false, false, false, 2>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, b) == cudaSuccess &&
+        cudaFuncSetAttribute(attn_box_kernel<128, BK, BV, false, true, false, 2>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, b) == cudaSuccess)
+        done = 1;
+    return !done;
+}
+template <int BK, int BV> static int box_pair_occupancy(void) {
+    static int n = 0;
+    if (n) return n;
+    constexpr int b = box_smem_bytes<128, BK, BV, false, 2>();
+    int n1 = 0, n2 = 0;
+    if (box_pair_attr<BK, BV>() ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &n1, attn_box_kernel<128, BK, BV, false, false, false, 2>, 128, b) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &n2, attn_box_kernel<128, BK, BV, false, true, false, 2>, 128, b) != cudaSuccess)
+        n1 = n2 = 1;
+    n = n1 < n2 ? n1 : n2;
+    if (n < 1) n = 1;
+    return n;
+}
+template <int BK, int BV> static void launch_box_pair(const attn_launch &l, dim3 grid, cudaStream_t stream) {
+    constexpr int b = box_smem_bytes<128, BK, BV, false, 2>();
+    box_pair_attr<BK, BV>();
+    if (l.sink_n > 0)
+        attn_box_kernel<128, BK, BV, false, true, false, 2><<<grid, 128, b, stream>>>(l);
+    else
+        attn_box_kernel<128, BK, BV, false, false, false, 2><<<grid, 128, b, stream>>>(l);
+}
+
 static size_t launch_pair(const attn_launch *la, cudaStream_t stream) {
     if (la->n_head > (size_t)PAIR_G * la->n_head_kv) return E8KV_ERR(DIMENSION);
     if (la->k.fmt == FMT_E8P2 || la->v.fmt == FMT_E8P2) E8KV_RETURN_IF_ERROR(pat_table());
@@ -2644,11 +2731,17 @@ static size_t launch_pair(const attn_launch *la, cudaStream_t stream) {
     const dim3 grid((unsigned)l.n_split, (unsigned)l.n_head_kv, (unsigned)l.n_seq);
     const bool g2 = l.n_head <= 2 * l.n_head_kv;
     const int kf = l.k.fmt, vf = l.v.fmt;
-    if (kf == FMT_BOX4 && vf == FMT_BOX4)
-        launch_pair_g<FMT_BOX4, FMT_BOX4>(l, grid, g2, stream);
-    else if (kf == FMT_BOX3 && vf == FMT_BOX3)
-        launch_pair_g<FMT_BOX3, FMT_BOX3>(l, grid, g2, stream);
-    else if (kf == FMT_E8P2)
+    if (fmt_is_box(kf) && fmt_is_box(vf)) { /* the tensor-core kernel of head_dim 128, both halves */
+        l.v_div = V_BOX_SCALE;
+        if (kf == FMT_BOX4 && vf == FMT_BOX4)
+            launch_box_pair<4, 4>(l, grid, stream);
+        else if (kf == FMT_BOX4)
+            launch_box_pair<4, 3>(l, grid, stream);
+        else if (vf == FMT_BOX4)
+            launch_box_pair<3, 4>(l, grid, stream);
+        else
+            launch_box_pair<3, 3>(l, grid, stream);
+    } else if (kf == FMT_E8P2)
         launch_pair_g<FMT_E8P2, FMT_E8P2>(l, grid, g2, stream);
     else
         launch_pair_g<-1, -1>(l, grid, g2, stream);
@@ -2761,7 +2854,13 @@ template <int D> static int occupancy_k(int kf, int vf, int rc) {
 }
 
 int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf, int rc) {
-    if (d == 256) return pair_occupancy();
+    if (d == 256) {
+        if (kf == FMT_BOX4 && vf == FMT_BOX4) return box_pair_occupancy<4, 4>();
+        if (kf == FMT_BOX4 && vf == FMT_BOX3) return box_pair_occupancy<4, 3>();
+        if (kf == FMT_BOX3 && vf == FMT_BOX4) return box_pair_occupancy<3, 4>();
+        if (kf == FMT_BOX3 && vf == FMT_BOX3) return box_pair_occupancy<3, 3>();
+        return pair_occupancy();
+    }
     if (kf == FMT_E8P2) { /* the fewer of the two instances (the split count does not know G) */
         const int n0 = d == 128 ? (rc ? e8p_occupancy<128, 0, true>() : e8p_occupancy<128, 0, false>())
                                 : (rc ? e8p_occupancy<64, 0, true>() : e8p_occupancy<64, 0, false>()),

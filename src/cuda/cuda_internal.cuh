@@ -251,12 +251,13 @@ typedef struct {
 } gather_launch;
 size_t e8kv_cu_launch_gather(const gather_launch *g, cudaStream_t stream);
 
-/* head_dim 256: query heads per KV head of one attention call (attn_pair_kernel: merge_last's buffer holds
- * G·d ≤ 1024 outputs) */
+/* head_dim 256: query heads per KV head of one attention call (attn_pair_kernel and attn_box_kernel's P = 2
+ * instances: merge_last's buffer holds G·d ≤ 1024 outputs) */
 #define E8KV_CU_PAIR_G 4
 
-/* d = 256 (attn_pair_kernel): KV head h's pages are heads 2h and 2h + 1 of k / v (their head_bytes are those
- * of 128 coordinates), each coded by the 128-coordinate transform (signs: 128 values, rot_scale 1/√128) */
+/* d = 256 (attn_pair_kernel, attn_box_kernel's P = 2): KV head h's pages are heads 2h and 2h + 1 of k / v
+ * (their head_bytes are those of 128 coordinates), each coded by the 128-coordinate transform (signs: 128
+ * values, rot_scale 1/√128) */
 typedef struct {
     stream_desc k, v;
     size_t n_head_kv, n_head, d, block_size, n_seq, max_blocks, n_split;
