@@ -1855,11 +1855,12 @@ template <int D> struct e8p_regs {
 
 /* The pages of the E8P_NT sub-tiles from token t0 on (0 past the end: those sub-tiles are skipped), loaded
  * a step before e8p_load needs them, so that the code loads do not wait for the block table */
+template <int P = 1>
 __device__ __forceinline__ void e8p_pages(int (&pg)[E8P_NT], const int32_t *table, int t0, int end, int bs,
                                           int bshift) {
 #pragma unroll
     for (int u = 0; u < E8P_NT; u++) {
-        const int s0 = t0 + 16 * u;
+        const int s0 = t0 + 16 * (u / P); /* P = 2: slots 2u', 2u' + 1 are the halves of sub-tile u' */
         /* pages of 16·2^k tokens (bshift = k + 4 ≥ 4): the page by a shift, else by division */
         pg[u] = s0 < end ? __ldg(table + (bshift >= 4 ? s0 >> bshift : s0 / bs)) : 0;
     }
@@ -1872,13 +1873,15 @@ struct e8p_base {
     const uint8_t *kb, *vb; /* the KV head's area in page 0 of each pool */
     uint32_t okt, ovt, os;  /* the lane's byte offsets there: K codes, V codes, step bytes (K and V alike) */
     uint32_t kpb, vpb;      /* page sizes */
+    uint32_t khb, vhb;      /* P = 2: the second half's area is one head area further */
 };
-template <int D, bool SW>
+template <int D, bool SW, int P = 1>
 __device__ __forceinline__ e8p_base e8p_bases(const attn_launch &a, int kvh, int g, int t4) {
     const int bs = (int)a.block_size;
     e8p_base b;
-    b.kb = a.k.pool + (size_t)kvh * a.k.head_bytes;
-    b.vb = a.v.pool + (size_t)kvh * a.v.head_bytes;
+    b.kb = a.k.pool + (size_t)(P * kvh) * a.k.head_bytes;
+    b.vb = a.v.pool + (size_t)(P * kvh) * a.v.head_bytes;
+    b.khb = (uint32_t)a.k.head_bytes, b.vhb = (uint32_t)a.v.head_bytes;
     b.okt = g * (D / 4) + (D / 16) * t4;
     b.ovt = 2 * t4 * (D / 4) + (D / 32) * g;
     b.os = bs * (D / 4) + (SW ? g : 2 * t4);
@@ -1889,16 +1892,21 @@ __device__ __forceinline__ e8p_base e8p_bases(const attn_launch &a, int kvh, int
     return b;
 }
 
-template <int D, bool SW>
+/* P = 2: slot u holds half u % P of sub-tile u / P */
+template <int D, bool SW, int P = 1>
 __device__ __forceinline__ void e8p_load(e8p_regs<D> &r, const e8p_base &b, const int (&pg)[E8P_NT], int t0,
                                          int end, int bs, int bshift) {
 #pragma unroll
     for (int u = 0; u < E8P_NT; u++) {
-        const int s0 = t0 + 16 * u;
+        const int s0 = t0 + 16 * (u / P);
         if (s0 >= end) continue; /* its page may not exist; the sub-tile is skipped */
         const uint32_t page = (uint32_t)pg[u], o0 = bshift >= 4 ? s0 & ((1 << bshift) - 1) : s0 % bs;
         /* one base per stream and area, the rest immediate offsets */
-        const uint8_t *const kp = b.kb + (uint64_t)page * b.kpb, *const vp = b.vb + (uint64_t)page * b.vpb;
+        const uint8_t *const kp = b.kb + (uint64_t)page * b.kpb + (u % P) * b.khb, *const vp =
+                                                                                       b.vb +
+                                                                                       (uint64_t)page *
+                                                                                           b.vpb +
+                                                                                       (u % P) * b.vhb;
         const uint8_t *const kt = kp + (b.okt + o0 * (D / 4)), *const vt = vp + (b.ovt + o0 * (D / 4));
         const uint8_t *const ksd = kp + (b.os + o0), *const vsd = vp + (b.os + o0);
 #pragma unroll
@@ -1974,18 +1982,23 @@ __device__ __forceinline__ uint32_t e8p_hword2(uint32_t x, uint32_t y, int hf) {
 
 /* GT: the GQA group size n_head / n_head_kv when it is known at compile time (4: Llama-3-8B), else 0; RC:
  * center=rope (the keys' turned centre added to each score, as attn_box_kernel's RC instance) */
-template <int D, int GT, bool SK, bool RC>
-__global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_launch a) {
-    constexpr int KS = D / 16, BPL = D / 32, NBL = D / 64, KW = D / 64;
+/* P = 2: head_dim 256 (D = 128), a KV head kept as two heads of 128 (attn_pair_kernel), GT = 0, no
+ * center=rope: register slot u of a step holds half u % 2 of sub-tile u / 2 (E8P_NT / 2 sub-tiles per step),
+ * a score adds both halves' sums (each times its own step), the output keeps one set of fragments per half
+ * and merge_last undoes each half's transform */
+template <int D, int GT, bool SK, bool RC, int P = 1>
+__global__ void __launch_bounds__(128, P == 2 ? 2 : E8P_MINB) attn_e8p_kernel(const attn_launch a) {
+    static_assert(P == 1 || (P == 2 && D == 128 && GT == 0 && !RC && E8P_NT % 2 == 0), "head_dim 256");
+    constexpr int KS = D / 16, BPL = D / 32, NBL = D / 64, KW = D / 64, NTT = E8P_NT / P, DQ = D * P;
     extern __shared__ __align__(16) uint32_t e8p_dyn[];
-    float(*const sq)[D] = reinterpret_cast<float(*)[D]>(e8p_dyn); /* until the tables are made */
-    __shared__ float sh[256];                                     /* δ(e) */
+    float(*const sq)[DQ] = reinterpret_cast<float(*)[DQ]>(e8p_dyn); /* until the tables are made */
+    __shared__ float sh[256];                                       /* δ(e) */
     __shared__ float sm[WARPS][8], sl[WARPS][8];
-    __shared__ float scos[WARPS][8][16];
+    __shared__ float scos[WARPS][8][16 * P];
     /* center=rope: per warp, two steps of the cos, sin of each sub-tile's first position for the row's
      * RC_PAIRS pairs (the next step's copied while this one is computed) */
     __shared__ __align__(16) float2 rcs[WARPS][2][RC ? E8P_NT * RC_PAIRS : 1];
-    static_assert(E8P_TAB_BYTES >= sizeof(float) * WARPS * 8 * D, "the merge buffer aliases the tables");
+    static_assert(E8P_TAB_BYTES >= sizeof(float) * WARPS * 8 * DQ, "the merge buffer aliases the tables");
 
     const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
     const int G = GT ? GT : (int)(a.n_head / a.n_head_kv);
@@ -1994,15 +2007,15 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int n_split = (int)a.n_split;
     const int ctx = table_ctx(a, seq);
-    const int chunk = ((ctx + n_split - 1) / n_split + 16 * E8P_NT - 1) & -(16 * E8P_NT);
+    const int chunk = ((ctx + n_split - 1) / n_split + 16 * NTT - 1) & -(16 * NTT);
     const int start = split * chunk, end = min(start + chunk, ctx);
     const int lo = SK ? min(a.sink_n, ctx) : 0; /* sink positions [0, lo): masked (attn_split_kernel) */
     const unsigned span = end > lo ? (unsigned)(end - lo) : 0u;
     const int32_t *const table = a.block_tables + (size_t)seq * a.max_blocks;
-    const int step = 16 * E8P_NT * WARPS, first = start + 16 * E8P_NT * warp;
+    const int step = 16 * NTT * WARPS, first = start + 16 * NTT * warp;
     const int bshift = (a.block_size & (a.block_size - 1)) == 0 ? __ffs((int)a.block_size) - 1 : 0;
 
-    if (SK) sink_prefetch<D>(a, seq, kvh, split);
+    if (SK) sink_prefetch<DQ>(a, seq, kvh, split);
     /* center=rope: lane c < RC_PAIRS copies the cos, sin of the row's c-th pair at each sub-tile's first
      * position (a bad row copies nothing: its output is NaN, merge_last) */
     const int rrow = RC ? seq_row(a, seq) : -1;
@@ -2024,19 +2037,19 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
     /* the first step's codes are in flight while the tables and the query are made */
     e8p_regs<D> cur, nxt;
     int pg[E8P_NT]; /* the pages of the next step */
-    e8p_pages(pg, table, first, end, (int)a.block_size, bshift);
-    const e8p_base eb = e8p_bases<D, SW>(a, kvh, g, t4);
-    if (first < end) e8p_load<D, SW>(cur, eb, pg, first, end, (int)a.block_size, bshift);
+    e8p_pages<P>(pg, table, first, end, (int)a.block_size, bshift);
+    const e8p_base eb = e8p_bases<D, SW, P>(a, kvh, g, t4);
+    if (first < end) e8p_load<D, SW, P>(cur, eb, pg, first, end, (int)a.block_size, bshift);
     rc_issue(first, 0);
-    e8p_pages(pg, table, first + step, end, (int)a.block_size, bshift);
+    e8p_pages<P>(pg, table, first + step, end, (int)a.block_size, bshift);
 
-    if (SK && split == 0) sink_state<D>(a, seq, kvh, G);
-    load_query<D>(a, seq, kvh, G, true, sq);
-    const float qscale = a.rot_scale * rsqrtf((float)D) * LOG2E;
+    if (SK && split == 0) sink_state<DQ>(a, seq, kvh, G);
+    load_query<D, P>(a, seq, kvh, G, true, sq);
+    const float qscale = a.rot_scale * rsqrtf((float)DQ) * LOG2E;
     /* A fragments: k-step s holds block (D/32)·t4 + s/2 of the lane's K words, elements (0, 4) / (2, 6) for
      * s even (scale 2^-24), (1, 5) / (3, 7) for s odd (2^-20): k index 2t4 + 8u + c ↔ element s%2 + 2u + 4c.
      * qs: the shift product, k index 2t4 + 8u + c ↔ block (D/32)·t4 + 2u + c, ¼ of the block's query sum. */
-    uint32_t qa[KS][SW ? 2 : 4], qs[SW ? 2 : 4];
+    uint32_t qa[P][KS][SW ? 2 : 4], qs[P][SW ? 2 : 4]; /* P = 2: [h] for half h (query coordinates D·h..) */
     if constexpr (SW) {
         /* B fragments of Qᵀ (k × 8 columns: column g the hi part of head g for g < 4, the lo part of head g −
          * 4 for g ≥ 4), same k order as the A fragments below: qa[s][u] holds k 2t4 + 8u + c ↔ element s%2 +
@@ -2050,8 +2063,8 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
 #pragma unroll
                 for (int c = 0; c < 2; c++)
                     x[c] = sq[hd][8 * (BPL * t4 + (s >> 1)) + (s & 1) + 2 * u + 4 * c] * qscale;
-                qa[s][u] = g < 4 ? pack(hi16<false>(x[0]), hi16<false>(x[1]))
-                                 : pack(lo16<false>(x[0]), lo16<false>(x[1]));
+                qa[0][s][u] = g < 4 ? pack(hi16<false>(x[0]), hi16<false>(x[1]))
+                                    : pack(lo16<false>(x[0]), lo16<false>(x[1]));
             }
 #pragma unroll
         for (int u = 0; u < 2; u++) {
@@ -2065,36 +2078,42 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
                         sum += sq[hd][8 * (BPL * t4 + lb) + i] * qscale;
                 x[c] = 0.25f * sum;
             }
-            qs[u] = g < 4 ? pack(hi16<false>(x[0]), hi16<false>(x[1]))
-                          : pack(lo16<false>(x[0]), lo16<false>(x[1]));
+            qs[0][u] = g < 4 ? pack(hi16<false>(x[0]), hi16<false>(x[1]))
+                             : pack(lo16<false>(x[0]), lo16<false>(x[1]));
         }
     } else {
 #pragma unroll
-        for (int s = 0; s < KS; s++)
+        for (int h = 0; h < P; h++) {
+#pragma unroll
+            for (int s = 0; s < KS; s++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    float x[2];
+#pragma unroll
+                    for (int c = 0; c < 2; c++)
+                        x[c] =
+                            g < G
+                                ? sq[g][D * h + 8 * (BPL * t4 + (s >> 1)) + (s & 1) + 2 * (j >> 1) + 4 * c] *
+                                      qscale
+                                : 0.0f;
+                    qa[h][s][j] = (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1]))
+                                          : pack(hi16<false>(x[0]), hi16<false>(x[1]));
+                }
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 float x[2];
 #pragma unroll
-                for (int c = 0; c < 2; c++)
-                    x[c] = g < G ? sq[g][8 * (BPL * t4 + (s >> 1)) + (s & 1) + 2 * (j >> 1) + 4 * c] * qscale
-                                 : 0.0f;
-                qa[s][j] = (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1]))
+                for (int c = 0; c < 2; c++) {
+                    const int lb = 2 * (j >> 1) + c;
+                    float sum = 0.0f;
+                    if (g < G && lb < BPL)
+                        for (int i = 0; i < 8; i++)
+                            sum += sq[g][D * h + 8 * (BPL * t4 + lb) + i] * qscale;
+                    x[c] = 0.25f * sum;
+                }
+                qs[h][j] = (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1]))
                                    : pack(hi16<false>(x[0]), hi16<false>(x[1]));
             }
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            float x[2];
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int lb = 2 * (j >> 1) + c;
-                float sum = 0.0f;
-                if (g < G && lb < BPL)
-                    for (int i = 0; i < 8; i++)
-                        sum += sq[g][8 * (BPL * t4 + lb) + i] * qscale;
-                x[c] = 0.25f * sum;
-            }
-            qs[j] = (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1]))
-                            : pack(hi16<false>(x[0]), hi16<false>(x[1]));
         }
     }
     __syncthreads(); /* sq is read: the tables take its place */
@@ -2142,13 +2161,46 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
 
     float m = -INFINITY, l = 0.0f;
     float m2[2] = {-INFINITY, -INFINITY}, l2[2] = {0.0f, 0.0f}; /* SW: heads (2t4 + c) & 3 */
-    float oacc[KS][4], ocos[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+    float oacc[P * KS][4], ocos[P][4];                          /* half h: oacc[h·KS + mt], ocos[h] */
 #pragma unroll
-    for (int mt = 0; mt < KS; mt++)
+    for (int mt = 0; mt < P * KS; mt++)
         oacc[mt][0] = oacc[mt][1] = oacc[mt][2] = oacc[mt][3] = 0.0f;
+#pragma unroll
+    for (int h = 0; h < P; h++)
+        ocos[h][0] = ocos[h][1] = ocos[h][2] = ocos[h][3] = 0.0f;
     const p_cols pc = p_columns(lane, G, LO);
     const uint8_t *const tabs = reinterpret_cast<const uint8_t *>(e8p_dyn);
     const uint32_t lane4 = 4 * lane;
+    /* ---- values of register slot us into half h's output: rows g / g + 8 of M-tile 4bb + k = elements
+     * k / 4 + k of block (D/64)·g + bb, columns tokens 2t4, 2t4 + 1 (a0, a1) and 2t4 + 8, 2t4 + 9 (a2, a3) */
+    auto values = [&](int us, int h, const uint32_t(&pb)[2], const uint32_t(&pl)[2]) {
+#pragma unroll
+        for (int bb = 0; bb < NBL; bb++) {
+            uint32_t Yv[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                Yv[i] = e8p_y(tabs, lane4, cur.vw[us][i], bb);
+            const uint32_t zl0 = __byte_perm(Yv[0], Yv[1], 0x5410), zh0 = __byte_perm(Yv[0], Yv[1], 0x7632),
+                           zl1 = __byte_perm(Yv[2], Yv[3], 0x5410), zh1 = __byte_perm(Yv[2], Yv[3], 0x7632);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const bool s8 = k >= 2;
+                const uint32_t msk = (k & 1) ? 0x00F000F0u : 0x000F000Fu;
+                const uint32_t r[4] = {(s8 ? e8p_shr8(zl0) : zl0) & msk, (s8 ? e8p_shr8(zh0) : zh0) & msk,
+                                       (s8 ? e8p_shr8(zl1) : zl1) & msk, (s8 ? e8p_shr8(zh1) : zh1) & msk};
+                mma16816<false>(oacc[h * KS + 4 * bb + k], r, pb);
+                if (!LO) mma16816<false>(oacc[h * KS + 4 * bb + k], r, pl);
+            }
+        }
+        {
+            /* the (2h − 31) part: rows g / g + 8 = blocks (D/64)·g and (D/64)·g + 1 */
+            const uint32_t *const w = cur.vw[us];
+            const uint32_t r[4] = {e8p_hword2(w[0], w[1], 0), NBL > 1 ? e8p_hword2(w[0], w[1], 1) : 0u,
+                                   e8p_hword2(w[2], w[3], 0), NBL > 1 ? e8p_hword2(w[2], w[3], 1) : 0u};
+            mma16816<false>(ocos[h], r, pb);
+            if (!LO) mma16816<false>(ocos[h], r, pl);
+        }
+    };
 
     for (int t0 = first; t0 < end; t0 += step) {
         const int n0 = t0 + step;
@@ -2157,16 +2209,16 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
             __syncwarp();
         }
         if (n0 < end) {
-            e8p_load<D, SW>(nxt, eb, pg, n0, end, (int)a.block_size, bshift);
-            e8p_pages(pg, table, n0 + step, end, (int)a.block_size, bshift);
+            e8p_load<D, SW, P>(nxt, eb, pg, n0, end, (int)a.block_size, bshift);
+            e8p_pages<P>(pg, table, n0 + step, end, (int)a.block_size, bshift);
             rc_issue(n0, rc_buf ^ 1);
         }
 #pragma unroll
-        for (int u = 0; u < E8P_NT; u++) {
+        for (int u = 0; u < NTT; u++) {
             const int tile0 = t0 + 16 * u;
             if (tile0 >= end) break;
             uint32_t pb[2], pl[2] = {0u, 0u};
-            if constexpr (SW) {
+            if constexpr (SW) { /* (P = 1: slot u is sub-tile u) */
                 /* ---- scores Sᵀ = K·Qᵀ: A = 16 tokens (rows g, g + 8 = the lane's tokens of tt = 0, 1) × 16
                  * coordinates, B = the query columns (hi 0..3, lo 4..7): one product per 16 tokens instead of
                  * 8, and every lane's scores are used. acc[scale 2^-24, 2^-20, shift][fragment]: fragment
@@ -2191,15 +2243,15 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
                         const uint32_t a4[4] = {e8p_xand<0x00F000F0u>(T0, S0), e8p_xand<0x00F000F0u>(T1, S1),
                                                 e8p_xand<0x00F000F0u>(T08, S08),
                                                 e8p_xand<0x00F000F0u>(T18, S18)};
-                        mma16816<false>(acc[0], a0, qa[2 * lb]);
-                        mma16816<false>(acc[1], a4, qa[2 * lb + 1]);
+                        mma16816<false>(acc[0], a0, qa[0][2 * lb]);
+                        mma16816<false>(acc[1], a4, qa[0][2 * lb + 1]);
                     }
                 }
                 {
                     const uint32_t ah[4] = {e8p_hword(cur.kw[u][0][0]), e8p_hword(cur.kw[u][1][0]),
                                             KW > 1 ? e8p_hword(cur.kw[u][0][KW - 1]) : 0u,
                                             KW > 1 ? e8p_hword(cur.kw[u][1][KW - 1]) : 0u};
-                    mma16816<false>(acc[2], ah, qs);
+                    mma16816<false>(acc[2], ah, qs[0]);
                 }
                 float bias[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* center=rope: q·R_p·μ, fragment 2r + c */
                 if constexpr (RC) {
@@ -2253,8 +2305,8 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
                         l2[c] *= al[c];
                         m2[c] = m_new;
                     }
-                    scale_cols<KS>(oacc, al[0], al[1]);
-                    scale_cols<1>(ocos, al[0], al[1]);
+                    scale_cols<P * KS>(oacc, al[0], al[1]);
+                    scale_cols<P>(ocos, al[0], al[1]);
                 }
                 /* P·δ·64 of tokens g, g + 8: the hi parts in columns 0..3 (lanes t4 < 2), the lo parts
                  * in 4..7; a transpose of each 8 × 8 half gives the B fragments (tokens 2t4, 2t4 + 1 of
@@ -2274,19 +2326,25 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
                 }
                 pb[0] = transpose8x8(pw[0]);
                 pb[1] = transpose8x8(pw[1]);
+                values(u, 0, pb, pl);
             } else {
-                /* ---- scores of tokens 8tt + 2t4 + c: [tt][scale 2^-24, 2^-20, shift][fragment] */
-                float acc[2][3][4];
+                /* ---- scores of tokens 8tt + 2t4 + c, summed over the halves (slots us = u·P + h) */
+                float raws[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#pragma unroll
+                for (int h = 0; h < P; h++) {
+                    const int us = u * P + h;
+                    /* [tt][scale 2^-24, 2^-20, shift][fragment] */
+                    float acc[2][3][4];
 #pragma unroll
                 for (int tt = 0; tt < 2; tt++)
 #pragma unroll
-                    for (int h = 0; h < 3; h++)
-                        acc[tt][h][0] = acc[tt][h][1] = acc[tt][h][2] = acc[tt][h][3] = 0.0f;
+                    for (int x = 0; x < 3; x++)
+                        acc[tt][x][0] = acc[tt][x][1] = acc[tt][x][2] = acc[tt][x][3] = 0.0f;
 #pragma unroll
                 for (int tt = 0; tt < 2; tt++) {
 #pragma unroll
                     for (int wi = 0; wi < KW; wi++) {
-                        const uint32_t w = cur.kw[u][tt][wi];
+                        const uint32_t w = cur.kw[us][tt][wi];
 #pragma unroll
                         for (int hf = 0; hf < 2; hf++) {
                             /* Y = T ^ S and Y >> 8 = (T >> 8) ^ (S >> 8): each XOR fuses with its mask
@@ -2299,13 +2357,23 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
                                                     e8p_xand<0x000F000Fu>(T8, S8)};
                             const uint32_t b4[2] = {e8p_xand<0x00F000F0u>(T, S),
                                                     e8p_xand<0x00F000F0u>(T8, S8)};
-                            mma16816<false>(acc[tt][0], qa[2 * lb], b0);
-                            mma16816<false>(acc[tt][1], qa[2 * lb + 1], b4);
+                            mma16816<false>(acc[tt][0], qa[h][2 * lb], b0);
+                            mma16816<false>(acc[tt][1], qa[h][2 * lb + 1], b4);
                         }
                     }
-                    const uint32_t hb[2] = {e8p_hword(cur.kw[u][tt][0]),
-                                            KW > 1 ? e8p_hword(cur.kw[u][tt][KW - 1]) : 0u};
-                    mma16816<false>(acc[tt][2], qs, hb);
+                    const uint32_t hb[2] = {e8p_hword(cur.kw[us][tt][0]),
+                                            KW > 1 ? e8p_hword(cur.kw[us][tt][KW - 1]) : 0u};
+                    mma16816<false>(acc[tt][2], qs[h], hb);
+                }
+#pragma unroll
+                for (int tt = 0; tt < 2; tt++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const float raw = 0x1p24f * (acc[tt][0][c] + acc[tt][0][c + 2]) +
+                                          0x1p20f * (acc[tt][1][c] + acc[tt][1][c + 2]) +
+                                          (acc[tt][2][c] + acc[tt][2][c + 2]);
+                        raws[tt][c] += raw * sh[(cur.ks[us][tt] >> (8 * c)) & 255u];
+                    }
                 }
                 float bias[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* center=rope */
                 if constexpr (RC) {
@@ -2328,10 +2396,7 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
                 for (int tt = 0; tt < 2; tt++)
 #pragma unroll
                     for (int c = 0; c < 2; c++) {
-                        const float raw = 0x1p24f * (acc[tt][0][c] + acc[tt][0][c + 2]) +
-                                          0x1p20f * (acc[tt][1][c] + acc[tt][1][c + 2]) +
-                                          (acc[tt][2][c] + acc[tt][2][c + 2]);
-                        float sv = raw * sh[(cur.ks[u][tt] >> (8 * c)) & 255u];
+                        float sv = raws[tt][c];
                         if constexpr (RC) sv += bias[tt][c] + bias[tt][c + 2];
                         if (g >= G || (!full && (SK ? (unsigned)(tile0 + 8 * tt + 2 * t4 + c - lo) >= span
                                                     : tile0 + 8 * tt + 2 * t4 + c >= end)))
@@ -2350,50 +2415,29 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
                     m = m_new;
                     const float al0 = __shfl_sync(0xffffffffu, alpha, pc.col_row[0] * 4),
                                 al1 = __shfl_sync(0xffffffffu, alpha, pc.col_row[1] * 4);
-                    scale_cols<KS>(oacc, al0, al1);
-                    scale_cols<1>(ocos, al0, al1);
+                    scale_cols<P * KS>(oacc, al0, al1);
+                    scale_cols<P>(ocos, al0, al1);
                 }
-                float pv[2][2];
+                float pr[2][2];
 #pragma unroll
                 for (int tt = 0; tt < 2; tt++)
 #pragma unroll
                     for (int c = 0; c < 2; c++) {
-                        const float p = m == -INFINITY ? 0.0f : ex2(sc[tt][c] - m);
-                        l += p;
-                        pv[tt][c] = p * sh[(cur.vs[u][tt] >> (8 * c)) & 255u] * E8P_VSCALE;
+                        pr[tt][c] = m == -INFINITY ? 0.0f : ex2(sc[tt][c] - m);
+                        l += pr[tt][c];
                     }
-                p_fragments<false>(pv, pc, g, G, pb, pl);
-            }
-            /* ---- values: rows g / g + 8 of M-tile 4bb + k = elements k / 4 + k of block (D/64)·g + bb,
-             * columns tokens 2t4, 2t4 + 1 (a0, a1) and 2t4 + 8, 2t4 + 9 (a2, a3) */
 #pragma unroll
-            for (int bb = 0; bb < NBL; bb++) {
-                uint32_t Yv[4];
+                for (int h = 0; h < P; h++) {
+                    const int us = u * P + h;
+                    float pv[2][2];
 #pragma unroll
-                for (int i = 0; i < 4; i++)
-                    Yv[i] = e8p_y(tabs, lane4, cur.vw[u][i], bb);
-                const uint32_t zl0 = __byte_perm(Yv[0], Yv[1], 0x5410),
-                               zh0 = __byte_perm(Yv[0], Yv[1], 0x7632),
-                               zl1 = __byte_perm(Yv[2], Yv[3], 0x5410),
-                               zh1 = __byte_perm(Yv[2], Yv[3], 0x7632);
+                    for (int tt = 0; tt < 2; tt++)
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const bool s8 = k >= 2;
-                    const uint32_t msk = (k & 1) ? 0x00F000F0u : 0x000F000Fu;
-                    const uint32_t r[4] = {(s8 ? e8p_shr8(zl0) : zl0) & msk, (s8 ? e8p_shr8(zh0) : zh0) & msk,
-                                           (s8 ? e8p_shr8(zl1) : zl1) & msk,
-                                           (s8 ? e8p_shr8(zh1) : zh1) & msk};
-                    mma16816<false>(oacc[4 * bb + k], r, pb);
-                    if (!LO) mma16816<false>(oacc[4 * bb + k], r, pl);
+                        for (int c = 0; c < 2; c++)
+                            pv[tt][c] = pr[tt][c] * sh[(cur.vs[us][tt] >> (8 * c)) & 255u] * E8P_VSCALE;
+                    p_fragments<false>(pv, pc, g, G, pb, pl);
+                    values(us, h, pb, pl);
                 }
-            }
-            {
-                /* the (2h − 31) part: rows g / g + 8 = blocks (D/64)·g and (D/64)·g + 1 */
-                const uint32_t *const w = cur.vw[u];
-                const uint32_t r[4] = {e8p_hword2(w[0], w[1], 0), NBL > 1 ? e8p_hword2(w[0], w[1], 1) : 0u,
-                                       e8p_hword2(w[2], w[3], 0), NBL > 1 ? e8p_hword2(w[2], w[3], 1) : 0u};
-                mma16816<false>(ocos[0], r, pb);
-                if (!LO) mma16816<false>(ocos[0], r, pl);
             }
         }
         if (n0 < end) cur = nxt;
@@ -2412,21 +2456,25 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
         l += __shfl_xor_sync(0xffffffffu, l, 2);
     }
     __syncthreads(); /* no warp reads the tables any more: they become the merge buffer */
-    float(*const so)[8][D] = reinterpret_cast<float(*)[8][D]>(e8p_dyn);
+    float(*const so)[8][DQ] = reinterpret_cast<float(*)[8][DQ]>(e8p_dyn);
 #pragma unroll
-    for (int mt = 0; mt < KS; mt++) {
-        const int k = mt & 3, dl = 8 * (NBL * g + (mt >> 2)) + k, dh = dl + 4;
-        const float scl = (k & 1) ? 0x1p20f : 0x1p24f;
-        so[warp][2 * t4][dl] = oacc[mt][0] * scl;
-        so[warp][2 * t4 + 1][dl] = oacc[mt][1] * scl;
-        so[warp][2 * t4][dh] = oacc[mt][2] * scl;
-        so[warp][2 * t4 + 1][dh] = oacc[mt][3] * scl;
-    }
-    scos[warp][2 * t4][NBL * g] = 0.25f * ocos[0][0];
-    scos[warp][2 * t4 + 1][NBL * g] = 0.25f * ocos[0][1];
-    if (NBL > 1) {
-        scos[warp][2 * t4][NBL * g + 1] = 0.25f * ocos[0][2];
-        scos[warp][2 * t4 + 1][NBL * g + 1] = 0.25f * ocos[0][3];
+    for (int h = 0; h < P; h++) {
+#pragma unroll
+        for (int mt = 0; mt < KS; mt++) {
+            const int k = mt & 3, dl = D * h + 8 * (NBL * g + (mt >> 2)) + k, dh = dl + 4;
+            const float scl = (k & 1) ? 0x1p20f : 0x1p24f;
+            so[warp][2 * t4][dl] = oacc[h * KS + mt][0] * scl;
+            so[warp][2 * t4 + 1][dl] = oacc[h * KS + mt][1] * scl;
+            so[warp][2 * t4][dh] = oacc[h * KS + mt][2] * scl;
+            so[warp][2 * t4 + 1][dh] = oacc[h * KS + mt][3] * scl;
+        }
+        /* block b of half h: column (D/8)·h + b, the output coordinate i's i >> 3 */
+        scos[warp][2 * t4][(D / 8) * h + NBL * g] = 0.25f * ocos[h][0];
+        scos[warp][2 * t4 + 1][(D / 8) * h + NBL * g] = 0.25f * ocos[h][1];
+        if (NBL > 1) {
+            scos[warp][2 * t4][(D / 8) * h + NBL * g + 1] = 0.25f * ocos[h][2];
+            scos[warp][2 * t4 + 1][(D / 8) * h + NBL * g + 1] = 0.25f * ocos[h][3];
+        }
     }
     if constexpr (SW) {
         if (g == 0 && t4 < 2)
@@ -2437,31 +2485,33 @@ __global__ void __launch_bounds__(128, E8P_MINB) attn_e8p_kernel(const attn_laun
         sm[warp][g] = m, sl[warp][g] = l;
     }
     __syncthreads();
-    store_split<D>(a, seq, kvh, G, split, sm, sl, [&](int w, int r, int i) {
+    store_split<DQ>(a, seq, kvh, G, split, sm, sl, [&](int w, int r, int i) {
         float o = so[w][r][i] + scos[w][r][i >> 3];
         if (LO) o += so[w][r + G][i] + scos[w][r + G][i >> 3];
         return o;
     });
-    merge_last<D, SK>(a, seq, kvh, G, so);
+    merge_last<DQ, SK>(a, seq, kvh, G, so);
 }
 
-template <int D, int GT, bool RC> static int e8p_smem_attr(void) { /* both instances: with sink rows and without */
+/* both instances: with sink rows and without (P = 2: head_dim 256) */
+template <int D, int GT, bool RC, int P = 1> static int e8p_smem_attr(void) {
     static int done = 0;
     if (!done &&
-        cudaFuncSetAttribute(attn_e8p_kernel<D, GT, false, RC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaFuncSetAttribute(attn_e8p_kernel<D, GT, false, RC, P>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize,
                              e8p_smem_bytes<D>()) == cudaSuccess &&
-        cudaFuncSetAttribute(attn_e8p_kernel<D, GT, true, RC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaFuncSetAttribute(attn_e8p_kernel<D, GT, true, RC, P>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              e8p_smem_bytes<D>()) == cudaSuccess)
         done = 1;
     return !done;
 }
-/* blocks per SM of attn_e8p_kernel<D, GT, ·, RC>, the fewer of its two instances (0 on error) */
-template <int D, int GT, bool RC> static int e8p_occupancy(void) {
+/* blocks per SM of attn_e8p_kernel<D, GT, ·, RC, P>, the fewer of its two instances (0 on error) */
+template <int D, int GT, bool RC, int P = 1> static int e8p_occupancy(void) {
     int n = 0, ns = 0;
-    if (e8p_smem_attr<D, GT, RC>() ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_e8p_kernel<D, GT, false, RC>, 128,
+    if (e8p_smem_attr<D, GT, RC, P>() ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, attn_e8p_kernel<D, GT, false, RC, P>, 128,
                                                       e8p_smem_bytes<D>()) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ns, attn_e8p_kernel<D, GT, true, RC>, 128,
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ns, attn_e8p_kernel<D, GT, true, RC, P>, 128,
                                                       e8p_smem_bytes<D>()) != cudaSuccess)
         return 0;
     return n < ns ? n : ns;
@@ -2501,9 +2551,9 @@ static size_t wave_fill(size_t blocks, size_t wave) {
  * merge_last undoes). A warp takes 16-token tiles in turn and PAIR_U tokens of a tile at a time: their bytes
  * loaded before any is decoded, their score sums interleaved, one softmax update for the PAIR_U. Plain FMAs
  * on the CUDA cores: slower than SDPA on bf16 (BENCHMARKS.md, "head_dim 256"). Pages in e8box:4 or e8box:3
- * on both sides go to attn_box_kernel's P = 2 instances instead (tensor cores, ~4x faster); this kernel
- * serves the other pairs (e8p:2, bf16/f16 pages, e8box with raw pages). The split-K frame (splits, sink
- * rows, means, learned sinks, merge) is the other kernels'. */
+ * on both sides go to attn_box_kernel's P = 2 instances instead, e8p:2 to attn_e8p_kernel's (tensor cores,
+ * ~4x faster); this kernel serves the other pairs (bf16/f16 pages, e8box with raw pages). The split-K frame
+ * (splits, sink rows, means, learned sinks, merge) is the other kernels'. */
 
 /* GM: the most query heads per KV head the instance holds registers for (2: Gemma 3 4B and 12B; 4); KF, VF:
  * the K and V formats, or -1: read at run time (every pair; the instances of one format keep fewer registers
@@ -2741,9 +2791,14 @@ static size_t launch_pair(const attn_launch *la, cudaStream_t stream) {
             launch_box_pair<3, 4>(l, grid, stream);
         else
             launch_box_pair<3, 3>(l, grid, stream);
-    } else if (kf == FMT_E8P2)
-        launch_pair_g<FMT_E8P2, FMT_E8P2>(l, grid, g2, stream);
-    else
+    } else if (kf == FMT_E8P2 && vf == FMT_E8P2) { /* attn_e8p_kernel's P = 2 instances (GT = 0: any G ≤ 4) */
+        l.v_div = E8P_VSCALE;
+        if (e8p_smem_attr<128, 0, false, 2>()) return E8KV_ERR(CUDA);
+        if (l.sink_n > 0)
+            attn_e8p_kernel<128, 0, true, false, 2><<<grid, 128, e8p_smem_bytes<128>(), stream>>>(l);
+        else
+            attn_e8p_kernel<128, 0, false, false, 2><<<grid, 128, e8p_smem_bytes<128>(), stream>>>(l);
+    } else
         launch_pair_g<-1, -1>(l, grid, g2, stream);
     return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
 }
@@ -2859,6 +2914,10 @@ int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf, int rc) {
         if (kf == FMT_BOX4 && vf == FMT_BOX3) return box_pair_occupancy<4, 3>();
         if (kf == FMT_BOX3 && vf == FMT_BOX4) return box_pair_occupancy<3, 4>();
         if (kf == FMT_BOX3 && vf == FMT_BOX3) return box_pair_occupancy<3, 3>();
+        if (kf == FMT_E8P2 && vf == FMT_E8P2) {
+            const int n = e8p_occupancy<128, 0, false, 2>();
+            return n > 0 ? n : 1;
+        }
         return pair_occupancy();
     }
     if (kf == FMT_E8P2) { /* the fewer of the two instances (the split count does not know G) */
