@@ -52,9 +52,9 @@
  * head_dim 256 (Gemma 3 1B/4B/12B): each vector is kept as its two halves (coordinates 0..127, 128..255),
  * each coded by the head_dim-128 codec of the spec and seed, so its bytes are those of the two halves'
  * e8kv_codec_encode (e8kv_cuda_seq_read_vector returns them one after the other), and a page holds
- * 2 · n_head_kv heads of 128; the attention (a simple CUDA-core kernel, not the tensor-core kernels of 64 and
- * 128) adds the halves' scores before its softmax. center=rope is E8KV_ERROR_SPEC there (its RoPE pairs
- * would straddle the halves); center=1 and the rest as above.
+ * 2 · n_head_kv heads of 128; the attention adds the halves' scores before its softmax (e8box and e8p:2 pages
+ * on the tensor-core kernels of 128, raw pages on a simpler CUDA-core kernel). center=rope is
+ * E8KV_ERROR_SPEC there (its RoPE pairs would straddle the halves); center=1 and the rest as above.
  *
  * Errors are the library's size_t codes (e8kv.h); a failing CUDA call is E8KV_ERROR_CUDA, a failed
  * allocation E8KV_ERROR_OUT_OF_MEMORY. A rejected append (NaN/Inf: E8KV_ERROR_NONFINITE, a value beyond
