@@ -2,6 +2,10 @@
 """End-to-end decode through transformers on the GPU: a Llama-3-8B-shaped model (32 layers, hidden 4096,
 32 query / 8 KV heads, head_dim 128, intermediate 14336, vocab 128256) with random bf16 weights built on
 the device, its cache pre-filled with random K/V (no prefill is run), one new token per sequence per step.
+--model gemma3-4b: a Gemma-3-4B-shaped one instead (34 layers, 5 of full attention and 29 sliding-window
+layers of 1024 tokens, hidden 2560, 8 query / 4 KV heads, head_dim 256, intermediate 10240, vocab 262208),
+its cache filled by a prefill of random tokens (the sliding-window layers keep their window), logits of the
+last position only.
 Caches: DynamicCache (eager), StaticCache (eager and torch.compile mode "reduce-overhead", fullgraph), and
 e8kv's CUDA cache (e8kv.hf.E8KVCache(device="cuda")) with e8box:4 and e8p:2 (eager and compiled).
 Per case: ms per decode step (median of --steps steps after warm-up, the host waiting for each), tokens/s
@@ -37,7 +41,20 @@ def log(*a):
     print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
 
 
-def build(quick):
+def build(quick, name="llama3-8b"):
+    if name == "gemma3-4b":
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+        n = 6 if quick else 34
+        cfg = Gemma3TextConfig(vocab_size=262208, hidden_size=2560, intermediate_size=10240, num_hidden_layers=n,
+                               num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                               query_pre_attn_scalar=256, max_position_embeddings=131072, sliding_window=1024,
+                               layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                                            for i in range(n)], attn_implementation="sdpa")
+        torch.set_default_dtype(torch.bfloat16)
+        with torch.device("cuda"):
+            model = Gemma3ForCausalLM(cfg).eval()
+        torch.set_default_dtype(torch.float32)
+        return model
     cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=4 if quick else 32,
                       num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
                       max_position_embeddings=131072, rope_theta=500000.0, attn_implementation="sdpa",
@@ -54,8 +71,10 @@ def make_cache(model, kind, batch, ctx, pad, max_chunk=1, gather_from=16):
     max_chunk tokens with a past through the decode kernel, those of gather_from tokens or more through SDPA
     over the gathered values)."""
     cfg = model.config
-    L, H, D = cfg.num_hidden_layers, cfg.num_key_value_heads, 128
+    L, H, D = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
     g = torch.Generator(device="cuda").manual_seed(0)
+    if "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
+        return prefilled(model, kind, batch, ctx, pad, max_chunk, gather_from)
     if kind == "dynamic":
         cfg._attn_implementation = "sdpa"
         cache = DynamicCache(config=cfg)
@@ -81,6 +100,27 @@ def make_cache(model, kind, batch, ctx, pad, max_chunk=1, gather_from=16):
             k = torch.randn((b, H, ctx, D), generator=g, device="cuda", dtype=torch.bfloat16)
             cache.fill(layer, k, torch.randn_like(k), r0)
     cache.set_length(ctx)
+    return cache
+
+
+def prefilled(model, kind, batch, ctx, pad, max_chunk, gather_from):
+    """A hybrid model's cache (sliding-window layers beside full ones) after a prefill of ctx random tokens per
+    sequence (one forward of the batch's prompts; logits of the last position only)."""
+    cfg = model.config
+    cfg._attn_implementation = "sdpa"
+    if kind == "dynamic":
+        cache = DynamicCache(config=cfg)
+    elif kind == "static":
+        cache = StaticCache(config=cfg, max_cache_len=ctx + pad)
+    else:
+        cache = e8kv.hf.E8KVCache(cfg, kind, device="cuda", max_batch_size=batch, max_cache_len=ctx + pad,
+                                  max_chunk=max_chunk, gather_from=gather_from)
+    if ctx:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        ids = torch.randint(0, cfg.vocab_size, (batch, ctx), generator=g, device="cuda")
+        with torch.no_grad():
+            model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        torch.cuda.synchronize()
     return cache
 
 
@@ -174,7 +214,8 @@ def measure(model, kind, mode, batch, ctx, steps, out, prof=False):
     warm = 4 if mode == "compiled" else 2
     fresh_device()
     cache = None
-    rec = {"cache": kind, "mode": mode, "batch": batch, "ctx": ctx, "device": torch.cuda.get_device_name()}
+    rec = {"cache": kind, "mode": mode, "batch": batch, "ctx": ctx, "device": torch.cuda.get_device_name(),
+           "model": model.config.model_type}
     try:
         cache = make_cache(model, kind, batch, ctx, warm + steps + (3 if prof else 0) + 8)
         fn = model.forward
@@ -348,6 +389,8 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--quick", action="store_true", help="4 layers, short contexts: a smoke test of every path")
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--model", default="llama3-8b", choices=["llama3-8b", "gemma3-4b"],
+                    help="the model's shape (gemma3-4b: caches filled by a prefill; parts main, fit and small)")
     ap.add_argument("--budget", type=float, default=1e9, help="seconds: stop starting new cases after this")
     ap.add_argument("--parts", default="main,fit,small",
                     help="main (8 x long, every cache and mode), floor (compiled at 8 x 64), prefill (eager, batch 1: a short and a long "
@@ -369,7 +412,7 @@ def main():
                          "part 'floor' (every kind compiled at 8 x 64 tokens: the step without long attention)")
     args = ap.parse_args()
     out = open(args.json, "a") if args.json else None
-    model = build(args.quick)
+    model = build(args.quick, args.model)
     log("model built:", sum(p.numel() for p in model.parameters()) / 1e9, "G params,",
         torch.cuda.memory_allocated() / 1e9, "GB")
     big, small = (2048, 512) if args.quick else (32768, 8192)
