@@ -2085,6 +2085,10 @@ int main(int argc, char **argv) {
         const size_t G = 1 + ci % 4, bs = ci % 5 == 3 ? 32 : ci % 5 == 4 ? 48 : 16;
         run_case(&cases[ci], 256, 1 + (size_t)(rnd() % 3), G, lens, n_seq, dts[ci % 3], 1, bs);
     }
+    /* e8p:2 at head_dim 256 with 4 and 2 query heads per KV head (its score product takes every G ≤ 4 in
+     * the columns of 4 heads; the loop above gives it G = 1 and 3) */
+    for (size_t G = 2; G <= 4 && !graph_only; G += 2)
+        run_case(&cases[G == 4 ? 4 : 6], 256, 1 + (size_t)(rnd() % 3), G, lens, n_seq, dts[G / 2], 1, 16);
     if (!graph_only) {
         test_isolation("e8box:4", 256);
         test_isolation("bf16", 256);

@@ -1982,10 +1982,11 @@ __device__ __forceinline__ uint32_t e8p_hword2(uint32_t x, uint32_t y, int hf) {
 
 /* GT: the GQA group size n_head / n_head_kv when it is known at compile time (4: Llama-3-8B), else 0; RC:
  * center=rope (the keys' turned centre added to each score, as attn_box_kernel's RC instance) */
-/* P = 2: head_dim 256 (D = 128), a KV head kept as two heads of 128 (attn_pair_kernel), GT = 0, no
- * center=rope: register slot u of a step holds half u % 2 of sub-tile u / 2 (E8P_NT / 2 sub-tiles per step),
- * a score adds both halves' sums (each times its own step), the output keeps one set of fragments per half
- * and merge_last undoes each half's transform */
+/* P = 2: head_dim 256 (D = 128), a KV head kept as two heads of 128 (attn_pair_kernel), GT = 0 (any G ≤ 4,
+ * the scores as Sᵀ = K·Qᵀ with the columns of heads past G zero), no center=rope: register slot u of a step
+ * holds half u % 2 of sub-tile u / 2 (E8P_NT / 2 sub-tiles per step), a score adds both halves' sums (each
+ * times its own step), the output keeps one set of fragments per half and merge_last undoes each half's
+ * transform */
 template <int D, int GT, bool SK, bool RC, int P = 1>
 __global__ void __launch_bounds__(128, P == 2 ? 2 : E8P_MINB) attn_e8p_kernel(const attn_launch a) {
     static_assert(P == 1 || (P == 2 && D == 128 && GT == 0 && !RC && E8P_NT % 2 == 0), "head_dim 256");
@@ -2003,7 +2004,8 @@ __global__ void __launch_bounds__(128, P == 2 ? 2 : E8P_MINB) attn_e8p_kernel(co
     const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
     const int G = GT ? GT : (int)(a.n_head / a.n_head_kv);
     const bool LO = 2 * G <= 8;
-    constexpr bool SW = GT == 4 && E8P_SW; /* the score product with K as A (below) */
+    /* the score product with K as A (below): G = 4, and every G ≤ 4 at P = 2 (the heads past G zero) */
+    constexpr bool SW = (GT == 4 || P == 2) && E8P_SW;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int n_split = (int)a.n_split;
     const int ctx = table_ctx(a, seq);
@@ -2056,30 +2058,35 @@ __global__ void __launch_bounds__(128, P == 2 ? 2 : E8P_MINB) attn_e8p_kernel(co
          * 2u + 4c of block (D/32)·t4 + s/2; qs[u]: k 2t4 + 8u + c ↔ block (D/32)·t4 + 2u + c */
         const int hd = g & 3;
 #pragma unroll
-        for (int s = 0; s < KS; s++)
+        for (int h = 0; h < P; h++) {
+#pragma unroll
+            for (int s = 0; s < KS; s++)
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    float x[2];
+#pragma unroll
+                    for (int c = 0; c < 2; c++)
+                        x[c] = hd < G ? sq[hd][D * h + 8 * (BPL * t4 + (s >> 1)) + (s & 1) + 2 * u + 4 * c] *
+                                            qscale
+                                      : 0.0f;
+                    qa[h][s][u] = g < 4 ? pack(hi16<false>(x[0]), hi16<false>(x[1]))
+                                        : pack(lo16<false>(x[0]), lo16<false>(x[1]));
+                }
 #pragma unroll
             for (int u = 0; u < 2; u++) {
                 float x[2];
 #pragma unroll
-                for (int c = 0; c < 2; c++)
-                    x[c] = sq[hd][8 * (BPL * t4 + (s >> 1)) + (s & 1) + 2 * u + 4 * c] * qscale;
-                qa[0][s][u] = g < 4 ? pack(hi16<false>(x[0]), hi16<false>(x[1]))
-                                    : pack(lo16<false>(x[0]), lo16<false>(x[1]));
+                for (int c = 0; c < 2; c++) {
+                    const int lb = 2 * u + c;
+                    float sum = 0.0f;
+                    if (hd < G && lb < BPL)
+                        for (int i = 0; i < 8; i++)
+                            sum += sq[hd][D * h + 8 * (BPL * t4 + lb) + i] * qscale;
+                    x[c] = 0.25f * sum;
+                }
+                qs[h][u] = g < 4 ? pack(hi16<false>(x[0]), hi16<false>(x[1]))
+                                 : pack(lo16<false>(x[0]), lo16<false>(x[1]));
             }
-#pragma unroll
-        for (int u = 0; u < 2; u++) {
-            float x[2];
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int lb = 2 * u + c;
-                float sum = 0.0f;
-                if (lb < BPL)
-                    for (int i = 0; i < 8; i++)
-                        sum += sq[hd][8 * (BPL * t4 + lb) + i] * qscale;
-                x[c] = 0.25f * sum;
-            }
-            qs[0][u] = g < 4 ? pack(hi16<false>(x[0]), hi16<false>(x[1]))
-                             : pack(lo16<false>(x[0]), lo16<false>(x[1]));
         }
     } else {
 #pragma unroll
@@ -2218,22 +2225,27 @@ __global__ void __launch_bounds__(128, P == 2 ? 2 : E8P_MINB) attn_e8p_kernel(co
             const int tile0 = t0 + 16 * u;
             if (tile0 >= end) break;
             uint32_t pb[2], pl[2] = {0u, 0u};
-            if constexpr (SW) { /* (P = 1: slot u is sub-tile u) */
+            if constexpr (SW) {
                 /* ---- scores Sᵀ = K·Qᵀ: A = 16 tokens (rows g, g + 8 = the lane's tokens of tt = 0, 1) × 16
                  * coordinates, B = the query columns (hi 0..3, lo 4..7): one product per 16 tokens instead of
                  * 8, and every lane's scores are used. acc[scale 2^-24, 2^-20, shift][fragment]: fragment
-                 * 2r + c = token g + 8r, column 2t4 + c */
-                float acc[3][4];
+                 * 2r + c = token g + 8r, column 2t4 + c. P = 2: raw sums each half's (slot us = u·P + h)
+                 * times its step */
+                float raw[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
 #pragma unroll
-                for (int h = 0; h < 3; h++)
-                    acc[h][0] = acc[h][1] = acc[h][2] = acc[h][3] = 0.0f;
+                for (int h = 0; h < P; h++) {
+                    const int us = u * P + h;
+                    float acc[3][4];
+#pragma unroll
+                    for (int x = 0; x < 3; x++)
+                        acc[x][0] = acc[x][1] = acc[x][2] = acc[x][3] = 0.0f;
 #pragma unroll
                 for (int wi = 0; wi < KW; wi++) {
 #pragma unroll
                     for (int hf = 0; hf < 2; hf++) {
                         uint32_t T0, S0, T1, S1;
-                        e8p_ts(tabs, lane4, cur.kw[u][0][wi], hf, T0, S0);
-                        e8p_ts(tabs, lane4, cur.kw[u][1][wi], hf, T1, S1);
+                        e8p_ts(tabs, lane4, cur.kw[us][0][wi], hf, T0, S0);
+                        e8p_ts(tabs, lane4, cur.kw[us][1][wi], hf, T1, S1);
                         const uint32_t T08 = e8p_shr8(T0), S08 = e8p_shr8(S0), T18 = e8p_shr8(T1),
                                        S18 = e8p_shr8(S1);
                         const int lb = 2 * wi + hf;
@@ -2243,15 +2255,24 @@ __global__ void __launch_bounds__(128, P == 2 ? 2 : E8P_MINB) attn_e8p_kernel(co
                         const uint32_t a4[4] = {e8p_xand<0x00F000F0u>(T0, S0), e8p_xand<0x00F000F0u>(T1, S1),
                                                 e8p_xand<0x00F000F0u>(T08, S08),
                                                 e8p_xand<0x00F000F0u>(T18, S18)};
-                        mma16816<false>(acc[0], a0, qa[0][2 * lb]);
-                        mma16816<false>(acc[1], a4, qa[0][2 * lb + 1]);
+                        mma16816<false>(acc[0], a0, qa[h][2 * lb]);
+                        mma16816<false>(acc[1], a4, qa[h][2 * lb + 1]);
                     }
                 }
                 {
-                    const uint32_t ah[4] = {e8p_hword(cur.kw[u][0][0]), e8p_hword(cur.kw[u][1][0]),
-                                            KW > 1 ? e8p_hword(cur.kw[u][0][KW - 1]) : 0u,
-                                            KW > 1 ? e8p_hword(cur.kw[u][1][KW - 1]) : 0u};
-                    mma16816<false>(acc[2], ah, qs[0]);
+                    const uint32_t ah[4] = {e8p_hword(cur.kw[us][0][0]), e8p_hword(cur.kw[us][1][0]),
+                                            KW > 1 ? e8p_hword(cur.kw[us][0][KW - 1]) : 0u,
+                                            KW > 1 ? e8p_hword(cur.kw[us][1][KW - 1]) : 0u};
+                    mma16816<false>(acc[2], ah, qs[h]);
+                }
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const float x =
+                            0x1p24f * acc[0][2 * r + c] + 0x1p20f * acc[1][2 * r + c] + acc[2][2 * r + c];
+                        raw[r][c] += P == 1 ? x : x * sh[cur.ks[us][r]];
+                    }
                 }
                 float bias[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* center=rope: q·R_p·μ, fragment 2r + c */
                 if constexpr (RC) {
@@ -2274,15 +2295,15 @@ __global__ void __launch_bounds__(128, P == 2 ? 2 : E8P_MINB) attn_e8p_kernel(co
                 for (int r = 0; r < 2; r++)
 #pragma unroll
                     for (int c = 0; c < 2; c++) {
-                        float raw =
-                            0x1p24f * acc[0][2 * r + c] + 0x1p20f * acc[1][2 * r + c] + acc[2][2 * r + c];
-                        float sv;
-                        if constexpr (RC) {
-                            raw = raw * sh[cur.ks[u][r]] + bias[2 * r + c];
-                            sv = raw + __shfl_xor_sync(0xffffffffu, raw, 2);
-                        } else {
-                            raw += __shfl_xor_sync(0xffffffffu, raw, 2);
-                            sv = raw * sh[cur.ks[u][r]];
+                        float x = raw[r][c], sv;
+                        if constexpr (RC) { /* (P = 1) */
+                            x = x * sh[cur.ks[u][r]] + bias[2 * r + c];
+                            sv = x + __shfl_xor_sync(0xffffffffu, x, 2);
+                        } else if constexpr (P == 1) {
+                            x += __shfl_xor_sync(0xffffffffu, x, 2);
+                            sv = x * sh[cur.ks[u][r]];
+                        } else { /* the halves' sums already times their steps */
+                            sv = x + __shfl_xor_sync(0xffffffffu, x, 2);
                         }
                         if (!full &&
                             (SK ? (unsigned)(tile0 + 8 * r + g - lo) >= span : tile0 + 8 * r + g >= end))
@@ -2311,22 +2332,31 @@ __global__ void __launch_bounds__(128, P == 2 ? 2 : E8P_MINB) attn_e8p_kernel(co
                 /* P·δ·64 of tokens g, g + 8: the hi parts in columns 0..3 (lanes t4 < 2), the lo parts
                  * in 4..7; a transpose of each 8 × 8 half gives the B fragments (tokens 2t4, 2t4 + 1 of
                  * column g) */
-                uint32_t pw[2];
+                float pr[2][2];
 #pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    float pv[2];
+                for (int r = 0; r < 2; r++)
 #pragma unroll
                     for (int c = 0; c < 2; c++) {
-                        const float p = m2[c] == -INFINITY ? 0.0f : ex2(sc[r][c] - m2[c]);
-                        l2[c] += p;
-                        pv[c] = p * sh[cur.vs[u][r]] * E8P_VSCALE;
+                        pr[r][c] = m2[c] == -INFINITY ? 0.0f : ex2(sc[r][c] - m2[c]);
+                        l2[c] += pr[r][c];
                     }
-                    pw[r] = t4 < 2 ? pack(hi16<false>(pv[0]), hi16<false>(pv[1]))
-                                   : pack(lo16<false>(pv[0]), lo16<false>(pv[1]));
+#pragma unroll
+                for (int h = 0; h < P; h++) {
+                    const int us = u * P + h;
+                    uint32_t pw[2];
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        float pv[2];
+#pragma unroll
+                        for (int c = 0; c < 2; c++)
+                            pv[c] = pr[r][c] * sh[cur.vs[us][r]] * E8P_VSCALE;
+                        pw[r] = t4 < 2 ? pack(hi16<false>(pv[0]), hi16<false>(pv[1]))
+                                       : pack(lo16<false>(pv[0]), lo16<false>(pv[1]));
+                    }
+                    pb[0] = transpose8x8(pw[0]);
+                    pb[1] = transpose8x8(pw[1]);
+                    values(us, h, pb, pl);
                 }
-                pb[0] = transpose8x8(pw[0]);
-                pb[1] = transpose8x8(pw[1]);
-                values(u, 0, pb, pl);
             } else {
                 /* ---- scores of tokens 8tt + 2t4 + c, summed over the halves (slots us = u·P + h) */
                 float raws[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
@@ -2485,9 +2515,10 @@ __global__ void __launch_bounds__(128, P == 2 ? 2 : E8P_MINB) attn_e8p_kernel(co
         sm[warp][g] = m, sl[warp][g] = l;
     }
     __syncthreads();
+    const int lo_col = SW ? 4 : G; /* the column of head r's lo part: r + 4 (SW), else r + G */
     store_split<DQ>(a, seq, kvh, G, split, sm, sl, [&](int w, int r, int i) {
         float o = so[w][r][i] + scos[w][r][i >> 3];
-        if (LO) o += so[w][r + G][i] + scos[w][r + G][i >> 3];
+        if (LO) o += so[w][r + lo_col][i] + scos[w][r + lo_col][i >> 3];
         return o;
     });
     merge_last<DQ, SK>(a, seq, kvh, G, so);
@@ -2791,7 +2822,7 @@ static size_t launch_pair(const attn_launch *la, cudaStream_t stream) {
             launch_box_pair<3, 4>(l, grid, stream);
         else
             launch_box_pair<3, 3>(l, grid, stream);
-    } else if (kf == FMT_E8P2 && vf == FMT_E8P2) { /* attn_e8p_kernel's P = 2 instances (GT = 0: any G ≤ 4) */
+    } else if (kf == FMT_E8P2 && vf == FMT_E8P2) { /* attn_e8p_kernel's P = 2 instances (any G ≤ 4) */
         l.v_div = E8P_VSCALE;
         if (e8p_smem_attr<128, 0, false, 2>()) return E8KV_ERR(CUDA);
         if (l.sink_n > 0)
