@@ -2587,8 +2587,9 @@ static size_t wave_fill(size_t blocks, size_t wave) {
  * (splits, sink rows, means, learned sinks, merge) is the other kernels'. */
 
 /* GM: the most query heads per KV head the instance holds registers for (2: Gemma 3 4B and 12B; 4); KF, VF:
- * the K and V formats, or -1: read at run time (every pair; the instances of one format keep fewer registers
- * per token in flight) */
+ * the K and V formats, or -1: read at run time (every pair; an instance of one format keeps fewer registers
+ * per token in flight). launch_pair runs the -1 instances only: the pairs of one coded format went to the
+ * tensor-core kernels. */
 template <bool SK, int GM, int KF, int VF>
 __global__ void __launch_bounds__(128, GM == 2 ? 3 : 2) attn_pair_kernel(const attn_launch a) {
     constexpr int D = 256;
