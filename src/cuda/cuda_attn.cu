@@ -1516,7 +1516,7 @@ __global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC, P>())) attn_box_
                 float bias[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* center=rope: q·R_p·μ */
                 if constexpr (RC) rc_bias(sb, bias);
                 if constexpr (BK == 3) {
-                /* A = box3_kstep_nc of tokens g (a0, a2) and g + 8 (a1, a3) */
+                    /* A = box3_kstep_nc of tokens g (a0, a2) and g + 8 (a1, a3) */
 #pragma unroll
                     for (int tt = 0; tt < 2; tt++) {
                         const int tk = g + 8 * tt;
@@ -1646,91 +1646,92 @@ __global__ void __launch_bounds__(128, (box_minb<D, BK, BV, RC, P>())) attn_box_
         scores((i + 1) % BOX_STAGES, first + (i + 1) * step, sn);
 #pragma unroll
         for (int u = 0; u < NT; u++) {
-            float pr[2][2]; /* the weights of tokens g (tt = 0) and g + 8 (tt = 1), heads h0 and h1 */
+            float wt[2][2]; /* the weights of tokens g (tt = 0) and g + 8 (tt = 1), heads h0 and h1 */
 #pragma unroll
             for (int tt = 0; tt < 2; tt++) {
-                pr[tt][0] = m0 == -INFINITY ? 0.0f : ex2(sc[u][tt][0] - m0);
-                pr[tt][1] = m1 == -INFINITY ? 0.0f : ex2(sc[u][tt][1] - m1);
-                l0 += pr[tt][0], l1 += pr[tt][1];
+                wt[tt][0] = m0 == -INFINITY ? 0.0f : ex2(sc[u][tt][0] - m0);
+                wt[tt][1] = m1 == -INFINITY ? 0.0f : ex2(sc[u][tt][1] - m1);
+                l0 += wt[tt][0], l1 += wt[tt][1];
             }
 #pragma unroll
             for (int h = 0; h < P; h++) {
                 const uint8_t *const sb = &stage[warp][i % BOX_STAGES][u * P + h][0];
-                float(&oa)[KS][4] = *reinterpret_cast<float(*)[KS][4]>(&oacc[h * KS][0]);
                 /* P·(δ_v/2) in f16 hi/lo, transposed into the B fragments (tokens 2t4.., column g) */
                 uint32_t pb[2], pl[2] = {0u, 0u};
 #pragma unroll
-            for (int tt = 0; tt < 2; tt++) {
-                const int tk = g + 8 * tt;
-                const float vsc = sh[sb[GV::V_SIDE + VSH + tk]] * V_BOX_SCALE;
-                const float x0 = pr[tt][0] * vsc, x1 = pr[tt][1] * vsc;
-                if constexpr (G8) {
-                    pb[tt] = transpose8x8(pack(hi16<false>(x0), hi16<false>(x1)));
-                    pl[tt] = transpose8x8(pack(lo16<false>(x0), lo16<false>(x1)));
-                } else {
-                    pb[tt] = transpose8x8(t4 < 2 ? pack(hi16<false>(x0), hi16<false>(x1))
-                                                 : pack(lo16<false>(x0), lo16<false>(x1)));
-                }
-            }
-            /* ---- values: tokens 2t4, 2t4 + 1, 2t4 + 8, 2t4 + 9 */
-            const int tv[4] = {2 * t4, 2 * t4 + 1, 2 * t4 + 8, 2 * t4 + 9};
-            if constexpr (BV == 3) {
-                /* A = box3_vtile_nc of the token pairs (2t4, 2t4 + 1) (a0, a1) and (2t4 + 8, 2t4 + 9) (a2,
-                 * a3) */
-                uint32_t vw[4][2];
-#pragma unroll
-                for (int r = 0; r < 4; r++)
-                    box3_lds_v<D>(vw[r], sb + VSH, tv[r], g);
-#pragma unroll
-                for (int mt = 0; mt < KS; mt++) {
-                    uint32_t r0[2], r1[2];
-                    box3_vtile_nc<D>(vw[0], vw[1], g, mt, magic, r0);
-                    box3_vtile_nc<D>(vw[2], vw[3], g, mt, magic, r1);
-                    const uint32_t r[4] = {r0[0], r0[1], r1[0], r1[1]};
-                    mma16816<false>(oa[mt], r, pb);
-                    if constexpr (G8) mma16816<false>(oa[mt], r, pl);
-                }
-            } else {
-                uint32_t vw[4][D / 64 > 0 ? D / 64 : 1];
-#pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    if constexpr (D == 128) {
-                        const uint2 q2 = *(const uint2 *)(sb + VSH + GV::V_OFF + tv[r] * GV::VROW + 8 * g);
-                        vw[r][0] = q2.x, vw[r][1] = q2.y;
+                for (int tt = 0; tt < 2; tt++) {
+                    const int tk = g + 8 * tt;
+                    const float vsc = sh[sb[GV::V_SIDE + VSH + tk]] * V_BOX_SCALE;
+                    const float x0 = wt[tt][0] * vsc, x1 = wt[tt][1] * vsc;
+                    if constexpr (G8) {
+                        pb[tt] = transpose8x8(pack(hi16<false>(x0), hi16<false>(x1)));
+                        pl[tt] = transpose8x8(pack(lo16<false>(x0), lo16<false>(x1)));
                     } else {
-                        vw[r][0] = *(const uint32_t *)(sb + VSH + GV::V_OFF + tv[r] * GV::VROW + 4 * g);
+                        pb[tt] = transpose8x8(t4 < 2 ? pack(hi16<false>(x0), hi16<false>(x1))
+                                                     : pack(lo16<false>(x0), lo16<false>(x1)));
                     }
                 }
+                /* ---- values: tokens 2t4, 2t4 + 1, 2t4 + 8, 2t4 + 9 */
+                const int tv[4] = {2 * t4, 2 * t4 + 1, 2 * t4 + 8, 2 * t4 + 9};
+                if constexpr (BV == 3) {
+                    /* A = box3_vtile_nc of the token pairs (2t4, 2t4 + 1) (a0, a1) and (2t4 + 8, 2t4 + 9)
+                     * (a2, a3) */
+                    uint32_t vw[4][2];
 #pragma unroll
-                for (int mt = 0; mt < KS; mt++) {
-                    const int wi = mt >> 2, bi = mt & 3;
-                    const uint32_t sel = bi | ((4 + bi) << 8);
-                    const uint32_t x0 = __byte_perm(vw[0][wi], vw[1][wi], sel),
-                                   x1 = __byte_perm(vw[2][wi], vw[3][wi], sel);
-                    const uint32_t r[4] = {nib_lo(x0, magic), nib_hi(x0, magic), nib_lo(x1, magic),
-                                           nib_hi(x1, magic)};
-                    mma16816<false>(oa[mt], r, pb);
-                    if constexpr (G8) mma16816<false>(oa[mt], r, pl);
+                    for (int r = 0; r < 4; r++)
+                        box3_lds_v<D>(vw[r], sb + VSH, tv[r], g);
+#pragma unroll
+                    for (int mt = 0; mt < KS; mt++) {
+                        uint32_t r0[2], r1[2];
+                        box3_vtile_nc<D>(vw[0], vw[1], g, mt, magic, r0);
+                        box3_vtile_nc<D>(vw[2], vw[3], g, mt, magic, r1);
+                        const uint32_t r[4] = {r0[0], r0[1], r1[0], r1[1]};
+                        mma16816<false>(oacc[h * KS + mt], r, pb);
+                        if constexpr (G8) mma16816<false>(oacc[h * KS + mt], r, pl);
+                    }
+                } else {
+                    uint32_t vw[4][D / 64 > 0 ? D / 64 : 1];
+#pragma unroll
+                    for (int r = 0; r < 4; r++) {
+                        if constexpr (D == 128) {
+                            const uint2 q2 =
+                                *(const uint2 *)(sb + VSH + GV::V_OFF + tv[r] * GV::VROW + 8 * g);
+                            vw[r][0] = q2.x, vw[r][1] = q2.y;
+                        } else {
+                            vw[r][0] = *(const uint32_t *)(sb + VSH + GV::V_OFF + tv[r] * GV::VROW + 4 * g);
+                        }
+                    }
+#pragma unroll
+                    for (int mt = 0; mt < KS; mt++) {
+                        const int wi = mt >> 2, bi = mt & 3;
+                        const uint32_t sel = bi | ((4 + bi) << 8);
+                        const uint32_t x0 = __byte_perm(vw[0][wi], vw[1][wi], sel),
+                                       x1 = __byte_perm(vw[2][wi], vw[3][wi], sel);
+                        const uint32_t r[4] = {nib_lo(x0, magic), nib_hi(x0, magic), nib_lo(x1, magic),
+                                               nib_hi(x1, magic)};
+                        mma16816<false>(oacc[h * KS + mt], r, pb);
+                        if constexpr (G8) mma16816<false>(oacc[h * KS + mt], r, pl);
+                    }
                 }
-            }
-            {
-                /* the coset part: A = coset bits (block g / g + 8, tokens 2t4, 2t4 + 1 / 2t4 + 8, 2t4 + 9;
-                 * e8box:3 has the same coset bytes and block order) */
-                uint32_t vc[2];
+                {
+                    /* the coset part: A = coset bits (block g / g + 8, tokens 2t4, 2t4 + 1 / 2t4 + 8, 2t4 +
+                     * 9; e8box:3 has the same coset bytes and block order) */
+                    uint32_t vc[2];
 #pragma unroll
-                for (int pr = 0; pr < 2; pr++)
-                    vc[pr] = GV::NC == 2 ? *(const uint32_t *)(sb + VSH + GV::V_SIDE + 16 + 2 * tv[2 * pr])
-                                         : *(const uint16_t *)(sb + VSH + GV::V_SIDE + 16 + tv[2 * pr]);
-                uint32_t ac[4];
+                    for (int pr = 0; pr < 2; pr++)
+                        vc[pr] = GV::NC == 2
+                                     ? *(const uint32_t *)(sb + VSH + GV::V_SIDE + 16 + 2 * tv[2 * pr])
+                                     : *(const uint16_t *)(sb + VSH + GV::V_SIDE + 16 + tv[2 * pr]);
+                    uint32_t ac[4];
 #pragma unroll
-                for (int pr = 0; pr < 2; pr++) {
-                    const uint32_t x = vc[pr] >> g; /* bit 0: token 2t4 + 8pr, bit CB: the next token */
-                    ac[2 * pr] = bits_f16x2(CB == 16 ? x : (x | (x << 8)));
-                    ac[2 * pr + 1] = CB == 16 ? bits_f16x2(x >> 8) : 0u;
+                    for (int pr = 0; pr < 2; pr++) {
+                        const uint32_t x = vc[pr] >> g; /* bit 0: token 2t4 + 8pr, bit CB: the next token */
+                        ac[2 * pr] = bits_f16x2(CB == 16 ? x : (x | (x << 8)));
+                        ac[2 * pr + 1] = CB == 16 ? bits_f16x2(x >> 8) : 0u;
+                    }
+                    mma16816<false>(ocos[h], ac, pb);
+                    if constexpr (G8) mma16816<false>(ocos[h], ac, pl);
                 }
-                mma16816<false>(ocos[h], ac, pb);
-                if constexpr (G8) mma16816<false>(ocos[h], ac, pl);
-            }
             }
         }
 #pragma unroll
@@ -1902,11 +1903,8 @@ __device__ __forceinline__ void e8p_load(e8p_regs<D> &r, const e8p_base &b, cons
         if (s0 >= end) continue; /* its page may not exist; the sub-tile is skipped */
         const uint32_t page = (uint32_t)pg[u], o0 = bshift >= 4 ? s0 & ((1 << bshift) - 1) : s0 % bs;
         /* one base per stream and area, the rest immediate offsets */
-        const uint8_t *const kp = b.kb + (uint64_t)page * b.kpb + (u % P) * b.khb, *const vp =
-                                                                                       b.vb +
-                                                                                       (uint64_t)page *
-                                                                                           b.vpb +
-                                                                                       (u % P) * b.vhb;
+        const uint8_t *const kp = b.kb + (uint64_t)page * b.kpb + (u % P) * b.khb;
+        const uint8_t *const vp = b.vb + (uint64_t)page * b.vpb + (u % P) * b.vhb;
         const uint8_t *const kt = kp + (b.okt + o0 * (D / 4)), *const vt = vp + (b.ovt + o0 * (D / 4));
         const uint8_t *const ksd = kp + (b.os + o0), *const vsd = vp + (b.os + o0);
 #pragma unroll
@@ -1989,7 +1987,8 @@ __device__ __forceinline__ uint32_t e8p_hword2(uint32_t x, uint32_t y, int hf) {
  * transform */
 template <int D, int GT, bool SK, bool RC, int P = 1>
 __global__ void __launch_bounds__(128, P == 2 ? 2 : E8P_MINB) attn_e8p_kernel(const attn_launch a) {
-    static_assert(P == 1 || (P == 2 && D == 128 && GT == 0 && !RC && E8P_NT % 2 == 0), "head_dim 256");
+    static_assert(P == 1 || (P == 2 && D == 128 && GT == 0 && !RC && E8P_NT % 2 == 0 && E8P_SW),
+                  "head_dim 256 (the score product with K as A)");
     constexpr int KS = D / 16, BPL = D / 32, NBL = D / 64, KW = D / 64, NTT = E8P_NT / P, DQ = D * P;
     extern __shared__ __align__(16) uint32_t e8p_dyn[];
     float(*const sq)[DQ] = reinterpret_cast<float(*)[DQ]>(e8p_dyn); /* until the tables are made */
@@ -2088,39 +2087,33 @@ __global__ void __launch_bounds__(128, P == 2 ? 2 : E8P_MINB) attn_e8p_kernel(co
                                  : pack(lo16<false>(x[0]), lo16<false>(x[1]));
             }
         }
-    } else {
+    } else { /* (P = 1) */
 #pragma unroll
-        for (int h = 0; h < P; h++) {
-#pragma unroll
-            for (int s = 0; s < KS; s++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    float x[2];
-#pragma unroll
-                    for (int c = 0; c < 2; c++)
-                        x[c] =
-                            g < G
-                                ? sq[g][D * h + 8 * (BPL * t4 + (s >> 1)) + (s & 1) + 2 * (j >> 1) + 4 * c] *
-                                      qscale
-                                : 0.0f;
-                    qa[h][s][j] = (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1]))
-                                          : pack(hi16<false>(x[0]), hi16<false>(x[1]));
-                }
+        for (int s = 0; s < KS; s++)
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 float x[2];
 #pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const int lb = 2 * (j >> 1) + c;
-                    float sum = 0.0f;
-                    if (g < G && lb < BPL)
-                        for (int i = 0; i < 8; i++)
-                            sum += sq[g][D * h + 8 * (BPL * t4 + lb) + i] * qscale;
-                    x[c] = 0.25f * sum;
-                }
-                qs[h][j] = (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1]))
-                                   : pack(hi16<false>(x[0]), hi16<false>(x[1]));
+                for (int c = 0; c < 2; c++)
+                    x[c] = g < G ? sq[g][8 * (BPL * t4 + (s >> 1)) + (s & 1) + 2 * (j >> 1) + 4 * c] * qscale
+                                 : 0.0f;
+                qa[0][s][j] = (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1]))
+                                      : pack(hi16<false>(x[0]), hi16<false>(x[1]));
             }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float x[2];
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int lb = 2 * (j >> 1) + c;
+                float sum = 0.0f;
+                if (g < G && lb < BPL)
+                    for (int i = 0; i < 8; i++)
+                        sum += sq[g][8 * (BPL * t4 + lb) + i] * qscale;
+                x[c] = 0.25f * sum;
+            }
+            qs[0][j] = (j & 1) ? pack(lo16<false>(x[0]), lo16<false>(x[1]))
+                               : pack(hi16<false>(x[0]), hi16<false>(x[1]));
         }
     }
     __syncthreads(); /* sq is read: the tables take its place */
@@ -2158,7 +2151,8 @@ __global__ void __launch_bounds__(128, P == 2 ? 2 : E8P_MINB) attn_e8p_kernel(co
      * g, as qa's) and the table B. The pages hold x − R_p·μ there. */
     float rc_al[2] = {}, rc_be[2] = {};
     uint32_t rc_th[4] = {}, rc_tl[4] = {};
-    if constexpr (RC) rc_operands<D>(a, rcp, seq, kvh, G, SW ? (g & 3) : g, g, t4, rc_al, rc_be, rc_th, rc_tl);
+    if constexpr (RC)
+        rc_operands<D>(a, rcp, seq, kvh, G, SW ? (g & 3) : g, g, t4, rc_al, rc_be, rc_th, rc_tl);
     /* the head side of sub-tile u's bias (buffer buf): x[e] = pair t4 + 4e's two k entries */
     auto rc_heads = [&](int buf, int u, float(&x)[2][2]) {
         const float2 cs[2] = {rcs[warp][buf][RC_PAIRS * u + t4], rcs[warp][buf][RC_PAIRS * u + t4 + 4]};
@@ -2240,39 +2234,39 @@ __global__ void __launch_bounds__(128, P == 2 ? 2 : E8P_MINB) attn_e8p_kernel(co
                     for (int x = 0; x < 3; x++)
                         acc[x][0] = acc[x][1] = acc[x][2] = acc[x][3] = 0.0f;
 #pragma unroll
-                for (int wi = 0; wi < KW; wi++) {
+                    for (int wi = 0; wi < KW; wi++) {
 #pragma unroll
-                    for (int hf = 0; hf < 2; hf++) {
-                        uint32_t T0, S0, T1, S1;
-                        e8p_ts(tabs, lane4, cur.kw[us][0][wi], hf, T0, S0);
-                        e8p_ts(tabs, lane4, cur.kw[us][1][wi], hf, T1, S1);
-                        const uint32_t T08 = e8p_shr8(T0), S08 = e8p_shr8(S0), T18 = e8p_shr8(T1),
-                                       S18 = e8p_shr8(S1);
-                        const int lb = 2 * wi + hf;
-                        const uint32_t a0[4] = {e8p_xand<0x000F000Fu>(T0, S0), e8p_xand<0x000F000Fu>(T1, S1),
-                                                e8p_xand<0x000F000Fu>(T08, S08),
-                                                e8p_xand<0x000F000Fu>(T18, S18)};
-                        const uint32_t a4[4] = {e8p_xand<0x00F000F0u>(T0, S0), e8p_xand<0x00F000F0u>(T1, S1),
-                                                e8p_xand<0x00F000F0u>(T08, S08),
-                                                e8p_xand<0x00F000F0u>(T18, S18)};
-                        mma16816<false>(acc[0], a0, qa[h][2 * lb]);
-                        mma16816<false>(acc[1], a4, qa[h][2 * lb + 1]);
+                        for (int hf = 0; hf < 2; hf++) {
+                            uint32_t T0, S0, T1, S1;
+                            e8p_ts(tabs, lane4, cur.kw[us][0][wi], hf, T0, S0);
+                            e8p_ts(tabs, lane4, cur.kw[us][1][wi], hf, T1, S1);
+                            const uint32_t T08 = e8p_shr8(T0), S08 = e8p_shr8(S0), T18 = e8p_shr8(T1),
+                                           S18 = e8p_shr8(S1);
+                            const int lb = 2 * wi + hf;
+                            const uint32_t a0[4] = {
+                                e8p_xand<0x000F000Fu>(T0, S0), e8p_xand<0x000F000Fu>(T1, S1),
+                                e8p_xand<0x000F000Fu>(T08, S08), e8p_xand<0x000F000Fu>(T18, S18)};
+                            const uint32_t a4[4] = {
+                                e8p_xand<0x00F000F0u>(T0, S0), e8p_xand<0x00F000F0u>(T1, S1),
+                                e8p_xand<0x00F000F0u>(T08, S08), e8p_xand<0x00F000F0u>(T18, S18)};
+                            mma16816<false>(acc[0], a0, qa[h][2 * lb]);
+                            mma16816<false>(acc[1], a4, qa[h][2 * lb + 1]);
+                        }
                     }
-                }
-                {
-                    const uint32_t ah[4] = {e8p_hword(cur.kw[us][0][0]), e8p_hword(cur.kw[us][1][0]),
-                                            KW > 1 ? e8p_hword(cur.kw[us][0][KW - 1]) : 0u,
-                                            KW > 1 ? e8p_hword(cur.kw[us][1][KW - 1]) : 0u};
-                    mma16816<false>(acc[2], ah, qs[h]);
-                }
-#pragma unroll
-                for (int r = 0; r < 2; r++)
-#pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        const float x =
-                            0x1p24f * acc[0][2 * r + c] + 0x1p20f * acc[1][2 * r + c] + acc[2][2 * r + c];
-                        raw[r][c] += P == 1 ? x : x * sh[cur.ks[us][r]];
+                    {
+                        const uint32_t ah[4] = {e8p_hword(cur.kw[us][0][0]), e8p_hword(cur.kw[us][1][0]),
+                                                KW > 1 ? e8p_hword(cur.kw[us][0][KW - 1]) : 0u,
+                                                KW > 1 ? e8p_hword(cur.kw[us][1][KW - 1]) : 0u};
+                        mma16816<false>(acc[2], ah, qs[h]);
                     }
+#pragma unroll
+                    for (int r = 0; r < 2; r++)
+#pragma unroll
+                        for (int c = 0; c < 2; c++) {
+                            const float x =
+                                0x1p24f * acc[0][2 * r + c] + 0x1p20f * acc[1][2 * r + c] + acc[2][2 * r + c];
+                            raw[r][c] += P == 1 ? x : x * sh[cur.ks[us][r]];
+                        }
                 }
                 float bias[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* center=rope: q·R_p·μ, fragment 2r + c */
                 if constexpr (RC) {
@@ -2358,13 +2352,8 @@ __global__ void __launch_bounds__(128, P == 2 ? 2 : E8P_MINB) attn_e8p_kernel(co
                     values(us, h, pb, pl);
                 }
             } else {
-                /* ---- scores of tokens 8tt + 2t4 + c, summed over the halves (slots us = u·P + h) */
-                float raws[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-#pragma unroll
-                for (int h = 0; h < P; h++) {
-                    const int us = u * P + h;
-                    /* [tt][scale 2^-24, 2^-20, shift][fragment] */
-                    float acc[2][3][4];
+                /* ---- scores of tokens 8tt + 2t4 + c (P = 1): [tt][scale 2^-24, 2^-20, shift][fragment] */
+                float acc[2][3][4];
 #pragma unroll
                 for (int tt = 0; tt < 2; tt++)
 #pragma unroll
@@ -2374,7 +2363,7 @@ __global__ void __launch_bounds__(128, P == 2 ? 2 : E8P_MINB) attn_e8p_kernel(co
                 for (int tt = 0; tt < 2; tt++) {
 #pragma unroll
                     for (int wi = 0; wi < KW; wi++) {
-                        const uint32_t w = cur.kw[us][tt][wi];
+                        const uint32_t w = cur.kw[u][tt][wi];
 #pragma unroll
                         for (int hf = 0; hf < 2; hf++) {
                             /* Y = T ^ S and Y >> 8 = (T >> 8) ^ (S >> 8): each XOR fuses with its mask
@@ -2387,23 +2376,13 @@ __global__ void __launch_bounds__(128, P == 2 ? 2 : E8P_MINB) attn_e8p_kernel(co
                                                     e8p_xand<0x000F000Fu>(T8, S8)};
                             const uint32_t b4[2] = {e8p_xand<0x00F000F0u>(T, S),
                                                     e8p_xand<0x00F000F0u>(T8, S8)};
-                            mma16816<false>(acc[tt][0], qa[h][2 * lb], b0);
-                            mma16816<false>(acc[tt][1], qa[h][2 * lb + 1], b4);
+                            mma16816<false>(acc[tt][0], qa[0][2 * lb], b0);
+                            mma16816<false>(acc[tt][1], qa[0][2 * lb + 1], b4);
                         }
                     }
-                    const uint32_t hb[2] = {e8p_hword(cur.kw[us][tt][0]),
-                                            KW > 1 ? e8p_hword(cur.kw[us][tt][KW - 1]) : 0u};
-                    mma16816<false>(acc[tt][2], qs[h], hb);
-                }
-#pragma unroll
-                for (int tt = 0; tt < 2; tt++)
-#pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        const float raw = 0x1p24f * (acc[tt][0][c] + acc[tt][0][c + 2]) +
-                                          0x1p20f * (acc[tt][1][c] + acc[tt][1][c + 2]) +
-                                          (acc[tt][2][c] + acc[tt][2][c + 2]);
-                        raws[tt][c] += raw * sh[(cur.ks[us][tt] >> (8 * c)) & 255u];
-                    }
+                    const uint32_t hb[2] = {e8p_hword(cur.kw[u][tt][0]),
+                                            KW > 1 ? e8p_hword(cur.kw[u][tt][KW - 1]) : 0u};
+                    mma16816<false>(acc[tt][2], qs[0], hb);
                 }
                 float bias[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}}; /* center=rope */
                 if constexpr (RC) {
@@ -2415,7 +2394,8 @@ __global__ void __launch_bounds__(128, P == 2 ? 2 : E8P_MINB) attn_e8p_kernel(co
                                             pack(lo16<false>(x[1][0]), lo16<false>(x[1][1]))};
 #pragma unroll
                     for (int tt = 0; tt < 2; tt++) {
-                        const uint32_t bth[2] = {rc_th[tt], rc_th[tt + 2]}, btl[2] = {rc_tl[tt], rc_tl[tt + 2]};
+                        const uint32_t bth[2] = {rc_th[tt], rc_th[tt + 2]},
+                                       btl[2] = {rc_tl[tt], rc_tl[tt + 2]};
                         mma16816<false>(bias[tt], ah, bth);
                         mma16816<false>(bias[tt], ah, btl);
                     }
@@ -2426,7 +2406,10 @@ __global__ void __launch_bounds__(128, P == 2 ? 2 : E8P_MINB) attn_e8p_kernel(co
                 for (int tt = 0; tt < 2; tt++)
 #pragma unroll
                     for (int c = 0; c < 2; c++) {
-                        float sv = raws[tt][c];
+                        const float raw = 0x1p24f * (acc[tt][0][c] + acc[tt][0][c + 2]) +
+                                          0x1p20f * (acc[tt][1][c] + acc[tt][1][c + 2]) +
+                                          (acc[tt][2][c] + acc[tt][2][c + 2]);
+                        float sv = raw * sh[(cur.ks[u][tt] >> (8 * c)) & 255u];
                         if constexpr (RC) sv += bias[tt][c] + bias[tt][c + 2];
                         if (g >= G || (!full && (SK ? (unsigned)(tile0 + 8 * tt + 2 * t4 + c - lo) >= span
                                                     : tile0 + 8 * tt + 2 * t4 + c >= end)))
@@ -2445,29 +2428,20 @@ __global__ void __launch_bounds__(128, P == 2 ? 2 : E8P_MINB) attn_e8p_kernel(co
                     m = m_new;
                     const float al0 = __shfl_sync(0xffffffffu, alpha, pc.col_row[0] * 4),
                                 al1 = __shfl_sync(0xffffffffu, alpha, pc.col_row[1] * 4);
-                    scale_cols<P * KS>(oacc, al0, al1);
-                    scale_cols<P>(ocos, al0, al1);
+                    scale_cols<KS>(oacc, al0, al1);
+                    scale_cols<1>(ocos, al0, al1);
                 }
-                float pr[2][2];
+                float pv[2][2];
 #pragma unroll
                 for (int tt = 0; tt < 2; tt++)
 #pragma unroll
                     for (int c = 0; c < 2; c++) {
-                        pr[tt][c] = m == -INFINITY ? 0.0f : ex2(sc[tt][c] - m);
-                        l += pr[tt][c];
+                        const float p = m == -INFINITY ? 0.0f : ex2(sc[tt][c] - m);
+                        l += p;
+                        pv[tt][c] = p * sh[(cur.vs[u][tt] >> (8 * c)) & 255u] * E8P_VSCALE;
                     }
-#pragma unroll
-                for (int h = 0; h < P; h++) {
-                    const int us = u * P + h;
-                    float pv[2][2];
-#pragma unroll
-                    for (int tt = 0; tt < 2; tt++)
-#pragma unroll
-                        for (int c = 0; c < 2; c++)
-                            pv[tt][c] = pr[tt][c] * sh[(cur.vs[us][tt] >> (8 * c)) & 255u] * E8P_VSCALE;
-                    p_fragments<false>(pv, pc, g, G, pb, pl);
-                    values(us, h, pb, pl);
-                }
+                p_fragments<false>(pv, pc, g, G, pb, pl);
+                values(u, 0, pb, pl);
             }
         }
         if (n0 < end) cur = nxt;
@@ -2547,17 +2521,21 @@ template <int D, int GT, bool RC, int P = 1> static int e8p_occupancy(void) {
         return 0;
     return n < ns ? n : ns;
 }
-/* launch attn_e8p_kernel<D, GT, SK, RC> with GT = 4 where the group size is 4, else the run-time G (0); SK:
- * sink rows (a cache without them runs the instance that has no sink code at all); RC: center=rope */
-template <int D, bool SK, bool RC> static size_t e8p_launch(const attn_launch &l, cudaStream_t stream) {
+/* launch attn_e8p_kernel<D, GT, SK, RC, P> with GT = 4 where the group size is 4 (P = 1), else the run-time G
+ * (0); SK: sink rows (a cache without them runs the instance that has no sink code at all); RC: center=rope;
+ * P = 2: head_dim 256 */
+template <int D, bool SK, bool RC, int P = 1>
+static size_t e8p_launch(const attn_launch &l, cudaStream_t stream) {
     const dim3 grid((unsigned)l.n_split, (unsigned)l.n_head_kv, (unsigned)l.n_seq);
-    if (l.n_head == 4 * l.n_head_kv) {
-        if (e8p_smem_attr<D, 4, RC>()) return E8KV_ERR(CUDA);
-        attn_e8p_kernel<D, 4, SK, RC><<<grid, 128, e8p_smem_bytes<D>(), stream>>>(l);
-    } else {
-        if (e8p_smem_attr<D, 0, RC>()) return E8KV_ERR(CUDA);
-        attn_e8p_kernel<D, 0, SK, RC><<<grid, 128, e8p_smem_bytes<D>(), stream>>>(l);
+    if constexpr (P == 1) {
+        if (l.n_head == 4 * l.n_head_kv) {
+            if (e8p_smem_attr<D, 4, RC>()) return E8KV_ERR(CUDA);
+            attn_e8p_kernel<D, 4, SK, RC><<<grid, 128, e8p_smem_bytes<D>(), stream>>>(l);
+            return 0;
+        }
     }
+    if (e8p_smem_attr<D, 0, RC, P>()) return E8KV_ERR(CUDA);
+    attn_e8p_kernel<D, 0, SK, RC, P><<<grid, 128, e8p_smem_bytes<D>(), stream>>>(l);
     return 0;
 }
 template <int D, bool SK> static size_t e8p_launch_rc(const attn_launch &l, cudaStream_t stream) {
@@ -2586,11 +2564,9 @@ static size_t wave_fill(size_t blocks, size_t wave) {
  * ~4x faster); this kernel serves the other pairs (bf16/f16 pages, e8box with raw pages). The split-K frame
  * (splits, sink rows, means, learned sinks, merge) is the other kernels'. */
 
-/* GM: the most query heads per KV head the instance holds registers for (2: Gemma 3 4B and 12B; 4); KF, VF:
- * the K and V formats, or -1: read at run time (every pair; an instance of one format keeps fewer registers
- * per token in flight). launch_pair runs the -1 instances only: the pairs of one coded format went to the
- * tensor-core kernels. */
-template <bool SK, int GM, int KF, int VF>
+/* GM: the most query heads per KV head the instance holds registers for (2: Gemma 3 4B and 12B; 4); the K
+ * and V formats are read at run time */
+template <bool SK, int GM>
 __global__ void __launch_bounds__(128, GM == 2 ? 3 : 2) attn_pair_kernel(const attn_launch a) {
     constexpr int D = 256;
     __shared__ float sq[GM][D];
@@ -2605,7 +2581,7 @@ __global__ void __launch_bounds__(128, GM == 2 ? 3 : 2) attn_pair_kernel(const a
     const int chunk = ((ctx + n_split - 1) / n_split + 15) & ~15;
     const int start = split * chunk, end = min(start + chunk, ctx);
     const int lo = SK ? min(a.sink_n, ctx) : 0; /* positions below lo: the sink rows (merge_last) */
-    const int kf = KF >= 0 ? KF : a.k.fmt, vf = VF >= 0 ? VF : a.v.fmt;
+    const int kf = a.k.fmt, vf = a.v.fmt;
     const int32_t *const table = a.block_tables + (size_t)seq * a.max_blocks;
     if (SK) sink_prefetch<D>(a, seq, kvh, split);
     if (tid < 8) frac_s[tid] = c_box_frac[tid];
@@ -2745,9 +2721,9 @@ static int pair_occupancy(void) {
     static int n = 0;
     if (n) return n;
     int n1 = 0, n2 = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n1, attn_pair_kernel<false, PAIR_G, -1, -1>, 128, 0) !=
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n1, attn_pair_kernel<false, PAIR_G>, 128, 0) !=
             cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n2, attn_pair_kernel<true, PAIR_G, -1, -1>, 128, 0) !=
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n2, attn_pair_kernel<true, PAIR_G>, 128, 0) !=
             cudaSuccess)
         n1 = n2 = 1;
     n = n1 < n2 ? n1 : n2;
@@ -2755,53 +2731,79 @@ static int pair_occupancy(void) {
     return n;
 }
 
-template <int KF, int VF>
 static void launch_pair_g(const attn_launch &l, dim3 grid, bool g2, cudaStream_t stream) {
     if (l.sink_n > 0 && g2)
-        attn_pair_kernel<true, 2, KF, VF><<<grid, 128, 0, stream>>>(l);
+        attn_pair_kernel<true, 2><<<grid, 128, 0, stream>>>(l);
     else if (l.sink_n > 0)
-        attn_pair_kernel<true, PAIR_G, KF, VF><<<grid, 128, 0, stream>>>(l);
+        attn_pair_kernel<true, PAIR_G><<<grid, 128, 0, stream>>>(l);
     else if (g2)
-        attn_pair_kernel<false, 2, KF, VF><<<grid, 128, 0, stream>>>(l);
+        attn_pair_kernel<false, 2><<<grid, 128, 0, stream>>>(l);
     else
-        attn_pair_kernel<false, PAIR_G, KF, VF><<<grid, 128, 0, stream>>>(l);
+        attn_pair_kernel<false, PAIR_G><<<grid, 128, 0, stream>>>(l);
 }
 
-/* head_dim 256 with e8box K and V pages: attn_box_kernel's P = 2 instances (G ≤ 4, with and without sink
- * rows; dynamic shared memory above 48 KB set once) */
-template <int BK, int BV> static int box_pair_attr(void) {
+/* attn_box_kernel's dynamic shared memory above 48 KB, set once for the instances of (D, BK, BV, RC, P): with
+ * and without sink rows, for up to 4 and (P = 1) more query heads per KV head */
+template <int D, int BK, int BV, bool RC, int P = 1> static int box_smem_attr(void) {
     static int done = 0;
-    constexpr int b = box_smem_bytes<128, BK, BV, false, 2>();
-    if (!done &&
-        cudaFuncSetAttribute(attn_box_kernel<128, BK, BV, false, false, false, 2>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, b) == cudaSuccess &&
-        cudaFuncSetAttribute(attn_box_kernel<128, BK, BV, false, true, false, 2>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, b) == cudaSuccess)
-        done = 1;
+    if (done) return 0;
+    constexpr int b = box_smem_bytes<D, BK, BV, RC, P>();
+    bool ok = cudaFuncSetAttribute(attn_box_kernel<D, BK, BV, false, false, RC, P>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, b) == cudaSuccess &&
+              cudaFuncSetAttribute(attn_box_kernel<D, BK, BV, false, true, RC, P>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, b) == cudaSuccess;
+    if constexpr (P == 1)
+        ok = ok &&
+             cudaFuncSetAttribute(attn_box_kernel<D, BK, BV, true, false, RC, P>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, b) == cudaSuccess &&
+             cudaFuncSetAttribute(attn_box_kernel<D, BK, BV, true, true, RC, P>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, b) == cudaSuccess;
+    done = ok;
     return !done;
 }
-template <int BK, int BV> static int box_pair_occupancy(void) {
+/* blocks per SM of those instances, the fewest (the split count does not know G); 1 on error */
+template <int D, int BK, int BV, bool RC, int P = 1> static int box_occupancy(void) {
     static int n = 0;
     if (n) return n;
-    constexpr int b = box_smem_bytes<128, BK, BV, false, 2>();
-    int n1 = 0, n2 = 0;
-    if (box_pair_attr<BK, BV>() ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &n1, attn_box_kernel<128, BK, BV, false, false, false, 2>, 128, b) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &n2, attn_box_kernel<128, BK, BV, false, true, false, 2>, 128, b) != cudaSuccess)
-        n1 = n2 = 1;
+    constexpr int b = box_smem_bytes<D, BK, BV, RC, P>();
+    int n1 = 0, n2 = 0, n3 = 0, n4 = 0;
+    bool ok = !box_smem_attr<D, BK, BV, RC, P>() &&
+              cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                  &n1, attn_box_kernel<D, BK, BV, false, false, RC, P>, 128, b) == cudaSuccess &&
+              cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                  &n2, attn_box_kernel<D, BK, BV, false, true, RC, P>, 128, b) == cudaSuccess;
     n = n1 < n2 ? n1 : n2;
-    if (n < 1) n = 1;
+    if constexpr (P == 1) {
+        ok = ok &&
+             cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                 &n3, attn_box_kernel<D, BK, BV, true, false, RC, P>, 128, b) == cudaSuccess &&
+             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n4, attn_box_kernel<D, BK, BV, true, true, RC, P>,
+                                                           128, b) == cudaSuccess;
+        n = n3 < n ? n3 : n;
+        n = n4 < n ? n4 : n;
+    }
+    if (!ok || n < 1) n = 1;
     return n;
 }
-template <int BK, int BV> static void launch_box_pair(const attn_launch &l, dim3 grid, cudaStream_t stream) {
-    constexpr int b = box_smem_bytes<128, BK, BV, false, 2>();
-    box_pair_attr<BK, BV>();
-    if (l.sink_n > 0)
-        attn_box_kernel<128, BK, BV, false, true, false, 2><<<grid, 128, b, stream>>>(l);
+/* attn_box_kernel's instance for the group size and sink rows (RC: center=rope; P = 2: head_dim 256, up to 4
+ * query heads per KV head) */
+template <int D, int BK, int BV, bool RC, int P = 1>
+static void launch_box(const attn_launch *a, dim3 grid, bool sk, cudaStream_t stream) {
+    constexpr int sb = box_smem_bytes<D, BK, BV, RC, P>();
+    box_smem_attr<D, BK, BV, RC, P>();
+    if constexpr (P == 1) {
+        if (a->n_head > 4 * a->n_head_kv) {
+            if (sk)
+                attn_box_kernel<D, BK, BV, true, true, RC><<<grid, 128, sb, stream>>>(*a);
+            else
+                attn_box_kernel<D, BK, BV, true, false, RC><<<grid, 128, sb, stream>>>(*a);
+            return;
+        }
+    }
+    if (sk)
+        attn_box_kernel<D, BK, BV, false, true, RC, P><<<grid, 128, sb, stream>>>(*a);
     else
-        attn_box_kernel<128, BK, BV, false, false, false, 2><<<grid, 128, b, stream>>>(l);
+        attn_box_kernel<D, BK, BV, false, false, RC, P><<<grid, 128, sb, stream>>>(*a);
 }
 
 static size_t launch_pair(const attn_launch *la, cudaStream_t stream) {
@@ -2815,23 +2817,22 @@ static size_t launch_pair(const attn_launch *la, cudaStream_t stream) {
     const int kf = l.k.fmt, vf = l.v.fmt;
     if (fmt_is_box(kf) && fmt_is_box(vf)) { /* the tensor-core kernel of head_dim 128, both halves */
         l.v_div = V_BOX_SCALE;
+        const bool sk = l.sink_n > 0;
         if (kf == FMT_BOX4 && vf == FMT_BOX4)
-            launch_box_pair<4, 4>(l, grid, stream);
+            launch_box<128, 4, 4, false, 2>(&l, grid, sk, stream);
         else if (kf == FMT_BOX4)
-            launch_box_pair<4, 3>(l, grid, stream);
+            launch_box<128, 4, 3, false, 2>(&l, grid, sk, stream);
         else if (vf == FMT_BOX4)
-            launch_box_pair<3, 4>(l, grid, stream);
+            launch_box<128, 3, 4, false, 2>(&l, grid, sk, stream);
         else
-            launch_box_pair<3, 3>(l, grid, stream);
+            launch_box<128, 3, 3, false, 2>(&l, grid, sk, stream);
     } else if (kf == FMT_E8P2 && vf == FMT_E8P2) { /* attn_e8p_kernel's P = 2 instances (any G ≤ 4) */
         l.v_div = E8P_VSCALE;
-        if (e8p_smem_attr<128, 0, false, 2>()) return E8KV_ERR(CUDA);
-        if (l.sink_n > 0)
-            attn_e8p_kernel<128, 0, true, false, 2><<<grid, 128, e8p_smem_bytes<128>(), stream>>>(l);
-        else
-            attn_e8p_kernel<128, 0, false, false, 2><<<grid, 128, e8p_smem_bytes<128>(), stream>>>(l);
+        const size_t r = l.sink_n > 0 ? e8p_launch<128, true, false, 2>(l, stream)
+                                      : e8p_launch<128, false, false, 2>(l, stream);
+        if (r) return r;
     } else
-        launch_pair_g<-1, -1>(l, grid, g2, stream);
+        launch_pair_g(l, grid, g2, stream);
     return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
 }
 
@@ -2856,22 +2857,6 @@ size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm,
 }
 
 /* the e8box kernel's stages are dynamic shared memory beyond 48 KB: raise its limit once (per D, BK, BV) */
-template <int D, int BK, int BV, bool RC> static int box_smem_attr(void) {
-    static int done = 0;
-    const int b = box_smem_bytes<D, BK, BV, RC>();
-    if (!done &&
-        cudaFuncSetAttribute(attn_box_kernel<D, BK, BV, false, false, RC>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, b) == cudaSuccess &&
-        cudaFuncSetAttribute(attn_box_kernel<D, BK, BV, true, false, RC>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, b) == cudaSuccess &&
-        cudaFuncSetAttribute(attn_box_kernel<D, BK, BV, false, true, RC>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, b) == cudaSuccess &&
-        cudaFuncSetAttribute(attn_box_kernel<D, BK, BV, true, true, RC>,
-                             cudaFuncAttributeMaxDynamicSharedMemorySize, b) == cudaSuccess)
-        done = 1;
-    return !done;
-}
-
 /* attn_box_kernel serves K and V in e8box:4 or e8box:3, either with either: the bits of a format (of K when
  * both streams are e8box, else 0: attn_split_kernel) */
 template <int F> static constexpr int box_b(void) {
@@ -2886,21 +2871,7 @@ template <int D, int KF, int VF, bool RC> static int occupancy(void) {
     if (n) return n;
     constexpr int BK = box_bits<KF, VF>(), BV = box_b<VF>();
     if constexpr (BK) {
-        constexpr int sb = box_smem_bytes<D, BK, BV, RC>();
-        int n1 = 0, n2 = 0, n3 = 0, n4 = 0;
-        if (box_smem_attr<D, BK, BV, RC>() ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n1, attn_box_kernel<D, BK, BV, false, false, RC>, 128,
-                                                          sb) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n2, attn_box_kernel<D, BK, BV, true, false, RC>, 128,
-                                                          sb) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n3, attn_box_kernel<D, BK, BV, false, true, RC>, 128,
-                                                          sb) != cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n4, attn_box_kernel<D, BK, BV, true, true, RC>, 128,
-                                                          sb) != cudaSuccess)
-            n1 = n2 = n3 = n4 = 1;
-        n = n1 < n2 ? n1 : n2;
-        n = n3 < n ? n3 : n;
-        n = n4 < n ? n4 : n;
+        n = box_occupancy<D, BK, BV, RC>();
     } else {
         int n1 = 0, n2 = 0;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n1, attn_split_kernel<D, KF, VF, false>, 128, 0) !=
@@ -2942,10 +2913,10 @@ template <int D> static int occupancy_k(int kf, int vf, int rc) {
 
 int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf, int rc) {
     if (d == 256) {
-        if (kf == FMT_BOX4 && vf == FMT_BOX4) return box_pair_occupancy<4, 4>();
-        if (kf == FMT_BOX4 && vf == FMT_BOX3) return box_pair_occupancy<4, 3>();
-        if (kf == FMT_BOX3 && vf == FMT_BOX4) return box_pair_occupancy<3, 4>();
-        if (kf == FMT_BOX3 && vf == FMT_BOX3) return box_pair_occupancy<3, 3>();
+        if (kf == FMT_BOX4 && vf == FMT_BOX4) return box_occupancy<128, 4, 4, false, 2>();
+        if (kf == FMT_BOX4 && vf == FMT_BOX3) return box_occupancy<128, 4, 3, false, 2>();
+        if (kf == FMT_BOX3 && vf == FMT_BOX4) return box_occupancy<128, 3, 4, false, 2>();
+        if (kf == FMT_BOX3 && vf == FMT_BOX3) return box_occupancy<128, 3, 3, false, 2>();
         if (kf == FMT_E8P2 && vf == FMT_E8P2) {
             const int n = e8p_occupancy<128, 0, false, 2>();
             return n > 0 ? n : 1;
@@ -2961,21 +2932,6 @@ int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf, int rc) {
         return n > 0 ? n : 1;
     }
     return d == 128 ? occupancy_k<128>(kf, vf, rc) : occupancy_k<64>(kf, vf, rc);
-}
-
-/* attn_box_kernel's instance for the group size and sink rows (RC: center=rope) */
-template <int D, int BK, int BV, bool RC>
-static void launch_box(const attn_launch *a, dim3 grid, bool sk, cudaStream_t stream) {
-    constexpr int sb = box_smem_bytes<D, BK, BV, RC>();
-    box_smem_attr<D, BK, BV, RC>();
-    if (a->n_head > 4 * a->n_head_kv && sk)
-        attn_box_kernel<D, BK, BV, true, true, RC><<<grid, 128, sb, stream>>>(*a);
-    else if (a->n_head > 4 * a->n_head_kv)
-        attn_box_kernel<D, BK, BV, true, false, RC><<<grid, 128, sb, stream>>>(*a);
-    else if (sk)
-        attn_box_kernel<D, BK, BV, false, true, RC><<<grid, 128, sb, stream>>>(*a);
-    else
-        attn_box_kernel<D, BK, BV, false, false, RC><<<grid, 128, sb, stream>>>(*a);
 }
 
 template <int D, int KF, int VF> static void launch(const attn_launch *la, cudaStream_t stream) {
