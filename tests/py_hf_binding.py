@@ -135,3 +135,64 @@ def test_cache_append_attend_save_load(tmp_path):
     assert e.value.code in (e8kv.ErrorCode.CHECKSUM, e8kv.ErrorCode.CORRUPTED)
 
 
+
+
+# ------------------------------------------------------------------------------------------ allocation
+def rise_of(choice, kld):
+    """The summed KLD rise of a choice per layer over the probes' base (negative rises count as zero)."""
+    r = 0.0
+    for layer, (k, v) in enumerate(choice):
+        dp, dk, dv = (max(0.0, kld[1 + 3 * layer + j] - kld[0]) for j in range(3))
+        r += dp if k == "e8p:2" else (dk if k == "e8box:3" else 0.0) + (dv if v == "e8box:3" else 0.0)
+    return r
+
+
+def test_allocation_is_the_least_rise_within_the_rate():
+    """e8kv.alloc.choose (dynamic programming over the layers) against brute force over every choice of 4
+    layers, at head_dim 64 and 128 and rates from e8p:2's to e8box:4's; the spec it writes resolves in the C
+    cache to the mean rate of the choice."""
+    import itertools
+
+    from e8kv import alloc
+    rng = np.random.default_rng(7)
+    n = 4
+    for d in (64, 128):
+        vb = alloc.vector_bytes(d)
+        for trial in range(12):
+            kld = [0.05] + list(0.05 + rng.exponential(0.01, 3 * n) * (rng.random(3 * n) > 0.1))
+            kld[1 + 3 * int(rng.integers(n))] = 0.049  # a rise below zero counts as zero
+            for bits in (8 * vb["e8p:2"] / d, 2.6, 3.0, 3.25, 3.6, 4.0, 8 * vb["e8box:4"] / d):
+                budget = int(bits * d / 8 * 2 * n + 1e-9)
+                best = None
+                for pick in itertools.product(range(len(alloc.CHOICES)), repeat=n):
+                    ch = [alloc.CHOICES[c] for c in pick]
+                    if sum(vb[k] + vb[v] for k, v in ch) <= budget:
+                        best = rise_of(ch, kld) if best is None else min(best, rise_of(ch, kld))
+                got = alloc.choose(kld, n, d, bits)
+                assert alloc.mean_bits(got, d) <= bits + 1e-9
+                assert rise_of(got, kld) == pytest.approx(best, abs=1e-12), (d, trial, bits, got)
+                spec = alloc.spec_of(got, "sink=2")
+                kv = e8kv.Cache(n, 1, d, 64, spec)
+                assert kv.bits_per_value == pytest.approx(alloc.mean_bits(got, d), abs=1e-9), spec
+    # the two ends: every layer e8box:4 at its rate, every layer e8p:2 at its rate
+    kld = [0.1] + [0.2, 0.15, 0.12] * n
+    assert alloc.choose(kld, n, 64, 4.25) == [("e8box:4", "e8box:4")] * n
+    assert alloc.choose(kld, n, 64, 2.125) == [("e8p:2", "e8p:2")] * n
+    flat = [0.1] + [0.09] * (3 * n)  # every probe below its base: nothing measured, so the bits are spent
+    assert alloc.choose(flat, n, 64, 4.25) == [("e8box:4", "e8box:4")] * n
+    assert alloc.mean_bits(alloc.choose(flat, n, 64, 3.25), 64) == 3.25
+    assert alloc.spec_of([("e8box:4", "e8box:4")] * 2) == "e8box:4"
+    assert (alloc.spec_of([("e8p:2", "e8p:2"), ("e8p:2", "e8p:2"), ("e8box:3", "e8box:4"), ("e8box:4", "e8box:3")],
+                          "sink=4,center=rope")
+            == "e8box:4,sink=4,center=rope,layers0-1=e8p:2,layer2.k=e8box:3,layer3.v=e8box:3")
+    assert len(alloc.probe_specs(3, "sink=4")) == 10 and alloc.probe_specs(3, "sink=4")[4] == "e8box:4,sink=4,layer1=e8p:2"
+    for bad, code in (((kld[:-1], n, 64, 3.0), e8kv.ErrorCode.BAD_ARGUMENT),
+                      ((kld[:-1] + [float("nan")], n, 64, 3.0), e8kv.ErrorCode.BAD_ARGUMENT),
+                      ((kld, n, 64, 2.0), e8kv.ErrorCode.RATE), ((kld, n, 64, 4.5), e8kv.ErrorCode.RATE)):
+        with pytest.raises(e8kv.E8KVError) as e:
+            alloc.choose(*bad)
+        assert e.value.code == code
+    for bad in ("k=e8box:3", "layer0=f16", "sink"):
+        with pytest.raises(e8kv.E8KVError) as e:
+            alloc.probe_specs(2, bad)
+        assert e.value.code == e8kv.ErrorCode.SPEC

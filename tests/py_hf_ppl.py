@@ -220,3 +220,18 @@ def test_calibrate_sensitivities_drive_auto(model, tok, ids, tmp_path):
     assert c.bits_per_value == pytest.approx(3.25, abs=0.02)
 
 
+
+
+# ------------------------------------------------------------------------------------------ allocation
+@torch.no_grad()
+def test_allocate_gpu_formats_on_the_cpu_cache(model, ids):
+    """e8kv.hf.allocate on the default model through the CPU cache (the GPU formats' bytes are the CUDA
+    cache's): the probes are e8kv.alloc.probe_specs' (short chunks to keep the test fast), the ends of the
+    range are uniform, and a mean rate between them gives a spec the cache resolves to that rate or less."""
+    from e8kv import alloc
+    specs = e8kv.hf.allocate(model, None, ids, [2.125, 3.25, 4.25], n_ctx=64, probe_chunks=2, progress=False)
+    assert specs[0] == "e8box:4,sink=4,center=rope,layers0-29=e8p:2"
+    assert specs[2] == "e8box:4,sink=4,center=rope"
+    c = e8kv.hf.E8KVCache(model.config, specs[1])
+    assert 3.0 < c.bits_per_value <= 3.25, (specs[1], c.bits_per_value)
+    assert len(alloc.probe_specs(30, "sink=4,center=rope")) == 91

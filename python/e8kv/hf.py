@@ -46,7 +46,7 @@ from transformers.cache_utils import (Cache, CacheLayerMixin, DynamicSlidingWind
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from . import core
+from . import alloc, core
 from . import evict as evict_mod
 from .core import Calib, E8KVError, ErrorCode
 
@@ -1974,5 +1974,31 @@ def calibrate(model: Any, tok: Any, texts: Union[str, Iterable[str], Sequence[in
     return cal
 
 
-__all__ = ["CUDA_DEFAULT_SPEC", "CUDA_DEFAULT_SPEC_UNTURNED", "CUDA_FORMATS", "E8KVCache", "E8KVCudaCache", "E8KVCudaLayer", "E8KVLayer", "ModelShape", "UnsupportedModelError", "cache_arg", "calibrate", "compress",
+def allocate(model: Any, tok: Any, texts: Union[str, Iterable[str], Sequence[int]],
+             mean_bits: Union[float, Sequence[float]], *, opts: Optional[str] = None, n_ctx: int = 512,
+             probe_chunks: int = 4, add_bos: bool = False, bos_id: int = 1, progress: bool = True,
+             device: Any = None) -> Union[str, list[str]]:
+    """The CUDA cache's formats per layer at a mean rate, by measured sensitivity (e8kv.alloc): every coded
+    layer e8box:4, then each layer alone with e8p:2, with K e8box:3, with V e8box:3 (1 + 3 x layers probes
+    of `perplexity`, probe_chunks chunks of n_ctx tokens of `texts` each: on the GPU with the CUDA cache
+    when the model is there), and the per-layer choice with the least summed KLD rise whose mean rate over
+    every layer's K and V is at most mean_bits (between e8p:2's and e8box:4's). Returns the spec
+    (e8box:4 + opts + layer rules; a list of specs for a list of rates, from one set of probes), for
+    compress(), E8KVCache(..., device="cuda") or perplexity(). opts: the cache options of every spec
+    (default those of cuda_default_spec: "sink=4,center=rope"). Use a text you will not evaluate on."""
+    shape = ModelShape(model.config)
+    if opts is None:
+        opts = cuda_default_spec(model.config).partition(",")[2]
+    specs = alloc.probe_specs(shape.n_layer, opts)
+    ids = _ids_of(tok, texts)
+    res = perplexity(model, ids, specs, n_ctx=n_ctx, n_chunks=probe_chunks, add_bos=add_bos, bos_id=bos_id,
+                     progress=progress, desc="e8kv allocate: probes", device=device)
+    kld = [res[s]["kld"] for s in specs]
+    many = not isinstance(mean_bits, (int, float))
+    out = [alloc.spec_of(alloc.choose(kld, shape.n_layer, shape.head_dim, float(b)), opts)
+           for b in (mean_bits if many else [mean_bits])]
+    return out if many else out[0]
+
+
+__all__ = ["CUDA_DEFAULT_SPEC", "CUDA_DEFAULT_SPEC_UNTURNED", "CUDA_FORMATS", "E8KVCache", "E8KVCudaCache", "E8KVCudaLayer", "E8KVLayer", "ModelShape", "UnsupportedModelError", "allocate", "cache_arg", "calibrate", "compress",
            "cuda_default_spec", "cache_sizes", "dynamic_kv", "e8kv_attention", "perplexity", "register"]
