@@ -525,6 +525,13 @@ size_t e8kv_rope_bytes(const e8kv_rope *rope);
  * BAD_ARGUMENT without evict= in the spec or without queries for snapkv/h2o, DIMENSION, NONFINITE,
  * OUT_OF_MEMORY (layers before the failing one are evicted). */
 size_t e8kv_cache_evict(e8kv_cache *cache, const float *q, size_t n_head, size_t n_q, size_t q_pos0);
+/* e8kv_cache_evict for a model with learned attention sinks (gpt-oss; e8kv_cache_attend_sinks): sinks,
+ * (n_layer, n_head) logits in the scores' units, -INFINITY for a head or layer without one, join the softmax
+ * of each query snapkv and h2o observe (a query whose attention goes to its sink adds less to every key;
+ * keykey and stream take no queries and ignore them). NULL: e8kv_cache_evict. NONFINITE: a NaN or +inf
+ * sink; BAD_ARGUMENT: sinks without queries. */
+size_t e8kv_cache_evict_sinks(e8kv_cache *cache, const float *q, size_t n_head, size_t n_q, size_t q_pos0,
+                              const float *sinks);
 /* Tokens the layer holds (slots); e8kv_cache_n_tokens minus those evicted. */
 size_t e8kv_cache_n_kept(const e8kv_cache *cache, size_t layer);
 

@@ -1329,11 +1329,14 @@ def test_keys_in_the_cpu_caches_layout(dev):
 # ------------------------------------------------------------------------------------------ eviction
 @pytest.mark.parametrize("scorer", ["snapkv", "h2o", "keykey", "stream"])
 @pytest.mark.parametrize("sink", [0, 3])
-def test_evict_selects_what_the_c_library_keeps(scorer, sink):
+@pytest.mark.parametrize("learned", [False, True])
+def test_evict_selects_what_the_c_library_keeps(scorer, sink, learned):
     """e8kv.evict.select (what the CUDA cache keeps of a prompt) against the C library's e8kv_cache_evict on
     the same keys and queries (an f32 cache: exact keys, no RoPE): as many tokens kept, and a query's
     attention over the C cache after its eviction equals float64 attention over the tokens select() chose
-    for each KV head (a different choice changes the output)."""
+    for each KV head (a different choice changes the output). learned: gpt-oss's learned attention sinks in
+    the scorers' softmax (e8kv_cache_evict_sinks): h2o keeps other tokens with them than without (snapkv's 8
+    max-pooled queries may keep the same)."""
     import e8kv.evict as ev
     n, H, n_head, d = 150, 2, 4, 64
     g = torch.Generator().manual_seed(5 + sink)
@@ -1343,12 +1346,19 @@ def test_evict_selects_what_the_c_library_keeps(scorer, sink):
     spec = f"f32,evict={scorer}:0.5,recent=8,obs=8" + (f",sink={sink}" if sink else "")
     c = e8kv.Cache(1, H, d, 256, spec)
     c.append(0, k.numpy(), v.numpy())
-    c.evict(q[None].numpy() if scorer in ("snapkv", "h2o") else None, n_head=n_head, q_pos0=0)
+    queries = scorer in ("snapkv", "h2o")
+    if learned and not queries:
+        pytest.skip("keykey and stream take no queries, so no sinks")
+    ls = torch.tensor([4.0, -4.0, 6.0, -1.0]) if learned else None  # logits in the scores' units
+    c.evict(q[None].numpy() if queries else None, n_head=n_head, q_pos0=0,
+            sinks=ls[None].numpy() if learned else None)
     cfg, rest = ev.parse(spec)
     assert rest == "f32" + (f",sink={sink}" if sink else "") and cfg == ev.EvictConfig(scorer, 0.5, 8, 8)
     kh, vh = k.view(n, H, d).transpose(0, 1), v.view(n, H, d).transpose(0, 1)
     qh = q.view(n, n_head, d).transpose(0, 1)
-    sel = ev.select(cfg, qh if cfg.needs_queries else None, kh, sink=sink, block=c.page_tokens)
+    sel = ev.select(cfg, qh if cfg.needs_queries else None, kh, sink=sink, block=c.page_tokens, sinks=ls)
+    if learned and scorer == "h2o":  # the sinks matter: without them h2o (every query's weight) keeps others
+        assert not torch.equal(sel, ev.select(cfg, qh, kh, sink=sink, block=c.page_tokens))
     assert sel.shape[1] == c.n_kept(0) < n, (sel.shape, c.n_kept(0))
     assert sel[:, :max(sink, 1)].tolist() == [list(range(max(sink, 1)))] * H
     assert sel[:, -8:].tolist() == [list(range(n - 8, n))] * H
@@ -1367,7 +1377,7 @@ def test_evict_selects_what_the_c_library_keeps(scorer, sink):
     # the control: one chosen token swapped for the one before it
     other = attend(torch.cat((sel[:, :-9], sel[:, -9:-8] - 1, sel[:, -8:]), 1))
     err, moved = float((got - want).abs().max()), float((other - want).abs().max())
-    print(f"evict={scorer} sink={sink}: kept {sel.shape[1]} of {n}; |C - select| {err:.2e} (another choice: {moved:.2e})")
+    print(f"evict={scorer} sink={sink} learned={learned}: kept {sel.shape[1]} of {n}; |C - select| {err:.2e} (another choice: {moved:.2e})")
     assert err <= 1e-4 and moved > 100 * max(err, 1e-6), (err, moved)
 
 
@@ -2243,6 +2253,50 @@ def test_learned_sinks_cuda_cache(dev):
     perr = _padded_row_as_alone(model, prompt, steps, dev)
     print(f"gpt-oss on {dev}: padded row vs alone max |logit diff| {perr:.3g}")
     assert perr <= 1e-3 * scale, perr
+
+
+def test_learned_sinks_reach_the_eviction(dev, monkeypatch):
+    """evict= on gpt-oss: the scorers get each coded layer's learned sinks (the CPU cache through
+    e8kv_cache_evict_sinks, an (n_layer, n_head) array; the CUDA cache and its twin through e8kv.evict.select
+    per layer), the model's own values, and the prompt is evicted (kept < prompt)."""
+    import e8kv.core
+    import e8kv.evict as ev
+    import e8kv.hf
+    on = "cuda" if dev == "cuda" else "cpu"
+    model = oss_model(on)
+    want = [layer.self_attn.sinks.detach().float().cpu() for layer, kind in
+            zip(model.model.layers, model.config.layer_types) if kind == "full_attention"]
+    prompt, _ = _hybrid_inputs(on, t=160)
+    arg = e8kv.hf.cache_arg(model)
+    got = []
+    if dev != "cuda":  # the CPU cache, once
+        real_evict = e8kv.core.Cache.evict
+
+        def spy_evict(self, q=None, n_head=0, q_pos0=0, sinks=None):
+            got.append(torch.as_tensor(sinks))
+            return real_evict(self, q, n_head, q_pos0, sinks=sinks)
+        monkeypatch.setattr(e8kv.core.Cache, "evict", spy_evict)
+        cache = e8kv.hf.E8KVCache(model.config, "f32,evict=h2o:0.5,recent=4")
+        with torch.no_grad():
+            model(input_ids=prompt, **{arg: cache}, use_cache=True)
+        assert len(got) == 2 and all(torch.equal(x, torch.stack(want)) for x in got), got  # one per row
+        assert all(r.n_kept(0) < 160 for r in cache.rows)
+        model.config._attn_implementation = "eager"
+        got.clear()
+    real_select = ev.select
+
+    def spy_select(*a, **kw):
+        got.append(kw.get("sinks"))
+        return real_select(*a, **kw)
+    monkeypatch.setattr(ev, "select", spy_select)
+    cache = gpu_cache(model, "bf16,evict=h2o:0.5,recent=4", 2, cap=192, dev=dev)
+    with torch.no_grad():
+        model(input_ids=prompt, **{arg: cache}, use_cache=True)
+    cache.detach(model.config)
+    assert len(got) == 4, got  # 2 coded layers x 2 rows
+    for i, x in enumerate(got):
+        assert torch.equal(x.float().cpu(), want[i // 2]), (i, x)
+    assert all(k.shape[1] < 160 for layer in cache.kept if layer for k in layer)
 
 
 def test_sdpa_with_sinks():

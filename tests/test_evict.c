@@ -548,12 +548,89 @@ static void test_evict_snapkv_pools_spans(void **state) {
     e8kv_cache_free(c);
 }
 
+/* Learned attention sinks (e8kv_cache_evict_sinks) join each observing query's softmax: -inf sinks are no
+ * sinks (the same kept slots); with one observer per KV head (snapkv, one query, as many query heads as KV
+ * heads) a sink scales every weight of that observer alike and cannot change what is kept; with many
+ * observers a large sink on some query heads shifts the weight to the others and does; NaN and +inf sinks,
+ * and sinks without queries, are named errors. */
+static size_t kept_slots(const char *spec, const float *K, const float *V, size_t n, const float *Q,
+                         size_t n_head, size_t n_q, const float *sinks, size_t *pos) {
+    size_t err = 0;
+    e8kv_cache *c = make(spec, 512, &err);
+    assert_non_null(c);
+    append_all(c, K, V, 0, n);
+    assert_false(e8kv_is_error(e8kv_cache_evict_sinks(c, Q, n_head, n_q, n - n_q, sinks)));
+    size_t m = 0;
+    for (size_t l = 0; l < NL; l++)
+        for (size_t h = 0; h < HKV; h++)
+            for (size_t j = 0; j < c->layers[l].n_tokens; j++)
+                pos[m++] = kv_slot_pos(&c->layers[l], h, j);
+    e8kv_cache_free(c);
+    return m;
+}
+
+static void test_evict_sinks(void **state) {
+    (void)state;
+    const size_t n = 160;
+    e8kv_rng rng;
+    e8kv_rng_seed(&rng, 23);
+    float *K = rand_vec(&rng, n * HKV * D, 1.0), *V = rand_vec(&rng, n * HKV * D, 1.0);
+    float *Q = rand_vec(&rng, NL * n * NH * D, 1.5);
+    size_t *a = malloc(NL * HKV * n * sizeof *a), *b = malloc(NL * HKV * n * sizeof *b);
+    float none[NL * NH], big[NL * NH], some[NL * NH];
+    for (size_t i = 0; i < NL * NH; i++) {
+        none[i] = -INFINITY;
+        big[i] = i % 2 ? -INFINITY : 12.0f; /* every other query head mostly attends to its sink */
+        some[i] = (float)(e8kv_rng_normal(&rng) * 3.0);
+    }
+    const char *h2o = "f32,rope=pre,page=16,evict=h2o:0.6,recent=8";
+    /* -inf: no sink */
+    size_t m = kept_slots(h2o, K, V, n, Q, NH, n, NULL, a);
+    assert_int_equal(kept_slots(h2o, K, V, n, Q, NH, n, none, b), m);
+    assert_memory_equal(a, b, m * sizeof *a);
+    /* many observers: large sinks on half the query heads change the choice */
+    assert_int_equal(kept_slots(h2o, K, V, n, Q, NH, n, big, b), m);
+    assert_true(memcmp(a, b, m * sizeof *a) != 0);
+    /* one observer per KV head: any finite sink keeps the same tokens (HKV query heads, one query) */
+    const char *snap = "f32,rope=pre,page=16,evict=snapkv:0.6,recent=8,obs=1";
+    const float *q1 = Q + (n - 1) * NH * D; /* the last query; its layer-1 rows follow in q2 */
+    float *q2 = malloc(NL * HKV * D * sizeof *q2);
+    for (size_t l = 0; l < NL; l++)
+        memcpy(q2 + l * HKV * D, q1 + l * n * NH * D, HKV * D * sizeof *q2);
+    m = kept_slots(snap, K, V, n, q2, HKV, 1, NULL, a);
+    assert_int_equal(kept_slots(snap, K, V, n, q2, HKV, 1, some, b), m);
+    assert_memory_equal(a, b, m * sizeof *a);
+    /* errors */
+    size_t err = 0;
+    e8kv_cache *c = make(h2o, 512, &err);
+    append_all(c, K, V, 0, n);
+    float bad[NL * NH];
+    memcpy(bad, some, sizeof bad);
+    bad[3] = NAN;
+    assert_error(e8kv_cache_evict_sinks(c, Q, NH, n, 0, bad), NONFINITE);
+    bad[3] = INFINITY;
+    assert_error(e8kv_cache_evict_sinks(c, Q, NH, n, 0, bad), NONFINITE);
+    assert_int_equal(c->layers[0].n_tokens, n); /* refused calls evict nothing */
+    e8kv_cache_free(c);
+    c = make("f32,rope=pre,page=16,evict=keykey:0.6", 512, &err);
+    append_all(c, K, V, 0, n);
+    assert_error(e8kv_cache_evict_sinks(c, NULL, 0, 0, 0, some), BAD_ARGUMENT);
+    e8kv_cache_free(c);
+    free(q2);
+    free(a);
+    free(b);
+    free(K);
+    free(V);
+    free(Q);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_evict_attention_exact), cmocka_unit_test(test_evict_formats),
         cmocka_unit_test(test_evict_memory),          cmocka_unit_test(test_evict_spec),
         cmocka_unit_test(test_evict_positions),       cmocka_unit_test(test_evict_budget),
         cmocka_unit_test(test_evict_save_load),       cmocka_unit_test(test_evict_snapkv_pools_spans),
+        cmocka_unit_test(test_evict_sinks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -147,6 +147,7 @@ _SIGNATURES = {
     "e8kv_cache_n_tokens": (c_size_t, [c_void_p, c_size_t]),
     "e8kv_cache_truncate": (c_size_t, [c_void_p, c_size_t]),
     "e8kv_cache_evict": (c_size_t, [c_void_p, _F, c_size_t, c_size_t, c_size_t]),
+    "e8kv_cache_evict_sinks": (c_size_t, [c_void_p, _F, c_size_t, c_size_t, c_size_t, _F]),
     "e8kv_cache_n_kept": (c_size_t, [c_void_p, c_size_t]),
     "e8kv_cache_spec_evict": (c_size_t, [c_char_p, POINTER(EvictItems), c_char_p, c_size_t]),
     "e8kv_cache_clear": (None, [c_void_p]),

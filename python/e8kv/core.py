@@ -419,17 +419,26 @@ class Cache:
     def truncate(self, n_keep: int) -> int:
         return _check(lib.e8kv_cache_truncate(self._p, n_keep), "truncate")
 
-    def evict(self, q: Optional[ArrayLike] = None, n_head: int = 0, q_pos0: int = 0) -> int:
+    def evict(self, q: Optional[ArrayLike] = None, n_head: int = 0, q_pos0: int = 0,
+              sinks: Optional[ArrayLike] = None) -> int:
         """Evict every layer by the spec's evict=SCORER:F (e8kv_cache_evict): q, for snapkv and h2o, the
-        queries of n_q tokens before RoPE, (n_layer, n_q, n_head * head_dim) at positions q_pos0 ...
-        Returns the largest number of tokens a layer keeps."""
+        queries of n_q tokens before RoPE, (n_layer, n_q, n_head * head_dim) at positions q_pos0 ...; sinks,
+        with q: learned attention sinks (n_layer, n_head), -inf where a layer has none
+        (e8kv_cache_evict_sinks). Returns the largest number of tokens a layer keeps."""
         if q is None:
+            if sinks is not None:
+                raise E8KVError(ErrorCode.BAD_ARGUMENT, "evict: sinks weigh queries; none given")
             return _check(lib.e8kv_cache_evict(self._p, None, 0, 0, 0), "evict")
         qk, qp, qn = _f32(q)
         if n_head <= 0 or qn % (self.n_layer * n_head * self.head_dim):
             raise E8KVError(ErrorCode.SRC_SIZE, f"evict: {qn} floats are not n_layer x n_q rows of {n_head} heads")
         n_q = qn // (self.n_layer * n_head * self.head_dim)
-        return _check(lib.e8kv_cache_evict(self._p, qp, n_head, n_q, q_pos0), "evict")
+        if sinks is None:
+            return _check(lib.e8kv_cache_evict(self._p, qp, n_head, n_q, q_pos0), "evict")
+        sk, sp, sn = _f32(sinks)
+        if sn != self.n_layer * n_head:
+            raise E8KVError(ErrorCode.SRC_SIZE, f"evict: {sn} sinks, not n_layer x n_head = {self.n_layer * n_head}")
+        return _check(lib.e8kv_cache_evict_sinks(self._p, qp, n_head, n_q, q_pos0, sp), "evict")
 
     def n_kept(self, layer: int = 0) -> int:
         """Tokens the layer holds: n_tokens less those evicted."""

@@ -98,10 +98,11 @@ def parse(spec: str) -> tuple[Optional[EvictConfig], str]:
 
 
 def _group_attention(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scale: float,
-                     exclude_self: bool = False) -> torch.Tensor:
+                     exclude_self: bool = False, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Softmax weights of queries q (g, t, d) at positions q_pos (t,) over keys k (n, d) at 0 .. n-1, causal
     (key position <= query position; and not the key at the query's own position when exclude_self), summed
-    over the queries and the g heads: (n,) float64. A query that sees no key adds nothing."""
+    over the queries and the g heads: (n,) float64. A query that sees no key adds nothing. sinks: the g
+    heads' learned attention sinks, logits that join each softmax with no key (gpt-oss)."""
     n = k.shape[0]
     s = (q @ k.T) * scale  # (g, t, n)
     pos = torch.arange(n, device=k.device)
@@ -110,15 +111,21 @@ def _group_attention(q: torch.Tensor, k: torch.Tensor, q_pos: torch.Tensor, scal
         hide = hide | (pos[None, :] == q_pos[:, None])
     s = s.masked_fill(hide[None], float("-inf"))
     seen = (~hide).any(1)  # (t,)
-    w = torch.softmax(s[:, seen], dim=-1)
-    return w.sum((0, 1))
+    s = s[:, seen]
+    if sinks is not None:  # one more column per query, dropped after the softmax
+        col = sinks.to(s.dtype).reshape(-1, 1, 1).expand(s.shape[0], s.shape[1], 1)
+        return torch.softmax(torch.cat((s, col), dim=-1), dim=-1)[..., :n].sum((0, 1))
+    return torch.softmax(s, dim=-1).sum((0, 1))
 
 
-def scores(cfg: EvictConfig, q: Optional[torch.Tensor], k: torch.Tensor, scale: float) -> torch.Tensor:
+def scores(cfg: EvictConfig, q: Optional[torch.Tensor], k: torch.Tensor, scale: float,
+           sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Importance of each of the n tokens for each KV head: q (n_head, n_q, d) the prompt's last n_q queries
     (at positions n - n_q .. n - 1, after RoPE), k (n_head_kv, n, d) its keys (after RoPE); float64
     (n_head_kv, n). Computed in float64, in chunks of queries: snapkv reads its `obs` queries, keykey at most
-    256 observers, h2o every query (n² per head: minutes for a 32K prompt of a large model)."""
+    256 observers, h2o every query (n² per head: minutes for a 32K prompt of a large model). sinks: the
+    layer's learned attention sinks (n_head logits, gpt-oss), in the softmax of every query snapkv and h2o
+    observe, as e8kv_cache_evict_sinks does (keykey and stream take no queries)."""
     H, n, d = k.shape
     k = k.double()
     out = torch.zeros((H, n), dtype=torch.float64, device=k.device)
@@ -146,24 +153,25 @@ def scores(cfg: EvictConfig, q: Optional[torch.Tensor], k: torch.Tensor, scale: 
     for h in range(H):
         for a in range(t0, n_q, step):
             b = min(n_q, a + step)
-            out[h] += _group_attention(q[h * g:(h + 1) * g, a:b], k[h], q_pos[a:b], scale)
+            out[h] += _group_attention(q[h * g:(h + 1) * g, a:b], k[h], q_pos[a:b], scale,
+                                       sinks=None if sinks is None else sinks[h * g:(h + 1) * g].double())
     if cfg.scorer == "snapkv":  # the largest of SNAPKV_POOL neighbours, clipped at the ends
         out = torch.nn.functional.max_pool1d(out[:, None], SNAPKV_POOL, stride=1, padding=SNAPKV_POOL // 2)[:, 0]
     return out
 
 
 def select(cfg: EvictConfig, q: Optional[torch.Tensor], k: torch.Tensor, *, sink: int, block: int,
-           scale: Optional[float] = None) -> torch.Tensor:
+           scale: Optional[float] = None, sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The tokens each KV head keeps: (n_head_kv, m) int64 indices into the n tokens, ascending, m =
     cfg.kept(n, sink, block); the first max(sink, 1) and the newest cfg.recent always among them, the rest
-    by score (ties: the newer token first). q, k as for scores()."""
+    by score (ties: the newer token first). q, k, sinks as for scores()."""
     H, n, d = k.shape
     m = cfg.kept(n, sink, block)
     dev = k.device
     if m >= n:
         return torch.arange(n, device=dev)[None].expand(H, n).clone()
     lo, hi = max(sink, 1), n - cfg.recent
-    s = scores(cfg, q, k, scale if scale is not None else 1.0 / math.sqrt(d))
+    s = scores(cfg, q, k, scale if scale is not None else 1.0 / math.sqrt(d), sinks=sinks)
     cand = s[:, lo:hi].flip(-1)  # newest first, so that a stable sort ranks ties newer first
     order = torch.argsort(cand, dim=-1, descending=True, stable=True)[:, :m - lo - cfg.recent]
     chosen = (hi - 1) - order

@@ -409,6 +409,7 @@ class E8KVCache(_BatchChanges, Cache):
         # at append inside the C cache
         self._evict = _cpu_evict_items(spec)
         self._qcap: dict[tuple[int, int], torch.Tensor] = {}  # (row, layer) -> queries before RoPE
+        self._qsinks: dict[int, torch.Tensor] = {}  # layer -> its learned attention sinks (gpt-oss), for evict
         if isinstance(calib, (str, os.PathLike)):
             calib = Calib.load(calib)
         self.calib = calib
@@ -589,6 +590,8 @@ class E8KVCache(_BatchChanges, Cache):
                 n_q = min(qs.shape[2], self._evict[1]) if self._evict[0] == "snapkv" else qs.shape[2]
                 n = qs.shape[2]
                 self._qcap[(i, layer)] = self._to_cache_layout(qs[:, :, n - n_q:], n - n_q, "none")[0]
+                if sinks is not None:  # the learned sinks join the scorer's softmax (e8kv_cache_evict_sinks)
+                    self._qsinks[layer] = sinks.detach().float().reshape(-1).cpu()
             q = self._to_cache_layout(qs, pos0[i], "exact")[0]
             if scaling is not None and abs(scaling * math.sqrt(d) - 1.0) > 1e-6:
                 q = q * (scaling * math.sqrt(d))  # the C kernel scales scores by 1/sqrt(head_dim)
@@ -611,10 +614,15 @@ class E8KVCache(_BatchChanges, Cache):
                 continue
             if self._evict[0] in evict_mod.QUERY_SCORERS:
                 q = torch.stack([self._qcap.pop((i, layer)) for layer in range(self.shape.n_layer)])
-                row.evict(q.contiguous(), n_head=n_head, q_pos0=n - q.shape[1])
+                sinks = None
+                if self._qsinks:
+                    none = torch.full((n_head,), float("-inf"))
+                    sinks = torch.stack([self._qsinks.get(layer, none) for layer in range(self.shape.n_layer)])
+                row.evict(q.contiguous(), n_head=n_head, q_pos0=n - q.shape[1], sinks=sinks)
             else:
                 row.evict()
         self._qcap.clear()
+        self._qsinks.clear()
 
     # -- accounting
     @property
@@ -1302,7 +1310,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
             out = _sdpa(query, key, value, attn_mask=mask, is_causal=mask is None, scale=scaling,
                         enable_gqa=n_head != key.shape[1], sinks=sinks)
             if self._stash[layer] is not None:
-                self._evict_prompt(layer, query, scaling)
+                self._evict_prompt(layer, query, scaling, sinks)
             return out.transpose(1, 2), None
         home = query.device  # a layer on another device than the cache (device_map): its query goes over and back
         moved = _other_device(home, self.device)
@@ -1330,13 +1338,15 @@ class E8KVCudaCache(_BatchChanges, Cache):
         out = out.view(b, t, n_head, d).to(query.dtype)
         return (out.to(home) if moved else out), None
 
-    def _evict_prompt(self, layer: int, query: torch.Tensor, scaling: Optional[float]) -> None:
+    def _evict_prompt(self, layer: int, query: torch.Tensor, scaling: Optional[float],
+                      sinks: Optional[torch.Tensor] = None) -> None:
         """Store the layer's held-back prompt less what evict= removes: per batch row (its real tokens: a
         padded prompt's pads are never candidates) and KV head, e8kv.evict.select's tokens, in position order,
         at 0 .. m - 1 of the row's pages (keys keep their RoPE phases: they are stored after RoPE). A head's
         slot i may hold another token than the next head's: attention reads each head's slots as a set. The
         rows' pads grow by what was evicted, so later tokens go to m, m + 1, ... of their pages while their
-        positions (cache_position, RoPE) stay the prompt's."""
+        positions (cache_position, RoPE) stay the prompt's. sinks: the layer's learned attention sinks, which
+        join the scorer's softmax (e8kv.evict.scores)."""
         key, value = self._stash[layer]
         self._stash[layer] = None
         b, h, t, d = key.shape
@@ -1350,7 +1360,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
             idx = valid[i].nonzero()[:, 0] if valid is not None else None
             k, v, q = (key[i], value[i], query[i]) if idx is None else (key[i][:, idx], value[i][:, idx], query[i][:, idx])
             sel = evict_mod.select(cfg, q if cfg.needs_queries else None, k, sink=self.sink, block=self.block_size,
-                                   scale=scaling)
+                                   scale=scaling, sinks=sinks if cfg.needs_queries else None)
             m = sel.shape[1]
             at = sel[..., None].expand(-1, -1, d)
             self._append(layer, torch.gather(k, 1, at)[None], torch.gather(v, 1, at)[None], self._steps(m)[None],

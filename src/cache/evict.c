@@ -148,10 +148,12 @@ void e8kv_evict_reset(e8kv_cache *c, kv_layer *L) {
 /* ---------------------------------------------------------------- scoring */
 
 /* One observer (query qv already scaled, at position pq, or the key of slot self) over the n keys K of
- * one head with positions kp: softmax over the keys it sees, weights added to score (and 1 to cnt). */
+ * one head with positions kp: softmax over the keys it sees, weights added to score (and 1 to cnt). sink:
+ * the head's learned attention sink, a logit that joins the softmax with no key (-INFINITY: none), so an
+ * observer whose attention goes to the sink adds less to every key. */
 static void observe(const float *qv, size_t pq, size_t self, const float *K, const size_t *kp, size_t n,
-                    size_t d, float *w, double *score, double *cnt) {
-    float mx = -INFINITY;
+                    size_t d, float sink, float *w, double *score, double *cnt) {
+    float mx = sink;
     size_t seen = 0;
     for (size_t j = 0; j < n; j++) {
         if (kp[j] > pq || j == self) {
@@ -166,7 +168,7 @@ static void observe(const float *qv, size_t pq, size_t self, const float *K, con
         seen++;
     }
     if (!seen) return;
-    double sum = 0.0;
+    double sum = sink != -INFINITY ? exp((double)sink - (double)mx) : 0.0;
     for (size_t j = 0; j < n; j++)
         if (w[j] != -INFINITY) sum += (double)(w[j] = expf(w[j] - mx));
     const double inv = 1.0 / sum;
@@ -178,11 +180,12 @@ static void observe(const float *qv, size_t pq, size_t self, const float *K, con
 }
 
 /* Scores of the n slots of head h of layer l. q: the layer's queries (n_q, n_head * d) before RoPE at
- * positions q_pos0..., or NULL; rope: what turns them (the cache's RoPE; NULL: none). Scratch: K (n, d),
+ * positions q_pos0..., or NULL; rope: what turns them (the cache's RoPE; NULL: none); sinks: the layer's
+ * learned sinks, n_head logits (NULL: none; keykey has no query heads and takes none). Scratch: K (n, d),
  * kp (n), w (n), cnt (n). */
 static void score_head(const e8kv_cache *c, const kv_layer *L, size_t h, int scorer, const float *q,
-                       size_t n_head, size_t n_q, size_t q_pos0, const e8kv_rope *rope, double *score,
-                       float *K, size_t *kp, float *w, double *cnt) {
+                       size_t n_head, size_t n_q, size_t q_pos0, const e8kv_rope *rope, const float *sinks,
+                       double *score, float *K, size_t *kp, float *w, double *cnt) {
     const size_t n = L->n_tokens, d = c->head_dim;
     for (size_t j = 0; j < n; j++) {
         score[j] = 0.0;
@@ -213,7 +216,7 @@ static void score_head(const e8kv_cache *c, const kv_layer *L, size_t h, int sco
             const size_t o = i - stride;
             for (size_t t = 0; t < d; t++)
                 qv[t] = K[o * d + t] * scale;
-            observe(qv, kp[o], o, K, kp, n, d, w, score, cnt);
+            observe(qv, kp[o], o, K, kp, n, d, -INFINITY, w, score, cnt);
         }
         for (size_t j = 0; j < n; j++)
             score[j] = cnt[j] > 0.0 ? score[j] / cnt[j] : 0.0;
@@ -228,7 +231,7 @@ static void score_head(const e8kv_cache *c, const kv_layer *L, size_t h, int sco
             if (rope) e8kv_rope_apply(rope, qv, 1, 1, q_pos0 + t); /* as the keys' reads turn them */
             for (size_t i = 0; i < d; i++)
                 qv[i] *= scale;
-            observe(qv, q_pos0 + t, SIZE_MAX, K, kp, n, d, w, score, NULL);
+            observe(qv, q_pos0 + t, SIZE_MAX, K, kp, n, d, sinks ? sinks[hq] : -INFINITY, w, score, NULL);
         }
     if (scorer == KV_EVICT_SNAPKV) { /* the largest of SNAPKV_POOL neighbours (cnt as scratch) */
         for (size_t j = 0; j < n; j++) {
@@ -266,7 +269,8 @@ static void move_slot(const e8kv_cache *c, const kv_format *f, kv_page *tab, siz
  * whole pages, which cost the same). protect_new: the newest slots also kept (those of the append that
  * triggered it). 0 or an error; on an error nothing changed. */
 static size_t evict_layer(e8kv_cache *c, size_t l, size_t m_want, size_t protect_new, const float *q,
-                          size_t n_head, size_t n_q, size_t q_pos0, const e8kv_rope *rope) {
+                          size_t n_head, size_t n_q, size_t q_pos0, const e8kv_rope *rope,
+                          const float *sinks) {
     kv_layer *L = &c->layers[l];
     const size_t n = L->n_tokens, H = c->n_head_kv, d = c->head_dim, P = c->page_tokens;
     const size_t lo = c->n_sink > 0 ? c->n_sink : 1; /* slots [0, lo) kept: sinks, or BOS */
@@ -288,8 +292,8 @@ static size_t evict_layer(e8kv_cache *c, size_t l, size_t m_want, size_t protect
     uint32_t *npos = malloc(H * m * sizeof *npos);
     size_t r = score && cnt && K && w && kp && keep && rk && flag && npos ? 0 : E8KV_ERR(OUT_OF_MEMORY);
     for (size_t h = 0; h < H && !r; h++) {
-        score_head(c, L, h, scorer, q ? q + l * n_q * n_head * d : NULL, n_head, n_q, q_pos0, rope, score, K,
-                   kp, w, cnt);
+        score_head(c, L, h, scorer, q ? q + l * n_q * n_head * d : NULL, n_head, n_q, q_pos0, rope,
+                   q && sinks ? sinks + l * n_head : NULL, score, K, kp, w, cnt);
         for (size_t j = lo; j < hi; j++)
             rk[j - lo] = (ranked){score[j], j};
         qsort(rk, hi - lo, sizeof *rk, by_score_desc);
@@ -346,17 +350,25 @@ size_t e8kv_evict_after_append(e8kv_cache *c, size_t l, size_t n_new) {
     if (!c->ev.scorer || !c->ev.budget) return 0;
     const kv_layer *L = &c->layers[l];
     if (L->n_tokens <= c->ev.budget + c->page_tokens) return 0; /* a page of slack: not at every token */
-    const size_t r = evict_layer(c, l, c->ev.budget, n_new, NULL, 0, 0, 0, NULL); /* (no queries to turn) */
+    const size_t r = evict_layer(c, l, c->ev.budget, n_new, NULL, 0, 0, 0, NULL, NULL); /* (no queries) */
     e8kv_cache_compact_pages(c);
     return r == E8KV_ERR(OUT_OF_MEMORY) ? 0 : r; /* best effort: the append itself stands */
 }
 
 size_t e8kv_cache_evict(e8kv_cache *cache, const float *q, size_t n_head, size_t n_q, size_t q_pos0) {
+    return e8kv_cache_evict_sinks(cache, q, n_head, n_q, q_pos0, NULL);
+}
+
+size_t e8kv_cache_evict_sinks(e8kv_cache *cache, const float *q, size_t n_head, size_t n_q, size_t q_pos0,
+                              const float *sinks) {
     if (!cache || !cache->ev.scorer) return E8KV_ERR(BAD_ARGUMENT);
     if (q && (n_head == 0 || n_head % cache->n_head_kv || n_q == 0)) return E8KV_ERR(DIMENSION);
     if (!q && (cache->ev.scorer == KV_EVICT_SNAPKV || cache->ev.scorer == KV_EVICT_H2O))
         return E8KV_ERR(BAD_ARGUMENT);
+    if (sinks && !q) return E8KV_ERR(BAD_ARGUMENT); /* sinks weigh queries */
     if (q && !e8kv_all_finite(q, cache->n_layer * n_q * n_head * cache->head_dim)) return E8KV_ERR(NONFINITE);
+    for (size_t i = 0; sinks && i < cache->n_layer * n_head; i++) /* -inf: no sink; NaN, +inf: refused */
+        if (isnan(sinks[i]) || sinks[i] == INFINITY) return E8KV_ERR(NONFINITE);
     /* the queries turn by the cache's RoPE: its own object (rope=pre, center=rope), else one for this call */
     const e8kv_rope *rope = cache->rope;
     e8kv_rope *made = NULL;
@@ -370,7 +382,7 @@ size_t e8kv_cache_evict(e8kv_cache *cache, const float *q, size_t n_head, size_t
         kv_layer *L = &cache->layers[l];
         const size_t n = L->n_tokens;
         const size_t m = n - (size_t)floor((double)L->evict_frac * (double)n);
-        r = evict_layer(cache, l, m, 0, q, n_head, n_q, q_pos0, q ? rope : NULL);
+        r = evict_layer(cache, l, m, 0, q, n_head, n_q, q_pos0, q ? rope : NULL, sinks);
         if (L->n_tokens > n_max) n_max = L->n_tokens;
     }
     e8kv_rope_free(made);
