@@ -3,7 +3,7 @@ against e8kv caches, on the CPU or on a GPU.
 
     python -m e8kv.bench [--model ID_OR_DIR | --gguf PATH] [--device cpu|cuda] [--prompt-tokens 512]
                          [--new 64] [--specs f32,e8:4,e8box:4] [--ppl-chunks N [--no-decode]]
-                         [--prefix P [--score S]] [--json]
+                         [--prefix P [--score S]] [--allocate B[,B...]] [--json]
 
 Greedy generation from a prompt of --prompt-tokens tokens of wiki.test.raw (or --text; a repeated sentence
 when it is not found); one row per cache (on a GPU also transformers' StaticCache: generate() compiles the
@@ -20,13 +20,15 @@ text: PPL, KLD and top-1 against the baseline (CPU: the f32 e8kv cache; GPU: the
 a DynamicCache). --prefix P makes that the protocol of eviction: chunks of P + --score tokens, the
 prefix prompted (attended exactly, then evicted when a spec says evict=SCORER:F, and coded), the score
 tokens read the compressed prefix; each row also gets the compression of the prefix (f16 bytes / bytes held)
-and the tokens a KV head kept.
+and the tokens a KV head kept. --allocate 2.5,3.0 adds e8kv.hf.allocate's specs at those mean rates (per-layer
+e8box:4 / e8box:3 / e8p:2 by measured sensitivity, probed on the end of the text) as rows of their own.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import sys
 import time
 from typing import Any, Optional, Sequence
 
@@ -159,6 +161,9 @@ def main() -> None:
                     help="default: float32 on the CPU, bfloat16 on a GPU")
     ap.add_argument("--no-warmup", action="store_true", help="time the first generate() of each cache")
     ap.add_argument("--no-decode", action="store_true", help="no generate(): the perplexity rows alone")
+    ap.add_argument("--allocate", help="mean rates B[,B...] (bits per value): also e8kv.hf.allocate's per-layer "
+                                       "GPU formats at each, probed on the text's last 4 x --ctx tokens (where "
+                                       "the perplexity chunks, from its start, do not reach)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     if a.no_decode and not a.ppl_chunks:
@@ -171,7 +176,7 @@ def main() -> None:
     device = a.device or ("cuda" if a.model and torch.cuda.is_available() and core.cuda_available() else "cpu")
     dtype = getattr(torch, a.dtype or ("bfloat16" if device == "cuda" else "float32"))
     tok, model = load_model(a.gguf, a.model, device, dtype)
-    text = open(a.text, encoding="utf-8").read(4_000_000 if a.ppl_chunks else 200_000) \
+    text = open(a.text, encoding="utf-8").read(4_000_000 if a.ppl_chunks or a.allocate else 200_000) \
         if os.path.exists(a.text) else "The cat sat on the mat. " * 4000
     all_ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
     ids = all_ids[:, : a.prompt_tokens]
@@ -181,6 +186,18 @@ def main() -> None:
         from . import hf
         if hf.ModelShape(model.config).rope_centre_problem is not None:
             specs = list(dict.fromkeys(s.replace(",center=rope", "") for s in specs))
+    if a.allocate:
+        from . import hf
+        n_probe = 4 * a.ctx
+        if all_ids.shape[1] < (a.ppl_chunks + 4) * a.ctx:
+            ap.error(f"--allocate: the text has {all_ids.shape[1]} tokens, fewer than the perplexity chunks and "
+                     f"the probes need apart ({(a.ppl_chunks + 4) * a.ctx})")
+        rates = [float(x) for x in a.allocate.split(",")]
+        got = hf.allocate(model, None, all_ids[0, -n_probe:].tolist(), rates, n_ctx=a.ctx, probe_chunks=4,
+                          progress=not a.json)
+        for b, spec in zip(rates, got):
+            print(f"allocate {b:g} bits per value: {spec}", file=sys.stderr if a.json else sys.stdout, flush=True)
+        specs = [*specs, *got]
     rows = run(model, ids, specs, new=a.new, warmup=not a.no_warmup, ppl_ids=all_ids[0].tolist(),
                ppl_chunks=a.ppl_chunks, n_ctx=a.ctx, decode=not a.no_decode, prefix=a.prefix, score=a.score)
     for r in rows:
