@@ -1253,6 +1253,17 @@ def test_errors_are_named():
     with pytest.raises(e8kv.E8KVError) as e:
         kv.append(0, slots, rows, rows)
     assert e.value.code == e8kv.ErrorCode.NONFINITE
+    # learned sinks: a float32 contiguous CUDA vector (the binding); a layer past the cache's (the C cache)
+    for bad in (torch.zeros(4), torch.zeros(4, dtype=torch.float64, device="cuda"),
+                torch.zeros(2, 4, device="cuda"), torch.zeros(8, device="cuda")[::2]):
+        with pytest.raises(e8kv.E8KVError) as e:
+            kv.set_layer_sinks(0, bad)
+        assert e.value.code == e8kv.ErrorCode.BAD_ARGUMENT, bad
+    with pytest.raises(e8kv.E8KVError) as e:
+        kv.set_layer_sinks(1, torch.zeros(4, device="cuda"))
+    assert e.value.code == e8kv.ErrorCode.BAD_ARGUMENT
+    kv.set_layer_sinks(0, torch.zeros(4, device="cuda"))
+    kv.set_layer_sinks(0, None)
 
 
 def test_short_first_append_warns(dev):
