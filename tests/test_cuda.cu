@@ -1988,9 +1988,9 @@ int main(int argc, char **argv) {
                                {"e8p:2,sink=4,center=rope", "e8p:2", "e8p:2", 4},
                                {"e8p:2,center=rope", "e8p:2", "e8p:2", 0}};
     const size_t lens_full[] = {1, 15, 16, 17, 100, 777, 3000, 9001};
-    const size_t lens_quick[] = {1, 17, 40, 130};
+    const size_t lens_quick[] = {1, 17, 40, 130, 600}; /* 600: more than one split (SPLIT_MIN) */
     const size_t *lens = quick ? lens_quick : lens_full;
-    const size_t n_seq = quick ? 4 : 8;
+    const size_t n_seq = quick ? 5 : 8;
     const size_t ds[] = {64, 128}, Gs[] = {1, 3, 4, 8};
     const e8kv_dtype dts[] = {E8KV_DTYPE_F32, E8KV_DTYPE_BF16, E8KV_DTYPE_F16};
     for (size_t ci = 0; ci < 5 && !graph_only; ci++)

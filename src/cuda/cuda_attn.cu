@@ -2545,6 +2545,14 @@ template <int D, bool SK> static size_t e8p_launch_rc(const attn_launch &l, cuda
 #ifndef SPLIT_FILL
 #define SPLIT_FILL 1 /* 0: one wave of whole blocks per (sequence, KV head) pair only */
 #endif
+#ifndef SPLIT_MIN
+/* tokens a split of a tensor-core kernel takes at least: each block's setup (page lookups, the query's
+ * transform, fragments) and the last block's merge cost the same however few tokens it reads, so short
+ * contexts want fewer, longer splits (H200, batch 1 x 4K, in CUDA graphs: 64 -> 256 tokens took e8box:4 from
+ * 20.2 to 16.3 us and e8p:2 from 23.2 to 15.3 at Llama-3-8B shapes; unchanged at >= 32K; BENCHMARKS.md) */
+#define SPLIT_MIN 256
+#endif
+#define SPLIT_MIN_PAIR 64 /* attn_pair_kernel's raw pages at head_dim 256: CUDA cores, more splits pay */
 /* share of the resident block slots that n·per blocks keep busy over their waves, in 1/1024 */
 static size_t wave_fill(size_t blocks, size_t wave) {
     return blocks * 1024 / (((blocks + wave - 1) / wave) * wave);
@@ -2836,7 +2844,13 @@ static size_t launch_pair(const attn_launch *la, cudaStream_t stream) {
     return cudaGetLastError() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
 }
 
-size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm, int ctas_per_sm) {
+size_t e8kv_cu_split_min(size_t d, int kf, int vf) {
+    const bool tc = d != 256 || (fmt_is_box(kf) && fmt_is_box(vf)) || (kf == FMT_E8P2 && vf == FMT_E8P2);
+    return tc ? SPLIT_MIN : SPLIT_MIN_PAIR;
+}
+
+size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm, int ctas_per_sm,
+                       size_t split_min) {
     const size_t per = n_seq * n_head_kv,
                  wave = (size_t)(n_sm > 0 ? n_sm : 1) * (size_t)(ctas_per_sm > 0 ? ctas_per_sm : 1);
     size_t n = wave / per;
@@ -2850,7 +2864,8 @@ size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm,
             if (wave_fill(k * per, wave) > wave_fill(best * per, wave) + 51) best = k;
         n = best;
     }
-    const size_t most = (max_ctx + 63) / 64; /* at least one tile per warp */
+    if (split_min < 64) split_min = 64; /* at least one tile per warp */
+    const size_t most = (max_ctx + split_min - 1) / split_min;
     if (n > most) n = most;
     if (n > 256) n = 256;
     return n ? n : 1;

@@ -288,8 +288,12 @@ typedef struct {
     const float *lsink;
 } attn_launch;
 
-/* Partial splits for these sizes (the host and the workspace bound agree through this). */
-size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm, int ctas_per_sm);
+/* Partial splits for these sizes (the host and the workspace bound agree through this); split_min: tokens a
+ * split takes at least (e8kv_cu_split_min). */
+size_t e8kv_cu_n_split(size_t n_seq, size_t n_head_kv, size_t max_ctx, int n_sm, int ctas_per_sm,
+                       size_t split_min);
+/* the fewest tokens a split of the layer's attention kernel takes, for (head_dim, K format, V format) */
+size_t e8kv_cu_split_min(size_t d, int kf, int vf);
 /* resident blocks per SM of the attention kernel for (head_dim, K format, V format) */
 int e8kv_cu_ctas_per_sm(size_t d, int kf, int vf, int rc); /* rc: a center=rope layer */
 size_t e8kv_cu_launch_attend(const attn_launch *a, cudaStream_t stream);
