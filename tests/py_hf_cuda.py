@@ -1064,35 +1064,38 @@ def test_perplexity_reads_the_pages(dev, monkeypatch):
 
 
 @needs_gpu
-def test_allocate_on_a_cuda_model():
+@pytest.mark.parametrize("hd", [64, 256])
+def test_allocate_on_a_cuda_model(hd):
     """e8kv.hf.allocate on a CUDA model: 1 + 3 x layers probes through the CUDA cache, then per-layer formats
     within the mean rate: every layer e8p:2 at e8p:2's rate, the default at e8box:4's, between them a mix whose
-    pages (the CUDA cache's own vector bytes per layer and stream) are the formats of the spec, e8p:2 only in
-    pairs, and that the kernels then decode (greedy steps with finite logits)."""
+    pages (the CUDA cache's own vector bytes per layer and stream; head_dim 256: both halves) are the formats
+    of the spec, e8p:2 only in pairs, and that the kernels then decode (greedy steps with finite logits)."""
     import e8kv.hf
     from e8kv import alloc
-    model = tiny_llama(torch.float32, n_layer=4)
+    model = tiny_llama(torch.float32, n_layer=4) if hd == 64 else llama_hd256("cuda")
+    n = model.config.num_hidden_layers
+    default = e8kv.hf.cuda_default_spec(model.config)
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 1024, (2 * 64,), generator=g).tolist()
-    vb = alloc.vector_bytes(64)
-    lo, hi = 8 * vb["e8p:2"] / 64, 8 * vb["e8box:4"] / 64
+    vb = alloc.vector_bytes(hd)
+    lo, hi = 8 * vb["e8p:2"] / hd, 8 * vb["e8box:4"] / hd
     specs = e8kv.hf.allocate(model, None, ids, [lo, 3.25, 2.75, hi], n_ctx=64, probe_chunks=2, progress=False)
-    assert specs[0] == "e8box:4,sink=4,center=rope,layers0-3=e8p:2", specs
-    assert specs[3] == "e8box:4,sink=4,center=rope", specs
+    assert specs[0] == f"{default},layers0-{n - 1}=e8p:2", specs
+    assert specs[3] == default, specs
     prompt = prompt_ids(2, 20)
     _, toks = reference(model, prompt, 8)
     for spec, bits in zip(specs[1:3], (3.25, 2.75)):
         cache = e8kv.hf.E8KVCudaCache(model.config, spec, device="cuda", max_batch_size=2, max_cache_len=64)
-        got = [(cache.kv.vector_bytes(layer, 0), cache.kv.vector_bytes(layer, 1)) for layer in range(4)]
+        got = [(cache.kv.vector_bytes(layer, 0), cache.kv.vector_bytes(layer, 1)) for layer in range(n)]
         assert all(b in vb.values() for pair in got for b in pair), got
         assert all((k == vb["e8p:2"]) == (v == vb["e8p:2"]) for k, v in got), got
-        mean = 8 * sum(k + v for k, v in got) / (2 * 4 * 64)
-        assert bits - 0.5 < mean <= bits, (spec, got)
+        mean = 8 * sum(k + v for k, v in got) / (2 * n * hd)
+        assert bits - 0.6 < mean <= bits, (spec, got)
         out = run_steps(model, cache, prompt, toks)
         cache.detach(model.config)
         cache.check()
         assert torch.isfinite(out).all()
-        print(f"allocate {bits}: {spec} -> mean {mean:.4f} bits")
+        print(f"allocate head_dim {hd}, {bits}: {spec} -> mean {mean:.4f} bits")
 
 
 @pytest.mark.parametrize("on", ["cpu", pytest.param("cuda", marks=needs_gpu)])
