@@ -293,7 +293,7 @@ static size_t evict_layer(e8kv_cache *c, size_t l, size_t m_want, size_t protect
     size_t r = score && cnt && K && w && kp && keep && rk && flag && npos ? 0 : E8KV_ERR(OUT_OF_MEMORY);
     for (size_t h = 0; h < H && !r; h++) {
         score_head(c, L, h, scorer, q ? q + l * n_q * n_head * d : NULL, n_head, n_q, q_pos0, rope,
-                   q && sinks ? sinks + l * n_head : NULL, score, K, kp, w, cnt);
+                   sinks ? sinks + l * n_head : NULL, score, K, kp, w, cnt);
         for (size_t j = lo; j < hi; j++)
             rk[j - lo] = (ranked){score[j], j};
         qsort(rk, hi - lo, sizeof *rk, by_score_desc);

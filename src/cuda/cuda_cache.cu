@@ -157,13 +157,19 @@ static size_t counter_bytes(const e8kv_cuda_cache *c, size_t n_seq) {
     return align256((n_seq > c->max_batch ? n_seq : c->max_batch) * c->n_head_kv * sizeof(unsigned));
 }
 
+/* The splits of layer l's attention for n_seq sequences of up to max_ctx tokens: what a call launches and
+ * what the workspace bound provides for, from one place */
+static size_t layer_splits(const e8kv_cuda_cache *c, size_t l, size_t n_seq, size_t max_ctx) {
+    return e8kv_cu_n_split(n_seq, c->hkv, max_ctx, c->n_sm, c->occ[l],
+                           e8kv_cu_split_min(c->hd, c->sd[2 * l].fmt, c->sd[2 * l + 1].fmt));
+}
+
 size_t e8kv_cuda_attend_workspace_bytes(const e8kv_cuda_cache *c, size_t n_seq, size_t n_head,
                                         size_t max_ctx) {
     if (!c || !n_seq || !n_head) return 0;
     size_t ns = 0; /* the most splits of any layer */
     for (size_t l = 0; l < c->n_layer; l++) {
-        const size_t n = e8kv_cu_n_split(n_seq, c->hkv, max_ctx, c->n_sm, c->occ[l],
-                                         e8kv_cu_split_min(c->hd, c->sd[2 * l].fmt, c->sd[2 * l + 1].fmt));
+        const size_t n = layer_splits(c, l, n_seq, max_ctx);
         ns = n > ns ? n : ns;
     }
     return counter_bytes(c, n_seq) + align256(n_seq * n_head * ns * c->hd * sizeof(float)) +
@@ -748,8 +754,7 @@ size_t e8kv_cuda_attend_rows(e8kv_cuda_cache *c, size_t layer, float *d_out, con
     a.max_blocks = max_blocks_per_seq;
     a.table_ctx =
         max_blocks_per_seq * c->bs > (size_t)INT32_MAX ? INT32_MAX : (int)(max_blocks_per_seq * c->bs);
-    a.n_split = e8kv_cu_n_split(n_seq, c->hkv, max_ctx, c->n_sm, c->occ[layer],
-                                e8kv_cu_split_min(c->hd, c->sd[2 * layer].fmt, c->sd[2 * layer + 1].fmt));
+    a.n_split = layer_splits(c, layer, n_seq, max_ctx);
     a.q = d_q, a.q_dtype = (int)dtype, a.block_tables = d_block_tables, a.ctx_lens = d_ctx_lens;
     a.signs = c->d_signs, a.rot_scale = c->rot_scale;
     a.done = (unsigned *)d_workspace;
