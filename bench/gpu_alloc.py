@@ -80,14 +80,13 @@ def main() -> int:
         r = [kld[1 + 3 * layer + j] - base for j in range(3)]
         print(f"  layer {layer:2d}: {r[0]:+.5f} {r[1]:+.5f} {r[2]:+.5f}")
     o = "," + a.opts if a.opts else ""
-    uniform = {"e8p:2": f"e8p:2{o}", "e8box:3": f"e8box:3{o}", "k4v3": f"k=e8box:4,v=e8box:3{o}",
-               "e8box:4": f"e8box:4{o}"}
+    uniform = [f"e8p:2{o}", f"e8box:3{o}", f"k=e8box:4,v=e8box:3{o}", f"e8box:4{o}"]
     chosen = {}
     for b in (float(x) for x in a.bits.split(",")):
         ch = alloc.choose(kld, a.n_layer, a.head_dim, b)
         chosen[b] = {"choice": ch, "spec": alloc.spec_of(ch, a.opts), "bits": alloc.mean_bits(ch, a.head_dim)}
         print(f"mean {b}: {chosen[b]['bits']:.4f} bits, {chosen[b]['spec']}")
-    ev_specs = ["f16", *uniform.values(), *(c["spec"] for c in chosen.values())]
+    ev_specs = ["f16", *uniform, *(c["spec"] for c in chosen.values())]
     print(f"evaluation: {len(ev_specs)} specs on {a.eval_text}, {a.eval_chunks} chunks of {a.ctx}", file=sys.stderr)
     ev = ppl(a.e8kv, a.eval_text, a.ctx, a.eval_chunks, a.threads, ev_specs)
     print("\n| spec | bits/value | eff. bits | PPL | KLD | top-1 % |\n|---|---:|---:|---:|---:|---:|")

@@ -29,7 +29,6 @@ TOP = "e8box:4"
 # a layer's choices: (K format, V format); e8p:2 only as a pair (the CUDA cache's rule)
 CHOICES = (("e8box:4", "e8box:4"), ("e8box:3", "e8box:4"), ("e8box:4", "e8box:3"), ("e8box:3", "e8box:3"),
            ("e8p:2", "e8p:2"))
-PROBES = ("e8p:2", "k=e8box:3", "v=e8box:3")  # per layer, in probe_specs order
 
 
 def _opts(opts: str) -> str:
@@ -133,4 +132,4 @@ def spec_of(choice: Sequence[tuple[str, str]], opts: str = "") -> str:
     return ",".join([TOP + o] + parts)
 
 
-__all__ = ["CHOICES", "PROBES", "choose", "mean_bits", "probe_specs", "spec_of", "vector_bytes"]
+__all__ = ["CHOICES", "choose", "mean_bits", "probe_specs", "spec_of", "vector_bytes"]
