@@ -444,7 +444,15 @@ class PagesTwin:
                 x = self._turn(x, torch.arange(x.shape[0]), -1)
             self.means[s, layer, row] = x.mean(0) if x.shape[0] >= 16 else 0.0
 
+    @staticmethod
+    def _contiguous(**tensors):
+        """The operators take contiguous rows, as e8kv.core's CUDA tensors do (the same error)."""
+        for what, x in tensors.items():
+            if not x.is_contiguous():
+                raise e8kv.E8KVError(e8kv.ErrorCode.BAD_ARGUMENT, f"{what}: the tensor must be contiguous")
+
     def append(self, layer, slots, k, v, *, status=None, sink_slots=None, rows=None, positions=None):
+        self._contiguous(k=k, v=v)
         for s, x in enumerate((k, v)):
             x = x.reshape(slots.numel(), -1).double()
             if s == 0 and self.rope_centre and rows is not None:  # the pages keep the rounded residual
@@ -501,6 +509,7 @@ class PagesTwin:
         return k.view(n, h, d).transpose(0, 1), v.view(n, h, d).transpose(0, 1)
 
     def attend(self, layer, q, tables, ctx, max_ctx=None, rows=None):
+        self._contiguous(q=q)
         d = self.head_dim
         out = torch.empty((q.shape[0], q.shape[1]), dtype=torch.float32)
         for i in range(q.shape[0]):

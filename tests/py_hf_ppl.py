@@ -43,6 +43,7 @@ class _ReplayLayer(e8kv.hf.E8KVLayer):
             p.shadow._append(self.layer_idx, key_states, value_states)
             p.exact._append(self.layer_idx, key_states, value_states)
         e8kv.hf._tls.pending = (p, self.layer_idx, [0], None)  # (cache, layer, each row's pos0, kept tokens)
+        e8kv.hf._tls.handed = (key_states, value_states)  # (what the attention is given: checked there)
         return key_states, value_states
 
     def get_seq_length(self):

@@ -54,9 +54,14 @@ ATTN_NAME = "e8kv"
 
 # RoPE pair layout in which the cache sees keys and queries, by transformers model_type: "interleaved"
 # (GGUF/Meta layout, transformers' split halves permuted back, as llama.cpp's converter does) or "split"
-# (transformers' own layout, as llama.cpp keeps it for these architectures).
-ROPE_LAYOUTS = {"llama": "interleaved", "mistral": "interleaved", "qwen2": "split", "qwen3": "split",
-                "gemma3_text": "split", "ministral": "split", "olmo3": "split", "gpt_oss": "split"}
+# (transformers' own layout, as llama.cpp keeps it for these architectures). Every one turns its keys by
+# transformers' split-half rotation (tests/py_hf_archs.py checks keys handed over before RoPE against
+# DynamicCache for each); a model_type not listed codes its keys after RoPE only.
+ROPE_LAYOUTS = {"llama": "interleaved", "mistral": "interleaved", "mixtral": "interleaved", "granite": "interleaved",
+                "granitemoe": "interleaved", "qwen2": "split", "qwen2_moe": "split", "qwen3": "split",
+                "qwen3_moe": "split", "gemma3_text": "split", "ministral": "split", "olmo2": "split",
+                "olmo3": "split", "olmoe": "split", "phi3": "split", "starcoder2": "split", "exaone4": "split",
+                "gpt_oss": "split"}
 
 
 class UnsupportedModelError(ValueError):
@@ -277,7 +282,8 @@ def _check_later_mask(mask: torch.Tensor, past: int, pads: Sequence[int], who: s
 
 
 _tls = threading.local()  # pending: (cache, layer, pos0 per row, kept tokens per row or None) of the last
-# update, read by the attention function; mask: the forward's 2-D attention mask (the mask function's)
+# update, read by the attention function; mask: the forward's 2-D attention mask (the mask function's);
+# handed: the K/V the last update returned, which the attention call must be given (_check_handed)
 
 
 def _model_layers(shape: ModelShape, coded: Callable[[int], Any], sliding: Callable[[], Any]) -> list:
@@ -337,6 +343,7 @@ class E8KVLayer(CacheLayerMixin):
             _check_kv_shape(self.parent.shape, self.layer_idx, key_states, value_states)
             self.lazy_initialization(key_states, value_states)
         self.parent._append(self.layer_idx, key_states, value_states)
+        _tls.handed = (key_states, value_states)  # what the attention must be given (_check_handed)
         # only the new tokens go on (the attention function reads the past from the codes)
         return key_states, value_states
 
@@ -723,6 +730,7 @@ class E8KVCudaLayer(CacheLayerMixin):
         p = self.parent
         if not torch.compiler.is_compiling():
             p._updated = self.layer_idx  # the attention checks it reads the cache of its own forward
+            _tls.handed = (key_states, value_states)  # and that it is given what update returns
         if (p.evict is not None and t > 1 and not torch.compiler.is_compiling() and self.host_length == 0
                 and not int(self.cumulative_length)):
             # the prompt of an evicting cache: held back until the attention, which evicts with its queries
@@ -1188,9 +1196,10 @@ class E8KVCudaCache(_BatchChanges, Cache):
 
     # -- storing and reading
     def _rows(self, x: torch.Tensor) -> torch.Tensor:
-        """(b, h, t, d) -> (b * t, h * d) contiguous, rows b-major."""
+        """(b, h, t, d) -> (b * t, h * d) contiguous, rows b-major. (K/V sliced from a fused projection, Phi-3's
+        qkv_proj, keep its row stride through the reshape: the operators take contiguous rows.)"""
         b, h, t, d = x.shape
-        return x.transpose(1, 2).reshape(b * t, h * d)
+        return x.transpose(1, 2).reshape(b * t, h * d).contiguous()
 
     def _append(self, layer: int, key_states: torch.Tensor, value_states: torch.Tensor, pos: torch.Tensor,
                 row0: int = 0, first: bool = True) -> None:
@@ -1293,6 +1302,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
                                                         "E8KVCudaCache is attached to the model's config: "
                                                         "detach(config) it first")
             self._updated = None
+            _check_handed(module, key, value)
         length = lead.cumulative_length  # after this step's update
         self._set_sinks(layer, sinks, n_head)  # (the prompt's eager call sets them for compiled steps)
         prompt = t > 1 and not torch.compiler.is_compiling() and int(length) == t
@@ -1524,14 +1534,35 @@ def _e8kv_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0
 
 
 def _check_coded_call(module: torch.nn.Module, kwargs: dict) -> None:
-    """A coded layer's call must be plain softmax attention over the whole past: a sliding window the layer
-    passes (which its config's layer types do not declare; what the layer passes decides: EXAONE 4 keeps the
-    window on every attention module and passes it from its sliding layers alone) or soft-capping is refused."""
+    """A coded layer's call must be plain causal softmax attention over the whole past: a sliding window the
+    layer passes (which its config's layer types do not declare; what the layer passes decides: EXAONE 4 keeps
+    the window on every attention module and passes it from its sliding layers alone), soft-capping or
+    non-causal attention (an encoder's) is refused."""
+    layer = getattr(module, "layer_idx", "?")
     if kwargs.get("sliding_window") or kwargs.get("softcap"):
         raise UnsupportedModelError(
-            f"e8kv cache: layer {getattr(module, 'layer_idx', '?')} passes a sliding window "
+            f"e8kv cache: layer {layer} passes a sliding window "
             f"({kwargs.get('sliding_window')}) its config's layer types do not declare, or soft-capping "
             f"({kwargs.get('softcap')}): e8kv codes full-attention layers with plain softmax attention")
+    if getattr(module, "is_causal", True) is False or kwargs.get("is_causal", True) is False:
+        raise UnsupportedModelError(f"e8kv cache: layer {layer} attends non-causally (e8kv's attention is causal: "
+                                    "each query sees the tokens up to its own)")
+
+
+def _check_handed(module: torch.nn.Module, key: torch.Tensor, value: torch.Tensor) -> None:
+    """The attention must be given the K/V the cache's update returned (eager calls; a compiled step replays
+    what they checked). It reads the past from the codes, with query head h on KV head h // (query heads per
+    KV head): a model that splits V (differential attention: DiffLlama) or repeats the KV heads in another
+    order (mixture of attention heads: JetMoE) between its update and its attention call would get attention
+    over other K/V than its own, silently; it is refused by name."""
+    kv = getattr(_tls, "handed", None)
+    _tls.handed = None
+    if kv is None or key is not kv[0] or value is not kv[1]:
+        raise UnsupportedModelError(
+            f"e8kv cache: layer {getattr(module, 'layer_idx', '?')} ({type(module).__name__}) calls its attention "
+            "with other K/V than the cache's update returned (e.g. V split in halves: differential attention; KV "
+            "heads repeated in its own order: mixture of attention heads); e8kv's attention reads the cache's "
+            "codes, so it cannot be that attention")
 
 
 def e8kv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -1556,6 +1587,7 @@ def e8kv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     _tls.pending = None
     cache, layer, pos0, keep = pending
     _check_coded_call(module, kwargs)
+    _check_handed(module, key, value)
     if dropout and module.training:
         raise NotImplementedError("e8kv cache: attention dropout (training) is not supported")
     out = cache._attend(layer, pos0, query, scaling, keep, sinks)

@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""pytest: the architectures of transformers through the e8kv caches, each as a tiny random model built from
+its own config class (2 layers, 4 query / 2 KV heads, head_dim 32; the model types the installed transformers
+lacks are skipped):
+  - served: a 16-token prompt and 8 single-token steps give DynamicCache's logits with an exact format
+    (`f32`; `f32,rope=pre` for the model types whose RoPE pair layout e8kv knows: keys handed over before
+    RoPE and turned again by the C cache), and an E8 format (`e8box:4`) decodes to finite logits; the CUDA
+    cache's Python (E8KVCudaCache) over tests/py_hf_cuda.py's CPU twin of its pages with `bf16` pages; on a
+    GPU the CUDA cache itself (`f16` pages, and its default E8 format);
+  - refused by name (UnsupportedModelError), never attended wrongly: encoders (non-causal attention),
+    differential attention (DiffLlama splits V after the cache's update), mixture-of-attention heads (JetMoE
+    repeats the KV heads in its own order), multi-head latent attention (DeepSeek-V3: K and V of other
+    widths), soft-capping (Gemma 2), attention computed outside transformers' interface (Falcon, BLOOM, MPT),
+    linear-attention layers (Qwen3-Next)."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+if not os.environ.get("E8KV_LIB") and os.path.exists(os.path.join(ROOT, "build", "libe8kv.so")):
+    os.environ["E8KV_LIB"] = os.path.join(ROOT, "build", "libe8kv.so")
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+
+def _missing():
+    for mod in ["pytest", "numpy", "torch", "transformers"]:
+        try:
+            __import__(mod)
+        except ImportError:
+            return f"python module {mod} (pip install -r requirements-dev.txt)"
+    return None
+
+
+if __name__ == "__main__":
+    why = _missing()
+    if why:
+        print(f"skip: needs {why}")
+        sys.exit(77)
+    import pytest
+    sys.exit(pytest.main([os.path.abspath(__file__), "-q", "-rA", "-p", "no:cacheprovider"]))
+
+import warnings  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import e8kv  # noqa: E402
+import e8kv.hf  # noqa: E402
+import py_hf_cuda  # noqa: E402  (PagesTwin: the CUDA cache's pages on the CPU)
+
+# decoder-only model types e8kv serves (dense, MoE, partial RoPE, hybrids with sliding layers, learned sinks)
+SERVED = ["llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi", "phi3", "gemma",
+          "gemma3_text", "olmo", "olmo2", "olmoe", "granite", "granitemoe", "cohere", "stablelm", "starcoder2",
+          "gpt_neox", "gptj", "codegen", "helium", "internlm3", "nemotron", "persimmon", "apertus", "arcee",
+          "seed_oss", "hunyuan_v1_dense", "ernie4_5", "ernie4_5_moe", "glm4", "glm4_moe", "smollm3", "exaone4",
+          "gpt_oss"]
+
+OWN_ATTENTION = "does not go through transformers' attention interface"  # (Falcon, BLOOM, MPT: their own code)
+# model type -> the words of its refusal
+REFUSED = {"bert": "attends non-causally",
+           "diffllama": "other K/V than the cache's update returned",
+           "jetmoe": "other K/V than the cache's update returned",
+           "deepseek_v3": "gives K of",
+           "gemma2": "soft-capping",
+           "falcon": OWN_ATTENTION,
+           "bloom": OWN_ATTENTION,
+           "mpt": OWN_ATTENTION,
+           "qwen3_next": "linear_attention"}
+
+SMALL = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=512)
+SMALL_CUDA = dict(SMALL, hidden_size=256, head_dim=64)  # (the CUDA cache's head_dim: 64, 128 or 256)
+PROMPT, STEPS = 16, 8
+
+
+def tiny(model_type, device="cpu", hybrid=True):
+    """A tiny random model of the type from its own config class, or a skip when transformers lacks it.
+    hybrid: keep the type's own layer kinds (sliding / full), with at least one full-attention layer."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    try:
+        cfg = AutoConfig.for_model(model_type)
+    except (KeyError, ValueError) as e:
+        pytest.skip(f"transformers {__import__('transformers').__version__} has no '{model_type}' ({e})")
+    for k, v in (SMALL_CUDA if device == "cuda" else SMALL).items():  # (DeepSeek's head_dim: its RoPE part's)
+        if hasattr(cfg, k) and not (k == "head_dim" and model_type.startswith("deepseek")):
+            try:
+                setattr(cfg, k, v)
+            except AttributeError:  # (a derived property: Falcon's head_dim)
+                pass
+    for k, v in [("num_local_experts", 4), ("num_experts", 4), ("n_routed_experts", 4), ("num_experts_per_tok", 2),
+                 ("top_k", 2), ("moe_intermediate_size", 64), ("shared_expert_intermediate_size", 64),
+                 ("rotary_dim", 16), ("pad_token_id", 1), ("bos_token_id", 1), ("eos_token_id", 2)]:
+        if getattr(cfg, k, None) is not None:
+            setattr(cfg, k, v)
+    types = list(getattr(cfg, "layer_types", None) or [])
+    if types:  # two layers: the type's first kinds, the second a full-attention one
+        cfg.layer_types = [types[0], "full_attention"] if hybrid else ["full_attention"] * 2
+    if model_type == "bert":
+        cfg.is_decoder = False  # (BertLMHeadModel as an encoder: bidirectional attention)
+    if getattr(cfg, "sliding_window", None) and not types and model_type in ("mistral", "mixtral"):
+        cfg.sliding_window = None  # (their default config is sliding on every layer: Mistral 7B v0.1)
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(cfg)
+    return model.float().eval()
+
+
+@torch.no_grad()
+def run(model, cache, ids):
+    """Logits of a prompt and single-token steps through the cache, concatenated over the positions."""
+    out = [model(input_ids=ids[:, :PROMPT], past_key_values=cache, use_cache=True).logits]
+    for i in range(PROMPT, ids.shape[1]):
+        out.append(model(input_ids=ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits)
+    return torch.cat(out, 1)
+
+
+def served(model_type, model):
+    """Skip a model type whose modeling code in the installed transformers computes its own attention (GPT-J
+    and CodeGen before transformers 5.2x): e8kv refuses it by name, which test_refused_architectures checks."""
+    try:
+        e8kv.hf.ModelShape(model.config)
+    except e8kv.hf.UnsupportedModelError as e:
+        if OWN_ATTENTION not in str(e):
+            raise
+        pytest.skip(f"{model_type} in transformers {__import__('transformers').__version__}: {e}")
+
+
+def compare(model, make, ids, spec="f32"):
+    """Relative max error of the logits through the cache that make() gives against DynamicCache's."""
+    from transformers import DynamicCache
+    ref = run(model, DynamicCache(config=model.config), ids)
+    with e8kv.hf.compress(model, spec=spec):  # (attn_implementation "e8kv"; the cache is make()'s)
+        got = run(model, make(), ids)
+    assert got.shape == ref.shape
+    assert torch.isfinite(got).all()
+    return float((got - ref).abs().max() / ref.abs().max())
+
+
+def ids_for(model, device="cpu"):
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(3, min(500, model.config.get_text_config().vocab_size), (1, PROMPT + STEPS),
+                         generator=g).to(device)
+
+
+@pytest.fixture
+def twin(monkeypatch):
+    """E8KVCudaCache(device=torch.device("cpu", 0)) over PagesTwin: the CUDA cache's Python on the CPU."""
+    for obj, name, value in py_hf_cuda.twin_patches():
+        monkeypatch.setattr(obj, name, value)
+    return lambda config, spec: e8kv.hf.E8KVCudaCache(config, spec, device=torch.device("cpu", 0), max_cache_len=64)
+
+
+@pytest.mark.parametrize("model_type", SERVED)
+def test_served_architectures(model_type, twin):
+    model = tiny(model_type)
+    served(model_type, model)
+    ids = ids_for(model)
+    specs = ["f32"] + (["f32,rope=pre"] if model_type in e8kv.hf.ROPE_LAYOUTS else [])
+    for spec in specs:
+        err = compare(model, lambda: e8kv.hf.E8KVCache(model.config, spec), ids)
+        assert err < 1e-4, (model_type, spec, err)
+    compare(model, lambda: e8kv.hf.E8KVCache(model.config, "e8box:4"), ids)  # finite, same shape
+    err = compare(model, lambda: twin(model.config, "bf16"), ids, "bf16")
+    assert err < 2e-2, (model_type, "twin bf16", err)  # (bf16's rounding of K/V)
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_refused_architectures(model_type, twin):
+    model = tiny(model_type)
+    for spec, make in (("f32", lambda: e8kv.hf.E8KVCache(model.config, "f32")),
+                       ("bf16", lambda: twin(model.config, "bf16"))):
+        with pytest.raises(e8kv.hf.UnsupportedModelError, match=REFUSED[model_type]):
+            with e8kv.hf.compress(model, spec=spec):
+                run(model, make(), ids_for(model))
+
+
+def test_known_rope_layouts_are_served():
+    """Every model type with a RoPE pair layout is in the served list (its keys before RoPE are checked)."""
+    assert set(e8kv.hf.ROPE_LAYOUTS) - {"ministral", "olmo3"} <= set(SERVED)
+
+
+GPU = e8kv.cuda_available() and torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not GPU, reason="needs a GPU and a libe8kv built with nvcc")
+@pytest.mark.parametrize("model_type", SERVED)
+def test_served_architectures_cuda(model_type):
+    """The CUDA cache (f16 pages) against DynamicCache on the same GPU, and the default E8 format runs."""
+    model = tiny(model_type, "cuda")
+    served(model_type, model)
+    ids = ids_for(model, "cuda")
+    err = compare(model, lambda: e8kv.hf.E8KVCache(model.config, "f16", device="cuda", max_cache_len=64), ids, "f16")
+    assert err < 2e-3, (model_type, err)
+    compare(model, lambda: e8kv.hf.E8KVCache(model.config, device="cuda", max_cache_len=64), ids, "f16")
+
+
+@pytest.mark.skipif(not GPU, reason="needs a GPU and a libe8kv built with nvcc")
+@pytest.mark.parametrize("model_type", ["diffllama", "jetmoe", "bert"])
+def test_refused_architectures_cuda(model_type):
+    model = tiny(model_type, "cuda")
+    with pytest.raises(e8kv.hf.UnsupportedModelError, match=REFUSED[model_type]):
+        with e8kv.hf.compress(model, spec="f16"):
+            run(model, e8kv.hf.E8KVCache(model.config, "f16", device="cuda", max_cache_len=64), ids_for(model, "cuda"))
