@@ -204,3 +204,67 @@ def test_refused_architectures_cuda(model_type):
     with pytest.raises(e8kv.hf.UnsupportedModelError, match=REFUSED[model_type]):
         with e8kv.hf.compress(model, spec="f16"):
             run(model, e8kv.hf.E8KVCache(model.config, "f16", device="cuda", max_cache_len=64), ids_for(model, "cuda"))
+
+
+def tiny_gemma3_vlm(device="cpu"):
+    """A tiny Gemma3ForConditionalGeneration (what AutoModelForCausalLM loads for gemma-3-4b and larger): its
+    decoder holds the text config, and with token_type_ids its masks are composed by mask functions of its own
+    (an image's tokens see each other; the sliding window as an and-mask). Layers full, sliding (window 8),
+    full: the first full layer's outputs reach the logits through the second."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+    hd = 64 if device == "cuda" else 32
+    text = dict(vocab_size=300, hidden_size=4 * hd, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=hd, sliding_window=8, max_position_embeddings=256,
+                layer_types=["full_attention", "sliding_attention", "full_attention"])
+    vision = dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    cfg = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=299,
+                       boi_token_index=297, eoi_token_index=298)
+    torch.manual_seed(0)
+    with torch.device(device):
+        return Gemma3ForConditionalGeneration(cfg).float().eval()
+
+
+def check_gemma3_vlm(device, make, spec, tol, image_ok):
+    """Text-only (with and without token_type_ids) and with an image block's token types: the logits of a
+    20-token prompt (all positions) and 8 steps against DynamicCache's; an image block where the cache
+    cannot take a non-causal mask (image_ok False) is refused by name."""
+    from transformers import DynamicCache
+    model = tiny_gemma3_vlm(device)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 290, (1, 28), generator=g).to(device)
+
+    @torch.no_grad()
+    def run(cache, tt):
+        kw = {} if tt is None else {"token_type_ids": tt}
+        out = [model(input_ids=ids[:, :20], past_key_values=cache, use_cache=True, **kw).logits[0]]
+        for i in range(20, 28):
+            out.append(model(input_ids=ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits[0])
+        return torch.cat(out)
+
+    image = torch.zeros_like(ids[:, :20])
+    image[:, 5:9] = 1
+    for tt in (None, torch.zeros_like(ids[:, :20]), image):
+        ref = run(DynamicCache(config=model.config), tt)
+        if tt is image and not image_ok:
+            with pytest.raises(e8kv.hf.UnsupportedModelError, match="not causal"):
+                with e8kv.hf.compress(model, spec=spec):
+                    run(make(model), tt)
+            continue
+        with e8kv.hf.compress(model, spec=spec):
+            got = run(make(model), tt)
+        err = float((got - ref).abs().max() / ref.abs().max())
+        assert err < tol, (spec, None if tt is None else int(tt.sum()), err)
+
+
+def test_gemma3_multimodal_model(twin):
+    """The CPU cache: text-only served, an image's bidirectional block refused (its attention is over codes);
+    the CUDA cache's Python over the twin: all three served (the prompt's attention takes the model's mask)."""
+    check_gemma3_vlm("cpu", lambda m: e8kv.hf.E8KVCache(m.config, "f32"), "f32", 1e-4, image_ok=False)
+    check_gemma3_vlm("cpu", lambda m: twin(m.config, "bf16"), "bf16", 2e-2, image_ok=True)
+
+
+@pytest.mark.skipif(not GPU, reason="needs a GPU and a libe8kv built with nvcc")
+def test_gemma3_multimodal_model_cuda():
+    check_gemma3_vlm("cuda", lambda m: e8kv.hf.E8KVCache(m.config, "f16", device="cuda", max_cache_len=64), "f16",
+                     2e-3, image_ok=True)

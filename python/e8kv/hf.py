@@ -43,7 +43,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import (Cache, CacheLayerMixin, DynamicSlidingWindowLayer,
                                       StaticSlidingWindowLayer)
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import (ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, causal_mask_function,
+                                        sdpa_mask)
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from . import alloc, core
@@ -192,6 +193,13 @@ class ModelShape:
         if self.rope_scaled:
             return {"rope_theta": 0.0, "rope_freqs": self.rope_freqs}
         return {"rope_theta": self.rope_theta}
+
+
+def _configs(config: Any) -> list:
+    """The config and, when it is another object, its text config (a multimodal model's decoder layers hold
+    that one)."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    return [config] if text is config else [config, text]
 
 
 def _rope_cos_sin(inv_freq: torch.Tensor, pos0: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1010,18 +1018,23 @@ class E8KVCudaCache(_BatchChanges, Cache):
             ops.unregister_cache(key)
 
     def _attach(self, config: Any) -> None:
+        """Route the model's attention to this cache: the config's attention implementation becomes "e8kv"
+        and the config, and the text config a multimodal model's attention layers hold (Gemma 3's
+        Gemma3ForConditionalGeneration, what AutoModelForCausalLM loads for gemma-3-4b and larger), point here."""
         register()
-        current = getattr(config, "_attn_implementation", None)
-        if current != ATTN_NAME:
-            config._e8kv_fallback = current or "sdpa"
-            config._attn_implementation = ATTN_NAME
-        config._e8kv_cuda_cache = self
+        for cfg in _configs(config):
+            current = getattr(cfg, "_attn_implementation", None)
+            if current != ATTN_NAME:
+                cfg._e8kv_fallback = current or "sdpa"
+                cfg._attn_implementation = ATTN_NAME
+            cfg._e8kv_cuda_cache = self
 
     def detach(self, config: Any) -> None:
         """Give the config back its previous attention implementation (the cache stays usable by hand)."""
-        if getattr(config, "_e8kv_cuda_cache", None) is self:
-            config._e8kv_cuda_cache = None
-            config._attn_implementation = getattr(config, "_e8kv_fallback", None) or "sdpa"
+        for cfg in _configs(config):
+            if getattr(cfg, "_e8kv_cuda_cache", None) is self:
+                cfg._e8kv_cuda_cache = None
+                cfg._attn_implementation = getattr(cfg, "_e8kv_fallback", None) or "sdpa"
 
     # -- padding
     def _note_mask(self, mask: Optional[torch.Tensor], t: int) -> None:
@@ -1292,7 +1305,10 @@ class E8KVCudaCache(_BatchChanges, Cache):
                                                     "were not stored")
 
     def _attend(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                scaling: Optional[float], sinks: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, None]:
+                scaling: Optional[float], sinks: Optional[torch.Tensor] = None,
+                model_mask: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, None]:
+        """model_mask: the model's own mask when it is not the causal one (_e8kv_mask: else None); taken in the
+        prompt of an empty cache (SDPA over the exact K/V), refused elsewhere."""
         b, n_head, t, d = query.shape
         lead = self.layers[module.layer_idx]
         layer = lead.layer_idx  # the CUDA cache's layer
@@ -1308,11 +1324,18 @@ class E8KVCudaCache(_BatchChanges, Cache):
         prompt = t > 1 and not torch.compiler.is_compiling() and int(length) == t
         if prompt and self.prompt_from_codes and self._valid is not None:
             raise NotImplementedError("e8kv CUDA cache: prompt_from_codes with a padded prompt")
+        own = _not_causal(model_mask)
+        if own and not (prompt and not self.prompt_from_codes):
+            _refuse_not_causal(module, "after the prompt" if not prompt else "with prompt_from_codes")
         if prompt and not self.prompt_from_codes:
             # the prompt of an empty cache: SDPA over the exact K/V of the chunk; pads are masked as keys (a
-            # pad's query sees itself, so that no row of the mask is empty)
+            # pad's query sees itself, so that no row of the mask is empty); the model's own mask (its first t
+            # columns: the prompt's tokens) when it is not the causal one
             mask = None
-            if self._valid is not None and tuple(self._valid.shape) == (b, t):
+            if own:
+                m = model_mask[..., :t].to(query.device)
+                mask = (m if m.dtype == torch.bool else m == 0) | torch.eye(t, dtype=torch.bool, device=query.device)
+            elif self._valid is not None and tuple(self._valid.shape) == (b, t):
                 ar = torch.arange(t, device=query.device)
                 mask = ((ar[None, :] <= ar[:, None])[None] & self._valid.to(query.device)[:, None, :]) | (
                     ar[None, :] == ar[:, None])[None]
@@ -1514,23 +1537,34 @@ def _e8kv_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0
     """Mask interface for "e8kv": remembers the batch's padding (the CPU cache's rows drop the pads) and
     builds the SDPA mask that the fallback (caches of other kinds, a hybrid model's sliding-window layers:
     local_size) needs. With a CUDA cache no mask is made for the coded layers (the kernel bounds each row by
-    its context length); the cache reads the 2-D mask's padding."""
+    its context length); the cache reads the 2-D mask's padding.
+    A mask function of the model's own (transformers composes it: an image's tokens that see each other,
+    Gemma 3's multimodal model; a sliding window given as an and-mask instead of local_size) is always made,
+    and a made mask that is not the causal one of the same call is marked: a coded layer given it refuses
+    (e8kv's attention is causal), a fallback layer (sliding window) attends with it."""
     cfg = kwargs.get("config")
     gpu = getattr(cfg, "_e8kv_cuda_cache", None)
+    own = mask_function is not None and mask_function is not causal_mask_function
     if gpu is not None:
         if local_size is None:
             if not torch.compiler.is_compiling():
                 gpu._note_mask(attention_mask, q_length)
-            return None
+            if not own:
+                return None
     else:
         _tls.mask = attention_mask if attention_mask is not None and attention_mask.dim() == 2 else None
     kw = dict(kwargs)
-    if mask_function is not None:
-        kw["mask_function"] = mask_function
     # the mask the fallback attention takes (eager: an additive float mask; sdpa: a boolean one)
     make = ALL_MASK_ATTENTION_FUNCTIONS.get(getattr(cfg, "_e8kv_fallback", None) or "sdpa", sdpa_mask)
-    return make(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
-                attention_mask=attention_mask, local_size=local_size, **kw)
+    mask = make(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset, attention_mask=attention_mask,
+                local_size=local_size, **kw, **({"mask_function": mask_function} if mask_function is not None else {}))
+    if own and local_size is None and mask is not None and not torch.compiler.is_compiling():
+        kw["allow_is_causal_skip"] = False
+        causal = make(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
+                      attention_mask=attention_mask, mask_function=causal_mask_function, **kw)
+        if causal is None or causal.shape != mask.shape or not torch.equal(causal, mask):
+            mask._e8kv_not_causal = True
+    return mask
 
 
 def _check_coded_call(module: torch.nn.Module, kwargs: dict) -> None:
@@ -1547,6 +1581,18 @@ def _check_coded_call(module: torch.nn.Module, kwargs: dict) -> None:
     if getattr(module, "is_causal", True) is False or kwargs.get("is_causal", True) is False:
         raise UnsupportedModelError(f"e8kv cache: layer {layer} attends non-causally (e8kv's attention is causal: "
                                     "each query sees the tokens up to its own)")
+
+
+def _not_causal(mask: Any) -> bool:
+    """The model's own attention mask for this call is not the causal one (marked by _e8kv_mask)."""
+    return getattr(mask, "_e8kv_not_causal", False)
+
+
+def _refuse_not_causal(module: torch.nn.Module, where: str) -> None:
+    raise UnsupportedModelError(
+        f"e8kv cache: layer {getattr(module, 'layer_idx', '?')}'s attention mask is not causal {where} (e.g. an "
+        "image's tokens that see each other: Gemma 3 with images); e8kv attends causally over its codes (the CUDA "
+        "cache takes such a mask in the prompt of an empty cache, whose attention is over the exact K/V)")
 
 
 def _check_handed(module: torch.nn.Module, key: torch.Tensor, value: torch.Tensor) -> None:
@@ -1574,7 +1620,7 @@ def e8kv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     sinks = kwargs.get("s_aux")  # learned attention sinks (gpt-oss): a logit per query head
     if gpu is not None and query.device.type == gpu.device.type and not gpu.layers[module.layer_idx].is_sliding:
         _check_coded_call(module, kwargs)
-        return gpu._attend(module, query, key, value, scaling, sinks)
+        return gpu._attend(module, query, key, value, scaling, sinks, attention_mask)
     pending = getattr(_tls, "pending", None)
     layer = getattr(module, "layer_idx", None)
     if pending is None or pending[0].shape.coded_layers[pending[1]] != layer:
@@ -1588,6 +1634,8 @@ def e8kv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     cache, layer, pos0, keep = pending
     _check_coded_call(module, kwargs)
     _check_handed(module, key, value)
+    if _not_causal(attention_mask):
+        _refuse_not_causal(module, "(the CPU cache)")
     if dropout and module.training:
         raise NotImplementedError("e8kv cache: attention dropout (training) is not supported")
     out = cache._attend(layer, pos0, query, scaling, keep, sinks)
