@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Which transformers model types the e8kv caches serve: each model type of a list (default: 43 decoders of
-transformers 5) as a tiny random config (4 layers, hidden 128, 4 query / 2 KV heads, head_dim 32, window 8
-and small MoE sizes where the config has them), on the CPU: transformers' DynamicCache, then the CPU cache
+"""Which transformers model types the e8kv caches serve: each model type of a list (default: tests/py_hf_archs.py's
+served and refused types and a few more decoders of transformers 5) as the tiny random model of that test
+(2 layers: the type's first layer kind and a full-attention one; hidden 128, 4 query / 2 KV heads, head_dim
+32, small MoE sizes where the config has them), on the CPU: transformers' DynamicCache, then the CPU cache
 with f32 codes (the same logits within float rounding when the model is served), with e8:4, and the CUDA
 cache's Python over its CPU twin (tests/py_hf_cuda.py's PagesTwin, exact bf16 pages) with bf16 pages; per
 cache the largest |logit difference| against DynamicCache, or the error it raised (a refusal names its
 reason; "build" / "DynamicCache": the shrunken config itself did not run). Random weights: agreement, not
-quality.
+quality. tests/py_hf_archs.py asserts the same for its lists; this prints the figures for any type.
 Usage: python3 bench/survey_hf_models.py [MODEL_TYPE ...]"""
 import os
 import sys
@@ -17,38 +18,13 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(os.path.dirname(HERE), "python"), os.path.join(os.path.dirname(HERE), "tests")]
 import e8kv.hf  # noqa: E402
+import py_hf_archs  # noqa: E402  (tiny: the test's model of each type)
 import py_hf_cuda  # noqa: E402  (PagesTwin, run_steps)
-from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache  # noqa: E402
+from transformers import DynamicCache  # noqa: E402
 
-MODEL_TYPES = ["llama", "mistral", "qwen2", "qwen3", "smollm3", "phi3", "granite", "cohere", "starcoder2", "olmo2",
-               "glm", "gemma", "stablelm", "phi", "qwen3_moe", "mixtral", "falcon", "gpt_neox", "internlm2",
-               "deepseek_v3", "exaone4", "ernie4_5", "seed_oss", "hunyuan_v1_dense", "glm4", "helium", "arcee",
-               "apertus", "lfm2", "minimax", "ministral", "olmo3", "gpt_oss", "gemma3_text", "gemma2", "qwen3_next",
-               "llama4_text", "cohere2", "granitemoehybrid", "bamba", "falcon_h1", "nemotron", "jamba"]
-SMALL = dict(vocab_size=512, hidden_size=128, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=32, max_position_embeddings=256, moe_intermediate_size=64, num_experts=4,
-             num_local_experts=4, n_routed_experts=4, sliding_window=8, kv_lora_rank=32, q_lora_rank=32,
-             qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=32, linear_num_value_heads=2,
-             linear_num_key_heads=2, pad_token_id=0, num_experts_per_tok=2, first_k_dense_replace=1, n_group=1,
-             topk_group=1, num_kv_heads=2)
-
-
-def small_model(kind: str) -> torch.nn.Module:
-    cfg = AutoConfig.for_model(kind)
-    text = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
-    for k, v in SMALL.items():
-        if hasattr(text, k):
-            try:
-                setattr(text, k, v)
-            except Exception:  # (a derived attribute)
-                pass
-    types = getattr(text, "layer_types", None)
-    if types and len(types) != 4:
-        text.layer_types = types[:4] if len(types) >= 4 else None
-    if getattr(text, "no_rope_layers", None):
-        text.no_rope_layers = [1, 1, 1, 0]
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(cfg).float().eval()
+MORE = ["glm", "internlm2", "lfm2", "minimax", "llama4_text", "cohere2", "granitemoehybrid", "bamba", "falcon_h1",
+        "jamba"]
+MODEL_TYPES = py_hf_archs.SERVED + sorted(py_hf_archs.REFUSED) + MORE
 
 
 def main() -> None:
@@ -63,8 +39,8 @@ def main() -> None:
                                                            max_batch_size=2, max_cache_len=64)}
     for kind in sys.argv[1:] or MODEL_TYPES:
         try:
-            model = small_model(kind)
-        except Exception as e:
+            model = py_hf_archs.tiny(kind)
+        except (Exception, py_hf_archs.pytest.skip.Exception) as e:  # (skip: a type this transformers lacks)
             print(f"{kind:18s} build: {type(e).__name__}: {e!s:.100}", flush=True)
             continue
         impl = model.config._attn_implementation
