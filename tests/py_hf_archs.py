@@ -11,7 +11,7 @@ lacks are skipped):
     differential attention (DiffLlama splits V after the cache's update), mixture-of-attention heads (JetMoE
     repeats the KV heads in its own order), multi-head latent attention (DeepSeek-V3: K and V of other
     widths), soft-capping (Gemma 2), attention computed outside transformers' interface (Falcon, BLOOM, MPT),
-    linear-attention layers (Qwen3-Next)."""
+    linear-attention layers (Qwen3-Next), cross-attention layers (Llama 3.2 Vision)."""
 import os
 import sys
 
@@ -54,7 +54,9 @@ SERVED = ["llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_m
           "gemma3_text", "olmo", "olmo2", "olmoe", "granite", "granitemoe", "cohere", "stablelm", "starcoder2",
           "gpt_neox", "gptj", "codegen", "helium", "internlm3", "nemotron", "persimmon", "apertus", "arcee",
           "seed_oss", "hunyuan_v1_dense", "ernie4_5", "ernie4_5_moe", "glm4", "glm4_moe", "smollm3", "exaone4",
-          "gpt_oss"]
+          "gpt_oss",
+          # vision-language models, text-only (AutoModelForImageTextToText)
+          "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "smolvlm", "idefics3", "mistral3", "gemma3"]
 
 OWN_ATTENTION = "does not go through transformers' attention interface"  # (Falcon, BLOOM, MPT: their own code)
 # model type -> the words of its refusal
@@ -66,11 +68,14 @@ REFUSED = {"bert": "attends non-causally",
            "falcon": OWN_ATTENTION,
            "bloom": OWN_ATTENTION,
            "mpt": OWN_ATTENTION,
-           "qwen3_next": "linear_attention"}
+           "qwen3_next": "linear_attention",
+           "mllama": "cross-attention layers"}
 
 SMALL = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=512)
 SMALL_CUDA = dict(SMALL, hidden_size=256, head_dim=64)  # (the CUDA cache's head_dim: 64, 128 or 256)
+VISION = dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, depth=1, embed_dim=32,
+              num_heads=2, image_size=28, patch_size=14)  # (a vision-language model's vision tower, never run)
 PROMPT, STEPS = 16, 8
 
 
@@ -82,29 +87,42 @@ def tiny(model_type, device="cpu", hybrid=True):
         cfg = AutoConfig.for_model(model_type)
     except (KeyError, ValueError) as e:
         pytest.skip(f"transformers {__import__('transformers').__version__} has no '{model_type}' ({str(e)[:60]})")
-    for k, v in (SMALL_CUDA if device == "cuda" else SMALL).items():  # (DeepSeek's head_dim: its RoPE part's)
-        if hasattr(cfg, k) and not (k == "head_dim" and model_type.startswith("deepseek")):
-            try:
-                setattr(cfg, k, v)
-            except AttributeError:  # (a derived property: Falcon's head_dim)
-                pass
-    for k, v in [("num_local_experts", 4), ("num_experts", 4), ("n_routed_experts", 4), ("num_experts_per_tok", 2),
-                 ("top_k", 2), ("moe_intermediate_size", 64), ("shared_expert_intermediate_size", 64),
-                 ("rotary_dim", 16), ("pad_token_id", 1), ("bos_token_id", 1), ("eos_token_id", 2)]:
-        if getattr(cfg, k, None) is not None:
-            setattr(cfg, k, v)
-    types = list(getattr(cfg, "layer_types", None) or [])
+    text = cfg.get_text_config(decoder=True)  # (a composite config's decoder: Llama 3.2 Vision's)
+    for c in {id(cfg): cfg, id(text): text}.values():
+        for k, v in (SMALL_CUDA if device == "cuda" else SMALL).items():  # (DeepSeek's head_dim: its RoPE part's)
+            if hasattr(c, k) and not (k == "head_dim" and model_type.startswith("deepseek")):
+                try:
+                    setattr(c, k, v)
+                except AttributeError:  # (a derived property: Falcon's head_dim)
+                    pass
+        for k, v in [("num_local_experts", 4), ("num_experts", 4), ("n_routed_experts", 4), ("num_experts_per_tok", 2),
+                     ("top_k", 2), ("moe_intermediate_size", 64), ("shared_expert_intermediate_size", 64),
+                     ("rotary_dim", 16), ("pad_token_id", 1), ("bos_token_id", 1), ("eos_token_id", 2)]:
+            if getattr(c, k, None) is not None:
+                setattr(c, k, v)
+    if getattr(text, "cross_attention_layers", None):
+        text.cross_attention_layers = [1]
+    types = list(getattr(text, "layer_types", None) or [])
     if types:  # two layers: the type's first kinds, the second a full-attention one
-        cfg.layer_types = [types[0], "full_attention"] if hybrid else ["full_attention"] * 2
+        text.layer_types = [types[0], "full_attention"] if hybrid else ["full_attention"] * 2
     if model_type == "bert":
         cfg.is_decoder = False  # (BertLMHeadModel as an encoder: bidirectional attention)
-    if getattr(cfg, "sliding_window", None) and not types and model_type in ("mistral", "mixtral"):
-        cfg.sliding_window = None  # (their default config is sliding on every layer: Mistral 7B v0.1)
+    if getattr(text, "sliding_window", None) and not types and model_type in ("mistral", "mixtral"):
+        text.sliding_window = None  # (their default config is sliding on every layer: Mistral 7B v0.1)
+    if "mrope_section" in (getattr(text, "rope_parameters", None) or {}) or model_type.startswith("qwen2"):
+        text.rope_parameters = dict(text.rope_parameters, mrope_section=[4, 6, 6])  # (Qwen2-VL: head_dim 32)
+    vision = getattr(cfg, "vision_config", None)
+    for k, v in VISION.items():
+        if vision is not None and hasattr(vision, k):
+            setattr(vision, k, v)
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers import AutoModelForImageTextToText
+    auto = AutoModelForCausalLM if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else AutoModelForImageTextToText
     torch.manual_seed(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with torch.device(device):
-            model = AutoModelForCausalLM.from_config(cfg)
+            model = auto.from_config(cfg)
     return model.float().eval()
 
 
