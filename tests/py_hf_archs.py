@@ -110,7 +110,8 @@ def tiny(model_type, device="cpu", hybrid=True):
     if getattr(text, "sliding_window", None) and not types and model_type in ("mistral", "mixtral"):
         text.sliding_window = None  # (their default config is sliding on every layer: Mistral 7B v0.1)
     if "mrope_section" in (getattr(text, "rope_parameters", None) or {}) or model_type.startswith("qwen2"):
-        text.rope_parameters = dict(text.rope_parameters, mrope_section=[4, 6, 6])  # (Qwen2-VL: head_dim 32)
+        hd = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads  # (16, 24, 24 at 128)
+        text.rope_parameters = dict(text.rope_parameters, mrope_section=[hd // 8, 3 * hd // 16, 3 * hd // 16])
     vision = getattr(cfg, "vision_config", None)
     for k, v in VISION.items():
         if vision is not None and hasattr(vision, k):
