@@ -47,6 +47,18 @@ def ppl(e8kv: str, text: str, ctx: int, chunks: int, threads: int, specs: list[s
     return out
 
 
+def check_shape(res: dict[str, dict], specs: list[str], n_layer: int, head_dim: int) -> None:
+    """The model `e8kv ppl` ran is the one --n-layer and --head-dim describe: the base's rate is e8box:4's at
+    head_dim, and the last layer's e8p:2 probe moves the mean rate by 1/n_layer of the difference (its rate,
+    printed to 4 decimals, tells n_layer apart from n_layer +- 1 at any head_dim)."""
+    top, low = alloc.CHOICES[0], alloc.CHOICES[-1]
+    for spec, choice in ((specs[0], [top] * n_layer), (specs[-3], [top] * (n_layer - 1) + [low])):
+        want, got = alloc.mean_bits(choice, head_dim), res[spec]["bits_per_value"]
+        if abs(got - want) > 5e-4:
+            raise SystemExit(f"gpu_alloc: '{spec}' measured {got} bits per value, {want:.4f} for --n-layer {n_layer} "
+                             f"--head-dim {head_dim}: give the model's own")
+
+
 def main() -> int:
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -60,8 +72,8 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--probe-ctx", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--head-dim", type=int, default=64, help="the model's head_dim (SmolLM2: 64)")
-    ap.add_argument("--n-layer", type=int, default=30, help="the model's layers (SmolLM2: 30)")
+    ap.add_argument("--head-dim", type=int, default=64, help="the model's head_dim (SmolLM2: 64; checked)")
+    ap.add_argument("--n-layer", type=int, default=30, help="the model's layers (SmolLM2: 30; checked)")
     ap.add_argument("--probes-json", help="reuse the probe KLDs of an earlier --json")
     ap.add_argument("--json", help="write probes, choices and evaluation here")
     a = ap.parse_args()
@@ -73,6 +85,7 @@ def main() -> int:
         print(f"probes: {len(specs)} specs on {a.probe_text}, {a.probe_chunks} chunks of {a.probe_ctx}",
               file=sys.stderr)
         res = ppl(a.e8kv, a.probe_text, a.probe_ctx, a.probe_chunks, a.threads, specs)
+        check_shape(res, specs, a.n_layer, a.head_dim)
         kld = [res[s]["kld"] for s in specs]
     base = kld[0]
     print(f"probe base (every layer e8box:4) KLD {base:.5f}; rise per layer (e8p:2 / K e8box:3 / V e8box:3):")
