@@ -15,12 +15,15 @@ if not os.environ.get("E8KV_LIB") and os.path.exists(os.path.join(ROOT, "build",
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
 
-def missing():
-    for mod in ["pytest", "numpy", "torch", "transformers", "gguf", "accelerate"]:
+def missing(model=True):
+    """Why the tests cannot run, or None; model=False: tests of tiny random models (no GGUF, text or CLI)."""
+    for mod in ["pytest", "numpy", "torch", "transformers"] + (["gguf", "accelerate"] if model else []):
         try:
             __import__(mod)
         except ImportError:
             return f"python module {mod} (pip install -r requirements-dev.txt)"
+    if not model:
+        return None
     for path, what in [(os.path.join(MODEL_DIR, GGUF), "the default model (scripts/fetch_model.sh)"),
                        (WIKI, "wiki.test.raw (../shared/data)"), (CLI, "the e8kv CLI (build it)")]:
         if not os.path.exists(path):
@@ -28,10 +31,9 @@ def missing():
     return None
 
 
-
-def run_as_script(path):
+def run_as_script(path, model=True):
     """ctest runs the files as scripts: skip (77) when something is missing, else run pytest on the file."""
-    why = missing()
+    why = missing(model)
     if why:
         print(f"skip: needs {why}")
         return 77

@@ -20,29 +20,10 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-if not os.environ.get("E8KV_LIB") and os.path.exists(os.path.join(ROOT, "build", "libe8kv.so")):
-    os.environ["E8KV_LIB"] = os.path.join(ROOT, "build", "libe8kv.so")
-sys.path.insert(0, os.path.join(ROOT, "python"))
-
-
-def _missing():
-    for mod in ["pytest", "numpy", "torch", "transformers"]:
-        try:
-            __import__(mod)
-        except ImportError:
-            return f"python module {mod} (pip install -r requirements-dev.txt)"
-    return None
-
-
+import hf_skip  # noqa: E402  (E8KV_LIB and the package's path, as the other py_hf_ tests)
+ROOT = hf_skip.ROOT
 if __name__ == "__main__":
-    why = _missing()
-    if why:
-        print(f"skip: needs {why}")
-        sys.exit(77)
-    import pytest
-    sys.exit(pytest.main([os.path.abspath(__file__), "-q", "-rA", "-p", "no:cacheprovider"]))
+    sys.exit(hf_skip.run_as_script(__file__, model=False))
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
