@@ -147,6 +147,28 @@ def rise_of(choice, kld):
     return r
 
 
+def test_gpu_alloc_checks_the_model_shape():
+    """bench/gpu_alloc.py's check: the rates of the base and last-layer probes, as the C cache gives them for a
+    model of n layers and head_dim d (what `e8kv ppl` prints to 4 decimals), pass for (n, d) and stop the run
+    for a neighbouring layer count or the other head_dim."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    import gpu_alloc
+
+    from e8kv import alloc
+    for n, d in ((30, 64), (32, 128), (2, 64)):
+        specs = alloc.probe_specs(n, "sink=4")
+        res = {s: {"bits_per_value": round(e8kv.Cache(n, 1, d, 64, s).bits_per_value, 4)}
+               for s in (specs[0], specs[-3])}
+        gpu_alloc.check_shape(res, specs, n, d)
+        for n2, d2 in ((n + 1, d), (n - 1, d), (n, 192 - d)):
+            if n2 < 1:
+                continue
+            s2 = alloc.probe_specs(n2, "sink=4")
+            res2 = {s2[0]: res[specs[0]], s2[-3]: res[specs[-3]]}  # the model's rates under the other names
+            with pytest.raises(SystemExit, match="give the model's own"):
+                gpu_alloc.check_shape(res2, s2, n2, d2)
+
+
 def test_allocation_is_the_least_rise_within_the_rate():
     """e8kv.alloc.choose (dynamic programming over the layers) against brute force over every choice of 4
     layers, at head_dim 64 and 128 and rates from e8p:2's to e8box:4's; the spec it writes resolves in the C
