@@ -1544,8 +1544,9 @@ def _e8kv_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0
     its context length); the cache reads the 2-D mask's padding.
     A mask function of the model's own (transformers composes it: an image's tokens that see each other,
     Gemma 3's multimodal model; a sliding window given as an and-mask instead of local_size) is always made,
-    and a made mask that is not the causal one of the same call is marked: a coded layer given it refuses
-    (e8kv's attention is causal), a fallback layer (sliding window) attends with it."""
+    and a made mask that is not the causal one of the same call is marked: a fallback layer (sliding window)
+    attends with it, a coded layer with it in the CUDA cache's prompt of an empty cache and refuses elsewhere
+    (its attention over the codes is causal)."""
     cfg = kwargs.get("config")
     gpu = getattr(cfg, "_e8kv_cuda_cache", None)
     own = mask_function is not None and mask_function is not causal_mask_function
