@@ -263,6 +263,21 @@ def test_gemma3_multimodal_model(twin):
     check_gemma3_vlm("cpu", lambda m: twin(m.config, "bf16"), "bf16", 2e-2, image_ok=True)
 
 
+def test_text_config_keeps_its_fallback(twin):
+    """Both caches route a multimodal model's text config (its decoder layers' config) to e8kv with the
+    implementation it had as the fallback of the layers they do not code (setting the composite config's
+    implementation sets the text config's too, before its own could be read); detach gives it back."""
+    for make in (lambda c: e8kv.hf.E8KVCache(c, "f32"), lambda c: twin(c, "bf16")):
+        model = tiny_gemma3_vlm()
+        model.config._attn_implementation = "eager"
+        cache = make(model.config)
+        for cfg in (model.config, model.config.get_text_config(decoder=True)):
+            assert (cfg._attn_implementation, cfg._e8kv_fallback) == ("e8kv", "eager")
+        if hasattr(cache, "detach"):
+            cache.detach(model.config)
+            assert model.config.get_text_config(decoder=True)._attn_implementation == "eager"
+
+
 @pytest.mark.skipif(not GPU, reason="needs a GPU and a libe8kv built with nvcc")
 def test_gemma3_multimodal_model_cuda():
     check_gemma3_vlm("cuda", lambda m: e8kv.hf.E8KVCache(m.config, "f16", device="cuda", max_cache_len=64), "f16",

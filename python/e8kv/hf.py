@@ -206,6 +206,19 @@ def _configs(config: Any) -> list:
     return [config] if text is config else [config, text]
 
 
+def _route(config: Any) -> None:
+    """attn_implementation "e8kv" for the config and its text config (Gemma 3's Gemma3ForConditionalGeneration,
+    what AutoModelForCausalLM loads for gemma-3-4b and larger, keeps the text config in its decoder layers),
+    each remembering its previous implementation as the fallback of the layers e8kv does not code. Read before
+    any is set: setting a composite config's implementation sets its text config's too."""
+    register()
+    cfgs = _configs(config)
+    for cfg, current in [(c, getattr(c, "_attn_implementation", None)) for c in cfgs]:
+        if current != ATTN_NAME:
+            cfg._e8kv_fallback = current or "sdpa"
+            cfg._attn_implementation = ATTN_NAME
+
+
 def _rope_cos_sin(inv_freq: torch.Tensor, pos0: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin (n, head_dim) of positions pos0 .. pos0+n-1 in transformers' split-half layout, computed the
     way transformers' rotary embedding computes them (float32 angles) from its inv_freq (head_dim/2)."""
@@ -675,12 +688,7 @@ class E8KVCache(_BatchChanges, Cache):
 
     # -- attention implementation
     def _attach(self, config: Any) -> None:
-        register()
-        cfg = config
-        current = getattr(cfg, "_attn_implementation", None)
-        if current != ATTN_NAME:
-            cfg._e8kv_fallback = current or "sdpa"
-            cfg._attn_implementation = ATTN_NAME
+        _route(config)
 
 
 
@@ -1022,15 +1030,9 @@ class E8KVCudaCache(_BatchChanges, Cache):
             ops.unregister_cache(key)
 
     def _attach(self, config: Any) -> None:
-        """Route the model's attention to this cache: the config's attention implementation becomes "e8kv"
-        and the config, and the text config a multimodal model's attention layers hold (Gemma 3's
-        Gemma3ForConditionalGeneration, what AutoModelForCausalLM loads for gemma-3-4b and larger), point here."""
-        register()
+        """Route the model's attention to this cache (_route), the config and its text config pointing here."""
+        _route(config)
         for cfg in _configs(config):
-            current = getattr(cfg, "_attn_implementation", None)
-            if current != ATTN_NAME:
-                cfg._e8kv_fallback = current or "sdpa"
-                cfg._attn_implementation = ATTN_NAME
             cfg._e8kv_cuda_cache = self
 
     def detach(self, config: Any) -> None:
