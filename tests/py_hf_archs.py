@@ -89,8 +89,9 @@ def tiny(model_type, device="cpu", hybrid=True):
         cfg.is_decoder = False  # (BertLMHeadModel as an encoder: bidirectional attention)
     if getattr(text, "sliding_window", None) and not types and model_type in ("mistral", "mixtral"):
         text.sliding_window = None  # (their default config is sliding on every layer: Mistral 7B v0.1)
-    if "mrope_section" in (getattr(text, "rope_parameters", None) or {}) or model_type.startswith("qwen2"):
-        hd = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads  # (16, 24, 24 at 128)
+    if "mrope_section" in (getattr(text, "rope_parameters", None) or {}) or model_type in ("qwen2_vl", "qwen2_5_vl"):
+        # (Qwen2-VL's sections default to 16, 24, 24: head_dim 128's)
+        hd = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         text.rope_parameters = dict(text.rope_parameters, mrope_section=[hd // 8, 3 * hd // 16, 3 * hd // 16])
     vision = getattr(cfg, "vision_config", None)
     for k, v in VISION.items():

@@ -133,8 +133,8 @@ class ModelShape:
                                         "attention interface (attn_implementation), which e8kv's attention is")
         if getattr(cfg, "cross_attention_layers", None):
             raise UnsupportedModelError(
-                f"{self.model_type}: cross-attention layers {list(cfg.cross_attention_layers)} (Llama 3.2 Vision: their "
-                "K/V are an image's, computed once, not the sequence's tokens; e8kv codes self-attention)")
+                f"{self.model_type}: cross-attention layers {list(cfg.cross_attention_layers)} (Llama 3.2 Vision: "
+                "their K/V are an image's, computed once, not the sequence's tokens; e8kv codes self-attention)")
         if getattr(cfg, "attn_logit_softcapping", None):
             raise UnsupportedModelError(f"{self.model_type}: attention logit soft-capping (e8kv's attention is "
                                         "plain softmax attention)")
