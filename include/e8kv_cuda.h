@@ -261,6 +261,16 @@ size_t e8kv_cuda_copy_pages_async(e8kv_cuda_cache *cache, const int32_t *src, co
  * has N tokens or more). A cache with neither sink rows nor means copies nothing. Returns n. */
 size_t e8kv_cuda_copy_rows_async(e8kv_cuda_cache *cache, const int32_t *src, const int32_t *dst, size_t n,
                                  void *stream);
+/* Make dst a copy of src: every page, sink row and mean (and the RoPE table and rotation signs they were made
+ * with), and the owned sequences' tables, lengths and page allocation, so that dst attends and appends as src
+ * would from here on and the two then change independently (a saved prompt reused by several requests:
+ * transformers' copy.deepcopy of a cache). Both must have been created with the same parameters (formats,
+ * shapes, block size, n_blocks, max_ctx, max_seqs, max_batch, max_n_head, max_append, sink, centring, RoPE
+ * positions; the seed and RoPE frequencies may differ: dst takes src's) on the same device:
+ * E8KV_ERROR_BAD_ARGUMENT otherwise, nothing copied. Asynchronous on `stream`,
+ * after the work already queued there (the host bookkeeping is copied at once). What the caller points the
+ * cache at (learned sinks: e8kv_cuda_set_layer_sinks; row shifts) is not copied: set it on dst. Returns 0. */
+size_t e8kv_cuda_cache_copy_async(e8kv_cuda_cache *dst, const e8kv_cuda_cache *src, void *stream);
 /* N of the spec's sink=N (0: none). */
 size_t e8kv_cuda_cache_sink(const e8kv_cuda_cache *cache);
 #define E8KV_CUDA_SINK_MAX 64

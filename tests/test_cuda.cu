@@ -1102,6 +1102,113 @@ static void test_fork_and_errors(const char *spec, size_t d) {
     CHECK(!e8kv_cuda_cache_create(&bad, &err) && e8kv_get_error_code(err) == E8KV_ERROR_HEAD_DIM, "head_dim");
 }
 
+/* e8kv_cuda_cache_copy_async: a cache of the same parameters (another seed: the copy takes the source's
+ * rotation) that held other tokens becomes the source's copy: the same attention bit for bit, the same bytes
+ * for the same later appends, the same free pages; then the two change independently. Caches of other
+ * parameters are refused and keep what they hold. */
+static void test_cache_copy(const char *spec, size_t d) {
+    const size_t n_kv = 2, G = 2, n_head = n_kv * G;
+    e8kv_cuda_cache_params p;
+    memset(&p, 0, sizeof p);
+    p.n_layer = 2, p.n_head_kv = n_kv, p.head_dim = d, p.n_blocks = 16, p.spec = spec, p.seed = rnd();
+    p.max_seqs = 4, p.max_batch = 4, p.max_ctx = 256, p.rope_theta = 10000.0f;
+    size_t err = 0;
+    e8kv_cuda_cache *a = e8kv_cuda_cache_create(&p, &err);
+    p.seed = rnd();
+    e8kv_cuda_cache *b = e8kv_cuda_cache_create(&p, &err);
+    CHECK(a && b, "create: %s", e8kv_error_name(err));
+    if (!a || !b) return;
+    const size_t row = n_kv * d;
+    float *x = (float *)malloc(120 * row * 4), *y = (float *)malloc(120 * row * 4);
+    fill_rows(x, 120 * n_kv, d);
+    fill_rows(y, 120 * n_kv, d);
+    void *dx = to_device(x, 120 * row, E8KV_DTYPE_F32), *dy = to_device(y, 120 * row, E8KV_DTYPE_F32);
+    const size_t sa = e8kv_cuda_seq_create(a), sb0 = e8kv_cuda_seq_create(b), sb1 = e8kv_cuda_seq_create(b);
+    for (size_t l = 0; l < 2; l++) {
+        CHECK(e8kv_cuda_seq_append(a, l, sa, dx, dy, 70, E8KV_DTYPE_F32) == 70, "append a");
+        CHECK(e8kv_cuda_seq_append(b, l, sb1, dy, dx, 33, E8KV_DTYPE_F32) == 33,
+              "append b"); /* to be replaced */
+    }
+    CHECK(sa == sb0, "the first sequence of each cache has the same id");
+    float q[4 * 256], o1[4 * 256], o2[4 * 256];
+    for (size_t i = 0; i < n_head * d; i++)
+        q[i] = gauss();
+    void *dq = to_device(q, n_head * d, E8KV_DTYPE_F32);
+    float *dout;
+    CU(cudaMalloc((void **)&dout, sizeof o1));
+#define ATTEND_INTO(c, o)                                                                                    \
+    do {                                                                                                     \
+        CU(cudaMemset(dout, 0xff, sizeof o1));                                                               \
+        CHECK(!e8kv_is_error(e8kv_cuda_seq_attend(c, 1, dout, dq, E8KV_DTYPE_F32, &sa, 1, n_head)),          \
+              "attend");                                                                                     \
+        CU(cudaMemcpy(o, dout, n_head *d * 4, cudaMemcpyDeviceToHost));                                      \
+    } while (0)
+    ATTEND_INTO(a, o1);
+    CHECK(e8kv_cuda_cache_copy_async(b, a, NULL) == 0, "copy");
+    CU(cudaDeviceSynchronize());
+    ATTEND_INTO(b, o2);
+    CHECK(!memcmp(o1, o2, n_head * d * 4), "%s d=%zu: the copy attends unlike its source", spec, d);
+    CHECK(e8kv_cuda_cache_free_pages(a) == e8kv_cuda_cache_free_pages(b) &&
+              e8kv_cuda_seq_length(b, sa, 1) == 70 &&
+              e8kv_is_error(e8kv_cuda_seq_length(b, sb1, 0)) ==
+                  e8kv_is_error(e8kv_cuda_seq_length(a, sb1, 0)),
+          "%s: the copy's sequences and free pages are the source's", spec);
+    /* the copy goes on alone: its source is unchanged */
+    for (size_t l = 0; l < 2; l++)
+        CHECK(e8kv_cuda_seq_append(b, l, sa, (uint8_t *)dx + 70 * row * 4, (uint8_t *)dy + 70 * row * 4, 30,
+                                   E8KV_DTYPE_F32) == 100,
+              "append to the copy");
+    ATTEND_INTO(a, o2);
+    CHECK(!memcmp(o1, o2, n_head * d * 4), "%s: the source changed by an append to its copy", spec);
+    /* the same tokens to the source: the same bytes and attention as the copy (the copy's rotation is the
+     * source's, not its own seed's) */
+    for (size_t l = 0; l < 2; l++)
+        CHECK(e8kv_cuda_seq_append(a, l, sa, (uint8_t *)dx + 70 * row * 4, (uint8_t *)dy + 70 * row * 4, 30,
+                                   E8KV_DTYPE_F32) == 100,
+              "append to the source");
+    ATTEND_INTO(a, o1);
+    ATTEND_INTO(b, o2);
+    uint8_t v1[1024], v2[1024];
+    int same = 1;
+    for (size_t pos = 0; pos < 100; pos += 9)
+        for (int st = 0; st < 2; st++) {
+            CHECK(!e8kv_is_error(e8kv_cuda_seq_read_vector(a, v1, sizeof v1, sa, 0, st, pos, 1)) &&
+                      !e8kv_is_error(e8kv_cuda_seq_read_vector(b, v2, sizeof v2, sa, 0, st, pos, 1)),
+                  "read_vector");
+            same &= !memcmp(v1, v2, e8kv_cuda_cache_vector_bytes(a, 0, st));
+        }
+    CHECK(same && !memcmp(o1, o2, n_head * d * 4), "%s d=%zu: the same appends give other bytes", spec, d);
+    /* refusals: other parameters, NULL; nothing copied */
+    e8kv_cuda_cache_params q2 = p;
+    q2.n_blocks = 17;
+    e8kv_cuda_cache *c = e8kv_cuda_cache_create(&q2, &err);
+    CHECK(c && e8kv_get_error_code(e8kv_cuda_cache_copy_async(c, a, NULL)) == E8KV_ERROR_BAD_ARGUMENT &&
+              e8kv_cuda_cache_free_pages(c) == 17,
+          "copy between caches of other pools is refused");
+    e8kv_cuda_cache_free(c);
+    q2 = p;
+    q2.spec = strstr(spec, "bf16") ? "f16" : "bf16";
+    c = e8kv_cuda_cache_create(&q2, &err);
+    CHECK(c && e8kv_get_error_code(e8kv_cuda_cache_copy_async(c, a, NULL)) == E8KV_ERROR_BAD_ARGUMENT,
+          "copy between caches of other formats is refused");
+    e8kv_cuda_cache_free(c);
+    CHECK(e8kv_get_error_code(e8kv_cuda_cache_copy_async(NULL, a, NULL)) == E8KV_ERROR_BAD_ARGUMENT &&
+              e8kv_get_error_code(e8kv_cuda_cache_copy_async(a, NULL, NULL)) == E8KV_ERROR_BAD_ARGUMENT &&
+              e8kv_cuda_cache_copy_async(a, a, NULL) == 0,
+          "copy: NULL refused, a cache onto itself nothing");
+    ATTEND_INTO(a, o2);
+    CHECK(!memcmp(o1, o2, n_head * d * 4), "%s: a refused copy changed the source", spec);
+#undef ATTEND_INTO
+    printf("  cache copy %-28s d=%zu: done\n", spec, d);
+    free(x), free(y);
+    CU(cudaFree(dx));
+    CU(cudaFree(dy));
+    CU(cudaFree(dq));
+    CU(cudaFree(dout));
+    e8kv_cuda_cache_free(a);
+    e8kv_cuda_cache_free(b);
+}
+
 /* ---------------------------------------------------------------- 4a: sink rows, caller-owned */
 
 /* sink=N (and center=1) through the serving-engine calls: each sequence gets a row of the caller's choosing
@@ -2069,6 +2176,8 @@ int main(int argc, char **argv) {
             test_sink_slots("e8box:3,sink=3", ds[di], 3);
             test_isolation("e8box:3", ds[di]);
             test_fork_and_errors("e8box:3", ds[di]);
+            test_cache_copy(di ? "e8box:4,sink=4,center=rope" : "e8p:2,sink=2", ds[di]);
+            test_cache_copy(di ? "k=e8box:4,v=e8box:3" : "bf16,sink=3", ds[di]);
         }
         test_graph("e8box:4", ds[di]);
         test_graph("e8p:2", ds[di]);

@@ -203,6 +203,7 @@ _CUDA_SIGNATURES = {
                                          c_void_p, c_size_t, c_void_p, c_void_p]),
     "e8kv_cuda_copy_pages_async": (c_size_t, [c_void_p, c_void_p, c_void_p, c_size_t, c_void_p]),
     "e8kv_cuda_copy_rows_async": (c_size_t, [c_void_p, c_void_p, c_void_p, c_size_t, c_void_p]),
+    "e8kv_cuda_cache_copy_async": (c_size_t, [c_void_p, c_void_p, c_void_p]),
 }
 
 

@@ -605,6 +605,11 @@ class CudaCache:
         if not self._lib.e8kv_cuda_available():
             raise E8KVError(ErrorCode.UNSUPPORTED, "CudaCache: no usable CUDA device")
         self._spec_bytes = spec.encode()
+        self._args = dict(n_layer=n_layer, n_head_kv=n_head_kv, head_dim=head_dim, n_blocks=n_blocks, spec=spec,
+                          block_size=block_size, seed=seed, max_ctx=max_ctx, max_batch=max_batch,
+                          max_n_head=max_n_head, max_seqs=max_seqs, max_append=max_append, device=device,
+                          rope_theta=rope_theta, rope_freqs=None if rope_freqs is None else list(rope_freqs),
+                          rope_positions=rope_positions)  # (clone makes another of the same parameters)
         g = max_n_head // n_head_kv if max_n_head and max_n_head % n_head_kv == 0 else 0
         if g > cuda_group_max(head_dim):  # attend() takes such groups in calls of g / k: the workspace is for one
             max_n_head = n_head_kv * (g // _group_split(g, head_dim))
@@ -821,6 +826,20 @@ class CudaCache:
             raise E8KVError(ErrorCode.SRC_SIZE, f"{what}: {s.shape} sources, {d.shape} destinations")
         return _check(getattr(self._lib, fn)(self._p, s.ctypes.data, d.ctypes.data, s.size,
                                              _stream(self.device, stream)), what)
+
+    def clone(self, *, stream: Any = None) -> "CudaCache":
+        """A new cache of the same parameters holding a copy of everything this one stores (pages, sink rows,
+        means, the owned sequences: e8kv_cuda_cache_copy_async, asynchronous on the stream, after the work
+        queued there); the two then change independently. What this cache was pointed at (set_layer_sinks,
+        set_row_shifts) is not copied: point the copy at its own tensors."""
+        new = CudaCache(**self._args)
+        new.copy_from(self, stream=stream)
+        return new
+
+    def copy_from(self, src: "CudaCache", *, stream: Any = None) -> None:
+        """Make this cache a copy of src, a cache of the same parameters on the same device (else E8KVError
+        BAD_ARGUMENT, nothing copied): e8kv_cuda_cache_copy_async."""
+        _check(self._lib.e8kv_cuda_cache_copy_async(self._p, src._p, _stream(self.device, stream)), "copy_from")
 
     def read_slot(self, layer: int, stream: int, slot: int, head: int) -> np.ndarray:
         """The bytes of one stored vector in the CPU codec's order (what e8kv.Codec.encode gives)."""

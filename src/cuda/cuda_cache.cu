@@ -697,6 +697,46 @@ size_t e8kv_cuda_copy_rows_async(e8kv_cuda_cache *c, const int32_t *src, const i
     return n;
 }
 
+/* the parameters that decide a cache's layout and meaning are equal (e8kv_cuda_cache_copy_async) */
+static int same_layout(const e8kv_cuda_cache *a, const e8kv_cuda_cache *b) {
+    if (a->n_layer != b->n_layer || a->n_head_kv != b->n_head_kv || a->d != b->d || a->bs != b->bs ||
+        a->n_blocks != b->n_blocks || a->max_ctx != b->max_ctx || a->width != b->width ||
+        a->max_seqs != b->max_seqs || a->max_batch != b->max_batch || a->max_n_head != b->max_n_head ||
+        a->max_append != b->max_append || a->pair != b->pair || a->sink != b->sink ||
+        a->centered != b->centered || a->rope != b->rope || a->n_pos != b->n_pos || a->device != b->device ||
+        a->dev_bytes != b->dev_bytes)
+        return 0;
+    for (size_t i = 0; i < 2 * a->n_layer; i++)
+        if (a->sd[i].fmt != b->sd[i].fmt || (a->sd[i].mu == NULL) != (b->sd[i].mu == NULL) ||
+            (a->sd[i].rc == NULL) != (b->sd[i].rc == NULL) ||
+            a->sd[i].pool - a->dev != b->sd[i].pool - b->dev)
+            return 0;
+    return 1;
+}
+
+size_t e8kv_cuda_cache_copy_async(e8kv_cuda_cache *dst, const e8kv_cuda_cache *src, void *stream) {
+    if (!dst || !src || !same_layout(dst, src)) return E8KV_ERR(BAD_ARGUMENT);
+    if (dst == src) return 0;
+    const cudaStream_t st = (cudaStream_t)stream;
+    /* the state region: pools, sink rows, means and turned centres, the RoPE table (the allocation's first
+     * bytes, up to the owned tables: e8kv_cuda_cache_create's layout), the owned tables and the signs */
+    const size_t state = (size_t)((const uint8_t *)src->d_tables - src->dev);
+    if (cudaMemcpyAsync(dst->dev, src->dev, state, cudaMemcpyDeviceToDevice, st) != cudaSuccess ||
+        cudaMemcpyAsync(dst->d_tables, src->d_tables, src->max_seqs * src->width * sizeof(int32_t),
+                        cudaMemcpyDeviceToDevice, st) != cudaSuccess ||
+        cudaMemcpyAsync(dst->d_signs, src->d_signs, src->d * sizeof(float), cudaMemcpyDeviceToDevice, st) !=
+            cudaSuccess)
+        return E8KV_ERR(CUDA);
+    memcpy(dst->tables, src->tables, src->max_seqs * src->width * sizeof(int32_t));
+    memcpy(dst->lens, src->lens, src->max_seqs * src->n_layer * sizeof(size_t));
+    memcpy(dst->n_pages, src->n_pages, src->max_seqs * sizeof(size_t));
+    memcpy(dst->live, src->live, src->max_seqs);
+    memcpy(dst->refs, src->refs, src->n_blocks * sizeof(int32_t));
+    memcpy(dst->free_list, src->free_list, src->n_blocks * sizeof(int32_t));
+    dst->n_free = src->n_free;
+    return 0;
+}
+
 size_t e8kv_cuda_append_sink_async(e8kv_cuda_cache *c, size_t layer, const int64_t *d_sink_slots,
                                    const void *d_k, const void *d_v, size_t n_tok, e8kv_dtype dtype,
                                    unsigned *d_status, void *stream) {
