@@ -402,6 +402,15 @@ class PagesTwin:
     def set_layer_sinks(self, layer, sinks):
         self.lsinks[layer] = sinks  # read at each attend, as the kernel reads the device tensor
 
+    def clone(self, stream=None):
+        """As CudaCache.clone: the stored values copied, what the cache was pointed at (learned sinks, row
+        shifts) not."""
+        import copy
+        new = copy.copy(self)
+        new.pages, new.sinks, new.means = self.pages.clone(), self.sinks.clone(), self.means.clone()
+        new.lsinks, new.shifts = [None] * self.n_layer, None
+        return new
+
     def set_row_shifts(self, shifts):
         assert self.rope_centre and (shifts is None or tuple(shifts.shape) == (self.max_seqs, 2))
         self.shifts = shifts  # read at each attend and gather, as the kernels read the device tensor
@@ -2094,21 +2103,125 @@ def test_unsupported_layer_kinds_are_named():
             e8kv.hf.ModelShape(cfg)
 
 
-def test_forward_with_another_cache_is_refused(dev):
-    """An attached E8KVCudaCache routes the model's attention to its pages: an eager forward that brings
-    another cache (a DynamicCache) would read them; it is an E8KVError, and works again after detach()."""
+@torch.no_grad()
+def _steps(model, cache, ids, a, b):
+    """Logits of ids[:, a:b] through the cache: the prompt in one forward when a is 0, then one token each."""
+    out = []
+    if a == 0:
+        out.append(model(input_ids=ids[:, :PROMPT_T], past_key_values=cache, use_cache=True).logits.float())
+        a = PROMPT_T
+    for i in range(a, b):
+        out.append(model(input_ids=ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits.float())
+    return torch.cat(out, 1)
+
+
+PROMPT_T = 20
+
+
+def _reuse_checks(model, make, ids, tol):
+    """Several e8kv caches of one model used in any order, a DynamicCache after them, a cache after its
+    model was routed elsewhere, and copy.deepcopy of a prompt's cache (transformers' recipe for reusing a
+    prompt): every forward's logits are those of the cache's own sequence."""
+    import copy
     import e8kv.hf
     from transformers import DynamicCache
-    model = model_on(dev)
-    ids = prompt_ids(1, 20, dev=dev)
-    cache = gpu_cache(model, "bf16", 1, dev=dev)
-    with torch.no_grad(), pytest.raises(e8kv.E8KVError) as e:
-        model(input_ids=ids, past_key_values=DynamicCache(config=model.config), use_cache=True)
-    assert e.value.code == e8kv.ErrorCode.BAD_ARGUMENT and "detach" in str(e.value)
-    cache.detach(model.config)
-    with torch.no_grad():
-        model(input_ids=ids, past_key_values=DynamicCache(config=model.config), use_cache=True)
+    n = ids.shape[1]
+    ref = _steps(model, DynamicCache(config=model.config), ids, 0, n)
+    rel = lambda x, y: float((x - y).abs().max() / y.abs().max())  # noqa: E731
+    alone = _steps(model, make(), ids, 0, n)  # one cache, nothing else: the figure the others must repeat
+    assert rel(alone, ref) < tol, rel(alone, ref)
+    a, b = make(), make()  # b made (and attached) after a
+    pa, pb = _steps(model, a, ids, 0, PROMPT_T), _steps(model, b, ids, 0, PROMPT_T)
+    steps_a, steps_b = [], []
+    for i in range(PROMPT_T, n - 2):  # a and b in turn
+        steps_a.append(_steps(model, a, ids, i, i + 1))
+        steps_b.append(_steps(model, b, ids, i, i + 1))
+    for got in (torch.cat([pa] + steps_a, 1), torch.cat([pb] + steps_b, 1)):
+        assert torch.equal(got, alone[:, :n - 2]), rel(got, alone[:, :n - 2])
+    # a DynamicCache after them (no detach): the model's own attention, its own mask
+    assert torch.equal(_steps(model, DynamicCache(config=model.config), ids, 0, n), ref)
+    # a copy of a: both go on from the same past and then apart, neither disturbs the other
+    c = copy.deepcopy(a)
+    assert c.get_seq_length() == a.get_seq_length() and c.n_bytes == a.n_bytes
+    other = ids.clone()
+    other[:, n - 2:] = (ids[:, n - 2:] + 1) % model.config.vocab_size
+    got_c = _steps(model, c, other, n - 2, n)
+    got_a = _steps(model, a, ids, n - 2, n)
+    assert torch.equal(got_a, alone[:, n - 2:]), rel(got_a, alone[:, n - 2:])
+    fresh = make()  # the sequence the copy went on with, from scratch
+    want_c = _steps(model, fresh, other, 0, n)[:, n - 2:]
+    assert torch.equal(got_c, want_c), rel(got_c, want_c)
+    # a cache used after the model's attention went back to its own (detach, a compress() block's end)
+    d = make()
+    pd = _steps(model, d, ids, 0, n - 2)
+    model.config._attn_implementation = "sdpa"
+    for cfg in (model.config,):
+        if getattr(cfg, "_e8kv_cuda_cache", None) is not None:
+            cfg._e8kv_cuda_cache.detach(cfg)
+    got_d = torch.cat([pd, _steps(model, d, ids, n - 2, n)], 1)
+    assert torch.equal(got_d, alone), rel(got_d, alone)
 
+
+def test_caches_of_one_model_in_any_order(dev):
+    """The CUDA cache: several caches of one model in turn, DynamicCache after them, copy.deepcopy, and a
+    cache after detach() (each cache's forward attaches it; the attention reads the cache whose update ran)."""
+    model = model_on(dev)
+    ids = prompt_ids(2, PROMPT_T + 8, dev=dev)
+    for spec in ("bf16", "e8box:4,sink=4,center=rope"):
+        _reuse_checks(model, lambda: gpu_cache(model, spec, 2, dev=dev), ids, 2e-2 if spec == "bf16" else 1.0)
+
+
+def test_compiled_steps_of_caches_in_turn(dev):
+    """Compiled one-token steps (torch.compile fullgraph; CUDA graphs on a GPU) of two caches and a
+    copy.deepcopy of one, in turn with no eager forward between them: each step reads its own cache's pages
+    (the step points the config at its cache), the logits of the same steps in eager mode."""
+    import copy
+    model = model_on(dev)
+    on = "cuda" if dev == "cuda" else "cpu"
+    ids = prompt_ids(2, PROMPT_T + 6, dev=dev)
+    spec = "e8box:4,sink=4,center=rope"
+
+    def run(step):
+        a, b = gpu_cache(model, spec, 2, dev=dev), gpu_cache(model, spec, 2, dev=dev)
+        _steps(model, a, ids, 0, PROMPT_T)
+        _steps(model, b, ids.flip(1), 0, PROMPT_T)  # (another prompt: b's pages differ from a's)
+        c = copy.deepcopy(a)
+        out = []
+        with torch.no_grad():
+            for i in range(PROMPT_T, PROMPT_T + 6):
+                for cache, x in ((a, ids), (b, ids.flip(1)), (c, ids.flip(0))):
+                    out.append(step(input_ids=x[:, i:i + 1], past_key_values=cache, use_cache=True).logits.clone())
+        return out
+
+    eager = run(model.forward)
+    torch._dynamo.reset()
+    step = (torch.compile(model.forward, mode="reduce-overhead", fullgraph=True) if on == "cuda" else
+            torch.compile(model.forward, backend="aot_eager", fullgraph=True))
+    compiled = run(step)
+    torch._dynamo.reset()
+    err = max(float((c - e).abs().max()) for c, e in zip(compiled, eager))
+    scale = max(float(e.abs().max()) for e in eager)
+    assert err <= 1e-3 * scale, (err, scale)
+    assert float((eager[0] - eager[1]).abs().max()) > 1e-2 * scale  # (the caches' steps do differ)
+
+
+def test_cpu_caches_of_one_model_in_any_order():
+    """The same for the CPU cache (E8KVCache), and a cache kept after its compress() block ended (it gave
+    wrong logits silently before: the model's SDPA over the new tokens alone)."""
+    import e8kv.hf
+    model = model_on("cpu")
+    ids = prompt_ids(2, PROMPT_T + 8, dev="cpu")
+    for spec in ("f32", "e8:4,sink=1"):
+        _reuse_checks(model, lambda: e8kv.hf.E8KVCache(model.config, spec), ids, 1e-4 if spec == "f32" else 1.0)
+    model.config._attn_implementation = "sdpa"  # (the caches above routed it to e8kv: compress() restores this)
+    with e8kv.hf.compress(model, "f32"):
+        kept = e8kv.hf.E8KVCache(model.config, "f32")
+        first = _steps(model, kept, ids, 0, PROMPT_T + 4)
+    assert model.config._attn_implementation == "sdpa"
+    got = torch.cat([first, _steps(model, kept, ids, PROMPT_T + 4, PROMPT_T + 8)], 1)
+    from transformers import DynamicCache
+    ref = _steps(model, DynamicCache(config=model.config), ids, 0, PROMPT_T + 8)
+    assert float((got - ref).abs().max() / ref.abs().max()) < 1e-4
 
 
 def _split_layers(model, dev1, first):

@@ -308,7 +308,47 @@ def _check_later_mask(mask: torch.Tensor, past: int, pads: Sequence[int], who: s
 
 _tls = threading.local()  # pending: (cache, layer, pos0 per row, kept tokens per row or None) of the last
 # update, read by the attention function; mask: the forward's 2-D attention mask (the mask function's);
-# handed: the K/V the last update returned, which the attention call must be given (_check_handed)
+# handed: the K/V the last update returned, which the attention call must be given (_check_handed);
+# owner: the e8kv cache whose get_mask_sizes ran last (eager: transformers asks the forward's cache for the mask
+# sizes just before it calls the mask function), read by the mask function; cuda: (E8KVCudaCache, layer) of
+# the last update of a CUDA cache's coded layer, read by the attention function
+
+
+def _claim(cache: Any) -> None:
+    """Eager, before a forward of this cache makes its masks (Cache.get_mask_sizes): the model's attention is
+    routed to e8kv, the config points at this cache when it is a CUDA one (at no CUDA cache when not), and
+    the mask function knows whose forward it is. So a cache can be used after a compress() block ended, after
+    another e8kv cache was made for the same model (several conversations, a copy.deepcopy of a prompt's
+    cache), and a cache of another kind (DynamicCache) after an e8kv one. In a compiled step (torch.compile
+    traces this too) the config is pointed at the cache, which the step's attention then reads."""
+    gpu = cache if isinstance(cache, E8KVCudaCache) else None
+    cfgs = _configs(cache._config)
+    if torch.compiler.is_compiling():  # (a compiled step: the pointer alone, a side effect the graph replays)
+        for c in cfgs:
+            if getattr(c, "_e8kv_cuda_cache", None) is not gpu:
+                c._e8kv_cuda_cache = gpu
+        return
+    _tls.owner = cache
+    if any(getattr(c, "_attn_implementation", None) != ATTN_NAME or getattr(c, "_e8kv_cuda_cache", None) is not gpu
+           for c in cfgs):
+        _route(cache._config)
+        for c in cfgs:
+            c._e8kv_cuda_cache = gpu
+
+
+def _deepcopy_cache(cache: Any, memo: dict, shared: Iterable[Any], replaced: dict) -> Any:
+    """copy.deepcopy of an e8kv cache: a new object whose attributes are deep copies of the cache's, but for
+    `shared` objects (kept: the model's config, its shape, a calibration, objects that hold no tokens) and the
+    C caches in `replaced` (id of the original -> its copy)."""
+    new = object.__new__(type(cache))
+    memo[id(cache)] = new
+    for x in shared:
+        memo[id(x)] = x
+    for i, c in replaced.items():
+        memo[i] = c
+    for k, v in cache.__dict__.items():
+        setattr(new, k, copy.deepcopy(v, memo))
+    return new
 
 
 def _model_layers(shape: ModelShape, coded: Callable[[int], Any], sliding: Callable[[], Any]) -> list:
@@ -460,6 +500,7 @@ class E8KVCache(_BatchChanges, Cache):
         super().__init__(layers=_model_layers(s, lambda i: E8KVLayer(self, i),
                                               lambda: DynamicSlidingWindowLayer(sliding_window=s.sliding_window)))
         probe = self._new_row()  # checks the spec now (a bad spec fails here, not inside generate)
+        self._config = config
         self._attach(config)  # (only then: a refused spec leaves the model's attention as it was)
         self.keys_pre_rope = probe.keys_pre_rope
         self._probe: Optional[core.Cache] = probe
@@ -524,14 +565,26 @@ class E8KVCache(_BatchChanges, Cache):
         rows = []
         for i in idx:  # the first use of a row moves it; a later one copies it (every layer, bit for bit)
             if i in taken:
-                c = self._new_row()
-                c.load_into(self.rows[i].save())
-                rows.append(c)
+                rows.append(self._copy_row(self.rows[i]))
             else:
                 taken.add(i)
                 rows.append(self.rows[i])
         pads = self.pads + [0] * (n - len(self.pads))
         self.rows, self.pads = rows, [pads[i] for i in idx]
+
+    def __deepcopy__(self, memo: dict) -> "E8KVCache":
+        """copy.deepcopy (transformers' way to reuse a prompt's cache: fill it once, copy it for each request):
+        every row's C cache copied (saved and loaded, bit for bit), a hybrid model's sliding layers too; the
+        copy and this cache then change independently and either can run the next forward. The model's
+        config, the calibration and the observer are shared, not copied."""
+        rows = {id(r): self._copy_row(r) for r in self.rows + ([self._probe] if self._probe is not None else [])}
+        shared = [self._config, *_configs(self._config), self.shape, self.calib, self.observer, self._rope]
+        return _deepcopy_cache(self, memo, [x for x in shared if x is not None], rows)
+
+    def _copy_row(self, row: core.Cache) -> core.Cache:
+        c = self._new_row()
+        c.load_into(row.save())
+        return c
 
     def _to_cache_layout(self, x: torch.Tensor, pos0: int, rope: str) -> torch.Tensor:
         """(b, h, t, d) with transformers' RoPE, in its layout -> (b, t, h*d) float32 contiguous in the
@@ -690,6 +743,10 @@ class E8KVCache(_BatchChanges, Cache):
     def _attach(self, config: Any) -> None:
         _route(config)
 
+    def get_mask_sizes(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+        _claim(self)  # (transformers asks before it makes a forward's masks)
+        return super().get_mask_sizes(*args, **kwargs)
+
 
 
 # ------------------------------------------------------------------------------------------ the GPU cache
@@ -751,6 +808,7 @@ class E8KVCudaLayer(CacheLayerMixin):
         if not torch.compiler.is_compiling():
             p._updated = self.layer_idx  # the attention checks it reads the cache of its own forward
             _tls.handed = (key_states, value_states)  # and that it is given what update returns
+            _tls.cuda = p  # (the attention of this layer attends this cache)
         if (p.evict is not None and t > 1 and not torch.compiler.is_compiling() and self.host_length == 0
                 and not int(self.cumulative_length)):
             # the prompt of an evicting cache: held back until the attention, which evicts with its queries
@@ -1014,6 +1072,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
                   self._shifts):
             if t is not None:
                 torch._dynamo.mark_static_address(t)
+        self._config = config
         self._attach(config)
         # a hybrid model's sliding-window layers: transformers' static ones (exact K/V of the window, fixed
         # addresses for CUDA graphs), attended by SDPA with transformers' sliding mask
@@ -1035,8 +1094,38 @@ class E8KVCudaCache(_BatchChanges, Cache):
         for cfg in _configs(config):
             cfg._e8kv_cuda_cache = self
 
+    def get_mask_sizes(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+        _claim(self)  # (transformers asks before it makes a forward's masks)
+        return super().get_mask_sizes(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict) -> "E8KVCudaCache":
+        """copy.deepcopy (transformers' way to reuse a prompt's cache: fill it once, copy it for each request):
+        a new CUDA cache of the same parameters holding a copy of the pages, sink rows, means and lengths
+        (CudaCache.clone: the whole pool, device to device, on the current stream) and of the small tensors
+        around them, sliding layers included; the copy and this cache then change independently and either
+        can run the next forward (it attaches itself: _claim). Its device memory is this cache's again. The
+        model's config and shape are shared, not copied."""
+        if torch.compiler.is_compiling():
+            raise E8KVError(ErrorCode.BAD_ARGUMENT, "e8kv CUDA cache: copy.deepcopy inside a compiled region")
+        from . import torch_ops
+        kv = self.kv.clone()
+        new = _deepcopy_cache(self, memo, [self._config, *_configs(self._config), self.shape], {id(self.kv): kv})
+        new._key = torch_ops.register_cache(kv)
+        if new._shifts is not None:  # what the C cache reads from the caller's tensors: the copy's own
+            kv.set_row_shifts(new._shifts)
+        for layer, t in enumerate(new._sinks):
+            if t is not None:
+                torch._dynamo.mark_static_address(t)
+                kv.set_layer_sinks(layer, t)
+        for t in (new._tables, new._arange, new._batch_rows, new._pad, new._full, new.key_perm, new._page_ids,
+                  new._shifts):
+            if t is not None:
+                torch._dynamo.mark_static_address(t)
+        return new
+
     def detach(self, config: Any) -> None:
-        """Give the config back its previous attention implementation (the cache stays usable by hand)."""
+        """Give the config back its previous attention implementation (the cache's next forward attaches it
+        again)."""
         for cfg in _configs(config):
             if getattr(cfg, "_e8kv_cuda_cache", None) is self:
                 cfg._e8kv_cuda_cache = None
@@ -1319,10 +1408,11 @@ class E8KVCudaCache(_BatchChanges, Cache):
         lead = self.layers[module.layer_idx]
         layer = lead.layer_idx  # the CUDA cache's layer
         if not torch.compiler.is_compiling():
-            if self._updated != layer:  # the forward's cache is another one: it would read these pages
-                raise E8KVError(ErrorCode.BAD_ARGUMENT, "e8kv CUDA cache: a forward with another cache while an "
-                                                        "E8KVCudaCache is attached to the model's config: "
-                                                        "detach(config) it first")
+            if self._updated != layer:  # the update that ran last was another layer's
+                raise UnsupportedModelError(
+                    f"e8kv CUDA cache: layer {module.layer_idx}'s attention does not follow its own cache update "
+                    f"(the last update was of the cache's layer {self._updated}, this is its layer {layer}): "
+                    "e8kv attends a layer's pages right after the update that appended to them")
             self._updated = None
             _check_handed(module, key, value)
         length = lead.cumulative_length  # after this step's update
@@ -1550,7 +1640,11 @@ def _e8kv_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0
     attends with it, a coded layer with it in the CUDA cache's prompt of an empty cache and refuses elsewhere
     (its attention over the codes is causal)."""
     cfg = kwargs.get("config")
-    gpu = getattr(cfg, "_e8kv_cuda_cache", None)
+    if torch.compiler.is_compiling():  # (a compiled step: the cache its eager forwards attached)
+        gpu = getattr(cfg, "_e8kv_cuda_cache", None)
+    else:  # the forward's own cache (_claim): a DynamicCache's forward gets the fallback's mask
+        gpu, _tls.owner = getattr(_tls, "owner", None), None
+        gpu = gpu if isinstance(gpu, E8KVCudaCache) else None
     own = mask_function is not None and mask_function is not causal_mask_function
     if gpu is not None:
         if local_size is None:
@@ -1623,7 +1717,10 @@ def e8kv_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
                    dropout: float = 0.0, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """attn_implementation "e8kv": causal attention of the new queries over the layer's stored codes.
     Layers whose cache is not an E8KVCache run the config's previous implementation."""
-    gpu = getattr(module.config, "_e8kv_cuda_cache", None)
+    if torch.compiler.is_compiling():  # (a compiled step: the cache its eager forwards attached)
+        gpu = getattr(module.config, "_e8kv_cuda_cache", None)
+    else:  # the cache whose update ran for this layer: none when the forward's cache is of another kind
+        gpu, _tls.cuda = getattr(_tls, "cuda", None), None  # (its _attend checks the update was this layer's)
     sinks = kwargs.get("s_aux")  # learned attention sinks (gpt-oss): a logit per query head
     if gpu is not None and query.device.type == gpu.device.type and not gpu.layers[module.layer_idx].is_sliding:
         _check_coded_call(module, kwargs)
