@@ -57,11 +57,14 @@ SMALL_CUDA = dict(SMALL, hidden_size=256, head_dim=64)  # (the CUDA cache's head
 VISION = dict(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, depth=1, embed_dim=32,
               num_heads=2, image_size=28, patch_size=14)  # (a vision-language model's vision tower, never run)
 PROMPT, STEPS = 16, 8
+IMAGE_TOKENS = dict(image_token_id=300, vision_start_token_id=301, video_token_id=302, vision_end_token_id=303)
 
 
-def tiny(model_type, device="cpu", hybrid=True):
+def tiny(model_type, device="cpu", hybrid=True, images=False):
     """A tiny random model of the type from its own config class, or a skip when transformers lacks it.
-    hybrid: keep the type's own layer kinds (sliding / full), with at least one full-attention layer."""
+    hybrid: keep the type's own layer kinds (sliding / full), with at least one full-attention layer.
+    images: a vision tower that runs (its merger's output the decoder's width) and image token ids inside
+    the tiny vocabulary (IMAGE_TOKENS)."""
     from transformers import AutoConfig, AutoModelForCausalLM
     try:
         cfg = AutoConfig.for_model(model_type)
@@ -97,6 +100,15 @@ def tiny(model_type, device="cpu", hybrid=True):
     for k, v in VISION.items():
         if vision is not None and hasattr(vision, k):
             setattr(vision, k, v)
+    if images:
+        if model_type == "qwen2_vl":  # (its vision hidden_size is the merger's output)
+            vision.hidden_size = text.hidden_size
+        if hasattr(vision, "out_hidden_size"):
+            vision.out_hidden_size = text.hidden_size
+        for c in (cfg, text):
+            for k, v in IMAGE_TOKENS.items():
+                if getattr(c, k, None) is not None:
+                    setattr(c, k, v)
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     from transformers import AutoModelForImageTextToText
     auto = AutoModelForCausalLM if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES else AutoModelForImageTextToText
@@ -277,6 +289,62 @@ def test_text_config_keeps_its_fallback(twin):
         if hasattr(cache, "detach"):
             cache.detach(model.config)
             assert model.config.get_text_config(decoder=True)._attn_implementation == "eager"
+
+
+# vision-language models whose RoPE has sections over time, height and width (M-RoPE): an image's tokens
+# take 2-D positions, and the text after it positions that are not its token indices
+MROPE_TYPES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
+
+
+@torch.no_grad()
+def run_image(model, cache, device="cpu"):
+    """Logits of a 24-token prompt holding a 4-token image (a 4 x 4 patch grid, merged 2 x 2), then 8
+    single-token steps, through the cache."""
+    vc = model.config.vision_config
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(10, 200, (1, 32), generator=g)
+    ids[0, 3], ids[0, 4:8], ids[0, 8] = IMAGE_TOKENS["vision_start_token_id"], IMAGE_TOKENS["image_token_id"], \
+        IMAGE_TOKENS["vision_end_token_id"]
+    pix = torch.randn(16, 3 * vc.temporal_patch_size * vc.patch_size ** 2, generator=g)
+    ids, pix = ids.to(device), pix.to(device)
+    kw = dict(pixel_values=pix, image_grid_thw=torch.tensor([[1, 4, 4]], device=device),
+              mm_token_type_ids=(ids[:, :24] == IMAGE_TOKENS["image_token_id"]).long())
+    out = [model(input_ids=ids[:, :24], past_key_values=cache, use_cache=True, **kw).logits]
+    for i in range(24, 32):
+        out.append(model(input_ids=ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits)
+    return torch.cat(out, 1)
+
+
+def compare_image(model, make, device="cpu"):
+    from transformers import DynamicCache
+    ref = run_image(model, DynamicCache(config=model.config), device)
+    got = run_image(model, make(), device)
+    assert torch.isfinite(got).all()
+    return float((got - ref).abs().max() / ref.abs().max())
+
+
+@pytest.mark.parametrize("model_type", MROPE_TYPES)
+def test_mrope_model_with_an_image(model_type, twin):
+    """Qwen2-VL, Qwen2.5-VL, Qwen3-VL with an image in the prompt (its vision tower run, its tokens at M-RoPE's
+    2-D positions, the text after it at positions past its token indices): the CPU cache's exact codes give
+    DynamicCache's logits (keys are stored as the layers give them, after RoPE), the CUDA cache's Python over
+    the twin's bf16 pages within bf16's error; rope=pre is refused by name (no known pair layout, and M-RoPE's
+    positions are not the token indices the CPU cache would turn keys back by)."""
+    model = tiny(model_type, images=True)
+    assert compare_image(model, lambda: e8kv.hf.E8KVCache(model.config, "f32")) < 1e-4
+    assert compare_image(model, lambda: twin(model.config, "bf16")) < 2e-2
+    with pytest.raises(e8kv.hf.UnsupportedModelError, match="RoPE pair layout"):
+        e8kv.hf.E8KVCache(model.config, "f32,rope=pre")
+
+
+@pytest.mark.skipif(not GPU, reason="needs a GPU and a libe8kv built with nvcc")
+@pytest.mark.parametrize("model_type", MROPE_TYPES)
+def test_mrope_model_with_an_image_cuda(model_type):
+    """The same through the CUDA cache: f16 pages within f16's error, its default format finite."""
+    model = tiny(model_type, "cuda", images=True)
+    mk = lambda spec: lambda: e8kv.hf.E8KVCache(model.config, spec, device="cuda", max_cache_len=64)  # noqa: E731
+    assert compare_image(model, mk("f16"), "cuda") < 2e-3
+    assert compare_image(model, mk(None), "cuda") < 1.0
 
 
 @pytest.mark.skipif(not GPU, reason="needs a GPU and a libe8kv built with nvcc")
