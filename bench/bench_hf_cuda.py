@@ -124,6 +124,32 @@ def prefilled(model, kind, batch, ctx, pad, max_chunk, gather_from):
     return cache
 
 
+def measure_copy(model, kind, batch, ctx, out, reps=5):
+    """copy.deepcopy of a cache holding batch x ctx tokens (transformers' way to reuse a prompt's cache): ms
+    (the host waiting for the device; median of reps copies, each freed before the next) and the copy's own
+    device bytes (e8kv: its cudaMalloc, the whole pool; DynamicCache: the bytes its tensors hold)."""
+    import copy
+    gc.collect()
+    torch.cuda.empty_cache()
+    cache = make_cache(model, kind, batch, ctx, 16)
+    torch.cuda.synchronize()
+    times, held = [], 0
+    for _ in range(reps):
+        t = time.perf_counter()
+        c = copy.deepcopy(cache)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) * 1e3)
+        held = c.n_bytes if isinstance(c, e8kv.hf.E8KVCudaCache) else sum(
+            x.numel() * x.element_size() for layer in c.layers for x in (layer.keys, layer.values))
+        del c
+    times.sort()
+    rec = {"part": "copy", "cache": kind, "batch": batch, "ctx": ctx, "ms": round(times[len(times) // 2], 3),
+           "ms_all": [round(x, 3) for x in times], "copy_gb": round(held / 1e9, 3),
+           "device": torch.cuda.get_device_name()}
+    emit(rec, out)
+    del cache
+
+
 def cache_bytes(cache):
     return cache.n_bytes if isinstance(cache, e8kv.hf.E8KVCudaCache) else 0
 
@@ -397,7 +423,7 @@ def main():
                          "prompt on an empty cache, 64-token chunks after a long past), chunks (eager, batch 1: --chunks after a long "
                          "past, e8kv by both paths), gather (the gather kernel of one layer against a copy, batch 1 and 8 at long), fit (largest batch at long), small (batch 1, "
                          "short context), again (DynamicCache and e8box:4 eager at 8 x long once more), beam (eager beam-search steps: "
-                         "2 x 4 beams at short and long, a forward then reorder_cache)")
+                         "2 x 4 beams at short and long, a forward then reorder_cache), copy (copy.deepcopy of a cache at 1 and 8 x long)")
     ap.add_argument("--kinds", default="dynamic,static,e8box:4,e8p:2",
                     help="caches of the main and small parts, comma-separated; or ';'-separated when a spec holds "
                          "commas ('dynamic;e8box:4;e8box:4,sink=4')")
@@ -497,6 +523,11 @@ def main():
             for kind in kinds:
                 if kind != "static" and time.time() - T0 <= args.budget:
                     measure_beam(model, kind, 2, 4, c, args.steps, out)
+    if "copy" in parts:
+        for b in (1, 8):
+            for kind in kinds:
+                if kind != "static" and time.time() - T0 <= args.budget:
+                    measure_copy(model, kind, b, big, out)
     if "again" in parts:
         go("dynamic", "eager", 8, big)
     log("done")
