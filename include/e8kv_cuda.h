@@ -271,6 +271,19 @@ size_t e8kv_cuda_copy_rows_async(e8kv_cuda_cache *cache, const int32_t *src, con
  * after the work already queued there (the host bookkeeping is copied at once). What the caller points the
  * cache at (learned sinks: e8kv_cuda_set_layer_sinks; row shifts) is not copied: set it on dst. Returns 0. */
 size_t e8kv_cuda_cache_copy_async(e8kv_cuda_cache *dst, const e8kv_cuda_cache *src, void *stream);
+/* The cache's state as bytes (doc/format.md §7), for saving it to host memory or a file: a header naming
+ * its layout, the pages of the given ranges of page ids in every (layer, stream) pool (ranges[2i]: first
+ * page, ranges[2i + 1]: count, in [0, n_blocks), not overlapping; NULL: every page), the sink rows, means,
+ * RoPE table and rotation signs, the owned sequences' tables and bookkeeping, and an XXH64 of it all.
+ * dst NULL: the bytes it needs. Synchronous (waits for the device). Returns the bytes written or an error
+ * (E8KV_ERROR_BAD_ARGUMENT for bad ranges, E8KV_ERROR_DST_TOO_SMALL when dst is too small). */
+size_t e8kv_cuda_cache_export(const e8kv_cuda_cache *cache, const int64_t *ranges, size_t n_ranges, void *dst,
+                              size_t dst_capacity);
+/* Loads such bytes into a cache of the same parameters (as e8kv_cuda_cache_copy_async: the seed and RoPE
+ * frequencies may differ, it takes the saved ones); pages outside the saved ranges keep their bytes.
+ * Untrusted bytes: E8KV_ERROR_TRUNCATED, _CORRUPTED, _CHECKSUM, _VERSION; a cache of another layout:
+ * E8KV_ERROR_BAD_ARGUMENT; on any of these nothing is changed. Synchronous. Returns 0 or an error. */
+size_t e8kv_cuda_cache_import(e8kv_cuda_cache *cache, const void *src, size_t src_size);
 /* N of the spec's sink=N (0: none). */
 size_t e8kv_cuda_cache_sink(const e8kv_cuda_cache *cache);
 #define E8KV_CUDA_SINK_MAX 64

@@ -135,6 +135,28 @@ def test_cache_append_attend_save_load(tmp_path):
     assert e.value.code in (e8kv.ErrorCode.CHECKSUM, e8kv.ErrorCode.CORRUPTED)
 
 
+def test_pickled_cache_rope_and_calibration():
+    """pickle of the C objects (what torch.save of a transformers cache holding them does): a cache comes back
+    bit-identical in attention, a calibration with the same file bytes (shared by the caches that use it),
+    a RoPE with the same rotation."""
+    import pickle
+    rng = np.random.default_rng(3)
+    cal = e8kv.Calib(2, 3, 64)
+    for layer in range(2):
+        x = rng.standard_normal((300, 192)).astype(np.float32)
+        cal.observe(layer, x, x * 0.5)
+    cal.finalize()
+    kv = e8kv.Cache(2, 3, 64, 256, "e8tv:3,sink=1", rope_theta=10000.0, calib=cal)
+    k = rng.standard_normal((40, 192)).astype(np.float32)
+    for layer in range(2):
+        kv.append(layer, k, k * 0.5)
+    q = rng.standard_normal((40, 9 * 64)).astype(np.float32)
+    back_kv, back_cal = pickle.loads(pickle.dumps((kv, cal)))
+    np.testing.assert_array_equal(back_kv.attend(1, q, 0), kv.attend(1, q, 0))
+    assert back_cal.to_bytes() == cal.to_bytes() and back_kv._calib is back_cal
+    rope = e8kv.Rope(64, 10000.0, neox=False)
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(rope)).apply_(x.copy(), 7), rope.apply_(x.copy(), 7))
 
 
 # ------------------------------------------------------------------------------------------ allocation

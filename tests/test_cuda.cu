@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <xxhash.h>
 
 #include "e8kv.h"
 #include "e8kv_cuda.h"
@@ -1198,8 +1199,70 @@ static void test_cache_copy(const char *spec, size_t d) {
           "copy: NULL refused, a cache onto itself nothing");
     ATTEND_INTO(a, o2);
     CHECK(!memcmp(o1, o2, n_head * d * 4), "%s: a refused copy changed the source", spec);
+    /* the saved state (e8kv_cuda_cache_export / _import): into a fresh cache of another seed, the source's
+     * attention and later bytes; bad bytes refused by name, the cache unchanged */
+    const size_t need = e8kv_cuda_cache_export(a, NULL, 0, NULL, 0);
+    uint8_t *st = (uint8_t *)malloc(need + 1);
+    CHECK(!e8kv_is_error(need) && e8kv_cuda_cache_export(a, NULL, 0, st, need) == need, "export");
+    CHECK(e8kv_get_error_code(e8kv_cuda_cache_export(a, NULL, 0, st, need - 1)) == E8KV_ERROR_DST_TOO_SMALL,
+          "export: dst too small");
+    const int64_t overlap[4] = {0, 4, 3, 2}, past[2] = {10, 7};
+    CHECK(e8kv_get_error_code(e8kv_cuda_cache_export(a, overlap, 2, NULL, 0)) == E8KV_ERROR_BAD_ARGUMENT &&
+              e8kv_get_error_code(e8kv_cuda_cache_export(a, past, 1, NULL, 0)) == E8KV_ERROR_BAD_ARGUMENT,
+          "export: overlapping or out-of-pool ranges refused");
+    p.seed = rnd();
+    e8kv_cuda_cache *e = e8kv_cuda_cache_create(&p, &err);
+    CHECK(e && e8kv_cuda_cache_import(e, st, need) == 0, "import");
+    ATTEND_INTO(e, o2);
+    CHECK(!memcmp(o1, o2, n_head * d * 4), "%s d=%zu: the imported cache attends unlike its source", spec, d);
+    const size_t sc = e8kv_cuda_seq_create(a); /* a new sequence in both: the same id, pages and bytes */
+    CHECK(e && e8kv_cuda_seq_create(e) == sc, "the imported cache's next sequence id");
+    for (size_t l = 0; l < 2; l++)
+        CHECK(e8kv_cuda_seq_append(a, l, sc, dy, dx, 20, E8KV_DTYPE_F32) == 20 &&
+                  e8kv_cuda_seq_append(e, l, sc, dy, dx, 20, E8KV_DTYPE_F32) == 20,
+              "append after import");
+    same = 1;
+    for (size_t pos = 0; pos < 20; pos += 3) {
+        e8kv_cuda_seq_read_vector(a, v1, sizeof v1, sc, 1, 1, pos, 0);
+        e8kv_cuda_seq_read_vector(e, v2, sizeof v2, sc, 1, 1, pos, 0);
+        same &= !memcmp(v1, v2, e8kv_cuda_cache_vector_bytes(a, 1, 1));
+    }
+    CHECK(same && e8kv_cuda_cache_free_pages(a) == e8kv_cuda_cache_free_pages(e), "%s: imported bookkeeping",
+          spec);
+    struct {
+        size_t at;
+        uint8_t x;
+        size_t size;
+        int fix;
+        e8kv_error_code want;
+    } bad[] = {{need / 2, 1, need, 0, E8KV_ERROR_CHECKSUM},
+               {0, 1, need, 0, E8KV_ERROR_CORRUPTED},
+               {8, 1, need, 0, E8KV_ERROR_VERSION},
+               {0, 0, need - 1, 0, E8KV_ERROR_TRUNCATED},
+               {0, 0, 40, 0, E8KV_ERROR_TRUNCATED},
+               {16, 1, need, 1, E8KV_ERROR_BAD_ARGUMENT},
+               {need - 16, 0x40, need, 1, E8KV_ERROR_CORRUPTED}}; /* n_free past the pool, checksum fixed */
+    for (size_t i = 0; e && i < sizeof bad / sizeof *bad; i++) {
+        uint8_t *m = (uint8_t *)malloc(need);
+        memcpy(m, st, need);
+        m[bad[i].at] ^= bad[i].x;
+        if (bad[i].fix) {
+            const uint64_t h = XXH64(m, need - 8, 0);
+            for (int k = 0; k < 8; k++)
+                m[need - 8 + k] = (uint8_t)(h >> (8 * k));
+        }
+        const size_t r = e8kv_cuda_cache_import(e, m, bad[i].size);
+        CHECK(e8kv_get_error_code(r) == bad[i].want, "import of bad bytes %zu: %s", i, e8kv_error_name(r));
+        free(m);
+    }
+    if (e) {
+        ATTEND_INTO(e, o2);
+        CHECK(!memcmp(o1, o2, n_head * d * 4), "%s: a refused import changed the cache", spec);
+    }
+    free(st);
+    e8kv_cuda_cache_free(e);
 #undef ATTEND_INTO
-    printf("  cache copy %-28s d=%zu: done\n", spec, d);
+    printf("  cache copy/save %-23s d=%zu: done\n", spec, d);
     free(x), free(y);
     CU(cudaFree(dx));
     CU(cudaFree(dy));

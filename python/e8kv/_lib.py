@@ -138,6 +138,9 @@ _SIGNATURES = {
     "e8kv_calib_bytes": (c_size_t, [c_void_p]),
     "e8kv_calib_save_file": (c_size_t, [c_void_p, c_char_p]),
     "e8kv_calib_load_file": (c_void_p, [c_char_p, _SZ]),
+    "e8kv_calib_save_bound": (c_size_t, [c_void_p]),
+    "e8kv_calib_save": (c_size_t, [c_void_p, c_size_t, c_void_p]),
+    "e8kv_calib_load": (c_void_p, [c_void_p, c_size_t, _SZ]),
     # cache
     "e8kv_cache_create": (c_void_p, [POINTER(CacheParams), _SZ]),
     "e8kv_cache_free": (None, [c_void_p]),
@@ -204,6 +207,8 @@ _CUDA_SIGNATURES = {
     "e8kv_cuda_copy_pages_async": (c_size_t, [c_void_p, c_void_p, c_void_p, c_size_t, c_void_p]),
     "e8kv_cuda_copy_rows_async": (c_size_t, [c_void_p, c_void_p, c_void_p, c_size_t, c_void_p]),
     "e8kv_cuda_cache_copy_async": (c_size_t, [c_void_p, c_void_p, c_void_p]),
+    "e8kv_cuda_cache_export": (c_size_t, [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t]),
+    "e8kv_cuda_cache_import": (c_size_t, [c_void_p, c_void_p, c_size_t]),
 }
 
 

@@ -155,6 +155,10 @@ class Rope:
             raise E8KVError(lib.e8kv_get_error_code(err.value), f"RoPE at head_dim {head_dim}, theta {theta}"
                                                                 + (" (freqs given)" if freqs is not None else ""))
         self.head_dim = head_dim
+        self._args = (head_dim, theta, neox, None if freqs is None else [float(x) for x in freqs])
+
+    def __reduce__(self) -> tuple:  # (pickling: the same rotation made again)
+        return Rope, self._args
 
     def __del__(self) -> None:
         if getattr(self, "_p", None):
@@ -263,6 +267,25 @@ class Calib:
         if getattr(self, "_p", None):
             lib.e8kv_calib_free(self._p)
             self._p = None
+
+    def to_bytes(self) -> bytes:
+        """The calibration file's bytes (doc/format.md §5)."""
+        cap = _check(lib.e8kv_calib_save_bound(self._p), "calibration save bound")
+        buf = np.empty(cap, dtype=np.uint8)
+        n = _check(lib.e8kv_calib_save(buf.ctypes.data, cap, self._p), "save calibration")
+        return buf[:n].tobytes()
+
+    @classmethod
+    def from_bytes(cls, src: bytes) -> "Calib":
+        keep, addr, nb = _bytes_in(src)
+        err = c_size_t(0)
+        p = lib.e8kv_calib_load(addr, nb, byref(err))
+        if not p:
+            raise E8KVError(lib.e8kv_get_error_code(err.value), "load calibration from bytes")
+        return cls(0, 0, 0, _ptr=p)
+
+    def __reduce__(self) -> tuple:  # (pickling: the file's bytes)
+        return Calib.from_bytes, (self.to_bytes(),)
 
     @classmethod
     def load(cls, path: PathLike) -> "Calib":
@@ -505,6 +528,9 @@ class Cache:
         keep, addr, nb = _bytes_in(src)
         return _check(lib.e8kv_cache_load_into(self._p, addr, nb), "load_into")
 
+    def __reduce__(self) -> tuple:  # (pickling: the saved cache, bit-identical in attention, and its calibration)
+        return _cache_from_saved, (self.save(), self._calib)
+
     @staticmethod
     def file_info(src: bytes) -> dict:
         """The header of a saved cache (e8kv_cache_file_get_info) as a dict."""
@@ -522,6 +548,10 @@ class Cache:
 
 
 # ------------------------------------------------------------------------------------------ CUDA cache
+def _cache_from_saved(data: bytes, calib: Optional[Calib]) -> "Cache":
+    return Cache.load(data, calib=calib)
+
+
 def cuda_built() -> bool:
     """True when libe8kv_cuda.so (the CUDA cache, built where CMake found nvcc) was found and loaded."""
     return cuda_lib() is not None
@@ -836,6 +866,30 @@ class CudaCache:
         new.copy_from(self, stream=stream)
         return new
 
+    def state(self, ranges: Optional[Sequence[tuple[int, int]]] = None) -> bytes:
+        """Everything the cache stores as bytes (doc/format.md §7: e8kv_cuda_cache_export): the pages of the
+        (first, count) ranges of page ids (None: every page), sink rows, means, the owned sequences, and an
+        XXH64 of it all. Waits for the device."""
+        r = None
+        if ranges is not None:
+            r = np.ascontiguousarray(np.asarray(ranges, dtype=np.int64).reshape(-1, 2))
+        rp, nr = (r.ctypes.data, r.shape[0]) if r is not None else (None, 0)
+        need = _check(self._lib.e8kv_cuda_cache_export(self._p, rp, nr, None, 0), "state")
+        buf = np.empty(need, dtype=np.uint8)
+        _check(self._lib.e8kv_cuda_cache_export(self._p, rp, nr, buf.ctypes.data, need), "state")
+        return buf.tobytes()
+
+    def load_state(self, data: bytes) -> None:
+        """Load state() bytes of a cache of the same parameters (e8kv_cuda_cache_import): bad bytes are an
+        E8KVError (TRUNCATED, CORRUPTED, CHECKSUM, VERSION; another layout: BAD_ARGUMENT) and change nothing;
+        pages outside the saved ranges keep their bytes. What set_layer_sinks / set_row_shifts pointed the
+        cache at is not part of the state."""
+        keep, addr, nb = _bytes_in(data)
+        _check(self._lib.e8kv_cuda_cache_import(self._p, addr, nb), "load_state")
+
+    def __reduce__(self) -> tuple:  # (pickling: the parameters and state())
+        return _cuda_cache_from_state, (self._args, self.state())
+
     def copy_from(self, src: "CudaCache", *, stream: Any = None) -> None:
         """Make this cache a copy of src, a cache of the same parameters on the same device (else E8KVError
         BAD_ARGUMENT, nothing copied): e8kv_cuda_cache_copy_async."""
@@ -852,3 +906,9 @@ class CudaCache:
         return (f"CudaCache('{self.spec}', n_layer={self.n_layer}, n_head_kv={self.n_head_kv}, "
                 f"head_dim={self.head_dim}, {self.n_blocks} pages of {self.block_size}, "
                 f"{self.device_bytes} device bytes)")
+
+
+def _cuda_cache_from_state(args: dict, data: bytes) -> CudaCache:
+    c = CudaCache(**args)
+    c.load_state(data)
+    return c

@@ -4,7 +4,10 @@
  * argument checks of the public API (e8kv_cuda.h). Page bytes: doc/format.md §6. */
 #include "cuda_internal.cuh"
 
+#include "common/common.h"
+
 #include <math.h>
+#include <xxhash.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +37,8 @@ struct e8kv_cuda_cache {
     float rot_scale;
     uint8_t *dev; /* the one allocation */
     size_t dev_bytes;
+    size_t o_sink, o_state; /* offsets: the end of the pools (sink rows, means, RoPE table follow), the owned
+                             * tables (the end of what a copy or a saved state holds besides them) */
     stream_desc *sd;    /* (n_layer, 2) */
     int32_t *d_tables;  /* (max_seqs, width) */
     int32_t *d_btables; /* (max_batch, width): the tables of one seq_attend call */
@@ -389,6 +394,7 @@ e8kv_cuda_cache *e8kv_cuda_cache_create(const e8kv_cuda_cache_params *p, size_t 
     c->work_bytes = max_workspace(c);
     off = align256(off + c->work_bytes);
     c->dev_bytes = off;
+    c->o_sink = o_sink, c->o_state = o_tables;
     const cudaError_t ce = cudaMalloc((void **)&c->dev, c->dev_bytes);
     if (ce != cudaSuccess) {
         c->dev = NULL;
@@ -720,7 +726,7 @@ size_t e8kv_cuda_cache_copy_async(e8kv_cuda_cache *dst, const e8kv_cuda_cache *s
     const cudaStream_t st = (cudaStream_t)stream;
     /* the state region: pools, sink rows, means and turned centres, the RoPE table (the allocation's first
      * bytes, up to the owned tables: e8kv_cuda_cache_create's layout), the owned tables and the signs */
-    const size_t state = (size_t)((const uint8_t *)src->d_tables - src->dev);
+    const size_t state = src->o_state;
     if (cudaMemcpyAsync(dst->dev, src->dev, state, cudaMemcpyDeviceToDevice, st) != cudaSuccess ||
         cudaMemcpyAsync(dst->d_tables, src->d_tables, src->max_seqs * src->width * sizeof(int32_t),
                         cudaMemcpyDeviceToDevice, st) != cudaSuccess ||
@@ -734,6 +740,220 @@ size_t e8kv_cuda_cache_copy_async(e8kv_cuda_cache *dst, const e8kv_cuda_cache *s
     memcpy(dst->refs, src->refs, src->n_blocks * sizeof(int32_t));
     memcpy(dst->free_list, src->free_list, src->n_blocks * sizeof(int32_t));
     dst->n_free = src->n_free;
+    return 0;
+}
+
+/* ---- the saved state (doc/format.md §7) ---- */
+#define STATE_MAGIC "E8KVGPUS"
+#define STATE_VERSION 1u
+#define STATE_HEADER 64u
+
+/* XXH64 of the parameters that decide the layout (same_layout's, in a fixed little-endian image) */
+static uint64_t layout_hash(const e8kv_cuda_cache *c) {
+    const size_t f[] = {c->n_layer,    c->n_head_kv,        c->d,
+                        c->bs,         c->n_blocks,         c->max_ctx,
+                        c->width,      c->max_seqs,         c->max_batch,
+                        c->max_n_head, c->max_append,       (size_t)c->pair,
+                        c->sink,       (size_t)c->centered, (size_t)c->rope,
+                        c->n_pos,      c->dev_bytes,        c->o_sink,
+                        c->o_state};
+    const size_t nf = sizeof f / sizeof *f;
+    uint8_t *img = (uint8_t *)malloc(8 * (nf + 4 * 2 * c->n_layer));
+    if (!img) return 0;
+    size_t o = 0;
+    for (size_t i = 0; i < nf; i++, o += 8)
+        e8kv_store_le64(img + o, f[i]);
+    for (size_t i = 0; i < 2 * c->n_layer; i++) {
+        const stream_desc *sd = &c->sd[i];
+        e8kv_store_le64(img + o, (uint64_t)sd->fmt), e8kv_store_le64(img + o + 8, sd->mu != NULL);
+        e8kv_store_le64(img + o + 16, sd->rc != NULL),
+            e8kv_store_le64(img + o + 24, (uint64_t)(sd->pool - c->dev));
+        o += 32;
+    }
+    const uint64_t h = XXH64(img, o, 0);
+    free(img);
+    return h;
+}
+
+/* bytes of the host bookkeeping of owned sequences in a saved state */
+static size_t host_state_bytes(const e8kv_cuda_cache *c) {
+    return c->max_seqs * c->width * 4 + c->max_seqs * c->n_layer * 8 + c->max_seqs * 8 + c->max_seqs +
+           c->n_blocks * 4 * 2 + 8;
+}
+
+/* ranges (first, count) pairs in [0, n_blocks), not overlapping: the pages they hold, or an error */
+static size_t check_ranges(const e8kv_cuda_cache *c, const int64_t *r, size_t n, size_t err) {
+    unsigned char *seen = (unsigned char *)calloc(c->n_blocks ? c->n_blocks : 1, 1);
+    if (!seen) return E8KV_ERR(OUT_OF_MEMORY);
+    size_t pages = 0, bad = 0;
+    for (size_t i = 0; i < n && !bad; i++) {
+        const int64_t a = r[2 * i], k = r[2 * i + 1];
+        if (a < 0 || k < 0 || (uint64_t)a > c->n_blocks || (uint64_t)k > c->n_blocks - (uint64_t)a) {
+            bad = 1;
+            break;
+        }
+        for (int64_t j = a; j < a + k && !bad; j++)
+            bad = seen[j]++ != 0;
+        pages += (size_t)k;
+    }
+    free(seen);
+    return bad ? err : pages;
+}
+
+static size_t state_bytes(const e8kv_cuda_cache *c, size_t n_ranges, size_t pages) {
+    size_t page_sum = 0;
+    for (size_t i = 0; i < 2 * c->n_layer; i++)
+        page_sum += c->sd[i].page_bytes;
+    return STATE_HEADER + 16 * n_ranges + pages * page_sum + (c->o_state - c->o_sink) +
+           c->max_seqs * c->width * 4 + c->d * 4 + host_state_bytes(c) + 8;
+}
+
+/* the current device made the cache's for the call, restored after */
+struct device_scope {
+    int prev, ok;
+};
+static device_scope enter_device(const e8kv_cuda_cache *c) {
+    device_scope s = {0, 0};
+    s.ok = cudaGetDevice(&s.prev) == cudaSuccess && cudaSetDevice(c->device) == cudaSuccess;
+    return s;
+}
+static void leave_device(const device_scope &s) {
+    if (s.ok) cudaSetDevice(s.prev);
+}
+
+size_t e8kv_cuda_cache_export(const e8kv_cuda_cache *c, const int64_t *ranges, size_t n_ranges, void *dst,
+                              size_t dst_capacity) {
+    if (!c || (n_ranges && !ranges)) return E8KV_ERR(BAD_ARGUMENT);
+    const int64_t all[2] = {0, (int64_t)c->n_blocks};
+    if (!ranges) ranges = all, n_ranges = 1;
+    const size_t pages = check_ranges(c, ranges, n_ranges, E8KV_ERR(BAD_ARGUMENT));
+    if (e8kv_is_error(pages)) return pages;
+    const size_t total = state_bytes(c, n_ranges, pages);
+    if (!dst) return total;
+    if (dst_capacity < total) return E8KV_ERR(DST_TOO_SMALL);
+    uint8_t *const out = (uint8_t *)dst;
+    memset(out, 0, STATE_HEADER);
+    memcpy(out, STATE_MAGIC, 8);
+    e8kv_store_le32(out + 8, STATE_VERSION), e8kv_store_le32(out + 12, STATE_HEADER);
+    e8kv_store_le64(out + 16, layout_hash(c)), e8kv_store_le64(out + 24, n_ranges);
+    e8kv_store_le64(out + 32, total), e8kv_store_le64(out + 40, c->o_state - c->o_sink);
+    e8kv_store_le64(out + 48, pages);
+    uint8_t *p = out + STATE_HEADER;
+    for (size_t i = 0; i < n_ranges; i++, p += 16)
+        e8kv_store_le64(p, (uint64_t)ranges[2 * i]), e8kv_store_le64(p + 8, (uint64_t)ranges[2 * i + 1]);
+    const device_scope ds = enter_device(c);
+    size_t r = ds.ok && cudaDeviceSynchronize() == cudaSuccess ? 0 : E8KV_ERR(CUDA);
+    for (size_t i = 0; i < 2 * c->n_layer && !r; i++)
+        for (size_t j = 0; j < n_ranges && !r; j++) {
+            const size_t pb = c->sd[i].page_bytes, n = (size_t)ranges[2 * j + 1] * pb;
+            if (n && cudaMemcpy(p, c->sd[i].pool + (size_t)ranges[2 * j] * pb, n, cudaMemcpyDeviceToHost) !=
+                         cudaSuccess)
+                r = E8KV_ERR(CUDA);
+            p += n;
+        }
+    const size_t small = c->o_state - c->o_sink, tb = c->max_seqs * c->width * 4;
+    if (!r && (cudaMemcpy(p, c->dev + c->o_sink, small, cudaMemcpyDeviceToHost) != cudaSuccess ||
+               cudaMemcpy(p + small, c->d_tables, tb, cudaMemcpyDeviceToHost) != cudaSuccess ||
+               cudaMemcpy(p + small + tb, c->d_signs, c->d * 4, cudaMemcpyDeviceToHost) != cudaSuccess))
+        r = E8KV_ERR(CUDA);
+    leave_device(ds);
+    if (r) return r;
+    p += small + tb + c->d * 4;
+    /* the owned sequences' bookkeeping (little-endian hosts: the arrays as they are) */
+    memcpy(p, c->tables, tb), p += tb;
+    for (size_t i = 0; i < c->max_seqs * c->n_layer; i++, p += 8)
+        e8kv_store_le64(p, c->lens[i]);
+    for (size_t i = 0; i < c->max_seqs; i++, p += 8)
+        e8kv_store_le64(p, c->n_pages[i]);
+    memcpy(p, c->live, c->max_seqs), p += c->max_seqs;
+    memcpy(p, c->refs, c->n_blocks * 4), p += c->n_blocks * 4;
+    memcpy(p, c->free_list, c->n_blocks * 4), p += c->n_blocks * 4;
+    e8kv_store_le64(p, c->n_free), p += 8;
+    e8kv_store_le64(p, XXH64(out, total - 8, 0));
+    return total;
+}
+
+size_t e8kv_cuda_cache_import(e8kv_cuda_cache *c, const void *src, size_t src_size) {
+    if (!c || !src) return E8KV_ERR(BAD_ARGUMENT);
+    const uint8_t *const in = (const uint8_t *)src;
+    if (src_size < STATE_HEADER + 8) return E8KV_ERR(TRUNCATED);
+    if (memcmp(in, STATE_MAGIC, 8)) return E8KV_ERR(CORRUPTED);
+    if (e8kv_load_le32(in + 8) != STATE_VERSION) return E8KV_ERR(VERSION);
+    const uint64_t total = e8kv_load_le64(in + 32), n_ranges = e8kv_load_le64(in + 24);
+    if (e8kv_load_le32(in + 12) != STATE_HEADER) return E8KV_ERR(CORRUPTED);
+    if (total > src_size) return E8KV_ERR(TRUNCATED);
+    if (total != src_size) return E8KV_ERR(CORRUPTED);
+    if (XXH64(in, src_size - 8, 0) != e8kv_load_le64(in + src_size - 8)) return E8KV_ERR(CHECKSUM);
+    if (e8kv_load_le64(in + 16) != layout_hash(c)) return E8KV_ERR(BAD_ARGUMENT); /* another cache's layout */
+    if (n_ranges > c->n_blocks || e8kv_load_le64(in + 40) != c->o_state - c->o_sink)
+        return E8KV_ERR(CORRUPTED);
+    int64_t *ranges = (int64_t *)malloc((n_ranges ? n_ranges : 1) * 16);
+    if (!ranges) return E8KV_ERR(OUT_OF_MEMORY);
+    const uint8_t *p = in + STATE_HEADER;
+    for (size_t i = 0; i < n_ranges; i++, p += 16)
+        ranges[2 * i] = (int64_t)e8kv_load_le64(p), ranges[2 * i + 1] = (int64_t)e8kv_load_le64(p + 8);
+    const size_t pages = check_ranges(c, ranges, n_ranges, E8KV_ERR(CORRUPTED));
+    size_t r = e8kv_is_error(pages) ? pages
+               : state_bytes(c, n_ranges, pages) != total || e8kv_load_le64(in + 48) != pages
+                   ? E8KV_ERR(CORRUPTED)
+                   : 0;
+    /* the bookkeeping must be one a cache can hold: checked before anything is written */
+    const size_t tb = c->max_seqs * c->width * 4, small = c->o_state - c->o_sink;
+    size_t dev_part = 0;
+    for (size_t i = 0; i < 2 * c->n_layer; i++)
+        dev_part += pages * c->sd[i].page_bytes;
+    const uint8_t *const host = p + dev_part + small + tb + c->d * 4;
+    const uint8_t *const h_live = host + tb + c->max_seqs * c->n_layer * 8 + c->max_seqs * 8;
+    const uint8_t *const h_refs = h_live + c->max_seqs, *const h_free = h_refs + c->n_blocks * 4;
+    const uint64_t n_free = r ? 0 : e8kv_load_le64(h_free + c->n_blocks * 4);
+    for (size_t i = 0; i < c->max_seqs && !r; i++)
+        if (h_live[i] > 1) r = E8KV_ERR(CORRUPTED);
+    if (!r && n_free > c->n_blocks) r = E8KV_ERR(CORRUPTED);
+    for (size_t i = 0; i < c->n_blocks && !r; i++) {
+        const int32_t ref = (int32_t)e8kv_load_le32(h_refs + 4 * i),
+                      fr = (int32_t)e8kv_load_le32(h_free + 4 * i);
+        if (ref < 0 || (i < n_free && (fr < 0 || (size_t)fr >= c->n_blocks))) r = E8KV_ERR(CORRUPTED);
+    }
+    for (size_t i = 0; i < c->max_seqs * c->n_layer && !r; i++)
+        if (e8kv_load_le64(host + tb + 8 * i) > c->max_ctx) r = E8KV_ERR(CORRUPTED);
+    for (size_t i = 0; i < c->max_seqs && !r; i++)
+        if (e8kv_load_le64(host + tb + c->max_seqs * c->n_layer * 8 + 8 * i) > c->width)
+            r = E8KV_ERR(CORRUPTED);
+    for (size_t i = 0; i < c->max_seqs * c->width && !r; i++) {
+        const int32_t t = (int32_t)e8kv_load_le32(host + 4 * i);
+        if (t < 0 || (size_t)t >= c->n_blocks) r = E8KV_ERR(CORRUPTED);
+    }
+    if (r) {
+        free(ranges);
+        return r;
+    }
+    const device_scope ds = enter_device(c);
+    r = ds.ok ? 0 : E8KV_ERR(CUDA);
+    for (size_t i = 0; i < 2 * c->n_layer && !r; i++)
+        for (size_t j = 0; j < n_ranges && !r; j++) {
+            const size_t pb = c->sd[i].page_bytes, n = (size_t)ranges[2 * j + 1] * pb;
+            if (n && cudaMemcpy(c->sd[i].pool + (size_t)ranges[2 * j] * pb, p, n, cudaMemcpyHostToDevice) !=
+                         cudaSuccess)
+                r = E8KV_ERR(CUDA);
+            p += n;
+        }
+    free(ranges);
+    if (!r && (cudaMemcpy(c->dev + c->o_sink, p, small, cudaMemcpyHostToDevice) != cudaSuccess ||
+               cudaMemcpy(c->d_tables, p + small, tb, cudaMemcpyHostToDevice) != cudaSuccess ||
+               cudaMemcpy(c->d_signs, p + small + tb, c->d * 4, cudaMemcpyHostToDevice) != cudaSuccess))
+        r = E8KV_ERR(CUDA);
+    leave_device(ds);
+    if (r) return r;
+    p = host;
+    memcpy(c->tables, p, tb), p += tb;
+    for (size_t i = 0; i < c->max_seqs * c->n_layer; i++, p += 8)
+        c->lens[i] = (size_t)e8kv_load_le64(p);
+    for (size_t i = 0; i < c->max_seqs; i++, p += 8)
+        c->n_pages[i] = (size_t)e8kv_load_le64(p);
+    memcpy(c->live, p, c->max_seqs), p += c->max_seqs;
+    memcpy(c->refs, p, c->n_blocks * 4), p += c->n_blocks * 4;
+    memcpy(c->free_list, p, c->n_blocks * 4);
+    c->n_free = (size_t)n_free;
     return 0;
 }
 
