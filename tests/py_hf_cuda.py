@@ -2120,9 +2120,11 @@ PROMPT_T = 20
 
 def _reuse_checks(model, make, ids, tol):
     """Several e8kv caches of one model used in any order, a DynamicCache after them, a cache after its
-    model was routed elsewhere, and copy.deepcopy of a prompt's cache (transformers' recipe for reusing a
-    prompt): every forward's logits are those of the cache's own sequence."""
+    model was routed elsewhere, copy.deepcopy of a prompt's cache (transformers' recipe for reusing a
+    prompt) and a pickled one (torch.save / torch.load): every forward's logits are those of the cache's own
+    sequence."""
     import copy
+    import io
     import e8kv.hf
     from transformers import DynamicCache
     n = ids.shape[1]
@@ -2151,6 +2153,22 @@ def _reuse_checks(model, make, ids, tol):
     fresh = make()  # the sequence the copy went on with, from scratch
     want_c = _steps(model, fresh, other, 0, n)[:, n - 2:]
     assert torch.equal(got_c, want_c), rel(got_c, want_c)
+    # pickled (torch.save / torch.load): a forward before attach() is refused and stores nothing, then the
+    # loaded cache's next step is its source's
+    buf = io.BytesIO()
+    torch.save(a, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    with pytest.raises(e8kv.E8KVError, match="attach"):
+        _steps(model, loaded, ids, n - 1, n)
+    assert loaded.get_seq_length() == a.get_seq_length()
+    loaded.attach(model.config)
+    got_l, got_a = _steps(model, loaded, ids, n - 1, n), _steps(model, a, ids, n - 1, n)
+    assert torch.equal(got_l, got_a), rel(got_l, got_a)
+    from transformers import LlamaConfig
+    with pytest.raises(e8kv.hf.UnsupportedModelError, match="attached to a model"):
+        loaded.attach(LlamaConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                  num_key_value_heads=1, vocab_size=64))
     # a cache used after the model's attention went back to its own (detach, a compress() block's end)
     d = make()
     pd = _steps(model, d, ids, 0, n - 2)
@@ -2203,6 +2221,40 @@ def test_compiled_steps_of_caches_in_turn(dev):
     scale = max(float(e.abs().max()) for e in eager)
     assert err <= 1e-3 * scale, (err, scale)
     assert float((eager[0] - eager[1]).abs().max()) > 1e-2 * scale  # (the caches' steps do differ)
+
+
+@needs_gpu
+def test_cuda_state_bad_bytes_are_named_errors():
+    """CudaCache.state / load_state (e8kv_cuda_cache_export / _import): a changed byte is CHECKSUM, a cut state
+    TRUNCATED, a cache of other parameters BAD_ARGUMENT, and the cache that refused them attends as before."""
+    import e8kv
+    a = e8kv.CudaCache(2, 2, 64, 8, "e8box:4,sink=2", max_seqs=2, max_batch=2)
+    slots = torch.arange(20, dtype=torch.int64, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(1)
+    for layer in range(2):
+        k = torch.randn((20, 128), generator=g, device="cuda")
+        a.set_means(layer, 0, k, k * 0.5)
+        a.append(layer, slots, k, k * 0.5, rows=torch.zeros(20, dtype=torch.int32, device="cuda"),
+                 sink_slots=torch.where(slots < 2, slots, -1))
+    q = torch.randn((1, 4, 64), generator=g, device="cuda")
+    tables = torch.arange(8, dtype=torch.int32, device="cuda").view(1, 8)
+    ctx = torch.tensor([20], dtype=torch.int32, device="cuda")
+    rows = torch.zeros(1, dtype=torch.int32, device="cuda")
+    want = a.attend(1, q, tables, ctx, rows=rows)
+    data = a.state([(0, 2)])
+    b = e8kv.CudaCache(2, 2, 64, 8, "e8box:4,sink=2", max_seqs=2, max_batch=2, seed=5)
+    b.load_state(data)
+    assert torch.equal(b.attend(1, q, tables, ctx, rows=rows), want)
+    bad = bytearray(data)
+    bad[len(bad) // 2] ^= 1
+    for src, code in ((bytes(bad), e8kv.ErrorCode.CHECKSUM), (data[:-1], e8kv.ErrorCode.TRUNCATED)):
+        with pytest.raises(e8kv.E8KVError) as e:
+            b.load_state(src)
+        assert e.value.code == code
+    with pytest.raises(e8kv.E8KVError) as e:
+        e8kv.CudaCache(2, 2, 64, 9, "e8box:4,sink=2", max_seqs=2, max_batch=2).load_state(data)
+    assert e.value.code == e8kv.ErrorCode.BAD_ARGUMENT
+    assert torch.equal(b.attend(1, q, tables, ctx, rows=rows), want)
 
 
 def test_cpu_caches_of_one_model_in_any_order():

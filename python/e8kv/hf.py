@@ -321,6 +321,7 @@ def _claim(cache: Any) -> None:
     another e8kv cache was made for the same model (several conversations, a copy.deepcopy of a prompt's
     cache), and a cache of another kind (DynamicCache) after an e8kv one. In a compiled step (torch.compile
     traces this too) the config is pointed at the cache, which the step's attention then reads."""
+    _check_attached(cache)
     gpu = cache if isinstance(cache, E8KVCudaCache) else None
     cfgs = _configs(cache._config)
     if torch.compiler.is_compiling():  # (a compiled step: the pointer alone, a side effect the graph replays)
@@ -334,6 +335,23 @@ def _claim(cache: Any) -> None:
         _route(cache._config)
         for c in cfgs:
             c._e8kv_cuda_cache = gpu
+
+
+def _check_attached(cache: Any) -> None:
+    if cache._config is None:
+        raise E8KVError(ErrorCode.BAD_ARGUMENT, "e8kv cache loaded by pickle (torch.load) does not know its model: "
+                                                "call cache.attach(model.config) before its first forward")
+
+
+def _attach_checked(cache: Any, config: Any) -> None:
+    """attach(config): the model's shape must be the one the cache was made for."""
+    s, t = ModelShape(config), cache.shape
+    key = lambda x: (x.model_type, x.n_head, x.n_head_kv, x.head_dim, x.coded_layers, x.sliding_window)  # noqa: E731
+    if key(s) != key(t):
+        raise UnsupportedModelError(f"e8kv cache made for {key(t)} (model type, heads, KV heads, head_dim, coded "
+                                    f"layers, window) attached to a model of {key(s)}")
+    cache._config = config
+    cache._attach(config)
 
 
 def _deepcopy_cache(cache: Any, memo: dict, shared: Iterable[Any], replaced: dict) -> Any:
@@ -407,6 +425,7 @@ class E8KVLayer(CacheLayerMixin):
         if not self.is_initialized:
             _check_kv_shape(self.parent.shape, self.layer_idx, key_states, value_states)
             self.lazy_initialization(key_states, value_states)
+        _check_attached(self.parent)
         self.parent._append(self.layer_idx, key_states, value_states)
         _tls.handed = (key_states, value_states)  # what the attention must be given (_check_handed)
         # only the new tokens go on (the attention function reads the past from the codes)
@@ -466,7 +485,8 @@ class E8KVCache(_BatchChanges, Cache):
     device="cuda" makes the GPU variant (E8KVCudaCache: the CUDA cache of include/e8kv_cuda.h, static
     shapes for torch.compile; see there)."""
 
-    def __new__(cls, config: Any, spec: Optional[str] = None, *args: Any, device: Any = "cpu", **kwargs: Any) -> Any:
+    def __new__(cls, config: Any = None, spec: Optional[str] = None, *args: Any, device: Any = "cpu",
+                **kwargs: Any) -> Any:  # (config None: pickle's and deepcopy's reconstruction)
         if cls is E8KVCache and torch.device(device).type == "cuda":
             return E8KVCudaCache(config, spec, *args, device=device, **kwargs)
         return super().__new__(cls)
@@ -581,10 +601,30 @@ class E8KVCache(_BatchChanges, Cache):
         shared = [self._config, *_configs(self._config), self.shape, self.calib, self.observer, self._rope]
         return _deepcopy_cache(self, memo, [x for x in shared if x is not None], rows)
 
-    def _copy_row(self, row: core.Cache) -> core.Cache:
+    def _copy_row(self, row: core.Cache, saved: Optional[bytes] = None) -> core.Cache:
         c = self._new_row()
-        c.load_into(row.save())
+        c.load_into(row.save() if saved is None else saved)
         return c
+
+    def __getstate__(self) -> dict:
+        """pickle / torch.save (torch.load(..., weights_only=False) loads it): every row's C cache as its saved
+        bytes (doc/format.md §4), a hybrid model's sliding layers as tensors, the calibration as its file's
+        bytes; not the model's config nor the observer: attach(model.config) the loaded cache before its first
+        forward (a forward before that is an E8KVError)."""
+        d = dict(self.__dict__)
+        d["rows"] = [r.save() for r in self.rows]
+        d["_probe"], d["_config"], d["observer"] = None, None, None
+        return d
+
+    def __setstate__(self, d: dict) -> None:
+        rows = d.pop("rows")
+        self.__dict__.update(d)
+        self.rows = [self._copy_row(None, b) for b in rows]
+
+    def attach(self, config: Any) -> None:
+        """Route the model's attention to e8kv for this cache (a cache loaded by pickle does not know its model);
+        the config must be of the shape the cache was made for."""
+        _attach_checked(self, config)
 
     def _to_cache_layout(self, x: torch.Tensor, pos0: int, rope: str) -> torch.Tensor:
         """(b, h, t, d) with transformers' RoPE, in its layout -> (b, t, h*d) float32 contiguous in the
@@ -806,6 +846,7 @@ class E8KVCudaLayer(CacheLayerMixin):
         b, t = key_states.shape[0], key_states.shape[2]
         p = self.parent
         if not torch.compiler.is_compiling():
+            _check_attached(p)
             p._updated = self.layer_idx  # the attention checks it reads the cache of its own forward
             _tls.handed = (key_states, value_states)  # and that it is given what update returns
             _tls.cuda = p  # (the attention of this layer attends this cache)
@@ -1107,21 +1148,46 @@ class E8KVCudaCache(_BatchChanges, Cache):
         model's config and shape are shared, not copied."""
         if torch.compiler.is_compiling():
             raise E8KVError(ErrorCode.BAD_ARGUMENT, "e8kv CUDA cache: copy.deepcopy inside a compiled region")
-        from . import torch_ops
         kv = self.kv.clone()
-        new = _deepcopy_cache(self, memo, [self._config, *_configs(self._config), self.shape], {id(self.kv): kv})
-        new._key = torch_ops.register_cache(kv)
-        if new._shifts is not None:  # what the C cache reads from the caller's tensors: the copy's own
-            kv.set_row_shifts(new._shifts)
-        for layer, t in enumerate(new._sinks):
-            if t is not None:
-                torch._dynamo.mark_static_address(t)
-                kv.set_layer_sinks(layer, t)
-        for t in (new._tables, new._arange, new._batch_rows, new._pad, new._full, new.key_perm, new._page_ids,
-                  new._shifts):
-            if t is not None:
-                torch._dynamo.mark_static_address(t)
+        shared = [self.shape] + ([self._config, *_configs(self._config)] if self._config is not None else [])
+        new = _deepcopy_cache(self, memo, shared, {id(self.kv): kv})
+        new._adopt()
         return new
+
+    def _adopt(self) -> None:
+        """A copy's or a loaded cache's own C cache (self.kv) registered for the operators, pointed at its own
+        tensors (learned sinks, row shifts), which keep fixed addresses for CUDA graphs."""
+        from . import torch_ops
+        self._key = torch_ops.register_cache(self.kv)
+        if self._shifts is not None:
+            self.kv.set_row_shifts(self._shifts)
+        for layer, t in enumerate(self._sinks):
+            if t is not None:
+                torch._dynamo.mark_static_address(t)
+                self.kv.set_layer_sinks(layer, t)
+        for t in (self._tables, self._arange, self._batch_rows, self._pad, self._full, self.key_perm,
+                  self._page_ids, self._shifts):
+            if t is not None:
+                torch._dynamo.mark_static_address(t)
+
+    def __getstate__(self) -> dict:
+        """pickle / torch.save (torch.load(..., weights_only=False) loads it on the same device): the CUDA
+        cache as its parameters and state (CudaCache.state: every page of the pool, sink rows, means, XXH64),
+        the tensors around it as tensors; not the model's config: attach(model.config) the loaded cache before
+        its first forward (a forward before that is an E8KVError)."""
+        d = dict(self.__dict__)
+        d.pop("_key", None)
+        d["_config"] = None
+        return d
+
+    def __setstate__(self, d: dict) -> None:
+        self.__dict__.update(d)
+        self._adopt()
+
+    def attach(self, config: Any) -> None:
+        """Route the model's attention to this cache (a cache loaded by pickle does not know its model); the
+        config must be of the shape the cache was made for."""
+        _attach_checked(self, config)
 
     def detach(self, config: Any) -> None:
         """Give the config back its previous attention implementation (the cache's next forward attaches it
