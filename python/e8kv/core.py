@@ -125,6 +125,16 @@ def _bytes_in(x: Any) -> tuple[Any, int, int]:
     return a, a.ctypes.data, a.nbytes
 
 
+def _pickled(data: bytes) -> Any:
+    """Bytes to pickle as a uint8 tensor: torch.save (pickle protocol 2) would write a bytes object through
+    latin-1 text, ~1.5x its size and slow, where a tensor's storage goes in as it is."""
+    return _torch.frombuffer(bytearray(data), dtype=_torch.uint8) if _torch is not None and data else data
+
+
+def _unpickled(data: Any) -> bytes:
+    return data.numpy().tobytes() if _is_torch(data) else bytes(data)
+
+
 def _empty_like_kind(template: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
     """A float32 output array of the same kind (torch/numpy) as template, and its float*."""
     if _is_torch(template):
@@ -285,7 +295,7 @@ class Calib:
         return cls(0, 0, 0, _ptr=p)
 
     def __reduce__(self) -> tuple:  # (pickling: the file's bytes)
-        return Calib.from_bytes, (self.to_bytes(),)
+        return _calib_from_pickled, (_pickled(self.to_bytes()),)
 
     @classmethod
     def load(cls, path: PathLike) -> "Calib":
@@ -529,7 +539,7 @@ class Cache:
         return _check(lib.e8kv_cache_load_into(self._p, addr, nb), "load_into")
 
     def __reduce__(self) -> tuple:  # (pickling: the saved cache, bit-identical in attention, and its calibration)
-        return _cache_from_saved, (self.save(), self._calib)
+        return _cache_from_saved, (_pickled(self.save()), self._calib)
 
     @staticmethod
     def file_info(src: bytes) -> dict:
@@ -548,8 +558,12 @@ class Cache:
 
 
 # ------------------------------------------------------------------------------------------ CUDA cache
-def _cache_from_saved(data: bytes, calib: Optional[Calib]) -> "Cache":
-    return Cache.load(data, calib=calib)
+def _cache_from_saved(data: Any, calib: Optional[Calib]) -> "Cache":
+    return Cache.load(_unpickled(data), calib=calib)
+
+
+def _calib_from_pickled(data: Any) -> "Calib":
+    return Calib.from_bytes(_unpickled(data))
 
 
 def cuda_built() -> bool:
@@ -870,6 +884,9 @@ class CudaCache:
         """Everything the cache stores as bytes (doc/format.md §7: e8kv_cuda_cache_export): the pages of the
         (first, count) ranges of page ids (None: every page), sink rows, means, the owned sequences, and an
         XXH64 of it all. Waits for the device."""
+        return self._export(ranges).tobytes()
+
+    def _export(self, ranges: Optional[Sequence[tuple[int, int]]] = None) -> np.ndarray:
         r = None
         if ranges is not None:
             r = np.ascontiguousarray(np.asarray(ranges, dtype=np.int64).reshape(-1, 2))
@@ -877,18 +894,21 @@ class CudaCache:
         need = _check(self._lib.e8kv_cuda_cache_export(self._p, rp, nr, None, 0), "state")
         buf = np.empty(need, dtype=np.uint8)
         _check(self._lib.e8kv_cuda_cache_export(self._p, rp, nr, buf.ctypes.data, need), "state")
-        return buf.tobytes()
+        return buf
 
-    def load_state(self, data: bytes) -> None:
+    def load_state(self, data: Any) -> None:
         """Load state() bytes of a cache of the same parameters (e8kv_cuda_cache_import): bad bytes are an
         E8KVError (TRUNCATED, CORRUPTED, CHECKSUM, VERSION; another layout: BAD_ARGUMENT) and change nothing;
         pages outside the saved ranges keep their bytes. What set_layer_sinks / set_row_shifts pointed the
         cache at is not part of the state."""
+        if _is_torch(data) and data.device.type != "cpu":  # (torch.load's map_location may have moved it)
+            data = data.cpu()
         keep, addr, nb = _bytes_in(data)
         _check(self._lib.e8kv_cuda_cache_import(self._p, addr, nb), "load_state")
 
     def __reduce__(self) -> tuple:  # (pickling: the parameters and state())
-        return _cuda_cache_from_state, (self._args, self.state())
+        state = self._export()  # (a tensor over the array: torch.save writes its storage as it is, no copy)
+        return _cuda_cache_from_state, (self._args, _torch.from_numpy(state) if _torch is not None else state.tobytes())
 
     def copy_from(self, src: "CudaCache", *, stream: Any = None) -> None:
         """Make this cache a copy of src, a cache of the same parameters on the same device (else E8KVError
@@ -908,7 +928,7 @@ class CudaCache:
                 f"{self.device_bytes} device bytes)")
 
 
-def _cuda_cache_from_state(args: dict, data: bytes) -> CudaCache:
+def _cuda_cache_from_state(args: dict, data: Any) -> CudaCache:
     c = CudaCache(**args)
-    c.load_state(data)
+    c.load_state(data)  # (a uint8 tensor or bytes: read in place)
     return c

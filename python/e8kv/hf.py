@@ -612,14 +612,14 @@ class E8KVCache(_BatchChanges, Cache):
         bytes; not the model's config nor the observer: attach(model.config) the loaded cache before its first
         forward (a forward before that is an E8KVError)."""
         d = dict(self.__dict__)
-        d["rows"] = [r.save() for r in self.rows]
+        d["rows"] = [core._pickled(r.save()) for r in self.rows]
         d["_probe"], d["_config"], d["observer"] = None, None, None
         return d
 
     def __setstate__(self, d: dict) -> None:
         rows = d.pop("rows")
         self.__dict__.update(d)
-        self.rows = [self._copy_row(None, b) for b in rows]
+        self.rows = [self._copy_row(None, core._unpickled(b)) for b in rows]
 
     def attach(self, config: Any) -> None:
         """Route the model's attention to e8kv for this cache (a cache loaded by pickle does not know its model);
