@@ -150,6 +150,39 @@ def measure_copy(model, kind, batch, ctx, out, reps=5):
     del cache
 
 
+def measure_save(model, kind, batch, ctx, out, reps=3):
+    """torch.save of a cache holding batch x ctx tokens into host memory, and torch.load back onto the device
+    (weights_only=False; e8kv: its state, every page of the pool, and attach): ms each (median of reps) and the
+    saved bytes."""
+    import io
+    gc.collect()
+    torch.cuda.empty_cache()
+    cache = make_cache(model, kind, batch, ctx, 16)
+    torch.cuda.synchronize()
+    ts, tl, size = [], [], 0
+    for _ in range(reps):
+        buf = io.BytesIO()
+        t = time.perf_counter()
+        torch.save(cache, buf)
+        ts.append((time.perf_counter() - t) * 1e3)
+        size = buf.tell()
+        buf.seek(0)
+        t = time.perf_counter()
+        back = torch.load(buf, weights_only=False)
+        if isinstance(back, e8kv.hf.E8KVCudaCache):
+            back.attach(model.config)
+        torch.cuda.synchronize()
+        tl.append((time.perf_counter() - t) * 1e3)
+        del back, buf
+    ts.sort()
+    tl.sort()
+    rec = {"part": "save", "cache": kind, "batch": batch, "ctx": ctx, "save_ms": round(ts[len(ts) // 2], 1),
+           "load_ms": round(tl[len(tl) // 2], 1), "saved_gb": round(size / 1e9, 3),
+           "device": torch.cuda.get_device_name()}
+    emit(rec, out)
+    del cache
+
+
 def cache_bytes(cache):
     return cache.n_bytes if isinstance(cache, e8kv.hf.E8KVCudaCache) else 0
 
@@ -423,7 +456,7 @@ def main():
                          "prompt on an empty cache, 64-token chunks after a long past), chunks (eager, batch 1: --chunks after a long "
                          "past, e8kv by both paths), gather (the gather kernel of one layer against a copy, batch 1 and 8 at long), fit (largest batch at long), small (batch 1, "
                          "short context), again (DynamicCache and e8box:4 eager at 8 x long once more), beam (eager beam-search steps: "
-                         "2 x 4 beams at short and long, a forward then reorder_cache), copy (copy.deepcopy of a cache at 1 and 8 x long)")
+                         "2 x 4 beams at short and long, a forward then reorder_cache), copy (copy.deepcopy of a cache at 1 and 8 x long), save (torch.save / torch.load of a cache at 1 x long)")
     ap.add_argument("--kinds", default="dynamic,static,e8box:4,e8p:2",
                     help="caches of the main and small parts, comma-separated; or ';'-separated when a spec holds "
                          "commas ('dynamic;e8box:4;e8box:4,sink=4')")
@@ -528,6 +561,10 @@ def main():
             for kind in kinds:
                 if kind != "static" and time.time() - T0 <= args.budget:
                     measure_copy(model, kind, b, big, out)
+    if "save" in parts:  # torch.save / torch.load of a cache at 1 x long, through host memory
+        for kind in kinds:
+            if kind != "static" and time.time() - T0 <= args.budget:
+                measure_save(model, kind, 1, big, out)
     if "again" in parts:
         go("dynamic", "eager", 8, big)
     log("done")
