@@ -276,6 +276,31 @@ def test_gemma3_multimodal_model(twin):
     check_gemma3_vlm("cpu", lambda m: twin(m.config, "bf16"), "bf16", 2e-2, image_ok=True)
 
 
+@pytest.mark.parametrize("model_type", ["gemma3_text", "gpt_oss"])
+def test_hybrid_cache_pickles_and_copies(model_type, twin):
+    """A hybrid model's cache (sliding-window layers beside the coded ones; gpt-oss's learned sinks) through
+    torch.save / torch.load (then attach) and copy.deepcopy: the next steps' logits are the source cache's,
+    bit for bit, for the CPU cache and the CUDA cache's Python over its twin."""
+    import copy
+    import io
+    model = tiny(model_type)
+    ids = ids_for(model)
+    for make in (lambda: e8kv.hf.E8KVCache(model.config, "e8:4,sink=1"), lambda: twin(model.config, "e8box:4,sink=4")):
+        cache = make()
+        with torch.no_grad():
+            model(input_ids=ids[:, :PROMPT], past_key_values=cache, use_cache=True)
+        buf = io.BytesIO()
+        torch.save(cache, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        loaded.attach(model.config)
+        copied = copy.deepcopy(cache)
+        with torch.no_grad():
+            got = [model(input_ids=ids[:, PROMPT:], past_key_values=c, use_cache=True).logits
+                   for c in (loaded, copied, cache)]
+        assert torch.equal(got[0], got[2]) and torch.equal(got[1], got[2])
+
+
 def test_text_config_keeps_its_fallback(twin):
     """Both caches route a multimodal model's text config (its decoder layers' config) to e8kv with the
     implementation it had as the fallback of the layers they do not code (setting the composite config's
