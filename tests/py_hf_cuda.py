@@ -2222,6 +2222,26 @@ def test_compiled_steps_of_caches_in_turn(dev):
     assert err <= 1e-3 * scale, (err, scale)
     assert float((eager[0] - eager[1]).abs().max()) > 1e-2 * scale  # (the caches' steps do differ)
 
+    # a StaticCache's compiled steps after them (its prompt eager): the model's own attention, not a CUDA cache's
+    from transformers import StaticCache
+
+    def static_run(step):
+        cache = StaticCache(config=model.config, max_cache_len=64)
+        _steps(model, cache, ids, 0, PROMPT_T)
+        with torch.no_grad():
+            return [step(input_ids=ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits.clone()
+                    for i in range(PROMPT_T, PROMPT_T + 6)]
+
+    alone = static_run(model.forward)
+    run(model.forward)  # (the e8kv caches again: the config points at one of them)
+    torch._dynamo.reset()
+    step = (torch.compile(model.forward, mode="reduce-overhead", fullgraph=True) if on == "cuda" else
+            torch.compile(model.forward, backend="aot_eager", fullgraph=True))
+    after = static_run(step)
+    torch._dynamo.reset()
+    err = max(float((c - e).abs().max()) for c, e in zip(after, alone))
+    assert err <= 1e-3 * scale, (err, scale)
+
 
 @needs_gpu
 def test_cuda_state_bad_bytes_are_named_errors():

@@ -310,8 +310,8 @@ _tls = threading.local()  # pending: (cache, layer, pos0 per row, kept tokens pe
 # update, read by the attention function; mask: the forward's 2-D attention mask (the mask function's);
 # handed: the K/V the last update returned, which the attention call must be given (_check_handed);
 # owner: the e8kv cache whose get_mask_sizes ran last (eager: transformers asks the forward's cache for the mask
-# sizes just before it calls the mask function), read by the mask function; cuda: (E8KVCudaCache, layer) of
-# the last update of a CUDA cache's coded layer, read by the attention function
+# sizes just before it calls the mask function), read by the mask function; cuda: the E8KVCudaCache whose
+# coded layer's update ran last, read by the attention function
 
 
 def _claim(cache: Any) -> None:
@@ -1709,8 +1709,12 @@ def _e8kv_mask(batch_size: int, q_length: int, kv_length: int, q_offset: int = 0
     if torch.compiler.is_compiling():  # (a compiled step: the cache its eager forwards attached)
         gpu = getattr(cfg, "_e8kv_cuda_cache", None)
     else:  # the forward's own cache (_claim): a DynamicCache's forward gets the fallback's mask
-        gpu, _tls.owner = getattr(_tls, "owner", None), None
-        gpu = gpu if isinstance(gpu, E8KVCudaCache) else None
+        owner, _tls.owner = getattr(_tls, "owner", None), None
+        gpu = owner if isinstance(owner, E8KVCudaCache) else None
+        if owner is None:  # another kind of cache (or none): compiled steps after it must not read a CUDA cache
+            for c in _configs(cfg) if cfg is not None else ():
+                if getattr(c, "_e8kv_cuda_cache", None) is not None:
+                    c._e8kv_cuda_cache = None
     own = mask_function is not None and mask_function is not causal_mask_function
     if gpu is not None:
         if local_size is None:
