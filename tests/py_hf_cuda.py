@@ -2211,14 +2211,16 @@ def test_compiled_steps_of_caches_in_turn(dev):
                     out.append(step(input_ids=x[:, i:i + 1], past_key_values=cache, use_cache=True).logits.clone())
         return out
 
+    def compiled(fn):  # fn(step) with fullgraph-compiled steps (CUDA graphs on a GPU), then the eager twin's check
+        torch._dynamo.reset()
+        out = fn(torch.compile(model.forward, mode="reduce-overhead", fullgraph=True) if on == "cuda" else
+                 torch.compile(model.forward, backend="aot_eager", fullgraph=True))
+        torch._dynamo.reset()
+        return out
+
     eager = run(model.forward)
-    torch._dynamo.reset()
-    step = (torch.compile(model.forward, mode="reduce-overhead", fullgraph=True) if on == "cuda" else
-            torch.compile(model.forward, backend="aot_eager", fullgraph=True))
-    compiled = run(step)
-    torch._dynamo.reset()
-    err = max(float((c - e).abs().max()) for c, e in zip(compiled, eager))
     scale = max(float(e.abs().max()) for e in eager)
+    err = max(float((c - e).abs().max()) for c, e in zip(compiled(run), eager))
     assert err <= 1e-3 * scale, (err, scale)
     assert float((eager[0] - eager[1]).abs().max()) > 1e-2 * scale  # (the caches' steps do differ)
 
@@ -2234,12 +2236,7 @@ def test_compiled_steps_of_caches_in_turn(dev):
 
     alone = static_run(model.forward)
     run(model.forward)  # (the e8kv caches again: the config points at one of them)
-    torch._dynamo.reset()
-    step = (torch.compile(model.forward, mode="reduce-overhead", fullgraph=True) if on == "cuda" else
-            torch.compile(model.forward, backend="aot_eager", fullgraph=True))
-    after = static_run(step)
-    torch._dynamo.reset()
-    err = max(float((c - e).abs().max()) for c, e in zip(after, alone))
+    err = max(float((c - e).abs().max()) for c, e in zip(compiled(static_run), alone))
     assert err <= 1e-3 * scale, (err, scale)
 
 
