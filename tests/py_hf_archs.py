@@ -362,6 +362,29 @@ def test_mrope_model_with_an_image(model_type, twin):
         e8kv.hf.E8KVCache(model.config, "f32,rope=pre")
 
 
+def test_llava_with_an_image(twin):
+    """LLaVA with a 28 x 28 image (4 patch features after CLIP, projected into 4 image tokens of the prompt;
+    plain 1-D positions): the CPU cache's exact codes give DynamicCache's logits, the twin's bf16 pages within
+    bf16's error."""
+    from transformers import DynamicCache
+    model = tiny("llava", images=True)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(10, 200, (1, 32), generator=g)
+    ids[0, 3:7] = IMAGE_TOKENS["image_token_id"]
+    pix = torch.randn(1, 3, 28, 28, generator=g)
+
+    @torch.no_grad()
+    def go(cache):
+        out = [model(input_ids=ids[:, :24], pixel_values=pix, past_key_values=cache, use_cache=True).logits]
+        out += [model(input_ids=ids[:, i:i + 1], past_key_values=cache, use_cache=True).logits for i in range(24, 32)]
+        return torch.cat(out, 1)
+
+    ref = go(DynamicCache(config=model.config))
+    for make, tol in ((lambda: e8kv.hf.E8KVCache(model.config, "f32"), 1e-4), (lambda: twin(model.config, "bf16"), 2e-2)):
+        got = go(make())
+        assert float((got - ref).abs().max() / ref.abs().max()) < tol
+
+
 @pytest.mark.skipif(not GPU, reason="needs a GPU and a libe8kv built with nvcc")
 @pytest.mark.parametrize("model_type", MROPE_TYPES)
 def test_mrope_model_with_an_image_cuda(model_type):
