@@ -125,9 +125,12 @@ def _bytes_in(x: Any) -> tuple[Any, int, int]:
     return a, a.ctypes.data, a.nbytes
 
 
-def _pickled(data: bytes) -> Any:
-    """Bytes to pickle as a uint8 tensor: torch.save (pickle protocol 2) would write a bytes object through
-    latin-1 text, ~1.5x its size and slow, where a tensor's storage goes in as it is."""
+def _pickled(data: Union[bytes, np.ndarray]) -> Any:
+    """Bytes (or a uint8 array, taken as it is) to pickle as a uint8 tensor: torch.save (pickle protocol 2)
+    would write a bytes object through latin-1 text, ~1.5x its size and slow, where a tensor's storage goes in
+    as it is."""
+    if isinstance(data, np.ndarray):
+        return _torch.from_numpy(data) if _torch is not None else data.tobytes()
     return _torch.frombuffer(bytearray(data), dtype=_torch.uint8) if _torch is not None and data else data
 
 
@@ -398,6 +401,7 @@ class Cache:
                 raise E8KVError(lib.e8kv_get_error_code(err.value),
                                 f"cache '{spec}' (n_layer {n_layer}, n_head_kv {n_head_kv}, head_dim {head_dim})")
         self.n_layer, self.n_head_kv, self.head_dim, self.n_ctx = n_layer, n_head_kv, head_dim, n_ctx
+        self.n_threads = n_threads  # (what a loaded copy runs on: pickling)
         self.spec = spec
 
     def __del__(self) -> None:
@@ -528,7 +532,7 @@ class Cache:
         if not p:
             raise E8KVError(lib.e8kv_get_error_code(err.value), "load cache")
         return cls(info["n_layer"], info["n_head_kv"], info["head_dim"], info["n_ctx"], info["spec"],
-                   calib=calib, _ptr=p)
+                   n_threads=n_threads, calib=calib, _ptr=p)
 
     def load_into(self, src: Union[PathLike, bytes]) -> int:
         """Replace the contents by saved ones (same configuration). Returns the largest layer token count."""
@@ -539,7 +543,7 @@ class Cache:
         return _check(lib.e8kv_cache_load_into(self._p, addr, nb), "load_into")
 
     def __reduce__(self) -> tuple:  # (pickling: the saved cache, bit-identical in attention, and its calibration)
-        return _cache_from_saved, (_pickled(self.save()), self._calib)
+        return _cache_from_saved, (_pickled(self.save()), self._calib, self.n_threads)
 
     @staticmethod
     def file_info(src: bytes) -> dict:
@@ -558,8 +562,8 @@ class Cache:
 
 
 # ------------------------------------------------------------------------------------------ CUDA cache
-def _cache_from_saved(data: Any, calib: Optional[Calib]) -> "Cache":
-    return Cache.load(_unpickled(data), calib=calib)
+def _cache_from_saved(data: Any, calib: Optional[Calib], n_threads: int = 0) -> "Cache":
+    return Cache.load(_unpickled(data), n_threads=n_threads, calib=calib)
 
 
 def _calib_from_pickled(data: Any) -> "Calib":
@@ -907,8 +911,7 @@ class CudaCache:
         _check(self._lib.e8kv_cuda_cache_import(self._p, addr, nb), "load_state")
 
     def __reduce__(self) -> tuple:  # (pickling: the parameters and state())
-        state = self._export()  # (a tensor over the array: torch.save writes its storage as it is, no copy)
-        return _cuda_cache_from_state, (self._args, _torch.from_numpy(state) if _torch is not None else state.tobytes())
+        return _cuda_cache_from_state, (self._args, _pickled(self._export()))
 
     def copy_from(self, src: "CudaCache", *, stream: Any = None) -> None:
         """Make this cache a copy of src, a cache of the same parameters on the same device (else E8KVError

@@ -601,25 +601,19 @@ class E8KVCache(_BatchChanges, Cache):
         shared = [self._config, *_configs(self._config), self.shape, self.calib, self.observer, self._rope]
         return _deepcopy_cache(self, memo, [x for x in shared if x is not None], rows)
 
-    def _copy_row(self, row: core.Cache, saved: Optional[bytes] = None) -> core.Cache:
+    def _copy_row(self, row: core.Cache) -> core.Cache:
         c = self._new_row()
-        c.load_into(row.save() if saved is None else saved)
+        c.load_into(row.save())
         return c
 
     def __getstate__(self) -> dict:
         """pickle / torch.save (torch.load(..., weights_only=False) loads it): every row's C cache as its saved
-        bytes (doc/format.md §4), a hybrid model's sliding layers as tensors, the calibration as its file's
-        bytes; not the model's config nor the observer: attach(model.config) the loaded cache before its first
-        forward (a forward before that is an E8KVError)."""
+        bytes (doc/format.md §4; core.Cache's pickling), a hybrid model's sliding layers as tensors, the
+        calibration as its file's bytes; not the model's config nor the observer: attach(model.config) the
+        loaded cache before its first forward (a forward before that is an E8KVError)."""
         d = dict(self.__dict__)
-        d["rows"] = [core._pickled(r.save()) for r in self.rows]
         d["_probe"], d["_config"], d["observer"] = None, None, None
         return d
-
-    def __setstate__(self, d: dict) -> None:
-        rows = d.pop("rows")
-        self.__dict__.update(d)
-        self.rows = [self._copy_row(None, core._unpickled(b)) for b in rows]
 
     def attach(self, config: Any) -> None:
         """Route the model's attention to e8kv for this cache (a cache loaded by pickle does not know its model);
@@ -1055,7 +1049,6 @@ class E8KVCudaCache(_BatchChanges, Cache):
                    if e.code == ErrorCode.SPEC else "")
             raise E8KVError(e.code, f"e8kv CUDA cache '{spec}' for {s.model_type} ({max_batch_size} x "
                                     f"{self.capacity} tokens){why}") from None
-        self._key = torch_ops.register_cache(self.kv)
         with torch.device(self.device):
             self._state = torch_ops.new_state()
             self._tables = torch.arange(max_batch_size * self.pages_per_seq, dtype=torch.int32).view(
@@ -1100,7 +1093,6 @@ class E8KVCudaCache(_BatchChanges, Cache):
         if rope_shift and self._hold:
             self._shifts = torch.zeros((max_batch_size, 2), dtype=torch.int32, device=self.device)
             self._shifts[:, 0] = self._s0 * block_size
-            self.kv.set_row_shifts(self._shifts)
         self._fresh = [True] * s.n_layer  # per layer: no token since creation or reset (the host's own record)
         # eviction: per layer, the prompt's K/V held back by update() until the attention has its queries;
         # then which tokens each (batch row, KV head) kept (e8kv.evict.select: indices into the row's prompt)
@@ -1109,10 +1101,7 @@ class E8KVCudaCache(_BatchChanges, Cache):
         # learned attention sinks (gpt-oss) per layer: float32 copies the kernel reads (set_layer_sinks)
         self._sinks: list[Optional[torch.Tensor]] = [None] * s.n_layer
         self._evicted_at = 0  # the padded prompt length an eviction happened at (crop cannot go below it)
-        for t in (self._tables, self._arange, self._batch_rows, self._pad, self._full, self.key_perm, self._page_ids,
-                  self._shifts):
-            if t is not None:
-                torch._dynamo.mark_static_address(t)
+        self._adopt()  # (the operators find self.kv; its row shifts; fixed addresses for CUDA graphs)
         self._config = config
         self._attach(config)
         # a hybrid model's sliding-window layers: transformers' static ones (exact K/V of the window, fixed
@@ -1155,8 +1144,9 @@ class E8KVCudaCache(_BatchChanges, Cache):
         return new
 
     def _adopt(self) -> None:
-        """A copy's or a loaded cache's own C cache (self.kv) registered for the operators, pointed at its own
-        tensors (learned sinks, row shifts), which keep fixed addresses for CUDA graphs."""
+        """The cache's C cache (self.kv: made at creation, by a copy or by loading) registered for the operators
+        and pointed at this cache's tensors (learned sinks, row shifts), which keep fixed addresses for CUDA
+        graphs."""
         from . import torch_ops
         self._key = torch_ops.register_cache(self.kv)
         if self._shifts is not None:
