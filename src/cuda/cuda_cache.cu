@@ -703,25 +703,57 @@ size_t e8kv_cuda_copy_rows_async(e8kv_cuda_cache *c, const int32_t *src, const i
     return n;
 }
 
-/* the parameters that decide a cache's layout and meaning are equal (e8kv_cuda_cache_copy_async) */
-static int same_layout(const e8kv_cuda_cache *a, const e8kv_cuda_cache *b) {
-    if (a->n_layer != b->n_layer || a->n_head_kv != b->n_head_kv || a->d != b->d || a->bs != b->bs ||
-        a->n_blocks != b->n_blocks || a->max_ctx != b->max_ctx || a->width != b->width ||
-        a->max_seqs != b->max_seqs || a->max_batch != b->max_batch || a->max_n_head != b->max_n_head ||
-        a->max_append != b->max_append || a->pair != b->pair || a->sink != b->sink ||
-        a->centered != b->centered || a->rope != b->rope || a->n_pos != b->n_pos || a->device != b->device ||
-        a->dev_bytes != b->dev_bytes)
-        return 0;
-    for (size_t i = 0; i < 2 * a->n_layer; i++)
-        if (a->sd[i].fmt != b->sd[i].fmt || (a->sd[i].mu == NULL) != (b->sd[i].mu == NULL) ||
-            (a->sd[i].rc == NULL) != (b->sd[i].rc == NULL) ||
-            a->sd[i].pool - a->dev != b->sd[i].pool - b->dev)
-            return 0;
-    return 1;
+/* The parameters that decide a cache's layout and meaning as a little-endian u64 image (malloc'd, *n bytes;
+ * NULL: out of memory): two caches of equal images can copy each other's state (e8kv_cuda_cache_copy_async),
+ * and a saved state names its cache by the image's XXH64 (doc/format.md §7). */
+static uint8_t *layout_image(const e8kv_cuda_cache *c, size_t *n) {
+    const size_t f[] = {c->n_layer,    c->n_head_kv,        c->d,
+                        c->bs,         c->n_blocks,         c->max_ctx,
+                        c->width,      c->max_seqs,         c->max_batch,
+                        c->max_n_head, c->max_append,       (size_t)c->pair,
+                        c->sink,       (size_t)c->centered, (size_t)c->rope,
+                        c->n_pos,      c->dev_bytes,        c->o_sink,
+                        c->o_state};
+    const size_t nf = sizeof f / sizeof *f;
+    *n = 8 * (nf + 4 * 2 * c->n_layer);
+    uint8_t *img = (uint8_t *)malloc(*n);
+    if (!img) return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < nf; i++, o += 8)
+        e8kv_store_le64(img + o, f[i]);
+    for (size_t i = 0; i < 2 * c->n_layer; i++, o += 32) {
+        const stream_desc *sd = &c->sd[i];
+        e8kv_store_le64(img + o, (uint64_t)sd->fmt), e8kv_store_le64(img + o + 8, sd->mu != NULL);
+        e8kv_store_le64(img + o + 16, sd->rc != NULL),
+            e8kv_store_le64(img + o + 24, (uint64_t)(sd->pool - c->dev));
+    }
+    return img;
+}
+
+/* 0 when a and b (on the same device) have the same layout, else BAD_ARGUMENT (OUT_OF_MEMORY) */
+static size_t same_layout(const e8kv_cuda_cache *a, const e8kv_cuda_cache *b) {
+    size_t na, nb;
+    uint8_t *ia = layout_image(a, &na), *ib = layout_image(b, &nb);
+    const size_t r = !ia || !ib                                                 ? E8KV_ERR(OUT_OF_MEMORY)
+                     : a->device != b->device || na != nb || memcmp(ia, ib, na) ? E8KV_ERR(BAD_ARGUMENT)
+                                                                                : 0;
+    free(ia), free(ib);
+    return r;
+}
+
+/* XXH64 of the layout image into *h, or OUT_OF_MEMORY */
+static size_t layout_hash(const e8kv_cuda_cache *c, uint64_t *h) {
+    size_t n;
+    uint8_t *img = layout_image(c, &n);
+    if (!img) return E8KV_ERR(OUT_OF_MEMORY);
+    *h = XXH64(img, n, 0);
+    free(img);
+    return 0;
 }
 
 size_t e8kv_cuda_cache_copy_async(e8kv_cuda_cache *dst, const e8kv_cuda_cache *src, void *stream) {
-    if (!dst || !src || !same_layout(dst, src)) return E8KV_ERR(BAD_ARGUMENT);
+    if (!dst || !src) return E8KV_ERR(BAD_ARGUMENT);
+    E8KV_RETURN_IF_ERROR(same_layout(dst, src));
     if (dst == src) return 0;
     const cudaStream_t st = (cudaStream_t)stream;
     /* the state region: pools, sink rows, means and turned centres, the RoPE table (the allocation's first
@@ -747,33 +779,6 @@ size_t e8kv_cuda_cache_copy_async(e8kv_cuda_cache *dst, const e8kv_cuda_cache *s
 #define STATE_MAGIC "E8KVGPUS"
 #define STATE_VERSION 1u
 #define STATE_HEADER 64u
-
-/* XXH64 of the parameters that decide the layout (same_layout's, in a fixed little-endian image) */
-static uint64_t layout_hash(const e8kv_cuda_cache *c) {
-    const size_t f[] = {c->n_layer,    c->n_head_kv,        c->d,
-                        c->bs,         c->n_blocks,         c->max_ctx,
-                        c->width,      c->max_seqs,         c->max_batch,
-                        c->max_n_head, c->max_append,       (size_t)c->pair,
-                        c->sink,       (size_t)c->centered, (size_t)c->rope,
-                        c->n_pos,      c->dev_bytes,        c->o_sink,
-                        c->o_state};
-    const size_t nf = sizeof f / sizeof *f;
-    uint8_t *img = (uint8_t *)malloc(8 * (nf + 4 * 2 * c->n_layer));
-    if (!img) return 0;
-    size_t o = 0;
-    for (size_t i = 0; i < nf; i++, o += 8)
-        e8kv_store_le64(img + o, f[i]);
-    for (size_t i = 0; i < 2 * c->n_layer; i++) {
-        const stream_desc *sd = &c->sd[i];
-        e8kv_store_le64(img + o, (uint64_t)sd->fmt), e8kv_store_le64(img + o + 8, sd->mu != NULL);
-        e8kv_store_le64(img + o + 16, sd->rc != NULL),
-            e8kv_store_le64(img + o + 24, (uint64_t)(sd->pool - c->dev));
-        o += 32;
-    }
-    const uint64_t h = XXH64(img, o, 0);
-    free(img);
-    return h;
-}
 
 /* bytes of the host bookkeeping of owned sequences in a saved state */
 static size_t host_state_bytes(const e8kv_cuda_cache *c) {
@@ -831,11 +836,13 @@ size_t e8kv_cuda_cache_export(const e8kv_cuda_cache *c, const int64_t *ranges, s
     const size_t total = state_bytes(c, n_ranges, pages);
     if (!dst) return total;
     if (dst_capacity < total) return E8KV_ERR(DST_TOO_SMALL);
+    uint64_t hash = 0;
+    E8KV_RETURN_IF_ERROR(layout_hash(c, &hash));
     uint8_t *const out = (uint8_t *)dst;
     memset(out, 0, STATE_HEADER);
     memcpy(out, STATE_MAGIC, 8);
     e8kv_store_le32(out + 8, STATE_VERSION), e8kv_store_le32(out + 12, STATE_HEADER);
-    e8kv_store_le64(out + 16, layout_hash(c)), e8kv_store_le64(out + 24, n_ranges);
+    e8kv_store_le64(out + 16, hash), e8kv_store_le64(out + 24, n_ranges);
     e8kv_store_le64(out + 32, total), e8kv_store_le64(out + 40, c->o_state - c->o_sink);
     e8kv_store_le64(out + 48, pages);
     uint8_t *p = out + STATE_HEADER;
@@ -884,7 +891,9 @@ size_t e8kv_cuda_cache_import(e8kv_cuda_cache *c, const void *src, size_t src_si
     if (total > src_size) return E8KV_ERR(TRUNCATED);
     if (total != src_size) return E8KV_ERR(CORRUPTED);
     if (XXH64(in, src_size - 8, 0) != e8kv_load_le64(in + src_size - 8)) return E8KV_ERR(CHECKSUM);
-    if (e8kv_load_le64(in + 16) != layout_hash(c)) return E8KV_ERR(BAD_ARGUMENT); /* another cache's layout */
+    uint64_t hash = 0;
+    E8KV_RETURN_IF_ERROR(layout_hash(c, &hash));
+    if (e8kv_load_le64(in + 16) != hash) return E8KV_ERR(BAD_ARGUMENT); /* another cache's layout */
     if (n_ranges > c->n_blocks || e8kv_load_le64(in + 40) != c->o_state - c->o_sink)
         return E8KV_ERR(CORRUPTED);
     int64_t *ranges = (int64_t *)malloc((n_ranges ? n_ranges : 1) * 16);
